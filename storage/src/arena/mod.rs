@@ -1,0 +1,91 @@
+//! The host-memory arena: a file mapped by one writer and many readers, holding the superblock,
+//! reader slots, command ring, page table and the heap of node buffers and value blobs.
+
+mod alloc;
+mod layout;
+mod shm;
+mod slots;
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) use alloc::{LidAlloc, PageAlloc};
+pub use layout::Layout;
+pub(crate) use layout::{
+    SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_READ_VERSION, SB_ROOT, SB_STATE, SB_WRITE_VERSION, SB_WRITER_PID,
+    STATE_CLOSED, STATE_READY, root_word, split_root_word,
+};
+use layout::{SB_FIXED, SLOT_SIZE};
+pub(crate) use shm::Mapping;
+pub(crate) use slots::{Slot, SlotWatch};
+
+use crate::config::ArenaConfig;
+use crate::error::{Error, Result};
+
+/// A mapped arena plus its validated layout.
+pub(crate) struct Arena {
+    pub(crate) map: Mapping,
+    pub(crate) layout: Layout,
+    pub(crate) path: PathBuf,
+}
+
+impl Arena {
+    /// Creates a fresh arena at `path` (replacing any old one atomically) and returns it with the
+    /// open, exclusively locked file.
+    pub(crate) fn create(path: &Path, cfg: &ArenaConfig) -> Result<(Arena, File)> {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64);
+        let generation = nanos.unwrap_or(0) ^ (std::process::id() as u64).rotate_left(40);
+        let layout = Layout::plan(cfg, generation)?;
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        let file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        file.try_lock().map_err(|_| Error::WriterBusy(path.to_path_buf()))?;
+        file.set_len(layout.capacity).map_err(|e| Error::io(&tmp, e))?;
+        let map = Mapping::map_rw(&file, layout.capacity, &tmp)?;
+        map.write(0, &layout.encode())?;
+        map.word(SB_WRITER_PID)?.store(std::process::id() as u64, Ordering::Relaxed);
+        let arena = Arena { map, layout, path: path.to_path_buf() };
+        Ok((arena, file))
+    }
+
+    /// Publishes a freshly initialized arena under its final name.
+    pub(crate) fn publish(&self, file_tmp: &Path) -> Result<()> {
+        self.sb(SB_STATE).store(STATE_READY, Ordering::Release);
+        std::fs::rename(file_tmp, &self.path).map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Opens an existing arena as a reader: validates the superblock, maps the file read-only and
+    /// its reader slots read-write.
+    pub(crate) fn open(path: &Path) -> Result<Arena> {
+        let mut file = OpenOptions::new().read(true).write(true).open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let mut head = [0u8; SB_FIXED + 4];
+        if len < head.len() as u64 {
+            return Err(Error::corrupt(0, "arena shorter than its superblock"));
+        }
+        file.read_exact(&mut head).map_err(|e| Error::io(path, e))?;
+        let layout = Layout::decode(&head, len)?;
+        let slots_len = (layout.slots_count as u64 * SLOT_SIZE).div_ceil(4096) * 4096;
+        let map = Mapping::map_ro(&file, len, layout.slots_off, slots_len, path)?;
+        let arena = Arena { map, layout, path: path.to_path_buf() };
+        let state = arena.sb(SB_STATE).load(Ordering::Acquire);
+        if state != STATE_READY && state != STATE_CLOSED {
+            return Err(Error::corrupt(SB_STATE, "arena was not completely initialized"));
+        }
+        Ok(arena)
+    }
+
+    /// A superblock word (its offset is a constant inside the validated superblock page).
+    #[inline]
+    pub(crate) fn sb(&self, off: u64) -> &AtomicU64 {
+        self.map.word(off).expect("superblock words lie in the first page, which every valid arena has")
+    }
+
+    /// The page-table entry of `lid`.
+    #[inline]
+    pub(crate) fn page_entry(&self, lid: u64) -> Result<&AtomicU64> {
+        self.map.word(self.layout.pt_entry(lid)?)
+    }
+}

@@ -1,0 +1,154 @@
+//! The only module that touches shared memory: mapping the arena file and bounds-checked access.
+//!
+//! # Safety contract
+//!
+//! The arena is a file mapped `MAP_SHARED` by one writer (read-write) and by readers in any process
+//! (read-only, plus a read-write mapping of the reader-slot pages only). Soundness of the safe
+//! functions here rests on the arena protocol (docs/storage-format.md, "Invariants"):
+//!
+//! 1. **Published bytes are immutable.** A node buffer, blob or superblock field that a reader may
+//!    reach is never written again until reclamation proves no reader can reach it. New bytes are
+//!    written into unpublished space and published by a release store (page-table entry, a node's
+//!    size word, the global read version); readers acquire-load those words before slicing.
+//! 2. **Mutable words are only accessed atomically.** Size words, page-table entries, versions and
+//!    reader slots are 8-byte aligned `AtomicU64`s; no `&[u8]` handed out by [`Mapping::bytes`]
+//!    may cover them (callers slice around them).
+//! 3. **Nothing is truncated under a mapping.** The writer never shrinks the file. A file shrunk by
+//!    someone else raises SIGBUS; we check the length at open so an arena that is *already*
+//!    truncated or corrupt yields [`Error::Corrupt`], never an out-of-bounds read.
+//!
+//! Every access is bounds-checked against the mapping length, so even a corrupt arena cannot make
+//! a safe caller read outside the mapping. Atomic loads on the read-only mapping are plain loads on
+//! the supported targets (x86_64, aarch64), which the standard library allows for read-only memory
+//! with `Relaxed`/`Acquire` ordering; readers never perform read-modify-write operations there.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+
+use memmap2::{Mmap, MmapMut, MmapOptions};
+
+use crate::error::{Error, Result};
+
+/// Keeps a mapping alive; `base`/`len` in [`Mapping`] point into it.
+enum Backing {
+    Ro(#[allow(dead_code)] Mmap),
+    Rw(#[allow(dead_code)] MmapMut),
+}
+
+/// A mapped arena file with checked accessors.
+pub(crate) struct Mapping {
+    base: *mut u8,
+    len: usize,
+    writable: bool,
+    _backing: Backing,
+    /// Reader side: a writable mapping of the slot pages `[slots_off, slots_off + slots_len)`.
+    slots: Option<(MmapMut, u64)>,
+}
+
+// SAFETY: the mapping is plain shared memory; all mutation goes through atomics or through
+// `write`, which the single `Writer` alone calls, into bytes no reader can observe (contract
+// rule 1). Sharing `&Mapping` across threads is therefore no different from sharing it across
+// processes, which the protocol is designed for.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `file` read-write (the writer). `len` must equal the file length.
+    pub(crate) fn map_rw(file: &File, len: u64, path: &Path) -> Result<Mapping> {
+        let len = usize::try_from(len).map_err(|_| Error::Config("arena larger than address space".into()))?;
+        // SAFETY: the writer holds an exclusive lock on the file and never truncates it while
+        // mapped; readers never write outside their slot pages (contract rules 1 and 3).
+        let mut map = unsafe { MmapOptions::new().len(len).map_mut(file) }.map_err(|e| Error::io(path, e))?;
+        let base = map.as_mut_ptr();
+        Ok(Mapping { base, len, writable: true, _backing: Backing::Rw(map), slots: None })
+    }
+
+    /// Maps `file` read-only (a reader), plus the slot pages read-write.
+    pub(crate) fn map_ro(file: &File, len: u64, slots_off: u64, slots_len: u64, path: &Path) -> Result<Mapping> {
+        let len = usize::try_from(len).map_err(|_| Error::corrupt(24, "arena larger than address space"))?;
+        // SAFETY: read-only mapping; the file length was checked by the caller against the
+        // superblock, and the protocol never truncates a live arena (contract rule 3).
+        let map = unsafe { MmapOptions::new().len(len).map(file) }.map_err(|e| Error::io(path, e))?;
+        let base = map.as_ptr() as *mut u8;
+        let slots = if slots_len > 0 {
+            if slots_off.checked_add(slots_len).is_none_or(|end| end > len as u64) || slots_off % 4096 != 0 {
+                return Err(Error::corrupt(56, "reader slot region out of bounds"));
+            }
+            // SAFETY: the slot pages are inside the file (checked above) and are only accessed
+            // through `AtomicU64`s by every party.
+            let m = unsafe { MmapOptions::new().offset(slots_off).len(slots_len as usize).map_mut(file) }
+                .map_err(|e| Error::io(path, e))?;
+            Some((m, slots_off))
+        } else {
+            None
+        };
+        Ok(Mapping { base, len, writable: false, _backing: Backing::Ro(map), slots })
+    }
+
+    fn check(&self, off: u64, len: usize, what: &'static str) -> Result<usize> {
+        match off.checked_add(len as u64) {
+            Some(end) if end <= self.len as u64 => Ok(off as usize),
+            _ => Err(Error::corrupt(off, what)),
+        }
+    }
+
+    /// The published, immutable bytes `[off, off + len)`.
+    ///
+    /// Callers must only ask for bytes that are published and that do not overlap an atomic word
+    /// (contract rules 1–2); the bounds are checked here.
+    #[inline]
+    pub(crate) fn bytes(&self, off: u64, len: usize) -> Result<&[u8]> {
+        let o = self.check(off, len, "byte range outside the arena")?;
+        // SAFETY: `o + len <= self.len`, so the range lies inside the live mapping, which outlives
+        // `&self`. The bytes are published and immutable while the caller can hold them (rule 1).
+        Ok(unsafe { std::slice::from_raw_parts(self.base.add(o), len) })
+    }
+
+    /// The atomic word at `off` (8-byte aligned, in bounds).
+    #[inline]
+    pub(crate) fn word(&self, off: u64) -> Result<&AtomicU64> {
+        let o = self.check(off, 8, "word outside the arena")?;
+        if o % 8 != 0 {
+            return Err(Error::corrupt(off, "misaligned word"));
+        }
+        // SAFETY: in bounds and 8-byte aligned (mmap bases are page aligned); the word is only
+        // ever accessed atomically by every party (rule 2). Readers only load through this
+        // reference when the mapping is read-only.
+        Ok(unsafe { AtomicU64::from_ptr(self.base.add(o).cast::<u64>()) })
+    }
+
+    /// A reader-slot word that this process may store to: in the writer's mapping it is the plain
+    /// word; in a reader's it lives in the writable slot mapping.
+    #[inline]
+    pub(crate) fn slot_word(&self, off: u64) -> Result<&AtomicU64> {
+        match &self.slots {
+            None => {
+                debug_assert!(self.writable, "reader mapping without slot pages");
+                self.word(off)
+            }
+            Some((m, start)) => {
+                let rel = off.checked_sub(*start).filter(|r| r + 8 <= m.len() as u64 && r % 8 == 0);
+                let rel = rel.ok_or(Error::corrupt(off, "slot word outside the slot region"))?;
+                // SAFETY: in bounds and aligned inside the writable slot mapping, which lives as
+                // long as `self`; slot words are only accessed atomically (rule 2).
+                Ok(unsafe { AtomicU64::from_ptr(m.as_ptr().add(rel as usize) as *mut u64) })
+            }
+        }
+    }
+
+    /// Copies `data` to `[off, off + len)`. Writer only, and only into bytes no reader can reach
+    /// yet (a fresh buffer, the unpublished tail of a log block, a new blob).
+    #[inline]
+    pub(crate) fn write(&self, off: u64, data: &[u8]) -> Result<()> {
+        assert!(self.writable, "write through a read-only arena mapping");
+        let o = self.check(off, data.len(), "write outside the arena")?;
+        // SAFETY: in bounds; the writer is the only party that writes these bytes and no
+        // reference to them is live (they are unpublished, rule 1); `data` cannot overlap them
+        // because callers build it in private memory.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(o), data.len()) };
+        Ok(())
+    }
+}

@@ -1,0 +1,161 @@
+//! The Honeycomb B+tree: node format, wait-free MVCC readers, and the single writer.
+
+mod node;
+mod read;
+mod write;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+pub use write::{BatchOp, Writer};
+
+use crate::arena::{Arena, Layout, SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_ROOT, SB_WRITE_VERSION, Slot, split_root_word};
+use crate::error::Result;
+use read::Tree;
+
+/// A reader of one arena, usable from any process. Each reader owns a reader slot; use one per
+/// thread (it is `Send` but not `Sync`). Every operation is wait-free.
+pub struct Reader {
+    arena: Arc<Arena>,
+    slot: Slot,
+}
+
+impl Reader {
+    /// Maps the arena at `path` read-only (its reader slots read-write) and claims a slot.
+    /// A corrupt or truncated arena gives [`crate::Error::Corrupt`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Reader> {
+        Reader::from_arena(Arc::new(Arena::open(path.as_ref())?))
+    }
+
+    pub(crate) fn from_arena(arena: Arc<Arena>) -> Result<Reader> {
+        let slot = arena.claim_slot()?;
+        Ok(Reader { arena, slot })
+    }
+
+    /// Another reader on the same mapping, with its own slot (for another thread).
+    pub fn try_clone(&self) -> Result<Reader> {
+        Reader::from_arena(self.arena.clone())
+    }
+
+    /// Pins the current read version: everything read through the snapshot is exactly the state
+    /// after that write version.
+    pub fn snapshot(&mut self) -> Result<Snapshot<'_>> {
+        let rv = self.arena.pin(&mut self.slot)?;
+        Ok(Snapshot { tree: Tree { arena: &self.arena, rv }, slot: &self.slot })
+    }
+
+    /// The arena's geometry (node size, generation, ...).
+    pub fn layout(&self) -> Layout {
+        self.arena.layout
+    }
+
+    /// Figures the writer publishes in the superblock.
+    pub fn shared_stats(&self) -> SharedStats {
+        let a = &self.arena;
+        let ns = a.layout.node_size as u64;
+        SharedStats {
+            write_version: a.sb(SB_WRITE_VERSION).load(Ordering::Relaxed),
+            height: split_root_word(a.sb(SB_ROOT).load(Ordering::Relaxed)).1,
+            allocated_bytes: a.sb(SB_ALLOCATED_PAGES).load(Ordering::Relaxed) * ns,
+            garbage_bytes: a.sb(SB_GARBAGE_PAGES).load(Ordering::Relaxed) * ns,
+        }
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.arena.release_slot(&self.slot);
+    }
+}
+
+/// One pinned read version. Values and keys borrow the arena for the snapshot's lifetime; they
+/// cannot be reclaimed while it lives.
+pub struct Snapshot<'r> {
+    tree: Tree<'r>,
+    slot: &'r Slot,
+}
+
+impl<'r> Snapshot<'r> {
+    /// The read version this snapshot sees.
+    pub fn version(&self) -> u64 {
+        self.tree.rv
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, key: &[u8]) -> Result<Option<&'r [u8]>> {
+        self.tree.get(key)
+    }
+
+    /// Up to `limit` items with keys in `[lo, hi]`, ascending.
+    pub fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&'r [u8], &'r [u8])>> {
+        let mut out = Vec::with_capacity(limit.min(1024));
+        self.tree.scan(lo, hi, limit, |k, v| {
+            out.push((k, v));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f` for up to `limit` items with keys in `[lo, hi]`, ascending; returns the count.
+    pub fn scan_with(&self, lo: &[u8], hi: &[u8], limit: usize, f: impl FnMut(&'r [u8], &'r [u8])) -> Result<usize> {
+        let mut f = f;
+        self.tree.scan(lo, hi, limit, |k, v| {
+            f(k, v);
+            Ok(())
+        })
+    }
+
+    /// Honeycomb's SCAN: like [`Snapshot::scan`] but starting at the largest key `<= lo`.
+    pub fn floor_scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&'r [u8], &'r [u8])>> {
+        let mut out = Vec::new();
+        self.tree.floor_scan(lo, hi, limit, |k, v| {
+            out.push((k, v));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+impl Drop for Snapshot<'_> {
+    fn drop(&mut self) {
+        self.tree.arena.unpin(self.slot);
+    }
+}
+
+/// Figures from the writer.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    /// Newest released write version.
+    pub version: u64,
+    /// Tree height in levels (1 = a single leaf).
+    pub height: u16,
+    /// Node size.
+    pub node_size: u32,
+    /// Arena file size (sparse).
+    pub capacity: u64,
+    /// Heap bytes allocated (nodes, old versions not yet reclaimed, blobs).
+    pub allocated_bytes: u64,
+    /// Of those, bytes retired and waiting for readers to move on.
+    pub garbage_bytes: u64,
+    /// Retired objects waiting.
+    pub pending_garbage: usize,
+    /// Reader slots found dead and cleared.
+    pub dead_slots_cleared: u64,
+    /// Bytes of the arena in use: metadata up to the page table, the used page-table prefix and
+    /// the allocated heap.
+    pub footprint_bytes: u64,
+}
+
+/// Figures any reader can see in the superblock.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedStats {
+    /// Newest write version taken.
+    pub write_version: u64,
+    /// Tree height.
+    pub height: u16,
+    /// Heap bytes allocated.
+    pub allocated_bytes: u64,
+    /// Heap bytes retired, awaiting reclamation.
+    pub garbage_bytes: u64,
+}

@@ -1,0 +1,504 @@
+//! Node format: header, shortcut block, sorted block and (leaves) log block. Checked decoding for
+//! readers, encoding of whole node images for the writer. Byte diagrams: docs/storage-format.md.
+
+use std::sync::atomic::Ordering;
+
+use crate::arena::Arena;
+use crate::config::{NODE_HEADER, shortcut_capacity};
+use crate::error::{Error, Result};
+
+pub(crate) const KIND_LEAF: u8 = 1;
+pub(crate) const KIND_INTERIOR: u8 = 2;
+/// Offset of the atomic size word (log end in the low 32 bits, log entry count above).
+pub(crate) const H_SIZE: u64 = 8;
+
+/// Log entry flag: a put (otherwise a delete marker).
+pub(crate) const LOG_PUT: u8 = 1;
+/// Log entry flag: the value is a blob pointer.
+pub(crate) const LOG_BLOB: u8 = 2;
+/// Log entry flag: the back pointer names a sorted item with the same key.
+pub(crate) const LOG_EQUAL: u8 = 4;
+/// Fixed bytes before a log entry's lengths.
+pub(crate) const LOG_HDR: usize = 8;
+/// Order hints are one byte, so a log block holds at most this many entries.
+pub(crate) const MAX_LOG_ENTRIES: u32 = 255;
+/// Bytes of a blob header (the value length).
+pub(crate) const BLOB_HDR: u64 = 8;
+
+const HDR: usize = NODE_HEADER;
+
+/// Packs the size word.
+pub(crate) fn size_word(log_end: u32, log_count: u32) -> u64 {
+    log_end as u64 | (log_count as u64) << 32
+}
+
+/// A validated node header. Positions are node-relative byte offsets.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Header {
+    pub(crate) off: u64,
+    pub(crate) kind: u8,
+    pub(crate) level: u8,
+    pub(crate) sc_count: u16,
+    pub(crate) sorted_start: u32,
+    pub(crate) sorted_end: u32,
+    pub(crate) sorted_count: u32,
+    pub(crate) log_end: u32,
+    pub(crate) log_count: u32,
+    pub(crate) version: u64,
+    pub(crate) prev: u64,
+    pub(crate) lid: u64,
+    pub(crate) leftmost: u64,
+    pub(crate) right: u64,
+}
+
+fn le16(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+fn le32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+}
+fn le64(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+}
+
+impl Header {
+    /// Reads and validates the header of the buffer at `off`.
+    #[inline]
+    pub(crate) fn read(arena: &Arena, off: u64) -> Result<Header> {
+        if !arena.layout.is_page(off) {
+            return Err(Error::corrupt(off, "node offset is not a heap page"));
+        }
+        let a = arena.map.bytes(off, 8)?;
+        let size = arena.map.word(off + H_SIZE)?.load(Ordering::Acquire);
+        let b = arena.map.bytes(off + 16, HDR - 16)?;
+        let h = Header {
+            off,
+            kind: a[0],
+            level: a[1],
+            sc_count: le16(a, 2),
+            sorted_start: le32(a, 4),
+            log_end: size as u32,
+            log_count: (size >> 32) as u32,
+            version: le64(b, 0),
+            prev: le64(b, 8),
+            lid: le64(b, 16),
+            leftmost: le64(b, 24),
+            right: le64(b, 32),
+            sorted_end: le32(b, 40),
+            sorted_count: le32(b, 44),
+        };
+        let ns = arena.layout.node_size;
+        let ok = match h.kind {
+            KIND_LEAF => h.level == 0,
+            KIND_INTERIOR => h.level > 0 && h.log_end == h.sorted_end && h.log_count == 0,
+            _ => false,
+        };
+        if !ok
+            || h.sorted_start < HDR as u32
+            || h.sorted_start > h.sorted_end
+            || h.sorted_end > h.log_end
+            || h.log_end > ns
+            || h.log_count > MAX_LOG_ENTRIES
+            || (h.sc_count as u32) * 2 > h.sorted_start - HDR as u32
+        {
+            return Err(Error::corrupt(off, "malformed node header"));
+        }
+        Ok(h)
+    }
+
+    pub(crate) fn is_leaf(&self) -> bool {
+        self.kind == KIND_LEAF
+    }
+}
+
+/// A reader's view of one node: its header and its published bytes.
+pub(crate) struct Node<'a> {
+    pub(crate) h: Header,
+    /// Bytes `[HDR, log_end)` of the node.
+    body: &'a [u8],
+}
+
+/// A value as stored: inline bytes or a pointer to a blob.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ValRef<'a> {
+    Inline(&'a [u8]),
+    Blob { off: u64, len: u32 },
+}
+
+/// One decoded log entry.
+pub(crate) struct LogEntry<'a> {
+    pub(crate) flags: u8,
+    pub(crate) hint: u8,
+    pub(crate) bp: u32,
+    pub(crate) delta: u32,
+    pub(crate) key: &'a [u8],
+    pub(crate) val: Option<ValRef<'a>>,
+    pub(crate) next: u32,
+}
+
+#[inline]
+fn varint(b: &[u8], pos: usize) -> Option<(u32, usize)> {
+    let mut v: u32 = 0;
+    for i in 0..5 {
+        let byte = *b.get(pos + i)?;
+        v |= ((byte & 0x7f) as u32) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, pos + i + 1));
+        }
+    }
+    None
+}
+
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u32) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+pub(crate) fn varint_len(v: u32) -> usize {
+    match v {
+        0..0x80 => 1,
+        0x80..0x4000 => 2,
+        0x4000..0x20_0000 => 3,
+        0x20_0000..0x1000_0000 => 4,
+        _ => 5,
+    }
+}
+
+impl<'a> Node<'a> {
+    /// Loads the node at `off`.
+    #[inline]
+    pub(crate) fn load(arena: &'a Arena, off: u64) -> Result<Node<'a>> {
+        let h = Header::read(arena, off)?;
+        let body = arena.map.bytes(off + HDR as u64, h.log_end as usize - HDR)?;
+        Ok(Node { h, body })
+    }
+
+    fn corrupt(&self, what: &'static str) -> Error {
+        Error::corrupt(self.h.off, what)
+    }
+
+    /// Node-relative bytes `[pos, pos + len)` within the published part.
+    #[inline]
+    fn slice(&self, pos: usize, len: usize) -> Result<&'a [u8]> {
+        let s = pos.checked_sub(HDR).ok_or(self.corrupt("position inside the header"))?;
+        self.body.get(s..s + len).ok_or(self.corrupt("position beyond the node's used bytes"))
+    }
+
+    #[inline]
+    fn var(&self, pos: usize, end: usize) -> Result<(u32, usize)> {
+        match pos.checked_sub(HDR).and_then(|s| varint(&self.body[..end - HDR], s)) {
+            Some((v, n)) => Ok((v, n + HDR)),
+            None => Err(self.corrupt("truncated length field")),
+        }
+    }
+
+    /// The `i`th shortcut: (key, position of the item it names).
+    fn shortcut(&self, i: usize) -> Result<(&'a [u8], u32)> {
+        let eo = le16(self.slice(HDR + 2 * i, 2)?, 0) as usize;
+        if eo < HDR || eo + 4 > self.h.sorted_start as usize {
+            return Err(self.corrupt("shortcut entry outside the shortcut block"));
+        }
+        let e = self.slice(eo, 4)?;
+        let (pos, klen) = (le16(e, 0) as u32, le16(e, 2) as usize);
+        if eo + 4 + klen > self.h.sorted_start as usize || pos < self.h.sorted_start || pos >= self.h.sorted_end {
+            return Err(self.corrupt("shortcut points outside the sorted block"));
+        }
+        Ok((self.slice(eo + 4, klen)?, pos))
+    }
+
+    /// The sorted-block segment that holds the largest item `<= key` (or `< key` when `strict`):
+    /// `(start, end)` positions, found by binary search over the shortcut block.
+    #[inline]
+    pub(crate) fn segment(&self, key: &[u8], strict: bool) -> Result<(u32, u32)> {
+        let n = self.h.sc_count as usize;
+        // Number of shortcuts whose key is <= key (or < key).
+        let (mut lo, mut hi) = (0usize, n);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let (k, _) = self.shortcut(mid)?;
+            let before = if strict { k < key } else { k <= key };
+            if before {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let start = if lo == 0 { self.h.sorted_start } else { self.shortcut(lo - 1)?.1 };
+        let end = if lo == n { self.h.sorted_end } else { self.shortcut(lo)?.1 };
+        if end < start {
+            return Err(self.corrupt("shortcuts out of order"));
+        }
+        Ok((start, end))
+    }
+
+    /// Decodes the leaf item at `pos`; returns it with the position of the next item.
+    #[inline]
+    pub(crate) fn leaf_item(&self, pos: u32) -> Result<(&'a [u8], ValRef<'a>, u32)> {
+        let end = self.h.sorted_end as usize;
+        let (klen, p) = self.var(pos as usize, end)?;
+        let (tag, p) = self.var(p, end)?;
+        let key = self.slice(p, klen as usize)?;
+        let p = p + klen as usize;
+        let (val, next) = if tag & 1 == 1 {
+            let b = self.slice(p, 8)?;
+            (ValRef::Blob { off: le64(b, 0), len: tag >> 1 }, p + 8)
+        } else {
+            (ValRef::Inline(self.slice(p, (tag >> 1) as usize)?), p + (tag >> 1) as usize)
+        };
+        if next > end {
+            return Err(self.corrupt("leaf item crosses the sorted block's end"));
+        }
+        Ok((key, val, next as u32))
+    }
+
+    /// Decodes the interior item at `pos`: (separator key, child LID, next position).
+    #[inline]
+    pub(crate) fn interior_item(&self, pos: u32) -> Result<(&'a [u8], u64, u32)> {
+        let end = self.h.sorted_end as usize;
+        let (klen, p) = self.var(pos as usize, end)?;
+        let key = self.slice(p, klen as usize)?;
+        let p = p + klen as usize;
+        let child = le64(self.slice(p, 8)?, 0);
+        if p + 8 > end {
+            return Err(self.corrupt("interior item crosses the sorted block's end"));
+        }
+        Ok((key, child, (p + 8) as u32))
+    }
+
+    /// Decodes the log entry at `pos`.
+    #[inline]
+    pub(crate) fn log_entry(&self, pos: u32) -> Result<LogEntry<'a>> {
+        let end = self.h.log_end as usize;
+        let p = pos as usize;
+        let hd = self.slice(p, LOG_HDR)?;
+        let (flags, hint, bp, delta) = (hd[0], hd[1], le16(hd, 2) as u32, le32(hd, 4));
+        let (klen, mut p) = self.var(p + LOG_HDR, end)?;
+        let mut tag = 0;
+        if flags & LOG_PUT != 0 {
+            (tag, p) = self.var(p, end)?;
+        }
+        let key = self.slice(p, klen as usize)?;
+        p += klen as usize;
+        let val = if flags & LOG_PUT == 0 {
+            None
+        } else if flags & LOG_BLOB != 0 {
+            let b = self.slice(p, 8)?;
+            p += 8;
+            Some(ValRef::Blob { off: le64(b, 0), len: tag })
+        } else {
+            let v = self.slice(p, tag as usize)?;
+            p += tag as usize;
+            Some(ValRef::Inline(v))
+        };
+        if bp < self.h.sorted_start || bp > self.h.sorted_end {
+            return Err(self.corrupt("log back pointer outside the sorted block"));
+        }
+        Ok(LogEntry { flags, hint, bp, delta, key, val, next: p as u32 })
+    }
+}
+
+/// Resolves a value to its bytes (reading the blob for a value pointer).
+#[inline]
+pub(crate) fn value_bytes<'a>(arena: &'a Arena, v: ValRef<'a>) -> Result<&'a [u8]> {
+    match v {
+        ValRef::Inline(b) => Ok(b),
+        ValRef::Blob { off, len } => {
+            if !arena.layout.is_page(off) {
+                return Err(Error::corrupt(off, "value pointer is not a heap page"));
+            }
+            let hdr = arena.map.bytes(off, BLOB_HDR as usize)?;
+            if le64(hdr, 0) != len as u64 {
+                return Err(Error::corrupt(off, "blob length differs from its value pointer"));
+            }
+            arena.map.bytes(off + BLOB_HDR, len as usize)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer side: owned node contents and their encoding.
+
+/// An owned value: inline bytes or a blob the tree owns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Val {
+    Inline(Vec<u8>),
+    Blob { off: u64, len: u32 },
+}
+
+impl Val {
+    pub(crate) fn from_ref(v: ValRef<'_>) -> Val {
+        match v {
+            ValRef::Inline(b) => Val::Inline(b.to_vec()),
+            ValRef::Blob { off, len } => Val::Blob { off, len },
+        }
+    }
+}
+
+/// Owned contents of a node, as the writer rebuilds it.
+#[derive(Debug)]
+pub(crate) enum NodeData {
+    Leaf { items: Vec<(Vec<u8>, Val)>, right: u64 },
+    Interior { level: u8, leftmost: u64, items: Vec<(Vec<u8>, u64)> },
+}
+
+pub(crate) fn leaf_item_len(key: &[u8], v: &Val) -> usize {
+    let (tag, vb) = match v {
+        Val::Inline(b) => ((b.len() as u32) << 1, b.len()),
+        Val::Blob { len, .. } => (len << 1 | 1, 8),
+    };
+    varint_len(key.len() as u32) + varint_len(tag) + key.len() + vb
+}
+
+pub(crate) fn interior_item_len(key: &[u8]) -> usize {
+    varint_len(key.len() as u32) + key.len() + 8
+}
+
+impl NodeData {
+    /// Bytes of the sorted block.
+    pub(crate) fn sorted_bytes(&self) -> usize {
+        match self {
+            NodeData::Leaf { items, .. } => items.iter().map(|(k, v)| leaf_item_len(k, v)).sum(),
+            NodeData::Interior { items, .. } => items.iter().map(|(k, _)| interior_item_len(k)).sum(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            NodeData::Leaf { items, .. } => items.len(),
+            NodeData::Interior { items, .. } => items.len(),
+        }
+    }
+
+    fn key(&self, i: usize) -> &[u8] {
+        match self {
+            NodeData::Leaf { items, .. } => &items[i].0,
+            NodeData::Interior { items, .. } => &items[i].0,
+        }
+    }
+
+    fn item_len(&self, i: usize) -> usize {
+        match self {
+            NodeData::Leaf { items, .. } => leaf_item_len(&items[i].0, &items[i].1),
+            NodeData::Interior { items, .. } => interior_item_len(&items[i].0),
+        }
+    }
+
+    /// Encodes the node image (header, shortcut block, sorted block, empty log block).
+    pub(crate) fn encode(&self, node_size: u32, lid: u64, version: u64, prev: u64, out: &mut Vec<u8>) {
+        let n = self.len();
+        let total = self.sorted_bytes();
+        let cap = shortcut_capacity(node_size);
+        // Choose shortcut items: segments of similar size, at least `min_seg` bytes each.
+        let min_seg = (node_size as usize / 32).clamp(32, 256);
+        let avg_key = if n == 0 { 1 } else { (0..n).map(|i| self.key(i).len()).sum::<usize>() / n };
+        let max_sc = cap / (6 + avg_key);
+        let target = min_seg.max(total / (max_sc + 1));
+        let mut chosen: Vec<usize> = Vec::new();
+        let (mut acc, mut used) = (0usize, 0usize);
+        for i in 0..n {
+            if i > 0 && acc >= target && used + 6 + self.key(i).len() <= cap {
+                chosen.push(i);
+                used += 6 + self.key(i).len();
+                acc = 0;
+            }
+            acc += self.item_len(i);
+        }
+        let sorted_start = HDR + used;
+        out.clear();
+        out.resize(HDR, 0);
+        // Shortcut offsets array, then entries; item positions follow from prefix sums.
+        let mut positions = Vec::with_capacity(chosen.len());
+        {
+            let mut pos = sorted_start;
+            let mut c = 0;
+            for i in 0..n {
+                if c < chosen.len() && chosen[c] == i {
+                    positions.push(pos);
+                    c += 1;
+                }
+                pos += self.item_len(i);
+            }
+        }
+        let mut eo = HDR + 2 * chosen.len();
+        for &i in &chosen {
+            out.extend_from_slice(&(eo as u16).to_le_bytes());
+            eo += 4 + self.key(i).len();
+        }
+        for (c, &i) in chosen.iter().enumerate() {
+            out.extend_from_slice(&(positions[c] as u16).to_le_bytes());
+            out.extend_from_slice(&(self.key(i).len() as u16).to_le_bytes());
+            out.extend_from_slice(self.key(i));
+        }
+        debug_assert_eq!(out.len(), sorted_start);
+        match self {
+            NodeData::Leaf { items, .. } => {
+                for (k, v) in items {
+                    put_varint(out, k.len() as u32);
+                    match v {
+                        Val::Inline(b) => {
+                            put_varint(out, (b.len() as u32) << 1);
+                            out.extend_from_slice(k);
+                            out.extend_from_slice(b);
+                        }
+                        Val::Blob { off, len } => {
+                            put_varint(out, len << 1 | 1);
+                            out.extend_from_slice(k);
+                            out.extend_from_slice(&off.to_le_bytes());
+                        }
+                    }
+                }
+            }
+            NodeData::Interior { items, .. } => {
+                for (k, c) in items {
+                    put_varint(out, k.len() as u32);
+                    out.extend_from_slice(k);
+                    out.extend_from_slice(&c.to_le_bytes());
+                }
+            }
+        }
+        let sorted_end = out.len() as u32;
+        assert!(sorted_end <= node_size, "node image of {sorted_end} B exceeds the node size");
+        let (kind, level, leftmost, right) = match self {
+            NodeData::Leaf { right, .. } => (KIND_LEAF, 0, 0, *right),
+            NodeData::Interior { level, leftmost, .. } => (KIND_INTERIOR, *level, *leftmost, 0),
+        };
+        out[0] = kind;
+        out[1] = level;
+        out[2..4].copy_from_slice(&(chosen.len() as u16).to_le_bytes());
+        out[4..8].copy_from_slice(&(sorted_start as u32).to_le_bytes());
+        out[8..16].copy_from_slice(&size_word(sorted_end, 0).to_le_bytes());
+        out[16..24].copy_from_slice(&version.to_le_bytes());
+        out[24..32].copy_from_slice(&prev.to_le_bytes());
+        out[32..40].copy_from_slice(&lid.to_le_bytes());
+        out[40..48].copy_from_slice(&leftmost.to_le_bytes());
+        out[48..56].copy_from_slice(&right.to_le_bytes());
+        out[56..60].copy_from_slice(&sorted_end.to_le_bytes());
+        out[60..64].copy_from_slice(&(n as u32).to_le_bytes());
+    }
+}
+
+/// Encodes a log entry.
+pub(crate) fn encode_log_entry(out: &mut Vec<u8>, flags: u8, hint: u8, bp: u32, delta: u32, key: &[u8], val: Option<ValRef<'_>>) {
+    out.clear();
+    out.push(flags);
+    out.push(hint);
+    out.extend_from_slice(&(bp as u16).to_le_bytes());
+    out.extend_from_slice(&delta.to_le_bytes());
+    put_varint(out, key.len() as u32);
+    match val {
+        None => out.extend_from_slice(key),
+        Some(ValRef::Inline(b)) => {
+            put_varint(out, b.len() as u32);
+            out.extend_from_slice(key);
+            out.extend_from_slice(b);
+        }
+        Some(ValRef::Blob { off, len }) => {
+            put_varint(out, len);
+            out.extend_from_slice(key);
+            out.extend_from_slice(&off.to_le_bytes());
+        }
+    }
+}

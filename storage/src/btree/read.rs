@@ -1,0 +1,308 @@
+//! Wait-free reads of one MVCC snapshot: version-chain resolution, descent, get, ordered leaf
+//! iteration with order hints and back pointers, scan and floor scan.
+//!
+//! Every loop here is bounded by the arena's geometry (node bytes, heap pages, 64 levels), and no
+//! step waits for or retries because of the writer: a reader that meets a buffer newer than its
+//! read version follows the buffer's old-version pointer instead.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::sync::atomic::Ordering;
+
+use super::node::{Header, LOG_EQUAL, LOG_PUT, LogEntry, MAX_LOG_ENTRIES, Node, ValRef, value_bytes};
+use crate::arena::{Arena, SB_ROOT, split_root_word};
+use crate::error::{Error, Result};
+
+/// Trees deeper than this are corrupt (a 64-level tree of 512 B nodes holds more than 2^64 keys).
+const MAX_HEIGHT: usize = 64;
+
+/// A snapshot of the tree at read version `rv`.
+#[derive(Clone, Copy)]
+pub(crate) struct Tree<'a> {
+    pub(crate) arena: &'a Arena,
+    pub(crate) rv: u64,
+}
+
+/// The child of interior `node` to follow for `key`: the child of the largest separator `<= key`
+/// (`< key` when `strict`), or the leftmost child. Also returns that separator.
+#[inline]
+pub(crate) fn child_for<'a>(node: &Node<'a>, key: &[u8], strict: bool) -> Result<(u64, Option<&'a [u8]>)> {
+    let (mut pos, end) = node.segment(key, strict)?;
+    let mut best = None;
+    while pos < end {
+        let (k, c, next) = node.interior_item(pos)?;
+        let before = if strict { k < key } else { k <= key };
+        if !before {
+            break;
+        }
+        best = Some((k, c));
+        pos = next;
+    }
+    Ok(match best {
+        Some((k, c)) => (c, Some(k)),
+        None => (node.h.leftmost, None),
+    })
+}
+
+impl<'a> Tree<'a> {
+    fn max_steps(&self) -> u64 {
+        self.arena.layout.heap_pages + 1
+    }
+
+    /// The buffer of node `lid` as of this snapshot: the newest version `<= rv`.
+    #[inline]
+    pub(crate) fn resolve(&self, lid: u64) -> Result<Node<'a>> {
+        let entry = self.arena.layout.pt_entry(lid)?;
+        let mut off = self.arena.page_entry(lid)?.load(Ordering::Acquire);
+        for step in 0..self.max_steps() {
+            if off == 0 {
+                return Err(Error::corrupt(entry, "no version of the node is old enough for the snapshot"));
+            }
+            let h = Header::read(self.arena, off)?;
+            if step == 0 && h.lid != lid {
+                return Err(Error::corrupt(off, "page table maps a LID to another node's buffer"));
+            }
+            if h.version <= self.rv {
+                return Node::load(self.arena, off);
+            }
+            off = h.prev;
+        }
+        Err(Error::corrupt(entry, "old-version chain does not end"))
+    }
+
+    pub(crate) fn root_lid(&self) -> u64 {
+        split_root_word(self.arena.sb(SB_ROOT).load(Ordering::Acquire)).0
+    }
+
+    /// Descends to the leaf for `key`; returns it with the separator that bounds it from below.
+    pub(crate) fn descend(&self, key: &[u8], strict: bool) -> Result<(Node<'a>, Option<&'a [u8]>)> {
+        let mut node = self.resolve(self.root_lid())?;
+        let mut lower = None;
+        for _ in 0..MAX_HEIGHT {
+            if node.h.is_leaf() {
+                return Ok((node, lower));
+            }
+            let (child, sep) = child_for(&node, key, strict)?;
+            if sep.is_some() {
+                lower = sep;
+            }
+            let next = self.resolve(child)?;
+            if next.h.level as u16 + 1 != node.h.level as u16 {
+                return Err(Error::corrupt(next.h.off, "child level does not follow its parent's"));
+            }
+            node = next;
+        }
+        Err(Error::corrupt(node.h.off, "tree deeper than 64 levels"))
+    }
+
+    /// The newest visible value of `key` in `leaf` (None when absent or deleted).
+    #[inline]
+    pub(crate) fn leaf_get(&self, leaf: &Node<'a>, key: &[u8]) -> Result<Option<ValRef<'a>>> {
+        if leaf.h.log_count > 0 {
+            // Entries are appended in version order: the last visible match is the newest.
+            let mut found = None;
+            let mut pos = leaf.h.sorted_end;
+            for _ in 0..leaf.h.log_count {
+                let e = leaf.log_entry(pos)?;
+                if e.key == key && leaf.h.version.saturating_add(e.delta as u64) <= self.rv {
+                    found = Some(e.val);
+                }
+                pos = e.next;
+            }
+            if let Some(v) = found {
+                return Ok(v);
+            }
+        }
+        let (mut pos, end) = leaf.segment(key, false)?;
+        while pos < end {
+            let (k, v, next) = leaf.leaf_item(pos)?;
+            match k.cmp(key) {
+                CmpOrdering::Equal => return Ok(Some(v)),
+                CmpOrdering::Greater => break,
+                CmpOrdering::Less => pos = next,
+            }
+        }
+        Ok(None)
+    }
+
+    /// GET.
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<&'a [u8]>> {
+        let (leaf, _) = self.descend(key, false)?;
+        match self.leaf_get(&leaf, key)? {
+            Some(v) => Ok(Some(value_bytes(self.arena, v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// SCAN: visits up to `limit` visible items with keys in `[lo, hi]` in ascending order.
+    pub(crate) fn scan<F>(&self, lo: &[u8], hi: &[u8], limit: usize, mut f: F) -> Result<usize>
+    where
+        F: FnMut(&'a [u8], &'a [u8]) -> Result<()>,
+    {
+        if limit == 0 || lo > hi {
+            return Ok(0);
+        }
+        let (leaf, _) = self.descend(lo, false)?;
+        let (start, _) = leaf.segment(lo, false)?;
+        let mut cur = LeafCursor::new(leaf, Some(start), self.rv)?;
+        let mut count = 0;
+        let mut past_lo = false;
+        for _ in 0..self.max_steps() {
+            while let Some((k, v)) = cur.next()? {
+                if !past_lo {
+                    if k < lo {
+                        continue;
+                    }
+                    past_lo = true;
+                }
+                if k > hi {
+                    return Ok(count);
+                }
+                f(k, value_bytes(self.arena, v)?)?;
+                count += 1;
+                if count == limit {
+                    return Ok(count);
+                }
+            }
+            let right = cur.node.h.right;
+            if right == 0 {
+                return Ok(count);
+            }
+            let node = self.resolve(right)?;
+            if !node.h.is_leaf() {
+                return Err(Error::corrupt(node.h.off, "leaf sibling is not a leaf"));
+            }
+            cur = LeafCursor::new(node, None, self.rv)?;
+        }
+        Err(Error::corrupt(0, "leaf chain longer than the heap"))
+    }
+
+    /// The largest visible key `<= key`.
+    pub(crate) fn floor_key(&self, key: &[u8]) -> Result<Option<&'a [u8]>> {
+        let (mut target, mut strict) = (key, false);
+        for _ in 0..self.max_steps() {
+            let (leaf, lower) = self.descend(target, strict)?;
+            let mut cur = LeafCursor::new(leaf, None, self.rv)?;
+            let mut best = None;
+            while let Some((k, _)) = cur.next()? {
+                let before = if strict { k < target } else { k <= target };
+                if !before {
+                    break;
+                }
+                best = Some(k);
+            }
+            if best.is_some() {
+                return Ok(best);
+            }
+            // Nothing here (the leaf's smaller keys were deleted): look left of this leaf.
+            match lower {
+                None => return Ok(None),
+                Some(l) => (target, strict) = (l, true),
+            }
+        }
+        Err(Error::corrupt(0, "floor search did not end"))
+    }
+
+    /// Honeycomb's SCAN: starts at the largest key `<= lo` (or at `lo` when there is none).
+    pub(crate) fn floor_scan<F>(&self, lo: &[u8], hi: &[u8], limit: usize, f: F) -> Result<usize>
+    where
+        F: FnMut(&'a [u8], &'a [u8]) -> Result<()>,
+    {
+        match self.floor_key(lo)? {
+            Some(k) => self.scan(k, hi, limit, f),
+            None => self.scan(lo, hi, limit, f),
+        }
+    }
+}
+
+/// Iterates a leaf's visible items in key order at one read version, merging the sorted block and
+/// the log block without comparing keys across them: log entries are ordered by their one-byte
+/// order hints (an insertion sort into an indirection array, as in Honeycomb §4.3), and placed
+/// among sorted items by their back pointers.
+pub(crate) struct LeafCursor<'a> {
+    pub(crate) node: Node<'a>,
+    rv: u64,
+    order: [u32; MAX_LOG_ENTRIES as usize],
+    n: usize,
+    li: usize,
+    sp: u32,
+}
+
+impl<'a> LeafCursor<'a> {
+    /// A cursor positioned at sorted position `start` (a segment start) or the leaf's beginning.
+    pub(crate) fn new(node: Node<'a>, start: Option<u32>, rv: u64) -> Result<LeafCursor<'a>> {
+        let mut order = [0u32; MAX_LOG_ENTRIES as usize];
+        let mut n = 0usize;
+        let mut pos = node.h.sorted_end;
+        for _ in 0..node.h.log_count {
+            let e = node.log_entry(pos)?;
+            let h = e.hint as usize;
+            if h > n {
+                return Err(Error::corrupt(node.h.off + pos as u64, "order hint beyond the log block"));
+            }
+            order.copy_within(h..n, h + 1);
+            order[h] = pos;
+            n += 1;
+            pos = e.next;
+        }
+        let sp = start.unwrap_or(node.h.sorted_start);
+        let mut cur = LeafCursor { node, rv, order, n, li: 0, sp };
+        // Starting at a shortcut item S (<= the scan's lower bound): skip log entries that sort
+        // before S — back pointer before it, or at it for a smaller key. From the first segment
+        // nothing is skipped (entries pointing at the first item may still be >= the bound).
+        while sp > cur.node.h.sorted_start && cur.li < cur.n {
+            let e = cur.node.log_entry(cur.order[cur.li])?;
+            if e.bp > sp || (e.bp == sp && e.flags & LOG_EQUAL != 0) {
+                break;
+            }
+            cur.li += 1;
+        }
+        Ok(cur)
+    }
+
+    fn visible(&self, e: &LogEntry<'_>) -> bool {
+        self.node.h.version.saturating_add(e.delta as u64) <= self.rv
+    }
+
+    /// The next visible item, or None at the end of the leaf.
+    pub(crate) fn next(&mut self) -> Result<Option<(&'a [u8], ValRef<'a>)>> {
+        let sorted_end = self.node.h.sorted_end;
+        loop {
+            let have_sorted = self.sp < sorted_end;
+            let log = if self.li < self.n { Some(self.node.log_entry(self.order[self.li])?) } else { None };
+            match log {
+                Some(e) if !have_sorted || e.bp <= self.sp => {
+                    // A group of entries for one key, newest first: the first visible one decides.
+                    let key = e.key;
+                    let equal = e.flags & LOG_EQUAL != 0 && e.bp == self.sp && have_sorted;
+                    let mut decided: Option<LogEntry<'a>> = None;
+                    while self.li < self.n {
+                        let g = self.node.log_entry(self.order[self.li])?;
+                        if g.key != key {
+                            break;
+                        }
+                        if decided.is_none() && self.visible(&g) {
+                            decided = Some(g);
+                        }
+                        self.li += 1;
+                    }
+                    let Some(d) = decided else { continue };
+                    if equal {
+                        // The log entry shadows the sorted item with the same key.
+                        self.sp = self.node.leaf_item(self.sp)?.2;
+                    }
+                    if d.flags & LOG_PUT != 0 {
+                        if let Some(v) = d.val {
+                            return Ok(Some((key, v)));
+                        }
+                    }
+                }
+                _ if have_sorted => {
+                    let (k, v, next) = self.node.leaf_item(self.sp)?;
+                    self.sp = next;
+                    return Ok(Some((k, v)));
+                }
+                _ => return Ok(None),
+            }
+        }
+    }
+}

@@ -1,0 +1,707 @@
+//! The single writer: applies puts, deletes and batches under one write version each, appends to
+//! leaf log blocks, rewrites nodes into new buffers (merge, split, node merge, root growth and
+//! collapse), publishes through the page table and the global read version, and reclaims retired
+//! buffers, blobs and LIDs once no reader can reach them.
+
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::node::{
+    BLOB_HDR, LOG_BLOB, LOG_EQUAL, LOG_PUT, MAX_LOG_ENTRIES, Node, NodeData, Val, ValRef, encode_log_entry, size_word,
+};
+use super::read::{LeafCursor, Tree, child_for};
+use super::{Reader, Stats};
+use crate::arena::{
+    Arena, LidAlloc, PageAlloc, SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_READ_VERSION, SB_ROOT, SB_STATE,
+    SB_WRITE_VERSION, STATE_CLOSED, SlotWatch, root_word, split_root_word,
+};
+use crate::config::{ArenaConfig, MAX_VALUE_LEN, NODE_HEADER, shortcut_capacity};
+use crate::error::{Error, Result};
+
+/// One operation of a [`Writer::write_batch`].
+#[derive(Debug, Clone, Copy)]
+pub enum BatchOp<'a> {
+    /// Upsert.
+    Put(&'a [u8], &'a [u8]),
+    /// Insert; the whole batch fails with [`Error::KeyExists`] if the key is present.
+    Insert(&'a [u8], &'a [u8]),
+    /// Update; the whole batch fails with [`Error::KeyNotFound`] if the key is absent.
+    Update(&'a [u8], &'a [u8]),
+    /// Delete (absent keys are fine).
+    Delete(&'a [u8]),
+}
+
+impl<'a> BatchOp<'a> {
+    fn key(&self) -> &'a [u8] {
+        match *self {
+            BatchOp::Put(k, _) | BatchOp::Insert(k, _) | BatchOp::Update(k, _) | BatchOp::Delete(k) => k,
+        }
+    }
+    fn value(&self) -> Option<&'a [u8]> {
+        match *self {
+            BatchOp::Put(_, v) | BatchOp::Insert(_, v) | BatchOp::Update(_, v) => Some(v),
+            BatchOp::Delete(_) => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Garbage {
+    Buffer(u64),
+    Blob(u64, u64),
+    Lid(u64),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PathElem {
+    lid: u64,
+    off: u64,
+}
+
+/// The one writer of an arena's tree. It is `Send` but not `Sync` and not `Clone`, and it holds an
+/// exclusive lock on the arena file: one writer per tree, made explicit in the types.
+pub struct Writer {
+    arena: Arc<Arena>,
+    _file: File,
+    pages: PageAlloc,
+    lids: LidAlloc,
+    garbage: VecDeque<(u64, Garbage)>,
+    garbage_pages: u64,
+    version: u64,
+    height: u16,
+    watch: SlotWatch,
+    commits_since_reclaim: u32,
+    buf: Vec<u8>,
+    leaf_cap: usize,
+    interior_cap: usize,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl Writer {
+    /// Creates a new, empty arena at `path` (atomically replacing any file there) and returns its
+    /// writer.
+    pub fn create(path: impl AsRef<Path>, cfg: &ArenaConfig) -> Result<Writer> {
+        let path = path.as_ref();
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        let (arena, file) = Arena::create(path, cfg)?;
+        let l = arena.layout;
+        let payload = l.node_size as usize - NODE_HEADER - shortcut_capacity(l.node_size);
+        let mut w = Writer {
+            pages: PageAlloc::new(l.heap_off, l.node_size as u64, l.heap_pages),
+            lids: LidAlloc::new(1, l.pt_entries),
+            arena: Arc::new(arena),
+            _file: file,
+            garbage: VecDeque::new(),
+            garbage_pages: 0,
+            version: 0,
+            height: 1,
+            watch: SlotWatch::new(),
+            commits_since_reclaim: 0,
+            buf: Vec::with_capacity(l.node_size as usize),
+            leaf_cap: payload - l.log_threshold as usize,
+            interior_cap: payload,
+            _not_sync: PhantomData,
+        };
+        let root = w.alloc_lid()?;
+        let off = w.write_node(root, &NodeData::Leaf { items: Vec::new(), right: 0 }, 0, 0)?;
+        w.map_lid(root, off)?;
+        w.arena.sb(SB_ROOT).store(root_word(root, 1), Ordering::Release);
+        w.publish_stats();
+        w.arena.publish(&tmp)?;
+        Ok(w)
+    }
+
+    /// The arena's geometry.
+    pub fn layout(&self) -> crate::arena::Layout {
+        self.arena.layout
+    }
+
+    /// The newest released write version.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// A reader sharing this writer's mapping (for reader threads in this process).
+    pub fn reader(&self) -> Result<Reader> {
+        Reader::from_arena(self.arena.clone())
+    }
+
+    fn tree(&self) -> Tree<'_> {
+        Tree { arena: &self.arena, rv: self.version }
+    }
+
+    /// The current value of `key`.
+    pub fn get(&self, key: &[u8]) -> Result<Option<&[u8]>> {
+        self.tree().get(key)
+    }
+
+    /// Items with keys in `[lo, hi]`, ascending, at most `limit`.
+    pub fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&[u8], &[u8])>> {
+        let mut out = Vec::new();
+        self.tree().scan(lo, hi, limit, |k, v| {
+            out.push((k, v));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Like [`Writer::scan`] but starting at the largest key `<= lo`.
+    pub fn floor_scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&[u8], &[u8])>> {
+        let mut out = Vec::new();
+        self.tree().floor_scan(lo, hi, limit, |k, v| {
+            out.push((k, v));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Upserts `key`; returns the write version.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<u64> {
+        self.write_batch(&[BatchOp::Put(key, value)])
+    }
+
+    /// Inserts `key`, failing with [`Error::KeyExists`] if present.
+    pub fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<u64> {
+        self.write_batch(&[BatchOp::Insert(key, value)])
+    }
+
+    /// Updates `key`, failing with [`Error::KeyNotFound`] if absent.
+    pub fn update(&mut self, key: &[u8], value: &[u8]) -> Result<u64> {
+        self.write_batch(&[BatchOp::Update(key, value)])
+    }
+
+    /// Deletes `key`; returns the write version, or None if the key was absent (nothing written).
+    pub fn delete(&mut self, key: &[u8]) -> Result<Option<u64>> {
+        self.check_key(key)?;
+        if self.get(key)?.is_none() {
+            return Ok(None);
+        }
+        self.write_batch(&[BatchOp::Delete(key)]).map(Some)
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        let max = self.arena.layout.max_key_len as usize;
+        if key.is_empty() || key.len() > max {
+            return Err(Error::KeySize { len: key.len(), max });
+        }
+        Ok(())
+    }
+
+    /// Applies `ops` atomically under one write version: readers see all of them or none. Either
+    /// every precondition holds and everything is applied, or nothing is.
+    pub fn write_batch(&mut self, ops: &[BatchOp<'_>]) -> Result<u64> {
+        let ns = self.arena.layout.node_size as u64;
+        let inline = self.arena.layout.inline_threshold as usize;
+        let mut blob_pages = 0u64;
+        for op in ops {
+            self.check_key(op.key())?;
+            if let Some(v) = op.value() {
+                if v.len() > MAX_VALUE_LEN {
+                    return Err(Error::ValueTooLarge { len: v.len(), max: MAX_VALUE_LEN });
+                }
+                if v.len() > inline {
+                    blob_pages += (BLOB_HDR + v.len() as u64).div_ceil(ns);
+                }
+            }
+        }
+        self.check_preconditions(ops)?;
+        // Worst case: every op rewrites and splits every level, plus a new root, plus its blob.
+        let needed = ops.len() as u64 * (2 * self.height as u64 + 4) + blob_pages;
+        if self.pages.free() < needed {
+            self.reclaim()?;
+            if self.pages.free() < needed {
+                return Err(Error::ArenaFull { needed: needed * ns, free: self.pages.free() * ns });
+            }
+        }
+        let w = self.version + 1;
+        self.arena.sb(SB_WRITE_VERSION).store(w, Ordering::Relaxed);
+        for op in ops {
+            self.apply(op.key(), op.value(), w)?;
+        }
+        self.commit(w)?;
+        Ok(w)
+    }
+
+    fn check_preconditions(&self, ops: &[BatchOp<'_>]) -> Result<()> {
+        let mut overlay: HashMap<&[u8], bool> = HashMap::new();
+        for op in ops {
+            let (need, after) = match op {
+                BatchOp::Put(..) => (None, true),
+                BatchOp::Insert(..) => (Some(false), true),
+                BatchOp::Update(..) => (Some(true), true),
+                BatchOp::Delete(_) => (None, false),
+            };
+            if let Some(need) = need {
+                let exists = match overlay.get(op.key()) {
+                    Some(&e) => e,
+                    None => self.get(op.key())?.is_some(),
+                };
+                if exists != need {
+                    return Err(if need { Error::KeyNotFound } else { Error::KeyExists });
+                }
+            }
+            if ops.len() > 1 {
+                overlay.insert(op.key(), after);
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, w: u64) -> Result<()> {
+        // Single writer: versions are released in order by construction.
+        self.version = w;
+        self.arena.sb(SB_READ_VERSION).store(w, Ordering::Release);
+        self.commits_since_reclaim += 1;
+        if self.commits_since_reclaim >= 16 || self.garbage_pages > self.pages.free() / 4 {
+            self.reclaim()?;
+        }
+        Ok(())
+    }
+
+    // --- one operation -------------------------------------------------------------------------
+
+    fn path_to(&self, key: &[u8]) -> Result<Vec<PathElem>> {
+        let mut path = Vec::with_capacity(self.height as usize);
+        let mut lid = split_root_word(self.arena.sb(SB_ROOT).load(Ordering::Relaxed)).0;
+        for _ in 0..64 {
+            let off = self.arena.page_entry(lid)?.load(Ordering::Relaxed);
+            let node = Node::load(&self.arena, off)?;
+            path.push(PathElem { lid, off });
+            if node.h.is_leaf() {
+                return Ok(path);
+            }
+            lid = child_for(&node, key, false)?.0;
+        }
+        Err(Error::corrupt(0, "tree deeper than 64 levels"))
+    }
+
+    fn apply(&mut self, key: &[u8], value: Option<&[u8]>, w: u64) -> Result<()> {
+        let path = self.path_to(key)?;
+        let leaf_el = *path.last().expect("a path always ends at a leaf");
+        let (old_blob, existed) = {
+            let tree = Tree { arena: &self.arena, rv: u64::MAX };
+            let leaf = Node::load(&self.arena, leaf_el.off)?;
+            match tree.leaf_get(&leaf, key)? {
+                Some(ValRef::Blob { off, len }) => (Some((off, len)), true),
+                Some(ValRef::Inline(_)) => (None, true),
+                None => (None, false),
+            }
+        };
+        if value.is_none() && !existed {
+            return Ok(());
+        }
+        let new_val = match value {
+            Some(v) if v.len() > self.arena.layout.inline_threshold as usize => Some(self.write_blob(v)?),
+            Some(v) => Some(Val::Inline(v.to_vec())),
+            None => None,
+        };
+        if !self.try_append(leaf_el.off, key, new_val.as_ref(), w)? {
+            self.rewrite_leaf(&path, key, new_val, w)?;
+        }
+        if let Some((off, len)) = old_blob {
+            self.retire(w, Garbage::Blob(off, (BLOB_HDR + len as u64).div_ceil(self.arena.layout.node_size as u64)));
+        }
+        Ok(())
+    }
+
+    /// The fast path: appends a log entry and publishes it with one release store of the size
+    /// word. Returns false when the leaf must be rewritten instead.
+    fn try_append(&mut self, off: u64, key: &[u8], val: Option<&Val>, w: u64) -> Result<bool> {
+        let node = Node::load(&self.arena, off)?;
+        let h = node.h;
+        let delta = w - h.version;
+        if h.log_count >= MAX_LOG_ENTRIES || delta > u32::MAX as u64 {
+            return Ok(false);
+        }
+        // Back pointer: the first sorted item with key >= key, and whether it is equal.
+        let (mut bp, end) = node.segment(key, false)?;
+        let mut equal = false;
+        while bp < end {
+            let (k, _, next) = node.leaf_item(bp)?;
+            match k.cmp(key) {
+                std::cmp::Ordering::Less => bp = next,
+                std::cmp::Ordering::Equal => {
+                    equal = true;
+                    break;
+                }
+                std::cmp::Ordering::Greater => break,
+            }
+        }
+        // Order hint: the entry's rank among the log entries (before older entries of its key).
+        let mut hint = 0u32;
+        let mut pos = h.sorted_end;
+        for _ in 0..h.log_count {
+            let e = node.log_entry(pos)?;
+            if e.key < key {
+                hint += 1;
+            }
+            pos = e.next;
+        }
+        let vref = val.map(|v| match v {
+            Val::Inline(b) => ValRef::Inline(b),
+            Val::Blob { off, len } => ValRef::Blob { off: *off, len: *len },
+        });
+        let mut flags = if equal { LOG_EQUAL } else { 0 };
+        match val {
+            Some(Val::Blob { .. }) => flags |= LOG_PUT | LOG_BLOB,
+            Some(Val::Inline(_)) => flags |= LOG_PUT,
+            None => {}
+        }
+        let mut entry = std::mem::take(&mut self.buf);
+        encode_log_entry(&mut entry, flags, hint as u8, bp, delta as u32, key, vref);
+        let new_end = h.log_end as usize + entry.len();
+        let fits = new_end - h.sorted_end as usize <= self.arena.layout.log_threshold as usize
+            && new_end <= self.arena.layout.node_size as usize;
+        if fits {
+            self.arena.map.write(off + h.log_end as u64, &entry)?;
+            self.arena.map.word(off + super::node::H_SIZE)?.store(size_word(new_end as u32, h.log_count + 1), Ordering::Release);
+        }
+        self.buf = entry;
+        Ok(fits)
+    }
+
+    fn rewrite_leaf(&mut self, path: &[PathElem], key: &[u8], val: Option<Val>, w: u64) -> Result<()> {
+        let el = *path.last().expect("non-empty path");
+        let NodeData::Leaf { mut items, right } = self.decode(el.off)? else {
+            return Err(Error::corrupt(el.off, "path does not end at a leaf"));
+        };
+        let append = items.last().is_none_or(|(k, _)| key > k.as_slice());
+        match (items.binary_search_by(|(k, _)| k.as_slice().cmp(key)), val) {
+            (Ok(i), Some(v)) => items[i].1 = v,
+            (Err(i), Some(v)) => items.insert(i, (key.to_vec(), v)),
+            (Ok(i), None) => {
+                items.remove(i);
+            }
+            (Err(_), None) => {}
+        }
+        self.store(path, path.len() - 1, NodeData::Leaf { items, right }, w, append)
+    }
+
+    /// Decodes the newest state of the node buffer at `off`.
+    fn decode(&self, off: u64) -> Result<NodeData> {
+        let node = Node::load(&self.arena, off)?;
+        if node.h.is_leaf() {
+            let right = node.h.right;
+            let mut items = Vec::with_capacity(node.h.sorted_count as usize + node.h.log_count as usize);
+            let mut cur = LeafCursor::new(node, None, u64::MAX)?;
+            while let Some((k, v)) = cur.next()? {
+                items.push((k.to_vec(), Val::from_ref(v)));
+            }
+            Ok(NodeData::Leaf { items, right })
+        } else {
+            let mut items = Vec::with_capacity(node.h.sorted_count as usize);
+            let mut pos = node.h.sorted_start;
+            while pos < node.h.sorted_end {
+                let (k, c, next) = node.interior_item(pos)?;
+                items.push((k.to_vec(), c));
+                pos = next;
+            }
+            Ok(NodeData::Interior { level: node.h.level, leftmost: node.h.leftmost, items })
+        }
+    }
+
+    fn cap(&self, data: &NodeData) -> usize {
+        match data {
+            NodeData::Leaf { .. } => self.leaf_cap,
+            NodeData::Interior { .. } => self.interior_cap,
+        }
+    }
+
+    /// Writes `data` as the new state of `path[depth]`, splitting, merging or collapsing the root
+    /// as needed, and propagating separator changes up the path.
+    fn store(&mut self, path: &[PathElem], depth: usize, data: NodeData, w: u64, append: bool) -> Result<()> {
+        let el = path[depth];
+        let cap = self.cap(&data);
+        let size = data.sorted_bytes();
+        if size > cap {
+            let (left, sep, right) = split(data, cap, append);
+            if depth == 0 {
+                return self.grow_root(el, left, sep, right, w);
+            }
+            let nl = self.alloc_lid()?;
+            let left = set_right(left, nl);
+            let off_r = self.write_node(nl, &right, w, el.off)?;
+            self.map_lid(nl, off_r)?;
+            self.replace(el, &left, w)?;
+            let pel = path[depth - 1];
+            let NodeData::Interior { level, leftmost, mut items } = self.decode(pel.off)? else {
+                return Err(Error::corrupt(pel.off, "parent is not an interior node"));
+            };
+            let at = items.partition_point(|(k, _)| k.as_slice() < sep.as_slice());
+            items.insert(at, (sep, nl));
+            return self.store(path, depth - 1, NodeData::Interior { level, leftmost, items }, w, false);
+        }
+        if depth > 0 && size < cap / 4 {
+            match self.try_merge(path, depth, data, w)? {
+                None => return Ok(()),
+                Some(data) => return self.replace(el, &data, w),
+            }
+        }
+        if depth == 0 {
+            if let NodeData::Interior { leftmost, ref items, .. } = data {
+                if items.is_empty() {
+                    return self.collapse_root(el, leftmost, w);
+                }
+            }
+        }
+        self.replace(el, &data, w)
+    }
+
+    /// Writes `data` into a new buffer for `el.lid` and swaps the page-table entry.
+    fn replace(&mut self, el: PathElem, data: &NodeData, w: u64) -> Result<()> {
+        let off = self.write_node(el.lid, data, w, el.off)?;
+        self.map_lid(el.lid, off)?;
+        self.retire(w, Garbage::Buffer(el.off));
+        Ok(())
+    }
+
+    fn grow_root(&mut self, el: PathElem, left: NodeData, sep: Vec<u8>, right: NodeData, w: u64) -> Result<()> {
+        let level = match &left {
+            NodeData::Leaf { .. } => 1,
+            NodeData::Interior { level, .. } => level + 1,
+        };
+        let (a, b) = (self.alloc_lid()?, self.alloc_lid()?);
+        let left = set_right(left, b);
+        let off_a = self.write_node(a, &left, w, el.off)?;
+        let off_b = self.write_node(b, &right, w, el.off)?;
+        self.map_lid(a, off_a)?;
+        self.map_lid(b, off_b)?;
+        self.replace(el, &NodeData::Interior { level, leftmost: a, items: vec![(sep, b)] }, w)?;
+        self.height += 1;
+        self.arena.sb(SB_ROOT).store(root_word(el.lid, self.height), Ordering::Release);
+        Ok(())
+    }
+
+    fn collapse_root(&mut self, el: PathElem, mut child: u64, w: u64) -> Result<()> {
+        // The root LID stays; it takes over its only child's contents.
+        loop {
+            let coff = self.arena.page_entry(child)?.load(Ordering::Relaxed);
+            let data = self.decode(coff)?;
+            self.retire(w, Garbage::Buffer(coff));
+            self.retire(w, Garbage::Lid(child));
+            self.height -= 1;
+            match data {
+                NodeData::Interior { leftmost, ref items, .. } if items.is_empty() => child = leftmost,
+                data => {
+                    self.replace(el, &data, w)?;
+                    self.arena.sb(SB_ROOT).store(root_word(el.lid, self.height), Ordering::Release);
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Merges an underfull node with a sibling under the same parent when the result fits in
+    /// three quarters of a node. Returns the data back when no merge happened.
+    fn try_merge(&mut self, path: &[PathElem], depth: usize, data: NodeData, w: u64) -> Result<Option<NodeData>> {
+        let el = path[depth];
+        let pel = path[depth - 1];
+        let NodeData::Interior { level, leftmost, mut items } = self.decode(pel.off)? else {
+            return Err(Error::corrupt(pel.off, "parent is not an interior node"));
+        };
+        if items.is_empty() {
+            return Ok(Some(data));
+        }
+        let child = |i: usize| if i == 0 { leftmost } else { items[i - 1].1 };
+        let idx = match (0..=items.len()).find(|&i| child(i) == el.lid) {
+            Some(i) => i,
+            None => return Err(Error::corrupt(pel.off, "child missing from its parent")),
+        };
+        // Pair with the smaller of the two neighbours under the same parent.
+        let mut best: Option<(usize, usize, NodeData, PathElem)> = None;
+        for (li, ri) in [(idx, idx + 1), (idx.wrapping_sub(1), idx)] {
+            if ri > items.len() || li > items.len() {
+                continue;
+            }
+            let sib_lid = child(if li == idx { ri } else { li });
+            let sib_off = self.arena.page_entry(sib_lid)?.load(Ordering::Relaxed);
+            let sib = self.decode(sib_off)?;
+            if best.as_ref().is_none_or(|b| sib.sorted_bytes() < b.2.sorted_bytes()) {
+                best = Some((li, ri, sib, PathElem { lid: sib_lid, off: sib_off }));
+            }
+        }
+        let Some((li, ri, sib, sib_el)) = best else { return Ok(Some(data)) };
+        let sep_len = match &data {
+            NodeData::Leaf { .. } => 0,
+            NodeData::Interior { .. } => super::node::interior_item_len(&items[ri - 1].0),
+        };
+        if data.sorted_bytes() + sib.sorted_bytes() + sep_len > self.cap(&data) * 3 / 4 {
+            return Ok(Some(data));
+        }
+        let (left, left_el, right, right_el) = if li == idx { (data, el, sib, sib_el) } else { (sib, sib_el, data, el) };
+        let sep = items.remove(ri - 1).0;
+        let merged = match (left, right) {
+            (NodeData::Leaf { items: mut a, .. }, NodeData::Leaf { items: b, right }) => {
+                a.extend(b);
+                NodeData::Leaf { items: a, right }
+            }
+            (NodeData::Interior { level, leftmost, items: mut a }, NodeData::Interior { leftmost: rl, items: b, .. }) => {
+                a.push((sep, rl));
+                a.extend(b);
+                NodeData::Interior { level, leftmost, items: a }
+            }
+            _ => return Err(Error::corrupt(left_el.off, "siblings of different kinds")),
+        };
+        self.replace(left_el, &merged, w)?;
+        self.retire(w, Garbage::Buffer(right_el.off));
+        self.retire(w, Garbage::Lid(right_el.lid));
+        self.store(path, depth - 1, NodeData::Interior { level, leftmost, items }, w, false).map(|()| None)
+    }
+
+    // --- allocation and publication --------------------------------------------------------------
+
+    fn alloc_lid(&mut self) -> Result<u64> {
+        self.lids.alloc().ok_or(Error::ArenaFull { needed: 8, free: 0 })
+    }
+
+    fn write_node(&mut self, lid: u64, data: &NodeData, w: u64, prev: u64) -> Result<u64> {
+        let ns = self.arena.layout.node_size;
+        let off = self.pages.alloc(1).ok_or(Error::ArenaFull { needed: ns as u64, free: 0 })?;
+        let mut buf = std::mem::take(&mut self.buf);
+        data.encode(ns, lid, w, prev, &mut buf);
+        let r = self.arena.map.write(off, &buf);
+        self.buf = buf;
+        r.map(|()| off)
+    }
+
+    fn map_lid(&self, lid: u64, off: u64) -> Result<()> {
+        self.arena.page_entry(lid)?.store(off, Ordering::Release);
+        Ok(())
+    }
+
+    fn write_blob(&mut self, v: &[u8]) -> Result<Val> {
+        let ns = self.arena.layout.node_size as u64;
+        let n = (BLOB_HDR + v.len() as u64).div_ceil(ns);
+        let off = self.pages.alloc(n).ok_or(Error::ArenaFull { needed: n * ns, free: self.pages.free() * ns })?;
+        self.arena.map.write(off, &(v.len() as u64).to_le_bytes())?;
+        self.arena.map.write(off + BLOB_HDR, v)?;
+        Ok(Val::Blob { off, len: v.len() as u32 })
+    }
+
+    fn retire(&mut self, w: u64, g: Garbage) {
+        self.garbage_pages += match g {
+            Garbage::Buffer(_) => 1,
+            Garbage::Blob(_, n) => n,
+            Garbage::Lid(_) => 0,
+        };
+        self.garbage.push_back((w, g));
+    }
+
+    /// Frees everything retired at versions no live reader can still see. Called automatically
+    /// every few commits and when space runs low.
+    pub fn reclaim(&mut self) -> Result<()> {
+        self.commits_since_reclaim = 0;
+        if let Some(&(wanted, _)) = self.garbage.front() {
+            let min = self.watch.min_pinned(&self.arena, wanted)?;
+            while let Some(&(v, g)) = self.garbage.front() {
+                if v > min {
+                    break;
+                }
+                self.garbage.pop_front();
+                match g {
+                    Garbage::Buffer(off) => {
+                        self.pages.release(off, 1);
+                        self.garbage_pages -= 1;
+                    }
+                    Garbage::Blob(off, n) => {
+                        self.pages.release(off, n);
+                        self.garbage_pages -= n;
+                    }
+                    Garbage::Lid(lid) => {
+                        self.arena.page_entry(lid)?.store(0, Ordering::Release);
+                        self.lids.release(lid);
+                    }
+                }
+            }
+        }
+        self.publish_stats();
+        Ok(())
+    }
+
+    fn publish_stats(&self) {
+        self.arena.sb(SB_ALLOCATED_PAGES).store(self.pages.used(), Ordering::Relaxed);
+        self.arena.sb(SB_GARBAGE_PAGES).store(self.garbage_pages, Ordering::Relaxed);
+    }
+
+    /// Space and structure figures.
+    pub fn stats(&self) -> Stats {
+        let l = self.arena.layout;
+        let ns = l.node_size as u64;
+        Stats {
+            version: self.version,
+            height: self.height,
+            node_size: l.node_size,
+            capacity: l.capacity,
+            allocated_bytes: self.pages.used() * ns,
+            garbage_bytes: self.garbage_pages * ns,
+            pending_garbage: self.garbage.len(),
+            dead_slots_cleared: self.watch.cleared,
+            footprint_bytes: self.pages.used() * ns + l.pt_off + self.lids.high_water() * 8,
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.arena.sb(SB_STATE).store(STATE_CLOSED, Ordering::Release);
+    }
+}
+
+/// Sets a leaf's right sibling.
+fn set_right(data: NodeData, r: u64) -> NodeData {
+    match data {
+        NodeData::Leaf { items, .. } => NodeData::Leaf { items, right: r },
+        d => d,
+    }
+}
+
+/// Splits an overfull node in two by bytes: in half, or keeping ~90% on the left when keys are
+/// appended in order (so sequential loads fill nodes). Returns (left, separator, right); a leaf's
+/// right half inherits the original right sibling, and the caller links left to right.
+fn split(data: NodeData, cap: usize, append: bool) -> (NodeData, Vec<u8>, NodeData) {
+    let sizes: Vec<usize> = match &data {
+        NodeData::Leaf { items, .. } => items.iter().map(|(k, v)| super::node::leaf_item_len(k, v)).collect(),
+        NodeData::Interior { items, .. } => items.iter().map(|(k, _)| super::node::interior_item_len(k)).collect(),
+    };
+    let total: usize = sizes.iter().sum();
+    let target = if append { total * 9 / 10 } else { total / 2 };
+    let n = sizes.len();
+    let mut i = 0;
+    let mut acc = 0;
+    while i < n && acc + sizes[i] <= target {
+        acc += sizes[i];
+        i += 1;
+    }
+    // Both halves must fit: move the boundary if one side is over capacity.
+    let prefix = |i: usize| sizes[..i].iter().sum::<usize>();
+    // A leaf keeps at least one item per side; an interior node moves item `i` up, so it keeps
+    // at least one separator per side too (n >= 3 whenever it overflows: items are <= cap / 3).
+    let (lo, hi) = match data {
+        NodeData::Leaf { .. } => (1, n - 1),
+        NodeData::Interior { .. } => (1, n - 2),
+    };
+    i = i.clamp(lo, hi);
+    while i > lo && prefix(i) > cap {
+        i -= 1;
+    }
+    while i < hi && total - prefix(i) > cap {
+        i += 1;
+    }
+    match data {
+        NodeData::Leaf { mut items, right } => {
+            let r = items.split_off(i);
+            let sep = r[0].0.clone();
+            (NodeData::Leaf { items, right: 0 }, sep, NodeData::Leaf { items: r, right })
+        }
+        NodeData::Interior { level, leftmost, mut items } => {
+            let mut r = items.split_off(i);
+            let (sep, rl) = r.remove(0);
+            (NodeData::Interior { level, leftmost, items }, sep, NodeData::Interior { level, leftmost: rl, items: r })
+        }
+    }
+}

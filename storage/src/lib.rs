@@ -1,0 +1,37 @@
+//! dpukv-storage: the storage engine of a dpukv node, as a library with no tokio, no sockets and
+//! no Kubernetes.
+//!
+//! This crate sits at the bottom of the architecture (ARCHITECTURE.md §2–3). The host process
+//! (`dpukv-node`) owns a [`Writer`] per region; the device process (`dpukv-dpu`) opens the same
+//! arena file as a [`Reader`] and serves GET and SCAN from it without ever waiting for the host.
+//!
+//! The tree is Honeycomb's B+tree (paper 000 §3): fixed-size nodes named by logical ids through a
+//! page table, leaves with a shortcut block, a sorted block and a log block (order hints, back
+//! pointers, version deltas), MVCC with a global write version and a global read version, old
+//! versions reachable through per-buffer pointers, and epoch-based reclamation whose reader slots
+//! live in the arena so readers in other processes take part.
+//!
+//! # Layout
+//! - `arena`: the shared mapping (`shm`, the only `unsafe` module), superblock layout, reader
+//!   slots and dead-reader detection, and the writer's page and LID allocators.
+//! - `btree`: node format (`node`), wait-free snapshot reads (`read`), the single writer (`write`).
+//! - `config`: [`ArenaConfig`] and its validation.
+//! - `error`: [`Error`], classified with `code()` and `is_retryable()`.
+//!
+//! # Invariants
+//! - Bytes a reader can reach are never modified in place; they are published by release stores
+//!   of a page-table entry, a node's size word, or the global read version.
+//! - A reader that pinned read version `rv` sees exactly the writes with version `<= rv`.
+//! - Garbage retired at version `v` is freed only when every pinned reader slot holds `>= v`.
+//!
+//! The byte layout is specified in `docs/storage-format.md`.
+
+mod arena;
+mod btree;
+mod config;
+mod error;
+
+pub use arena::Layout;
+pub use btree::{BatchOp, Reader, SharedStats, Snapshot, Stats, Writer};
+pub use config::{ArenaConfig, MAX_KEY_LEN, MAX_VALUE_LEN};
+pub use error::{Error, Result};

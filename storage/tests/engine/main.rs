@@ -1,0 +1,8 @@
+//! Integration tests of the engine: model tests against `BTreeMap`, MVCC snapshot isolation,
+//! concurrent readers, readers in other processes, and corrupt arenas.
+
+mod common;
+mod concurrency;
+mod corrupt;
+mod model;
+mod multiprocess;
