@@ -17,6 +17,7 @@
 //! - `btree`: node format (`node`), wait-free snapshot reads (`read`), the single writer (`write`).
 //! - `config`: [`ArenaConfig`] and its validation.
 //! - `error`: [`Error`], classified with `code()` and `is_retryable()`.
+//! - `workload`: invariant-checking workloads (the bank) for the tool, tests and demo.
 //!
 //! # Invariants
 //! - Bytes a reader can reach are never modified in place; they are published by release stores
@@ -30,6 +31,7 @@ mod arena;
 mod btree;
 mod config;
 mod error;
+pub mod workload;
 
 pub use arena::Layout;
 pub use btree::{BatchOp, Reader, SharedStats, Snapshot, Stats, Writer};

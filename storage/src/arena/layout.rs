@@ -215,8 +215,10 @@ impl Layout {
     /// Whether `off` is the start of a heap page.
     #[inline]
     pub(crate) fn is_page(&self, off: u64) -> bool {
+        // node_size is a power of two (validated), so mask and shift instead of dividing.
+        let rel = off.wrapping_sub(self.heap_off);
         off >= self.heap_off
-            && (off - self.heap_off) % self.node_size as u64 == 0
-            && (off - self.heap_off) / (self.node_size as u64) < self.heap_pages
+            && rel & (self.node_size as u64 - 1) == 0
+            && rel >> self.node_size.trailing_zeros() < self.heap_pages
     }
 }

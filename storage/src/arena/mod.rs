@@ -32,9 +32,9 @@ pub(crate) struct Arena {
 }
 
 impl Arena {
-    /// Creates a fresh arena at `path` (replacing any old one atomically) and returns it with the
-    /// open, exclusively locked file.
-    pub(crate) fn create(path: &Path, cfg: &ArenaConfig) -> Result<(Arena, File)> {
+    /// Creates a fresh arena beside `path` under a temporary name and returns it with the open,
+    /// exclusively locked file and that name; [`Arena::publish`] renames it into place.
+    pub(crate) fn create(path: &Path, cfg: &ArenaConfig) -> Result<(Arena, File, PathBuf)> {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64);
         let generation = nanos.unwrap_or(0) ^ (std::process::id() as u64).rotate_left(40);
         let layout = Layout::plan(cfg, generation)?;
@@ -47,7 +47,7 @@ impl Arena {
         map.write(0, &layout.encode())?;
         map.word(SB_WRITER_PID)?.store(std::process::id() as u64, Ordering::Relaxed);
         let arena = Arena { map, layout, path: path.to_path_buf() };
-        Ok((arena, file))
+        Ok((arena, file, tmp))
     }
 
     /// Publishes a freshly initialized arena under its final name.

@@ -131,7 +131,7 @@ impl Mapping {
             }
             Some((m, start)) => {
                 let rel = off.checked_sub(*start).filter(|r| r + 8 <= m.len() as u64 && r % 8 == 0);
-                let rel = rel.ok_or(Error::corrupt(off, "slot word outside the slot region"))?;
+                let rel = rel.ok_or_else(|| Error::corrupt(off, "slot word outside the slot region"))?;
                 // SAFETY: in bounds and aligned inside the writable slot mapping, which lives as
                 // long as `self`; slot words are only accessed atomically (rule 2).
                 Ok(unsafe { AtomicU64::from_ptr(m.as_ptr().add(rel as usize) as *mut u64) })

@@ -27,6 +27,35 @@ pub(crate) const BLOB_HDR: u64 = 8;
 
 const HDR: usize = NODE_HEADER;
 
+/// Compares two keys like `<[u8]>::cmp`, eight bytes at a time (short keys dominate, and a
+/// call into libc's memcmp costs more than the comparison itself).
+#[inline]
+pub(crate) fn cmp_keys(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_be_bytes(a[i..i + 8].try_into().expect("8 bytes"));
+        let y = u64::from_be_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if x != y {
+            return x.cmp(&y);
+        }
+        i += 8;
+    }
+    while i < n {
+        if a[i] != b[i] {
+            return a[i].cmp(&b[i]);
+        }
+        i += 1;
+    }
+    a.len().cmp(&b.len())
+}
+
+/// Key equality with the same word-at-a-time loop.
+#[inline]
+pub(crate) fn eq_keys(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && cmp_keys(a, b) == std::cmp::Ordering::Equal
+}
+
 /// Packs the size word.
 pub(crate) fn size_word(log_end: u32, log_count: u32) -> u64 {
     log_end as u64 | (log_count as u64) << 32
@@ -171,8 +200,13 @@ impl<'a> Node<'a> {
     /// Loads the node at `off`.
     #[inline]
     pub(crate) fn load(arena: &'a Arena, off: u64) -> Result<Node<'a>> {
-        let h = Header::read(arena, off)?;
-        let body = arena.map.bytes(off + HDR as u64, h.log_end as usize - HDR)?;
+        Node::from_header(arena, Header::read(arena, off)?)
+    }
+
+    /// The node whose header was just read.
+    #[inline]
+    pub(crate) fn from_header(arena: &'a Arena, h: Header) -> Result<Node<'a>> {
+        let body = arena.map.bytes(h.off + HDR as u64, h.log_end as usize - HDR)?;
         Ok(Node { h, body })
     }
 
@@ -183,8 +217,8 @@ impl<'a> Node<'a> {
     /// Node-relative bytes `[pos, pos + len)` within the published part.
     #[inline]
     fn slice(&self, pos: usize, len: usize) -> Result<&'a [u8]> {
-        let s = pos.checked_sub(HDR).ok_or(self.corrupt("position inside the header"))?;
-        self.body.get(s..s + len).ok_or(self.corrupt("position beyond the node's used bytes"))
+        let s = pos.checked_sub(HDR).ok_or_else(|| self.corrupt("position inside the header"))?;
+        self.body.get(s..s + len).ok_or_else(|| self.corrupt("position beyond the node's used bytes"))
     }
 
     #[inline]
@@ -219,7 +253,8 @@ impl<'a> Node<'a> {
         while lo < hi {
             let mid = (lo + hi) / 2;
             let (k, _) = self.shortcut(mid)?;
-            let before = if strict { k < key } else { k <= key };
+            let c = cmp_keys(k, key);
+            let before = c.is_lt() || (!strict && c.is_eq());
             if before {
                 lo = mid + 1;
             } else {
@@ -237,6 +272,31 @@ impl<'a> Node<'a> {
     /// Decodes the leaf item at `pos`; returns it with the position of the next item.
     #[inline]
     pub(crate) fn leaf_item(&self, pos: u32) -> Result<(&'a [u8], ValRef<'a>, u32)> {
+        let end = self.h.sorted_end as usize - HDR;
+        let p = (pos as usize).wrapping_sub(HDR);
+        let b = self.body;
+        // Fast path: both length fields are one byte and the item lies inside the sorted block.
+        if p + 2 <= end && b[p] < 0x80 && b[p + 1] < 0x80 {
+            let (klen, tag) = (b[p] as usize, b[p + 1] as usize);
+            let ks = p + 2;
+            let (vlen, blob) = if tag & 1 == 1 { (8, true) } else { (tag >> 1, false) };
+            let next = ks + klen + vlen;
+            if next <= end {
+                let key = &b[ks..ks + klen];
+                let v = &b[ks + klen..next];
+                let val = if blob {
+                    ValRef::Blob { off: le64(v, 0), len: (tag >> 1) as u32 }
+                } else {
+                    ValRef::Inline(v)
+                };
+                return Ok((key, val, (next + HDR) as u32));
+            }
+        }
+        self.leaf_item_slow(pos)
+    }
+
+    #[cold]
+    fn leaf_item_slow(&self, pos: u32) -> Result<(&'a [u8], ValRef<'a>, u32)> {
         let end = self.h.sorted_end as usize;
         let (klen, p) = self.var(pos as usize, end)?;
         let (tag, p) = self.var(p, end)?;

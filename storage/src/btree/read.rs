@@ -8,7 +8,7 @@
 use std::cmp::Ordering as CmpOrdering;
 use std::sync::atomic::Ordering;
 
-use super::node::{Header, LOG_EQUAL, LOG_PUT, LogEntry, MAX_LOG_ENTRIES, Node, ValRef, value_bytes};
+use super::node::{Header, LOG_EQUAL, cmp_keys, eq_keys, LOG_PUT, LogEntry, MAX_LOG_ENTRIES, Node, ValRef, value_bytes};
 use crate::arena::{Arena, SB_ROOT, split_root_word};
 use crate::error::{Error, Result};
 
@@ -30,7 +30,8 @@ pub(crate) fn child_for<'a>(node: &Node<'a>, key: &[u8], strict: bool) -> Result
     let mut best = None;
     while pos < end {
         let (k, c, next) = node.interior_item(pos)?;
-        let before = if strict { k < key } else { k <= key };
+        let o = cmp_keys(k, key);
+        let before = o.is_lt() || (!strict && o.is_eq());
         if !before {
             break;
         }
@@ -62,7 +63,7 @@ impl<'a> Tree<'a> {
                 return Err(Error::corrupt(off, "page table maps a LID to another node's buffer"));
             }
             if h.version <= self.rv {
-                return Node::load(self.arena, off);
+                return Node::from_header(self.arena, h);
             }
             off = h.prev;
         }
@@ -103,7 +104,7 @@ impl<'a> Tree<'a> {
             let mut pos = leaf.h.sorted_end;
             for _ in 0..leaf.h.log_count {
                 let e = leaf.log_entry(pos)?;
-                if e.key == key && leaf.h.version.saturating_add(e.delta as u64) <= self.rv {
+                if eq_keys(e.key, key) && leaf.h.version.saturating_add(e.delta as u64) <= self.rv {
                     found = Some(e.val);
                 }
                 pos = e.next;
@@ -115,7 +116,7 @@ impl<'a> Tree<'a> {
         let (mut pos, end) = leaf.segment(key, false)?;
         while pos < end {
             let (k, v, next) = leaf.leaf_item(pos)?;
-            match k.cmp(key) {
+            match cmp_keys(k, key) {
                 CmpOrdering::Equal => return Ok(Some(v)),
                 CmpOrdering::Greater => break,
                 CmpOrdering::Less => pos = next,
@@ -149,12 +150,12 @@ impl<'a> Tree<'a> {
         for _ in 0..self.max_steps() {
             while let Some((k, v)) = cur.next()? {
                 if !past_lo {
-                    if k < lo {
+                    if cmp_keys(k, lo).is_lt() {
                         continue;
                     }
                     past_lo = true;
                 }
-                if k > hi {
+                if cmp_keys(k, hi).is_gt() {
                     return Ok(count);
                 }
                 f(k, value_bytes(self.arena, v)?)?;
@@ -171,7 +172,7 @@ impl<'a> Tree<'a> {
             if !node.h.is_leaf() {
                 return Err(Error::corrupt(node.h.off, "leaf sibling is not a leaf"));
             }
-            cur = LeafCursor::new(node, None, self.rv)?;
+            cur.reset(node)?;
         }
         Err(Error::corrupt(0, "leaf chain longer than the heap"))
     }
@@ -221,16 +222,41 @@ impl<'a> Tree<'a> {
 pub(crate) struct LeafCursor<'a> {
     pub(crate) node: Node<'a>,
     rv: u64,
-    order: [u32; MAX_LOG_ENTRIES as usize],
+    /// Log entry positions in key order (newest first among equal keys).
+    order: [u16; MAX_LOG_ENTRIES as usize],
+    /// Back pointer of each entry in `order`, with bit 15 set for `LOG_EQUAL`.
+    bps: [u16; MAX_LOG_ENTRIES as usize],
     n: usize,
     li: usize,
     sp: u32,
 }
 
+const BP_EQUAL: u16 = 1 << 15;
+
 impl<'a> LeafCursor<'a> {
     /// A cursor positioned at sorted position `start` (a segment start) or the leaf's beginning.
     pub(crate) fn new(node: Node<'a>, start: Option<u32>, rv: u64) -> Result<LeafCursor<'a>> {
-        let mut order = [0u32; MAX_LOG_ENTRIES as usize];
+        let mut cur = LeafCursor {
+            node,
+            rv,
+            order: [0; MAX_LOG_ENTRIES as usize],
+            bps: [0; MAX_LOG_ENTRIES as usize],
+            n: 0,
+            li: 0,
+            sp: 0,
+        };
+        cur.position(start)?;
+        Ok(cur)
+    }
+
+    /// Moves the cursor to another leaf (in place: the arrays are not copied).
+    pub(crate) fn reset(&mut self, node: Node<'a>) -> Result<()> {
+        self.node = node;
+        self.position(None)
+    }
+
+    fn position(&mut self, start: Option<u32>) -> Result<()> {
+        let node = &self.node;
         let mut n = 0usize;
         let mut pos = node.h.sorted_end;
         for _ in 0..node.h.log_count {
@@ -239,24 +265,30 @@ impl<'a> LeafCursor<'a> {
             if h > n {
                 return Err(Error::corrupt(node.h.off + pos as u64, "order hint beyond the log block"));
             }
-            order.copy_within(h..n, h + 1);
-            order[h] = pos;
+            self.order.copy_within(h..n, h + 1);
+            self.bps.copy_within(h..n, h + 1);
+            self.order[h] = pos as u16;
+            self.bps[h] = e.bp as u16 | if e.flags & LOG_EQUAL != 0 { BP_EQUAL } else { 0 };
             n += 1;
             pos = e.next;
         }
         let sp = start.unwrap_or(node.h.sorted_start);
-        let mut cur = LeafCursor { node, rv, order, n, li: 0, sp };
+        self.n = n;
+        self.sp = sp;
+        self.li = 0;
         // Starting at a shortcut item S (<= the scan's lower bound): skip log entries that sort
         // before S — back pointer before it, or at it for a smaller key. From the first segment
         // nothing is skipped (entries pointing at the first item may still be >= the bound).
-        while sp > cur.node.h.sorted_start && cur.li < cur.n {
-            let e = cur.node.log_entry(cur.order[cur.li])?;
-            if e.bp > sp || (e.bp == sp && e.flags & LOG_EQUAL != 0) {
-                break;
+        if sp > node.h.sorted_start {
+            while self.li < n {
+                let (bp, equal) = ((self.bps[self.li] & !BP_EQUAL) as u32, self.bps[self.li] & BP_EQUAL != 0);
+                if bp > sp || (bp == sp && equal) {
+                    break;
+                }
+                self.li += 1;
             }
-            cur.li += 1;
         }
-        Ok(cur)
+        Ok(())
     }
 
     fn visible(&self, e: &LogEntry<'_>) -> bool {
@@ -264,44 +296,45 @@ impl<'a> LeafCursor<'a> {
     }
 
     /// The next visible item, or None at the end of the leaf.
+    #[inline]
     pub(crate) fn next(&mut self) -> Result<Option<(&'a [u8], ValRef<'a>)>> {
         let sorted_end = self.node.h.sorted_end;
         loop {
             let have_sorted = self.sp < sorted_end;
-            let log = if self.li < self.n { Some(self.node.log_entry(self.order[self.li])?) } else { None };
-            match log {
-                Some(e) if !have_sorted || e.bp <= self.sp => {
-                    // A group of entries for one key, newest first: the first visible one decides.
-                    let key = e.key;
-                    let equal = e.flags & LOG_EQUAL != 0 && e.bp == self.sp && have_sorted;
-                    let mut decided: Option<LogEntry<'a>> = None;
-                    while self.li < self.n {
-                        let g = self.node.log_entry(self.order[self.li])?;
-                        if g.key != key {
-                            break;
-                        }
-                        if decided.is_none() && self.visible(&g) {
-                            decided = Some(g);
-                        }
-                        self.li += 1;
-                    }
-                    let Some(d) = decided else { continue };
-                    if equal {
-                        // The log entry shadows the sorted item with the same key.
-                        self.sp = self.node.leaf_item(self.sp)?.2;
-                    }
-                    if d.flags & LOG_PUT != 0 {
-                        if let Some(v) = d.val {
-                            return Ok(Some((key, v)));
-                        }
-                    }
+            let log_first = self.li < self.n && (!have_sorted || ((self.bps[self.li] & !BP_EQUAL) as u32) <= self.sp);
+            if !log_first {
+                if !have_sorted {
+                    return Ok(None);
                 }
-                _ if have_sorted => {
-                    let (k, v, next) = self.node.leaf_item(self.sp)?;
-                    self.sp = next;
-                    return Ok(Some((k, v)));
+                let (k, v, next) = self.node.leaf_item(self.sp)?;
+                self.sp = next;
+                return Ok(Some((k, v)));
+            }
+            // A group of entries for one key, newest first: the first visible one decides.
+            let e = self.node.log_entry(self.order[self.li] as u32)?;
+            let key = e.key;
+            let equal = e.flags & LOG_EQUAL != 0 && e.bp == self.sp && have_sorted;
+            let mut decided = if self.visible(&e) { Some(e) } else { None };
+            self.li += 1;
+            while self.li < self.n && self.bps[self.li] == self.bps[self.li - 1] {
+                let g = self.node.log_entry(self.order[self.li] as u32)?;
+                if !eq_keys(g.key, key) {
+                    break;
                 }
-                _ => return Ok(None),
+                if decided.is_none() && self.visible(&g) {
+                    decided = Some(g);
+                }
+                self.li += 1;
+            }
+            let Some(d) = decided else { continue };
+            if equal {
+                // The log entry shadows the sorted item with the same key.
+                self.sp = self.node.leaf_item(self.sp)?.2;
+            }
+            if d.flags & LOG_PUT != 0 {
+                if let Some(v) = d.val {
+                    return Ok(Some((key, v)));
+                }
             }
         }
     }

@@ -87,8 +87,7 @@ impl Writer {
     /// writer.
     pub fn create(path: impl AsRef<Path>, cfg: &ArenaConfig) -> Result<Writer> {
         let path = path.as_ref();
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-        let (arena, file) = Arena::create(path, cfg)?;
+        let (arena, file, tmp) = Arena::create(path, cfg)?;
         let l = arena.layout;
         let payload = l.node_size as usize - NODE_HEADER - shortcut_capacity(l.node_size);
         let mut w = Writer {
@@ -211,7 +210,7 @@ impl Writer {
         }
         self.check_preconditions(ops)?;
         // Worst case: every op rewrites and splits every level, plus a new root, plus its blob.
-        let needed = ops.len() as u64 * (2 * self.height as u64 + 4) + blob_pages;
+        let needed = ops.len() as u64 * (2 * (self.height as u64 + 1) + 4) + blob_pages;
         if self.pages.free() < needed {
             self.reclaim()?;
             if self.pages.free() < needed {
@@ -556,12 +555,12 @@ impl Writer {
     // --- allocation and publication --------------------------------------------------------------
 
     fn alloc_lid(&mut self) -> Result<u64> {
-        self.lids.alloc().ok_or(Error::ArenaFull { needed: 8, free: 0 })
+        self.lids.alloc().ok_or_else(|| Error::ArenaFull { needed: 8, free: 0 })
     }
 
     fn write_node(&mut self, lid: u64, data: &NodeData, w: u64, prev: u64) -> Result<u64> {
         let ns = self.arena.layout.node_size;
-        let off = self.pages.alloc(1).ok_or(Error::ArenaFull { needed: ns as u64, free: 0 })?;
+        let off = self.pages.alloc(1).ok_or_else(|| Error::ArenaFull { needed: ns as u64, free: 0 })?;
         let mut buf = std::mem::take(&mut self.buf);
         data.encode(ns, lid, w, prev, &mut buf);
         let r = self.arena.map.write(off, &buf);
@@ -577,7 +576,7 @@ impl Writer {
     fn write_blob(&mut self, v: &[u8]) -> Result<Val> {
         let ns = self.arena.layout.node_size as u64;
         let n = (BLOB_HDR + v.len() as u64).div_ceil(ns);
-        let off = self.pages.alloc(n).ok_or(Error::ArenaFull { needed: n * ns, free: self.pages.free() * ns })?;
+        let off = self.pages.alloc(n).ok_or_else(|| Error::ArenaFull { needed: n * ns, free: self.pages.free() * ns })?;
         self.arena.map.write(off, &(v.len() as u64).to_le_bytes())?;
         self.arena.map.write(off + BLOB_HDR, v)?;
         Ok(Val::Blob { off, len: v.len() as u32 })

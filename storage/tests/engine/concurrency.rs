@@ -1,1 +1,74 @@
-//! todo
+//! One writer and several reader threads: the writer moves amounts between accounts in atomic
+//! batches (and inserts/deletes filler keys so leaves split and merge under the readers); every
+//! reader snapshot must see every account and exactly the total, and versions never go back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use dpukv_storage::ArenaConfig;
+use dpukv_storage::workload::Bank;
+
+use crate::common::{Rng, must_writer};
+
+/// Runs the bank workload: `transfers` batches by the writer while `readers` threads check.
+/// Returns the number of checks done.
+pub fn must_run_bank(cfg: &ArenaConfig, bank: Bank, transfers: u32, readers: usize) -> u64 {
+    let (_dir, _path, mut w) = must_writer(cfg);
+    bank.init(&mut w).expect("init");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for t in 0..readers {
+        let mut r = w.reader().expect("reader");
+        let stop = stop.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut last = 0;
+            let mut checks = 0u64;
+            loop {
+                // Check once more after the writer stops, so even a fast writer meets a reader.
+                let done = stop.load(Ordering::Acquire);
+                let snap = r.snapshot().expect("snapshot");
+                let c = bank.check(&snap, (checks as u32 * 7 + t as u32) % bank.accounts).unwrap_or_else(|e| panic!("{e}"));
+                assert!(c.version >= last, "read version went backwards: {} after {last}", c.version);
+                last = c.version;
+                checks += 1;
+                if done {
+                    return checks;
+                }
+            }
+        }));
+    }
+    let mut rng = Rng(42);
+    let mut fillers: Vec<Vec<u8>> = Vec::new();
+    for n in 0..transfers {
+        let (from, to) = (rng.below(bank.accounts as u64) as u32, rng.below(bank.accounts as u64) as u32);
+        let filler;
+        let f = if rng.below(2) == 0 || fillers.is_empty() {
+            filler = Bank::filler_key(rng.below(bank.accounts as u64) as u32, n);
+            fillers.push(filler.clone());
+            Some((filler.as_slice(), true))
+        } else {
+            let i = rng.below(fillers.len() as u64) as usize;
+            filler = fillers.swap_remove(i);
+            Some((filler.as_slice(), false))
+        };
+        bank.transfer(&mut w, from, to, rng.below(500), f).expect("transfer");
+    }
+    stop.store(true, Ordering::Release);
+    let checks: u64 = handles.into_iter().map(|h| h.join().expect("reader thread")).sum();
+    // The writer sees the invariant too.
+    let mut r = w.reader().expect("reader");
+    bank.check(&r.snapshot().expect("snapshot"), 0).expect("final check");
+    checks
+}
+
+#[test]
+fn bank_invariant_small_nodes() {
+    let checks = must_run_bank(&ArenaConfig::small_nodes(512), Bank { accounts: 300, initial: 1000 }, 20_000, 3);
+    assert!(checks > 10, "readers ran only {checks} checks");
+}
+
+#[test]
+fn bank_invariant_default_nodes() {
+    let checks = must_run_bank(&ArenaConfig { capacity: 256 << 20, ..ArenaConfig::default() }, Bank { accounts: 2000, initial: 50 }, 20_000, 2);
+    assert!(checks > 10, "readers ran only {checks} checks");
+}

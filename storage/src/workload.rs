@@ -1,0 +1,127 @@
+//! Invariant-checking workloads shared by the `dpukv-arena` tool, the tests and the demo.
+//!
+//! The **bank**: `accounts` keys hold u64 balances; the writer moves amounts between two accounts
+//! in one atomic batch (and inserts or deletes filler keys between accounts, so leaves split and
+//! merge under the readers). Any snapshot must see every account and exactly the initial total.
+
+use crate::btree::{BatchOp, Snapshot, Writer};
+use crate::error::Error;
+
+/// A violated invariant, or an engine error.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The engine failed.
+    #[error(transparent)]
+    Engine(#[from] Error),
+    /// A snapshot saw an inconsistent state.
+    #[error("invariant violated: {0}")]
+    Violation(String),
+}
+
+/// The bank workload's parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Bank {
+    /// Number of accounts.
+    pub accounts: u32,
+    /// Initial balance of each account.
+    pub initial: u64,
+}
+
+/// What one successful check saw.
+#[derive(Debug, Clone, Copy)]
+pub struct BankCheck {
+    /// The snapshot's read version.
+    pub version: u64,
+    /// Items scanned (accounts and fillers).
+    pub items: usize,
+}
+
+const ACCT_LEN: usize = 11;
+
+impl Bank {
+    /// Key of account `i`: `acct/NNNNNN`.
+    pub fn account_key(i: u32) -> Vec<u8> {
+        format!("acct/{i:06}").into_bytes()
+    }
+
+    /// A filler key sorting right after account `i`.
+    pub fn filler_key(i: u32, n: u32) -> Vec<u8> {
+        format!("acct/{i:06}/{n:08}").into_bytes()
+    }
+
+    /// The invariant total.
+    pub fn total(&self) -> u64 {
+        self.accounts as u64 * self.initial
+    }
+
+    /// Writes every account with its initial balance in one batch.
+    pub fn init(&self, w: &mut Writer) -> Result<u64, Error> {
+        let keys: Vec<Vec<u8>> = (0..self.accounts).map(Bank::account_key).collect();
+        let val = self.initial.to_le_bytes();
+        let ops: Vec<BatchOp> = keys.iter().map(|k| BatchOp::Put(k, &val)).collect();
+        w.write_batch(&ops)
+    }
+
+    fn balance(v: &[u8]) -> Result<u64, CheckError> {
+        v.try_into().map(u64::from_le_bytes).map_err(|_| CheckError::Violation(format!("balance of {} bytes", v.len())))
+    }
+
+    /// Moves up to `amount` from account `from` to `to`, and puts or deletes `filler`, in one
+    /// batch. Returns the write version.
+    pub fn transfer(&self, w: &mut Writer, from: u32, to: u32, amount: u64, filler: Option<(&[u8], bool)>) -> Result<u64, CheckError> {
+        let (fk, tk) = (Bank::account_key(from), Bank::account_key(to));
+        let fb = Bank::balance(w.get(&fk)?.ok_or_else(|| CheckError::Violation("account missing".into()))?)?;
+        let tb = Bank::balance(w.get(&tk)?.ok_or_else(|| CheckError::Violation("account missing".into()))?)?;
+        let amount = if from == to { 0 } else { amount.min(fb) };
+        let (fv, tv) = ((fb - amount).to_le_bytes(), (tb + amount).to_le_bytes());
+        let mut ops = vec![BatchOp::Put(&fk, &fv), BatchOp::Put(&tk, &tv)];
+        if let Some((k, put)) = filler {
+            ops.push(if put { BatchOp::Put(k, b"filler-value") } else { BatchOp::Delete(k) });
+        }
+        Ok(w.write_batch(&ops)?)
+    }
+
+    /// Checks one snapshot: every account present once, in order, balances summing to the total;
+    /// a point read of `probe` agrees with the scan.
+    pub fn check(&self, snap: &Snapshot<'_>, probe: u32) -> Result<BankCheck, CheckError> {
+        let mut sum = 0u64;
+        let mut next = 0u32;
+        let mut items = 0usize;
+        let mut probe_val = None;
+        let mut bad: Option<String> = None;
+        snap.scan_with(b"acct/", b"acct/\xff", usize::MAX, |k, v| {
+            items += 1;
+            if bad.is_some() || k.len() != ACCT_LEN {
+                return;
+            }
+            if k != Bank::account_key(next).as_slice() {
+                bad = Some(format!("expected account {next}, found key {:?}", String::from_utf8_lossy(k)));
+                return;
+            }
+            match Bank::balance(v) {
+                Ok(b) => sum += b,
+                Err(e) => bad = Some(e.to_string()),
+            }
+            if next == probe {
+                probe_val = Some(v.to_vec());
+            }
+            next += 1;
+        })?;
+        let v = snap.version();
+        if let Some(b) = bad {
+            return Err(CheckError::Violation(format!("at version {v}: {b}")));
+        }
+        if next != self.accounts || sum != self.total() {
+            return Err(CheckError::Violation(format!(
+                "at version {v}: {next} accounts summing to {sum}, expected {} summing to {}",
+                self.accounts,
+                self.total()
+            )));
+        }
+        let got = snap.get(&Bank::account_key(probe))?.map(|b| b.to_vec());
+        if got != probe_val {
+            return Err(CheckError::Violation(format!("at version {v}: get of account {probe} disagrees with the scan")));
+        }
+        Ok(BankCheck { version: v, items })
+    }
+}
