@@ -174,7 +174,12 @@ impl ReadHandle for SkipReader<'_> {
         self.0.0.get(k).map_or(0, |e| e.value().len())
     }
     fn scan(&mut self, lo: &[u8], n: usize) -> usize {
-        self.0.0.range::<[u8], _>((Bound::Included(lo), Bound::Unbounded)).take(n).map(|e| e.key().len() + e.value().len()).sum()
+        self.0
+            .0
+            .range::<[u8], _>((Bound::Included(lo), Bound::Unbounded))
+            .take(n)
+            .map(|e| e.key().len() + e.value().len())
+            .sum()
     }
 }
 
@@ -191,7 +196,10 @@ impl System for Skip {
 }
 
 fn build(n: u64) -> Vec<Box<dyn System>> {
-    let dir = tempfile::Builder::new().prefix("dpukv-bench").tempdir_in(if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" }).expect("tempdir");
+    let dir = tempfile::Builder::new()
+        .prefix("dpukv-bench")
+        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" })
+        .expect("tempdir");
     let cfg = ArenaConfig { capacity: (n * 256).max(256 << 20), ..ArenaConfig::default() };
     let mut w = Writer::create(dir.path().join("bench.arena"), &cfg).expect("arena");
     let t = Instant::now();
@@ -243,10 +251,8 @@ fn threaded_gets(sys: &dyn System, seq: &[u64], iters: u64, threads: usize, writ
             .map(|t| {
                 s.spawn(move || {
                     let mut h = sys.reader();
-                    let mut j = t * 7919;
-                    for _ in 0..per {
+                    for j in (t * 7919..).take(per as usize) {
                         black_box(h.get(&key(seq[j % SEQ])));
-                        j += 1;
                     }
                 })
             })
@@ -267,7 +273,8 @@ fn bench(c: &mut Criterion) {
     let n: u64 = std::env::var("DPUKV_BENCH_KEYS").ok().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
     let systems = build(n);
     let zipf = Zipf::new(n, 0.99);
-    let dists: [(&str, Vec<u64>); 2] = [("uniform", sequence(n, None, SEQ, 1)), ("zipf", sequence(n, Some(&zipf), SEQ, 2))];
+    let dists: [(&str, Vec<u64>); 2] =
+        [("uniform", sequence(n, None, SEQ, 1)), ("zipf", sequence(n, Some(&zipf), SEQ, 2))];
     let mut g = c.benchmark_group("engine");
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
     for (dist, seq) in &dists {
@@ -305,7 +312,7 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| {
                     j += 1;
                     let i = seq[j % SEQ];
-                    if j % 20 == 0 {
+                    if j.is_multiple_of(20) {
                         round += 1;
                         sys.put(&key(i), &value(i, round));
                     } else {

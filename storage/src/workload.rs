@@ -68,7 +68,14 @@ impl Bank {
 
     /// Moves up to `amount` from account `from` to `to`, and puts or deletes `filler`, in one
     /// batch. Returns the write version.
-    pub fn transfer(&self, w: &mut Writer, from: u32, to: u32, amount: u64, filler: Option<(&[u8], bool)>) -> Result<u64, CheckError> {
+    pub fn transfer(
+        &self,
+        w: &mut Writer,
+        from: u32,
+        to: u32,
+        amount: u64,
+        filler: Option<(&[u8], bool)>,
+    ) -> Result<u64, CheckError> {
         let (fk, tk) = (Bank::account_key(from), Bank::account_key(to));
         let fb = Bank::balance(w.get(&fk)?.ok_or_else(|| CheckError::Violation("account missing".into()))?)?;
         let tb = Bank::balance(w.get(&tk)?.ok_or_else(|| CheckError::Violation("account missing".into()))?)?;
@@ -120,7 +127,9 @@ impl Bank {
         }
         let got = snap.get(&Bank::account_key(probe))?.map(|b| b.to_vec());
         if got != probe_val {
-            return Err(CheckError::Violation(format!("at version {v}: get of account {probe} disagrees with the scan")));
+            return Err(CheckError::Violation(format!(
+                "at version {v}: get of account {probe} disagrees with the scan"
+            )));
         }
         Ok(BankCheck { version: v, items })
     }

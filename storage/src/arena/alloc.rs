@@ -59,12 +59,12 @@ impl PageAlloc {
         let mut len = n;
         debug_assert!(start + len <= self.bump, "freeing pages never allocated");
         self.used -= n;
-        if let Some((&ps, &pl)) = self.by_start.range(..start).next_back() {
-            if ps + pl == start {
-                self.remove_free(ps, pl);
-                start = ps;
-                len += pl;
-            }
+        if let Some((&ps, &pl)) = self.by_start.range(..start).next_back()
+            && ps + pl == start
+        {
+            self.remove_free(ps, pl);
+            start = ps;
+            len += pl;
         }
         if let Some(&nl) = self.by_start.get(&(start + len)) {
             self.remove_free(start + len, nl);

@@ -193,8 +193,8 @@ impl Layout {
             && l.slots_off + l.slots_count as u64 * SLOT_SIZE <= l.ring_off
             && l.ring_off.checked_add(l.ring_len).is_some_and(|e| e <= l.pt_off)
             && l.pt_entries.checked_mul(8).and_then(|n| n.checked_add(l.pt_off)).is_some_and(|e| e <= l.heap_off)
-            && l.heap_off % 4096 == 0
-            && l.heap_off % ns == 0
+            && l.heap_off.is_multiple_of(4096)
+            && l.heap_off.is_multiple_of(ns)
             && l.heap_pages < l.pt_entries
             && l.heap_pages.checked_mul(ns).and_then(|n| n.checked_add(l.heap_off)).is_some_and(|e| e <= l.capacity);
         if !ordered {

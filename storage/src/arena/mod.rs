@@ -39,8 +39,13 @@ impl Arena {
         let generation = nanos.unwrap_or(0) ^ (std::process::id() as u64).rotate_left(40);
         let layout = Layout::plan(cfg, generation)?;
         let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-        let file =
-            OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| Error::io(&tmp, e))?;
         file.try_lock().map_err(|_| Error::WriterBusy(path.to_path_buf()))?;
         file.set_len(layout.capacity).map_err(|e| Error::io(&tmp, e))?;
         let map = Mapping::map_rw(&file, layout.capacity, &tmp)?;

@@ -74,7 +74,7 @@ impl Mapping {
         let map = unsafe { MmapOptions::new().len(len).map(file) }.map_err(|e| Error::io(path, e))?;
         let base = map.as_ptr() as *mut u8;
         let slots = if slots_len > 0 {
-            if slots_off.checked_add(slots_len).is_none_or(|end| end > len as u64) || slots_off % 4096 != 0 {
+            if slots_off.checked_add(slots_len).is_none_or(|end| end > len as u64) || !slots_off.is_multiple_of(4096) {
                 return Err(Error::corrupt(56, "reader slot region out of bounds"));
             }
             // SAFETY: the slot pages are inside the file (checked above) and are only accessed

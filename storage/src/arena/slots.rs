@@ -106,7 +106,7 @@ impl Arena {
         fence(Ordering::SeqCst);
         let rv = rv_word.load(Ordering::Acquire);
         slot.pins = slot.pins.wrapping_add(1);
-        if slot.pins % HEARTBEAT_EVERY == 0 {
+        if slot.pins.is_multiple_of(HEARTBEAT_EVERY) {
             self.map.slot_word(slot.off + S_HEARTBEAT)?.store(now_ms(), Ordering::Relaxed);
         }
         Ok(rv)

@@ -158,7 +158,7 @@ fn read_load(args: &Args) -> Result<()> {
                     x ^= x << 17;
                     let i = x % keys;
                     let snap = r.snapshot()?;
-                    if x % 10 == 0 {
+                    if x.is_multiple_of(10) {
                         let n = snap.scan_with(&demo_key(i), &[b'9'; 16], 10, |_, _| {})?;
                         if n == 0 && i + 1 < keys {
                             bail!("scan from key {i} returned nothing");
@@ -229,7 +229,14 @@ fn demo(args: &Args) -> Result<()> {
     for _ in 0..readers {
         children.push(
             Command::new(&exe)
-                .args(["read-load", path.to_str().context("path")?, "--keys", &keys.to_string(), "--seconds", &seconds.to_string()])
+                .args([
+                    "read-load",
+                    path.to_str().context("path")?,
+                    "--keys",
+                    &keys.to_string(),
+                    "--seconds",
+                    &seconds.to_string(),
+                ])
                 .stdout(Stdio::inherit())
                 .spawn()?,
         );

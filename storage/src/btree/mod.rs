@@ -10,7 +10,9 @@ use std::sync::atomic::Ordering;
 
 pub use write::{BatchOp, Writer};
 
-use crate::arena::{Arena, Layout, SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_ROOT, SB_WRITE_VERSION, Slot, split_root_word};
+use crate::arena::{
+    Arena, Layout, SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_ROOT, SB_WRITE_VERSION, Slot, split_root_word,
+};
 use crate::error::Result;
 use read::Tree;
 

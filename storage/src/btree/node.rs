@@ -284,11 +284,8 @@ impl<'a> Node<'a> {
             if next <= end {
                 let key = &b[ks..ks + klen];
                 let v = &b[ks + klen..next];
-                let val = if blob {
-                    ValRef::Blob { off: le64(v, 0), len: (tag >> 1) as u32 }
-                } else {
-                    ValRef::Inline(v)
-                };
+                let val =
+                    if blob { ValRef::Blob { off: le64(v, 0), len: (tag >> 1) as u32 } } else { ValRef::Inline(v) };
                 return Ok((key, val, (next + HDR) as u32));
             }
         }
@@ -453,7 +450,7 @@ impl NodeData {
         let cap = shortcut_capacity(node_size);
         // Choose shortcut items: segments of similar size, at least `min_seg` bytes each.
         let min_seg = (node_size as usize / 32).clamp(32, 256);
-        let avg_key = if n == 0 { 1 } else { (0..n).map(|i| self.key(i).len()).sum::<usize>() / n };
+        let avg_key = (0..n).map(|i| self.key(i).len()).sum::<usize>().checked_div(n).unwrap_or(1);
         let max_sc = cap / (6 + avg_key);
         let target = min_seg.max(total / (max_sc + 1));
         let mut chosen: Vec<usize> = Vec::new();
@@ -541,7 +538,15 @@ impl NodeData {
 }
 
 /// Encodes a log entry.
-pub(crate) fn encode_log_entry(out: &mut Vec<u8>, flags: u8, hint: u8, bp: u32, delta: u32, key: &[u8], val: Option<ValRef<'_>>) {
+pub(crate) fn encode_log_entry(
+    out: &mut Vec<u8>,
+    flags: u8,
+    hint: u8,
+    bp: u32,
+    delta: u32,
+    key: &[u8],
+    val: Option<ValRef<'_>>,
+) {
     out.clear();
     out.push(flags);
     out.push(hint);

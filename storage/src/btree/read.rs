@@ -8,7 +8,9 @@
 use std::cmp::Ordering as CmpOrdering;
 use std::sync::atomic::Ordering;
 
-use super::node::{Header, LOG_EQUAL, cmp_keys, eq_keys, LOG_PUT, LogEntry, MAX_LOG_ENTRIES, Node, ValRef, value_bytes};
+use super::node::{
+    Header, LOG_EQUAL, LOG_PUT, LogEntry, MAX_LOG_ENTRIES, Node, ValRef, cmp_keys, eq_keys, value_bytes,
+};
 use crate::arena::{Arena, SB_ROOT, split_root_word};
 use crate::error::{Error, Result};
 
@@ -331,10 +333,10 @@ impl<'a> LeafCursor<'a> {
                 // The log entry shadows the sorted item with the same key.
                 self.sp = self.node.leaf_item(self.sp)?.2;
             }
-            if d.flags & LOG_PUT != 0 {
-                if let Some(v) = d.val {
-                    return Ok(Some((key, v)));
-                }
+            if d.flags & LOG_PUT != 0
+                && let Some(v) = d.val
+            {
+                return Ok(Some((key, v)));
             }
         }
     }

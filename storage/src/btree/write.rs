@@ -358,7 +358,10 @@ impl Writer {
             && new_end <= self.arena.layout.node_size as usize;
         if fits {
             self.arena.map.write(off + h.log_end as u64, &entry)?;
-            self.arena.map.word(off + super::node::H_SIZE)?.store(size_word(new_end as u32, h.log_count + 1), Ordering::Release);
+            self.arena
+                .map
+                .word(off + super::node::H_SIZE)?
+                .store(size_word(new_end as u32, h.log_count + 1), Ordering::Release);
         }
         self.buf = entry;
         Ok(fits)
@@ -441,12 +444,11 @@ impl Writer {
                 Some(data) => return self.replace(el, &data, w),
             }
         }
-        if depth == 0 {
-            if let NodeData::Interior { leftmost, ref items, .. } = data {
-                if items.is_empty() {
-                    return self.collapse_root(el, leftmost, w);
-                }
-            }
+        if depth == 0
+            && let NodeData::Interior { leftmost, ref items, .. } = data
+            && items.is_empty()
+        {
+            return self.collapse_root(el, leftmost, w);
         }
         self.replace(el, &data, w)
     }
@@ -532,14 +534,18 @@ impl Writer {
         if data.sorted_bytes() + sib.sorted_bytes() + sep_len > self.cap(&data) * 3 / 4 {
             return Ok(Some(data));
         }
-        let (left, left_el, right, right_el) = if li == idx { (data, el, sib, sib_el) } else { (sib, sib_el, data, el) };
+        let (left, left_el, right, right_el) =
+            if li == idx { (data, el, sib, sib_el) } else { (sib, sib_el, data, el) };
         let sep = items.remove(ri - 1).0;
         let merged = match (left, right) {
             (NodeData::Leaf { items: mut a, .. }, NodeData::Leaf { items: b, right }) => {
                 a.extend(b);
                 NodeData::Leaf { items: a, right }
             }
-            (NodeData::Interior { level, leftmost, items: mut a }, NodeData::Interior { leftmost: rl, items: b, .. }) => {
+            (
+                NodeData::Interior { level, leftmost, items: mut a },
+                NodeData::Interior { leftmost: rl, items: b, .. },
+            ) => {
                 a.push((sep, rl));
                 a.extend(b);
                 NodeData::Interior { level, leftmost, items: a }
@@ -555,12 +561,12 @@ impl Writer {
     // --- allocation and publication --------------------------------------------------------------
 
     fn alloc_lid(&mut self) -> Result<u64> {
-        self.lids.alloc().ok_or_else(|| Error::ArenaFull { needed: 8, free: 0 })
+        self.lids.alloc().ok_or(Error::ArenaFull { needed: 8, free: 0 })
     }
 
     fn write_node(&mut self, lid: u64, data: &NodeData, w: u64, prev: u64) -> Result<u64> {
         let ns = self.arena.layout.node_size;
-        let off = self.pages.alloc(1).ok_or_else(|| Error::ArenaFull { needed: ns as u64, free: 0 })?;
+        let off = self.pages.alloc(1).ok_or(Error::ArenaFull { needed: ns as u64, free: 0 })?;
         let mut buf = std::mem::take(&mut self.buf);
         data.encode(ns, lid, w, prev, &mut buf);
         let r = self.arena.map.write(off, &buf);
@@ -576,7 +582,8 @@ impl Writer {
     fn write_blob(&mut self, v: &[u8]) -> Result<Val> {
         let ns = self.arena.layout.node_size as u64;
         let n = (BLOB_HDR + v.len() as u64).div_ceil(ns);
-        let off = self.pages.alloc(n).ok_or_else(|| Error::ArenaFull { needed: n * ns, free: self.pages.free() * ns })?;
+        let off =
+            self.pages.alloc(n).ok_or_else(|| Error::ArenaFull { needed: n * ns, free: self.pages.free() * ns })?;
         self.arena.map.write(off, &(v.len() as u64).to_le_bytes())?;
         self.arena.map.write(off + BLOB_HDR, v)?;
         Ok(Val::Blob { off, len: v.len() as u32 })

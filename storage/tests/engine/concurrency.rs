@@ -27,7 +27,8 @@ pub fn must_run_bank(cfg: &ArenaConfig, bank: Bank, transfers: u32, readers: usi
                 // Check once more after the writer stops, so even a fast writer meets a reader.
                 let done = stop.load(Ordering::Acquire);
                 let snap = r.snapshot().expect("snapshot");
-                let c = bank.check(&snap, (checks as u32 * 7 + t as u32) % bank.accounts).unwrap_or_else(|e| panic!("{e}"));
+                let c =
+                    bank.check(&snap, (checks as u32 * 7 + t as u32) % bank.accounts).unwrap_or_else(|e| panic!("{e}"));
                 assert!(c.version >= last, "read version went backwards: {} after {last}", c.version);
                 last = c.version;
                 checks += 1;
@@ -69,6 +70,11 @@ fn bank_invariant_small_nodes() {
 
 #[test]
 fn bank_invariant_default_nodes() {
-    let checks = must_run_bank(&ArenaConfig { capacity: 256 << 20, ..ArenaConfig::default() }, Bank { accounts: 2000, initial: 50 }, 20_000, 2);
+    let checks = must_run_bank(
+        &ArenaConfig { capacity: 256 << 20, ..ArenaConfig::default() },
+        Bank { accounts: 2000, initial: 50 },
+        20_000,
+        2,
+    );
     assert!(checks > 10, "readers ran only {checks} checks");
 }

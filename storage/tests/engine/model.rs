@@ -54,11 +54,18 @@ fn model_scan(m: &BTreeMap<Vec<u8>, Vec<u8>>, lo: &[u8], hi: &[u8], limit: usize
     if lo > hi {
         return Vec::new();
     }
-    m.range::<[u8], _>((Bound::Included(lo), Bound::Included(hi))).take(limit).map(|(k, v)| (k.clone(), v.clone())).collect()
+    m.range::<[u8], _>((Bound::Included(lo), Bound::Included(hi)))
+        .take(limit)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 fn model_floor_scan(m: &BTreeMap<Vec<u8>, Vec<u8>>, lo: &[u8], hi: &[u8], limit: usize) -> Pairs {
-    let start = m.range::<[u8], _>((Bound::Unbounded, Bound::Included(lo))).next_back().map(|(k, _)| k.clone()).unwrap_or_else(|| lo.to_vec());
+    let start = m
+        .range::<[u8], _>((Bound::Unbounded, Bound::Included(lo)))
+        .next_back()
+        .map(|(k, _)| k.clone())
+        .unwrap_or_else(|| lo.to_vec());
     model_scan(m, &start, hi, limit)
 }
 
@@ -75,18 +82,18 @@ fn run(ops: Vec<Op>, node_size: u32) -> Result<(), TestCaseError> {
             }
             Op::Insert(k, v) => {
                 let r = w.insert(&k, &v);
-                if m.contains_key(&k) {
-                    prop_assert!(matches!(r, Err(Error::KeyExists)), "insert of a present key: {r:?}");
-                } else {
+                if let std::collections::btree_map::Entry::Vacant(e) = m.entry(k) {
                     r.expect("insert");
-                    m.insert(k, v);
+                    e.insert(v);
+                } else {
+                    prop_assert!(matches!(r, Err(Error::KeyExists)), "insert of a present key: {r:?}");
                 }
             }
             Op::Update(k, v) => {
                 let r = w.update(&k, &v);
-                if m.contains_key(&k) {
+                if let std::collections::btree_map::Entry::Occupied(mut e) = m.entry(k) {
                     r.expect("update");
-                    m.insert(k, v);
+                    e.insert(v);
                 } else {
                     prop_assert!(matches!(r, Err(Error::KeyNotFound)), "update of an absent key: {r:?}");
                 }

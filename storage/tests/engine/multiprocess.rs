@@ -57,10 +57,17 @@ fn readers_in_other_processes_see_consistent_snapshots() {
     }
     assert!(n > 1000, "writer made only {n} transfers");
     for c in checkers.iter_mut() {
-        let out = std::mem::replace(&mut c.0, Command::new("true").spawn().expect("true")).wait_with_output().expect("output");
+        let out = std::mem::replace(&mut c.0, Command::new("true").spawn().expect("true"))
+            .wait_with_output()
+            .expect("output");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "checker failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
-        let checks: u64 = stdout.trim().strip_prefix("checks=").and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let checks: u64 = stdout
+            .trim()
+            .strip_prefix("checks=")
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         assert!(checks > 10, "checker ran only {checks} checks: {stdout}");
     }
 }
