@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every check and test, as CI runs it: formatting, lints, the dependency-direction rule, and the
+# whole test suite (unit, model, concurrency, multi-process, corruption).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
+if ! command -v python3 >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq python3
+fi
+
+echo "== rustfmt"
+cargo fmt --all -- --check
+echo "== clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== dependency direction"
+python3 scripts/check-deps.py
+echo "== tests"
+if command -v cargo-nextest >/dev/null || cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast
+else
+  cargo test --workspace --locked --no-fail-fast
+fi
