@@ -19,12 +19,10 @@ const S_START: u64 = 16;
 const S_PIDNS: u64 = 24;
 const S_HEARTBEAT: u64 = 32;
 
-/// How long a reader in a foreign pid namespace may go without a heartbeat while pinned.
+/// How long a reader in a foreign pid namespace may hold one pinned version.
 pub(crate) const FOREIGN_LEASE: Duration = Duration::from_secs(30);
 /// How long a pinned slot may hold back reclamation before the writer checks its owner is alive.
 const SUSPECT_AFTER: Duration = Duration::from_millis(100);
-/// Pins between heartbeats.
-const HEARTBEAT_EVERY: u32 = 1024;
 
 static CLAIMS: AtomicU32 = AtomicU32::new(1);
 
@@ -56,7 +54,6 @@ fn now_ms() -> u64 {
 pub(crate) struct Slot {
     off: u64,
     owner: u64,
-    pins: u32,
 }
 
 impl Arena {
@@ -79,7 +76,7 @@ impl Arena {
                 self.map.slot_word(off + S_START)?.store(start, Ordering::Relaxed);
                 self.map.slot_word(off + S_PIDNS)?.store(own_pidns(), Ordering::Relaxed);
                 self.map.slot_word(off + S_HEARTBEAT)?.store(now_ms(), Ordering::Release);
-                return Ok(Slot { off, owner, pins: 0 });
+                return Ok(Slot { off, owner });
             }
         }
         Err(Error::NoReaderSlot(self.layout.slots_count))
@@ -97,19 +94,14 @@ impl Arena {
     /// Pins the current read version in `slot` and returns it. Wait-free: two loads, one store,
     /// one fence.
     #[inline]
-    pub(crate) fn pin(&self, slot: &mut Slot) -> Result<u64> {
+    pub(crate) fn pin(&self, slot: &Slot) -> Result<u64> {
         let rv_word = self.map.word(SB_READ_VERSION)?;
         let guess = rv_word.load(Ordering::Acquire);
         self.map.slot_word(slot.off + S_EPOCH)?.store(guess + 1, Ordering::Relaxed);
         // Dekker-style handshake with `min_pinned`: either the writer sees our pin, or we see
         // every version it released before scanning (so we never reach what it frees).
         fence(Ordering::SeqCst);
-        let rv = rv_word.load(Ordering::Acquire);
-        slot.pins = slot.pins.wrapping_add(1);
-        if slot.pins.is_multiple_of(HEARTBEAT_EVERY) {
-            self.map.slot_word(slot.off + S_HEARTBEAT)?.store(now_ms(), Ordering::Relaxed);
-        }
-        Ok(rv)
+        Ok(rv_word.load(Ordering::Acquire))
     }
 
     /// Ends the operation pinned in `slot`.
@@ -164,7 +156,8 @@ impl SlotWatch {
                     now
                 }
             };
-            if now.duration_since(since) >= SUSPECT_AFTER && !self.owner_alive(arena, off, owner)? {
+            let stuck = now.duration_since(since);
+            if stuck >= SUSPECT_AFTER && !self.owner_alive(arena, off, owner, stuck)? {
                 // Clear the epoch first, then free the slot for a new owner.
                 arena.map.word(off + S_EPOCH)?.store(0, Ordering::Release);
                 let _ = arena.map.word(off + S_OWNER)?.compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Relaxed);
@@ -177,7 +170,7 @@ impl SlotWatch {
         Ok(min)
     }
 
-    fn owner_alive(&self, arena: &Arena, off: u64, owner: u64) -> Result<bool> {
+    fn owner_alive(&self, arena: &Arena, off: u64, owner: u64, stuck: Duration) -> Result<bool> {
         if owner == 0 {
             return Ok(true);
         }
@@ -188,7 +181,7 @@ impl SlotWatch {
             // Same namespace: the pid must exist and be the same process (not a reused pid).
             return Ok(start == 0 || proc_start_time(pid) == Some(start));
         }
-        let hb = arena.map.word(off + S_HEARTBEAT)?.load(Ordering::Relaxed);
-        Ok(now_ms().saturating_sub(hb) < FOREIGN_LEASE.as_millis() as u64)
+        // Another namespace: its pids mean nothing here; fall back to the lease.
+        Ok(stuck < FOREIGN_LEASE)
     }
 }

@@ -43,7 +43,7 @@ impl Reader {
     /// Pins the current read version: everything read through the snapshot is exactly the state
     /// after that write version.
     pub fn snapshot(&mut self) -> Result<Snapshot<'_>> {
-        let rv = self.arena.pin(&mut self.slot)?;
+        let rv = self.arena.pin(&self.slot)?;
         Ok(Snapshot { tree: Tree { arena: &self.arena, rv }, slot: &self.slot })
     }
 

@@ -299,10 +299,16 @@ fn size_limits_are_typed_errors() {
 
 #[test]
 fn one_writer_per_arena() {
-    let (_dir, path, _w) = must_writer(&ArenaConfig::small_nodes(512));
+    let (_dir, path, w) = must_writer(&ArenaConfig::small_nodes(512));
+    // A second writer on a live arena is refused; once the first is gone, a new one may replace it.
+    let second = dpukv_storage::Writer::create(&path, &ArenaConfig::small_nodes(512));
+    assert!(matches!(second, Err(Error::WriterBusy(_))), "{:?}", second.err());
+    drop(w);
+    let w = dpukv_storage::Writer::create(&path, &ArenaConfig::small_nodes(512)).expect("replace a closed arena");
     // The config validation rejects impossible geometry with a typed error.
     let bad = ArenaConfig { node_size: 1000, ..ArenaConfig::default() };
     assert!(matches!(dpukv_storage::Writer::create(path.with_extension("x"), &bad), Err(Error::Config(_))));
     let bad = ArenaConfig { max_key_len: 1024, ..ArenaConfig::small_nodes(512) };
     assert!(matches!(bad.validate(), Err(Error::Config(_))));
+    drop(w);
 }
