@@ -39,10 +39,10 @@ impl Arena {
         let generation = nanos.unwrap_or(0) ^ (std::process::id() as u64).rotate_left(40);
         let layout = Layout::plan(cfg, generation)?;
         // One writer per tree: refuse to replace an arena whose writer is still alive.
-        if let Ok(existing) = File::open(path) {
-            if existing.try_lock().is_err() {
-                return Err(Error::WriterBusy(path.to_path_buf()));
-            }
+        if let Ok(existing) = File::open(path)
+            && existing.try_lock().is_err()
+        {
+            return Err(Error::WriterBusy(path.to_path_buf()));
         }
         let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
         let file = OpenOptions::new()
