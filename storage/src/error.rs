@@ -25,6 +25,16 @@ pub enum Error {
         /// What was wrong.
         what: &'static str,
     },
+    /// A file of the durable store (value log, level segment, manifest) is corrupt.
+    #[error("corrupt file {path} at offset {offset}: {what}")]
+    CorruptFile {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset in the file.
+        offset: u64,
+        /// What was wrong.
+        what: &'static str,
+    },
     /// The configuration is inconsistent.
     #[error("invalid arena configuration: {0}")]
     Config(String),
@@ -76,7 +86,7 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::Io { .. } => "io",
-            Error::Corrupt { .. } => "corrupt",
+            Error::Corrupt { .. } | Error::CorruptFile { .. } => "corrupt",
             Error::Config(_) => "config",
             Error::WriterBusy(_) => "writer_busy",
             Error::NoReaderSlot(_) => "no_reader_slot",
@@ -90,6 +100,10 @@ impl Error {
 
     pub(crate) fn corrupt(offset: u64, what: &'static str) -> Error {
         Error::Corrupt { offset, what }
+    }
+
+    pub(crate) fn corrupt_file(path: &std::path::Path, offset: u64, what: &'static str) -> Error {
+        Error::CorruptFile { path: path.to_path_buf(), offset, what }
     }
 
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Error {

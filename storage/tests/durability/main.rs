@@ -1,0 +1,4 @@
+//! Durability tests: the value log (round trips, torn tails, corruption, fsync policies, SIGKILL
+//! crashes of a writer process).
+
+mod vlog;
