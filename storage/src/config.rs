@@ -24,6 +24,9 @@ pub struct ArenaConfig {
     pub inline_threshold: u32,
     /// Longest key accepted (at most [`MAX_KEY_LEN`]).
     pub max_key_len: u32,
+    /// Deletes leave tombstones that survive log merges (an L0 over older levels needs them to
+    /// hide deleted keys); without it, deletes remove the key.
+    pub keep_tombstones: bool,
 }
 
 impl Default for ArenaConfig {
@@ -35,6 +38,7 @@ impl Default for ArenaConfig {
             log_threshold: 512,
             inline_threshold: 256,
             max_key_len: MAX_KEY_LEN as u32,
+            keep_tombstones: false,
         }
     }
 }
@@ -53,6 +57,7 @@ impl ArenaConfig {
             log_threshold,
             inline_threshold: half,
             max_key_len: half,
+            keep_tombstones: false,
         }
     }
 

@@ -72,6 +72,8 @@ pub struct Layout {
     pub inline_threshold: u32,
     /// Longest key.
     pub max_key_len: u32,
+    /// Deletes leave tombstones (flags bit 0).
+    pub keep_tombstones: bool,
 }
 
 fn align_up(x: u64, a: u64) -> u64 {
@@ -108,6 +110,7 @@ impl Layout {
             log_threshold: cfg.log_threshold,
             inline_threshold: cfg.inline_threshold,
             max_key_len: cfg.max_key_len,
+            keep_tombstones: cfg.keep_tombstones,
         })
     }
 
@@ -120,6 +123,7 @@ impl Layout {
             log_threshold: self.log_threshold,
             inline_threshold: self.inline_threshold,
             max_key_len: self.max_key_len,
+            keep_tombstones: self.keep_tombstones,
         }
     }
 
@@ -143,6 +147,7 @@ impl Layout {
         b[96..100].copy_from_slice(&self.log_threshold.to_le_bytes());
         b[100..104].copy_from_slice(&self.inline_threshold.to_le_bytes());
         b[104..108].copy_from_slice(&self.max_key_len.to_le_bytes());
+        b[108..112].copy_from_slice(&(self.keep_tombstones as u32).to_le_bytes());
         let crc = crc32c::crc32c(&b[..SB_FIXED]);
         b[SB_FIXED..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -179,7 +184,11 @@ impl Layout {
             log_threshold: u32_at(96),
             inline_threshold: u32_at(100),
             max_key_len: u32_at(104),
+            keep_tombstones: u32_at(108) & 1 == 1,
         };
+        if u32_at(108) & !1 != 0 {
+            return Err(Error::corrupt(108, "unknown superblock flags"));
+        }
         if u32_at(44) as u64 != SLOT_SIZE {
             return Err(Error::corrupt(44, "unexpected reader slot size"));
         }

@@ -84,9 +84,38 @@ impl<'r> Snapshot<'r> {
         self.tree.rv
     }
 
-    /// The value of `key`, if present.
+    /// The value of `key`, if present. In an arena whose values live in a value log, use
+    /// [`Snapshot::get_entry`].
     pub fn get(&self, key: &[u8]) -> Result<Option<&'r [u8]>> {
         self.tree.get(key)
+    }
+
+    /// The entry of `key` as stored: a value, a pointer into the value log, or a tombstone.
+    pub fn get_entry(&self, key: &[u8]) -> Result<Option<Entry<'r>>> {
+        self.tree.get_entry(key)?.map(|v| Entry::from_ref(self.tree.arena, v)).transpose()
+    }
+
+    /// Calls `f` for up to `limit` entries (tombstones included) with keys in `[lo, hi]`.
+    pub fn scan_entries(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+        mut f: impl FnMut(&'r [u8], Entry<'r>),
+    ) -> Result<usize> {
+        let arena = self.tree.arena;
+        self.tree.scan_entries(lo, hi, limit, true, |k, v| {
+            f(k, Entry::from_ref(arena, v)?);
+            Ok(())
+        })
+    }
+
+    /// The entry with the largest key `<= key` (`< key` when `strict`), tombstones included.
+    pub fn floor_entry(&self, key: &[u8], strict: bool) -> Result<Option<(&'r [u8], Entry<'r>)>> {
+        match self.tree.floor_entry(key, strict, true)? {
+            Some((k, v)) => Ok(Some((k, Entry::from_ref(self.tree.arena, v)?))),
+            None => Ok(None),
+        }
     }
 
     /// Up to `limit` items with keys in `[lo, hi]`, ascending.
@@ -122,6 +151,32 @@ impl<'r> Snapshot<'r> {
 impl Drop for Snapshot<'_> {
     fn drop(&mut self) {
         self.tree.arena.unpin(self.slot);
+    }
+}
+
+/// A stored entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry<'a> {
+    /// The value's bytes (inline, or an arena blob).
+    Value(&'a [u8]),
+    /// A value of `len` bytes in the value log at `ptr`.
+    Pointer {
+        /// The value-log position.
+        ptr: u64,
+        /// Value length.
+        len: u32,
+    },
+    /// The key is deleted (kept so it hides older levels).
+    Tombstone,
+}
+
+impl<'a> Entry<'a> {
+    pub(crate) fn from_ref(arena: &'a Arena, v: node::ValRef<'a>) -> Result<Entry<'a>> {
+        Ok(match v {
+            node::ValRef::Ext { ptr, len } => Entry::Pointer { ptr, len },
+            node::ValRef::Tombstone => Entry::Tombstone,
+            v => Entry::Value(node::value_bytes(arena, v)?),
+        })
     }
 }
 

@@ -18,6 +18,13 @@ pub(crate) const LOG_PUT: u8 = 1;
 pub(crate) const LOG_BLOB: u8 = 2;
 /// Log entry flag: the back pointer names a sorted item with the same key.
 pub(crate) const LOG_EQUAL: u8 = 4;
+/// Log entry flag: the value is an external pointer (a value-log record).
+pub(crate) const LOG_EXT: u8 = 8;
+/// Sorted-item value kinds (low two bits of the tag; the length is above them).
+const KIND_INLINE: u32 = 0;
+const KIND_BLOB: u32 = 1;
+const KIND_EXT: u32 = 2;
+const KIND_TOMBSTONE: u32 = 3;
 /// Fixed bytes before a log entry's lengths.
 pub(crate) const LOG_HDR: usize = 8;
 /// Order hints are one byte, so a log block holds at most this many entries.
@@ -147,11 +154,37 @@ pub(crate) struct Node<'a> {
     body: &'a [u8],
 }
 
-/// A value as stored: inline bytes or a pointer to a blob.
-#[derive(Clone, Copy, Debug)]
+/// A value as stored: inline bytes, a pointer to an arena blob, an external pointer (a value-log
+/// record, resolved by the caller), or a tombstone (a delete kept to hide older levels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ValRef<'a> {
     Inline(&'a [u8]),
     Blob { off: u64, len: u32 },
+    Ext { ptr: u64, len: u32 },
+    Tombstone,
+}
+
+impl<'a> ValRef<'a> {
+    /// Decodes a value from its kind, its length and the bytes after the key.
+    #[inline]
+    fn from_kind(kind: u32, len: u32, v: &'a [u8]) -> ValRef<'a> {
+        match kind {
+            KIND_INLINE => ValRef::Inline(v),
+            KIND_BLOB => ValRef::Blob { off: le64(v, 0), len },
+            KIND_EXT => ValRef::Ext { ptr: le64(v, 0), len },
+            _ => ValRef::Tombstone,
+        }
+    }
+}
+
+/// Bytes a value of `kind` and length `len` occupies after the key.
+#[inline]
+fn kind_bytes(kind: u32, len: u32) -> usize {
+    match kind {
+        KIND_INLINE => len as usize,
+        KIND_BLOB | KIND_EXT => 8,
+        _ => 0,
+    }
 }
 
 /// One decoded log entry.
@@ -161,7 +194,8 @@ pub(crate) struct LogEntry<'a> {
     pub(crate) bp: u32,
     pub(crate) delta: u32,
     pub(crate) key: &'a [u8],
-    pub(crate) val: Option<ValRef<'a>>,
+    /// The value; a delete marker decodes as [`ValRef::Tombstone`].
+    pub(crate) val: ValRef<'a>,
     pub(crate) next: u32,
 }
 
@@ -277,15 +311,12 @@ impl<'a> Node<'a> {
         let b = self.body;
         // Fast path: both length fields are one byte and the item lies inside the sorted block.
         if p + 2 <= end && b[p] < 0x80 && b[p + 1] < 0x80 {
-            let (klen, tag) = (b[p] as usize, b[p + 1] as usize);
+            let (klen, tag) = (b[p] as usize, b[p + 1] as u32);
             let ks = p + 2;
-            let (vlen, blob) = if tag & 1 == 1 { (8, true) } else { (tag >> 1, false) };
-            let next = ks + klen + vlen;
+            let next = ks + klen + kind_bytes(tag & 3, tag >> 2);
             if next <= end {
                 let key = &b[ks..ks + klen];
-                let v = &b[ks + klen..next];
-                let val =
-                    if blob { ValRef::Blob { off: le64(v, 0), len: (tag >> 1) as u32 } } else { ValRef::Inline(v) };
+                let val = ValRef::from_kind(tag & 3, tag >> 2, &b[ks + klen..next]);
                 return Ok((key, val, (next + HDR) as u32));
             }
         }
@@ -299,12 +330,9 @@ impl<'a> Node<'a> {
         let (tag, p) = self.var(p, end)?;
         let key = self.slice(p, klen as usize)?;
         let p = p + klen as usize;
-        let (val, next) = if tag & 1 == 1 {
-            let b = self.slice(p, 8)?;
-            (ValRef::Blob { off: le64(b, 0), len: tag >> 1 }, p + 8)
-        } else {
-            (ValRef::Inline(self.slice(p, (tag >> 1) as usize)?), p + (tag >> 1) as usize)
-        };
+        let n = kind_bytes(tag & 3, tag >> 2);
+        let val = ValRef::from_kind(tag & 3, tag >> 2, self.slice(p, n)?);
+        let next = p + n;
         if next > end {
             return Err(self.corrupt("leaf item crosses the sorted block's end"));
         }
@@ -339,17 +367,18 @@ impl<'a> Node<'a> {
         }
         let key = self.slice(p, klen as usize)?;
         p += klen as usize;
-        let val = if flags & LOG_PUT == 0 {
-            None
+        let kind = if flags & LOG_PUT == 0 {
+            KIND_TOMBSTONE
         } else if flags & LOG_BLOB != 0 {
-            let b = self.slice(p, 8)?;
-            p += 8;
-            Some(ValRef::Blob { off: le64(b, 0), len: tag })
+            KIND_BLOB
+        } else if flags & LOG_EXT != 0 {
+            KIND_EXT
         } else {
-            let v = self.slice(p, tag as usize)?;
-            p += tag as usize;
-            Some(ValRef::Inline(v))
+            KIND_INLINE
         };
+        let n = kind_bytes(kind, tag);
+        let val = ValRef::from_kind(kind, tag, self.slice(p, n)?);
+        p += n;
         if bp < self.h.sorted_start || bp > self.h.sorted_end {
             return Err(self.corrupt("log back pointer outside the sorted block"));
         }
@@ -372,6 +401,9 @@ pub(crate) fn value_bytes<'a>(arena: &'a Arena, v: ValRef<'a>) -> Result<&'a [u8
             }
             arena.map.bytes(off + BLOB_HDR, len as usize)
         }
+        ValRef::Ext { .. } | ValRef::Tombstone => {
+            Err(Error::Config("the value lives in the value log (or is a tombstone); read it with get_entry".into()))
+        }
     }
 }
 
@@ -383,6 +415,8 @@ pub(crate) fn value_bytes<'a>(arena: &'a Arena, v: ValRef<'a>) -> Result<&'a [u8
 pub(crate) enum Val {
     Inline(Vec<u8>),
     Blob { off: u64, len: u32 },
+    Ext { ptr: u64, len: u32 },
+    Tombstone,
 }
 
 impl Val {
@@ -390,6 +424,27 @@ impl Val {
         match v {
             ValRef::Inline(b) => Val::Inline(b.to_vec()),
             ValRef::Blob { off, len } => Val::Blob { off, len },
+            ValRef::Ext { ptr, len } => Val::Ext { ptr, len },
+            ValRef::Tombstone => Val::Tombstone,
+        }
+    }
+
+    pub(crate) fn as_ref(&self) -> ValRef<'_> {
+        match self {
+            Val::Inline(b) => ValRef::Inline(b),
+            Val::Blob { off, len } => ValRef::Blob { off: *off, len: *len },
+            Val::Ext { ptr, len } => ValRef::Ext { ptr: *ptr, len: *len },
+            Val::Tombstone => ValRef::Tombstone,
+        }
+    }
+
+    /// Kind, length and the bytes stored after the key.
+    fn parts(&self) -> (u32, u32, [u8; 8], &[u8]) {
+        match self {
+            Val::Inline(b) => (KIND_INLINE, b.len() as u32, [0; 8], b),
+            Val::Blob { off, len } => (KIND_BLOB, *len, off.to_le_bytes(), &[]),
+            Val::Ext { ptr, len } => (KIND_EXT, *len, ptr.to_le_bytes(), &[]),
+            Val::Tombstone => (KIND_TOMBSTONE, 0, [0; 8], &[]),
         }
     }
 }
@@ -402,11 +457,8 @@ pub(crate) enum NodeData {
 }
 
 pub(crate) fn leaf_item_len(key: &[u8], v: &Val) -> usize {
-    let (tag, vb) = match v {
-        Val::Inline(b) => ((b.len() as u32) << 1, b.len()),
-        Val::Blob { len, .. } => (len << 1 | 1, 8),
-    };
-    varint_len(key.len() as u32) + varint_len(tag) + key.len() + vb
+    let (kind, len, _, _) = v.parts();
+    varint_len(key.len() as u32) + varint_len(len << 2 | kind) + key.len() + kind_bytes(kind, len)
 }
 
 pub(crate) fn interior_item_len(key: &[u8]) -> usize {
@@ -493,18 +545,14 @@ impl NodeData {
         match self {
             NodeData::Leaf { items, .. } => {
                 for (k, v) in items {
+                    let (kind, len, word, inline) = v.parts();
                     put_varint(out, k.len() as u32);
-                    match v {
-                        Val::Inline(b) => {
-                            put_varint(out, (b.len() as u32) << 1);
-                            out.extend_from_slice(k);
-                            out.extend_from_slice(b);
-                        }
-                        Val::Blob { off, len } => {
-                            put_varint(out, len << 1 | 1);
-                            out.extend_from_slice(k);
-                            out.extend_from_slice(&off.to_le_bytes());
-                        }
+                    put_varint(out, len << 2 | kind);
+                    out.extend_from_slice(k);
+                    match kind {
+                        KIND_INLINE => out.extend_from_slice(inline),
+                        KIND_BLOB | KIND_EXT => out.extend_from_slice(&word),
+                        _ => {}
                     }
                 }
             }
@@ -537,16 +585,23 @@ impl NodeData {
     }
 }
 
-/// Encodes a log entry.
+/// Encodes a log entry; the put/blob/external flags are derived from `val`.
 pub(crate) fn encode_log_entry(
     out: &mut Vec<u8>,
-    flags: u8,
+    equal: bool,
     hint: u8,
     bp: u32,
     delta: u32,
     key: &[u8],
-    val: Option<ValRef<'_>>,
+    val: ValRef<'_>,
 ) {
+    let flags = if equal { LOG_EQUAL } else { 0 }
+        | match val {
+            ValRef::Inline(_) => LOG_PUT,
+            ValRef::Blob { .. } => LOG_PUT | LOG_BLOB,
+            ValRef::Ext { .. } => LOG_PUT | LOG_EXT,
+            ValRef::Tombstone => 0,
+        };
     out.clear();
     out.push(flags);
     out.push(hint);
@@ -554,16 +609,16 @@ pub(crate) fn encode_log_entry(
     out.extend_from_slice(&delta.to_le_bytes());
     put_varint(out, key.len() as u32);
     match val {
-        None => out.extend_from_slice(key),
-        Some(ValRef::Inline(b)) => {
+        ValRef::Tombstone => out.extend_from_slice(key),
+        ValRef::Inline(b) => {
             put_varint(out, b.len() as u32);
             out.extend_from_slice(key);
             out.extend_from_slice(b);
         }
-        Some(ValRef::Blob { off, len }) => {
+        ValRef::Blob { off: word, len } | ValRef::Ext { ptr: word, len } => {
             put_varint(out, len);
             out.extend_from_slice(key);
-            out.extend_from_slice(&off.to_le_bytes());
+            out.extend_from_slice(&word.to_le_bytes());
         }
     }
 }

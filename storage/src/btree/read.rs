@@ -8,9 +8,7 @@
 use std::cmp::Ordering as CmpOrdering;
 use std::sync::atomic::Ordering;
 
-use super::node::{
-    Header, LOG_EQUAL, LOG_PUT, LogEntry, MAX_LOG_ENTRIES, Node, ValRef, cmp_keys, eq_keys, value_bytes,
-};
+use super::node::{Header, LOG_EQUAL, LogEntry, MAX_LOG_ENTRIES, Node, ValRef, cmp_keys, eq_keys, value_bytes};
 use crate::arena::{Arena, SB_ROOT, split_root_word};
 use crate::error::{Error, Result};
 
@@ -97,7 +95,8 @@ impl<'a> Tree<'a> {
         Err(Error::corrupt(node.h.off, "tree deeper than 64 levels"))
     }
 
-    /// The newest visible value of `key` in `leaf` (None when absent or deleted).
+    /// The newest visible entry of `key` in `leaf`: None when absent, `Tombstone` when deleted
+    /// with a kept tombstone (or a delete marker still in the log).
     #[inline]
     pub(crate) fn leaf_get(&self, leaf: &Node<'a>, key: &[u8]) -> Result<Option<ValRef<'a>>> {
         if leaf.h.log_count > 0 {
@@ -112,7 +111,7 @@ impl<'a> Tree<'a> {
                 pos = e.next;
             }
             if let Some(v) = found {
-                return Ok(v);
+                return Ok(Some(v));
             }
         }
         let (mut pos, end) = leaf.segment(key, false)?;
@@ -129,17 +128,37 @@ impl<'a> Tree<'a> {
 
     /// GET.
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<&'a [u8]>> {
-        let (leaf, _) = self.descend(key, false)?;
-        match self.leaf_get(&leaf, key)? {
+        match self.get_entry(key)? {
+            None | Some(ValRef::Tombstone) => Ok(None),
             Some(v) => Ok(Some(value_bytes(self.arena, v)?)),
-            None => Ok(None),
         }
     }
 
-    /// SCAN: visits up to `limit` visible items with keys in `[lo, hi]` in ascending order.
+    /// GET, returning tombstones and external pointers as they are stored.
+    pub(crate) fn get_entry(&self, key: &[u8]) -> Result<Option<ValRef<'a>>> {
+        let (leaf, _) = self.descend(key, false)?;
+        self.leaf_get(&leaf, key)
+    }
+
+    /// SCAN: visits up to `limit` visible values with keys in `[lo, hi]` in ascending order.
     pub(crate) fn scan<F>(&self, lo: &[u8], hi: &[u8], limit: usize, mut f: F) -> Result<usize>
     where
         F: FnMut(&'a [u8], &'a [u8]) -> Result<()>,
+    {
+        self.scan_entries(lo, hi, limit, false, |k, v| f(k, value_bytes(self.arena, v)?))
+    }
+
+    /// SCAN over stored entries; tombstones are passed to `f` (and counted) when `tombstones`.
+    pub(crate) fn scan_entries<F>(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+        tombstones: bool,
+        mut f: F,
+    ) -> Result<usize>
+    where
+        F: FnMut(&'a [u8], ValRef<'a>) -> Result<()>,
     {
         if limit == 0 || lo > hi {
             return Ok(0);
@@ -160,7 +179,10 @@ impl<'a> Tree<'a> {
                 if cmp_keys(k, hi).is_gt() {
                     return Ok(count);
                 }
-                f(k, value_bytes(self.arena, v)?)?;
+                if v == ValRef::Tombstone && !tombstones {
+                    continue;
+                }
+                f(k, v)?;
                 count += 1;
                 if count == limit {
                     return Ok(count);
@@ -179,19 +201,32 @@ impl<'a> Tree<'a> {
         Err(Error::corrupt(0, "leaf chain longer than the heap"))
     }
 
-    /// The largest visible key `<= key`.
+    /// The largest visible key `<= key` holding a value.
     pub(crate) fn floor_key(&self, key: &[u8]) -> Result<Option<&'a [u8]>> {
-        let (mut target, mut strict) = (key, false);
+        Ok(self.floor_entry(key, false, false)?.map(|(k, _)| k))
+    }
+
+    /// The entry with the largest key `<= key` (`< key` when `strict`), tombstones included when
+    /// `tombstones`.
+    pub(crate) fn floor_entry(
+        &self,
+        key: &[u8],
+        strict: bool,
+        tombstones: bool,
+    ) -> Result<Option<(&'a [u8], ValRef<'a>)>> {
+        let (mut target, mut strict) = (key, strict);
         for _ in 0..self.max_steps() {
             let (leaf, lower) = self.descend(target, strict)?;
             let mut cur = LeafCursor::new(leaf, None, self.rv)?;
             let mut best = None;
-            while let Some((k, _)) = cur.next()? {
-                let before = if strict { k < target } else { k <= target };
-                if !before {
+            while let Some((k, v)) = cur.next()? {
+                let o = cmp_keys(k, target);
+                if !(o.is_lt() || (!strict && o.is_eq())) {
                     break;
                 }
-                best = Some(k);
+                if tombstones || v != ValRef::Tombstone {
+                    best = Some((k, v));
+                }
             }
             if best.is_some() {
                 return Ok(best);
@@ -297,7 +332,7 @@ impl<'a> LeafCursor<'a> {
         self.node.h.version.saturating_add(e.delta as u64) <= self.rv
     }
 
-    /// The next visible item, or None at the end of the leaf.
+    /// The next visible item (tombstones included), or None at the end of the leaf.
     #[inline]
     pub(crate) fn next(&mut self) -> Result<Option<(&'a [u8], ValRef<'a>)>> {
         let sorted_end = self.node.h.sorted_end;
@@ -333,11 +368,7 @@ impl<'a> LeafCursor<'a> {
                 // The log entry shadows the sorted item with the same key.
                 self.sp = self.node.leaf_item(self.sp)?.2;
             }
-            if d.flags & LOG_PUT != 0
-                && let Some(v) = d.val
-            {
-                return Ok(Some((key, v)));
-            }
+            return Ok(Some((key, d.val)));
         }
     }
 }

@@ -11,9 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::node::{
-    BLOB_HDR, LOG_BLOB, LOG_EQUAL, LOG_PUT, MAX_LOG_ENTRIES, Node, NodeData, Val, ValRef, encode_log_entry, size_word,
-};
+use super::node::{BLOB_HDR, MAX_LOG_ENTRIES, Node, NodeData, Val, ValRef, encode_log_entry, size_word};
 use super::read::{LeafCursor, Tree, child_for};
 use super::{Reader, Stats};
 use crate::arena::{
@@ -32,20 +30,35 @@ pub enum BatchOp<'a> {
     Insert(&'a [u8], &'a [u8]),
     /// Update; the whole batch fails with [`Error::KeyNotFound`] if the key is absent.
     Update(&'a [u8], &'a [u8]),
-    /// Delete (absent keys are fine).
+    /// Delete (absent keys are fine). In an arena with `keep_tombstones` it always leaves a
+    /// tombstone, which hides the key in older levels.
     Delete(&'a [u8]),
+    /// Upsert a value that lives elsewhere (a value-log record): `len` bytes at `ptr`.
+    PutPointer(&'a [u8], u64, u32),
 }
 
 impl<'a> BatchOp<'a> {
     fn key(&self) -> &'a [u8] {
         match *self {
-            BatchOp::Put(k, _) | BatchOp::Insert(k, _) | BatchOp::Update(k, _) | BatchOp::Delete(k) => k,
+            BatchOp::Put(k, _)
+            | BatchOp::Insert(k, _)
+            | BatchOp::Update(k, _)
+            | BatchOp::Delete(k)
+            | BatchOp::PutPointer(k, ..) => k,
         }
     }
     fn value(&self) -> Option<&'a [u8]> {
         match *self {
             BatchOp::Put(_, v) | BatchOp::Insert(_, v) | BatchOp::Update(_, v) => Some(v),
-            BatchOp::Delete(_) => None,
+            BatchOp::Delete(_) | BatchOp::PutPointer(..) => None,
+        }
+    }
+    /// The new stored value: inline bytes (a blob is substituted later), a pointer, a tombstone.
+    fn new_value(&self) -> ValRef<'a> {
+        match *self {
+            BatchOp::Put(_, v) | BatchOp::Insert(_, v) | BatchOp::Update(_, v) => ValRef::Inline(v),
+            BatchOp::PutPointer(_, ptr, len) => ValRef::Ext { ptr, len },
+            BatchOp::Delete(_) => ValRef::Tombstone,
         }
     }
 }
@@ -79,6 +92,7 @@ pub struct Writer {
     buf: Vec<u8>,
     leaf_cap: usize,
     interior_cap: usize,
+    keep_tombstones: bool,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -104,6 +118,7 @@ impl Writer {
             buf: Vec::with_capacity(l.node_size as usize),
             leaf_cap: payload - l.log_threshold as usize,
             interior_cap: payload,
+            keep_tombstones: cfg.keep_tombstones,
             _not_sync: PhantomData,
         };
         let root = w.alloc_lid()?;
@@ -137,6 +152,12 @@ impl Writer {
     /// The current value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<&[u8]>> {
         self.tree().get(key)
+    }
+
+    /// The current entry of `key` as stored (value, pointer or tombstone).
+    pub fn get_entry(&self, key: &[u8]) -> Result<Option<super::Entry<'_>>> {
+        let tree = self.tree();
+        tree.get_entry(key)?.map(|v| super::Entry::from_ref(tree.arena, v)).transpose()
     }
 
     /// Items with keys in `[lo, hi]`, ascending, at most `limit`.
@@ -174,10 +195,11 @@ impl Writer {
         self.write_batch(&[BatchOp::Update(key, value)])
     }
 
-    /// Deletes `key`; returns the write version, or None if the key was absent (nothing written).
+    /// Deletes `key`; returns the write version, or None if the key was absent and nothing was
+    /// written (with `keep_tombstones` a tombstone is always written).
     pub fn delete(&mut self, key: &[u8]) -> Result<Option<u64>> {
         self.check_key(key)?;
-        if self.get(key)?.is_none() {
+        if !self.keep_tombstones && self.get(key)?.is_none() {
             return Ok(None);
         }
         self.write_batch(&[BatchOp::Delete(key)]).map(Some)
@@ -199,6 +221,11 @@ impl Writer {
         let mut blob_pages = 0u64;
         for op in ops {
             self.check_key(op.key())?;
+            if let BatchOp::PutPointer(_, _, len) = op
+                && *len as usize > MAX_VALUE_LEN
+            {
+                return Err(Error::ValueTooLarge { len: *len as usize, max: MAX_VALUE_LEN });
+            }
             if let Some(v) = op.value() {
                 if v.len() > MAX_VALUE_LEN {
                     return Err(Error::ValueTooLarge { len: v.len(), max: MAX_VALUE_LEN });
@@ -220,7 +247,7 @@ impl Writer {
         let w = self.version + 1;
         self.arena.sb(SB_WRITE_VERSION).store(w, Ordering::Relaxed);
         for op in ops {
-            self.apply(op.key(), op.value(), w)?;
+            self.apply(op.key(), op.new_value(), w)?;
         }
         self.commit(w)?;
         Ok(w)
@@ -230,7 +257,7 @@ impl Writer {
         let mut overlay: HashMap<&[u8], bool> = HashMap::new();
         for op in ops {
             let (need, after) = match op {
-                BatchOp::Put(..) => (None, true),
+                BatchOp::Put(..) | BatchOp::PutPointer(..) => (None, true),
                 BatchOp::Insert(..) => (Some(false), true),
                 BatchOp::Update(..) => (Some(true), true),
                 BatchOp::Delete(_) => (None, false),
@@ -279,30 +306,29 @@ impl Writer {
         Err(Error::corrupt(0, "tree deeper than 64 levels"))
     }
 
-    fn apply(&mut self, key: &[u8], value: Option<&[u8]>, w: u64) -> Result<()> {
+    fn apply(&mut self, key: &[u8], value: ValRef<'_>, w: u64) -> Result<()> {
         let path = self.path_to(key)?;
         let leaf_el = *path.last().expect("a path always ends at a leaf");
-        let (old_blob, existed) = {
+        let existing = {
             let tree = Tree { arena: &self.arena, rv: u64::MAX };
             let leaf = Node::load(&self.arena, leaf_el.off)?;
             match tree.leaf_get(&leaf, key)? {
-                Some(ValRef::Blob { off, len }) => (Some((off, len)), true),
-                Some(ValRef::Inline(_)) => (None, true),
-                None => (None, false),
+                Some(ValRef::Blob { off, len }) => Some(Some((off, len))),
+                Some(ValRef::Tombstone) | None => None,
+                Some(_) => Some(None),
             }
         };
-        if value.is_none() && !existed {
+        if value == ValRef::Tombstone && existing.is_none() && !self.keep_tombstones {
             return Ok(());
         }
         let new_val = match value {
-            Some(v) if v.len() > self.arena.layout.inline_threshold as usize => Some(self.write_blob(v)?),
-            Some(v) => Some(Val::Inline(v.to_vec())),
-            None => None,
+            ValRef::Inline(v) if v.len() > self.arena.layout.inline_threshold as usize => self.write_blob(v)?,
+            v => Val::from_ref(v),
         };
         if !self.try_append(leaf_el.off, key, new_val.as_ref(), w)? {
             self.rewrite_leaf(&path, key, new_val, w)?;
         }
-        if let Some((off, len)) = old_blob {
+        if let Some(Some((off, len))) = existing {
             self.retire(w, Garbage::Blob(off, (BLOB_HDR + len as u64).div_ceil(self.arena.layout.node_size as u64)));
         }
         Ok(())
@@ -310,7 +336,7 @@ impl Writer {
 
     /// The fast path: appends a log entry and publishes it with one release store of the size
     /// word. Returns false when the leaf must be rewritten instead.
-    fn try_append(&mut self, off: u64, key: &[u8], val: Option<&Val>, w: u64) -> Result<bool> {
+    fn try_append(&mut self, off: u64, key: &[u8], val: ValRef<'_>, w: u64) -> Result<bool> {
         let node = Node::load(&self.arena, off)?;
         let h = node.h;
         let delta = w - h.version;
@@ -341,18 +367,8 @@ impl Writer {
             }
             pos = e.next;
         }
-        let vref = val.map(|v| match v {
-            Val::Inline(b) => ValRef::Inline(b),
-            Val::Blob { off, len } => ValRef::Blob { off: *off, len: *len },
-        });
-        let mut flags = if equal { LOG_EQUAL } else { 0 };
-        match val {
-            Some(Val::Blob { .. }) => flags |= LOG_PUT | LOG_BLOB,
-            Some(Val::Inline(_)) => flags |= LOG_PUT,
-            None => {}
-        }
         let mut entry = std::mem::take(&mut self.buf);
-        encode_log_entry(&mut entry, flags, hint as u8, bp, delta as u32, key, vref);
+        encode_log_entry(&mut entry, equal, hint as u8, bp, delta as u32, key, val);
         let new_end = h.log_end as usize + entry.len();
         let fits = new_end - h.sorted_end as usize <= self.arena.layout.log_threshold as usize
             && new_end <= self.arena.layout.node_size as usize;
@@ -367,19 +383,20 @@ impl Writer {
         Ok(fits)
     }
 
-    fn rewrite_leaf(&mut self, path: &[PathElem], key: &[u8], val: Option<Val>, w: u64) -> Result<()> {
+    fn rewrite_leaf(&mut self, path: &[PathElem], key: &[u8], val: Val, w: u64) -> Result<()> {
         let el = *path.last().expect("non-empty path");
         let NodeData::Leaf { mut items, right } = self.decode(el.off)? else {
             return Err(Error::corrupt(el.off, "path does not end at a leaf"));
         };
         let append = items.last().is_none_or(|(k, _)| key > k.as_slice());
-        match (items.binary_search_by(|(k, _)| k.as_slice().cmp(key)), val) {
-            (Ok(i), Some(v)) => items[i].1 = v,
-            (Err(i), Some(v)) => items.insert(i, (key.to_vec(), v)),
-            (Ok(i), None) => {
+        let remove = val == Val::Tombstone && !self.keep_tombstones;
+        match items.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
+            Ok(i) if remove => {
                 items.remove(i);
             }
-            (Err(_), None) => {}
+            Ok(i) => items[i].1 = val,
+            Err(_) if remove => {}
+            Err(i) => items.insert(i, (key.to_vec(), val)),
         }
         self.store(path, path.len() - 1, NodeData::Leaf { items, right }, w, append)
     }
@@ -392,7 +409,9 @@ impl Writer {
             let mut items = Vec::with_capacity(node.h.sorted_count as usize + node.h.log_count as usize);
             let mut cur = LeafCursor::new(node, None, u64::MAX)?;
             while let Some((k, v)) = cur.next()? {
-                items.push((k.to_vec(), Val::from_ref(v)));
+                if v != ValRef::Tombstone || self.keep_tombstones {
+                    items.push((k.to_vec(), Val::from_ref(v)));
+                }
             }
             Ok(NodeData::Leaf { items, right })
         } else {

@@ -312,3 +312,98 @@ fn one_writer_per_arena() {
     assert!(matches!(bad.validate(), Err(Error::Config(_))));
     drop(w);
 }
+
+/// Model of an L0 arena: values, external pointers and kept tombstones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stored {
+    Value(Vec<u8>),
+    Pointer(u64, u32),
+    Tombstone,
+}
+
+#[derive(Debug, Clone)]
+enum TOp {
+    Put(Vec<u8>, Vec<u8>),
+    Pointer(Vec<u8>, u64, u32),
+    Delete(Vec<u8>),
+    Get(Vec<u8>),
+    Scan(Vec<u8>, Vec<u8>, usize),
+    Floor(Vec<u8>, bool),
+}
+
+fn top() -> impl Strategy<Value = TOp> {
+    prop_oneof![
+        4 => (key(), value()).prop_map(|(k, v)| TOp::Put(k, v)),
+        2 => (key(), any::<u64>(), 0u32..=(1 << 20)).prop_map(|(k, p, l)| TOp::Pointer(k, p, l)),
+        3 => key().prop_map(TOp::Delete),
+        2 => key().prop_map(TOp::Get),
+        2 => (key(), key(), 0usize..40).prop_map(|(a, b, n)| TOp::Scan(a, b, n)),
+        1 => (key(), any::<bool>()).prop_map(|(k, s)| TOp::Floor(k, s)),
+    ]
+}
+
+fn stored(e: dpukv_storage::Entry<'_>) -> Stored {
+    match e {
+        dpukv_storage::Entry::Value(v) => Stored::Value(v.to_vec()),
+        dpukv_storage::Entry::Pointer { ptr, len } => Stored::Pointer(ptr, len),
+        dpukv_storage::Entry::Tombstone => Stored::Tombstone,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// With `keep_tombstones`, every delete leaves a tombstone that survives log merges, splits
+    /// and node merges, and pointers are kept as written.
+    #[test]
+    fn model_tombstones_and_pointers(ops in proptest::collection::vec(top(), 1..400)) {
+        let cfg = ArenaConfig { keep_tombstones: true, ..ArenaConfig::small_nodes(512) };
+        let (_dir, _path, mut w) = must_writer(&cfg);
+        let mut m: BTreeMap<Vec<u8>, Stored> = BTreeMap::new();
+        for op in ops {
+            match op {
+                TOp::Put(k, v) => {
+                    w.put(&k, &v).expect("put");
+                    m.insert(k, Stored::Value(v));
+                }
+                TOp::Pointer(k, p, l) => {
+                    let too_big = w.write_batch(&[BatchOp::PutPointer(&k, p, (1 << 20) + 1)]);
+                    prop_assert!(matches!(too_big, Err(Error::ValueTooLarge { .. })), "{:?}", too_big);
+                    w.write_batch(&[BatchOp::PutPointer(&k, p, l)]).expect("pointer");
+                    m.insert(k, Stored::Pointer(p, l));
+                }
+                TOp::Delete(k) => {
+                    prop_assert!(w.delete(&k).expect("delete").is_some(), "a tombstone is always written");
+                    m.insert(k, Stored::Tombstone);
+                }
+                TOp::Get(k) => {
+                    prop_assert_eq!(w.get_entry(&k).expect("get").map(stored), m.get(&k).cloned());
+                    let plain = w.get(&k);
+                    match m.get(&k) {
+                        Some(Stored::Value(v)) => prop_assert_eq!(plain.expect("get"), Some(v.as_slice())),
+                        None | Some(Stored::Tombstone) => prop_assert_eq!(plain.expect("get"), None),
+                        Some(Stored::Pointer(..)) => prop_assert!(plain.is_err(), "get of a pointer value is an error"),
+                    }
+                }
+                TOp::Scan(a, b, n) => {
+                    let mut r = w.reader().expect("reader");
+                    let s = r.snapshot().expect("snapshot");
+                    let mut got = Vec::new();
+                    s.scan_entries(&a, &b, n, |k, e| got.push((k.to_vec(), stored(e)))).expect("scan");
+                    let want: Vec<(Vec<u8>, Stored)> = if a > b { Vec::new() } else {
+                        m.range::<[u8], _>((Bound::Included(a.as_slice()), Bound::Included(b.as_slice()))).take(n).map(|(k, v)| (k.clone(), v.clone())).collect()
+                    };
+                    prop_assert_eq!(got, want);
+                }
+                TOp::Floor(k, strict) => {
+                    let mut r = w.reader().expect("reader");
+                    let s = r.snapshot().expect("snapshot");
+                    let got = s.floor_entry(&k, strict).expect("floor").map(|(k, e)| (k.to_vec(), stored(e)));
+                    let upper = if strict { Bound::Excluded(k.as_slice()) } else { Bound::Included(k.as_slice()) };
+                    let want = m.range::<[u8], _>((Bound::Unbounded, upper)).next_back().map(|(k, v)| (k.clone(), v.clone()));
+                    prop_assert_eq!(got, want);
+                }
+            }
+        }
+    }
+}
