@@ -15,6 +15,7 @@
 //! - `arena`: the shared mapping (`shm`, the only `unsafe` module), superblock layout, reader
 //!   slots and dead-reader detection, and the writer's page and LID allocators.
 //! - `btree`: node format (`node`), wait-free snapshot reads (`read`), the single writer (`write`).
+//! - `levels`: durable levels: immutable B+tree segments, the level builder, the manifest.
 //! - `vlog`: the value log: segments, records, group commit, fsync policies, recovery.
 //! - `config`: [`ArenaConfig`] and its validation.
 //! - `error`: [`Error`], classified with `code()` and `is_retryable()`.
@@ -32,6 +33,7 @@ mod arena;
 mod btree;
 mod config;
 mod error;
+pub mod levels;
 pub mod vlog;
 pub mod workload;
 

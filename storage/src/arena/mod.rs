@@ -18,7 +18,7 @@ pub(crate) use layout::{
     STATE_CLOSED, STATE_READY, root_word, split_root_word,
 };
 use layout::{SB_FIXED, SLOT_SIZE};
-pub(crate) use shm::Mapping;
+pub(crate) use shm::{Mapping, map_immutable};
 pub(crate) use slots::{Slot, SlotWatch};
 
 use crate::config::ArenaConfig;

@@ -31,6 +31,17 @@ use memmap2::{Mmap, MmapMut, MmapOptions};
 
 use crate::error::{Error, Result};
 
+/// Maps an immutable file read-only (level segments).
+///
+/// Level segments are written completely, synced, and never modified afterwards; they are only
+/// unlinked once no manifest names them, which keeps existing mappings valid. Readers bounds-check
+/// every access against the mapping's length.
+pub(crate) fn map_immutable(file: &File, path: &Path) -> Result<Mmap> {
+    // SAFETY: the file is immutable for its whole life (see above); a file truncated by someone
+    // else would raise SIGBUS, which the storage contract rules out (rule 3).
+    unsafe { Mmap::map(file) }.map_err(|e| Error::io(path, e))
+}
+
 /// Keeps a mapping alive; `base`/`len` in [`Mapping`] point into it.
 enum Backing {
     Ro(#[allow(dead_code)] Mmap),

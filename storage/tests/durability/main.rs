@@ -1,4 +1,5 @@
 //! Durability tests: the value log (round trips, torn tails, corruption, fsync policies, SIGKILL
 //! crashes of a writer process).
 
+mod levels;
 mod vlog;
