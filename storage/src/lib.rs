@@ -16,6 +16,7 @@
 //!   slots and dead-reader detection, and the writer's page and LID allocators.
 //! - `btree`: node format (`node`), wait-free snapshot reads (`read`), the single writer (`write`).
 //! - `levels`: durable levels: immutable B+tree segments, the level builder, the manifest.
+//! - `region`: the region store: value log + L0 + levels, compaction, recovery, readers.
 //! - `vlog`: the value log: segments, records, group commit, fsync policies, recovery.
 //! - `config`: [`ArenaConfig`] and its validation.
 //! - `error`: [`Error`], classified with `code()` and `is_retryable()`.
@@ -34,6 +35,7 @@ mod btree;
 mod config;
 mod error;
 pub mod levels;
+pub mod region;
 pub mod vlog;
 pub mod workload;
 

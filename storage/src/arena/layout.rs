@@ -20,6 +20,7 @@ pub(crate) const SB_STATE: u64 = 152;
 pub(crate) const SB_WRITER_PID: u64 = 160;
 pub(crate) const SB_ALLOCATED_PAGES: u64 = 168;
 pub(crate) const SB_GARBAGE_PAGES: u64 = 176;
+pub(crate) const SB_TABLES_GEN: u64 = 184;
 /// Superblock size (one page).
 pub(crate) const SB_SIZE: u64 = 4096;
 /// Bytes per reader slot.
@@ -30,6 +31,7 @@ pub(crate) const RING_LEN: u64 = 64 << 10;
 /// `SB_STATE` values.
 pub(crate) const STATE_READY: u64 = 1;
 pub(crate) const STATE_CLOSED: u64 = 2;
+pub(crate) const STATE_FROZEN: u64 = 3;
 
 /// Root word: LID in the low 48 bits, tree height (levels, 1 = a single leaf) in the high 16.
 pub(crate) fn root_word(lid: u64, height: u16) -> u64 {

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) use alloc::{LidAlloc, PageAlloc};
 pub use layout::Layout;
 pub(crate) use layout::{
-    SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_READ_VERSION, SB_ROOT, SB_STATE, SB_WRITE_VERSION, SB_WRITER_PID,
-    STATE_CLOSED, STATE_READY, root_word, split_root_word,
+    SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_READ_VERSION, SB_ROOT, SB_STATE, SB_TABLES_GEN, SB_WRITE_VERSION,
+    SB_WRITER_PID, STATE_CLOSED, STATE_FROZEN, STATE_READY, root_word, split_root_word,
 };
 use layout::{SB_FIXED, SLOT_SIZE};
 pub(crate) use shm::{Mapping, map_immutable};
@@ -82,7 +82,7 @@ impl Arena {
         let map = Mapping::map_ro(&file, len, layout.slots_off, slots_len, path)?;
         let arena = Arena { map, layout, path: path.to_path_buf() };
         let state = arena.sb(SB_STATE).load(Ordering::Acquire);
-        if state != STATE_READY && state != STATE_CLOSED {
+        if state != STATE_READY && state != STATE_CLOSED && state != STATE_FROZEN {
             return Err(Error::corrupt(SB_STATE, "arena was not completely initialized"));
         }
         Ok(arena)

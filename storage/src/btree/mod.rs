@@ -52,6 +52,16 @@ impl Reader {
         self.arena.layout
     }
 
+    /// The region's table-set generation recorded in this arena, and whether the arena is frozen
+    /// (one atomic load each: cheap enough to check on every operation).
+    pub fn tables_state(&self) -> (u64, bool) {
+        let a = &self.arena;
+        (
+            a.sb(crate::arena::SB_TABLES_GEN).load(Ordering::Acquire),
+            a.sb(crate::arena::SB_STATE).load(Ordering::Acquire) == crate::arena::STATE_FROZEN,
+        )
+    }
+
     /// Figures the writer publishes in the superblock.
     pub fn shared_stats(&self) -> SharedStats {
         let a = &self.arena;

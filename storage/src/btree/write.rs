@@ -16,7 +16,7 @@ use super::read::{LeafCursor, Tree, child_for};
 use super::{Reader, Stats};
 use crate::arena::{
     Arena, LidAlloc, PageAlloc, SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_READ_VERSION, SB_ROOT, SB_STATE,
-    SB_WRITE_VERSION, STATE_CLOSED, SlotWatch, root_word, split_root_word,
+    SB_TABLES_GEN, SB_WRITE_VERSION, STATE_CLOSED, STATE_FROZEN, SlotWatch, root_word, split_root_word,
 };
 use crate::config::{ArenaConfig, MAX_VALUE_LEN, NODE_HEADER, shortcut_capacity};
 use crate::error::{Error, Result};
@@ -100,6 +100,12 @@ impl Writer {
     /// Creates a new, empty arena at `path` (atomically replacing any file there) and returns its
     /// writer.
     pub fn create(path: impl AsRef<Path>, cfg: &ArenaConfig) -> Result<Writer> {
+        Writer::create_at(path, cfg, 0)
+    }
+
+    /// Like [`Writer::create`], with versions continuing after `version` (a new L0 over older
+    /// data keeps the region's versions monotonic).
+    pub fn create_at(path: impl AsRef<Path>, cfg: &ArenaConfig, version: u64) -> Result<Writer> {
         let path = path.as_ref();
         let (arena, file, tmp) = Arena::create(path, cfg)?;
         let l = arena.layout;
@@ -122,8 +128,11 @@ impl Writer {
             _not_sync: PhantomData,
         };
         let root = w.alloc_lid()?;
-        let off = w.write_node(root, &NodeData::Leaf { items: Vec::new(), right: 0 }, 0, 0)?;
+        let off = w.write_node(root, &NodeData::Leaf { items: Vec::new(), right: 0 }, version, 0)?;
         w.map_lid(root, off)?;
+        w.version = version;
+        w.arena.sb(SB_WRITE_VERSION).store(version, Ordering::Relaxed);
+        w.arena.sb(SB_READ_VERSION).store(version, Ordering::Release);
         w.arena.sb(SB_ROOT).store(root_word(root, 1), Ordering::Release);
         w.publish_stats();
         w.arena.publish(&tmp)?;
@@ -158,6 +167,44 @@ impl Writer {
     pub fn get_entry(&self, key: &[u8]) -> Result<Option<super::Entry<'_>>> {
         let tree = self.tree();
         tree.get_entry(key)?.map(|v| super::Entry::from_ref(tree.arena, v)).transpose()
+    }
+
+    /// Calls `f` for up to `limit` current entries (tombstones included) with keys in `[lo, hi]`.
+    pub fn scan_entries(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+        mut f: impl FnMut(&[u8], super::Entry<'_>),
+    ) -> Result<usize> {
+        let tree = self.tree();
+        tree.scan_entries(lo, hi, limit, true, |k, v| {
+            f(k, super::Entry::from_ref(tree.arena, v)?);
+            Ok(())
+        })
+    }
+
+    /// The current entry with the largest key `<= key` (`< key` when `strict`), tombstones included.
+    pub fn floor_entry(&self, key: &[u8], strict: bool) -> Result<Option<(&[u8], super::Entry<'_>)>> {
+        let tree = self.tree();
+        match tree.floor_entry(key, strict, true)? {
+            Some((k, v)) => Ok(Some((k, super::Entry::from_ref(tree.arena, v)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// Marks the arena frozen (it takes no more writes; readers should move to the next one) and
+    /// records the generation of the region's table set in its superblock.
+    pub fn set_tables_generation(&self, generation: u64, frozen: bool) {
+        self.arena.sb(SB_TABLES_GEN).store(generation, Ordering::Release);
+        if frozen {
+            self.arena.sb(SB_STATE).store(STATE_FROZEN, Ordering::Release);
+        }
+    }
+
+    /// The path of the arena file.
+    pub fn path(&self) -> &Path {
+        &self.arena.path
     }
 
     /// Items with keys in `[lo, hi]`, ascending, at most `limit`.
@@ -673,7 +720,12 @@ impl Writer {
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        self.arena.sb(SB_STATE).store(STATE_CLOSED, Ordering::Release);
+        let _ = self.arena.sb(SB_STATE).compare_exchange(
+            crate::arena::STATE_READY,
+            STATE_CLOSED,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
     }
 }
 

@@ -44,7 +44,8 @@ pub struct LevelMeta {
     pub bytes: u64,
 }
 
-pub(crate) fn segment_path(dir: &Path, id: u64) -> PathBuf {
+/// Path of level segment `id` in `dir`.
+pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id:016}.seg"))
 }
 

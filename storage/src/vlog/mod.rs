@@ -190,6 +190,34 @@ impl ValueLog {
         Ok(at)
     }
 
+    /// Makes sure the next `bytes` of records land in one segment (rotating now if needed), so a
+    /// batch never spans segments and a crash can only tear the tail of the last one.
+    pub fn ensure_room(&mut self, bytes: usize) -> Result<()> {
+        if bytes > (self.cfg.segment_size - SEGMENT_HEADER) as usize {
+            return Err(Error::ValueTooLarge { len: bytes, max: (self.cfg.segment_size - SEGMENT_HEADER) as usize });
+        }
+        if self.tail as usize + bytes > self.cfg.segment_size as usize {
+            self.rotate()?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the active segment back to `at` (recovery: drops an incomplete trailing batch).
+    pub fn truncate_tail(&mut self, at: Lsn) -> Result<()> {
+        if at.segment() != self.active.id
+            || at.offset() > self.active.len
+            || at.offset() < SEGMENT_HEADER
+            || !self.buf.is_empty()
+        {
+            return Err(Error::Config("truncate_tail: position outside the active segment".into()));
+        }
+        self.active.file.set_len(at.offset() as u64).map_err(|e| Error::io(&self.active.path, e))?;
+        self.active.file.sync_all().map_err(|e| Error::io(&self.active.path, e))?;
+        self.active.len = at.offset();
+        self.tail = at.offset();
+        Ok(())
+    }
+
     /// Largest value a record with a `key_len`-byte key can hold.
     pub fn max_value_len(&self, key_len: usize) -> usize {
         (self.cfg.segment_size - SEGMENT_HEADER) as usize - RECORD_HEADER - key_len

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 /// Bytes before the key.
 pub(crate) const RECORD_HEADER: usize = 23;
 const FLAG_TOMBSTONE: u8 = 1;
+const FLAG_BATCH_END: u8 = 2;
 
 /// A record to append (borrowed) or one read back (owned).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,6 +14,8 @@ pub struct Record<'a> {
     pub version: u64,
     /// A delete marker (the value is empty).
     pub tombstone: bool,
+    /// The last record of an atomic batch (recovery drops a trailing batch without one).
+    pub batch_end: bool,
     /// Key.
     pub key: Cow<'a, [u8]>,
     /// Value.
@@ -23,14 +26,20 @@ pub struct Record<'a> {
 pub type RecordRef<'a> = Record<'a>;
 
 impl<'a> Record<'a> {
+    /// This record with its batch-end flag set to `end` (records of a batch but the last: false).
+    pub fn in_batch(mut self, end: bool) -> Record<'a> {
+        self.batch_end = end;
+        self
+    }
+
     /// A put record.
     pub fn put(version: u64, key: &'a [u8], value: &'a [u8]) -> Record<'a> {
-        Record { version, tombstone: false, key: Cow::Borrowed(key), value: Cow::Borrowed(value) }
+        Record { version, tombstone: false, batch_end: true, key: Cow::Borrowed(key), value: Cow::Borrowed(value) }
     }
 
     /// A delete record.
     pub fn delete(version: u64, key: &'a [u8]) -> Record<'a> {
-        Record { version, tombstone: true, key: Cow::Borrowed(key), value: Cow::Borrowed(&[]) }
+        Record { version, tombstone: true, batch_end: true, key: Cow::Borrowed(key), value: Cow::Borrowed(&[]) }
     }
 
     /// Encoded size.
@@ -44,7 +53,7 @@ impl<'a> Record<'a> {
         let body = (self.encoded_len() - 8) as u32;
         out.extend_from_slice(&[0; 4]);
         out.extend_from_slice(&body.to_le_bytes());
-        out.push(if self.tombstone { FLAG_TOMBSTONE } else { 0 });
+        out.push(if self.tombstone { FLAG_TOMBSTONE } else { 0 } | if self.batch_end { FLAG_BATCH_END } else { 0 });
         out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&(self.key.len() as u16).to_le_bytes());
         out.extend_from_slice(&(self.value.len() as u32).to_le_bytes());
@@ -59,6 +68,7 @@ impl<'a> Record<'a> {
         Record {
             version: self.version,
             tombstone: self.tombstone,
+            batch_end: self.batch_end,
             key: Cow::Owned(self.key.to_vec()),
             value: Cow::Owned(self.value.to_vec()),
         }
@@ -74,7 +84,7 @@ pub(crate) fn decode_record(b: &[u8], pos: usize) -> Result<(Record<'_>, usize),
     let version = u64::from_le_bytes(h[9..17].try_into().expect("8 bytes"));
     let klen = u16::from_le_bytes(h[17..19].try_into().expect("2 bytes")) as usize;
     let vlen = u32::from_le_bytes(h[19..23].try_into().expect("4 bytes")) as usize;
-    if body != RECORD_HEADER - 8 + klen + vlen || flags & !FLAG_TOMBSTONE != 0 || klen == 0 {
+    if body != RECORD_HEADER - 8 + klen + vlen || flags & !(FLAG_TOMBSTONE | FLAG_BATCH_END) != 0 || klen == 0 {
         return Err("malformed record header");
     }
     let end = pos + 8 + body;
@@ -84,6 +94,6 @@ pub(crate) fn decode_record(b: &[u8], pos: usize) -> Result<(Record<'_>, usize),
     }
     let key = &all[RECORD_HEADER..RECORD_HEADER + klen];
     let value = &all[RECORD_HEADER + klen..];
-    let tombstone = flags & FLAG_TOMBSTONE != 0;
-    Ok((Record { version, tombstone, key: key.into(), value: value.into() }, end))
+    let (tombstone, batch_end) = (flags & FLAG_TOMBSTONE != 0, flags & FLAG_BATCH_END != 0);
+    Ok((Record { version, tombstone, batch_end, key: key.into(), value: value.into() }, end))
 }

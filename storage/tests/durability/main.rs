@@ -2,4 +2,5 @@
 //! crashes of a writer process).
 
 mod levels;
+mod region;
 mod vlog;

@@ -1,0 +1,232 @@
+//! Reads across a region's tables — active L0, frozen L0s, levels — newest first: the first table
+//! holding a key decides (a tombstone hides older values). Scans merge the tables' ordered streams
+//! in chunks; floor searches skip keys whose newest entry is a tombstone.
+
+use std::collections::VecDeque;
+use std::ops::Bound;
+
+use crate::btree::{Entry, Snapshot, Writer};
+use crate::error::{Error, Result};
+use crate::levels::Level;
+use crate::vlog::{Lsn, VlogReader};
+
+/// An owned stored entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stored {
+    Value(Vec<u8>),
+    Pointer { ptr: u64, len: u32 },
+    Tombstone,
+}
+
+impl Stored {
+    pub(crate) fn from_entry(e: Entry<'_>) -> Stored {
+        match e {
+            Entry::Value(v) => Stored::Value(v.to_vec()),
+            Entry::Pointer { ptr, len } => Stored::Pointer { ptr, len },
+            Entry::Tombstone => Stored::Tombstone,
+        }
+    }
+
+    pub(crate) fn as_entry(&self) -> Entry<'_> {
+        match self {
+            Stored::Value(v) => Entry::Value(v),
+            Stored::Pointer { ptr, len } => Entry::Pointer { ptr: *ptr, len: *len },
+            Stored::Tombstone => Entry::Tombstone,
+        }
+    }
+}
+
+/// One table of a region.
+pub(crate) enum Src<'a> {
+    /// An L0 read through its writer (the region's own reads).
+    Writer(&'a Writer),
+    /// An L0 read through a pinned snapshot (another thread or process).
+    Snap(&'a Snapshot<'a>),
+    /// A level.
+    Level(&'a Level),
+}
+
+/// Entries fetched per table per round of a merged scan.
+const CHUNK: usize = 128;
+
+impl Src<'_> {
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Stored>> {
+        Ok(match self {
+            Src::Writer(w) => w.get_entry(key)?.map(Stored::from_entry),
+            Src::Snap(s) => s.get_entry(key)?.map(Stored::from_entry),
+            Src::Level(l) => l.get(key)?.map(|(_, e)| Stored::from_entry(e)),
+        })
+    }
+
+    /// Up to `n` entries (key, version, entry) with keys after `from` (inclusive or not) and
+    /// `<= hi`. L0 entries report version 0 (an L0 keeps per-node, not per-item, versions).
+    pub(crate) fn chunk(&self, from: Bound<&[u8]>, hi: &[u8], n: usize) -> Result<Vec<(Vec<u8>, u64, Stored)>> {
+        let mut out = Vec::with_capacity(n);
+        let (lo, skip): (&[u8], Option<&[u8]>) = match from {
+            Bound::Included(k) => (k, None),
+            Bound::Excluded(k) => (k, Some(k)),
+            Bound::Unbounded => (&[], None),
+        };
+        let want = n + skip.is_some() as usize;
+        let mut push = |k: &[u8], v: u64, e: Entry<'_>| {
+            if skip != Some(k) && out.len() < n {
+                out.push((k.to_vec(), v, Stored::from_entry(e)));
+            }
+        };
+        match self {
+            Src::Writer(w) => {
+                w.scan_entries(lo, hi, want, |k, e| push(k, 0, e))?;
+            }
+            Src::Snap(s) => {
+                s.scan_entries(lo, hi, want, |k, e| push(k, 0, e))?;
+            }
+            Src::Level(l) => {
+                let mut taken = 0;
+                l.scan_from(lo, |k, v, e| {
+                    if k > hi {
+                        return Ok(false);
+                    }
+                    push(k, v, e);
+                    taken += 1;
+                    Ok(taken < want)
+                })?;
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn floor(&self, key: &[u8], strict: bool) -> Result<Option<(Vec<u8>, Stored)>> {
+        Ok(match self {
+            Src::Writer(w) => w.floor_entry(key, strict)?.map(|(k, e)| (k.to_vec(), Stored::from_entry(e))),
+            Src::Snap(s) => s.floor_entry(key, strict)?.map(|(k, e)| (k.to_vec(), Stored::from_entry(e))),
+            Src::Level(l) => l.floor(key, strict)?.map(|(k, _, e)| (k.to_vec(), Stored::from_entry(e))),
+        })
+    }
+}
+
+/// Resolves a stored value to its bytes (reading the value log for a pointer, and checking the
+/// record there is the key's).
+pub(crate) fn resolve(vlog: &VlogReader, key: &[u8], s: Stored) -> Result<Option<Vec<u8>>> {
+    match s {
+        Stored::Value(v) => Ok(Some(v)),
+        Stored::Tombstone => Ok(None),
+        Stored::Pointer { ptr, len } => {
+            let rec = vlog.read(Lsn(ptr))?;
+            if rec.key.as_ref() != key || rec.value.len() != len as usize || rec.tombstone {
+                return Err(Error::corrupt(ptr, "value pointer leads to another record"));
+            }
+            Ok(Some(rec.value.into_owned()))
+        }
+    }
+}
+
+/// The newest entry of `key` across the tables.
+pub(crate) fn get(srcs: &[Src<'_>], key: &[u8]) -> Result<Option<Stored>> {
+    for s in srcs {
+        if let Some(e) = s.get(key)? {
+            return Ok(Some(e));
+        }
+    }
+    Ok(None)
+}
+
+/// A merged, chunked cursor over the tables: yields each key once with its newest entry
+/// (tombstones included), in ascending order, up to `hi`.
+pub(crate) struct MergeCursor<'s, 'a> {
+    srcs: &'s [Src<'a>],
+    hi: Vec<u8>,
+    bufs: Vec<VecDeque<(Vec<u8>, u64, Stored)>>,
+    /// Per table: the last key fetched (the next chunk starts after it), or None when exhausted.
+    next_from: Vec<Option<Option<Vec<u8>>>>,
+    lo: Vec<u8>,
+}
+
+impl<'s, 'a> MergeCursor<'s, 'a> {
+    pub(crate) fn new(srcs: &'s [Src<'a>], lo: &[u8], hi: &[u8]) -> MergeCursor<'s, 'a> {
+        MergeCursor {
+            srcs,
+            hi: hi.to_vec(),
+            bufs: srcs.iter().map(|_| VecDeque::new()).collect(),
+            next_from: srcs.iter().map(|_| Some(None)).collect(),
+            lo: lo.to_vec(),
+        }
+    }
+
+    fn refill(&mut self, i: usize) -> Result<()> {
+        if !self.bufs[i].is_empty() {
+            return Ok(());
+        }
+        let Some(from) = self.next_from[i].take() else { return Ok(()) };
+        let bound = match &from {
+            None => Bound::Included(self.lo.as_slice()),
+            Some(k) => Bound::Excluded(k.as_slice()),
+        };
+        let got = self.srcs[i].chunk(bound, &self.hi, CHUNK)?;
+        if got.len() == CHUNK {
+            self.next_from[i] = Some(Some(got[CHUNK - 1].0.clone()));
+        }
+        self.bufs[i].extend(got);
+        Ok(())
+    }
+
+    /// The next key with its newest entry: (key, version, entry, index of the table it is from).
+    pub(crate) fn next(&mut self) -> Result<Option<(Vec<u8>, u64, Stored, usize)>> {
+        for i in 0..self.srcs.len() {
+            self.refill(i)?;
+        }
+        let min = self.bufs.iter().filter_map(|b| b.front().map(|e| &e.0)).min().cloned();
+        let Some(min) = min else { return Ok(None) };
+        let mut winner = None;
+        for (i, b) in self.bufs.iter_mut().enumerate() {
+            if b.front().is_some_and(|e| e.0 == min) {
+                let (_, v, s) = b.pop_front().expect("front exists");
+                winner.get_or_insert((v, s, i));
+            }
+        }
+        Ok(winner.map(|(v, s, i)| (min, v, s, i)))
+    }
+}
+
+/// Up to `limit` live items in `[lo, hi]`.
+pub(crate) fn scan(
+    srcs: &[Src<'_>],
+    vlog: &VlogReader,
+    lo: &[u8],
+    hi: &[u8],
+    limit: usize,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut out = Vec::new();
+    if lo > hi || limit == 0 {
+        return Ok(out);
+    }
+    let mut cur = MergeCursor::new(srcs, lo, hi);
+    while let Some((k, _, s, _)) = cur.next()? {
+        if let Some(v) = resolve(vlog, &k, s)? {
+            out.push((k, v));
+            if out.len() == limit {
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The largest live key `<= key`.
+pub(crate) fn floor_key(srcs: &[Src<'_>], key: &[u8]) -> Result<Option<Vec<u8>>> {
+    let (mut target, mut strict) = (key.to_vec(), false);
+    loop {
+        let mut best: Option<Vec<u8>> = None;
+        for s in srcs {
+            if let Some((k, _)) = s.floor(&target, strict)?
+                && best.as_ref().is_none_or(|b| k > *b)
+            {
+                best = Some(k);
+            }
+        }
+        let Some(k) = best else { return Ok(None) };
+        match get(srcs, &k)? {
+            Some(Stored::Tombstone) | None => (target, strict) = (k, true),
+            Some(_) => return Ok(Some(k)),
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The region store against a `BTreeMap` model, across many flushes, compactions and reopens.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use dpukv_storage::region::{Region, RegionConfig, RegionReader};
+use dpukv_storage::vlog::{FsyncPolicy, VlogConfig};
+use dpukv_storage::{ArenaConfig, BatchOp, Error};
+use proptest::prelude::*;
+
+pub fn small_config(dir: &std::path::Path) -> RegionConfig {
+    RegionConfig {
+        arena: ArenaConfig { capacity: 8 << 20, ..ArenaConfig::small_nodes(512) },
+        vlog: VlogConfig { segment_size: 16384, fsync: FsyncPolicy::Never },
+        l0_budget: 8 << 10,
+        growth_factor: 3,
+        level_node_size: 512,
+        level_segment_size: 4096,
+        ..RegionConfig::new(dir.join("data"), dir.join("shm"))
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(Vec<u8>, Vec<u8>),
+    Insert(Vec<u8>, Vec<u8>),
+    Update(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+    Batch(Vec<(u8, Vec<u8>, Vec<u8>)>),
+    Get(Vec<u8>),
+    Scan(Vec<u8>, Vec<u8>, usize),
+    FloorScan(Vec<u8>, Vec<u8>, usize),
+    Flush,
+    Reopen,
+}
+
+fn key() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        4 => proptest::collection::vec(0u8..4, 1..5).prop_map(|v| v.into_iter().map(|b| b'a' + b).collect()),
+        1 => proptest::collection::vec(any::<u8>(), 1..=30),
+    ]
+}
+
+fn value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        3 => proptest::collection::vec(any::<u8>(), 0..30),
+        1 => proptest::collection::vec(any::<u8>(), 41..500),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (key(), value()).prop_map(|(k, v)| Op::Put(k, v)),
+        1 => (key(), value()).prop_map(|(k, v)| Op::Insert(k, v)),
+        1 => (key(), value()).prop_map(|(k, v)| Op::Update(k, v)),
+        4 => key().prop_map(Op::Delete),
+        1 => proptest::collection::vec((0u8..4, key(), value()), 1..6).prop_map(Op::Batch),
+        2 => key().prop_map(Op::Get),
+        2 => (key(), key(), 0usize..30).prop_map(|(a, b, n)| Op::Scan(a, b, n)),
+        1 => (key(), key(), 0usize..30).prop_map(|(a, b, n)| Op::FloorScan(a, b, n)),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+
+pub fn model_scan(m: &Model, lo: &[u8], hi: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    if lo > hi {
+        return Vec::new();
+    }
+    m.range::<[u8], _>((Bound::Included(lo), Bound::Included(hi)))
+        .take(limit)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn model_floor(m: &Model, lo: &[u8], hi: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let start = m
+        .range::<[u8], _>((Bound::Unbounded, Bound::Included(lo)))
+        .next_back()
+        .map(|(k, _)| k.clone())
+        .unwrap_or_else(|| lo.to_vec());
+    model_scan(m, &start, hi, limit)
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = small_config(dir.path());
+    let mut r = Region::open(cfg.clone()).expect("open").0;
+    let mut m: Model = BTreeMap::new();
+    for op in ops {
+        match op {
+            Op::Put(k, v) => {
+                r.put(&k, &v).expect("put");
+                m.insert(k, v);
+            }
+            Op::Insert(k, v) => {
+                let res = r.write_batch(&[BatchOp::Insert(&k, &v)]);
+                if m.contains_key(&k) {
+                    prop_assert!(matches!(res, Err(Error::KeyExists)), "{res:?}");
+                } else {
+                    res.expect("insert");
+                    m.insert(k, v);
+                }
+            }
+            Op::Update(k, v) => {
+                let res = r.write_batch(&[BatchOp::Update(&k, &v)]);
+                if m.contains_key(&k) {
+                    res.expect("update");
+                    m.insert(k, v);
+                } else {
+                    prop_assert!(matches!(res, Err(Error::KeyNotFound)), "{res:?}");
+                }
+            }
+            Op::Delete(k) => {
+                r.delete(&k).expect("delete");
+                m.remove(&k);
+            }
+            Op::Batch(items) => {
+                let ops: Vec<BatchOp> = items
+                    .iter()
+                    .map(|(t, k, v)| match t {
+                        0 => BatchOp::Put(k, v),
+                        1 => BatchOp::Insert(k, v),
+                        2 => BatchOp::Update(k, v),
+                        _ => BatchOp::Delete(k),
+                    })
+                    .collect();
+                let mut m2 = m.clone();
+                let mut ok = true;
+                for (t, k, v) in &items {
+                    match t {
+                        0 => {
+                            m2.insert(k.clone(), v.clone());
+                        }
+                        1 if m2.contains_key(k) => ok = false,
+                        2 if !m2.contains_key(k) => ok = false,
+                        1 | 2 => {
+                            m2.insert(k.clone(), v.clone());
+                        }
+                        _ => {
+                            m2.remove(k);
+                        }
+                    }
+                }
+                let res = r.write_batch(&ops);
+                if ok {
+                    res.expect("batch");
+                    m = m2;
+                } else {
+                    prop_assert!(res.is_err());
+                }
+            }
+            Op::Get(k) => prop_assert_eq!(r.get(&k).expect("get"), m.get(&k).cloned()),
+            Op::Scan(a, b, n) => prop_assert_eq!(r.scan(&a, &b, n).expect("scan"), model_scan(&m, &a, &b, n)),
+            Op::FloorScan(a, b, n) => {
+                prop_assert_eq!(r.floor_scan(&a, &b, n).expect("floor scan"), model_floor(&m, &a, &b, n))
+            }
+            Op::Flush => r.flush_now().expect("flush"),
+            Op::Reopen => {
+                drop(r);
+                r = Region::open(cfg.clone()).expect("reopen").0;
+            }
+        }
+    }
+    let all = r.scan(&[], &[0xff; 40], usize::MAX).expect("scan");
+    prop_assert_eq!(&all, &model_scan(&m, &[], &[0xff; 40], usize::MAX));
+    // A reader in another thread (as the device would be) sees the same.
+    let mut reader = RegionReader::open(dir.path().join("shm")).expect("reader");
+    prop_assert_eq!(reader.scan(&[], &[0xff; 40], usize::MAX).expect("reader scan"), all);
+    drop(r);
+    let r = Region::open(cfg).expect("final reopen").0;
+    prop_assert_eq!(r.scan(&[], &[0xff; 40], usize::MAX).expect("scan"), model_scan(&m, &[], &[0xff; 40], usize::MAX));
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn region_matches_model(ops in proptest::collection::vec(op(), 1..300)) {
+        run(ops)?;
+    }
+}
+
+#[test]
+fn many_compactions_keep_every_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = small_config(dir.path());
+    let mut r = Region::open(cfg.clone()).expect("open").0;
+    let mut m: Model = BTreeMap::new();
+    let mut x = 1u64;
+    for i in 0..6000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let k = format!("key{:05}", x % 3000).into_bytes();
+        if i % 7 == 3 {
+            r.delete(&k).expect("delete");
+            m.remove(&k);
+        } else {
+            let v = vec![(i % 251) as u8; (x % 120) as usize];
+            r.put(&k, &v).expect("put");
+            m.insert(k, v);
+        }
+    }
+    let s = r.stats();
+    assert!(s.flushes > 20 && s.compactions > 3, "{s:?}");
+    assert!(r.manifest().levels.len() >= 2, "{:?}", r.manifest());
+    assert_eq!(r.scan(b"", b"\xff", usize::MAX).expect("scan"), model_scan(&m, b"", b"\xff", usize::MAX));
+    drop(r);
+    let (r, rec) = Region::open(cfg).expect("reopen");
+    assert!(rec.replayed > 0 || r.manifest().log_start > 0);
+    assert_eq!(r.scan(b"", b"\xff", usize::MAX).expect("scan"), model_scan(&m, b"", b"\xff", usize::MAX));
+}
