@@ -130,6 +130,9 @@ pub(crate) fn get(srcs: &[Src<'_>], key: &[u8]) -> Result<Option<Stored>> {
     Ok(None)
 }
 
+/// One merged entry: (key, version, entry, index of the table it came from).
+pub(crate) type Merged = (Vec<u8>, u64, Stored, usize);
+
 /// A merged, chunked cursor over the tables: yields each key once with its newest entry
 /// (tombstones included), in ascending order, up to `hi`.
 pub(crate) struct MergeCursor<'s, 'a> {
@@ -169,8 +172,8 @@ impl<'s, 'a> MergeCursor<'s, 'a> {
         Ok(())
     }
 
-    /// The next key with its newest entry: (key, version, entry, index of the table it is from).
-    pub(crate) fn next(&mut self) -> Result<Option<(Vec<u8>, u64, Stored, usize)>> {
+    /// The next key with its newest entry.
+    pub(crate) fn next(&mut self) -> Result<Option<Merged>> {
         for i in 0..self.srcs.len() {
             self.refill(i)?;
         }
