@@ -1,4 +1,5 @@
 //! The region store against a `BTreeMap` model, across many flushes, compactions and reopens.
+#![allow(clippy::map_entry)] // the model reads clearer with explicit checks
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
