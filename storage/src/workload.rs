@@ -88,6 +88,30 @@ impl Bank {
         Ok(w.write_batch(&ops)?)
     }
 
+    /// Checks a full scan of the account range (as a region reader returns it).
+    pub fn check_pairs(&self, items: &[(Vec<u8>, Vec<u8>)]) -> Result<(), CheckError> {
+        let mut sum = 0u64;
+        let mut next = 0u32;
+        for (k, v) in items.iter().filter(|(k, _)| k.len() == ACCT_LEN) {
+            if k.as_slice() != Bank::account_key(next).as_slice() {
+                return Err(CheckError::Violation(format!(
+                    "expected account {next}, found {:?}",
+                    String::from_utf8_lossy(k)
+                )));
+            }
+            sum += Bank::balance(v)?;
+            next += 1;
+        }
+        if next != self.accounts || sum != self.total() {
+            return Err(CheckError::Violation(format!(
+                "{next} accounts summing to {sum}, expected {} summing to {}",
+                self.accounts,
+                self.total()
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks one snapshot: every account present once, in order, balances summing to the total;
     /// a point read of `probe` agrees with the scan.
     pub fn check(&self, snap: &Snapshot<'_>, probe: u32) -> Result<BankCheck, CheckError> {

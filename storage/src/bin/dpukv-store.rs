@@ -6,11 +6,16 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use dpukv_storage::BatchOp;
+use dpukv_storage::region::{Region, RegionConfig, RegionReader};
 use dpukv_storage::vlog::{FsyncPolicy, Lsn, Record, ValueLog, VlogConfig};
+use dpukv_storage::workload::Bank;
 
 const USAGE: &str = "usage:
   dpukv-store vlog-writer DIR [--segment-size N] [--fsync always|never|interval:MS] [--batch N]
-  dpukv-store vlog-check DIR";
+  dpukv-store vlog-check DIR
+  dpukv-store region-writer DATA SHM --start N [--fsync always|never|interval:MS]
+  dpukv-store region-bank SHM --accounts N --initial X --seconds S";
 
 fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
@@ -79,6 +84,52 @@ fn main() -> Result<()> {
                 bail!("records out of sequence or with wrong values: {wrong:?}");
             }
             println!("records={n} truncated={}", report.truncated_bytes);
+            Ok(())
+        }
+        Some("region-writer") => {
+            // Batch i puts key i and, every fifth batch, deletes key i - 3; prints "ack i" once
+            // the batch is durable. Tiny budgets: flushes and compactions happen constantly.
+            let shm = args.get(2).context(USAGE)?;
+            let fsync = fsync_policy(flag(&args, "--fsync").unwrap_or("always"))?;
+            let start: u64 = flag(&args, "--start").context("--start")?.parse()?;
+            let (mut region, _) = Region::open(RegionConfig::tiny(dir, shm, fsync))?;
+            let out = std::io::stdout();
+            for i in start.. {
+                let key = format!("k{i:08}");
+                let value = crash_value(i);
+                let old = format!("k{:08}", i.wrapping_sub(3));
+                let mut ops = vec![BatchOp::Put(key.as_bytes(), &value)];
+                if i % 5 == 0 && i >= 3 {
+                    ops.push(BatchOp::Delete(old.as_bytes()));
+                }
+                let ack = region.write_batch(&ops)?;
+                region.wait_durable(ack.end);
+                let mut o = out.lock();
+                writeln!(o, "ack {i}")?;
+                o.flush()?;
+            }
+            Ok(())
+        }
+        Some("region-bank") => {
+            // A device-side reader: checks the bank invariant on every scan until time is up.
+            let bank = Bank {
+                accounts: flag(&args, "--accounts").context("--accounts")?.parse()?,
+                initial: flag(&args, "--initial").context("--initial")?.parse()?,
+            };
+            let seconds: f64 = flag(&args, "--seconds").unwrap_or("2").parse()?;
+            let mut reader = RegionReader::open(dir)?;
+            let deadline = std::time::Instant::now() + Duration::from_secs_f64(seconds);
+            let mut checks = 0u64;
+            while std::time::Instant::now() < deadline {
+                let items = reader.scan(b"acct/", b"acct/\xff", usize::MAX)?;
+                bank.check_pairs(&items)?;
+                let probe = Bank::account_key((checks % bank.accounts as u64) as u32);
+                if reader.get(&probe)?.is_none() {
+                    bail!("account {} missing on get", checks % bank.accounts as u64);
+                }
+                checks += 1;
+            }
+            println!("checks={checks} reloads={}", reader.reloads);
             Ok(())
         }
         _ => bail!("{USAGE}"),

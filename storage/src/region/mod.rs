@@ -63,6 +63,22 @@ impl RegionConfig {
     }
 }
 
+impl RegionConfig {
+    /// A deliberately tiny geometry (512 B nodes, 8 KiB L0, small segments) under which every few
+    /// writes flush L0 and compactions cascade: for tests and crash drills.
+    pub fn tiny(dir: impl AsRef<Path>, shm_dir: impl AsRef<Path>, fsync: crate::vlog::FsyncPolicy) -> RegionConfig {
+        RegionConfig {
+            arena: ArenaConfig { capacity: 8 << 20, ..ArenaConfig::small_nodes(512) },
+            vlog: VlogConfig { segment_size: 16384, fsync },
+            l0_budget: 8 << 10,
+            growth_factor: 3,
+            level_node_size: 512,
+            level_segment_size: 4096,
+            ..RegionConfig::new(dir, shm_dir)
+        }
+    }
+}
+
 /// What a write returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteAck {

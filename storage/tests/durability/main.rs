@@ -1,6 +1,8 @@
 //! Durability tests: the value log (round trips, torn tails, corruption, fsync policies, SIGKILL
 //! crashes of a writer process).
 
+mod crash;
+mod device;
 mod levels;
 mod region;
 mod vlog;

@@ -1,0 +1,74 @@
+//! A device-side reader process reads L0 and the levels while this process writes and the region
+//! flushes and compacts constantly: every scan sees all accounts and exactly the total.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use dpukv_storage::BatchOp;
+use dpukv_storage::region::{Region, RegionConfig};
+use dpukv_storage::vlog::FsyncPolicy;
+use dpukv_storage::workload::Bank;
+
+const TOOL: &str = env!("CARGO_BIN_EXE_dpukv-store");
+
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn device_reader_sees_consistent_region_during_compactions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data, shm) = (dir.path().join("data"), dir.path().join("shm"));
+    let mut region = Region::open(RegionConfig::tiny(&data, &shm, FsyncPolicy::Never)).expect("open").0;
+    let bank = Bank { accounts: 150, initial: 1000 };
+    let keys: Vec<Vec<u8>> = (0..bank.accounts).map(Bank::account_key).collect();
+    let init = bank.initial.to_le_bytes();
+    let ops: Vec<BatchOp> = keys.iter().map(|k| BatchOp::Put(k, &init)).collect();
+    region.write_batch(&ops).expect("init");
+    let mut readers: Vec<Reaped> = (0..2)
+        .map(|_| {
+            let mut c = Command::new(TOOL);
+            c.args(["region-bank"]).arg(&shm).args(["--accounts", "150", "--initial", "1000", "--seconds", "3"]);
+            Reaped(c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn"))
+        })
+        .collect();
+    let mut x = 7u64;
+    let start = Instant::now();
+    let mut n = 0u64;
+    while readers.iter_mut().any(|r| r.0.try_wait().expect("try_wait").is_none()) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let (a, b) = ((x % 150) as u32, ((x >> 20) % 150) as u32);
+        let (ka, kb) = (Bank::account_key(a), Bank::account_key(b));
+        let ba = u64::from_le_bytes(region.get(&ka).expect("get").expect("account").try_into().expect("8 bytes"));
+        let bb = u64::from_le_bytes(region.get(&kb).expect("get").expect("account").try_into().expect("8 bytes"));
+        let amt = if a == b { 0 } else { (x >> 40) % (ba + 1) };
+        let (va, vb) = ((ba - amt).to_le_bytes(), (bb + amt).to_le_bytes());
+        let filler = Bank::filler_key(a, (n % 7) as u32);
+        let fv = vec![n as u8; (x % 90) as usize];
+        let mut ops = vec![BatchOp::Put(&ka, &va), BatchOp::Put(&kb, &vb)];
+        ops.push(if n % 3 == 0 { BatchOp::Delete(&filler) } else { BatchOp::Put(&filler, &fv) });
+        region.write_batch(&ops).expect("transfer");
+        n += 1;
+        assert!(start.elapsed() < Duration::from_secs(60), "readers did not finish");
+    }
+    let s = region.stats();
+    assert!(s.flushes > 10 && s.compactions > 1, "the region should have flushed and compacted: {s:?}");
+    for r in readers.iter_mut() {
+        let child = std::mem::replace(&mut r.0, Command::new("true").spawn().expect("true"));
+        let out = child.wait_with_output().expect("output");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "reader failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+        let field = |name: &str| -> u64 {
+            text.split_whitespace().find_map(|w| w.strip_prefix(name)).and_then(|v| v.parse().ok()).unwrap_or(0)
+        };
+        assert!(field("checks=") > 10, "{text}");
+        assert!(field("reloads=") > 2, "the reader should have followed table-set changes: {text}");
+    }
+}
