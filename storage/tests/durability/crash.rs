@@ -24,9 +24,9 @@ fn must_check(data: &std::path::Path, shm: &std::path::Path, acked: i64, it: u32
         let j = j as u64;
         let got = r.get(format!("k{j:08}").as_bytes()).expect("get");
         let deleter = j + 3;
-        if deleter % 5 == 0 && deleter as i64 <= acked {
+        if deleter.is_multiple_of(5) && deleter as i64 <= acked {
             assert_eq!(got, None, "iteration {it}: key {j} was deleted by acknowledged batch {deleter}");
-        } else if !(deleter % 5 == 0 && deleter as i64 > acked) {
+        } else if !(deleter.is_multiple_of(5) && deleter as i64 > acked) {
             assert_eq!(
                 got.as_deref(),
                 Some(crash_value(j).as_slice()),

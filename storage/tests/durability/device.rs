@@ -53,7 +53,7 @@ fn device_reader_sees_consistent_region_during_compactions() {
         let filler = Bank::filler_key(a, (n % 7) as u32);
         let fv = vec![n as u8; (x % 90) as usize];
         let mut ops = vec![BatchOp::Put(&ka, &va), BatchOp::Put(&kb, &vb)];
-        ops.push(if n % 3 == 0 { BatchOp::Delete(&filler) } else { BatchOp::Put(&filler, &fv) });
+        ops.push(if n.is_multiple_of(3) { BatchOp::Delete(&filler) } else { BatchOp::Put(&filler, &fv) });
         region.write_batch(&ops).expect("transfer");
         n += 1;
         assert!(start.elapsed() < Duration::from_secs(60), "readers did not finish");

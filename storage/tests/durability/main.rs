@@ -1,6 +1,7 @@
 //! Durability tests: the value log (round trips, torn tails, corruption, fsync policies, SIGKILL
 //! crashes of a writer process).
 
+mod corrupt;
 mod crash;
 mod device;
 mod levels;
