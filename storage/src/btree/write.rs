@@ -664,6 +664,13 @@ impl Writer {
         self.garbage.push_back((w, g));
     }
 
+    /// The oldest read version any live reader of this arena (in any process) may be using:
+    /// something unreachable from versions at or after it can be discarded. Dead readers' slots
+    /// are cleared on the way.
+    pub fn oldest_reader_version(&mut self) -> Result<u64> {
+        self.watch.min_pinned(&self.arena, self.version)
+    }
+
     /// Frees everything retired at versions no live reader can still see. Called automatically
     /// every few commits and when space runs low.
     pub fn reclaim(&mut self) -> Result<()> {

@@ -111,6 +111,19 @@ pub struct RegionStats {
     pub level_bytes_written: u64,
 }
 
+/// What one garbage-collection step did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcStep {
+    /// Records examined.
+    pub examined: u64,
+    /// Live values rewritten to the head of the log.
+    pub relocated: u64,
+    /// Segments deleted.
+    pub deleted: u64,
+    /// Whether there is more to do now.
+    pub more: bool,
+}
+
 /// One region's store. Single writer; reads from this handle see the latest writes.
 pub struct Region {
     cfg: RegionConfig,
@@ -123,6 +136,13 @@ pub struct Region {
     manifest: Manifest,
     tables_gen: u64,
     stats: RegionStats,
+    /// The segment being collected and the offset to continue from.
+    gc_cursor: Option<(u64, u32)>,
+    /// Collected segments, deleted once no reader is older than the version that relocated them.
+    gc_pending: Vec<(u64, u64)>,
+    /// The current pass collects segments below this one (fixed when the pass starts, so the
+    /// pass's own rewrites, and the flushes they cause, do not extend it).
+    gc_boundary: Option<u64>,
 }
 
 fn levels_dir(dir: &Path) -> PathBuf {
@@ -163,6 +183,9 @@ impl Region {
             manifest,
             tables_gen: 0,
             stats: RegionStats::default(),
+            gc_cursor: None,
+            gc_pending: Vec::new(),
+            gc_boundary: None,
         };
         region.remove_unreferenced_segments()?;
         let mut rec = RegionRecovery { log: log_report, ..RegionRecovery::default() };
@@ -488,6 +511,69 @@ impl Region {
         *next_segment = meta.segments.last().map_or(*next_segment, |s| s + 1);
         self.stats.level_bytes_written += meta.bytes;
         Ok(meta)
+    }
+
+    /// One bounded step of value-log garbage collection: examines up to `max_records` records of
+    /// the oldest segment that lies entirely before the manifest's log start (so every record in
+    /// it is indexed by a level), rewrites the values still in use to the head of the log (one
+    /// batch), and deletes collected segments once no reader can be pinned before the rewrite.
+    /// A pass covers the segments below the log start as it was when the pass began; `more` is
+    /// false once the pass is complete (the next call starts a new pass).
+    pub fn gc_step(&mut self, max_records: usize) -> Result<GcStep> {
+        let mut step = GcStep::default();
+        if !self.gc_pending.is_empty() {
+            let oldest = self.active.oldest_reader_version()?;
+            let (ready, wait): (Vec<_>, Vec<_>) = self.gc_pending.iter().partition(|(_, v)| *v <= oldest);
+            self.gc_pending = wait;
+            for (seg, _) in ready {
+                self.vlog.remove_segment(seg)?;
+                step.deleted += 1;
+            }
+        }
+        let boundary = *self.gc_boundary.get_or_insert(Lsn(self.manifest.log_start).segment());
+        if self.gc_cursor.is_none() {
+            let pending: Vec<u64> = self.gc_pending.iter().map(|p| p.0).collect();
+            self.gc_cursor =
+                self.vlog.segments().into_iter().find(|&s| s < boundary && !pending.contains(&s)).map(|s| (s, 0));
+        }
+        let Some((seg, from)) = self.gc_cursor else {
+            step.more = !self.gc_pending.is_empty();
+            if !step.more {
+                self.gc_boundary = None;
+            }
+            return Ok(step);
+        };
+        let (records, next) = self.vlog.segment_records(seg, from, max_records)?;
+        let inline = self.cfg.arena.inline_threshold as usize;
+        let mut live: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        for (at, rec) in records {
+            step.examined += 1;
+            if rec.tombstone || rec.value.len() <= inline {
+                continue; // inline values and tombstones never point into the log
+            }
+            if merge::get(&self.srcs(), &rec.key)? == Some(Stored::Pointer { ptr: at.0, len: rec.value.len() as u32 }) {
+                live.push((rec.key.into_owned(), rec.value.into_owned()));
+            }
+        }
+        if !live.is_empty() {
+            let ops: Vec<BatchOp<'_>> = live.iter().map(|(k, v)| BatchOp::Put(k, v)).collect();
+            self.write_batch(&ops)?;
+            step.relocated = live.len() as u64;
+        }
+        match next {
+            Some(off) => self.gc_cursor = Some((seg, off)),
+            None => {
+                self.gc_cursor = None;
+                self.gc_pending.push((seg, self.version()));
+            }
+        }
+        let pending: Vec<u64> = self.gc_pending.iter().map(|p| p.0).collect();
+        let left = self.vlog.segments().iter().any(|&s| s < boundary && !pending.contains(&s));
+        step.more = self.gc_cursor.is_some() || !self.gc_pending.is_empty() || left;
+        if !step.more {
+            self.gc_boundary = None;
+        }
+        Ok(step)
     }
 
     /// Deletes level segment files no manifest names (left by a crash mid-compaction).

@@ -322,6 +322,48 @@ impl ValueLog {
         Ok(())
     }
 
+    /// Up to `max` committed records of segment `id` starting at `from` (an offset; 0 = start).
+    /// Returns them with the offset to continue from (None at the segment's end).
+    pub fn segment_records(
+        &self,
+        id: u64,
+        from: u32,
+        max: usize,
+    ) -> Result<(Vec<(Lsn, Record<'static>)>, Option<u32>)> {
+        let len = if id == self.active.id {
+            self.active.len
+        } else {
+            *self.sealed.get(&id).ok_or_else(|| Error::Config(format!("no value-log segment {id}")))?
+        };
+        let bytes = segment::read_all(&self.dir, id)?;
+        let end = (len as usize).min(bytes.len());
+        let mut pos = from.max(SEGMENT_HEADER) as usize;
+        let mut out = Vec::new();
+        while pos < end && out.len() < max {
+            let (rec, next) = decode_record(&bytes[..end], pos)
+                .map_err(|what| Error::corrupt_file(&segment::path(&self.dir, id), pos as u64, what))?;
+            out.push((Lsn::new(id, pos as u32), rec.to_owned()));
+            pos = next;
+        }
+        Ok((out, (pos < end).then_some(pos as u32)))
+    }
+
+    /// Deletes one sealed segment (its records are no longer referenced).
+    pub fn remove_segment(&mut self, id: u64) -> Result<()> {
+        if self.sealed.remove(&id).is_none() {
+            return Err(Error::Config(format!("value-log segment {id} is not sealed")));
+        }
+        self.reader.forget(id);
+        let p = segment::path(&self.dir, id);
+        std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+        segment::sync_dir(&self.dir)
+    }
+
+    /// Bytes in all segments.
+    pub fn disk_bytes(&self) -> u64 {
+        self.sealed.values().map(|&l| l as u64).sum::<u64>() + self.active.len as u64
+    }
+
     /// Deletes sealed segments older than `keep_from` (their records are no longer needed).
     pub fn remove_segments_before(&mut self, keep_from: u64) -> Result<usize> {
         let old: Vec<u64> = self.sealed.range(..keep_from).map(|(&id, _)| id).collect();
