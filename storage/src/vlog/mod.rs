@@ -29,6 +29,9 @@ use segment::{SEGMENT_HEADER, Segment};
 
 use crate::error::{Error, Result};
 
+/// Records of one segment with the offset to continue from (None at its end).
+pub type SegmentRecords = (Vec<(Lsn, Record<'static>)>, Option<u32>);
+
 /// Default segment size, as in Tebis/Kreon.
 pub const DEFAULT_SEGMENT_SIZE: u32 = 2 << 20;
 
@@ -324,12 +327,7 @@ impl ValueLog {
 
     /// Up to `max` committed records of segment `id` starting at `from` (an offset; 0 = start).
     /// Returns them with the offset to continue from (None at the segment's end).
-    pub fn segment_records(
-        &self,
-        id: u64,
-        from: u32,
-        max: usize,
-    ) -> Result<(Vec<(Lsn, Record<'static>)>, Option<u32>)> {
+    pub fn segment_records(&self, id: u64, from: u32, max: usize) -> Result<SegmentRecords> {
         let len = if id == self.active.id {
             self.active.len
         } else {
