@@ -5,10 +5,12 @@
 //! - `format`: segment and node byte layout, entry encoding, checked node decoding.
 //! - `build`: [`LevelBuilder`], which writes a level bottom-up from a sorted stream.
 //! - `manifest`: the [`Manifest`] and its atomic replacement.
+//! - `import`: Send Index on the backup: rewriting shipped segments through segment maps.
 //! - this module: [`Level`], a mapped, verified level with get, scan and floor.
 
 mod build;
 mod format;
+mod import;
 mod manifest;
 
 use std::collections::HashMap;
@@ -17,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 pub use build::LevelBuilder;
 use format::{LNode, NODE_LEAF, SEG_MAGIC, le32, le64, ptr_parts};
+pub use import::rewrite_segment;
 pub use manifest::Manifest;
 use memmap2::Mmap;
 

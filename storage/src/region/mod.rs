@@ -7,9 +7,11 @@
 //! # Layout
 //! - `merge`: reads across tables (newest first), merged scans, floor searches.
 //! - `tables`: the table set shared with readers in other processes, and [`RegionReader`].
+//! - `replica`: Send Index and Build Index: [`IndexExport`] from the primary, [`Backup`].
 //! - this module: [`Region`]: writes, freeze, compaction, recovery.
 
 mod merge;
+mod replica;
 mod tables;
 
 use std::collections::HashMap;
@@ -17,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use merge::{MergeCursor, Src, Stored};
+pub use replica::{Backup, IndexExport, ShippedLevel};
 pub use tables::RegionReader;
 use tables::TableSet;
 
@@ -136,6 +139,8 @@ pub struct Region {
     manifest: Manifest,
     tables_gen: u64,
     stats: RegionStats,
+    /// When set, every compaction's output is captured here for shipping to backups.
+    exports: Option<Vec<IndexExport>>,
     /// The segment being collected and the offset to continue from.
     gc_cursor: Option<(u64, u32)>,
     /// Collected segments, deleted once no reader is older than the version that relocated them.
@@ -183,6 +188,7 @@ impl Region {
             manifest,
             tables_gen: 0,
             stats: RegionStats::default(),
+            exports: None,
             gc_cursor: None,
             gc_pending: Vec::new(),
             gc_boundary: None,
@@ -473,6 +479,12 @@ impl Region {
             max_version: version,
         };
         manifest.store(&self.cfg.dir)?;
+        if self.exports.is_some() {
+            let export = self.export_new_levels(&manifest)?;
+            if let Some(list) = &mut self.exports {
+                list.push(export);
+            }
+        }
         self.manifest = manifest;
         self.levels = installed;
         for id in obsolete {
@@ -574,6 +586,44 @@ impl Region {
             self.gc_boundary = None;
         }
         Ok(step)
+    }
+
+    /// Starts capturing every compaction's output for shipping (Send Index on the primary).
+    pub fn capture_exports(&mut self) {
+        self.exports.get_or_insert_with(Vec::new);
+    }
+
+    /// The compaction outputs captured since the last call, in order.
+    pub fn take_exports(&mut self) -> Vec<IndexExport> {
+        self.exports.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The levels of `manifest` that the current manifest does not have, with their bytes.
+    fn export_new_levels(&self, manifest: &Manifest) -> Result<IndexExport> {
+        let dir = levels_dir(&self.cfg.dir);
+        let mut levels = Vec::new();
+        for m in manifest.levels.iter().filter(|m| !self.manifest.levels.contains(m)) {
+            let mut segs = Vec::new();
+            for &id in &m.segments {
+                let p = crate::levels::segment_path(&dir, id);
+                segs.push((id, std::fs::read(&p).map_err(|e| Error::io(&p, e))?));
+            }
+            levels.push((m.clone(), segs));
+        }
+        Ok(IndexExport { manifest: manifest.clone(), levels })
+    }
+
+    /// Copies of the log's segments as they are now: (segment id, bytes), for a backup.
+    pub fn log_segments(&self) -> Result<Vec<(u64, Vec<u8>)>> {
+        let dir = self.vlog.dir().to_path_buf();
+        self.vlog
+            .segments()
+            .into_iter()
+            .map(|id| {
+                let p = dir.join(format!("{id:016}.vlog"));
+                std::fs::read(&p).map(|b| (id, b)).map_err(|e| Error::io(&p, e))
+            })
+            .collect()
     }
 
     /// Deletes level segment files no manifest names (left by a crash mid-compaction).

@@ -6,4 +6,5 @@ mod crash;
 mod device;
 mod levels;
 mod region;
+mod sendindex;
 mod vlog;

@@ -1,0 +1,182 @@
+//! Replication primitives of a region (Tebis §2.2–2.3), without the network: the primary's
+//! compaction outputs captured for shipping ([`IndexExport`]), and the [`Backup`] that keeps a
+//! copy of the primary's value log under its own segment ids (the *log segment map*) and builds
+//! its index either by **Send Index** (rewrite the shipped segments through the segment maps) or
+//! by **Build Index** (replay its log copy and compact, the baseline). A backup keeps no L0;
+//! promoting it is opening its directory as a [`Region`](super::Region), which replays the log
+//! tail its levels do not cover.
+
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::levels::{LevelMeta, Manifest, rewrite_segment, segment_path};
+use crate::vlog::Lsn;
+
+/// A level as shipped: its metadata and its segments as (primary segment id, bytes).
+pub type ShippedLevel = (LevelMeta, Vec<(u64, Vec<u8>)>);
+
+/// One compaction's output as the primary ships it: the new manifest and the bytes of every
+/// level in it that the backup does not have yet.
+#[derive(Debug, Clone)]
+pub struct IndexExport {
+    /// The primary's manifest after the compaction.
+    pub manifest: Manifest,
+    /// New levels with their segments, in allocation order.
+    pub levels: Vec<ShippedLevel>,
+}
+
+impl IndexExport {
+    /// Bytes shipped.
+    pub fn bytes(&self) -> u64 {
+        self.levels.iter().flat_map(|(_, s)| s.iter()).map(|(_, b)| b.len() as u64).sum()
+    }
+}
+
+/// The backup side of one region.
+pub struct Backup {
+    dir: PathBuf,
+    /// Primary log segment -> local log segment.
+    log_map: HashMap<u64, u64>,
+    next_log_segment: u64,
+    next_level_segment: u64,
+    /// Installed levels: primary metadata -> local metadata.
+    installed: Vec<(LevelMeta, LevelMeta)>,
+    manifest: Manifest,
+    /// Bytes written to disk here (log copies, level segments, manifests).
+    pub bytes_written: u64,
+}
+
+impl Backup {
+    /// A fresh backup in `dir` (its `vlog/`, `levels/` and `MANIFEST`, like a region's).
+    pub fn create(dir: impl AsRef<Path>) -> Result<Backup> {
+        let dir = dir.as_ref().to_path_buf();
+        for d in [dir.join("vlog"), dir.join("levels")] {
+            std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+        }
+        Ok(Backup {
+            dir,
+            log_map: HashMap::new(),
+            next_log_segment: 1,
+            next_level_segment: 1,
+            installed: Vec::new(),
+            manifest: Manifest { next_segment: 1, ..Manifest::default() },
+            bytes_written: 0,
+        })
+    }
+
+    /// The backup's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The log segment map.
+    pub fn log_map(&self) -> &HashMap<u64, u64> {
+        &self.log_map
+    }
+
+    /// Stores (or extends) the copy of primary log segment `primary_id`. Its header is rewritten
+    /// to the local id; records are byte-identical, so offsets keep their meaning.
+    pub fn receive_log_segment(&mut self, primary_id: u64, bytes: &[u8]) -> Result<()> {
+        if bytes.len() < 16 || &bytes[..8] != b"DPUKVLG1" {
+            return Err(Error::corrupt(primary_id, "shipped log segment has a bad header"));
+        }
+        let local = *self.log_map.entry(primary_id).or_insert_with(|| {
+            self.next_log_segment += 1;
+            self.next_log_segment - 1
+        });
+        let p = self.dir.join("vlog").join(format!("{local:016}.vlog"));
+        let mut f =
+            OpenOptions::new().write(true).create(true).truncate(true).open(&p).map_err(|e| Error::io(&p, e))?;
+        f.write_all(&bytes[..8])
+            .and_then(|()| f.write_all(&local.to_le_bytes()))
+            .and_then(|()| f.write_all(&bytes[16..]))
+            .map_err(|e| Error::io(&p, e))?;
+        f.sync_data().map_err(|e| Error::io(&p, e))?;
+        self.bytes_written += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// **Send Index**: installs the levels of one shipped compaction. Each new level's segments
+    /// get local ids (the index segment map), are rewritten and written; then the local manifest
+    /// (levels translated, log start translated through the log map) replaces the old one, and
+    /// segments of levels that are gone are deleted.
+    pub fn apply_send_index(&mut self, export: &IndexExport) -> Result<()> {
+        let levels_dir = self.dir.join("levels");
+        for (meta, segments) in &export.levels {
+            let index_map: HashMap<u64, u64> =
+                meta.segments.iter().enumerate().map(|(i, &s)| (s, self.next_level_segment + i as u64)).collect();
+            if segments.len() != meta.segments.len() {
+                return Err(Error::Config("shipped level is missing segments".into()));
+            }
+            for (primary_id, bytes) in segments {
+                let local = index_map[primary_id];
+                let shipped = PathBuf::from(format!("shipped segment {primary_id}"));
+                let out =
+                    rewrite_segment(bytes, meta.node_size, *primary_id, local, &index_map, &self.log_map, &shipped)?;
+                let p = segment_path(&levels_dir, local);
+                std::fs::write(&p, &out).map_err(|e| Error::io(&p, e))?;
+                std::fs::File::open(&p).and_then(|f| f.sync_all()).map_err(|e| Error::io(&p, e))?;
+                self.bytes_written += out.len() as u64;
+            }
+            self.next_level_segment += meta.segments.len() as u64;
+            let root = if meta.root == 0 {
+                0
+            } else {
+                index_map
+                    .get(&(meta.root >> 32))
+                    .map(|l| l << 32 | (meta.root & 0xffff_ffff))
+                    .ok_or_else(|| Error::Config("level root outside its segments".into()))?
+            };
+            let local =
+                LevelMeta { root, segments: meta.segments.iter().map(|s| index_map[s]).collect(), ..meta.clone() };
+            self.installed.push((meta.clone(), local));
+        }
+        let mut levels = Vec::new();
+        for m in &export.manifest.levels {
+            let local = self.installed.iter().find(|(p, _)| p == m).map(|(_, l)| l.clone());
+            levels.push(local.ok_or_else(|| Error::Config("manifest names a level that was never shipped".into()))?);
+        }
+        let start = Lsn(export.manifest.log_start);
+        let log_start = if start.0 == 0 {
+            0
+        } else {
+            let local = self
+                .log_map
+                .get(&start.segment())
+                .ok_or_else(|| Error::Config("log start in a segment the backup does not have".into()))?;
+            Lsn::new(*local, start.offset()).0
+        };
+        let manifest = Manifest {
+            generation: self.manifest.generation + 1,
+            levels,
+            log_start,
+            next_segment: self.next_level_segment,
+            max_version: export.manifest.max_version,
+        };
+        manifest.store(&self.dir)?;
+        self.bytes_written += manifest.encode().len() as u64;
+        // Drop levels the primary replaced.
+        let live: Vec<u64> = manifest.levels.iter().flat_map(|l| l.segments.iter().copied()).collect();
+        self.installed.retain(|(_, l)| {
+            let keep = manifest.levels.contains(l);
+            if !keep {
+                for s in &l.segments {
+                    if !live.contains(s) {
+                        let _ = std::fs::remove_file(segment_path(&levels_dir, *s));
+                    }
+                }
+            }
+            keep
+        });
+        self.manifest = manifest;
+        Ok(())
+    }
+
+    /// The manifest the backup has installed.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+}
