@@ -437,14 +437,16 @@ impl Val {
             Val::Tombstone => ValRef::Tombstone,
         }
     }
+}
 
-    /// Kind, length and the bytes stored after the key.
-    fn parts(&self) -> (u32, u32, [u8; 8], &[u8]) {
-        match self {
-            Val::Inline(b) => (KIND_INLINE, b.len() as u32, [0; 8], b),
-            Val::Blob { off, len } => (KIND_BLOB, *len, off.to_le_bytes(), &[]),
-            Val::Ext { ptr, len } => (KIND_EXT, *len, ptr.to_le_bytes(), &[]),
-            Val::Tombstone => (KIND_TOMBSTONE, 0, [0; 8], &[]),
+impl<'a> ValRef<'a> {
+    /// Kind, length and the bytes stored after the key (a pointer word, or inline bytes).
+    fn parts(&self) -> (u32, u32, [u8; 8], &'a [u8]) {
+        match *self {
+            ValRef::Inline(b) => (KIND_INLINE, b.len() as u32, [0; 8], b),
+            ValRef::Blob { off, len } => (KIND_BLOB, len, off.to_le_bytes(), &[]),
+            ValRef::Ext { ptr, len } => (KIND_EXT, len, ptr.to_le_bytes(), &[]),
+            ValRef::Tombstone => (KIND_TOMBSTONE, 0, [0; 8], &[]),
         }
     }
 }
@@ -457,8 +459,57 @@ pub(crate) enum NodeData {
 }
 
 pub(crate) fn leaf_item_len(key: &[u8], v: &Val) -> usize {
+    leaf_item_len_ref(key, &v.as_ref())
+}
+
+pub(crate) fn leaf_item_len_ref(key: &[u8], v: &ValRef<'_>) -> usize {
     let (kind, len, _, _) = v.parts();
     varint_len(key.len() as u32) + varint_len(len << 2 | kind) + key.len() + kind_bytes(kind, len)
+}
+
+fn put_leaf_item(out: &mut Vec<u8>, k: &[u8], v: &ValRef<'_>) {
+    let (kind, len, word, inline) = v.parts();
+    put_varint(out, k.len() as u32);
+    put_varint(out, len << 2 | kind);
+    out.extend_from_slice(k);
+    match kind {
+        KIND_INLINE => out.extend_from_slice(inline),
+        KIND_BLOB | KIND_EXT => out.extend_from_slice(&word),
+        _ => {}
+    }
+}
+
+/// A leaf's contents borrowed from existing buffers (the writer's allocation-free rewrite).
+pub(crate) struct LeafRefs<'a> {
+    pub(crate) items: Vec<(&'a [u8], ValRef<'a>)>,
+    pub(crate) right: u64,
+}
+
+impl LeafRefs<'_> {
+    pub(crate) fn sorted_bytes(&self) -> usize {
+        self.items.iter().map(|(k, v)| leaf_item_len_ref(k, v)).sum()
+    }
+
+    pub(crate) fn encode(&self, node_size: u32, lid: u64, version: u64, prev: u64, out: &mut Vec<u8>) {
+        let items = &self.items;
+        encode_node(
+            node_size,
+            (KIND_LEAF, 0, 0, self.right, lid, version, prev),
+            items.len(),
+            |i| items[i].0,
+            |i| leaf_item_len_ref(items[i].0, &items[i].1),
+            |i, out| put_leaf_item(out, items[i].0, &items[i].1),
+            out,
+        );
+    }
+
+    /// An owned copy (for the rare rewrites that split or merge nodes).
+    pub(crate) fn to_owned_data(&self) -> NodeData {
+        NodeData::Leaf {
+            items: self.items.iter().map(|(k, v)| (k.to_vec(), Val::from_ref(*v))).collect(),
+            right: self.right,
+        }
+    }
 }
 
 pub(crate) fn interior_item_len(key: &[u8]) -> usize {
@@ -497,92 +548,99 @@ impl NodeData {
 
     /// Encodes the node image (header, shortcut block, sorted block, empty log block).
     pub(crate) fn encode(&self, node_size: u32, lid: u64, version: u64, prev: u64, out: &mut Vec<u8>) {
-        let n = self.len();
-        let total = self.sorted_bytes();
-        let cap = shortcut_capacity(node_size);
-        // Choose shortcut items: segments of similar size, at least `min_seg` bytes each.
-        let min_seg = (node_size as usize / 32).clamp(32, 256);
-        let avg_key = (0..n).map(|i| self.key(i).len()).sum::<usize>().checked_div(n).unwrap_or(1);
-        let max_sc = cap / (6 + avg_key);
-        let target = min_seg.max(total / (max_sc + 1));
-        let mut chosen: Vec<usize> = Vec::new();
-        let (mut acc, mut used) = (0usize, 0usize);
-        for i in 0..n {
-            if i > 0 && acc >= target && used + 6 + self.key(i).len() <= cap {
-                chosen.push(i);
-                used += 6 + self.key(i).len();
-                acc = 0;
-            }
-            acc += self.item_len(i);
-        }
-        let sorted_start = HDR + used;
-        out.clear();
-        out.resize(HDR, 0);
-        // Shortcut offsets array, then entries; item positions follow from prefix sums.
-        let mut positions = Vec::with_capacity(chosen.len());
-        {
-            let mut pos = sorted_start;
-            let mut c = 0;
-            for i in 0..n {
-                if c < chosen.len() && chosen[c] == i {
-                    positions.push(pos);
-                    c += 1;
-                }
-                pos += self.item_len(i);
-            }
-        }
-        let mut eo = HDR + 2 * chosen.len();
-        for &i in &chosen {
-            out.extend_from_slice(&(eo as u16).to_le_bytes());
-            eo += 4 + self.key(i).len();
-        }
-        for (c, &i) in chosen.iter().enumerate() {
-            out.extend_from_slice(&(positions[c] as u16).to_le_bytes());
-            out.extend_from_slice(&(self.key(i).len() as u16).to_le_bytes());
-            out.extend_from_slice(self.key(i));
-        }
-        debug_assert_eq!(out.len(), sorted_start);
-        match self {
-            NodeData::Leaf { items, .. } => {
-                for (k, v) in items {
-                    let (kind, len, word, inline) = v.parts();
-                    put_varint(out, k.len() as u32);
-                    put_varint(out, len << 2 | kind);
-                    out.extend_from_slice(k);
-                    match kind {
-                        KIND_INLINE => out.extend_from_slice(inline),
-                        KIND_BLOB | KIND_EXT => out.extend_from_slice(&word),
-                        _ => {}
-                    }
-                }
-            }
-            NodeData::Interior { items, .. } => {
-                for (k, c) in items {
-                    put_varint(out, k.len() as u32);
-                    out.extend_from_slice(k);
-                    out.extend_from_slice(&c.to_le_bytes());
-                }
-            }
-        }
-        let sorted_end = out.len() as u32;
-        assert!(sorted_end <= node_size, "node image of {sorted_end} B exceeds the node size");
-        let (kind, level, leftmost, right) = match self {
-            NodeData::Leaf { right, .. } => (KIND_LEAF, 0, 0, *right),
-            NodeData::Interior { level, leftmost, .. } => (KIND_INTERIOR, *level, *leftmost, 0),
+        let head = match self {
+            NodeData::Leaf { right, .. } => (KIND_LEAF, 0, 0, *right, lid, version, prev),
+            NodeData::Interior { level, leftmost, .. } => (KIND_INTERIOR, *level, *leftmost, 0, lid, version, prev),
         };
-        out[0] = kind;
-        out[1] = level;
-        out[2..4].copy_from_slice(&(chosen.len() as u16).to_le_bytes());
-        out[4..8].copy_from_slice(&(sorted_start as u32).to_le_bytes());
-        out[8..16].copy_from_slice(&size_word(sorted_end, 0).to_le_bytes());
-        out[16..24].copy_from_slice(&version.to_le_bytes());
-        out[24..32].copy_from_slice(&prev.to_le_bytes());
-        out[32..40].copy_from_slice(&lid.to_le_bytes());
-        out[40..48].copy_from_slice(&leftmost.to_le_bytes());
-        out[48..56].copy_from_slice(&right.to_le_bytes());
-        out[56..60].copy_from_slice(&sorted_end.to_le_bytes());
-        out[60..64].copy_from_slice(&(n as u32).to_le_bytes());
+        encode_node(
+            node_size,
+            head,
+            self.len(),
+            |i| self.key(i),
+            |i| self.item_len(i),
+            |i, out| self.put_item(i, out),
+            out,
+        );
     }
+
+    fn put_item(&self, i: usize, out: &mut Vec<u8>) {
+        match self {
+            NodeData::Leaf { items, .. } => put_leaf_item(out, &items[i].0, &items[i].1.as_ref()),
+            NodeData::Interior { items, .. } => {
+                let (k, c) = &items[i];
+                put_varint(out, k.len() as u32);
+                out.extend_from_slice(k);
+                out.extend_from_slice(&c.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Header fields of a node image: kind, level, leftmost child, right sibling, LID, version, prev.
+type HeadFields = (u8, u8, u64, u64, u64, u64, u64);
+
+/// Encodes a node image from `n` items given by accessors: chooses shortcuts (segments of similar
+/// size, at least `clamp(node_size / 32, 32, 256)` bytes), writes the header, the shortcut block and
+/// the sorted block.
+fn encode_node<'k>(
+    node_size: u32,
+    (kind, level, leftmost, right, lid, version, prev): HeadFields,
+    n: usize,
+    key: impl Fn(usize) -> &'k [u8],
+    item_len: impl Fn(usize) -> usize,
+    mut put_item: impl FnMut(usize, &mut Vec<u8>),
+    out: &mut Vec<u8>,
+) {
+    let total: usize = (0..n).map(&item_len).sum();
+    let cap = shortcut_capacity(node_size);
+    let min_seg = (node_size as usize / 32).clamp(32, 256);
+    let avg_key = (0..n).map(|i| key(i).len()).sum::<usize>().checked_div(n).unwrap_or(1);
+    let max_sc = cap / (6 + avg_key);
+    let target = min_seg.max(total / (max_sc + 1));
+    let mut chosen: Vec<(usize, usize)> = Vec::new(); // (item index, item position)
+    let (mut acc, mut used, mut pos) = (0usize, 0usize, 0usize);
+    for i in 0..n {
+        let k = key(i);
+        if i > 0 && acc >= target && used + 6 + k.len() <= cap {
+            chosen.push((i, pos));
+            used += 6 + k.len();
+            acc = 0;
+        }
+        let l = item_len(i);
+        acc += l;
+        pos += l;
+    }
+    let sorted_start = HDR + used;
+    out.clear();
+    out.resize(HDR, 0);
+    let mut eo = HDR + 2 * chosen.len();
+    for &(i, _) in &chosen {
+        out.extend_from_slice(&(eo as u16).to_le_bytes());
+        eo += 4 + key(i).len();
+    }
+    for &(i, rel) in &chosen {
+        out.extend_from_slice(&((sorted_start + rel) as u16).to_le_bytes());
+        out.extend_from_slice(&(key(i).len() as u16).to_le_bytes());
+        out.extend_from_slice(key(i));
+    }
+    debug_assert_eq!(out.len(), sorted_start);
+    for i in 0..n {
+        put_item(i, out);
+    }
+    let sorted_end = out.len() as u32;
+    assert!(sorted_end <= node_size, "node image of {sorted_end} B exceeds the node size");
+    out[0] = kind;
+    out[1] = level;
+    out[2..4].copy_from_slice(&(chosen.len() as u16).to_le_bytes());
+    out[4..8].copy_from_slice(&(sorted_start as u32).to_le_bytes());
+    out[8..16].copy_from_slice(&size_word(sorted_end, 0).to_le_bytes());
+    out[16..24].copy_from_slice(&version.to_le_bytes());
+    out[24..32].copy_from_slice(&prev.to_le_bytes());
+    out[32..40].copy_from_slice(&lid.to_le_bytes());
+    out[40..48].copy_from_slice(&leftmost.to_le_bytes());
+    out[48..56].copy_from_slice(&right.to_le_bytes());
+    out[56..60].copy_from_slice(&sorted_end.to_le_bytes());
+    out[60..64].copy_from_slice(&(n as u32).to_le_bytes());
 }
 
 /// Encodes a log entry; the put/blob/external flags are derived from `val`.

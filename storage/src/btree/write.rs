@@ -11,7 +11,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::node::{BLOB_HDR, MAX_LOG_ENTRIES, Node, NodeData, Val, ValRef, encode_log_entry, size_word};
+use super::node::{
+    BLOB_HDR, LeafRefs, MAX_LOG_ENTRIES, Node, NodeData, Val, ValRef, cmp_keys, encode_log_entry, size_word,
+};
 use super::read::{LeafCursor, Tree, child_for};
 use super::{Reader, Stats};
 use crate::arena::{
@@ -70,6 +72,47 @@ enum Garbage {
     Lid(u64),
 }
 
+/// What one pass over a leaf tells the writer about a key.
+struct Probe<'a> {
+    /// The key's newest entry in the leaf (log first, then the sorted block).
+    existing: Option<ValRef<'a>>,
+    /// Position of the first sorted item with key >= the key, and whether it is equal.
+    bp: u32,
+    equal: bool,
+    /// The key's rank among the log entries (it goes before older entries of the same key).
+    hint: u32,
+}
+
+/// One pass over the leaf's log and one segment of its sorted block.
+fn probe<'a>(node: &Node<'a>, key: &[u8]) -> Result<Probe<'a>> {
+    let h = node.h;
+    let (mut hint, mut logged) = (0u32, None);
+    let mut pos = h.sorted_end;
+    for _ in 0..h.log_count {
+        let e = node.log_entry(pos)?;
+        match cmp_keys(e.key, key) {
+            std::cmp::Ordering::Less => hint += 1,
+            std::cmp::Ordering::Equal => logged = Some(e.val),
+            std::cmp::Ordering::Greater => {}
+        }
+        pos = e.next;
+    }
+    let (mut bp, end) = node.segment(key, false)?;
+    let (mut equal, mut sorted) = (false, None);
+    while bp < end {
+        let (k, v, next) = node.leaf_item(bp)?;
+        match cmp_keys(k, key) {
+            std::cmp::Ordering::Less => bp = next,
+            std::cmp::Ordering::Equal => {
+                (equal, sorted) = (true, Some(v));
+                break;
+            }
+            std::cmp::Ordering::Greater => break,
+        }
+    }
+    Ok(Probe { existing: logged.or(sorted), bp, equal, hint })
+}
+
 #[derive(Debug, Clone, Copy)]
 struct PathElem {
     lid: u64,
@@ -90,6 +133,7 @@ pub struct Writer {
     watch: SlotWatch,
     commits_since_reclaim: u32,
     buf: Vec<u8>,
+    path: Vec<PathElem>,
     leaf_cap: usize,
     interior_cap: usize,
     keep_tombstones: bool,
@@ -122,6 +166,7 @@ impl Writer {
             watch: SlotWatch::new(),
             commits_since_reclaim: 0,
             buf: Vec::with_capacity(l.node_size as usize),
+            path: Vec::with_capacity(8),
             leaf_cap: payload - l.log_threshold as usize,
             interior_cap: payload,
             keep_tombstones: cfg.keep_tombstones,
@@ -338,15 +383,16 @@ impl Writer {
 
     // --- one operation -------------------------------------------------------------------------
 
-    fn path_to(&self, key: &[u8]) -> Result<Vec<PathElem>> {
-        let mut path = Vec::with_capacity(self.height as usize);
+    /// The path from the root to the leaf for `key`, into `path` (reused across operations).
+    fn path_to(&self, key: &[u8], path: &mut Vec<PathElem>) -> Result<()> {
+        path.clear();
         let mut lid = split_root_word(self.arena.sb(SB_ROOT).load(Ordering::Relaxed)).0;
         for _ in 0..64 {
             let off = self.arena.page_entry(lid)?.load(Ordering::Relaxed);
             let node = Node::load(&self.arena, off)?;
             path.push(PathElem { lid, off });
             if node.h.is_leaf() {
-                return Ok(path);
+                return Ok(());
             }
             lid = child_for(&node, key, false)?.0;
         }
@@ -354,28 +400,34 @@ impl Writer {
     }
 
     fn apply(&mut self, key: &[u8], value: ValRef<'_>, w: u64) -> Result<()> {
-        let path = self.path_to(key)?;
+        let mut path = std::mem::take(&mut self.path);
+        let r = self.apply_on_path(key, value, w, &mut path);
+        self.path = path;
+        r
+    }
+
+    fn apply_on_path(&mut self, key: &[u8], value: ValRef<'_>, w: u64, path: &mut Vec<PathElem>) -> Result<()> {
+        self.path_to(key, path)?;
         let leaf_el = *path.last().expect("a path always ends at a leaf");
-        let existing = {
-            let tree = Tree { arena: &self.arena, rv: u64::MAX };
-            let leaf = Node::load(&self.arena, leaf_el.off)?;
-            match tree.leaf_get(&leaf, key)? {
-                Some(ValRef::Blob { off, len }) => Some(Some((off, len))),
-                Some(ValRef::Tombstone) | None => None,
-                Some(_) => Some(None),
-            }
+        let arena = self.arena.clone();
+        let leaf = Node::load(&arena, leaf_el.off)?;
+        let p = probe(&leaf, key)?;
+        let old_blob = match p.existing {
+            Some(ValRef::Blob { off, len }) => Some((off, len)),
+            _ => None,
         };
-        if value == ValRef::Tombstone && existing.is_none() && !self.keep_tombstones {
+        let existed = !matches!(p.existing, None | Some(ValRef::Tombstone));
+        if value == ValRef::Tombstone && !existed && !self.keep_tombstones {
             return Ok(());
         }
         let new_val = match value {
             ValRef::Inline(v) if v.len() > self.arena.layout.inline_threshold as usize => self.write_blob(v)?,
             v => Val::from_ref(v),
         };
-        if !self.try_append(leaf_el.off, key, new_val.as_ref(), w)? {
-            self.rewrite_leaf(&path, key, new_val, w)?;
+        if !self.try_append(&leaf, &p, key, new_val.as_ref(), w)? {
+            self.rewrite_leaf(path, key, new_val, w)?;
         }
-        if let Some(Some((off, len))) = existing {
+        if let Some((off, len)) = old_blob {
             self.retire(w, Garbage::Blob(off, (BLOB_HDR + len as u64).div_ceil(self.arena.layout.node_size as u64)));
         }
         Ok(())
@@ -383,39 +435,15 @@ impl Writer {
 
     /// The fast path: appends a log entry and publishes it with one release store of the size
     /// word. Returns false when the leaf must be rewritten instead.
-    fn try_append(&mut self, off: u64, key: &[u8], val: ValRef<'_>, w: u64) -> Result<bool> {
-        let node = Node::load(&self.arena, off)?;
+    fn try_append(&mut self, node: &Node<'_>, p: &Probe<'_>, key: &[u8], val: ValRef<'_>, w: u64) -> Result<bool> {
         let h = node.h;
+        let off = h.off;
         let delta = w - h.version;
         if h.log_count >= MAX_LOG_ENTRIES || delta > u32::MAX as u64 {
             return Ok(false);
         }
-        // Back pointer: the first sorted item with key >= key, and whether it is equal.
-        let (mut bp, end) = node.segment(key, false)?;
-        let mut equal = false;
-        while bp < end {
-            let (k, _, next) = node.leaf_item(bp)?;
-            match k.cmp(key) {
-                std::cmp::Ordering::Less => bp = next,
-                std::cmp::Ordering::Equal => {
-                    equal = true;
-                    break;
-                }
-                std::cmp::Ordering::Greater => break,
-            }
-        }
-        // Order hint: the entry's rank among the log entries (before older entries of its key).
-        let mut hint = 0u32;
-        let mut pos = h.sorted_end;
-        for _ in 0..h.log_count {
-            let e = node.log_entry(pos)?;
-            if e.key < key {
-                hint += 1;
-            }
-            pos = e.next;
-        }
         let mut entry = std::mem::take(&mut self.buf);
-        encode_log_entry(&mut entry, equal, hint as u8, bp, delta as u32, key, val);
+        encode_log_entry(&mut entry, p.equal, p.hint as u8, p.bp, delta as u32, key, val);
         let new_end = h.log_end as usize + entry.len();
         let fits = new_end - h.sorted_end as usize <= self.arena.layout.log_threshold as usize
             && new_end <= self.arena.layout.node_size as usize;
@@ -430,22 +458,51 @@ impl Writer {
         Ok(fits)
     }
 
+    /// Merges the leaf's log (and this op) into a new buffer. The common case — the result
+    /// neither overflows nor underflows — encodes straight from borrowed slices of the old buffer
+    /// (valid until reclamation, which only runs between batches); splits and merges go through
+    /// owned node data.
     fn rewrite_leaf(&mut self, path: &[PathElem], key: &[u8], val: Val, w: u64) -> Result<()> {
         let el = *path.last().expect("non-empty path");
-        let NodeData::Leaf { mut items, right } = self.decode(el.off)? else {
+        let arena = self.arena.clone();
+        let node = Node::load(&arena, el.off)?;
+        if !node.h.is_leaf() {
             return Err(Error::corrupt(el.off, "path does not end at a leaf"));
-        };
-        let append = items.last().is_none_or(|(k, _)| key > k.as_slice());
+        }
+        let right = node.h.right;
+        let mut items: Vec<(&[u8], ValRef<'_>)> =
+            Vec::with_capacity((node.h.sorted_count + node.h.log_count + 1) as usize);
+        let mut cur = LeafCursor::new(node, None, u64::MAX)?;
+        while let Some((k, v)) = cur.next()? {
+            if v != ValRef::Tombstone || self.keep_tombstones {
+                items.push((k, v));
+            }
+        }
+        let append = items.last().is_none_or(|(k, _)| key > *k);
         let remove = val == Val::Tombstone && !self.keep_tombstones;
-        match items.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
+        match items.binary_search_by(|(k, _)| (*k).cmp(key)) {
             Ok(i) if remove => {
                 items.remove(i);
             }
-            Ok(i) => items[i].1 = val,
+            Ok(i) => items[i].1 = val.as_ref(),
             Err(_) if remove => {}
-            Err(i) => items.insert(i, (key.to_vec(), val)),
+            Err(i) => items.insert(i, (key, val.as_ref())),
         }
-        self.store(path, path.len() - 1, NodeData::Leaf { items, right }, w, append)
+        let refs = LeafRefs { items, right };
+        let size = refs.sorted_bytes();
+        let depth = path.len() - 1;
+        if size <= self.leaf_cap && (depth == 0 || size >= self.leaf_cap / 4) {
+            let mut buf = std::mem::take(&mut self.buf);
+            refs.encode(arena.layout.node_size, el.lid, w, el.off, &mut buf);
+            let r = self.write_image(&buf);
+            self.buf = buf;
+            let off = r?;
+            self.map_lid(el.lid, off)?;
+            self.retire(w, Garbage::Buffer(el.off));
+            return Ok(());
+        }
+        let data = refs.to_owned_data();
+        self.store(path, depth, data, w, append)
     }
 
     /// Decodes the newest state of the node buffer at `off`.
@@ -631,13 +688,19 @@ impl Writer {
     }
 
     fn write_node(&mut self, lid: u64, data: &NodeData, w: u64, prev: u64) -> Result<u64> {
-        let ns = self.arena.layout.node_size;
-        let off = self.pages.alloc(1).ok_or(Error::ArenaFull { needed: ns as u64, free: 0 })?;
         let mut buf = std::mem::take(&mut self.buf);
-        data.encode(ns, lid, w, prev, &mut buf);
-        let r = self.arena.map.write(off, &buf);
+        data.encode(self.arena.layout.node_size, lid, w, prev, &mut buf);
+        let r = self.write_image(&buf);
         self.buf = buf;
-        r.map(|()| off)
+        r
+    }
+
+    /// Allocates a page and writes a node image into it.
+    fn write_image(&mut self, image: &[u8]) -> Result<u64> {
+        let ns = self.arena.layout.node_size as u64;
+        let off = self.pages.alloc(1).ok_or(Error::ArenaFull { needed: ns, free: 0 })?;
+        self.arena.map.write(off, image)?;
+        Ok(off)
     }
 
     fn map_lid(&self, lid: u64, off: u64) -> Result<()> {

@@ -112,6 +112,8 @@ pub struct RegionStats {
     pub compactions: u64,
     /// Bytes written to level segments.
     pub level_bytes_written: u64,
+    /// Bytes of level segments read by compactions (the older level of every merge).
+    pub level_bytes_read: u64,
 }
 
 /// What one garbage-collection step did.
@@ -340,7 +342,9 @@ impl Region {
                     return Err(if need { Error::KeyNotFound } else { Error::KeyExists });
                 }
             }
-            overlay.insert(key, after);
+            if ops.len() > 1 {
+                overlay.insert(key, after);
+            }
             bytes += crate::vlog::RECORD_HEADER + key.len() + value.map_or(0, |v| v.len());
         }
         self.vlog.ensure_room(bytes)?;
@@ -461,8 +465,10 @@ impl Region {
                 &mut next_segment,
             )?;
             obsolete.extend(&newer.meta().segments);
+            self.stats.level_bytes_read += newer.meta().bytes;
             if let Some(o) = &older {
                 obsolete.extend(&o.meta().segments);
+                self.stats.level_bytes_read += o.meta().bytes;
             }
             installed.resize(installed.len().max(level + 1), None);
             installed[level - 1] = None;
