@@ -6,10 +6,12 @@
 //!
 //! # Layout
 //! - `merge`: reads across tables (newest first), merged scans, floor searches.
+//! - `compact`: the compaction thread: L0 into L1, cascades, the new manifest.
 //! - `tables`: the table set shared with readers in other processes, and [`RegionReader`].
 //! - `replica`: Send Index and Build Index: [`IndexExport`] from the primary, [`Backup`].
 //! - this module: [`Region`]: writes, freeze, compaction, recovery.
 
+mod compact;
 mod merge;
 mod replica;
 mod tables;
@@ -17,8 +19,9 @@ mod tables;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
-use merge::{MergeCursor, Src, Stored};
+use merge::{Src, Stored};
 pub use replica::{Backup, IndexExport, ShippedLevel};
 pub use tables::RegionReader;
 use tables::TableSet;
@@ -26,7 +29,7 @@ use tables::TableSet;
 use crate::btree::{BatchOp, Writer};
 use crate::config::{ArenaConfig, MAX_VALUE_LEN};
 use crate::error::{Error, Result};
-use crate::levels::{Level, LevelBuilder, LevelMeta, Manifest};
+use crate::levels::{Level, Manifest};
 use crate::vlog::{Lsn, Record, RecoveryReport, ValueLog, VlogConfig, VlogReader};
 
 /// Region configuration.
@@ -143,6 +146,10 @@ pub struct Region {
     stats: RegionStats,
     /// When set, every compaction's output is captured here for shipping to backups.
     exports: Option<Vec<IndexExport>>,
+    /// The L0 being compacted, if any (at most one at a time).
+    frozen: Option<Frozen>,
+    /// The compaction thread.
+    compaction: Option<JoinHandle<Result<compact::Compacted>>>,
     /// The segment being collected and the offset to continue from.
     gc_cursor: Option<(u64, u32)>,
     /// Collected segments, deleted once no reader is older than the version that relocated them.
@@ -152,8 +159,24 @@ pub struct Region {
     gc_boundary: Option<u64>,
 }
 
-fn levels_dir(dir: &Path) -> PathBuf {
+pub(crate) fn levels_dir(dir: &Path) -> PathBuf {
     dir.join("levels")
+}
+
+/// A frozen L0 and what it covers.
+struct Frozen {
+    writer: Writer,
+    version: u64,
+    log_end: Lsn,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // Let a running compaction finish: it writes segments and the manifest.
+        if let Some(h) = self.compaction.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 impl Region {
@@ -191,6 +214,8 @@ impl Region {
             tables_gen: 0,
             stats: RegionStats::default(),
             exports: None,
+            frozen: None,
+            compaction: None,
             gc_cursor: None,
             gc_pending: Vec::new(),
             gc_boundary: None,
@@ -198,7 +223,7 @@ impl Region {
         region.remove_unreferenced_segments()?;
         let mut rec = RegionRecovery { log: log_report, ..RegionRecovery::default() };
         region.replay(&mut rec)?;
-        region.publish_tables(false)?;
+        region.publish_tables()?;
         Ok((region, rec))
     }
 
@@ -270,7 +295,10 @@ impl Region {
     }
 
     fn srcs(&self) -> Vec<Src<'_>> {
-        std::iter::once(Src::Writer(&self.active)).chain(self.levels.iter().flatten().map(|l| Src::Level(l))).collect()
+        std::iter::once(Src::Writer(&self.active))
+            .chain(self.frozen.iter().map(|f| Src::Writer(&f.writer)))
+            .chain(self.levels.iter().flatten().map(|l| Src::Level(l)))
+            .collect()
     }
 
     /// The value of `key`.
@@ -401,29 +429,23 @@ impl Region {
         }
     }
 
+    /// Installs a finished compaction; freezes L0 once it reaches its budget (waiting for the
+    /// previous compaction first if it is still running: backpressure).
     fn maybe_flush(&mut self, log_end: Lsn) -> Result<()> {
+        self.poll_compaction(false)?;
         if self.active.stats().allocated_bytes >= self.cfg.l0_budget {
-            self.flush(log_end)?;
+            self.poll_compaction(true)?;
+            self.freeze(log_end)?;
         }
         Ok(())
     }
 
-    /// Freezes L0 (everything logged before `log_end`) and compacts it into the levels.
+    /// Freezes L0 (everything logged before `log_end`) and waits until it is compacted into the
+    /// levels.
     pub fn flush(&mut self, log_end: Lsn) -> Result<()> {
-        let version = self.active.version();
-        self.arena_seq += 1;
-        let next =
-            Writer::create_at(self.cfg.shm_dir.join(format!("l0-{}.arena", self.arena_seq)), &self.cfg.arena, version)?;
-        let frozen = std::mem::replace(&mut self.active, next);
-        self.publish_tables_with(Some(&frozen))?;
-        frozen.set_tables_generation(self.tables_gen, true);
-        self.compact_l0(&frozen, version, log_end)?;
-        self.stats.flushes += 1;
-        self.publish_tables(false)?;
-        let path = frozen.path().to_path_buf();
-        drop(frozen);
-        let _ = std::fs::remove_file(&path);
-        Ok(())
+        self.poll_compaction(true)?;
+        self.freeze(log_end)?;
+        self.poll_compaction(true)
     }
 
     /// Flushes whatever L0 holds now (tests, shutdown).
@@ -431,104 +453,74 @@ impl Region {
         self.flush(self.vlog.end())
     }
 
-    fn level_budget(&self, level: usize) -> u64 {
-        self.cfg.l0_budget.saturating_mul(self.cfg.growth_factor.saturating_pow(level as u32))
+    /// Moves the active L0 aside, starts a new one, and starts compacting the frozen one.
+    fn freeze(&mut self, log_end: Lsn) -> Result<()> {
+        let version = self.active.version();
+        self.arena_seq += 1;
+        let next =
+            Writer::create_at(self.cfg.shm_dir.join(format!("l0-{}.arena", self.arena_seq)), &self.cfg.arena, version)?;
+        let frozen = std::mem::replace(&mut self.active, next);
+        self.frozen = Some(Frozen { writer: frozen, version, log_end });
+        self.publish_tables()?;
+        if let Some(f) = &self.frozen {
+            f.writer.set_tables_generation(self.tables_gen, true);
+        }
+        self.stats.flushes += 1;
+        self.start_compaction()
     }
 
-    fn compact_l0(&mut self, frozen: &Writer, version: u64, log_end: Lsn) -> Result<()> {
-        let mut next_segment = self.manifest.next_segment;
-        let mut obsolete: Vec<u64> = Vec::new();
-        // L0 -> L1, then cascade while a level outgrows its budget.
-        let mut newer: Arc<Level> = {
-            let older = self.levels.first().cloned().flatten();
-            let bottom = self.levels.iter().skip(1).all(Option::is_none);
-            let meta =
-                self.merge_into(&Src::Writer(frozen), Some(version), older.as_deref(), bottom, 1, &mut next_segment)?;
-            if let Some(o) = &older {
-                obsolete.extend(&o.meta().segments);
-            }
-            Arc::new(Level::open(levels_dir(&self.cfg.dir), meta)?)
+    fn start_compaction(&mut self) -> Result<()> {
+        let Some(f) = &self.frozen else { return Ok(()) };
+        let compactor = compact::Compactor {
+            cfg: self.cfg.clone(),
+            levels: self.levels.clone(),
+            manifest: self.manifest.clone(),
+            capture: self.exports.is_some(),
         };
-        let mut level = 1usize;
-        let mut installed: Vec<Option<Arc<Level>>> = self.levels.clone();
-        installed.resize(installed.len().max(1), None);
-        installed[0] = Some(newer.clone());
-        while newer.meta().bytes > self.level_budget(level) {
-            let older = installed.get(level).cloned().flatten();
-            let bottom = installed.iter().skip(level + 1).all(Option::is_none);
-            let meta = self.merge_into(
-                &Src::Level(&newer),
-                None,
-                older.as_deref(),
-                bottom,
-                level as u32 + 1,
-                &mut next_segment,
-            )?;
-            obsolete.extend(&newer.meta().segments);
-            self.stats.level_bytes_read += newer.meta().bytes;
-            if let Some(o) = &older {
-                obsolete.extend(&o.meta().segments);
-                self.stats.level_bytes_read += o.meta().bytes;
-            }
-            installed.resize(installed.len().max(level + 1), None);
-            installed[level - 1] = None;
-            newer = Arc::new(Level::open(levels_dir(&self.cfg.dir), meta)?);
-            installed[level] = Some(newer.clone());
-            self.stats.compactions += 1;
-            level += 1;
-        }
-        let manifest = Manifest {
-            generation: self.manifest.generation + 1,
-            levels: installed.iter().flatten().map(|l| l.meta().clone()).collect(),
-            log_start: log_end.0,
-            next_segment,
-            max_version: version,
-        };
-        manifest.store(&self.cfg.dir)?;
-        if self.exports.is_some() {
-            let export = self.export_new_levels(&manifest)?;
-            if let Some(list) = &mut self.exports {
-                list.push(export);
-            }
-        }
-        self.manifest = manifest;
-        self.levels = installed;
-        for id in obsolete {
-            let p = crate::levels::segment_path(&levels_dir(&self.cfg.dir), id);
-            let _ = std::fs::remove_file(p);
-        }
+        let (reader, version, log_end) = (f.writer.reader()?, f.version, f.log_end);
+        let handle = std::thread::Builder::new()
+            .name("dpukv-compact".into())
+            .spawn(move || compactor.run(reader, version, log_end))
+            .map_err(|e| Error::io(&self.cfg.dir, e))?;
+        self.compaction = Some(handle);
         Ok(())
     }
 
-    /// Merges `newer` over `older` into a new level `level`; drops tombstones at the bottom.
-    fn merge_into(
-        &mut self,
-        newer: &Src<'_>,
-        newer_version: Option<u64>,
-        older: Option<&Level>,
-        bottom: bool,
-        level: u32,
-        next_segment: &mut u64,
-    ) -> Result<LevelMeta> {
-        let dir = levels_dir(&self.cfg.dir);
-        let mut b = LevelBuilder::new(&dir, *next_segment, self.cfg.level_node_size, self.cfg.level_segment_size)?;
-        let srcs: Vec<Src<'_>> = match older {
-            Some(o) => vec![clone_src(newer), Src::Level(o)],
-            None => vec![clone_src(newer)],
-        };
-        let mut cur = MergeCursor::new(&srcs, &[], &[0xff; crate::config::MAX_KEY_LEN + 1]);
-        while let Some((k, v, s, from)) = cur.next()? {
-            if bottom && s == Stored::Tombstone {
-                continue;
+    /// Installs the running compaction's result if it finished (or, with `wait`, once it does).
+    /// A failed compaction is reported and retried at the next call; the frozen L0 and the log
+    /// keep its data meanwhile.
+    fn poll_compaction(&mut self, wait: bool) -> Result<()> {
+        let Some(h) = self.compaction.take() else {
+            if self.frozen.is_some() && wait {
+                self.start_compaction()?;
+                return self.poll_compaction(true);
             }
-            // An L0 has no per-item versions: its entries take the version it was frozen at.
-            let version = if from == 0 { newer_version.unwrap_or(v) } else { v };
-            b.add(&k, version, &s.as_entry())?;
+            return Ok(());
+        };
+        if !wait && !h.is_finished() {
+            self.compaction = Some(h);
+            return Ok(());
         }
-        let meta = b.finish(level)?;
-        *next_segment = meta.segments.last().map_or(*next_segment, |s| s + 1);
-        self.stats.level_bytes_written += meta.bytes;
-        Ok(meta)
+        let done = h.join().map_err(|_| Error::Config("the compaction thread panicked".into()))??;
+        self.stats.level_bytes_written += done.written;
+        self.stats.level_bytes_read += done.read;
+        self.stats.compactions += done.compactions;
+        if let (Some(list), Some(e)) = (&mut self.exports, done.export) {
+            list.push(e);
+        }
+        self.levels = done.levels;
+        self.manifest = done.manifest;
+        let frozen = self.frozen.take();
+        self.publish_tables()?;
+        for id in done.obsolete {
+            let _ = std::fs::remove_file(crate::levels::segment_path(&levels_dir(&self.cfg.dir), id));
+        }
+        if let Some(f) = frozen {
+            let path = f.writer.path().to_path_buf();
+            drop(f);
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(())
     }
 
     /// One bounded step of value-log garbage collection: examines up to `max_records` records of
@@ -604,21 +596,6 @@ impl Region {
         self.exports.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// The levels of `manifest` that the current manifest does not have, with their bytes.
-    fn export_new_levels(&self, manifest: &Manifest) -> Result<IndexExport> {
-        let dir = levels_dir(&self.cfg.dir);
-        let mut levels = Vec::new();
-        for m in manifest.levels.iter().filter(|m| !self.manifest.levels.contains(m)) {
-            let mut segs = Vec::new();
-            for &id in &m.segments {
-                let p = crate::levels::segment_path(&dir, id);
-                segs.push((id, std::fs::read(&p).map_err(|e| Error::io(&p, e))?));
-            }
-            levels.push((m.clone(), segs));
-        }
-        Ok(IndexExport { manifest: manifest.clone(), levels })
-    }
-
     /// Copies of the log's segments as they are now: (segment id, bytes), for a backup.
     pub fn log_segments(&self) -> Result<Vec<(u64, Vec<u8>)>> {
         let dir = self.vlog.dir().to_path_buf();
@@ -649,16 +626,12 @@ impl Region {
         Ok(())
     }
 
-    fn publish_tables(&mut self, _frozen: bool) -> Result<()> {
-        self.publish_tables_with(None)
-    }
-
-    fn publish_tables_with(&mut self, frozen: Option<&Writer>) -> Result<()> {
+    fn publish_tables(&mut self) -> Result<()> {
         self.tables_gen += 1;
         let set = TableSet {
             generation: self.tables_gen,
             active: self.active.path().to_path_buf(),
-            frozen: frozen.map(|f| f.path().to_path_buf()).into_iter().collect(),
+            frozen: self.frozen.iter().map(|f| f.writer.path().to_path_buf()).collect(),
             dir: self.cfg.dir.clone(),
             manifest: Manifest {
                 levels: self.levels.iter().flatten().map(|l| l.meta().clone()).collect(),
@@ -668,13 +641,5 @@ impl Region {
         set.store(&self.cfg.shm_dir)?;
         self.active.set_tables_generation(self.tables_gen, false);
         Ok(())
-    }
-}
-
-fn clone_src<'a>(s: &Src<'a>) -> Src<'a> {
-    match s {
-        Src::Writer(w) => Src::Writer(w),
-        Src::Snap(x) => Src::Snap(x),
-        Src::Level(l) => Src::Level(l),
     }
 }

@@ -1,0 +1,166 @@
+//! Compaction, run on its own thread: merges a frozen L0 (read through a pinned snapshot) with
+//! L1, cascades while a level outgrows its budget, writes the new segments and stores the new
+//! manifest. The region thread installs the result (and deletes the replaced segments and the
+//! frozen arena) when it next writes, or waits for it when L0 fills up again first.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::merge::{MergeCursor, Src, Stored};
+use super::replica::IndexExport;
+use super::{RegionConfig, levels_dir};
+use crate::btree::Reader;
+use crate::error::{Error, Result};
+use crate::levels::{Level, LevelBuilder, LevelMeta, Manifest, segment_path};
+use crate::vlog::Lsn;
+
+/// Everything a compaction needs, owned so it can move to another thread.
+pub(crate) struct Compactor {
+    pub(crate) cfg: RegionConfig,
+    pub(crate) levels: Vec<Option<Arc<Level>>>,
+    pub(crate) manifest: Manifest,
+    pub(crate) capture: bool,
+}
+
+/// A finished compaction, for the region thread to install.
+pub(crate) struct Compacted {
+    pub(crate) levels: Vec<Option<Arc<Level>>>,
+    pub(crate) manifest: Manifest,
+    /// Level segments the new manifest no longer names.
+    pub(crate) obsolete: Vec<u64>,
+    pub(crate) written: u64,
+    pub(crate) read: u64,
+    pub(crate) compactions: u64,
+    pub(crate) export: Option<IndexExport>,
+}
+
+impl Compactor {
+    fn level_budget(&self, level: usize) -> u64 {
+        self.cfg.l0_budget.saturating_mul(self.cfg.growth_factor.saturating_pow(level as u32))
+    }
+
+    /// Compacts the frozen L0 (everything logged before `log_end`, frozen at `version`).
+    pub(crate) fn run(self, mut frozen: Reader, version: u64, log_end: Lsn) -> Result<Compacted> {
+        let dir = levels_dir(&self.cfg.dir);
+        let mut out = Compacted {
+            levels: Vec::new(),
+            manifest: Manifest::default(),
+            obsolete: Vec::new(),
+            written: 0,
+            read: 0,
+            compactions: 0,
+            export: None,
+        };
+        let mut next_segment = self.manifest.next_segment;
+        let snap = frozen.snapshot()?;
+        let older = self.levels.first().cloned().flatten();
+        let bottom = self.levels.iter().skip(1).all(Option::is_none);
+        let meta =
+            self.merge(&Src::Snap(&snap), Some(version), older.as_deref(), bottom, 1, &mut next_segment, &mut out)?;
+        if let Some(o) = &older {
+            out.obsolete.extend(&o.meta().segments);
+            out.read += o.meta().bytes;
+        }
+        drop(snap);
+        let mut newer = Arc::new(Level::open(&dir, meta)?);
+        let mut installed = self.levels.clone();
+        installed.resize(installed.len().max(1), None);
+        installed[0] = Some(newer.clone());
+        let mut level = 1usize;
+        while newer.meta().bytes > self.level_budget(level) {
+            let older = installed.get(level).cloned().flatten();
+            let bottom = installed.iter().skip(level + 1).all(Option::is_none);
+            let meta = self.merge(
+                &Src::Level(&newer),
+                None,
+                older.as_deref(),
+                bottom,
+                level as u32 + 1,
+                &mut next_segment,
+                &mut out,
+            )?;
+            out.obsolete.extend(&newer.meta().segments);
+            out.read += newer.meta().bytes;
+            if let Some(o) = &older {
+                out.obsolete.extend(&o.meta().segments);
+                out.read += o.meta().bytes;
+            }
+            installed.resize(installed.len().max(level + 1), None);
+            installed[level - 1] = None;
+            newer = Arc::new(Level::open(&dir, meta)?);
+            installed[level] = Some(newer.clone());
+            out.compactions += 1;
+            level += 1;
+        }
+        let manifest = Manifest {
+            generation: self.manifest.generation + 1,
+            levels: installed.iter().flatten().map(|l| l.meta().clone()).collect(),
+            log_start: log_end.0,
+            next_segment,
+            max_version: version,
+        };
+        manifest.store(&self.cfg.dir)?;
+        if self.capture {
+            out.export = Some(self.export(&manifest)?);
+        }
+        out.manifest = manifest;
+        out.levels = installed;
+        Ok(out)
+    }
+
+    /// Merges `newer` over `older` into a new level `level`; drops tombstones at the bottom.
+    #[allow(clippy::too_many_arguments)]
+    fn merge(
+        &self,
+        newer: &Src<'_>,
+        newer_version: Option<u64>,
+        older: Option<&Level>,
+        bottom: bool,
+        level: u32,
+        next_segment: &mut u64,
+        out: &mut Compacted,
+    ) -> Result<LevelMeta> {
+        let mut b = LevelBuilder::new(
+            levels_dir(&self.cfg.dir),
+            *next_segment,
+            self.cfg.level_node_size,
+            self.cfg.level_segment_size,
+        )?;
+        let mut srcs = vec![match newer {
+            Src::Writer(w) => Src::Writer(w),
+            Src::Snap(s) => Src::Snap(s),
+            Src::Level(l) => Src::Level(l),
+        }];
+        if let Some(o) = older {
+            srcs.push(Src::Level(o));
+        }
+        let mut cur = MergeCursor::new(&srcs, &[], &[0xff; crate::config::MAX_KEY_LEN + 1]);
+        while let Some((k, v, s, from)) = cur.next()? {
+            if bottom && s == Stored::Tombstone {
+                continue;
+            }
+            // An L0 has no per-item versions: its entries take the version it was frozen at.
+            let version = if from == 0 { newer_version.unwrap_or(v) } else { v };
+            b.add(&k, version, &s.as_entry())?;
+        }
+        let meta = b.finish(level)?;
+        *next_segment = meta.segments.last().map_or(*next_segment, |s| s + 1);
+        out.written += meta.bytes;
+        Ok(meta)
+    }
+
+    /// The levels of `manifest` that the previous manifest does not have, with their bytes.
+    fn export(&self, manifest: &Manifest) -> Result<IndexExport> {
+        let dir = levels_dir(&self.cfg.dir);
+        let mut levels = Vec::new();
+        for m in manifest.levels.iter().filter(|m| !self.manifest.levels.contains(m)) {
+            let mut segs = Vec::new();
+            for &id in &m.segments {
+                let p: PathBuf = segment_path(&dir, id);
+                segs.push((id, std::fs::read(&p).map_err(|e| Error::io(&p, e))?));
+            }
+            levels.push((m.clone(), segs));
+        }
+        Ok(IndexExport { manifest: manifest.clone(), levels })
+    }
+}
