@@ -46,6 +46,8 @@ fn repl_config(dir: &Path, growth: u64) -> RegionConfig {
         vlog: VlogConfig { fsync: FsyncPolicy::Never, ..VlogConfig::default() },
         l0_budget: 256 << 10,
         growth_factor: growth,
+        // Single-threaded backup-side work: compactions run inline.
+        background_compaction: false,
         ..RegionConfig::new(dir.join("data"), dir.join("shm"))
     }
 }

@@ -51,6 +51,9 @@ pub struct RegionConfig {
     pub level_node_size: u32,
     /// Level segment size.
     pub level_segment_size: u32,
+    /// Compact on a background thread (default). Off, compaction runs inline in the writer's
+    /// thread — for measuring single-threaded work.
+    pub background_compaction: bool,
 }
 
 impl RegionConfig {
@@ -65,6 +68,7 @@ impl RegionConfig {
             growth_factor: 10,
             level_node_size: 4096,
             level_segment_size: 2 << 20,
+            background_compaction: true,
         }
     }
 }
@@ -148,8 +152,8 @@ pub struct Region {
     exports: Option<Vec<IndexExport>>,
     /// The L0 being compacted, if any (at most one at a time).
     frozen: Option<Frozen>,
-    /// The compaction thread.
-    compaction: Option<JoinHandle<Result<compact::Compacted>>>,
+    /// The compaction in progress (or finished, waiting to be installed).
+    compaction: Option<Pending>,
     /// The segment being collected and the offset to continue from.
     gc_cursor: Option<(u64, u32)>,
     /// Collected segments, deleted once no reader is older than the version that relocated them.
@@ -163,6 +167,12 @@ pub(crate) fn levels_dir(dir: &Path) -> PathBuf {
     dir.join("levels")
 }
 
+/// A compaction running on its thread, or one that ran inline.
+enum Pending {
+    Running(JoinHandle<Result<compact::Compacted>>),
+    Done(Result<compact::Compacted>),
+}
+
 /// A frozen L0 and what it covers.
 struct Frozen {
     writer: Writer,
@@ -173,7 +183,7 @@ struct Frozen {
 impl Drop for Region {
     fn drop(&mut self) {
         // Let a running compaction finish: it writes segments and the manifest.
-        if let Some(h) = self.compaction.take() {
+        if let Some(Pending::Running(h)) = self.compaction.take() {
             let _ = h.join();
         }
     }
@@ -478,11 +488,15 @@ impl Region {
             capture: self.exports.is_some(),
         };
         let (reader, version, log_end) = (f.writer.reader()?, f.version, f.log_end);
+        if !self.cfg.background_compaction {
+            self.compaction = Some(Pending::Done(compactor.run(reader, version, log_end)));
+            return self.poll_compaction(true);
+        }
         let handle = std::thread::Builder::new()
             .name("dpukv-compact".into())
             .spawn(move || compactor.run(reader, version, log_end))
             .map_err(|e| Error::io(&self.cfg.dir, e))?;
-        self.compaction = Some(handle);
+        self.compaction = Some(Pending::Running(handle));
         Ok(())
     }
 
@@ -490,18 +504,23 @@ impl Region {
     /// A failed compaction is reported and retried at the next call; the frozen L0 and the log
     /// keep its data meanwhile.
     fn poll_compaction(&mut self, wait: bool) -> Result<()> {
-        let Some(h) = self.compaction.take() else {
-            if self.frozen.is_some() && wait {
-                self.start_compaction()?;
-                return self.poll_compaction(true);
+        let done = match self.compaction.take() {
+            None => {
+                if self.frozen.is_some() && wait {
+                    self.start_compaction()?;
+                    return self.poll_compaction(true);
+                }
+                return Ok(());
             }
-            return Ok(());
+            Some(Pending::Running(h)) if !wait && !h.is_finished() => {
+                self.compaction = Some(Pending::Running(h));
+                return Ok(());
+            }
+            Some(Pending::Running(h)) => {
+                h.join().map_err(|_| Error::Config("the compaction thread panicked".into()))??
+            }
+            Some(Pending::Done(r)) => r?,
         };
-        if !wait && !h.is_finished() {
-            self.compaction = Some(h);
-            return Ok(());
-        }
-        let done = h.join().map_err(|_| Error::Config("the compaction thread panicked".into()))??;
         self.stats.level_bytes_written += done.written;
         self.stats.level_bytes_read += done.read;
         self.stats.compactions += done.compactions;

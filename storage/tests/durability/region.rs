@@ -192,8 +192,14 @@ proptest! {
 
 #[test]
 fn many_compactions_keep_every_key() {
+    for background in [true, false] {
+        many_compactions(background);
+    }
+}
+
+fn many_compactions(background: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = small_config(dir.path());
+    let cfg = RegionConfig { background_compaction: background, ..small_config(dir.path()) };
     let mut r = Region::open(cfg.clone()).expect("open").0;
     let mut m: Model = BTreeMap::new();
     let mut x = 1u64;
