@@ -172,7 +172,22 @@ impl RegionReader {
         Ok(())
     }
 
-    fn with_srcs<T>(&mut self, f: impl FnOnce(&[Src<'_>], &VlogReader) -> Result<T>) -> Result<T> {
+    /// Runs `f` on one consistent snapshot of the tables. If it fails on a missing or damaged
+    /// file — a log segment collected or a level replaced after this reader last looked — it
+    /// switches to the current table set and tries once more.
+    fn with_srcs<T>(&mut self, f: impl Fn(&[Src<'_>], &VlogReader) -> Result<T>) -> Result<T> {
+        match self.try_with_srcs(&f) {
+            Err(Error::Io { .. } | Error::CorruptFile { .. }) => {
+                let (set, active, fz, levels) = Self::load(&self.shm_dir, &self.levels)?;
+                self.reloads += 1;
+                (self.set, self.active, self.frozen, self.levels) = (set, active, fz, levels);
+                self.try_with_srcs(&f)
+            }
+            r => r,
+        }
+    }
+
+    fn try_with_srcs<T>(&mut self, f: &impl Fn(&[Src<'_>], &VlogReader) -> Result<T>) -> Result<T> {
         self.refresh()?;
         let snap = self.active.snapshot()?;
         let mut fsnaps = Vec::with_capacity(self.frozen.len());
