@@ -6,6 +6,10 @@
 //! writes). The bench also prints the bytes the backup writes to disk (I/O amplification) for
 //! growth factors 4 and 10. `DPUKV_BENCH_WRITES` sets the replicated stream's length.
 
+#[path = "support/keys.rs"]
+mod keys;
+use keys::key;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,19 +17,6 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use dpukv_storage::ArenaConfig;
 use dpukv_storage::region::{Backup, IndexExport, Region, RegionConfig};
 use dpukv_storage::vlog::{FsyncPolicy, VlogConfig};
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-fn key(i: u64) -> [u8; 16] {
-    let mut k = [0u8; 16];
-    k[..8].copy_from_slice(&mix(i).to_be_bytes());
-    k[8..].copy_from_slice(&i.to_be_bytes());
-    k
-}
 
 fn value(i: u64) -> [u8; 100] {
     let mut v = [0u8; 100];

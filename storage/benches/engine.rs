@@ -5,6 +5,10 @@
 //! `engine/<workload>_<distribution>/<system>`; throughput is in elements (operations, or items
 //! for scans). Set `DPUKV_BENCH_KEYS` for a smaller key count (e.g. in CI smoke runs).
 
+#[path = "support/keys.rs"]
+mod keys;
+use keys::{key, mix};
+
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -18,20 +22,6 @@ use parking_lot::{Mutex, RwLock};
 use std::hint::black_box;
 
 // ---- keys and distributions -------------------------------------------------------------------
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Key `i`: 16 bytes whose order is unrelated to `i`.
-fn key(i: u64) -> [u8; 16] {
-    let mut k = [0u8; 16];
-    k[..8].copy_from_slice(&mix(i).to_be_bytes());
-    k[8..].copy_from_slice(&i.to_be_bytes());
-    k
-}
 
 fn value(i: u64, round: u64) -> [u8; 16] {
     let mut v = [0u8; 16];

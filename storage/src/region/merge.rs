@@ -113,7 +113,12 @@ pub(crate) fn resolve(vlog: &VlogReader, key: &[u8], s: Stored) -> Result<Option
         Stored::Pointer { ptr, len } => {
             let rec = vlog.read(Lsn(ptr))?;
             if rec.key.as_ref() != key || rec.value.len() != len as usize || rec.tombstone {
-                return Err(Error::corrupt(ptr, "value pointer leads to another record"));
+                let at = Lsn(ptr);
+                return Err(Error::corrupt_file(
+                    &vlog.segment_path(at),
+                    at.offset() as u64,
+                    "value pointer leads to another record",
+                ));
             }
             Ok(Some(rec.value.into_owned()))
         }

@@ -244,9 +244,11 @@ impl Region {
         let mut batch: Vec<(Lsn, Record<'static>)> = Vec::new();
         let mut batches: Vec<Vec<(Lsn, Record<'static>)>> = Vec::new();
         let mut last_end = start;
+        let vreader = self.vreader.clone();
         self.vlog.replay(start, |at, r| {
             if r.version <= self.manifest.max_version {
-                return Err(Error::corrupt(at.0, "log record older than the levels it should follow"));
+                let what = "log record older than the levels it should follow";
+                return Err(Error::corrupt_file(&vreader.segment_path(at), at.offset() as u64, what));
             }
             let end = r.batch_end;
             batch.push((at, r.to_owned()));
@@ -258,7 +260,12 @@ impl Region {
         for b in batches {
             let (first_lsn, version) = (b[0].0, b[0].1.version);
             if b.iter().any(|(_, r)| r.version != version) {
-                return Err(Error::corrupt(first_lsn.0, "records of one batch carry different versions"));
+                let what = "records of one batch carry different versions";
+                return Err(Error::corrupt_file(
+                    &self.vreader.segment_path(first_lsn),
+                    first_lsn.offset() as u64,
+                    what,
+                ));
             }
             let next = b.last().map(|(at, r)| Lsn(at.0 + r.encoded_len() as u64)).expect("non-empty batch");
             self.apply_to_l0(version, b.iter().map(|(at, r)| (r.key.as_ref(), r.tombstone, r.value.as_ref(), *at)))?;

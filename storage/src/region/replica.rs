@@ -81,7 +81,8 @@ impl Backup {
     /// to the local id; records are byte-identical, so offsets keep their meaning.
     pub fn receive_log_segment(&mut self, primary_id: u64, bytes: &[u8]) -> Result<()> {
         if bytes.len() < 16 || &bytes[..8] != b"DPUKVLG1" {
-            return Err(Error::corrupt(primary_id, "shipped log segment has a bad header"));
+            let shipped = PathBuf::from(format!("shipped log segment {primary_id}"));
+            return Err(Error::corrupt_file(&shipped, 0, "shipped log segment has a bad header"));
         }
         let local = *self.log_map.entry(primary_id).or_insert_with(|| {
             self.next_log_segment += 1;

@@ -463,6 +463,11 @@ impl VlogReader {
         Ok(f)
     }
 
+    /// The file holding the record at `at`.
+    pub fn segment_path(&self, at: Lsn) -> PathBuf {
+        segment::path(&self.dir, at.segment())
+    }
+
     fn forget(&self, id: u64) {
         self.files.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }

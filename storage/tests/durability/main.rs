@@ -7,4 +7,6 @@ mod device;
 mod levels;
 mod region;
 mod sendindex;
+#[path = "../support/model.rs"]
+mod support_model;
 mod vlog;

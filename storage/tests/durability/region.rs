@@ -2,12 +2,13 @@
 #![allow(clippy::map_entry)] // the model reads clearer with explicit checks
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
 
 use dpukv_storage::region::{Region, RegionConfig, RegionReader};
 use dpukv_storage::vlog::{FsyncPolicy, VlogConfig};
 use dpukv_storage::{ArenaConfig, BatchOp, Error};
 use proptest::prelude::*;
+
+use crate::support_model::{Model, model_batch, model_floor_scan, model_scan};
 
 pub fn small_config(dir: &std::path::Path) -> RegionConfig {
     RegionConfig {
@@ -66,27 +67,6 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-type Model = BTreeMap<Vec<u8>, Vec<u8>>;
-
-pub fn model_scan(m: &Model, lo: &[u8], hi: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-    if lo > hi {
-        return Vec::new();
-    }
-    m.range::<[u8], _>((Bound::Included(lo), Bound::Included(hi)))
-        .take(limit)
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
-}
-
-fn model_floor(m: &Model, lo: &[u8], hi: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let start = m
-        .range::<[u8], _>((Bound::Unbounded, Bound::Included(lo)))
-        .next_back()
-        .map(|(k, _)| k.clone())
-        .unwrap_or_else(|| lo.to_vec());
-    model_scan(m, &start, hi, limit)
-}
-
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = small_config(dir.path());
@@ -130,25 +110,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         _ => BatchOp::Delete(k),
                     })
                     .collect();
-                let mut m2 = m.clone();
-                let mut ok = true;
-                for (t, k, v) in &items {
-                    match t {
-                        0 => {
-                            m2.insert(k.clone(), v.clone());
-                        }
-                        1 if m2.contains_key(k) => ok = false,
-                        2 if !m2.contains_key(k) => ok = false,
-                        1 | 2 => {
-                            m2.insert(k.clone(), v.clone());
-                        }
-                        _ => {
-                            m2.remove(k);
-                        }
-                    }
-                }
+                let next = model_batch(&m, &items);
                 let res = r.write_batch(&ops);
-                if ok {
+                if let Some(m2) = next {
                     res.expect("batch");
                     m = m2;
                 } else {
@@ -158,7 +122,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Get(k) => prop_assert_eq!(r.get(&k).expect("get"), m.get(&k).cloned()),
             Op::Scan(a, b, n) => prop_assert_eq!(r.scan(&a, &b, n).expect("scan"), model_scan(&m, &a, &b, n)),
             Op::FloorScan(a, b, n) => {
-                prop_assert_eq!(r.floor_scan(&a, &b, n).expect("floor scan"), model_floor(&m, &a, &b, n))
+                prop_assert_eq!(r.floor_scan(&a, &b, n).expect("floor scan"), model_floor_scan(&m, &a, &b, n))
             }
             Op::Flush => r.flush_now().expect("flush"),
             Op::Gc => {

@@ -33,8 +33,6 @@ pub fn must_writer(cfg: &ArenaConfig) -> (tempfile::TempDir, std::path::PathBuf,
     (dir, path, w)
 }
 
-pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
-
-pub fn owned(v: Vec<(&[u8], &[u8])>) -> Pairs {
+pub fn owned(v: Vec<(&[u8], &[u8])>) -> crate::support_model::Pairs {
     v.into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
 }

@@ -6,3 +6,5 @@ mod concurrency;
 mod corrupt;
 mod model;
 mod multiprocess;
+#[path = "../support/model.rs"]
+mod support_model;

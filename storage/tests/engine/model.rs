@@ -7,7 +7,8 @@ use std::ops::Bound;
 use dpukv_storage::{ArenaConfig, BatchOp, Error};
 use proptest::prelude::*;
 
-use crate::common::{Pairs, Rng, must_writer, owned};
+use crate::common::{Rng, must_writer, owned};
+use crate::support_model::{model_batch, model_floor_scan, model_scan};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -48,25 +49,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key(), key(), 0usize..40).prop_map(|(a, b, n)| Op::FloorScan(a, b, n)),
         1 => Just(Op::Snapshot),
     ]
-}
-
-fn model_scan(m: &BTreeMap<Vec<u8>, Vec<u8>>, lo: &[u8], hi: &[u8], limit: usize) -> Pairs {
-    if lo > hi {
-        return Vec::new();
-    }
-    m.range::<[u8], _>((Bound::Included(lo), Bound::Included(hi)))
-        .take(limit)
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
-}
-
-fn model_floor_scan(m: &BTreeMap<Vec<u8>, Vec<u8>>, lo: &[u8], hi: &[u8], limit: usize) -> Pairs {
-    let start = m
-        .range::<[u8], _>((Bound::Unbounded, Bound::Included(lo)))
-        .next_back()
-        .map(|(k, _)| k.clone())
-        .unwrap_or_else(|| lo.to_vec());
-    model_scan(m, &start, hi, limit)
 }
 
 fn run(ops: Vec<Op>, node_size: u32) -> Result<(), TestCaseError> {
@@ -113,26 +95,10 @@ fn run(ops: Vec<Op>, node_size: u32) -> Result<(), TestCaseError> {
                     })
                     .collect();
                 // Apply to a copy of the model; keep it only if every precondition held.
-                let mut m2 = m.clone();
-                let mut ok = true;
-                for (t, k, v) in &items {
-                    match t {
-                        0 => {
-                            m2.insert(k.clone(), v.clone());
-                        }
-                        1 if m2.contains_key(k) => ok = false,
-                        2 if !m2.contains_key(k) => ok = false,
-                        1 | 2 => {
-                            m2.insert(k.clone(), v.clone());
-                        }
-                        _ => {
-                            m2.remove(k);
-                        }
-                    }
-                }
+                let next = model_batch(&m, &items);
                 let before = w.version();
                 let r = w.write_batch(&ops);
-                if ok {
+                if let Some(m2) = next {
                     prop_assert_eq!(r.expect("batch"), before + 1, "a batch takes exactly one version");
                     m = m2;
                 } else {
