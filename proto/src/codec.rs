@@ -1,0 +1,492 @@
+//! Encoding and checked decoding of frames (byte diagrams in `docs/protocol.md`).
+//!
+//! A frame is `u32 len | u8 version | u8 kind | u16 count | entries`, every entry prefixed by its
+//! own `u32` length. [`frame_header`] tells whether a complete frame is buffered before anything
+//! is parsed; a bad entry inside a well-formed frame becomes an error for that request id only.
+
+use crate::error::{DecodeError, ErrorCode};
+use crate::limits::*;
+use crate::message::*;
+
+const KIND_REQUESTS: u8 = 1;
+const KIND_RESPONSES: u8 = 2;
+/// Bytes of the frame header.
+pub const FRAME_HEADER: usize = 8;
+
+/// What the first bytes of a frame say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// Total frame length, header included.
+    pub total: usize,
+    /// Entries in the frame.
+    pub count: usize,
+    /// Whether it carries requests (else responses).
+    pub requests: bool,
+}
+
+/// Reads the header at the start of `buf`: `Ok(None)` if fewer than 8 bytes are buffered.
+pub fn frame_header(buf: &[u8]) -> Result<Option<FrameHeader>, DecodeError> {
+    if buf.len() < FRAME_HEADER {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(buf[0..4].try_into().expect("4 bytes")) as usize;
+    let total = len + 4;
+    if total > MAX_FRAME {
+        return Err(DecodeError::TooLarge(total));
+    }
+    if total < FRAME_HEADER {
+        return Err(DecodeError::Malformed("frame shorter than its header"));
+    }
+    if buf[4] != crate::VERSION {
+        return Err(DecodeError::Version(buf[4]));
+    }
+    let requests = match buf[5] {
+        KIND_REQUESTS => true,
+        KIND_RESPONSES => false,
+        _ => return Err(DecodeError::Malformed("unknown frame kind")),
+    };
+    let count = u16::from_le_bytes([buf[6], buf[7]]) as usize;
+    if count > MAX_OPS_PER_FRAME {
+        return Err(DecodeError::Malformed("more entries than the limit"));
+    }
+    Ok(Some(FrameHeader { total, count, requests }))
+}
+
+// ---- writing ------------------------------------------------------------------------------------
+
+struct W<'a>(&'a mut Vec<u8>);
+
+impl W<'_> {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+    }
+}
+
+fn begin_frame(out: &mut Vec<u8>, kind: u8, count: usize) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.push(crate::VERSION);
+    out.push(kind);
+    out.extend_from_slice(&(count as u16).to_le_bytes());
+    start
+}
+
+fn end_frame(out: &mut [u8], start: usize) {
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+fn begin_entry(out: &mut Vec<u8>) -> usize {
+    out.extend_from_slice(&[0; 4]);
+    out.len()
+}
+
+fn end_entry(out: &mut [u8], body: usize) {
+    let len = (out.len() - body) as u32;
+    out[body - 4..body].copy_from_slice(&len.to_le_bytes());
+}
+
+fn put_write_op(w: &mut W<'_>, op: &WriteOp) {
+    match op {
+        WriteOp::Put { key, value } | WriteOp::Insert { key, value } | WriteOp::Update { key, value } => {
+            w.u8(match op {
+                WriteOp::Put { .. } => OpCode::Put,
+                WriteOp::Insert { .. } => OpCode::Insert,
+                _ => OpCode::Update,
+            } as u8);
+            w.bytes(key);
+            w.bytes(value);
+        }
+        WriteOp::Delete { key } => {
+            w.u8(OpCode::Delete as u8);
+            w.bytes(key);
+        }
+    }
+}
+
+/// Appends one frame carrying `reqs` (at most [`MAX_OPS_PER_FRAME`]) to `out`. Callers check
+/// [`Op::validate`] and [`MAX_FRAME`] first; the encoder does not.
+pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
+    let start = begin_frame(out, KIND_REQUESTS, reqs.len());
+    for r in reqs {
+        let body = begin_entry(out);
+        let mut w = W(out);
+        w.u64(r.id);
+        w.u8(r.op.code() as u8);
+        let (c, bound) = match r.consistency {
+            Consistency::Linearizable => (0, 0),
+            Consistency::Bounded { max_staleness_ms } => (1, max_staleness_ms),
+            Consistency::Extended => (2, 0),
+            Consistency::Interleaved => (3, 0),
+        };
+        w.u8(c);
+        w.u16(0);
+        w.u32(bound);
+        w.u64(r.read_version);
+        w.u32(r.region);
+        w.u64(r.epoch);
+        match &r.op {
+            Op::Get { key } | Op::Delete { key } => w.bytes(key),
+            Op::Put { key, value } | Op::Insert { key, value } | Op::Update { key, value } => {
+                w.bytes(key);
+                w.bytes(value);
+            }
+            Op::Scan { lo, hi, limit, max_bytes, token } | Op::FloorScan { lo, hi, limit, max_bytes, token } => {
+                w.bytes(lo);
+                w.bytes(hi);
+                w.u32(*limit);
+                w.u32(*max_bytes);
+                w.bytes(token);
+            }
+            Op::FetchAdd { key, delta } => {
+                w.bytes(key);
+                w.u64(*delta);
+            }
+            Op::CompareAndSwap { key, expected, new } => {
+                w.bytes(key);
+                w.u8(expected.is_some() as u8);
+                w.bytes(expected.as_deref().unwrap_or(&[]));
+                w.bytes(new);
+            }
+            Op::VectorScalar { key, elem, op, operand } => {
+                w.bytes(key);
+                w.u8(*elem as u8);
+                w.u8(*op as u8);
+                w.0.extend_from_slice(operand);
+            }
+            Op::VectorVector { key, elem, op, operand } => {
+                w.bytes(key);
+                w.u8(*elem as u8);
+                w.u8(*op as u8);
+                w.bytes(operand);
+            }
+            Op::Reduce { key, elem, op } => {
+                w.bytes(key);
+                w.u8(*elem as u8);
+                w.u8(*op as u8);
+            }
+            Op::Filter { key, elem, cmp, operand } => {
+                w.bytes(key);
+                w.u8(*elem as u8);
+                w.u8(*cmp as u8);
+                w.0.extend_from_slice(operand);
+            }
+            Op::Batch { ops } => {
+                w.u16(ops.len() as u16);
+                for o in ops {
+                    put_write_op(&mut w, o);
+                }
+            }
+        }
+        end_entry(out, body);
+    }
+    end_frame(out, start);
+}
+
+const R_DONE: u8 = 0;
+const R_ABSENT: u8 = 1;
+const R_VALUE: u8 = 2;
+const R_ITEMS: u8 = 3;
+const R_CAS: u8 = 4;
+const R_SCALAR: u8 = 5;
+const R_VECTOR: u8 = 6;
+
+/// Appends one frame carrying `resps` (at most [`MAX_OPS_PER_FRAME`]) to `out`.
+pub fn encode_responses(resps: &[Response], out: &mut Vec<u8>) {
+    let start = begin_frame(out, KIND_RESPONSES, resps.len());
+    for r in resps {
+        let body = begin_entry(out);
+        let mut w = W(out);
+        w.u64(r.id);
+        let status = match &r.result {
+            Ok(_) => 0,
+            Err(e) => e.code as u8,
+        };
+        w.u8(status);
+        w.u8(r.replicated as u8);
+        let kind = match &r.result {
+            Ok(Reply::Done) | Err(_) => R_DONE,
+            Ok(Reply::Value(None)) => R_ABSENT,
+            Ok(Reply::Value(Some(_))) => R_VALUE,
+            Ok(Reply::Items { .. }) => R_ITEMS,
+            Ok(Reply::Cas { .. }) => R_CAS,
+            Ok(Reply::Scalar(_)) => R_SCALAR,
+            Ok(Reply::Vector(_)) => R_VECTOR,
+        };
+        w.u8(kind);
+        w.u8(0);
+        w.u64(r.version);
+        match &r.result {
+            Err(e) => {
+                let m = &e.message.as_bytes()[..e.message.len().min(MAX_MESSAGE)];
+                w.u16(m.len() as u16);
+                w.0.extend_from_slice(m);
+            }
+            Ok(Reply::Done) | Ok(Reply::Value(None)) => {}
+            Ok(Reply::Value(Some(v))) | Ok(Reply::Vector(v)) => w.bytes(v),
+            Ok(Reply::Items { items, token }) => {
+                w.u32(items.len() as u32);
+                for (k, v) in items {
+                    w.bytes(k);
+                    w.bytes(v);
+                }
+                w.bytes(token);
+            }
+            Ok(Reply::Cas { swapped, current }) => {
+                w.u8(*swapped as u8);
+                w.u8(current.is_some() as u8);
+                w.bytes(current.as_deref().unwrap_or(&[]));
+            }
+            Ok(Reply::Scalar(s)) => w.0.extend_from_slice(s),
+        }
+        end_entry(out, body);
+    }
+    end_frame(out, start);
+}
+
+// ---- reading ------------------------------------------------------------------------------------
+
+/// A checked reader over one entry; errors carry the code the server answers with.
+struct R<'a> {
+    b: &'a [u8],
+    p: usize,
+}
+
+type EntryError = (ErrorCode, &'static str);
+
+impl<'a> R<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], EntryError> {
+        let s = self.b.get(self.p..self.p + n).ok_or((ErrorCode::BadRequest, "entry truncated"))?;
+        self.p += n;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, EntryError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, EntryError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+    }
+    fn u32(&mut self) -> Result<u32, EntryError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64, EntryError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn arr8(&mut self) -> Result<[u8; 8], EntryError> {
+        Ok(self.take(8)?.try_into().expect("8 bytes"))
+    }
+    /// A length-prefixed byte string of at most `max` bytes (`code` if longer).
+    fn bytes(&mut self, max: usize, code: ErrorCode) -> Result<Vec<u8>, EntryError> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err((code, "field longer than the protocol allows"));
+        }
+        Ok(self.take(n)?.to_vec())
+    }
+    fn key(&mut self) -> Result<Vec<u8>, EntryError> {
+        let k = self.bytes(MAX_KEY, ErrorCode::KeySize)?;
+        if k.is_empty() {
+            return Err((ErrorCode::KeySize, "empty key"));
+        }
+        Ok(k)
+    }
+    fn value(&mut self) -> Result<Vec<u8>, EntryError> {
+        self.bytes(MAX_VALUE, ErrorCode::ValueTooLarge)
+    }
+    fn elem(&mut self) -> Result<Elem, EntryError> {
+        Elem::from_u8(self.u8()?).ok_or((ErrorCode::BadRequest, "unknown element type"))
+    }
+    fn done(&self) -> Result<(), EntryError> {
+        if self.p == self.b.len() { Ok(()) } else { Err((ErrorCode::BadRequest, "trailing bytes in entry")) }
+    }
+}
+
+/// Splits a complete frame into its entries (each without its length prefix).
+fn entries(frame: &[u8], want_requests: bool) -> Result<Vec<&[u8]>, DecodeError> {
+    let h = frame_header(frame)?.ok_or(DecodeError::Incomplete)?;
+    if frame.len() < h.total {
+        return Err(DecodeError::Incomplete);
+    }
+    if frame.len() > h.total {
+        return Err(DecodeError::Malformed("bytes after the frame"));
+    }
+    if h.requests != want_requests {
+        return Err(DecodeError::Malformed("unexpected frame kind"));
+    }
+    let mut out = Vec::with_capacity(h.count);
+    let mut p = FRAME_HEADER;
+    for _ in 0..h.count {
+        let len = frame.get(p..p + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize);
+        let len = len.ok_or(DecodeError::Malformed("entry length past the frame"))?;
+        let e = frame.get(p + 4..p + 4 + len).ok_or(DecodeError::Malformed("entry past the frame"))?;
+        if e.len() < 8 {
+            return Err(DecodeError::Malformed("entry without a request id"));
+        }
+        out.push(e);
+        p += 4 + len;
+    }
+    if p != frame.len() {
+        return Err(DecodeError::Malformed("frame length and entries disagree"));
+    }
+    Ok(out)
+}
+
+/// One decoded request entry: the request, or its id with the error to answer it with.
+pub type RequestEntry = Result<Request, (u64, ErrorCode, &'static str)>;
+
+/// Decodes a complete request frame (`frame` is exactly [`FrameHeader::total`] bytes).
+pub fn decode_requests(frame: &[u8]) -> Result<Vec<RequestEntry>, DecodeError> {
+    Ok(entries(frame, true)?.into_iter().map(decode_request).collect())
+}
+
+fn decode_request(e: &[u8]) -> RequestEntry {
+    let id = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
+    let mut r = R { b: e, p: 8 };
+    let parse = |r: &mut R<'_>| -> Result<Request, EntryError> {
+        let code = r.u8()?;
+        let consistency = match (r.u8()?, r.u16()?, r.u32()?) {
+            (0, _, _) => Consistency::Linearizable,
+            (1, _, ms) => Consistency::Bounded { max_staleness_ms: ms },
+            (2, _, _) => Consistency::Extended,
+            (3, _, _) => Consistency::Interleaved,
+            _ => return Err((ErrorCode::BadRequest, "unknown consistency")),
+        };
+        let (read_version, region, epoch) = (r.u64()?, r.u32()?, r.u64()?);
+        let op = match OpCode::from_u8(code).ok_or((ErrorCode::UnknownOp, "unknown operation code"))? {
+            OpCode::Get => Op::Get { key: r.key()? },
+            OpCode::Delete => Op::Delete { key: r.key()? },
+            OpCode::Put => Op::Put { key: r.key()?, value: r.value()? },
+            OpCode::Insert => Op::Insert { key: r.key()?, value: r.value()? },
+            OpCode::Update => Op::Update { key: r.key()?, value: r.value()? },
+            c @ (OpCode::Scan | OpCode::FloorScan) => {
+                let lo = r.bytes(MAX_KEY, ErrorCode::KeySize)?;
+                let hi = r.bytes(MAX_KEY, ErrorCode::KeySize)?;
+                let (limit, max_bytes) = (r.u32()?, r.u32()?);
+                let token = r.bytes(MAX_TOKEN, ErrorCode::BadToken)?;
+                if c == OpCode::Scan {
+                    Op::Scan { lo, hi, limit, max_bytes, token }
+                } else {
+                    Op::FloorScan { lo, hi, limit, max_bytes, token }
+                }
+            }
+            OpCode::FetchAdd => Op::FetchAdd { key: r.key()?, delta: r.u64()? },
+            OpCode::CompareAndSwap => {
+                let key = r.key()?;
+                let has = r.u8()?;
+                let exp = r.value()?;
+                let expected = match has {
+                    0 if exp.is_empty() => None,
+                    1 => Some(exp),
+                    _ => return Err((ErrorCode::BadRequest, "malformed expected value")),
+                };
+                Op::CompareAndSwap { key, expected, new: r.value()? }
+            }
+            OpCode::VectorScalar => {
+                let (key, elem) = (r.key()?, r.elem()?);
+                let op = VecOp::from_u8(r.u8()?).ok_or((ErrorCode::BadRequest, "unknown vector operation"))?;
+                Op::VectorScalar { key, elem, op, operand: r.arr8()? }
+            }
+            OpCode::VectorVector => {
+                let (key, elem) = (r.key()?, r.elem()?);
+                let op = VecOp::from_u8(r.u8()?).ok_or((ErrorCode::BadRequest, "unknown vector operation"))?;
+                Op::VectorVector { key, elem, op, operand: r.bytes(MAX_VECTOR, ErrorCode::ValueTooLarge)? }
+            }
+            OpCode::Reduce => {
+                let (key, elem) = (r.key()?, r.elem()?);
+                let op = ReduceOp::from_u8(r.u8()?).ok_or((ErrorCode::BadRequest, "unknown reduction"))?;
+                Op::Reduce { key, elem, op }
+            }
+            OpCode::Filter => {
+                let (key, elem) = (r.key()?, r.elem()?);
+                let cmp = Cmp::from_u8(r.u8()?).ok_or((ErrorCode::BadRequest, "unknown comparison"))?;
+                Op::Filter { key, elem, cmp, operand: r.arr8()? }
+            }
+            OpCode::Batch => {
+                let n = r.u16()? as usize;
+                if n == 0 || n > MAX_BATCH_OPS {
+                    return Err((ErrorCode::TooManyOps, "batch size outside 1..=1024"));
+                }
+                let mut ops = Vec::with_capacity(n);
+                for _ in 0..n {
+                    ops.push(match OpCode::from_u8(r.u8()?) {
+                        Some(OpCode::Put) => WriteOp::Put { key: r.key()?, value: r.value()? },
+                        Some(OpCode::Insert) => WriteOp::Insert { key: r.key()?, value: r.value()? },
+                        Some(OpCode::Update) => WriteOp::Update { key: r.key()?, value: r.value()? },
+                        Some(OpCode::Delete) => WriteOp::Delete { key: r.key()? },
+                        _ => return Err((ErrorCode::UnknownOp, "a batch holds put, insert, update and delete only")),
+                    });
+                }
+                Op::Batch { ops }
+            }
+        };
+        r.done()?;
+        let req = Request { id, consistency, read_version, region, epoch, op };
+        req.op.validate().map_err(|c| (c, "request outside the protocol's limits"))?;
+        Ok(req)
+    };
+    parse(&mut r).map_err(|(code, what)| (id, code, what))
+}
+
+/// Decodes a complete response frame.
+pub fn decode_responses(frame: &[u8]) -> Result<Vec<Response>, DecodeError> {
+    entries(frame, false)?.into_iter().map(decode_response).collect()
+}
+
+fn decode_response(e: &[u8]) -> Result<Response, DecodeError> {
+    let mut r = R { b: e, p: 0 };
+    let bad = |_: EntryError| DecodeError::Malformed("malformed response entry");
+    let id = r.u64().map_err(bad)?;
+    let status = r.u8().map_err(bad)?;
+    let replicated = r.u8().map_err(bad)? & 1 == 1;
+    let kind = r.u8().map_err(bad)?;
+    r.u8().map_err(bad)?;
+    let version = r.u64().map_err(bad)?;
+    let result = if status != 0 {
+        let code = ErrorCode::from_u8(status).ok_or(DecodeError::Malformed("unknown error code"))?;
+        let n = r.u16().map_err(bad)? as usize;
+        let m = r.take(n.min(MAX_MESSAGE)).map_err(bad)?;
+        Err(ErrorReply { code, message: String::from_utf8_lossy(m).into_owned() })
+    } else {
+        Ok(match kind {
+            R_DONE => Reply::Done,
+            R_ABSENT => Reply::Value(None),
+            R_VALUE => Reply::Value(Some(r.value().map_err(bad)?)),
+            R_VECTOR => Reply::Vector(r.value().map_err(bad)?),
+            R_ITEMS => {
+                let n = r.u32().map_err(bad)?;
+                if n > MAX_SCAN_ITEMS {
+                    return Err(DecodeError::Malformed("scan reply with too many items"));
+                }
+                let mut items = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    let k = r.bytes(MAX_KEY, ErrorCode::KeySize).map_err(bad)?;
+                    items.push((k, r.value().map_err(bad)?));
+                }
+                Reply::Items { items, token: r.bytes(MAX_TOKEN, ErrorCode::BadToken).map_err(bad)? }
+            }
+            R_CAS => {
+                let swapped = r.u8().map_err(bad)? == 1;
+                let has = r.u8().map_err(bad)? == 1;
+                let v = r.value().map_err(bad)?;
+                Reply::Cas { swapped, current: has.then_some(v) }
+            }
+            R_SCALAR => Reply::Scalar(r.arr8().map_err(bad)?),
+            _ => return Err(DecodeError::Malformed("unknown reply kind")),
+        })
+    };
+    r.done().map_err(bad)?;
+    Ok(Response { id, version, replicated, result })
+}

@@ -1,0 +1,30 @@
+//! dpukv-proto: the contracts between dpukv's processes and its clients. Today: the client wire
+//! protocol v1 — length-prefixed frames carrying batches of operations with request ids (so many
+//! requests are in flight per connection and complete out of order), typed error codes, explicit
+//! limits, and scan continuation tokens. Spec with byte diagrams: `docs/protocol.md`.
+//!
+//! This crate sits at the bottom of the architecture (ARCHITECTURE.md §2) with `storage`; only it
+//! knows byte layouts on the wire. It has no I/O: callers feed it bytes.
+//!
+//! # Layout
+//! - `limits`: every size limit of the protocol.
+//! - `error`: [`ErrorCode`] (on the wire) and [`DecodeError`] (a frame that cannot be parsed).
+//! - `message`: requests, operations, responses, replies.
+//! - `codec`: encoding and checked decoding of frames.
+//! - `token`: the scan continuation token.
+
+mod codec;
+mod error;
+pub mod limits;
+mod message;
+mod token;
+
+pub use codec::{
+    FrameHeader, RequestEntry, decode_requests, decode_responses, encode_requests, encode_responses, frame_header,
+};
+pub use error::{DecodeError, ErrorCode};
+pub use message::{Cmp, Consistency, Elem, ErrorReply, Op, OpCode, ReduceOp, Reply, Request, Response, VecOp, WriteOp};
+pub use token::ScanToken;
+
+/// Protocol version carried in every frame.
+pub const VERSION: u8 = 1;

@@ -1,0 +1,441 @@
+//! Requests, operations, responses and replies.
+
+use crate::error::ErrorCode;
+use crate::limits::*;
+
+/// Operation codes on the wire. Stable numbers: never reuse one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum OpCode {
+    /// [`Op::Get`]
+    Get = 1,
+    /// [`Op::Put`]
+    Put = 2,
+    /// [`Op::Insert`]
+    Insert = 3,
+    /// [`Op::Update`]
+    Update = 4,
+    /// [`Op::Delete`]
+    Delete = 5,
+    /// [`Op::Scan`]
+    Scan = 6,
+    /// [`Op::FloorScan`]
+    FloorScan = 7,
+    /// [`Op::FetchAdd`]
+    FetchAdd = 8,
+    /// [`Op::CompareAndSwap`]
+    CompareAndSwap = 9,
+    /// [`Op::VectorScalar`]
+    VectorScalar = 10,
+    /// [`Op::VectorVector`]
+    VectorVector = 11,
+    /// [`Op::Reduce`]
+    Reduce = 12,
+    /// [`Op::Filter`]
+    Filter = 13,
+    /// [`Op::Batch`]
+    Batch = 14,
+}
+
+impl OpCode {
+    /// The code for byte `b`, if known.
+    pub fn from_u8(b: u8) -> Option<OpCode> {
+        use OpCode::*;
+        Some(match b {
+            1 => Get,
+            2 => Put,
+            3 => Insert,
+            4 => Update,
+            5 => Delete,
+            6 => Scan,
+            7 => FloorScan,
+            8 => FetchAdd,
+            9 => CompareAndSwap,
+            10 => VectorScalar,
+            11 => VectorVector,
+            12 => Reduce,
+            13 => Filter,
+            14 => Batch,
+            _ => return None,
+        })
+    }
+
+    /// Whether the operation changes data (it goes to the host's write pipeline).
+    pub fn is_write(self) -> bool {
+        !matches!(self, OpCode::Get | OpCode::Scan | OpCode::FloorScan | OpCode::Reduce | OpCode::Filter)
+    }
+}
+
+/// Which replica may answer a read (hKVS access modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Consistency {
+    /// The primary only (default).
+    #[default]
+    Linearizable,
+    /// A replica no staler than `max_staleness_ms` may answer.
+    Bounded {
+        /// Bound in milliseconds.
+        max_staleness_ms: u32,
+    },
+    /// Replicas when the primary is busy.
+    Extended,
+    /// Spread over primary and replicas.
+    Interleaved,
+}
+
+/// The element type of a value read as an array of fixed-width numbers (atomics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Elem {
+    /// u32, little-endian.
+    U32 = 1,
+    /// u64, little-endian.
+    U64 = 2,
+    /// i64, little-endian.
+    I64 = 3,
+    /// f64, little-endian IEEE 754.
+    F64 = 4,
+}
+
+impl Elem {
+    /// Bytes per element.
+    pub fn width(self) -> usize {
+        if self == Elem::U32 { 4 } else { 8 }
+    }
+    pub(crate) fn from_u8(b: u8) -> Option<Elem> {
+        Some(match b {
+            1 => Elem::U32,
+            2 => Elem::U64,
+            3 => Elem::I64,
+            4 => Elem::F64,
+            _ => return None,
+        })
+    }
+}
+
+/// Element-wise update of a vector value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum VecOp {
+    /// element + operand (wrapping for integers)
+    Add = 1,
+    /// element - operand (wrapping for integers)
+    Sub = 2,
+    /// element * operand (wrapping for integers)
+    Mul = 3,
+    /// min(element, operand)
+    Min = 4,
+    /// max(element, operand)
+    Max = 5,
+    /// operand
+    Set = 6,
+}
+
+impl VecOp {
+    pub(crate) fn from_u8(b: u8) -> Option<VecOp> {
+        use VecOp::*;
+        Some(match b {
+            1 => Add,
+            2 => Sub,
+            3 => Mul,
+            4 => Min,
+            5 => Max,
+            6 => Set,
+            _ => return None,
+        })
+    }
+}
+
+/// A reduction over a vector value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ReduceOp {
+    /// Sum (wrapping for integers).
+    Sum = 1,
+    /// Minimum.
+    Min = 2,
+    /// Maximum.
+    Max = 3,
+}
+
+impl ReduceOp {
+    pub(crate) fn from_u8(b: u8) -> Option<ReduceOp> {
+        Some(match b {
+            1 => ReduceOp::Sum,
+            2 => ReduceOp::Min,
+            3 => ReduceOp::Max,
+            _ => return None,
+        })
+    }
+}
+
+/// A comparison for [`Op::Filter`] (element `cmp` operand).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Cmp {
+    /// <
+    Lt = 1,
+    /// <=
+    Le = 2,
+    /// ==
+    Eq = 3,
+    /// !=
+    Ne = 4,
+    /// >=
+    Ge = 5,
+    /// >
+    Gt = 6,
+}
+
+impl Cmp {
+    pub(crate) fn from_u8(b: u8) -> Option<Cmp> {
+        use Cmp::*;
+        Some(match b {
+            1 => Lt,
+            2 => Le,
+            3 => Eq,
+            4 => Ne,
+            5 => Ge,
+            6 => Gt,
+            _ => return None,
+        })
+    }
+}
+
+/// One write of an atomic batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum WriteOp {
+    /// Upsert.
+    Put { key: Vec<u8>, value: Vec<u8> },
+    /// Insert (the batch fails if present).
+    Insert { key: Vec<u8>, value: Vec<u8> },
+    /// Update (the batch fails if absent).
+    Update { key: Vec<u8>, value: Vec<u8> },
+    /// Delete.
+    Delete { key: Vec<u8> },
+}
+
+impl WriteOp {
+    /// The key.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            WriteOp::Put { key, .. }
+            | WriteOp::Insert { key, .. }
+            | WriteOp::Update { key, .. }
+            | WriteOp::Delete { key } => key,
+        }
+    }
+}
+
+/// An operation.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)]
+pub enum Op {
+    /// The value of `key`.
+    Get { key: Vec<u8> },
+    /// Upsert.
+    Put { key: Vec<u8>, value: Vec<u8> },
+    /// Insert; `KeyExists` if present.
+    Insert { key: Vec<u8>, value: Vec<u8> },
+    /// Update; `KeyNotFound` if absent.
+    Update { key: Vec<u8>, value: Vec<u8> },
+    /// Delete.
+    Delete { key: Vec<u8> },
+    /// Items with keys in `[lo, hi]` ascending: at most `limit` items and `max_bytes` bytes
+    /// (0 = the protocol maximum); continue with the reply's token.
+    Scan { lo: Vec<u8>, hi: Vec<u8>, limit: u32, max_bytes: u32, token: Vec<u8> },
+    /// Like `Scan` but starting at the largest key `<= lo` (Honeycomb's SCAN).
+    FloorScan { lo: Vec<u8>, hi: Vec<u8>, limit: u32, max_bytes: u32, token: Vec<u8> },
+    /// Adds `delta` to the value read as a little-endian u64 (absent = 0); replies with the old
+    /// value.
+    FetchAdd { key: Vec<u8>, delta: u64 },
+    /// Replaces the value with `new` if it equals `expected` (None = absent); replies whether it
+    /// did and the value it found.
+    CompareAndSwap { key: Vec<u8>, expected: Option<Vec<u8>>, new: Vec<u8> },
+    /// Updates every element with `op` and the scalar `operand` (8 bytes, read as `elem`).
+    VectorScalar { key: Vec<u8>, elem: Elem, op: VecOp, operand: [u8; 8] },
+    /// Updates element i with `op` and element i of `operand` (same length as the value).
+    VectorVector { key: Vec<u8>, elem: Elem, op: VecOp, operand: Vec<u8> },
+    /// Reduces the elements with `op`; replies with the scalar.
+    Reduce { key: Vec<u8>, elem: Elem, op: ReduceOp },
+    /// Replies with the elements for which `element cmp operand` holds.
+    Filter { key: Vec<u8>, elem: Elem, cmp: Cmp, operand: [u8; 8] },
+    /// Writes applied atomically under one version.
+    Batch { ops: Vec<WriteOp> },
+}
+
+impl Op {
+    /// The operation's code.
+    pub fn code(&self) -> OpCode {
+        match self {
+            Op::Get { .. } => OpCode::Get,
+            Op::Put { .. } => OpCode::Put,
+            Op::Insert { .. } => OpCode::Insert,
+            Op::Update { .. } => OpCode::Update,
+            Op::Delete { .. } => OpCode::Delete,
+            Op::Scan { .. } => OpCode::Scan,
+            Op::FloorScan { .. } => OpCode::FloorScan,
+            Op::FetchAdd { .. } => OpCode::FetchAdd,
+            Op::CompareAndSwap { .. } => OpCode::CompareAndSwap,
+            Op::VectorScalar { .. } => OpCode::VectorScalar,
+            Op::VectorVector { .. } => OpCode::VectorVector,
+            Op::Reduce { .. } => OpCode::Reduce,
+            Op::Filter { .. } => OpCode::Filter,
+            Op::Batch { .. } => OpCode::Batch,
+        }
+    }
+
+    /// The key the operation addresses (a scan's lower bound; a batch's first key).
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Op::Get { key }
+            | Op::Put { key, .. }
+            | Op::Insert { key, .. }
+            | Op::Update { key, .. }
+            | Op::Delete { key }
+            | Op::FetchAdd { key, .. }
+            | Op::CompareAndSwap { key, .. }
+            | Op::VectorScalar { key, .. }
+            | Op::VectorVector { key, .. }
+            | Op::Reduce { key, .. }
+            | Op::Filter { key, .. } => key,
+            Op::Scan { lo, .. } | Op::FloorScan { lo, .. } => lo,
+            Op::Batch { ops } => ops.first().map_or(&[], |o| o.key()),
+        }
+    }
+
+    /// Checks the limits; the error a server would answer with.
+    pub fn validate(&self) -> Result<(), ErrorCode> {
+        let key = |k: &[u8]| if k.is_empty() || k.len() > MAX_KEY { Err(ErrorCode::KeySize) } else { Ok(()) };
+        let value = |v: &[u8]| if v.len() > MAX_VALUE { Err(ErrorCode::ValueTooLarge) } else { Ok(()) };
+        match self {
+            Op::Get { key: k }
+            | Op::Delete { key: k }
+            | Op::FetchAdd { key: k, .. }
+            | Op::Reduce { key: k, .. }
+            | Op::Filter { key: k, .. } => key(k),
+            Op::VectorScalar { key: k, .. } => key(k),
+            Op::Put { key: k, value: v } | Op::Insert { key: k, value: v } | Op::Update { key: k, value: v } => {
+                key(k)?;
+                value(v)
+            }
+            Op::VectorVector { key: k, operand, .. } => {
+                key(k)?;
+                value(operand)
+            }
+            Op::CompareAndSwap { key: k, expected, new } => {
+                key(k)?;
+                value(new)?;
+                expected.as_deref().map_or(Ok(()), value)
+            }
+            Op::Scan { lo, hi, limit, max_bytes, token } | Op::FloorScan { lo, hi, limit, max_bytes, token } => {
+                if lo.len() > MAX_KEY || hi.len() > MAX_KEY {
+                    return Err(ErrorCode::KeySize);
+                }
+                if *limit > MAX_SCAN_ITEMS || *max_bytes > MAX_SCAN_BYTES {
+                    return Err(ErrorCode::TooManyOps);
+                }
+                if token.len() > MAX_TOKEN {
+                    return Err(ErrorCode::BadToken);
+                }
+                Ok(())
+            }
+            Op::Batch { ops } => {
+                if ops.is_empty() || ops.len() > MAX_BATCH_OPS {
+                    return Err(ErrorCode::TooManyOps);
+                }
+                for o in ops {
+                    key(o.key())?;
+                    if let WriteOp::Put { value: v, .. }
+                    | WriteOp::Insert { value: v, .. }
+                    | WriteOp::Update { value: v, .. } = o
+                    {
+                        value(v)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A request: an operation with its id and read options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Chosen by the client; echoed in the response. Unique among the connection's requests in
+    /// flight.
+    pub id: u64,
+    /// Which replica may answer a read.
+    pub consistency: Consistency,
+    /// Read at this version (0 = the latest).
+    pub read_version: u64,
+    /// The region the client believes holds the key (0 = let the node decide).
+    pub region: u32,
+    /// The region epoch the client knows (0 = unchecked).
+    pub epoch: u64,
+    /// The operation.
+    pub op: Op,
+}
+
+impl Request {
+    /// A request with default options.
+    pub fn new(id: u64, op: Op) -> Request {
+        Request { id, consistency: Consistency::Linearizable, read_version: 0, region: 0, epoch: 0, op }
+    }
+}
+
+/// A successful reply.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)]
+pub enum Reply {
+    /// A write or delete was applied.
+    Done,
+    /// A get: the value, or None when absent.
+    Value(Option<Vec<u8>>),
+    /// A scan page, and the token to continue with (empty when the range is done).
+    Items { items: Vec<(Vec<u8>, Vec<u8>)>, token: Vec<u8> },
+    /// Compare-and-swap: whether it swapped, and the value it found.
+    Cas { swapped: bool, current: Option<Vec<u8>> },
+    /// A scalar: fetch-add's old value, a reduction's result (8 bytes, read as the element type).
+    Scalar([u8; 8]),
+    /// A vector: a filter's matching elements.
+    Vector(Vec<u8>),
+}
+
+/// A failed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorReply {
+    /// What went wrong.
+    pub code: ErrorCode,
+    /// A human-readable explanation (never echoes user keys or values in full).
+    pub message: String,
+}
+
+/// A response to one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    /// The request's id.
+    pub id: u64,
+    /// The version of the value read or written (0 if none).
+    pub version: u64,
+    /// The key is replicated on other nodes' devices (hot-key replicas).
+    pub replicated: bool,
+    /// The outcome.
+    pub result: Result<Reply, ErrorReply>,
+}
+
+impl Response {
+    /// An error response.
+    pub fn error(id: u64, code: ErrorCode, message: impl Into<String>) -> Response {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            let mut cut = MAX_MESSAGE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        Response { id, version: 0, replicated: false, result: Err(ErrorReply { code, message }) }
+    }
+}

@@ -1,0 +1,231 @@
+//! Protocol v1 codec: round trips, limits, malformed input.
+
+use dpukv_proto::*;
+use proptest::prelude::*;
+
+fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec(any::<u8>(), 0..=max)
+}
+
+fn key() -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec(any::<u8>(), 1..=64)
+}
+
+fn elem() -> impl Strategy<Value = Elem> {
+    prop_oneof![Just(Elem::U32), Just(Elem::U64), Just(Elem::I64), Just(Elem::F64)]
+}
+
+fn vec_op() -> impl Strategy<Value = VecOp> {
+    prop_oneof![
+        Just(VecOp::Add),
+        Just(VecOp::Sub),
+        Just(VecOp::Mul),
+        Just(VecOp::Min),
+        Just(VecOp::Max),
+        Just(VecOp::Set)
+    ]
+}
+
+fn write_op() -> impl Strategy<Value = WriteOp> {
+    prop_oneof![
+        (key(), bytes(40)).prop_map(|(key, value)| WriteOp::Put { key, value }),
+        (key(), bytes(40)).prop_map(|(key, value)| WriteOp::Insert { key, value }),
+        (key(), bytes(40)).prop_map(|(key, value)| WriteOp::Update { key, value }),
+        key().prop_map(|key| WriteOp::Delete { key }),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        key().prop_map(|key| Op::Get { key }),
+        (key(), bytes(300)).prop_map(|(key, value)| Op::Put { key, value }),
+        (key(), bytes(30)).prop_map(|(key, value)| Op::Insert { key, value }),
+        (key(), bytes(30)).prop_map(|(key, value)| Op::Update { key, value }),
+        key().prop_map(|key| Op::Delete { key }),
+        (bytes(20), bytes(20), 0u32..=10_000, 0u32..=(4 << 20), bytes(30))
+            .prop_map(|(lo, hi, limit, max_bytes, token)| Op::Scan { lo, hi, limit, max_bytes, token }),
+        (bytes(20), bytes(20), 0u32..=10_000, 0u32..=(4 << 20), bytes(30))
+            .prop_map(|(lo, hi, limit, max_bytes, token)| Op::FloorScan { lo, hi, limit, max_bytes, token }),
+        (key(), any::<u64>()).prop_map(|(key, delta)| Op::FetchAdd { key, delta }),
+        (key(), proptest::option::of(bytes(20)), bytes(20)).prop_map(|(key, expected, new)| Op::CompareAndSwap {
+            key,
+            expected,
+            new
+        }),
+        (key(), elem(), vec_op(), any::<[u8; 8]>()).prop_map(|(key, elem, op, operand)| Op::VectorScalar {
+            key,
+            elem,
+            op,
+            operand
+        }),
+        (key(), elem(), vec_op(), bytes(64)).prop_map(|(key, elem, op, operand)| Op::VectorVector {
+            key,
+            elem,
+            op,
+            operand
+        }),
+        (key(), elem(), prop_oneof![Just(ReduceOp::Sum), Just(ReduceOp::Min), Just(ReduceOp::Max)])
+            .prop_map(|(key, elem, op)| Op::Reduce { key, elem, op }),
+        (
+            key(),
+            elem(),
+            prop_oneof![Just(Cmp::Lt), Just(Cmp::Le), Just(Cmp::Eq), Just(Cmp::Ne), Just(Cmp::Ge), Just(Cmp::Gt)],
+            any::<[u8; 8]>()
+        )
+            .prop_map(|(key, elem, cmp, operand)| Op::Filter { key, elem, cmp, operand }),
+        proptest::collection::vec(write_op(), 1..8).prop_map(|ops| Op::Batch { ops }),
+    ]
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    let consistency = prop_oneof![
+        Just(Consistency::Linearizable),
+        any::<u32>().prop_map(|ms| Consistency::Bounded { max_staleness_ms: ms }),
+        Just(Consistency::Extended),
+        Just(Consistency::Interleaved),
+    ];
+    (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), op()).prop_map(
+        |(id, consistency, read_version, region, epoch, op)| Request {
+            id,
+            consistency,
+            read_version,
+            region,
+            epoch,
+            op,
+        },
+    )
+}
+
+fn response() -> impl Strategy<Value = Response> {
+    let reply = prop_oneof![
+        Just(Reply::Done),
+        proptest::option::of(bytes(100)).prop_map(Reply::Value),
+        (proptest::collection::vec((key(), bytes(30)), 0..10), bytes(30))
+            .prop_map(|(items, token)| Reply::Items { items, token }),
+        (any::<bool>(), proptest::option::of(bytes(20))).prop_map(|(swapped, current)| Reply::Cas { swapped, current }),
+        any::<[u8; 8]>().prop_map(Reply::Scalar),
+        bytes(64).prop_map(Reply::Vector),
+    ];
+    let code = (1u8..=16).prop_map(|b| ErrorCode::from_u8(b).expect("known code"));
+    let result = prop_oneof![
+        3 => reply.prop_map(Ok),
+        1 => (code, "[a-z ]{0,40}").prop_map(|(code, message)| Err(ErrorReply { code, message })),
+    ];
+    (any::<u64>(), any::<u64>(), any::<bool>(), result).prop_map(|(id, version, replicated, result)| Response {
+        id,
+        version,
+        replicated,
+        result,
+    })
+}
+
+proptest! {
+    #[test]
+    fn requests_round_trip(reqs in proptest::collection::vec(request(), 0..20)) {
+        let mut buf = Vec::new();
+        encode_requests(&reqs, &mut buf);
+        let h = frame_header(&buf).expect("header").expect("complete header");
+        prop_assert_eq!(h.total, buf.len());
+        prop_assert_eq!(h.count, reqs.len());
+        let got: Vec<Request> = decode_requests(&buf).expect("decode").into_iter().map(|r| r.expect("valid entry")).collect();
+        prop_assert_eq!(got, reqs);
+        // Every proper prefix is incomplete, never an error or a panic.
+        for cut in [0, 3, 7, buf.len() / 2, buf.len() - 1] {
+            if cut < buf.len() {
+                prop_assert!(matches!(decode_requests(&buf[..cut]), Err(DecodeError::Incomplete) | Err(DecodeError::Malformed(_))));
+            }
+        }
+    }
+
+    #[test]
+    fn responses_round_trip(resps in proptest::collection::vec(response(), 0..20)) {
+        let mut buf = Vec::new();
+        encode_responses(&resps, &mut buf);
+        prop_assert_eq!(decode_responses(&buf).expect("decode"), resps);
+    }
+
+    /// Arbitrary bytes never panic the decoders.
+    #[test]
+    fn garbage_never_panics(b in proptest::collection::vec(any::<u8>(), 0..600)) {
+        let _ = frame_header(&b);
+        let _ = decode_requests(&b);
+        let _ = decode_responses(&b);
+    }
+
+    /// A valid frame with bytes flipped: still no panic, and any entry that decodes is in limits.
+    #[test]
+    fn flipped_frames_never_panic(reqs in proptest::collection::vec(request(), 1..6), flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6)) {
+        let mut buf = Vec::new();
+        encode_requests(&reqs, &mut buf);
+        for (at, x) in flips {
+            let i = at % buf.len();
+            buf[i] ^= x | 1;
+        }
+        if let Ok(entries) = decode_requests(&buf) {
+            for r in entries.into_iter().flatten() {
+                prop_assert!(r.op.validate().is_ok());
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_entries_fail_alone_with_their_ids() {
+    let reqs = vec![
+        Request::new(7, Op::Get { key: b"a".to_vec() }),
+        Request::new(8, Op::Put { key: b"b".to_vec(), value: b"v".to_vec() }),
+        Request::new(9, Op::Get { key: b"c".to_vec() }),
+    ];
+    let mut buf = Vec::new();
+    encode_requests(&reqs, &mut buf);
+    // The second entry starts after the frame header (8) and the first entry (4 + len).
+    let first_len = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) as usize;
+    let second = 8 + 4 + first_len + 4;
+    buf[second + 8] = 200; // unknown op code
+    let got = decode_requests(&buf).expect("frame");
+    assert_eq!(got[0].as_ref().expect("first").id, 7);
+    assert_eq!(got[1].as_ref().err().map(|e| (e.0, e.1)), Some((8, ErrorCode::UnknownOp)));
+    assert_eq!(got[2].as_ref().expect("third").id, 9);
+}
+
+#[test]
+fn limits_are_enforced() {
+    let big = |n: usize| vec![0u8; n];
+    let cases = vec![
+        (Op::Get { key: big(limits::MAX_KEY + 1) }, ErrorCode::KeySize),
+        (Op::Get { key: Vec::new() }, ErrorCode::KeySize),
+        (Op::Put { key: b"k".to_vec(), value: big(limits::MAX_VALUE + 1) }, ErrorCode::ValueTooLarge),
+        (
+            Op::Scan { lo: vec![], hi: vec![], limit: limits::MAX_SCAN_ITEMS + 1, max_bytes: 0, token: vec![] },
+            ErrorCode::TooManyOps,
+        ),
+        (Op::Batch { ops: vec![] }, ErrorCode::TooManyOps),
+    ];
+    for (op, code) in cases {
+        assert_eq!(op.validate(), Err(code), "{:?}", op.code());
+        let mut buf = Vec::new();
+        encode_requests(&[Request::new(1, op)], &mut buf);
+        if buf.len() <= limits::MAX_FRAME {
+            let got = decode_requests(&buf).expect("frame");
+            assert_eq!(got[0].as_ref().err().map(|e| e.1), Some(code));
+        }
+    }
+    // A frame header declaring more than the limit is refused before reading it.
+    let mut h = vec![0u8; 8];
+    h[0..4].copy_from_slice(&((limits::MAX_FRAME as u32) + 1).to_le_bytes());
+    h[4] = VERSION;
+    h[5] = 1;
+    assert!(matches!(frame_header(&h), Err(DecodeError::TooLarge(_))));
+    h[0..4].copy_from_slice(&100u32.to_le_bytes());
+    h[4] = 9;
+    assert!(matches!(frame_header(&h), Err(DecodeError::Version(9))));
+    assert_eq!(frame_header(&h[..5]), Ok(None));
+}
+
+#[test]
+fn scan_tokens_round_trip() {
+    let t = ScanToken { read_version: 42, after: b"last key".to_vec() };
+    assert_eq!(ScanToken::decode(&t.encode()), Some(t));
+    assert_eq!(ScanToken::decode(b"\x02xxxxxxxxx"), None);
+    assert_eq!(ScanToken::decode(b""), None);
+}
