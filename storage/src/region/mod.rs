@@ -163,6 +163,18 @@ pub struct Region {
     gc_boundary: Option<u64>,
 }
 
+/// Reports `e` for every batch of a group that has no result yet (the log failed under them).
+fn fail_all(results: Vec<Option<Result<WriteAck>>>, e: Error) -> Vec<Result<WriteAck>> {
+    let msg = e.to_string();
+    let mut e = Some(e);
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| Err(e.take().unwrap_or_else(|| Error::Config(format!("group commit failed: {msg}")))))
+        })
+        .collect()
+}
+
 pub(crate) fn levels_dir(dir: &Path) -> PathBuf {
     dir.join("levels")
 }
@@ -356,11 +368,72 @@ impl Region {
     /// to L0. Insert/update preconditions are checked against the merged view; if one fails,
     /// nothing is written.
     pub fn write_batch(&mut self, ops: &[BatchOp<'_>]) -> Result<WriteAck> {
+        self.write_group(&[ops]).pop().expect("one result per batch")
+    }
+
+    /// Group commit: applies several independent batches, each atomically under its own version
+    /// (in order), with one log write and one sync for all of them. Each batch's preconditions see
+    /// the batches before it in the group; a batch that fails them (or a limit) is skipped and the
+    /// others proceed. Returns one result per batch.
+    pub fn write_group(&mut self, batches: &[&[BatchOp<'_>]]) -> Vec<Result<WriteAck>> {
+        let mut results: Vec<Option<Result<WriteAck>>> = batches.iter().map(|_| None).collect();
+        let mut overlay: HashMap<&[u8], bool> = HashMap::new();
+        let mut accepted: Vec<(usize, u64, Vec<Lsn>)> = Vec::new();
+        let mut version = self.active.version();
+        for (i, ops) in batches.iter().enumerate() {
+            let bytes = match self.check_batch(ops, &mut overlay) {
+                Ok(b) => b,
+                Err(e) => {
+                    results[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            if let Err(e) = self.vlog.ensure_room(bytes) {
+                results[i] = Some(Err(e));
+                continue;
+            }
+            version += 1;
+            let mut ptrs = Vec::with_capacity(ops.len());
+            for (j, op) in ops.iter().enumerate() {
+                let rec = match *op {
+                    BatchOp::Put(k, v) | BatchOp::Insert(k, v) | BatchOp::Update(k, v) => Record::put(version, k, v),
+                    BatchOp::Delete(k) => Record::delete(version, k),
+                    BatchOp::PutPointer(..) => unreachable!("rejected by check_batch"),
+                };
+                // Cannot fail: ensure_room made room for every record of the batch.
+                match self.vlog.append(&rec.in_batch(j + 1 == ops.len())) {
+                    Ok(at) => ptrs.push(at),
+                    Err(e) => return fail_all(results, e),
+                }
+            }
+            accepted.push((i, version, ptrs));
+        }
+        let end = match self.vlog.commit() {
+            Ok(end) => end,
+            Err(e) => return fail_all(results, e),
+        };
+        for (i, version, ptrs) in accepted {
+            let items = batches[i].iter().zip(&ptrs).map(|(op, &at)| match *op {
+                BatchOp::Put(k, v) | BatchOp::Insert(k, v) | BatchOp::Update(k, v) => (k, false, v, at),
+                BatchOp::Delete(k) | BatchOp::PutPointer(k, ..) => (k, true, &[][..], at),
+            });
+            results[i] = Some(self.apply_to_l0(version, items).map(|()| WriteAck { version, end }));
+        }
+        if let Err(e) = self.maybe_flush(end) {
+            return fail_all(results, e);
+        }
+        results.into_iter().map(|r| r.expect("every batch has a result")).collect()
+    }
+
+    /// Validates a batch and checks its preconditions against the merged view plus `overlay` (the
+    /// effects of the batches before it in a group); on success records its effects in `overlay`
+    /// and returns the bytes its records take in the log.
+    fn check_batch<'k>(&self, ops: &[BatchOp<'k>], overlay: &mut HashMap<&'k [u8], bool>) -> Result<usize> {
         if ops.is_empty() {
             return Err(Error::Config("empty batch".into()));
         }
         let max_key = self.cfg.arena.max_key_len as usize;
-        let mut overlay: HashMap<&[u8], bool> = HashMap::new();
+        let mut mine: Vec<(&'k [u8], bool)> = Vec::with_capacity(ops.len());
         let mut bytes = 0;
         for op in ops {
             let (key, value, need, after) = match *op {
@@ -379,39 +452,21 @@ impl Region {
                 return Err(Error::ValueTooLarge { len: v.len(), max: MAX_VALUE_LEN });
             }
             if let Some(need) = need {
-                let exists = match overlay.get(key) {
-                    Some(&e) => e,
-                    None => self.exists(key)?,
-                };
+                let exists =
+                    match mine.iter().rev().find(|(k, _)| *k == key).map(|x| x.1).or_else(|| overlay.get(key).copied())
+                    {
+                        Some(e) => e,
+                        None => self.exists(key)?,
+                    };
                 if exists != need {
                     return Err(if need { Error::KeyNotFound } else { Error::KeyExists });
                 }
             }
-            if ops.len() > 1 {
-                overlay.insert(key, after);
-            }
+            mine.push((key, after));
             bytes += crate::vlog::RECORD_HEADER + key.len() + value.map_or(0, |v| v.len());
         }
-        self.vlog.ensure_room(bytes)?;
-        let version = self.active.version() + 1;
-        let mut ptrs = Vec::with_capacity(ops.len());
-        for (i, op) in ops.iter().enumerate() {
-            let last = i + 1 == ops.len();
-            let rec = match *op {
-                BatchOp::Put(k, v) | BatchOp::Insert(k, v) | BatchOp::Update(k, v) => Record::put(version, k, v),
-                BatchOp::Delete(k) => Record::delete(version, k),
-                BatchOp::PutPointer(..) => unreachable!("rejected above"),
-            };
-            ptrs.push(self.vlog.append(&rec.in_batch(last))?);
-        }
-        let end = self.vlog.commit()?;
-        let items = ops.iter().zip(&ptrs).map(|(op, &at)| match *op {
-            BatchOp::Put(k, v) | BatchOp::Insert(k, v) | BatchOp::Update(k, v) => (k, false, v, at),
-            BatchOp::Delete(k) | BatchOp::PutPointer(k, ..) => (k, true, &[][..], at),
-        });
-        self.apply_to_l0(version, items)?;
-        self.maybe_flush(end)?;
-        Ok(WriteAck { version, end })
+        overlay.extend(mine);
+        Ok(bytes)
     }
 
     /// Applies logged records (key, tombstone, value, position) to L0 under `version`.

@@ -22,13 +22,17 @@ pub fn small_config(dir: &std::path::Path) -> RegionConfig {
     }
 }
 
+/// A batch's (op, key, value) items: op 0 put, 1 insert, 2 update, 3 delete.
+type Items = Vec<(u8, Vec<u8>, Vec<u8>)>;
+
 #[derive(Debug, Clone)]
 enum Op {
     Put(Vec<u8>, Vec<u8>),
     Insert(Vec<u8>, Vec<u8>),
     Update(Vec<u8>, Vec<u8>),
     Delete(Vec<u8>),
-    Batch(Vec<(u8, Vec<u8>, Vec<u8>)>),
+    Batch(Items),
+    Group(Vec<Items>),
     Get(Vec<u8>),
     Scan(Vec<u8>, Vec<u8>, usize),
     FloorScan(Vec<u8>, Vec<u8>, usize),
@@ -58,6 +62,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key(), value()).prop_map(|(k, v)| Op::Update(k, v)),
         4 => key().prop_map(Op::Delete),
         1 => proptest::collection::vec((0u8..4, key(), value()), 1..6).prop_map(Op::Batch),
+        1 => proptest::collection::vec(proptest::collection::vec((0u8..4, key(), value()), 1..4), 1..5).prop_map(Op::Group),
         2 => key().prop_map(Op::Get),
         2 => (key(), key(), 0usize..30).prop_map(|(a, b, n)| Op::Scan(a, b, n)),
         1 => (key(), key(), 0usize..30).prop_map(|(a, b, n)| Op::FloorScan(a, b, n)),
@@ -117,6 +122,37 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     m = m2;
                 } else {
                     prop_assert!(res.is_err());
+                }
+            }
+            Op::Group(batches) => {
+                let owned: Vec<Vec<BatchOp>> = batches
+                    .iter()
+                    .map(|items| {
+                        items
+                            .iter()
+                            .map(|(t, k, v)| match t {
+                                0 => BatchOp::Put(k, v),
+                                1 => BatchOp::Insert(k, v),
+                                2 => BatchOp::Update(k, v),
+                                _ => BatchOp::Delete(k),
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let refs: Vec<&[BatchOp]> = owned.iter().map(Vec::as_slice).collect();
+                let before = r.version();
+                let results = r.write_group(&refs);
+                prop_assert_eq!(results.len(), batches.len());
+                let mut next_version = before;
+                for (items, res) in batches.iter().zip(results) {
+                    match model_batch(&m, items) {
+                        Some(m2) => {
+                            next_version += 1;
+                            prop_assert_eq!(res.expect("batch of a group").version, next_version);
+                            m = m2;
+                        }
+                        None => prop_assert!(res.is_err(), "a batch whose precondition fails is skipped"),
+                    }
                 }
             }
             Op::Get(k) => prop_assert_eq!(r.get(&k).expect("get"), m.get(&k).cloned()),
