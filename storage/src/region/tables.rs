@@ -13,6 +13,15 @@ use crate::levels::{Level, Manifest};
 use crate::vlog::VlogReader;
 
 const MAGIC: &[u8; 8] = b"DPUKVTS1";
+/// How often a reader compares the TABLES file's identity.
+const FILE_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
+fn file_id(shm_dir: &Path) -> (u64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(shm_dir.join(FILE))
+        .map(|m| (m.ino(), m.mtime_nsec() + m.mtime() * 1_000_000_000))
+        .unwrap_or((0, 0))
+}
 const FILE: &str = "TABLES";
 
 /// The tables of a region, newest first.
@@ -109,6 +118,11 @@ pub(crate) fn remove_stale_arenas(shm_dir: &Path) -> Result<()> {
 pub struct RegionReader {
     shm_dir: PathBuf,
     set: TableSet,
+    /// Identity (inode, modification time) of the TABLES file the set came from, and when it
+    /// was last compared: a host that restarts publishes a new file without freezing the old
+    /// arena, so the reader also looks at the file every [`FILE_CHECK`].
+    file_id: (u64, i64),
+    checked: std::time::Instant,
     active: Reader,
     frozen: Vec<Reader>,
     levels: Vec<Arc<Level>>,
@@ -121,9 +135,20 @@ impl RegionReader {
     /// Opens the region whose arenas live in `shm_dir`.
     pub fn open(shm_dir: impl AsRef<Path>) -> Result<RegionReader> {
         let shm_dir = shm_dir.as_ref().to_path_buf();
+        let id = file_id(&shm_dir);
         let (set, active, frozen, levels) = Self::load(&shm_dir, &[])?;
         let vlog = VlogReader::open(set.dir.join("vlog"));
-        Ok(RegionReader { shm_dir, set, active, frozen, levels, vlog, reloads: 0 })
+        Ok(RegionReader {
+            shm_dir,
+            set,
+            active,
+            frozen,
+            levels,
+            vlog,
+            reloads: 0,
+            file_id: id,
+            checked: std::time::Instant::now(),
+        })
     }
 
     #[allow(clippy::type_complexity)]
@@ -161,14 +186,25 @@ impl RegionReader {
     /// Switches to the current table set if the writer published a new one.
     fn refresh(&mut self) -> Result<()> {
         let (generation, frozen) = self.active.tables_state();
-        if generation == self.set.generation && !frozen {
+        let mut stale = generation != self.set.generation || frozen;
+        if !stale && self.checked.elapsed() >= FILE_CHECK {
+            self.checked = std::time::Instant::now();
+            stale = file_id(&self.shm_dir) != self.file_id;
+        }
+        if !stale {
             return Ok(());
         }
+        self.reload()
+    }
+
+    fn reload(&mut self) -> Result<()> {
+        let id = file_id(&self.shm_dir);
         let (set, active, fz, levels) = Self::load(&self.shm_dir, &self.levels)?;
-        if set.generation != self.set.generation {
+        if set != self.set {
             self.reloads += 1;
         }
-        (self.set, self.active, self.frozen, self.levels) = (set, active, fz, levels);
+        (self.set, self.active, self.frozen, self.levels, self.file_id) = (set, active, fz, levels, id);
+        self.checked = std::time::Instant::now();
         Ok(())
     }
 
@@ -178,9 +214,7 @@ impl RegionReader {
     fn with_srcs<T>(&mut self, f: impl Fn(&[Src<'_>], &VlogReader) -> Result<T>) -> Result<T> {
         match self.try_with_srcs(&f) {
             Err(Error::Io { .. } | Error::CorruptFile { .. }) => {
-                let (set, active, fz, levels) = Self::load(&self.shm_dir, &self.levels)?;
-                self.reloads += 1;
-                (self.set, self.active, self.frozen, self.levels) = (set, active, fz, levels);
+                self.reload()?;
                 self.try_with_srcs(&f)
             }
             r => r,

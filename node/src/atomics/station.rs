@@ -1,0 +1,188 @@
+//! The reservation station: in-flight atomics of one pipeline round, indexed by key hash (1024
+//! slots; operations whose keys share a slot form a chain and are examined in order, so a
+//! collision can cost a comparison but never a missed dependency). Each key's latest value is
+//! cached in its entry — loaded once, then forwarded from one operation to the next — and dirty
+//! values are written back once per round, so a hot counter costs one log append per round
+//! instead of one per operation.
+
+use std::hash::{BuildHasher, Hasher};
+
+use dpukv_proto::{Op, Reply};
+
+use super::vector::{self, TypeMismatch};
+
+const SLOTS: usize = 1024;
+
+/// Why an atomic failed.
+#[derive(Debug)]
+pub enum AtomicError<E> {
+    /// The value is not an array of the element type.
+    TypeMismatch,
+    /// A vector operation, reduce or filter on an absent key.
+    NotFound,
+    /// Loading the value failed.
+    Load(E),
+    /// Not an atomic.
+    NotAtomic,
+}
+
+impl<E> From<TypeMismatch> for AtomicError<E> {
+    fn from(_: TypeMismatch) -> Self {
+        AtomicError::TypeMismatch
+    }
+}
+
+struct Entry {
+    key: Vec<u8>,
+    value: Option<Vec<u8>>,
+    dirty: bool,
+}
+
+/// See the module documentation.
+pub struct ReservationStation {
+    slots: Vec<Vec<Entry>>,
+    hasher: std::collections::hash_map::RandomState,
+    /// Atomics executed / values written back, since creation.
+    pub executed: u64,
+    /// Write-backs issued.
+    pub written_back: u64,
+}
+
+impl Default for ReservationStation {
+    fn default() -> Self {
+        ReservationStation::new()
+    }
+}
+
+impl ReservationStation {
+    /// An empty station.
+    pub fn new() -> Self {
+        ReservationStation {
+            slots: (0..SLOTS).map(|_| Vec::new()).collect(),
+            hasher: std::collections::hash_map::RandomState::new(),
+            executed: 0,
+            written_back: 0,
+        }
+    }
+
+    fn slot(&self, key: &[u8]) -> usize {
+        let mut h = self.hasher.build_hasher();
+        h.write(key);
+        h.finish() as usize % SLOTS
+    }
+
+    /// Whether an operation on `key` is in flight (its value is cached here).
+    pub fn holds(&self, key: &[u8]) -> bool {
+        self.slots[self.slot(key)].iter().any(|e| e.key == key)
+    }
+
+    /// Executes an atomic against the key's forwarded value, loading it with `load` the first
+    /// time the key is seen this round.
+    pub fn execute<E>(
+        &mut self,
+        op: &Op,
+        load: impl FnOnce(&[u8]) -> Result<Option<Vec<u8>>, E>,
+    ) -> Result<Reply, AtomicError<E>> {
+        let key = op.key();
+        let s = self.slot(key);
+        let chain = &mut self.slots[s];
+        let i = match chain.iter().position(|e| e.key == key) {
+            Some(i) => i,
+            None => {
+                let value = load(key).map_err(AtomicError::Load)?;
+                chain.push(Entry { key: key.to_vec(), value, dirty: false });
+                chain.len() - 1
+            }
+        };
+        let e = &mut chain[i];
+        self.executed += 1;
+        let reply = match op {
+            Op::FetchAdd { delta, .. } => {
+                let (old, new) = vector::fetch_add(e.value.as_deref(), *delta)?;
+                e.value = Some(new);
+                e.dirty = true;
+                Reply::Scalar(old.to_le_bytes())
+            }
+            Op::CompareAndSwap { expected, new, .. } => {
+                let current = e.value.clone();
+                let swapped = current == *expected;
+                if swapped {
+                    e.value = Some(new.clone());
+                    e.dirty = true;
+                }
+                Reply::Cas { swapped, current }
+            }
+            Op::VectorScalar { elem, op, operand, .. } => {
+                let v = e.value.as_deref().ok_or(AtomicError::NotFound)?;
+                e.value = Some(vector::vector_scalar(v, *elem, *op, operand)?);
+                e.dirty = true;
+                Reply::Done
+            }
+            Op::VectorVector { elem, op, operand, .. } => {
+                let v = e.value.as_deref().ok_or(AtomicError::NotFound)?;
+                e.value = Some(vector::vector_vector(v, *elem, *op, operand)?);
+                e.dirty = true;
+                Reply::Done
+            }
+            Op::Reduce { elem, op, .. } => {
+                let v = e.value.as_deref().ok_or(AtomicError::NotFound)?;
+                Reply::Scalar(vector::reduce(v, *elem, *op)?)
+            }
+            Op::Filter { elem, cmp, operand, .. } => {
+                let v = e.value.as_deref().ok_or(AtomicError::NotFound)?;
+                Reply::Vector(vector::filter(v, *elem, *cmp, operand)?)
+            }
+            _ => return Err(AtomicError::NotAtomic),
+        };
+        Ok(reply)
+    }
+
+    /// Ends the round: the values to write back (dirty keys), and an empty station.
+    pub fn drain(&mut self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        for chain in &mut self.slots {
+            for e in chain.drain(..) {
+                if e.dirty
+                    && let Some(v) = e.value
+                {
+                    out.push((e.key, v));
+                }
+            }
+        }
+        self.written_back += out.len() as u64;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_key_atomics_are_forwarded_and_written_back_once() {
+        let mut rs = ReservationStation::new();
+        let mut loads = 0;
+        for i in 0..100u64 {
+            let r = rs
+                .execute::<()>(&Op::FetchAdd { key: b"ctr".to_vec(), delta: 2 }, |_| {
+                    loads += 1;
+                    Ok(Some(10u64.to_le_bytes().to_vec()))
+                })
+                .expect("fetch_add");
+            assert_eq!(r, Reply::Scalar((10 + 2 * i).to_le_bytes()));
+        }
+        assert_eq!(loads, 1, "the value is loaded once and forwarded");
+        let cas = rs.execute::<()>(
+            &Op::CompareAndSwap {
+                key: b"ctr".to_vec(),
+                expected: Some(210u64.to_le_bytes().to_vec()),
+                new: b"x".to_vec(),
+            },
+            |_| Ok(None),
+        );
+        assert!(matches!(cas, Ok(Reply::Cas { swapped: true, .. })));
+        let out = rs.drain();
+        assert_eq!(out, vec![(b"ctr".to_vec(), b"x".to_vec())]);
+        assert!(rs.drain().is_empty());
+    }
+}

@@ -1,0 +1,11 @@
+//! `dpukv-dpu`: the device half of a node pod (DPU or emulator sidecar).
+
+use clap::Parser;
+use dpukv_node::config::{DeviceArgs, init_tracing, shutdown_on_signals};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    init_tracing();
+    let cfg = DeviceArgs::parse().config();
+    dpukv_node::dpu::run(cfg, shutdown_on_signals(), None).await
+}

@@ -1,0 +1,11 @@
+//! `dpukv-node`: the host half of a node pod.
+
+use clap::Parser;
+use dpukv_node::config::{HostArgs, init_tracing, shutdown_on_signals};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    init_tracing();
+    let cfg = HostArgs::parse().config()?;
+    dpukv_node::host::run(cfg, shutdown_on_signals(), None).await
+}

@@ -1,0 +1,127 @@
+//! Command-line configuration of the two node binaries (flags with environment fallbacks).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use dpukv_storage::vlog::FsyncPolicy;
+
+use crate::dpu::DeviceConfig;
+use crate::host::HostConfig;
+use crate::regions::RegionMap;
+
+/// Parses `always`, `never` or `interval:MS`.
+pub fn parse_fsync(s: &str) -> Result<FsyncPolicy> {
+    Ok(match s {
+        "always" => FsyncPolicy::Always,
+        "never" => FsyncPolicy::Never,
+        s => match s.strip_prefix("interval:").and_then(|ms| ms.parse().ok()) {
+            Some(ms) => FsyncPolicy::Interval(Duration::from_millis(ms)),
+            None => bail!("--fsync must be always, never or interval:MS, not {s:?}"),
+        },
+    })
+}
+
+/// `dpukv-node` flags.
+#[derive(Debug, clap::Parser)]
+#[command(name = "dpukv-node", about = "dpukv host: regions, writes, atomics")]
+pub struct HostArgs {
+    /// Durable data directory.
+    #[arg(long, env = "DPUKV_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Shared memory directory (arenas; shared with the device).
+    #[arg(long, env = "DPUKV_SHM_DIR")]
+    pub shm_dir: PathBuf,
+    /// Region split keys, comma separated (UTF-8); none = one region.
+    #[arg(long, env = "DPUKV_SPLIT_KEYS", default_value = "")]
+    pub split_keys: String,
+    /// Log durability: always, never or interval:MS.
+    #[arg(long, env = "DPUKV_FSYNC", default_value = "interval:5")]
+    pub fsync: String,
+    /// L0 budget per region in bytes (0 = 64 MiB).
+    #[arg(long, env = "DPUKV_L0_BUDGET", default_value_t = 0)]
+    pub l0_budget: u64,
+    /// Admin HTTP address (/healthz, /readyz, /metrics).
+    #[arg(long, env = "DPUKV_ADMIN")]
+    pub admin: Option<SocketAddr>,
+    /// Most device connections.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+}
+
+impl HostArgs {
+    /// The validated configuration.
+    pub fn config(&self) -> Result<HostConfig> {
+        let keys: Vec<Vec<u8>> =
+            self.split_keys.split(',').filter(|k| !k.is_empty()).map(|k| k.as_bytes().to_vec()).collect();
+        Ok(HostConfig {
+            data_dir: self.data_dir.clone(),
+            shm_dir: self.shm_dir.clone(),
+            regions: RegionMap::split_at(&keys)?,
+            fsync: parse_fsync(&self.fsync)?,
+            l0_budget: self.l0_budget,
+            admin: self.admin,
+            max_connections: self.max_connections.max(1),
+        })
+    }
+}
+
+/// `dpukv-dpu` flags.
+#[derive(Debug, clap::Parser)]
+#[command(name = "dpukv-dpu", about = "dpukv device: the data port; reads from host memory")]
+pub struct DeviceArgs {
+    /// Shared memory directory the host publishes into.
+    #[arg(long, env = "DPUKV_SHM_DIR")]
+    pub shm_dir: PathBuf,
+    /// Data port.
+    #[arg(long, env = "DPUKV_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// Forward reads to the host as well (the baseline for benchmarks).
+    #[arg(long)]
+    pub serve_reads_on_host: bool,
+    /// Admin HTTP address.
+    #[arg(long, env = "DPUKV_DEVICE_ADMIN")]
+    pub admin: Option<SocketAddr>,
+    /// Most client connections.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+}
+
+impl DeviceArgs {
+    /// The configuration.
+    pub fn config(&self) -> DeviceConfig {
+        DeviceConfig {
+            shm_dir: self.shm_dir.clone(),
+            listen: self.listen,
+            serve_reads_on_host: self.serve_reads_on_host,
+            admin: self.admin,
+            max_connections: self.max_connections.max(1),
+        }
+    }
+}
+
+/// Starts logging (RUST_LOG, default info) to stderr.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// A token cancelled on SIGINT or SIGTERM.
+pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
+    let token = tokio_util::sync::CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        t.cancel();
+    });
+    token
+}

@@ -1,0 +1,280 @@
+//! The device half of a node pod (`dpukv-dpu`, the DPU or its emulator sidecar): the pod's data
+//! port. It executes GET, SCAN and FLOOR_SCAN itself from the regions' shared memory (arenas,
+//! levels, log), wait-free per operation, and forwards writes and atomics to the host over its
+//! unix socket, relaying the replies; requests complete out of order by id. It follows the host
+//! through restarts: readers switch to the new arenas when the host republishes its tables, and
+//! requests forwarded while the host is down fail with a retryable `Unavailable`.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use dpukv_proto::{ErrorCode, Request, Response, decode_requests, decode_responses, encode_requests};
+use dpukv_storage::region::RegionReader;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::registry::Registry;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream, UnixStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admin::{self, Admin};
+use crate::conn::{self, FrameReadError};
+use crate::regions::RegionMap;
+
+/// Device configuration.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The shared memory directory the host publishes into.
+    pub shm_dir: PathBuf,
+    /// The data port.
+    pub listen: SocketAddr,
+    /// Baseline: forward reads to the host too.
+    pub serve_reads_on_host: bool,
+    /// Admin HTTP address.
+    pub admin: Option<SocketAddr>,
+    /// Most client connections.
+    pub max_connections: usize,
+}
+
+/// Where the device serves.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    /// The data port.
+    pub listen: SocketAddr,
+    /// The admin endpoint, if any.
+    pub admin: Option<SocketAddr>,
+}
+
+/// Device counters.
+#[derive(Debug, Default)]
+pub struct DeviceStats {
+    /// Reads executed on the device.
+    pub served: AtomicU64,
+    /// Requests forwarded to the host.
+    pub forwarded: AtomicU64,
+    /// Requests answered `Unavailable` because the host could not be reached.
+    pub unavailable: AtomicU64,
+}
+
+/// Serves the data port until `shutdown`.
+pub async fn run(
+    cfg: DeviceConfig,
+    shutdown: CancellationToken,
+    started: Option<tokio::sync::oneshot::Sender<DeviceInfo>>,
+) -> Result<()> {
+    let stats = Arc::new(DeviceStats::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(StatsCollector(stats.clone())));
+    let admin_addr = match cfg.admin {
+        Some(a) => {
+            Some(admin::serve(a, Admin { ready: ready.clone(), registry: Arc::new(registry) }, shutdown.clone()).await?)
+        }
+        None => None,
+    };
+    let listener = TcpListener::bind(cfg.listen).await?;
+    let local = listener.local_addr()?;
+    // The region map comes from the host; wait for it.
+    let map = loop {
+        match RegionMap::load(&cfg.shm_dir) {
+            Ok(m) => break m,
+            Err(_) if !shutdown.is_cancelled() => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => return Err(e),
+        }
+    };
+    ready.store(true, Ordering::Release);
+    if let Some(tx) = started {
+        let _ = tx.send(DeviceInfo { listen: local, admin: admin_addr });
+    }
+    tracing::info!(listen = %local, "device serving");
+    let tracker = TaskTracker::new();
+    let limit = Arc::new(Semaphore::new(cfg.max_connections));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let Ok(permit) = limit.clone().try_acquire_owned() else {
+                    drop(stream);
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let (map, cfg, stats, stop) = (map.clone(), cfg.clone(), stats.clone(), shutdown.clone());
+                tracker.spawn(async move {
+                    if let Err(e) = connection(stream, map, cfg, stats, stop).await {
+                        tracing::debug!(error = %e, "client connection ended");
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    }
+    ready.store(false, Ordering::Release);
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+/// The forwarding link of one client connection to the host.
+struct HostLink {
+    tx: mpsc::Sender<Vec<Request>>,
+    pending: Arc<Mutex<HashSet<u64>>>,
+    broken: Arc<AtomicBool>,
+}
+
+impl HostLink {
+    async fn connect(shm: &Path, out: mpsc::Sender<Response>, stats: Arc<DeviceStats>) -> std::io::Result<HostLink> {
+        let stream = UnixStream::connect(crate::host::socket_path(shm)).await?;
+        let (mut r, mut w) = stream.into_split();
+        let pending: Arc<Mutex<HashSet<u64>>> = Arc::new(Mutex::new(HashSet::new()));
+        let broken = Arc::new(AtomicBool::new(false));
+        let (tx, mut rx) = mpsc::channel::<Vec<Request>>(256);
+        let b = broken.clone();
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            while let Some(reqs) = rx.recv().await {
+                buf.clear();
+                encode_requests(&reqs, &mut buf);
+                if w.write_all(&buf).await.is_err() {
+                    break;
+                }
+            }
+            b.store(true, Ordering::Release);
+        });
+        let (p, b) = (pending.clone(), broken.clone());
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            while let Ok(true) = conn::read_frame(&mut r, &mut buf).await {
+                let Ok(resps) = decode_responses(&buf) else { break };
+                for resp in resps {
+                    if p.lock().unwrap_or_else(|e| e.into_inner()).remove(&resp.id) && out.send(resp).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            // The host went away: everything still forwarded gets a retryable error.
+            b.store(true, Ordering::Release);
+            let ids: Vec<u64> = p.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
+            for id in ids {
+                stats.unavailable.fetch_add(1, Ordering::Relaxed);
+                let _ = out.send(Response::error(id, ErrorCode::Unavailable, "host unavailable; retry")).await;
+            }
+        });
+        Ok(HostLink { tx, pending, broken })
+    }
+}
+
+async fn connection(
+    stream: TcpStream,
+    map: RegionMap,
+    cfg: DeviceConfig,
+    stats: Arc<DeviceStats>,
+    stop: CancellationToken,
+) -> Result<()> {
+    let (mut r, w) = stream.into_split();
+    let (out, writer) = conn::spawn_writer(w);
+    let mut readers: Option<Vec<RegionReader>> = None;
+    let mut link: Option<HostLink> = None;
+    let mut buf = Vec::new();
+    loop {
+        let got = tokio::select! {
+            _ = stop.cancelled() => break,
+            got = conn::read_frame(&mut r, &mut buf) => got,
+        };
+        match got {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(FrameReadError::Decode(e)) => {
+                let _ = out.tx.send(Response::error(0, ErrorCode::BadRequest, e.to_string())).await;
+                break;
+            }
+            Err(FrameReadError::Io(_)) => break,
+        }
+        let entries = match decode_requests(&buf) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = out.tx.send(Response::error(0, ErrorCode::BadRequest, e.to_string())).await;
+                break;
+            }
+        };
+        let permits = out.in_flight.clone().acquire_many_owned(entries.len() as u32).await?;
+        permits.forget();
+        let mut forward: Vec<Request> = Vec::new();
+        for e in entries {
+            match e {
+                Err((id, code, what)) => out.tx.send(Response::error(id, code, what)).await?,
+                Ok(req) if req.op.code().is_write() || cfg.serve_reads_on_host => forward.push(req),
+                Ok(req) => {
+                    if readers.is_none() {
+                        readers = crate::host::open_readers(&cfg.shm_dir, &map).ok();
+                    }
+                    let resp = match readers.as_mut() {
+                        Some(rs) => crate::reads::serve(rs, &map, &req),
+                        None => Response::error(req.id, ErrorCode::Unavailable, "regions are not readable yet; retry"),
+                    };
+                    if resp.result.as_ref().is_err_and(|e| e.code == ErrorCode::Unavailable) {
+                        readers = None; // reopen next time (the host may have restarted)
+                    }
+                    stats.served.fetch_add(1, Ordering::Relaxed);
+                    out.tx.send(resp).await?;
+                }
+            }
+        }
+        if forward.is_empty() {
+            continue;
+        }
+        if link.as_ref().is_none_or(|l| l.broken.load(Ordering::Acquire)) {
+            link = HostLink::connect(&cfg.shm_dir, out.tx.clone(), stats.clone()).await.ok();
+        }
+        match &link {
+            Some(l) => {
+                l.pending.lock().unwrap_or_else(|e| e.into_inner()).extend(forward.iter().map(|r| r.id));
+                stats.forwarded.fetch_add(forward.len() as u64, Ordering::Relaxed);
+                if let Err(mpsc::error::SendError(reqs)) = l.tx.send(forward).await {
+                    for r in reqs {
+                        if l.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&r.id) {
+                            out.tx
+                                .send(Response::error(r.id, ErrorCode::Unavailable, "host unavailable; retry"))
+                                .await?;
+                        }
+                    }
+                }
+            }
+            None => {
+                for r in forward {
+                    stats.unavailable.fetch_add(1, Ordering::Relaxed);
+                    out.tx.send(Response::error(r.id, ErrorCode::Unavailable, "host unavailable; retry")).await?;
+                }
+            }
+        }
+    }
+    drop(link);
+    drop(out);
+    let _ = writer.await;
+    Ok(())
+}
+
+#[derive(Debug)]
+struct StatsCollector(Arc<DeviceStats>);
+
+impl prometheus_client::collector::Collector for StatsCollector {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        for (name, help, v) in [
+            ("dpukv_device_reads_served", "reads executed on the device", &self.0.served),
+            ("dpukv_device_forwarded", "requests forwarded to the host", &self.0.forwarded),
+            ("dpukv_device_unavailable", "requests failed because the host was unreachable", &self.0.unavailable),
+        ] {
+            let c = ConstCounter::new(v.load(Ordering::Relaxed));
+            let me = enc.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(me)?;
+        }
+        Ok(())
+    }
+}

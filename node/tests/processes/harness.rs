@@ -1,0 +1,169 @@
+//! Starts `dpukv-node` and `dpukv-dpu` on temp dirs and talks to the device with raw frames.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dpukv_proto::{Op, Request, Response, decode_responses, encode_requests, frame_header};
+
+/// A child process killed and reaped on drop.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A node pod: host and device processes.
+pub struct Pod {
+    pub dir: tempfile::TempDir,
+    pub host: Option<Proc>,
+    pub device: Option<Proc>,
+    pub addr: String,
+    pub extra_host_args: Vec<String>,
+}
+
+impl Pod {
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+    pub fn shm(&self) -> PathBuf {
+        self.dir.path().join("shm")
+    }
+
+    /// Starts a pod (host first, then the device on a free port).
+    pub fn start(host_args: &[&str], device_args: &[&str]) -> Pod {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut pod = Pod {
+            dir,
+            host: None,
+            device: None,
+            addr: String::new(),
+            extra_host_args: host_args.iter().map(|s| s.to_string()).collect(),
+        };
+        pod.start_host();
+        let (device, addr) = spawn_device(&pod.shm(), device_args);
+        pod.device = Some(device);
+        pod.addr = addr;
+        pod
+    }
+
+    pub fn start_host(&mut self) {
+        self.host = Some(spawn_host(&self.data(), &self.shm(), &self.extra_host_args));
+    }
+
+    pub fn connect(&self) -> Conn {
+        Conn::connect(&self.addr)
+    }
+}
+
+fn spawn_host(data: &Path, shm: &Path, extra: &[String]) -> Proc {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dpukv-node"));
+    c.arg("--data-dir").arg(data).arg("--shm-dir").arg(shm).args(extra).stderr(Stdio::piped()).stdout(Stdio::null());
+    let mut child = c.spawn().expect("spawn dpukv-node");
+    wait_for_line(&mut child, "host serving");
+    Proc(child)
+}
+
+fn spawn_device(shm: &Path, extra: &[&str]) -> (Proc, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dpukv-dpu"));
+    c.arg("--shm-dir")
+        .arg(shm)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null());
+    let mut child = c.spawn().expect("spawn dpukv-dpu");
+    let line = wait_for_line(&mut child, "device serving");
+    let addr = line
+        .split("listen=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("listen address in the log")
+        .to_string();
+    (Proc(child), addr)
+}
+
+/// Reads the child's stderr until a line containing `what` (then keeps draining it in a thread).
+fn wait_for_line(child: &mut Child, what: &str) -> String {
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "process did not log {what:?}");
+        match lines.next() {
+            Some(Ok(l)) if l.contains(what) => {
+                std::thread::spawn(move || for _ in lines.by_ref() {});
+                return strip_ansi(&l);
+            }
+            Some(Ok(_)) => {}
+            _ => panic!("process exited before logging {what:?}"),
+        }
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\u{1b}') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}
+
+/// A blocking protocol connection.
+pub struct Conn {
+    pub s: TcpStream,
+    next_id: u64,
+}
+
+impl Conn {
+    pub fn connect(addr: &str) -> Conn {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        Conn { s, next_id: 1 }
+    }
+
+    /// Sends one frame with `ops` and returns the responses in request order.
+    pub fn call(&mut self, ops: Vec<Op>) -> Vec<Response> {
+        let reqs: Vec<Request> = ops
+            .into_iter()
+            .map(|op| {
+                self.next_id += 1;
+                Request::new(self.next_id, op)
+            })
+            .collect();
+        let mut buf = Vec::new();
+        encode_requests(&reqs, &mut buf);
+        self.s.write_all(&buf).expect("send");
+        let mut got: Vec<Response> = Vec::new();
+        while got.len() < reqs.len() {
+            got.extend(self.read_frame().expect("response frame"));
+        }
+        reqs.iter().map(|r| got.iter().find(|g| g.id == r.id).cloned().expect("a response per request")).collect()
+    }
+
+    pub fn one(&mut self, op: Op) -> Response {
+        self.call(vec![op]).remove(0)
+    }
+
+    /// Reads one response frame (None at end of stream).
+    pub fn read_frame(&mut self) -> Option<Vec<Response>> {
+        let mut h = [0u8; 8];
+        self.s.read_exact(&mut h).ok()?;
+        let total = frame_header(&h).expect("header").expect("complete").total;
+        let mut buf = h.to_vec();
+        buf.resize(total, 0);
+        self.s.read_exact(&mut buf[8..]).ok()?;
+        Some(decode_responses(&buf).expect("response frame decodes"))
+    }
+}

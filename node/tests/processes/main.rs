@@ -1,0 +1,4 @@
+//! Host and device as real processes, driven over TCP with protocol frames.
+
+mod harness;
+mod ops;
