@@ -1,4 +1,5 @@
 //! Host and device as real processes, driven over TCP with protocol frames.
 
+mod faults;
 mod harness;
 mod ops;

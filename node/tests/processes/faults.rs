@@ -1,0 +1,240 @@
+//! Bad input and process failures: malformed frames, oversized fields, unknown op codes,
+//! truncated frames and floods get error replies or a closed connection while other clients keep
+//! being served; restarting the device, and SIGKILLing and restarting the host, lose no
+//! acknowledged write, clients see retryable errors in the gap, and reads resume.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use dpukv_proto::{ErrorCode, Op, Reply, Request, encode_requests};
+
+use crate::harness::{Conn, Pod};
+
+fn k(s: &str) -> Vec<u8> {
+    s.as_bytes().to_vec()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn bad_input_never_hurts_other_clients() {
+    let pod = Pod::start(&["--fsync", "never"], &[]);
+    let mut good = pod.connect();
+    assert_eq!(good.one(Op::Put { key: k("a"), value: k("1") }).result, Ok(Reply::Done));
+
+    // An unknown op code and an oversized key inside a valid frame: errors for those ids only.
+    let mut c = pod.connect();
+    let mut buf = Vec::new();
+    encode_requests(&[Request::new(1, Op::Get { key: k("a") }), Request::new(2, Op::Get { key: k("b") })], &mut buf);
+    buf[8 + 4 + 8] = 99; // the first entry's op code
+    c.s.write_all(&buf).expect("send");
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        got.extend(c.read_frame().expect("responses"));
+    }
+    let by_id = |id| got.iter().find(|r: &&dpukv_proto::Response| r.id == id).expect("response").clone();
+    assert_eq!(by_id(1).result.map_err(|e| e.code), Err(ErrorCode::UnknownOp));
+    assert_eq!(by_id(2).result, Ok(Reply::Value(None)));
+    let big = c.one(Op::Put { key: vec![7; 2000], value: k("v") });
+    assert_eq!(big.result.map_err(|e| e.code), Err(ErrorCode::KeySize));
+
+    // Garbage, a bad version, an oversized declared length, and a truncated frame: the
+    // connection is closed (after an error reply where one can be sent).
+    for bytes in [
+        b"hello world, not a frame".to_vec(),
+        {
+            let mut b = vec![20, 0, 0, 0, 9, 1, 0, 0];
+            b.extend([0; 20]);
+            b
+        },
+        {
+            let mut b = (64u32 << 20).to_le_bytes().to_vec();
+            b.extend([1, 1, 0, 0]);
+            b
+        },
+    ] {
+        let mut s = TcpStream::connect(&pod.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s.write_all(&bytes).expect("send");
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest); // the server closes
+    }
+    {
+        let mut s = TcpStream::connect(&pod.addr).expect("connect");
+        let mut frame = Vec::new();
+        encode_requests(&[Request::new(5, Op::Get { key: k("a") })], &mut frame);
+        s.write_all(&frame[..frame.len() - 3]).expect("send a truncated frame");
+        drop(s); // and hang up mid-frame
+    }
+
+    // A flood: many connections each sending many frames without reading replies, then hanging
+    // up. The device stays responsive and its memory stays bounded.
+    let dev_pid = pod.device.as_ref().expect("device").0.id();
+    let before = rss_kib(dev_pid);
+    let flood: Vec<_> = (0..8)
+        .map(|t| {
+            let addr = pod.addr.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(&addr).expect("connect");
+                let reqs: Vec<Request> = (0..500)
+                    .map(|i| {
+                        Request::new(i, Op::Put { key: format!("flood{t}-{i}").into_bytes(), value: vec![1; 100] })
+                    })
+                    .collect();
+                let mut buf = Vec::new();
+                encode_requests(&reqs, &mut buf);
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while Instant::now() < deadline {
+                    if s.write_all(&buf).is_err() {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    // Meanwhile the good client is still served.
+    for i in 0..50 {
+        let r = good.one(Op::Get { key: k("a") });
+        assert_eq!(r.result, Ok(Reply::Value(Some(k("1")))), "request {i} during the flood");
+    }
+    for f in flood {
+        f.join().expect("flooder");
+    }
+    let after = rss_kib(dev_pid);
+    assert!(after < before + 512 * 1024, "device memory grew from {before} KiB to {after} KiB");
+    assert_eq!(good.one(Op::Get { key: k("a") }).result, Ok(Reply::Value(Some(k("1")))));
+}
+
+/// Puts until `n` acknowledged, retrying retryable errors; returns the acknowledged keys.
+fn must_write(conn: &mut Option<Conn>, addr: &str, from: u64, n: u64, acked: &mut Vec<u64>, retries: &mut u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut i = from;
+    while i < from + n {
+        assert!(Instant::now() < deadline, "writes did not resume");
+        if conn.is_none() {
+            match TcpStream::connect(addr) {
+                Ok(_) => *conn = Some(Conn::connect(addr)),
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            }
+        }
+        let c = conn.as_mut().expect("connected");
+        let ops: Vec<Op> = (i..i + 10)
+            .map(|j| Op::Put { key: format!("w{j:06}").into_bytes(), value: j.to_le_bytes().to_vec() })
+            .collect();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.call(ops))) {
+            Ok(resps) => {
+                let mut all_ok = true;
+                for (j, r) in (i..).zip(resps) {
+                    match r.result {
+                        Ok(_) => acked.push(j),
+                        Err(e) if e.code.is_retryable() => {
+                            *retries += 1;
+                            all_ok = false;
+                        }
+                        Err(e) => panic!("write {j} failed: {e:?}"),
+                    }
+                }
+                if all_ok {
+                    i += 10;
+                } else {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Err(_) => {
+                // The connection broke (device restart): reconnect.
+                *conn = None;
+                *retries += 1;
+            }
+        }
+    }
+}
+
+fn must_read_all(addr: &str, acked: &[u64]) {
+    let mut c = Conn::connect(addr);
+    for chunk in acked.chunks(200) {
+        let ops = chunk.iter().map(|j| Op::Get { key: format!("w{j:06}").into_bytes() }).collect();
+        for (j, r) in chunk.iter().zip(c.call(ops)) {
+            assert_eq!(r.result, Ok(Reply::Value(Some(j.to_le_bytes().to_vec()))), "acknowledged write {j} lost");
+        }
+    }
+}
+
+#[test]
+fn restarts_lose_no_acknowledged_write() {
+    let mut pod = Pod::start(&["--fsync", "always", "--l0-budget", "65536"], &[]);
+    let addr = pod.addr.clone();
+    let mut conn = None;
+    let (mut acked, mut retries) = (Vec::new(), 0u64);
+    must_write(&mut conn, &addr, 0, 300, &mut acked, &mut retries);
+
+    // SIGKILL the host mid-workload; writes fail retryably; restart it; they resume.
+    let writer = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let (mut conn, mut acked, mut retries) = (None, Vec::new(), 0u64);
+            must_write(&mut conn, &addr, 1000, 2000, &mut acked, &mut retries);
+            (acked, retries)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(150));
+    pod.host = None; // kill -9 + reap
+    std::thread::sleep(Duration::from_millis(300));
+    pod.start_host();
+    let (more, more_retries) = writer.join().expect("writer");
+    acked.extend(more);
+    retries += more_retries;
+    assert!(retries > 0, "the gap should have produced retryable errors");
+    must_read_all(&addr, &acked);
+
+    // Restart the device (stop and start on the same port): clients reconnect, data is there.
+    let port = addr.clone();
+    pod.device = None;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dpukv-dpu"));
+    c.arg("--shm-dir").arg(pod.shm()).args(["--listen", &port]).stderr(std::process::Stdio::null());
+    pod.device = Some(crate::harness::Proc(c.spawn().expect("restart device")));
+    let mut conn = None;
+    must_write(&mut conn, &addr, 5000, 200, &mut acked, &mut retries);
+    must_read_all(&addr, &acked);
+}
+
+use std::process::Command;
+
+#[test]
+fn concurrent_fetch_add_sums_exactly() {
+    let pod = Pod::start(&["--fsync", "interval:2"], &[]);
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = pod.addr.clone();
+            std::thread::spawn(move || {
+                let mut c = Conn::connect(&addr);
+                let mut olds = Vec::new();
+                for _ in 0..25 {
+                    let ops = (0..20).map(|_| Op::FetchAdd { key: k("hot"), delta: 1 }).collect();
+                    for r in c.call(ops) {
+                        match r.result {
+                            Ok(Reply::Scalar(s)) => olds.push(u64::from_le_bytes(s)),
+                            other => panic!("fetch_add: {other:?}"),
+                        }
+                    }
+                }
+                olds
+            })
+        })
+        .collect();
+    let mut olds: Vec<u64> = threads.into_iter().flat_map(|t| t.join().expect("client")).collect();
+    olds.sort();
+    assert_eq!(olds, (0..4000).collect::<Vec<u64>>(), "every fetch_add saw a distinct old value");
+    let mut c = pod.connect();
+    assert_eq!(c.one(Op::Get { key: k("hot") }).result, Ok(Reply::Value(Some(4000u64.to_le_bytes().to_vec()))));
+}
