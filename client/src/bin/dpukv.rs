@@ -1,0 +1,284 @@
+//! `dpukv`: the command-line client, and `dpukv local`, which runs a node pod (host and device
+//! processes) on a data directory in the foreground.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use dpukv_client::Client;
+use dpukv_client::proto::{Cmp, Elem, ReduceOp, VecOp};
+
+#[derive(Parser)]
+#[command(name = "dpukv", about = "dpukv client")]
+struct Cli {
+    /// The device (or gateway) to talk to.
+    #[arg(long, env = "DPUKV_ENDPOINT", default_value = "127.0.0.1:7070", global = true)]
+    endpoint: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print the value of KEY (exit 1 if absent).
+    Get { key: String },
+    /// Set KEY to VALUE.
+    Put { key: String, value: String },
+    /// Delete KEY.
+    Delete { key: String },
+    /// Print `key<TAB>value` for keys in [START, END].
+    Scan {
+        start: String,
+        end: String,
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Start at the largest key <= START (Honeycomb's SCAN).
+        #[arg(long)]
+        floor: bool,
+    },
+    /// Add DELTA to the u64 value of KEY; print the old value.
+    FetchAdd { key: String, delta: u64 },
+    /// Replace KEY's value with NEW if it is EXPECTED (or absent with --absent).
+    Cas {
+        key: String,
+        expected: String,
+        new: String,
+        #[arg(long)]
+        absent: bool,
+    },
+    /// Apply OP (add, sub, mul, min, max, set) with a u64 scalar to every u64 element of KEY.
+    VectorAdd { key: String, op: String, scalar: u64 },
+    /// Reduce the u64 elements of KEY (sum, min, max).
+    Reduce { key: String, op: String },
+    /// Print the u64 elements of KEY that compare (lt, le, eq, ne, ge, gt) to VALUE.
+    Filter { key: String, cmp: String, value: u64 },
+    /// Bulk-load COUNT keys `<prefix><n>` with VALUE-SIZE byte values.
+    Load {
+        #[arg(long, default_value_t = 100_000)]
+        count: u64,
+        #[arg(long, default_value = "key")]
+        prefix: String,
+        #[arg(long, default_value_t = 16)]
+        value_size: usize,
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+    },
+    /// Print a node's metrics (from its admin endpoint).
+    Stats {
+        /// Admin address (host or device).
+        #[arg(long)]
+        admin: String,
+    },
+    /// Run a host and a device on DIR, serving on LISTEN, until interrupted.
+    Local {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: String,
+        /// Log durability (always, never, interval:MS).
+        #[arg(long, default_value = "interval:5")]
+        fsync: String,
+        /// Region split keys (comma separated).
+        #[arg(long, default_value = "")]
+        split_keys: String,
+        /// Forward reads to the host (the benchmark baseline).
+        #[arg(long)]
+        serve_reads_on_host: bool,
+    },
+}
+
+fn vec_op(s: &str) -> Result<VecOp> {
+    Ok(match s {
+        "add" => VecOp::Add,
+        "sub" => VecOp::Sub,
+        "mul" => VecOp::Mul,
+        "min" => VecOp::Min,
+        "max" => VecOp::Max,
+        "set" => VecOp::Set,
+        _ => bail!("unknown vector operation {s:?}"),
+    })
+}
+
+fn u64s(v: &[u8]) -> String {
+    v.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])).to_string()).collect::<Vec<_>>().join(" ")
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("dpukv: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<i32> {
+    if let Cmd::Local { dir, listen, fsync, split_keys, serve_reads_on_host } = &cli.cmd {
+        return local(dir, listen, fsync, split_keys, *serve_reads_on_host).await;
+    }
+    if let Cmd::Stats { admin } = &cli.cmd {
+        return stats(admin).await;
+    }
+    let connections = if let Cmd::Load { connections, .. } = &cli.cmd { *connections } else { 1 };
+    let c =
+        Client::connect(&cli.endpoint, connections).await.with_context(|| format!("connecting to {}", cli.endpoint))?;
+    let mut out = std::io::stdout().lock();
+    match cli.cmd {
+        Cmd::Get { key } => match c.get(key.as_bytes()).await? {
+            Some(v) => {
+                out.write_all(&v)?;
+                out.write_all(b"\n")?;
+            }
+            None => return Ok(1),
+        },
+        Cmd::Put { key, value } => {
+            c.put(key.as_bytes(), value.as_bytes()).await?;
+        }
+        Cmd::Delete { key } => {
+            c.delete(key.as_bytes()).await?;
+        }
+        Cmd::Scan { start, end, limit, floor } => {
+            let items = if floor {
+                c.floor_scan(start.as_bytes(), end.as_bytes(), limit).await?
+            } else {
+                c.scan(start.as_bytes(), end.as_bytes(), limit).await?
+            };
+            for (k, v) in items {
+                out.write_all(&k)?;
+                out.write_all(b"\t")?;
+                out.write_all(&v)?;
+                out.write_all(b"\n")?;
+            }
+        }
+        Cmd::FetchAdd { key, delta } => writeln!(out, "{}", c.fetch_add(key.as_bytes(), delta).await?)?,
+        Cmd::Cas { key, expected, new, absent } => {
+            let exp = (!absent).then_some(expected.as_bytes());
+            let (swapped, current) = c.compare_and_swap(key.as_bytes(), exp, new.as_bytes()).await?;
+            writeln!(out, "{}", if swapped { "swapped" } else { "not swapped" })?;
+            if !swapped {
+                return Ok(match current {
+                    Some(v) => {
+                        out.write_all(&v)?;
+                        writeln!(out)?;
+                        3
+                    }
+                    None => 3,
+                });
+            }
+        }
+        Cmd::VectorAdd { key, op, scalar } => {
+            c.vector_scalar(key.as_bytes(), Elem::U64, vec_op(&op)?, scalar.to_le_bytes()).await?
+        }
+        Cmd::Reduce { key, op } => {
+            let op = match op.as_str() {
+                "sum" => ReduceOp::Sum,
+                "min" => ReduceOp::Min,
+                "max" => ReduceOp::Max,
+                _ => bail!("reduce takes sum, min or max"),
+            };
+            writeln!(out, "{}", u64::from_le_bytes(c.reduce(key.as_bytes(), Elem::U64, op).await?))?;
+        }
+        Cmd::Filter { key, cmp, value } => {
+            let cmp = match cmp.as_str() {
+                "lt" => Cmp::Lt,
+                "le" => Cmp::Le,
+                "eq" => Cmp::Eq,
+                "ne" => Cmp::Ne,
+                "ge" => Cmp::Ge,
+                "gt" => Cmp::Gt,
+                _ => bail!("filter takes lt, le, eq, ne, ge or gt"),
+            };
+            writeln!(out, "{}", u64s(&c.filter(key.as_bytes(), Elem::U64, cmp, value.to_le_bytes()).await?))?;
+        }
+        Cmd::Load { count, prefix, value_size, .. } => load(&c, count, &prefix, value_size).await?,
+        Cmd::Stats { .. } | Cmd::Local { .. } => unreachable!("handled above"),
+    }
+    Ok(0)
+}
+
+async fn load(c: &Client, count: u64, prefix: &str, value_size: usize) -> Result<()> {
+    let start = std::time::Instant::now();
+    let in_flight = 256u64;
+    let mut next = 0u64;
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut done = 0u64;
+    let mut shown = 0u64;
+    while done < count {
+        while next < count && (tasks.len() as u64) < in_flight {
+            let (c, key) = (c.clone(), format!("{prefix}{next:012}"));
+            let value = vec![b'v'; value_size];
+            tasks.spawn(async move { c.put(key.as_bytes(), &value).await });
+            next += 1;
+        }
+        if let Some(r) = tasks.join_next().await {
+            r??;
+            done += 1;
+        }
+        let pct = done * 100 / count.max(1);
+        if pct != shown {
+            shown = pct;
+            eprint!("\rloading {done}/{count} ({pct}%)");
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!("\rloaded {count} keys in {secs:.2}s ({:.0} keys/s)", count as f64 / secs);
+    Ok(())
+}
+
+async fn stats(admin: &str) -> Result<i32> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(admin).await.with_context(|| format!("connecting to {admin}"))?;
+    s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await?;
+    let text = body.split("\r\n\r\n").nth(1).unwrap_or("");
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        println!("{line}");
+    }
+    Ok(0)
+}
+
+/// Runs `dpukv-node` and `dpukv-dpu` (found next to this binary) until Ctrl-C, then stops both.
+async fn local(dir: &std::path::Path, listen: &str, fsync: &str, split_keys: &str, on_host: bool) -> Result<i32> {
+    let exe_dir = std::env::current_exe()?.parent().context("binary directory")?.to_path_buf();
+    let (data, shm) = (dir.join("data"), dir.join("shm"));
+    std::fs::create_dir_all(&data)?;
+    let mut host = tokio::process::Command::new(exe_dir.join("dpukv-node"))
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--shm-dir")
+        .arg(&shm)
+        .args(["--fsync", fsync, "--split-keys", split_keys])
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting dpukv-node")?;
+    // The host publishes its regions before it serves; the device waits for them.
+    let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
+    dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", listen]).kill_on_drop(true);
+    if on_host {
+        dev_cmd.arg("--serve-reads-on-host");
+    }
+    let mut device = dev_cmd.spawn().context("starting dpukv-dpu")?;
+    eprintln!("dpukv local: serving on {listen} (data in {}); Ctrl-C to stop", dir.display());
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let code = tokio::select! {
+        _ = term.recv() => 0,
+        _ = int.recv() => 0,
+        s = host.wait() => { eprintln!("dpukv local: host exited: {s:?}"); 1 }
+        s = device.wait() => { eprintln!("dpukv local: device exited: {s:?}"); 1 }
+    };
+    for child in [&mut device, &mut host] {
+        if let Some(pid) = child.id() {
+            // SIGTERM: both stop cleanly (the host finishes its round and syncs the log).
+            let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
+        }
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await;
+        let _ = child.start_kill();
+    }
+    Ok(code)
+}

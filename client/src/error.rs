@@ -1,0 +1,50 @@
+//! Client errors.
+
+use dpukv_proto::{DecodeError, ErrorCode, ErrorReply, Reply};
+
+/// What can go wrong talking to dpukv.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Connecting or writing failed.
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// The connection closed with the request in flight (it may or may not have executed).
+    #[error("connection closed with the request in flight")]
+    Disconnected,
+    /// The server sent bytes that are not protocol v1.
+    #[error("protocol: {0}")]
+    Protocol(DecodeError),
+    /// The server answered with an error.
+    #[error("{}: {}", .0.code.name(), .0.message)]
+    Server(ErrorReply),
+    /// The request is outside the protocol's limits.
+    #[error("invalid request: {}", .0.name())]
+    Invalid(ErrorCode),
+    /// A reply of an unexpected kind.
+    #[error("unexpected reply: {0}")]
+    Unexpected(String),
+}
+
+impl ClientError {
+    /// Whether retrying may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Io(_) | ClientError::Disconnected => true,
+            ClientError::Server(e) => e.code.is_retryable(),
+            _ => false,
+        }
+    }
+
+    /// The server's error code, if the server answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Server(e) => Some(e.code),
+            ClientError::Invalid(c) => Some(*c),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn unexpected(r: &Reply) -> ClientError {
+        ClientError::Unexpected(format!("{r:?}").chars().take(100).collect())
+    }
+}
