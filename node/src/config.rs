@@ -48,6 +48,9 @@ pub struct HostArgs {
     /// Most device connections.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
+    /// Baseline for benchmarks: execute every atomic as its own read-modify-write and log append.
+    #[arg(long)]
+    pub no_reservation_station: bool,
 }
 
 impl HostArgs {
@@ -63,6 +66,7 @@ impl HostArgs {
             l0_budget: self.l0_budget,
             admin: self.admin,
             max_connections: self.max_connections.max(1),
+            per_op_atomics: self.no_reservation_station,
         })
     }
 }

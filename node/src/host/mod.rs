@@ -48,6 +48,8 @@ pub struct HostConfig {
     pub admin: Option<SocketAddr>,
     /// Most device connections.
     pub max_connections: usize,
+    /// Baseline: one read-modify-write per atomic instead of the reservation station's merging.
+    pub per_op_atomics: bool,
 }
 
 /// What [`run`] reports once it serves.
@@ -90,7 +92,8 @@ pub async fn run(
 
     let stats = Arc::new(PipelineStats::default());
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(1024);
-    let pipeline = Pipeline::new(regions, cfg.regions.clone(), stats.clone());
+    let mut pipeline = Pipeline::new(regions, cfg.regions.clone(), stats.clone());
+    pipeline.per_op_atomics = cfg.per_op_atomics;
     let pipeline_thread =
         std::thread::Builder::new().name("dpukv-pipeline".into()).spawn(move || pipeline.run(jobs_rx))?;
 

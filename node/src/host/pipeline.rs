@@ -82,6 +82,9 @@ impl OwnedOp {
 
 /// The pipeline; runs on its own thread ([`Pipeline::run`]).
 pub struct Pipeline {
+    /// Baseline mode: every atomic is its own round (one read-modify-write and log append per
+    /// operation) instead of sharing the round's write-back.
+    pub per_op_atomics: bool,
     regions: Vec<Region>,
     map: RegionMap,
     stations: Vec<ReservationStation>,
@@ -118,7 +121,7 @@ impl Pipeline {
             })
             .expect("spawning the durability thread");
         let stations = regions.iter().map(|_| ReservationStation::new()).collect();
-        Pipeline { regions, map, stations, durable_tx, stats }
+        Pipeline { per_op_atomics: false, regions, map, stations, durable_tx, stats }
     }
 
     /// Runs until every job sender is dropped.
@@ -207,6 +210,13 @@ impl Pipeline {
                 }
             };
             round.pending.push((reply.clone(), req.id, pending));
+            if self.per_op_atomics {
+                let done = std::mem::replace(
+                    round,
+                    RegionRound { ops: Vec::new(), plain_keys: HashSet::new(), pending: Vec::new() },
+                );
+                self.commit(r, done);
+            }
             return;
         }
         let ops: Vec<OwnedOp> = match req.op {

@@ -147,11 +147,18 @@ pub(crate) struct MergeCursor<'s, 'a> {
     /// Per table: the last key fetched (the next chunk starts after it), or None when exhausted.
     next_from: Vec<Option<Option<Vec<u8>>>>,
     lo: Vec<u8>,
+    chunk: usize,
 }
 
 impl<'s, 'a> MergeCursor<'s, 'a> {
     pub(crate) fn new(srcs: &'s [Src<'a>], lo: &[u8], hi: &[u8]) -> MergeCursor<'s, 'a> {
+        MergeCursor::with_chunk(srcs, lo, hi, CHUNK)
+    }
+
+    /// A cursor fetching `chunk` entries per table at a time (a short scan needs few).
+    pub(crate) fn with_chunk(srcs: &'s [Src<'a>], lo: &[u8], hi: &[u8], chunk: usize) -> MergeCursor<'s, 'a> {
         MergeCursor {
+            chunk: chunk.clamp(1, CHUNK),
             srcs,
             hi: hi.to_vec(),
             bufs: srcs.iter().map(|_| VecDeque::new()).collect(),
@@ -169,9 +176,9 @@ impl<'s, 'a> MergeCursor<'s, 'a> {
             None => Bound::Included(self.lo.as_slice()),
             Some(k) => Bound::Excluded(k.as_slice()),
         };
-        let got = self.srcs[i].chunk(bound, &self.hi, CHUNK)?;
-        if got.len() == CHUNK {
-            self.next_from[i] = Some(Some(got[CHUNK - 1].0.clone()));
+        let got = self.srcs[i].chunk(bound, &self.hi, self.chunk)?;
+        if got.len() == self.chunk {
+            self.next_from[i] = Some(Some(got[self.chunk - 1].0.clone()));
         }
         self.bufs[i].extend(got);
         Ok(())
@@ -207,7 +214,8 @@ pub(crate) fn scan(
     if lo > hi || limit == 0 {
         return Ok(out);
     }
-    let mut cur = MergeCursor::new(srcs, lo, hi);
+    // Tombstones may hide some of the first chunk: ask for a little more than the limit.
+    let mut cur = MergeCursor::with_chunk(srcs, lo, hi, limit.saturating_add(limit / 4 + 4));
     while let Some((k, _, s, _)) = cur.next()? {
         if let Some(v) = resolve(vlog, &k, s)? {
             out.push((k, v));
