@@ -97,14 +97,20 @@ impl TableSet {
     }
 }
 
-/// Removes arena files left in the shared directory by a previous host (they are rebuilt from
-/// the log).
+/// Retires what a previous host left in the shared directory (its L0s are rebuilt from the log):
+/// the table set goes first, then every old arena is marked frozen — so a reader still mapping
+/// one switches (or gets a retryable error until the new set is published) on its next operation,
+/// before this host takes any write — and removed.
 pub(crate) fn remove_stale_arenas(shm_dir: &Path) -> Result<()> {
+    let _ = std::fs::remove_file(shm_dir.join(FILE));
     for e in std::fs::read_dir(shm_dir).map_err(|e| Error::io(shm_dir, e))? {
         let e = e.map_err(|e| Error::io(shm_dir, e))?;
         let name = e.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with("l0-") || name == FILE || name.starts_with("TABLES.") {
+        if name.starts_with("l0-") && name.ends_with(".arena") {
+            let _ = crate::arena::Arena::mark_frozen(&e.path());
+        }
+        if name.starts_with("l0-") || name.starts_with("TABLES.") {
             let _ = std::fs::remove_file(e.path());
         }
     }

@@ -1,0 +1,13 @@
+//! dpukv-e2e: the end-to-end harness (ARCHITECTURE.md §2: nothing depends on it). It builds and
+//! starts real processes, injects faults by killing them, records client histories and checks
+//! them for linearizability.
+//!
+//! # Layout
+//! - `linearizability`: a WGL/Porcupine-style checker for a key-value register model,
+//!   partitioned by key, with scans projected to per-key reads.
+//! - `history`: recording invocations and responses from concurrent clients.
+//! - `procs`: building the binaries and running a node pod (host + device).
+
+pub mod history;
+pub mod linearizability;
+pub mod procs;

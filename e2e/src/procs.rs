@@ -1,0 +1,122 @@
+//! Building the workspace's binaries and running a node pod (host and device processes).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// The directory holding this build's binaries, after building them once per test process
+/// (`cargo build --bins` for the node and client packages, same profile).
+pub fn bin_dir() -> Result<PathBuf> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            // target/<profile>/deps/<test binary>
+            let dir = exe.parent().and_then(Path::parent).ok_or("unexpected test binary location")?.to_path_buf();
+            let release = dir.file_name().is_some_and(|n| n == "release");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "--bins", "-p", "dpukv-node", "-p", "dpukv-client"]);
+            if release {
+                cmd.arg("--release");
+            }
+            let status = cmd.status().map_err(|e| e.to_string())?;
+            if !status.success() {
+                return Err(format!("building the binaries failed: {status}"));
+            }
+            Ok(dir)
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))
+}
+
+/// A child process, killed (SIGKILL) and reaped on drop.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(child: &mut Child, what: &str) -> Result<String> {
+    let stderr = child.stderr.take().context("stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        match lines.next() {
+            Some(Ok(l)) if l.contains(what) => {
+                std::thread::spawn(move || for _ in lines.by_ref() {});
+                return Ok(l);
+            }
+            Some(Ok(_)) => {}
+            _ => bail!("process exited before logging {what:?}"),
+        }
+    }
+    bail!("process did not log {what:?} in time")
+}
+
+/// A node pod on a temp directory.
+pub struct Pod {
+    /// The pod's directory (data and shared memory).
+    pub dir: tempfile::TempDir,
+    /// The host process.
+    pub host: Option<Proc>,
+    /// The device process.
+    pub device: Option<Proc>,
+    /// The device's data port.
+    pub addr: String,
+    host_args: Vec<String>,
+}
+
+impl Pod {
+    /// Starts a host (with `host_args`) and a device.
+    pub fn start(host_args: &[&str]) -> Result<Pod> {
+        let dir = tempfile::tempdir()?;
+        let mut pod = Pod {
+            dir,
+            host: None,
+            device: None,
+            addr: String::new(),
+            host_args: host_args.iter().map(|s| s.to_string()).collect(),
+        };
+        pod.start_host()?;
+        let mut c = Command::new(bin_dir()?.join("dpukv-dpu"));
+        c.arg("--shm-dir")
+            .arg(pod.dir.path().join("shm"))
+            .args(["--listen", "127.0.0.1:0"])
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null());
+        let mut child = c.spawn().context("starting dpukv-dpu")?;
+        let line = wait_for(&mut child, "device serving")?;
+        pod.addr = line
+            .split("listen=")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .context("device address")?
+            .to_string();
+        pod.device = Some(Proc(child));
+        Ok(pod)
+    }
+
+    /// (Re)starts the host.
+    pub fn start_host(&mut self) -> Result<()> {
+        let mut c = Command::new(bin_dir()?.join("dpukv-node"));
+        c.arg("--data-dir").arg(self.dir.path().join("data")).arg("--shm-dir").arg(self.dir.path().join("shm"));
+        c.args(&self.host_args).stderr(Stdio::piped()).stdout(Stdio::null());
+        let mut child = c.spawn().context("starting dpukv-node")?;
+        wait_for(&mut child, "host serving")?;
+        self.host = Some(Proc(child));
+        Ok(())
+    }
+
+    /// SIGKILLs the host.
+    pub fn kill_host(&mut self) {
+        self.host = None;
+    }
+}

@@ -1,0 +1,198 @@
+//! Host and device as real processes; concurrent clients write through the device while it serves
+//! reads (and scans); every operation's invocation and response is recorded and the history is
+//! checked for linearizability — once on a steady pod, once with the host SIGKILLed and restarted
+//! mid-run (operations cut off by the crash have unknown outcomes).
+
+use std::time::{Duration, Instant};
+
+use dpukv_client::Client;
+use dpukv_client::proto::{ErrorCode, Op, Reply};
+use dpukv_e2e::history::History;
+use dpukv_e2e::linearizability::{KeyOp, Verdict, check, scan_events};
+use dpukv_e2e::procs::Pod;
+
+const KEYS: usize = 5;
+
+fn key(i: usize) -> Vec<u8> {
+    format!("k{i}").into_bytes()
+}
+
+/// A client task: random operations until `until`, recording each. Without `atomics`, no
+/// fetch_add: a fetch_add whose outcome a crash made unknown can be placed almost anywhere,
+/// which makes the search blow up; counters are checked in the steady run.
+async fn client(addr: String, id: u64, h: History, until: Instant, atomics: bool) {
+    let c = Client::connect(&addr, 1).await.expect("connect");
+    let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
+    let mut x = id * 7919 + 1;
+    let mut n = 0u64;
+    // After an unknown outcome a client backs off writes for a while (as a real one would rather
+    // than fire writes into an outage): each unknown write multiplies the checker's search.
+    let mut reads_only_until = Instant::now();
+    while Instant::now() < until {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        n += 1;
+        let k = key((x % KEYS as u64) as usize);
+        let ctr = format!("c{}", x % 2).into_bytes();
+        let val = format!("v{id}-{n}").into_bytes();
+        let pick = match (x >> 20) % 9 {
+            _ if Instant::now() < reads_only_until => 0,
+            7 if !atomics => 2,
+            p => p,
+        };
+        let (op, target) = match pick {
+            0 | 1 => (Op::Get { key: k.clone() }, k),
+            2 => (Op::Put { key: k.clone(), value: val }, k),
+            3 => (Op::Delete { key: k.clone() }, k),
+            4 => (Op::Insert { key: k.clone(), value: val }, k),
+            5 => (Op::Update { key: k.clone(), value: val }, k),
+            6 => (Op::CompareAndSwap { key: k.clone(), expected: None, new: val }, k),
+            7 => (Op::FetchAdd { key: ctr.clone(), delta: 1 }, ctr),
+            _ => (
+                Op::Scan { lo: b"k".to_vec(), hi: b"k\xff".to_vec(), limit: 100, max_bytes: 0, token: vec![] },
+                Vec::new(),
+            ),
+        };
+        let call = h.now();
+        let res = c.send(op.clone()).await;
+        let ret = h.now();
+        // Retryable failures and lost connections: the operation may or may not have happened.
+        let unknown = match &res {
+            Err(e) => e.is_retryable(),
+            Ok(r) => r.result.as_ref().is_err_and(|e| e.code.is_retryable()),
+        };
+        if unknown {
+            if let Some(kop) = write_op(&op) {
+                h.record(&target, kop, call, None);
+                reads_only_until = Instant::now() + Duration::from_millis(300);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        let resp = res.expect("non-retryable client error");
+        let rec = |kop| h.record(&target, kop, call, Some(ret));
+        match (op, resp.result) {
+            (Op::Get { .. }, Ok(Reply::Value(v))) => rec(KeyOp::Get(v)),
+            (Op::Put { value, .. }, Ok(Reply::Done)) => rec(KeyOp::Put(value)),
+            (Op::Delete { .. }, Ok(Reply::Done)) => rec(KeyOp::Delete),
+            (Op::Insert { value, .. }, Ok(Reply::Done)) => rec(KeyOp::Insert(value, true)),
+            (Op::Insert { value, .. }, Err(e)) if e.code == ErrorCode::KeyExists => rec(KeyOp::Insert(value, false)),
+            (Op::Update { value, .. }, Ok(Reply::Done)) => rec(KeyOp::Update(value, true)),
+            (Op::Update { value, .. }, Err(e)) if e.code == ErrorCode::KeyNotFound => rec(KeyOp::Update(value, false)),
+            (Op::CompareAndSwap { expected, new, .. }, Ok(Reply::Cas { swapped, .. })) => {
+                rec(KeyOp::Cas(expected, new, swapped))
+            }
+            (Op::FetchAdd { delta, .. }, Ok(Reply::Scalar(s))) => rec(KeyOp::FetchAdd(delta, u64::from_le_bytes(s))),
+            (Op::Scan { lo, hi, .. }, Ok(Reply::Items { items, .. })) => {
+                h.extend(scan_events(&keys, &lo, &hi, &items, call, ret))
+            }
+            (op, r) => panic!("unexpected result for {:?}: {r:?}", op.code()),
+        }
+    }
+}
+
+fn write_op(op: &Op) -> Option<KeyOp> {
+    Some(match op {
+        Op::Put { value, .. } => KeyOp::Put(value.clone()),
+        Op::Delete { .. } => KeyOp::Delete,
+        // Unknown outcome: the checker accepts either result.
+        Op::Insert { value, .. } => KeyOp::Insert(value.clone(), true),
+        Op::Update { value, .. } => KeyOp::Update(value.clone(), true),
+        Op::CompareAndSwap { expected, new, .. } => KeyOp::Cas(expected.clone(), new.clone(), true),
+        Op::FetchAdd { delta, .. } => KeyOp::FetchAdd(*delta, 0),
+        _ => return None,
+    })
+}
+
+fn must_be_linearizable(h: &History) {
+    let events = h.events();
+    assert!(events.len() > 300, "only {} events recorded", events.len());
+    match check(&events, 50_000_000) {
+        Verdict::Linearizable => {}
+        Verdict::Violation { key, .. } | Verdict::Unknown(key) => {
+            let report = explain(&events, &key);
+            panic!(
+                "history of {} events is not linearizable (key {:?}):\n{report}",
+                events.len(),
+                String::from_utf8_lossy(&key)
+            );
+        }
+    }
+}
+
+/// Finds the shortest time prefix of `key`'s history the checker rejects (operations still
+/// running at the cut count as unknown) and lists the operations around it.
+fn explain(events: &[dpukv_e2e::linearizability::Event], key: &[u8]) -> String {
+    let mine: Vec<_> = events.iter().filter(|e| e.key == key).cloned().collect();
+    let prefix = |t: u64| -> Vec<_> {
+        mine.iter()
+            .filter(|e| e.call < t)
+            .map(|e| {
+                let mut e = e.clone();
+                if e.ret.is_some_and(|r| r > t) {
+                    e.ret = None;
+                }
+                e
+            })
+            .collect()
+    };
+    let (mut lo, mut hi) = (0u64, mine.iter().map(|e| e.ret.unwrap_or(e.call)).max().unwrap_or(0) + 1);
+    while hi - lo > 1000 {
+        let mid = lo + (hi - lo) / 2;
+        match check(&prefix(mid), 2_000_000) {
+            Verdict::Linearizable => lo = mid,
+            _ => hi = mid,
+        }
+    }
+    let mut around: Vec<_> = mine.iter().filter(|e| e.call < hi && e.ret.is_none_or(|r| r + 50_000_000 > hi)).collect();
+    around.sort_by_key(|e| e.call);
+    let lines: Vec<String> = around
+        .iter()
+        .rev()
+        .take(40)
+        .rev()
+        .map(|e| format!("  [{} .. {:?}] {:?}", e.call / 1000, e.ret.map(|r| r / 1000), e.op))
+        .collect();
+    format!(
+        "first rejected prefix ends at {} us; operations in the last 50 ms before it (us):\n{}",
+        hi / 1000,
+        lines.join("\n")
+    )
+}
+
+#[test]
+fn concurrent_clients_see_a_linearizable_store() {
+    let pod = Pod::start(&["--fsync", "interval:2", "--l0-budget", "65536"]).expect("pod");
+    let h = History::default();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let until = Instant::now() + Duration::from_secs(2);
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..6).map(|i| tokio::spawn(client(pod.addr.clone(), i, h.clone(), until, true))).collect();
+        for t in tasks {
+            t.await.expect("client task");
+        }
+    });
+    must_be_linearizable(&h);
+}
+
+#[test]
+fn linearizable_across_a_host_crash() {
+    let mut pod = Pod::start(&["--fsync", "always"]).expect("pod");
+    let h = History::default();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let until = Instant::now() + Duration::from_secs(2);
+    let tasks: Vec<_> = (0..6).map(|i| rt.spawn(client(pod.addr.clone(), i, h.clone(), until, false))).collect();
+    std::thread::sleep(Duration::from_millis(800));
+    pod.kill_host();
+    std::thread::sleep(Duration::from_millis(200));
+    pod.start_host().expect("restart host");
+    rt.block_on(async {
+        for t in tasks {
+            t.await.expect("client task");
+        }
+    });
+    let unknown = h.events().iter().filter(|e| e.ret.is_none()).count();
+    assert!(unknown > 0, "the crash should have cut some operations off");
+    must_be_linearizable(&h);
+}
