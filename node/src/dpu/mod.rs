@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use dpukv_proto::{ErrorCode, Request, Response, decode_requests, decode_responses, encode_requests};
+use dpukv_storage::ReadStats;
 use dpukv_storage::region::RegionReader;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::registry::Registry;
@@ -60,6 +61,14 @@ pub struct DeviceStats {
     pub forwarded: AtomicU64,
     /// Requests answered `Unavailable` because the host could not be reached.
     pub unavailable: AtomicU64,
+    /// Tree node buffers visited by reads (over `snapshots`: node visits per read).
+    pub node_visits: AtomicU64,
+    /// Arena snapshots taken by reads.
+    pub snapshots: AtomicU64,
+    /// Page-table changes applied from the arenas' command rings.
+    pub ring_commands: AtomicU64,
+    /// Page-table copies taken (first use, and after falling a ring behind).
+    pub page_table_copies: AtomicU64,
 }
 
 /// Serves the data port until `shutdown`.
@@ -180,6 +189,7 @@ async fn connection(
     let (mut r, w) = stream.into_split();
     let (out, writer) = conn::spawn_writer(w);
     let mut readers: Option<Vec<RegionReader>> = None;
+    let mut seen = ReadStats::default();
     let mut link: Option<HostLink> = None;
     let mut buf = Vec::new();
     loop {
@@ -212,10 +222,20 @@ async fn connection(
                 Ok(req) if req.op.code().is_write() || cfg.serve_reads_on_host => forward.push(req),
                 Ok(req) => {
                     if readers.is_none() {
-                        readers = crate::host::open_readers(&cfg.shm_dir, &map).ok();
+                        readers = crate::host::open_readers(&cfg.shm_dir, &map, true).ok();
+                        seen = Default::default();
                     }
                     let resp = match readers.as_mut() {
-                        Some(rs) => crate::reads::serve(rs, &map, &req),
+                        Some(rs) => {
+                            let r = crate::reads::serve(rs, &map, &req);
+                            let now = rs.iter().map(RegionReader::read_stats).fold(ReadStats::default(), add);
+                            stats.node_visits.fetch_add(now.node_visits - seen.node_visits, Ordering::Relaxed);
+                            stats.snapshots.fetch_add(now.snapshots - seen.snapshots, Ordering::Relaxed);
+                            stats.ring_commands.fetch_add(now.commands - seen.commands, Ordering::Relaxed);
+                            stats.page_table_copies.fetch_add(now.resyncs - seen.resyncs, Ordering::Relaxed);
+                            seen = now;
+                            r
+                        }
                         None => Response::error(req.id, ErrorCode::Unavailable, "regions are not readable yet; retry"),
                     };
                     if resp.result.as_ref().is_err_and(|e| e.code == ErrorCode::Unavailable) {
@@ -260,6 +280,15 @@ async fn connection(
     Ok(())
 }
 
+fn add(a: ReadStats, b: ReadStats) -> ReadStats {
+    ReadStats {
+        snapshots: a.snapshots + b.snapshots,
+        node_visits: a.node_visits + b.node_visits,
+        resyncs: a.resyncs + b.resyncs,
+        commands: a.commands + b.commands,
+    }
+}
+
 #[derive(Debug)]
 struct StatsCollector(Arc<DeviceStats>);
 
@@ -270,6 +299,14 @@ impl prometheus_client::collector::Collector for StatsCollector {
             ("dpukv_device_reads_served", "reads executed on the device", &self.0.served),
             ("dpukv_device_forwarded", "requests forwarded to the host", &self.0.forwarded),
             ("dpukv_device_unavailable", "requests failed because the host was unreachable", &self.0.unavailable),
+            ("dpukv_device_node_visits", "tree node buffers visited by reads", &self.0.node_visits),
+            ("dpukv_device_snapshots", "arena snapshots taken by reads", &self.0.snapshots),
+            ("dpukv_device_ring_commands", "page-table changes applied from the command rings", &self.0.ring_commands),
+            (
+                "dpukv_device_page_table_copies",
+                "page-table copies taken (first use, ring overruns)",
+                &self.0.page_table_copies,
+            ),
         ] {
             let c = ConstCounter::new(v.load(Ordering::Relaxed));
             let me = enc.encode_descriptor(name, help, None, c.metric_type())?;

@@ -188,7 +188,7 @@ async fn connection(
                 Ok(req) if req.op.code().is_write() => writes.push(req),
                 Ok(req) => {
                     if readers.is_none() {
-                        readers = open_readers(&shm, &map).ok();
+                        readers = open_readers(&shm, &map, false).ok();
                     }
                     let resp = match readers.as_mut() {
                         Some(rs) => crate::reads::serve(rs, &map, &req),
@@ -207,9 +207,16 @@ async fn connection(
     Ok(())
 }
 
-/// Readers of every region's shared memory, in map order.
-pub fn open_readers(shm: &std::path::Path, map: &RegionMap) -> dpukv_storage::Result<Vec<RegionReader>> {
-    map.regions().iter().map(|s| RegionReader::open(shm.join(format!("region-{}", s.id)))).collect()
+/// Readers of every region's shared memory, in map order; `device`: through page-table copies
+/// fed by the command rings (the device), else through the page tables (the host's CPU).
+pub fn open_readers(shm: &std::path::Path, map: &RegionMap, device: bool) -> dpukv_storage::Result<Vec<RegionReader>> {
+    map.regions()
+        .iter()
+        .map(|s| {
+            let dir = shm.join(format!("region-{}", s.id));
+            if device { RegionReader::open_device(dir) } else { RegionReader::open(dir) }
+        })
+        .collect()
 }
 
 /// Exposes the pipeline's counters to Prometheus.

@@ -21,6 +21,8 @@ pub(crate) const SB_WRITER_PID: u64 = 160;
 pub(crate) const SB_ALLOCATED_PAGES: u64 = 168;
 pub(crate) const SB_GARBAGE_PAGES: u64 = 176;
 pub(crate) const SB_TABLES_GEN: u64 = 184;
+/// One past the highest LID the writer has handed out (bounds a reader's page-table copy).
+pub(crate) const SB_LID_HIGH: u64 = 192;
 /// Superblock size (one page).
 pub(crate) const SB_SIZE: u64 = 4096;
 /// Bytes per reader slot.

@@ -1,8 +1,13 @@
 //! The host-memory arena: a file mapped by one writer and many readers, holding the superblock,
 //! reader slots, command ring, page table and the heap of node buffers and value blobs.
+//!
+//! # Layout
+//! - `shm`: the mapping (the only `unsafe` code); `layout`: the superblock; `slots`: reader
+//!   slots and dead-reader detection; `ring`: the command ring; `alloc`: the writer's allocators.
 
 mod alloc;
 mod layout;
+mod ring;
 mod shm;
 mod slots;
 
@@ -14,10 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) use alloc::{LidAlloc, PageAlloc};
 pub use layout::Layout;
 pub(crate) use layout::{
-    SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_READ_VERSION, SB_ROOT, SB_STATE, SB_TABLES_GEN, SB_WRITE_VERSION,
-    SB_WRITER_PID, STATE_CLOSED, STATE_FROZEN, STATE_READY, root_word, split_root_word,
+    SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_LID_HIGH, SB_READ_VERSION, SB_ROOT, SB_STATE, SB_TABLES_GEN,
+    SB_WRITE_VERSION, SB_WRITER_PID, STATE_CLOSED, STATE_FROZEN, STATE_READY, root_word, split_root_word,
 };
 use layout::{SB_FIXED, SLOT_SIZE};
+pub(crate) use ring::Drain;
 pub(crate) use shm::{Mapping, map_immutable};
 pub(crate) use slots::{Slot, SlotWatch};
 

@@ -18,9 +18,83 @@ use read::Tree;
 
 /// A reader of one arena, usable from any process. Each reader owns a reader slot; use one per
 /// thread (it is `Send` but not `Sync`). Every operation is wait-free.
+///
+/// In *device mode* ([`Reader::open_device`]) the reader keeps its own copy of the page table,
+/// as Honeycomb's device does: it copies the table once and then applies the page-table changes
+/// the writer publishes in the arena's command ring, draining the ring after pinning each read
+/// version (so the copy covers everything the snapshot can see); if it falls a whole ring
+/// behind, it copies the table again.
 pub struct Reader {
     arena: Arc<Arena>,
     slot: Slot,
+    pages: Option<PageCopy>,
+    visits: std::cell::Cell<u64>,
+    snapshots: u64,
+}
+
+/// A device's copy of the page table, kept current through the command ring.
+struct PageCopy {
+    table: Vec<u64>,
+    next: u64,
+    resyncs: u64,
+    applied: u64,
+}
+
+impl PageCopy {
+    fn new(arena: &Arena) -> Result<PageCopy> {
+        let mut p = PageCopy { table: Vec::new(), next: 0, resyncs: 0, applied: 0 };
+        p.copy(arena)?;
+        Ok(p)
+    }
+
+    /// Copies the whole table (entries read after the caller pinned its version are at least as
+    /// new as the snapshot needs); commands published before the copy started are skipped.
+    fn copy(&mut self, arena: &Arena) -> Result<()> {
+        let head = arena.ring_head()?;
+        let high = arena.sb(crate::arena::SB_LID_HIGH).load(Ordering::Acquire).min(arena.layout.pt_entries);
+        self.table.clear();
+        self.table.resize(high.max(1) as usize, 0);
+        for lid in 1..high {
+            self.table[lid as usize] = arena.page_entry(lid)?.load(Ordering::Acquire);
+        }
+        self.next = head;
+        self.resyncs += 1;
+        Ok(())
+    }
+
+    /// Applies every published command (or copies the table again after an overrun).
+    fn sync(&mut self, arena: &Arena) -> Result<()> {
+        let limit = arena.layout.pt_entries as usize;
+        let (table, applied) = (&mut self.table, &mut self.applied);
+        let (next, outcome) = arena.ring_drain(self.next, |lid, off| {
+            let i = lid as usize;
+            if i < limit {
+                if i >= table.len() {
+                    table.resize(i + 1, 0);
+                }
+                table[i] = off;
+                *applied += 1;
+            }
+        })?;
+        self.next = next;
+        if outcome == crate::arena::Drain::Overrun {
+            self.copy(arena)?;
+        }
+        Ok(())
+    }
+}
+
+/// Counters of a reader.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Snapshots taken (operations).
+    pub snapshots: u64,
+    /// Node buffers visited (page-table lookups and old-version steps).
+    pub node_visits: u64,
+    /// Device mode: page-table copies taken (the first, and one per ring overrun).
+    pub resyncs: u64,
+    /// Device mode: page-table changes applied from the command ring.
+    pub commands: u64,
 }
 
 impl Reader {
@@ -30,21 +104,57 @@ impl Reader {
         Reader::from_arena(Arc::new(Arena::open(path.as_ref())?))
     }
 
-    pub(crate) fn from_arena(arena: Arc<Arena>) -> Result<Reader> {
-        let slot = arena.claim_slot()?;
-        Ok(Reader { arena, slot })
+    /// Like [`Reader::open`], in device mode (its own page-table copy, fed by the command ring).
+    pub fn open_device(path: impl AsRef<Path>) -> Result<Reader> {
+        let mut r = Reader::open(path)?;
+        r.pages = Some(PageCopy::new(&r.arena)?);
+        Ok(r)
     }
 
-    /// Another reader on the same mapping, with its own slot (for another thread).
+    pub(crate) fn from_arena(arena: Arc<Arena>) -> Result<Reader> {
+        let slot = arena.claim_slot()?;
+        Ok(Reader { arena, slot, pages: None, visits: std::cell::Cell::new(0), snapshots: 0 })
+    }
+
+    /// Another reader on the same mapping, with its own slot (for another thread), in the same
+    /// mode.
     pub fn try_clone(&self) -> Result<Reader> {
-        Reader::from_arena(self.arena.clone())
+        let mut r = Reader::from_arena(self.arena.clone())?;
+        if self.pages.is_some() {
+            r.pages = Some(PageCopy::new(&r.arena)?);
+        }
+        Ok(r)
     }
 
     /// Pins the current read version: everything read through the snapshot is exactly the state
     /// after that write version.
     pub fn snapshot(&mut self) -> Result<Snapshot<'_>> {
         let rv = self.arena.pin(&self.slot)?;
-        Ok(Snapshot { tree: Tree { arena: &self.arena, rv }, slot: &self.slot })
+        if let Some(p) = &mut self.pages {
+            // After the pin: the copy then covers every page-table change the snapshot can see.
+            if let Err(e) = p.sync(&self.arena) {
+                self.arena.unpin(&self.slot);
+                return Err(e);
+            }
+        }
+        self.snapshots += 1;
+        let tree = Tree {
+            arena: &self.arena,
+            rv,
+            pages: self.pages.as_ref().map(|p| p.table.as_slice()),
+            visits: Some(&self.visits),
+        };
+        Ok(Snapshot { tree, slot: &self.slot })
+    }
+
+    /// The reader's counters.
+    pub fn stats(&self) -> ReadStats {
+        ReadStats {
+            snapshots: self.snapshots,
+            node_visits: self.visits.get(),
+            resyncs: self.pages.as_ref().map_or(0, |p| p.resyncs),
+            commands: self.pages.as_ref().map_or(0, |p| p.applied),
+        }
     }
 
     /// The arena's geometry (node size, generation, ...).

@@ -20,6 +20,10 @@ const MAX_HEIGHT: usize = 64;
 pub(crate) struct Tree<'a> {
     pub(crate) arena: &'a Arena,
     pub(crate) rv: u64,
+    /// The device's own copy of the page table (None: read the arena's).
+    pub(crate) pages: Option<&'a [u64]>,
+    /// Counts node buffers visited.
+    pub(crate) visits: Option<&'a std::cell::Cell<u64>>,
 }
 
 /// The child of interior `node` to follow for `key`: the child of the largest separator `<= key`
@@ -45,6 +49,11 @@ pub(crate) fn child_for<'a>(node: &Node<'a>, key: &[u8], strict: bool) -> Result
 }
 
 impl<'a> Tree<'a> {
+    /// A snapshot reading the arena's page table, uncounted.
+    pub(crate) fn new(arena: &'a Arena, rv: u64) -> Tree<'a> {
+        Tree { arena, rv, pages: None, visits: None }
+    }
+
     fn max_steps(&self) -> u64 {
         self.arena.layout.heap_pages + 1
     }
@@ -53,12 +62,18 @@ impl<'a> Tree<'a> {
     #[inline]
     pub(crate) fn resolve(&self, lid: u64) -> Result<Node<'a>> {
         let entry = self.arena.layout.pt_entry(lid)?;
-        let mut off = self.arena.page_entry(lid)?.load(Ordering::Acquire);
+        let mut off = match self.pages {
+            Some(table) => table.get(lid as usize).copied().unwrap_or(0),
+            None => self.arena.page_entry(lid)?.load(Ordering::Acquire),
+        };
         for step in 0..self.max_steps() {
             if off == 0 {
                 return Err(Error::corrupt(entry, "no version of the node is old enough for the snapshot"));
             }
             let h = Header::read(self.arena, off)?;
+            if let Some(v) = self.visits {
+                v.set(v.get() + 1);
+            }
             if step == 0 && h.lid != lid {
                 return Err(Error::corrupt(off, "page table maps a LID to another node's buffer"));
             }

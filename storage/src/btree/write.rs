@@ -17,7 +17,7 @@ use super::node::{
 use super::read::{LeafCursor, Tree, child_for};
 use super::{Reader, Stats};
 use crate::arena::{
-    Arena, LidAlloc, PageAlloc, SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_READ_VERSION, SB_ROOT, SB_STATE,
+    Arena, LidAlloc, PageAlloc, SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_LID_HIGH, SB_READ_VERSION, SB_ROOT, SB_STATE,
     SB_TABLES_GEN, SB_WRITE_VERSION, STATE_CLOSED, STATE_FROZEN, SlotWatch, root_word, split_root_word,
 };
 use crate::config::{ArenaConfig, MAX_VALUE_LEN, NODE_HEADER, shortcut_capacity};
@@ -134,6 +134,8 @@ pub struct Writer {
     commits_since_reclaim: u32,
     buf: Vec<u8>,
     path: Vec<PathElem>,
+    /// Commands pushed into the command ring so far.
+    ring_seq: u64,
     leaf_cap: usize,
     interior_cap: usize,
     keep_tombstones: bool,
@@ -167,6 +169,7 @@ impl Writer {
             commits_since_reclaim: 0,
             buf: Vec::with_capacity(l.node_size as usize),
             path: Vec::with_capacity(8),
+            ring_seq: 0,
             leaf_cap: payload - l.log_threshold as usize,
             interior_cap: payload,
             keep_tombstones: cfg.keep_tombstones,
@@ -200,7 +203,7 @@ impl Writer {
     }
 
     fn tree(&self) -> Tree<'_> {
-        Tree { arena: &self.arena, rv: self.version }
+        Tree::new(&self.arena, self.version)
     }
 
     /// The current value of `key`.
@@ -684,7 +687,9 @@ impl Writer {
     // --- allocation and publication --------------------------------------------------------------
 
     fn alloc_lid(&mut self) -> Result<u64> {
-        self.lids.alloc().ok_or(Error::ArenaFull { needed: 8, free: 0 })
+        let lid = self.lids.alloc().ok_or(Error::ArenaFull { needed: 8, free: 0 })?;
+        self.arena.sb(SB_LID_HIGH).store(self.lids.high_water(), Ordering::Release);
+        Ok(lid)
     }
 
     fn write_node(&mut self, lid: u64, data: &NodeData, w: u64, prev: u64) -> Result<u64> {
@@ -703,8 +708,11 @@ impl Writer {
         Ok(off)
     }
 
-    fn map_lid(&self, lid: u64, off: u64) -> Result<()> {
+    /// Points `lid` at `off` in the page table and tells the device through the command ring.
+    fn map_lid(&mut self, lid: u64, off: u64) -> Result<()> {
         self.arena.page_entry(lid)?.store(off, Ordering::Release);
+        self.arena.ring_push(self.ring_seq, lid, off)?;
+        self.ring_seq += 1;
         Ok(())
     }
 
@@ -755,7 +763,7 @@ impl Writer {
                         self.garbage_pages -= n;
                     }
                     Garbage::Lid(lid) => {
-                        self.arena.page_entry(lid)?.store(0, Ordering::Release);
+                        self.map_lid(lid, 0)?;
                         self.lids.release(lid);
                     }
                 }

@@ -135,14 +135,29 @@ pub struct RegionReader {
     vlog: VlogReader,
     /// Table-set switches so far.
     pub reloads: u64,
+    /// Device mode: arenas are read through page-table copies fed by their command rings.
+    device: bool,
+    /// Counters of readers already replaced by a table-set switch.
+    retired: crate::btree::ReadStats,
 }
 
 impl RegionReader {
-    /// Opens the region whose arenas live in `shm_dir`.
+    /// Opens the region whose arenas live in `shm_dir` (reading the arenas' page tables, as the
+    /// host's CPU would).
     pub fn open(shm_dir: impl AsRef<Path>) -> Result<RegionReader> {
+        Self::open_mode(shm_dir, false)
+    }
+
+    /// Opens the region as the device does: every arena through its own page-table copy, fed by
+    /// the arena's command ring.
+    pub fn open_device(shm_dir: impl AsRef<Path>) -> Result<RegionReader> {
+        Self::open_mode(shm_dir, true)
+    }
+
+    fn open_mode(shm_dir: impl AsRef<Path>, device: bool) -> Result<RegionReader> {
         let shm_dir = shm_dir.as_ref().to_path_buf();
         let id = file_id(&shm_dir);
-        let (set, active, frozen, levels) = Self::load(&shm_dir, &[])?;
+        let (set, active, frozen, levels) = Self::load(&shm_dir, &[], device)?;
         let vlog = VlogReader::open(set.dir.join("vlog"));
         Ok(RegionReader {
             shm_dir,
@@ -154,18 +169,38 @@ impl RegionReader {
             reloads: 0,
             file_id: id,
             checked: std::time::Instant::now(),
+            device,
+            retired: crate::btree::ReadStats::default(),
         })
     }
 
+    /// Counters of the arena readers, over the reader's life.
+    pub fn read_stats(&self) -> crate::btree::ReadStats {
+        let mut s = self.retired;
+        for r in std::iter::once(&self.active).chain(&self.frozen) {
+            let x = r.stats();
+            s.snapshots += x.snapshots;
+            s.node_visits += x.node_visits;
+            s.resyncs += x.resyncs;
+            s.commands += x.commands;
+        }
+        s
+    }
+
     #[allow(clippy::type_complexity)]
-    fn load(shm_dir: &Path, have: &[Arc<Level>]) -> Result<(TableSet, Reader, Vec<Reader>, Vec<Arc<Level>>)> {
+    fn load(
+        shm_dir: &Path,
+        have: &[Arc<Level>],
+        device: bool,
+    ) -> Result<(TableSet, Reader, Vec<Reader>, Vec<Arc<Level>>)> {
         // The set may change (and its files vanish) between reading it and opening them: retry.
         let mut last = None;
         for _ in 0..50 {
             let set = TableSet::load(shm_dir)?;
             let attempt = (|| -> Result<_> {
-                let active = Reader::open(&set.active)?;
-                let frozen = set.frozen.iter().map(Reader::open).collect::<Result<Vec<_>>>()?;
+                let open = |p: &PathBuf| if device { Reader::open_device(p) } else { Reader::open(p) };
+                let active = open(&set.active)?;
+                let frozen = set.frozen.iter().map(open).collect::<Result<Vec<_>>>()?;
                 let levels = set
                     .manifest
                     .levels
@@ -205,7 +240,8 @@ impl RegionReader {
 
     fn reload(&mut self) -> Result<()> {
         let id = file_id(&self.shm_dir);
-        let (set, active, fz, levels) = Self::load(&self.shm_dir, &self.levels)?;
+        let (set, active, fz, levels) = Self::load(&self.shm_dir, &self.levels, self.device)?;
+        self.retired = self.read_stats();
         if set != self.set {
             self.reloads += 1;
         }
