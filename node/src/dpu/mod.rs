@@ -69,6 +69,10 @@ pub struct DeviceStats {
     pub ring_commands: AtomicU64,
     /// Page-table copies taken (first use, and after falling a ring behind).
     pub page_table_copies: AtomicU64,
+    /// Interior nodes served from the node cache.
+    pub cache_hits: AtomicU64,
+    /// Interior nodes read from host memory.
+    pub cache_misses: AtomicU64,
 }
 
 /// Serves the data port until `shutdown`.
@@ -233,6 +237,8 @@ async fn connection(
                             stats.snapshots.fetch_add(now.snapshots - seen.snapshots, Ordering::Relaxed);
                             stats.ring_commands.fetch_add(now.commands - seen.commands, Ordering::Relaxed);
                             stats.page_table_copies.fetch_add(now.resyncs - seen.resyncs, Ordering::Relaxed);
+                            stats.cache_hits.fetch_add(now.cache_hits - seen.cache_hits, Ordering::Relaxed);
+                            stats.cache_misses.fetch_add(now.cache_misses - seen.cache_misses, Ordering::Relaxed);
                             seen = now;
                             r
                         }
@@ -286,6 +292,8 @@ fn add(a: ReadStats, b: ReadStats) -> ReadStats {
         node_visits: a.node_visits + b.node_visits,
         resyncs: a.resyncs + b.resyncs,
         commands: a.commands + b.commands,
+        cache_hits: a.cache_hits + b.cache_hits,
+        cache_misses: a.cache_misses + b.cache_misses,
     }
 }
 

@@ -13,7 +13,7 @@ const USAGE: &str = "usage:
   dpukv-arena stat ARENA
   dpukv-arena get ARENA KEY
   dpukv-arena scan ARENA LO HI [LIMIT]
-  dpukv-arena bank-check ARENA --accounts N --initial X --seconds S [--hold-ms H] [--threads T]
+  dpukv-arena bank-check ARENA --accounts N --initial X --seconds S [--hold-ms H] [--threads T] [--device]
   dpukv-arena read-load ARENA --keys N --seconds S [--threads T]
   dpukv-arena demo [--dir DIR] [--keys N] [--seconds S] [--readers P]";
 
@@ -84,7 +84,12 @@ fn bank_check(args: &Args) -> Result<()> {
     let seconds: f64 = args.flag("--seconds", 2.0)?;
     let hold: u64 = args.flag("--hold-ms", 0)?;
     let threads: usize = args.flag("--threads", 1)?;
-    let mut reader = Reader::open(args.pos(1)?)?;
+    // --device: read as the device does (own page-table copy via the command ring, node cache).
+    let mut reader = if args.0.iter().any(|a| a == "--device") {
+        Reader::open_device(args.pos(1)?)?
+    } else {
+        Reader::open(args.pos(1)?)?
+    };
     if hold > 0 {
         let snap = reader.snapshot()?;
         bank.check(&snap, 0)?;

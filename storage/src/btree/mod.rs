@@ -1,5 +1,6 @@
 //! The Honeycomb B+tree: node format, wait-free MVCC readers, and the single writer.
 
+mod cache;
 mod node;
 mod read;
 mod write;
@@ -32,17 +33,28 @@ pub struct Reader {
     snapshots: u64,
 }
 
-/// A device's copy of the page table, kept current through the command ring.
+/// A device's copy of the page table, kept current through the command ring, and its
+/// interior-node cache (invalidated by the same commands).
 struct PageCopy {
     table: Vec<u64>,
     next: u64,
     resyncs: u64,
     applied: u64,
+    cache: cache::NodeCache,
 }
+
+/// Bytes of interior-node copies a device reader keeps.
+const NODE_CACHE_BYTES: usize = 32 << 20;
 
 impl PageCopy {
     fn new(arena: &Arena) -> Result<PageCopy> {
-        let mut p = PageCopy { table: Vec::new(), next: 0, resyncs: 0, applied: 0 };
+        let mut p = PageCopy {
+            table: Vec::new(),
+            next: 0,
+            resyncs: 0,
+            applied: 0,
+            cache: cache::NodeCache::new(NODE_CACHE_BYTES),
+        };
         p.copy(arena)?;
         Ok(p)
     }
@@ -59,13 +71,14 @@ impl PageCopy {
         }
         self.next = head;
         self.resyncs += 1;
+        self.cache.clear();
         Ok(())
     }
 
     /// Applies every published command (or copies the table again after an overrun).
     fn sync(&mut self, arena: &Arena) -> Result<()> {
         let limit = arena.layout.pt_entries as usize;
-        let (table, applied) = (&mut self.table, &mut self.applied);
+        let (table, applied, cache) = (&mut self.table, &mut self.applied, &mut self.cache);
         let (next, outcome) = arena.ring_drain(self.next, |lid, off| {
             let i = lid as usize;
             if i < limit {
@@ -73,6 +86,7 @@ impl PageCopy {
                     table.resize(i + 1, 0);
                 }
                 table[i] = off;
+                cache.invalidate(lid);
                 *applied += 1;
             }
         })?;
@@ -80,7 +94,7 @@ impl PageCopy {
         if outcome == crate::arena::Drain::Overrun {
             self.copy(arena)?;
         }
-        Ok(())
+        self.cache.fill(arena, &self.table)
     }
 }
 
@@ -95,6 +109,10 @@ pub struct ReadStats {
     pub resyncs: u64,
     /// Device mode: page-table changes applied from the command ring.
     pub commands: u64,
+    /// Device mode: interior nodes found in the node cache.
+    pub cache_hits: u64,
+    /// Device mode: interior nodes read from host memory.
+    pub cache_misses: u64,
 }
 
 impl Reader {
@@ -142,6 +160,7 @@ impl Reader {
             arena: &self.arena,
             rv,
             pages: self.pages.as_ref().map(|p| p.table.as_slice()),
+            cache: self.pages.as_ref().map(|p| &p.cache),
             visits: Some(&self.visits),
         };
         Ok(Snapshot { tree, slot: &self.slot })
@@ -154,6 +173,8 @@ impl Reader {
             node_visits: self.visits.get(),
             resyncs: self.pages.as_ref().map_or(0, |p| p.resyncs),
             commands: self.pages.as_ref().map_or(0, |p| p.applied),
+            cache_hits: self.pages.as_ref().map_or(0, |p| p.cache.hits.get()),
+            cache_misses: self.pages.as_ref().map_or(0, |p| p.cache.misses.get()),
         }
     }
 

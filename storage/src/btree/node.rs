@@ -107,6 +107,19 @@ impl Header {
         let a = arena.map.bytes(off, 8)?;
         let size = arena.map.word(off + H_SIZE)?.load(Ordering::Acquire);
         let b = arena.map.bytes(off + 16, HDR - 16)?;
+        Header::parse(a, size, b, off, arena.layout.node_size)
+    }
+
+    /// Parses a header from a copy of a node's first bytes (the device's node cache).
+    pub(crate) fn from_copy(image: &[u8], off: u64, node_size: u32) -> Result<Header> {
+        if image.len() < HDR {
+            return Err(Error::corrupt(off, "node copy shorter than a header"));
+        }
+        Header::parse(&image[..8], le64(image, 8), &image[16..HDR], off, node_size)
+    }
+
+    /// Builds and validates a header from its bytes `[0, 8)`, the size word, and `[16, 64)`.
+    fn parse(a: &[u8], size: u64, b: &[u8], off: u64, ns: u32) -> Result<Header> {
         let h = Header {
             off,
             kind: a[0],
@@ -123,7 +136,6 @@ impl Header {
             sorted_end: le32(b, 40),
             sorted_count: le32(b, 44),
         };
-        let ns = arena.layout.node_size;
         let ok = match h.kind {
             KIND_LEAF => h.level == 0,
             KIND_INTERIOR => h.level > 0 && h.log_end == h.sorted_end && h.log_count == 0,
@@ -242,6 +254,24 @@ impl<'a> Node<'a> {
     pub(crate) fn from_header(arena: &'a Arena, h: Header) -> Result<Node<'a>> {
         let body = arena.map.bytes(h.off + HDR as u64, h.log_end as usize - HDR)?;
         Ok(Node { h, body })
+    }
+
+    /// A node from a copy of its used bytes (header included).
+    pub(crate) fn from_copy(image: &'a [u8], off: u64, node_size: u32) -> Result<Node<'a>> {
+        let h = Header::from_copy(image, off, node_size)?;
+        let body = image
+            .get(HDR..h.log_end as usize)
+            .ok_or_else(|| Error::corrupt(off, "node copy shorter than its used bytes"))?;
+        Ok(Node { h, body })
+    }
+
+    /// A copy of the node's used bytes, header included (the size word as loaded).
+    pub(crate) fn image(arena: &Arena, h: &Header) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(h.log_end as usize);
+        out.extend_from_slice(arena.map.bytes(h.off, 8)?);
+        out.extend_from_slice(&size_word(h.log_end, h.log_count).to_le_bytes());
+        out.extend_from_slice(arena.map.bytes(h.off + 16, h.log_end as usize - 16)?);
+        Ok(out)
     }
 
     fn corrupt(&self, what: &'static str) -> Error {

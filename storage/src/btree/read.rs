@@ -22,6 +22,8 @@ pub(crate) struct Tree<'a> {
     pub(crate) rv: u64,
     /// The device's own copy of the page table (None: read the arena's).
     pub(crate) pages: Option<&'a [u64]>,
+    /// The device's interior-node cache.
+    pub(crate) cache: Option<&'a super::cache::NodeCache>,
     /// Counts node buffers visited.
     pub(crate) visits: Option<&'a std::cell::Cell<u64>>,
 }
@@ -51,7 +53,7 @@ pub(crate) fn child_for<'a>(node: &Node<'a>, key: &[u8], strict: bool) -> Result
 impl<'a> Tree<'a> {
     /// A snapshot reading the arena's page table, uncounted.
     pub(crate) fn new(arena: &'a Arena, rv: u64) -> Tree<'a> {
-        Tree { arena, rv, pages: None, visits: None }
+        Tree { arena, rv, pages: None, cache: None, visits: None }
     }
 
     fn max_steps(&self) -> u64 {
@@ -66,6 +68,19 @@ impl<'a> Tree<'a> {
             Some(table) => table.get(lid as usize).copied().unwrap_or(0),
             None => self.arena.page_entry(lid)?.load(Ordering::Acquire),
         };
+        if let Some(image) = self.cache.and_then(|c| c.get(lid, off)) {
+            let node = Node::from_copy(image, off, self.arena.layout.node_size)?;
+            // A copy newer than the snapshot: walk the old versions in host memory instead.
+            if node.h.version <= self.rv {
+                if let Some(v) = self.visits {
+                    v.set(v.get() + 1);
+                }
+                if let Some(c) = self.cache {
+                    c.hit();
+                }
+                return Ok(node);
+            }
+        }
         for step in 0..self.max_steps() {
             if off == 0 {
                 return Err(Error::corrupt(entry, "no version of the node is old enough for the snapshot"));
@@ -73,6 +88,12 @@ impl<'a> Tree<'a> {
             let h = Header::read(self.arena, off)?;
             if let Some(v) = self.visits {
                 v.set(v.get() + 1);
+            }
+            if step == 0
+                && h.kind == super::node::KIND_INTERIOR
+                && let Some(c) = self.cache
+            {
+                c.miss(lid, off);
             }
             if step == 0 && h.lid != lid {
                 return Err(Error::corrupt(off, "page table maps a LID to another node's buffer"));

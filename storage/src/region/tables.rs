@@ -183,6 +183,8 @@ impl RegionReader {
             s.node_visits += x.node_visits;
             s.resyncs += x.resyncs;
             s.commands += x.commands;
+            s.cache_hits += x.cache_hits;
+            s.cache_misses += x.cache_misses;
         }
         s
     }

@@ -126,4 +126,5 @@ fn device_reader_resyncs_after_a_ring_overrun() {
     assert_eq!(last.resyncs, after.resyncs, "no further resync while keeping up");
     assert!(last.commands > after.commands, "changes arrive through the ring");
     assert!(last.node_visits > 0);
+    assert!(last.cache_hits > after.cache_hits, "interior nodes come from the node cache: {last:?}");
 }

@@ -45,8 +45,11 @@ fn readers_in_other_processes_see_consistent_snapshots() {
     let bank = Bank { accounts: 400, initial: 1000 };
     let (_dir, path, mut w) = must_writer(&ArenaConfig::small_nodes(512));
     bank.init(&mut w).expect("init");
-    let mut checkers: Vec<Reaped> =
-        (0..2).map(|_| must_spawn_checker(&path, bank, &["--seconds", "3", "--threads", "2"])).collect();
+    // One checker reads like the host's CPU, one like the device (page-table copy, node cache).
+    let mut checkers: Vec<Reaped> = vec![
+        must_spawn_checker(&path, bank, &["--seconds", "3", "--threads", "2"]),
+        must_spawn_checker(&path, bank, &["--seconds", "3", "--threads", "2", "--device"]),
+    ];
     let mut rng = Rng(9);
     let start = Instant::now();
     let mut n = 0;
