@@ -315,6 +315,8 @@ impl prometheus_client::collector::Collector for StatsCollector {
                 "page-table copies taken (first use, ring overruns)",
                 &self.0.page_table_copies,
             ),
+            ("dpukv_device_node_cache_hits", "interior nodes served from the device's node cache", &self.0.cache_hits),
+            ("dpukv_device_node_cache_misses", "interior nodes read from host memory", &self.0.cache_misses),
         ] {
             let c = ConstCounter::new(v.load(Ordering::Relaxed));
             let me = enc.encode_descriptor(name, help, None, c.metric_type())?;
