@@ -34,8 +34,8 @@ fn successor(k: &[u8]) -> Vec<u8> {
 pub fn serve(readers: &mut [RegionReader], map: &RegionMap, req: &Request) -> Response {
     let ok = |result| Response { id: req.id, version: 0, replicated: false, result: Ok(result) };
     match &req.op {
-        Op::Get { key } => match readers[map.route(key)].get(key) {
-            Ok(v) => ok(Reply::Value(v)),
+        Op::Get { key } => match readers[map.route(key)].get_versioned(key) {
+            Ok((v, version)) => Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) },
             Err(e) => storage_error(req.id, &e),
         },
         Op::Scan { lo, hi, limit, max_bytes, token } | Op::FloorScan { lo, hi, limit, max_bytes, token } => {

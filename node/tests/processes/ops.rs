@@ -27,6 +27,11 @@ fn operations_through_the_device() {
         assert!(r.version > 0);
     }
     assert_eq!(value(&c.one(Op::Get { key: k("key007") })), Some(k("v7")));
+    // A read carries the value's version: at least the write's, at most now.
+    let w = c.one(Op::Put { key: k("a-versioned"), value: k("x") });
+    let r = c.one(Op::Get { key: k("a-versioned") });
+    assert!(r.version >= w.version && w.version > 0, "read version {} vs write {}", r.version, w.version);
+    assert_eq!(c.one(Op::Get { key: k("nope") }).version, 0, "no version for an absent key");
     assert_eq!(value(&c.one(Op::Get { key: k("nope") })), None);
     // Scans page with tokens across the region boundary at "m".
     let mut all = Vec::new();

@@ -233,7 +233,18 @@ impl<'r> Snapshot<'r> {
 
     /// The entry of `key` as stored: a value, a pointer into the value log, or a tombstone.
     pub fn get_entry(&self, key: &[u8]) -> Result<Option<Entry<'r>>> {
-        self.tree.get_entry(key)?.map(|v| Entry::from_ref(self.tree.arena, v)).transpose()
+        Ok(self.get_versioned(key)?.map(|(e, _)| e))
+    }
+
+    /// Like [`Snapshot::get_entry`], with the entry's version: the write version of a log
+    /// entry, or for an item of a sorted block the version of its node (Honeycomb's MVCC keeps
+    /// one version per sorted block), so at least the version that wrote the value and at most
+    /// the snapshot's.
+    pub fn get_versioned(&self, key: &[u8]) -> Result<Option<(Entry<'r>, u64)>> {
+        match self.tree.get_entry(key)? {
+            Some((v, version)) => Ok(Some((Entry::from_ref(self.tree.arena, v)?, version))),
+            None => Ok(None),
+        }
     }
 
     /// Calls `f` for up to `limit` entries (tombstones included) with keys in `[lo, hi]`.

@@ -134,15 +134,16 @@ impl<'a> Tree<'a> {
     /// The newest visible entry of `key` in `leaf`: None when absent, `Tombstone` when deleted
     /// with a kept tombstone (or a delete marker still in the log).
     #[inline]
-    pub(crate) fn leaf_get(&self, leaf: &Node<'a>, key: &[u8]) -> Result<Option<ValRef<'a>>> {
+    pub(crate) fn leaf_get(&self, leaf: &Node<'a>, key: &[u8]) -> Result<Option<(ValRef<'a>, u64)>> {
         if leaf.h.log_count > 0 {
             // Entries are appended in version order: the last visible match is the newest.
             let mut found = None;
             let mut pos = leaf.h.sorted_end;
             for _ in 0..leaf.h.log_count {
                 let e = leaf.log_entry(pos)?;
-                if eq_keys(e.key, key) && leaf.h.version.saturating_add(e.delta as u64) <= self.rv {
-                    found = Some(e.val);
+                let version = leaf.h.version.saturating_add(e.delta as u64);
+                if eq_keys(e.key, key) && version <= self.rv {
+                    found = Some((e.val, version));
                 }
                 pos = e.next;
             }
@@ -154,7 +155,8 @@ impl<'a> Tree<'a> {
         while pos < end {
             let (k, v, next) = leaf.leaf_item(pos)?;
             match cmp_keys(k, key) {
-                CmpOrdering::Equal => return Ok(Some(v)),
+                // Sorted items carry their node's version (Honeycomb §3.2).
+                CmpOrdering::Equal => return Ok(Some((v, leaf.h.version))),
                 CmpOrdering::Greater => break,
                 CmpOrdering::Less => pos = next,
             }
@@ -165,13 +167,14 @@ impl<'a> Tree<'a> {
     /// GET.
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<&'a [u8]>> {
         match self.get_entry(key)? {
-            None | Some(ValRef::Tombstone) => Ok(None),
-            Some(v) => Ok(Some(value_bytes(self.arena, v)?)),
+            None | Some((ValRef::Tombstone, _)) => Ok(None),
+            Some((v, _)) => Ok(Some(value_bytes(self.arena, v)?)),
         }
     }
 
-    /// GET, returning tombstones and external pointers as they are stored.
-    pub(crate) fn get_entry(&self, key: &[u8]) -> Result<Option<ValRef<'a>>> {
+    /// GET, returning tombstones and external pointers as they are stored, with the entry's
+    /// version (a log entry's own; a sorted item's node version).
+    pub(crate) fn get_entry(&self, key: &[u8]) -> Result<Option<(ValRef<'a>, u64)>> {
         let (leaf, _) = self.descend(key, false)?;
         self.leaf_get(&leaf, key)
     }

@@ -213,8 +213,16 @@ impl Writer {
 
     /// The current entry of `key` as stored (value, pointer or tombstone).
     pub fn get_entry(&self, key: &[u8]) -> Result<Option<super::Entry<'_>>> {
+        Ok(self.get_versioned(key)?.map(|(e, _)| e))
+    }
+
+    /// The current entry of `key` with its version (see [`super::Snapshot::get_versioned`]).
+    pub fn get_versioned(&self, key: &[u8]) -> Result<Option<(super::Entry<'_>, u64)>> {
         let tree = self.tree();
-        tree.get_entry(key)?.map(|v| super::Entry::from_ref(tree.arena, v)).transpose()
+        match tree.get_entry(key)? {
+            Some((v, version)) => Ok(Some((super::Entry::from_ref(tree.arena, v)?, version))),
+            None => Ok(None),
+        }
     }
 
     /// Calls `f` for up to `limit` current entries (tombstones included) with keys in `[lo, hi]`.

@@ -50,11 +50,12 @@ pub(crate) enum Src<'a> {
 const CHUNK: usize = 128;
 
 impl Src<'_> {
-    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Stored>> {
+    /// The entry and its version.
+    pub(crate) fn get_versioned(&self, key: &[u8]) -> Result<Option<(Stored, u64)>> {
         Ok(match self {
-            Src::Writer(w) => w.get_entry(key)?.map(Stored::from_entry),
-            Src::Snap(s) => s.get_entry(key)?.map(Stored::from_entry),
-            Src::Level(l) => l.get(key)?.map(|(_, e)| Stored::from_entry(e)),
+            Src::Writer(w) => w.get_versioned(key)?.map(|(e, v)| (Stored::from_entry(e), v)),
+            Src::Snap(s) => s.get_versioned(key)?.map(|(e, v)| (Stored::from_entry(e), v)),
+            Src::Level(l) => l.get(key)?.map(|(v, e)| (Stored::from_entry(e), v)),
         })
     }
 
@@ -127,8 +128,13 @@ pub(crate) fn resolve(vlog: &VlogReader, key: &[u8], s: Stored) -> Result<Option
 
 /// The newest entry of `key` across the tables.
 pub(crate) fn get(srcs: &[Src<'_>], key: &[u8]) -> Result<Option<Stored>> {
+    Ok(get_versioned(srcs, key)?.map(|(s, _)| s))
+}
+
+/// The newest entry of `key` across the tables, with its version.
+pub(crate) fn get_versioned(srcs: &[Src<'_>], key: &[u8]) -> Result<Option<(Stored, u64)>> {
     for s in srcs {
-        if let Some(e) = s.get(key)? {
+        if let Some(e) = s.get_versioned(key)? {
             return Ok(Some(e));
         }
     }

@@ -280,9 +280,15 @@ impl RegionReader {
 
     /// The value of `key`.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.with_srcs(|srcs, vlog| match merge::get(srcs, key)? {
-            Some(s) => merge::resolve(vlog, key, s),
-            None => Ok(None),
+        Ok(self.get_versioned(key)?.0)
+    }
+
+    /// The value of `key` and the version of the entry that decided it (0 when no table holds
+    /// the key): see `Snapshot::get_versioned`.
+    pub fn get_versioned(&mut self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
+        self.with_srcs(|srcs, vlog| match merge::get_versioned(srcs, key)? {
+            Some((s, version)) => Ok((merge::resolve(vlog, key, s)?, version)),
+            None => Ok((None, 0)),
         })
     }
 
