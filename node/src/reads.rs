@@ -33,6 +33,11 @@ fn successor(k: &[u8]) -> Vec<u8> {
 /// Serves a read request (get, scan, floor scan) from `readers` (one per region of `map`).
 pub fn serve(readers: &mut [RegionReader], map: &RegionMap, req: &Request) -> Response {
     let ok = |result| Response { id: req.id, version: 0, replicated: false, result: Ok(result) };
+    if req.read_version != 0 {
+        // Old versions live only as long as readers pin them; reading at a chosen one is not
+        // offered (yet): say so rather than answer at another version.
+        return Response::error(req.id, ErrorCode::Unsupported, "reads at a chosen version are not supported; send 0");
+    }
     match &req.op {
         Op::Get { key } => match readers[map.route(key)].get_versioned(key) {
             Ok((v, version)) => Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) },

@@ -45,6 +45,14 @@ fn bad_input_never_hurts_other_clients() {
     assert_eq!(by_id(2).result, Ok(Reply::Value(None)));
     let big = c.one(Op::Put { key: vec![7; 2000], value: k("v") });
     assert_eq!(big.result.map_err(|e| e.code), Err(ErrorCode::KeySize));
+    // A read at a chosen version is refused, not answered at another version.
+    let mut at = Request::new(77, Op::Get { key: k("a") });
+    at.read_version = 5;
+    let mut frame = Vec::new();
+    encode_requests(&[at], &mut frame);
+    c.s.write_all(&frame).expect("send");
+    let r = c.read_frame().expect("response").remove(0);
+    assert_eq!((r.id, r.result.map_err(|e| e.code)), (77, Err(ErrorCode::Unsupported)));
 
     // Garbage, a bad version, an oversized declared length, and a truncated frame: the
     // connection is closed (after an error reply where one can be sent).
