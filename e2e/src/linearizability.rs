@@ -178,15 +178,19 @@ fn check_key(evs: &[&Event], budget: u64) -> Option<bool> {
         if steps > budget {
             return None;
         }
-        if entry == head {
-            // Nothing more can be tried at this level: backtrack.
+        // Undoes the last linearization choice and moves past it.
+        let mut backtrack = |ents: &mut Vec<Ent>, state: &mut Option<Vec<u8>>| -> Option<usize> {
             let (call, prev_state) = stack.pop()?;
             let op = ents[call].op;
             linearized[op / 64] &= !(1 << (op % 64));
             known_left += evs[op].ret.is_some() as usize;
-            state = prev_state;
-            unlift(&mut ents, call, ret_of[op]);
-            entry = ents[call].next;
+            *state = prev_state;
+            unlift(ents, call, ret_of[op]);
+            Some(ents[call].next)
+        };
+        if entry == head {
+            // Nothing more can be tried at this level.
+            entry = backtrack(&mut ents, &mut state)?;
             continue;
         }
         let e = ents[entry];
@@ -208,13 +212,10 @@ fn check_key(evs: &[&Event], budget: u64) -> Option<bool> {
             entry = e.next;
         } else {
             // A return whose operation is not linearized yet: undo the last choice.
-            let Some((call, prev_state)) = stack.pop() else { return Some(false) };
-            let op = ents[call].op;
-            linearized[op / 64] &= !(1 << (op % 64));
-            known_left += evs[op].ret.is_some() as usize;
-            state = prev_state;
-            unlift(&mut ents, call, ret_of[op]);
-            entry = ents[call].next;
+            match backtrack(&mut ents, &mut state) {
+                Some(next) => entry = next,
+                None => return Some(false),
+            }
         }
     }
     Some(true)

@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
-use dpukv_proto::{DecodeError, Response, encode_responses, frame_header};
+use dpukv_proto::{DecodeError, ErrorCode, RequestEntry, Response, decode_requests, encode_responses, frame_header};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
 
 /// Most requests of one connection in flight; also the capacity of its response channel, so a
 /// response can always be queued without waiting.
@@ -38,6 +39,35 @@ pub enum FrameReadError {
     /// The frame cannot be trusted.
     #[error("bad frame: {0}")]
     Decode(DecodeError),
+}
+
+/// Reads and decodes the next frame of requests and reserves their in-flight permits. None when
+/// the connection should end: closed, shutting down, or a frame that cannot be trusted (the
+/// client is told why first).
+pub async fn next_requests<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    out: &Outbox,
+    stop: &CancellationToken,
+) -> Option<Vec<RequestEntry>> {
+    let got = tokio::select! {
+        _ = stop.cancelled() => return None,
+        got = read_frame(r, buf) => got,
+    };
+    let bad = match got {
+        Ok(true) => match decode_requests(buf) {
+            Ok(entries) => {
+                let permits = out.in_flight.clone().acquire_many_owned(entries.len() as u32).await.ok()?;
+                permits.forget();
+                return Some(entries);
+            }
+            Err(e) => e.to_string(),
+        },
+        Ok(false) | Err(FrameReadError::Io(_)) => return None,
+        Err(FrameReadError::Decode(e)) => e.to_string(),
+    };
+    let _ = out.tx.send(Response::error(0, ErrorCode::BadRequest, bad)).await;
+    None
 }
 
 /// The write side of a connection: responses queued on `tx` are written in frames.

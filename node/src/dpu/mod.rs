@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
-use dpukv_proto::{ErrorCode, Request, Response, decode_requests, decode_responses, encode_requests};
+use dpukv_proto::{ErrorCode, Request, Response, decode_responses, encode_requests};
 use dpukv_storage::ReadStats;
 use dpukv_storage::region::RegionReader;
 use prometheus_client::metrics::counter::ConstCounter;
@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, Admin};
-use crate::conn::{self, FrameReadError};
+use crate::conn::{self};
 use crate::regions::RegionMap;
 
 /// Device configuration.
@@ -196,29 +196,7 @@ async fn connection(
     let mut seen = ReadStats::default();
     let mut link: Option<HostLink> = None;
     let mut buf = Vec::new();
-    loop {
-        let got = tokio::select! {
-            _ = stop.cancelled() => break,
-            got = conn::read_frame(&mut r, &mut buf) => got,
-        };
-        match got {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(FrameReadError::Decode(e)) => {
-                let _ = out.tx.send(Response::error(0, ErrorCode::BadRequest, e.to_string())).await;
-                break;
-            }
-            Err(FrameReadError::Io(_)) => break,
-        }
-        let entries = match decode_requests(&buf) {
-            Ok(e) => e,
-            Err(e) => {
-                let _ = out.tx.send(Response::error(0, ErrorCode::BadRequest, e.to_string())).await;
-                break;
-            }
-        };
-        let permits = out.in_flight.clone().acquire_many_owned(entries.len() as u32).await?;
-        permits.forget();
+    while let Some(entries) = conn::next_requests(&mut r, &mut buf, &out, &stop).await {
         let mut forward: Vec<Request> = Vec::new();
         for e in entries {
             match e {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
-use dpukv_proto::{ErrorCode, Request, Response, decode_requests};
+use dpukv_proto::{ErrorCode, Request, Response};
 use dpukv_storage::region::{Region, RegionConfig, RegionReader};
 use dpukv_storage::vlog::FsyncPolicy;
 pub use pipeline::{Job, Pipeline, PipelineStats};
@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, Admin};
-use crate::conn::{self, FrameReadError};
+use crate::conn::{self};
 use crate::regions::RegionMap;
 
 /// Host configuration.
@@ -158,29 +158,7 @@ async fn connection(
     let (out, writer) = conn::spawn_writer(w);
     let mut readers: Option<Vec<RegionReader>> = None;
     let mut buf = Vec::new();
-    loop {
-        let got = tokio::select! {
-            _ = stop.cancelled() => break,
-            got = conn::read_frame(&mut r, &mut buf) => got,
-        };
-        match got {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(FrameReadError::Decode(e)) => {
-                let _ = out.tx.send(Response::error(0, ErrorCode::BadRequest, e.to_string())).await;
-                break;
-            }
-            Err(FrameReadError::Io(_)) => break,
-        }
-        let entries = match decode_requests(&buf) {
-            Ok(e) => e,
-            Err(e) => {
-                let _ = out.tx.send(Response::error(0, ErrorCode::BadRequest, e.to_string())).await;
-                break;
-            }
-        };
-        let permits = out.in_flight.clone().acquire_many_owned(entries.len() as u32).await?;
-        permits.forget();
+    while let Some(entries) = conn::next_requests(&mut r, &mut buf, &out, &stop).await {
         let mut writes: Vec<Request> = Vec::new();
         for e in entries {
             match e {

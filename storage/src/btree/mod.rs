@@ -241,10 +241,7 @@ impl<'r> Snapshot<'r> {
     /// one version per sorted block), so at least the version that wrote the value and at most
     /// the snapshot's.
     pub fn get_versioned(&self, key: &[u8]) -> Result<Option<(Entry<'r>, u64)>> {
-        match self.tree.get_entry(key)? {
-            Some((v, version)) => Ok(Some((Entry::from_ref(self.tree.arena, v)?, version))),
-            None => Ok(None),
-        }
+        self.tree.get_versioned(key)
     }
 
     /// Calls `f` for up to `limit` entries (tombstones included) with keys in `[lo, hi]`.

@@ -172,6 +172,14 @@ impl<'a> Tree<'a> {
         }
     }
 
+    /// [`Tree::get_entry`] as a public [`super::Entry`].
+    pub(crate) fn get_versioned(&self, key: &[u8]) -> Result<Option<(super::Entry<'a>, u64)>> {
+        match self.get_entry(key)? {
+            Some((v, version)) => Ok(Some((super::Entry::from_ref(self.arena, v)?, version))),
+            None => Ok(None),
+        }
+    }
+
     /// GET, returning tombstones and external pointers as they are stored, with the entry's
     /// version (a log entry's own; a sorted item's node version).
     pub(crate) fn get_entry(&self, key: &[u8]) -> Result<Option<(ValRef<'a>, u64)>> {

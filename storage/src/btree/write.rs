@@ -218,11 +218,7 @@ impl Writer {
 
     /// The current entry of `key` with its version (see [`super::Snapshot::get_versioned`]).
     pub fn get_versioned(&self, key: &[u8]) -> Result<Option<(super::Entry<'_>, u64)>> {
-        let tree = self.tree();
-        match tree.get_entry(key)? {
-            Some((v, version)) => Ok(Some((super::Entry::from_ref(tree.arena, v)?, version))),
-            None => Ok(None),
-        }
+        self.tree().get_versioned(key)
     }
 
     /// Calls `f` for up to `limit` current entries (tombstones included) with keys in `[lo, hi]`.
