@@ -25,7 +25,7 @@ $BIN/dpukv --endpoint "127.0.0.1:$PORT" put greeting "hello from dpukv"
 $BIN/dpukv --endpoint "127.0.0.1:$PORT" get greeting
 $BIN/dpukv --endpoint "127.0.0.1:$PORT" fetch-add visits 1 >/dev/null
 $BIN/dpukv --endpoint "127.0.0.1:$PORT" fetch-add visits 1
-echo "== load $RECORDS records, then YCSB-C (reads on the device) and YCSB-A for ${SECONDS_RUN}s each"
+echo "== load $RECORDS records, then YCSB-C (reads on the device), YCSB-A and YCSB-E for ${SECONDS_RUN}s each"
 $BIN/dpukv-bench --endpoint "127.0.0.1:$PORT" --records "$RECORDS" --load-only --threads 4
 $BIN/dpukv-bench --endpoint "127.0.0.1:$PORT" --records "$RECORDS" --workload c --duration "$SECONDS_RUN"
 $BIN/dpukv-bench --endpoint "127.0.0.1:$PORT" --records "$RECORDS" --workload a --duration "$SECONDS_RUN"

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use dpukv_client::Client;
+use dpukv_client::proto::WriteOp;
 use dpukv_client::workload::{Chooser, Histogram, Kind, Rng, Workload, key, value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -267,42 +268,51 @@ async fn op(conn: &mut Conn, s: &Shared, rng: &mut Rng, round: &mut u64) -> Resu
 
 async fn load(a: &Args) -> Result<f64> {
     let start = Instant::now();
-    let per = a.records.div_ceil(a.threads as u64);
+    // Ranges of records: `threads` connections, and for dpukv 16 streams on each, every stream
+    // writing atomic batches of 64 records (one version and one durability wait per batch).
+    let streams = if a.target.is_some() { 1 } else { 16 };
+    let parts = a.threads as u64 * streams;
+    let per = a.records.div_ceil(parts);
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..a.threads as u64 {
-        let a = a.clone();
-        tasks.spawn(async move {
-            let mut conn = Conn::open(&a).await?;
-            let (lo, hi) = (t * per, ((t + 1) * per).min(a.records));
-            let mut i = lo;
-            while i < hi {
-                let end = (i + 64).min(hi);
-                match &mut conn {
-                    Conn::Dpukv(c) => {
-                        let mut js = tokio::task::JoinSet::new();
-                        for j in i..end {
-                            let c = c.clone();
-                            let (k, v) = (key(j, a.key_size), value(j, a.value_size, 0));
-                            js.spawn(async move { c.put(&k, &v).await });
+        let shared = match &a.target {
+            None => Some(Client::connect(&a.endpoint, 1).await.context("connecting to dpukv")?),
+            Some(_) => None,
+        };
+        for s in 0..streams {
+            let (a, shared) = (a.clone(), shared.clone());
+            let part = t * streams + s;
+            tasks.spawn(async move {
+                let mut conn = match shared {
+                    Some(c) => Conn::Dpukv(c),
+                    None => Conn::open(&a).await?,
+                };
+                let (lo, hi) = (part * per, ((part + 1) * per).min(a.records));
+                let mut i = lo;
+                while i < hi {
+                    let end = (i + 64).min(hi);
+                    match &mut conn {
+                        Conn::Dpukv(c) => {
+                            let ops = (i..end)
+                                .map(|j| WriteOp::Put { key: key(j, a.key_size), value: value(j, a.value_size, 0) })
+                                .collect();
+                            c.batch(ops).await?;
                         }
-                        while let Some(r) = js.join_next().await {
-                            r??;
+                        Conn::Redis(r) => {
+                            let mut cmds = Vec::new();
+                            for j in i..end {
+                                let k = key(j, a.key_size);
+                                cmds.push(vec![b"SET".to_vec(), k.clone(), value(j, a.value_size, 0)]);
+                                cmds.push(vec![b"ZADD".to_vec(), b"zkeys".to_vec(), b"0".to_vec(), k]);
+                            }
+                            r.send(&cmds).await?;
                         }
                     }
-                    Conn::Redis(r) => {
-                        let mut cmds = Vec::new();
-                        for j in i..end {
-                            let k = key(j, a.key_size);
-                            cmds.push(vec![b"SET".to_vec(), k.clone(), value(j, a.value_size, 0)]);
-                            cmds.push(vec![b"ZADD".to_vec(), b"zkeys".to_vec(), b"0".to_vec(), k]);
-                        }
-                        r.send(&cmds).await?;
-                    }
+                    i = end;
                 }
-                i = end;
-            }
-            anyhow::Ok(())
-        });
+                anyhow::Ok(())
+            });
+        }
     }
     while let Some(r) = tasks.join_next().await {
         r??;

@@ -201,22 +201,25 @@ async fn run(cli: Cli) -> Result<i32> {
 }
 
 async fn load(c: &Client, count: u64, prefix: &str, value_size: usize) -> Result<()> {
+    use dpukv_client::proto::WriteOp;
+    // Atomic batches of 64 keys (one version and one durability wait each), 64 in flight.
     let start = std::time::Instant::now();
-    let in_flight = 256u64;
+    let (batch, in_flight) = (64u64, 64usize);
     let mut next = 0u64;
     let mut tasks = tokio::task::JoinSet::new();
-    let mut done = 0u64;
-    let mut shown = 0u64;
+    let (mut done, mut shown) = (0u64, u64::MAX);
     while done < count {
-        while next < count && (tasks.len() as u64) < in_flight {
-            let (c, key) = (c.clone(), format!("{prefix}{next:012}"));
-            let value = vec![b'v'; value_size];
-            tasks.spawn(async move { c.put(key.as_bytes(), &value).await });
-            next += 1;
+        while next < count && tasks.len() < in_flight {
+            let end = (next + batch).min(count);
+            let ops = (next..end)
+                .map(|n| WriteOp::Put { key: format!("{prefix}{n:012}").into_bytes(), value: vec![b'v'; value_size] })
+                .collect();
+            let c = c.clone();
+            tasks.spawn(async move { c.batch(ops).await.map(|_| end - next) });
+            next = end;
         }
         if let Some(r) = tasks.join_next().await {
-            r??;
-            done += 1;
+            done += r??;
         }
         let pct = done * 100 / count.max(1);
         if pct != shown {
