@@ -43,6 +43,20 @@ async fn metrics(State(a): State<Admin>) -> (StatusCode, [(&'static str, &'stati
     }
 }
 
+/// Encodes `(name, help, value)` counters for a Prometheus collector.
+pub fn encode_counters(
+    enc: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
+    counters: &[(&str, &str, &std::sync::atomic::AtomicU64)],
+) -> std::fmt::Result {
+    use prometheus_client::encoding::EncodeMetric;
+    for (name, help, v) in counters {
+        let c = prometheus_client::metrics::counter::ConstCounter::new(v.load(Ordering::Relaxed));
+        let me = enc.encode_descriptor(name, help, None, c.metric_type())?;
+        c.encode(me)?;
+    }
+    Ok(())
+}
+
 /// Binds `addr` and serves the endpoint until `shutdown`; returns the bound address.
 pub async fn serve(addr: SocketAddr, admin: Admin, shutdown: CancellationToken) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;

@@ -16,7 +16,6 @@ use anyhow::Result;
 use dpukv_proto::{ErrorCode, Request, Response, decode_responses, encode_requests};
 use dpukv_storage::ReadStats;
 use dpukv_storage::region::RegionReader;
-use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::registry::Registry;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream, UnixStream};
@@ -280,26 +279,31 @@ struct StatsCollector(Arc<DeviceStats>);
 
 impl prometheus_client::collector::Collector for StatsCollector {
     fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
-        use prometheus_client::encoding::EncodeMetric;
-        for (name, help, v) in [
-            ("dpukv_device_reads_served", "reads executed on the device", &self.0.served),
-            ("dpukv_device_forwarded", "requests forwarded to the host", &self.0.forwarded),
-            ("dpukv_device_unavailable", "requests failed because the host was unreachable", &self.0.unavailable),
-            ("dpukv_device_node_visits", "tree node buffers visited by reads", &self.0.node_visits),
-            ("dpukv_device_snapshots", "arena snapshots taken by reads", &self.0.snapshots),
-            ("dpukv_device_ring_commands", "page-table changes applied from the command rings", &self.0.ring_commands),
-            (
-                "dpukv_device_page_table_copies",
-                "page-table copies taken (first use, ring overruns)",
-                &self.0.page_table_copies,
-            ),
-            ("dpukv_device_node_cache_hits", "interior nodes served from the device's node cache", &self.0.cache_hits),
-            ("dpukv_device_node_cache_misses", "interior nodes read from host memory", &self.0.cache_misses),
-        ] {
-            let c = ConstCounter::new(v.load(Ordering::Relaxed));
-            let me = enc.encode_descriptor(name, help, None, c.metric_type())?;
-            c.encode(me)?;
-        }
-        Ok(())
+        admin::encode_counters(
+            &mut enc,
+            &[
+                ("dpukv_device_reads_served", "reads executed on the device", &self.0.served),
+                ("dpukv_device_forwarded", "requests forwarded to the host", &self.0.forwarded),
+                ("dpukv_device_unavailable", "requests failed because the host was unreachable", &self.0.unavailable),
+                ("dpukv_device_node_visits", "tree node buffers visited by reads", &self.0.node_visits),
+                ("dpukv_device_snapshots", "arena snapshots taken by reads", &self.0.snapshots),
+                (
+                    "dpukv_device_ring_commands",
+                    "page-table changes applied from the command rings",
+                    &self.0.ring_commands,
+                ),
+                (
+                    "dpukv_device_page_table_copies",
+                    "page-table copies taken (first use, ring overruns)",
+                    &self.0.page_table_copies,
+                ),
+                (
+                    "dpukv_device_node_cache_hits",
+                    "interior nodes served from the device's node cache",
+                    &self.0.cache_hits,
+                ),
+                ("dpukv_device_node_cache_misses", "interior nodes read from host memory", &self.0.cache_misses),
+            ],
+        )
     }
 }

@@ -20,7 +20,6 @@ use dpukv_proto::{ErrorCode, Request, Response};
 use dpukv_storage::region::{Region, RegionConfig, RegionReader};
 use dpukv_storage::vlog::FsyncPolicy;
 pub use pipeline::{Job, Pipeline, PipelineStats};
-use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::registry::Registry;
 use tokio::net::UnixListener;
 use tokio::sync::{Semaphore, mpsc};
@@ -203,18 +202,15 @@ struct StatsCollector(Arc<PipelineStats>);
 
 impl prometheus_client::collector::Collector for StatsCollector {
     fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
-        use prometheus_client::encoding::EncodeMetric;
-        for (name, help, v) in [
-            ("dpukv_host_rounds", "write pipeline rounds", &self.0.rounds),
-            ("dpukv_host_writes", "write requests applied", &self.0.writes),
-            ("dpukv_host_atomics", "atomics executed in the reservation station", &self.0.atomics),
-            ("dpukv_host_write_backs", "values written back by the reservation station", &self.0.write_backs),
-        ] {
-            let c = ConstCounter::new(v.load(Ordering::Relaxed));
-            let me = enc.encode_descriptor(name, help, None, c.metric_type())?;
-            c.encode(me)?;
-        }
-        Ok(())
+        admin::encode_counters(
+            &mut enc,
+            &[
+                ("dpukv_host_rounds", "write pipeline rounds", &self.0.rounds),
+                ("dpukv_host_writes", "write requests applied", &self.0.writes),
+                ("dpukv_host_atomics", "atomics executed in the reservation station", &self.0.atomics),
+                ("dpukv_host_write_backs", "values written back by the reservation station", &self.0.write_backs),
+            ],
+        )
     }
 }
 

@@ -230,11 +230,6 @@ impl LevelBuilder {
             bytes: self.bytes_written,
         })
     }
-
-    /// The next unused segment id.
-    pub fn next_segment(&self) -> u64 {
-        self.next_segment
-    }
 }
 
 /// A node image: header, offset array (entry offsets made node-relative), entries.

@@ -361,21 +361,6 @@ impl ValueLog {
     pub fn disk_bytes(&self) -> u64 {
         self.sealed.values().map(|&l| l as u64).sum::<u64>() + self.active.len as u64
     }
-
-    /// Deletes sealed segments older than `keep_from` (their records are no longer needed).
-    pub fn remove_segments_before(&mut self, keep_from: u64) -> Result<usize> {
-        let old: Vec<u64> = self.sealed.range(..keep_from).map(|(&id, _)| id).collect();
-        for id in &old {
-            self.sealed.remove(id);
-            self.reader.forget(*id);
-            let p = segment::path(&self.dir, *id);
-            std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
-        }
-        if !old.is_empty() {
-            segment::sync_dir(&self.dir)?;
-        }
-        Ok(old.len())
-    }
 }
 
 impl Drop for ValueLog {

@@ -8,7 +8,7 @@ use dpukv_storage::vlog::{FsyncPolicy, VlogConfig};
 use dpukv_storage::{ArenaConfig, BatchOp, Error};
 use proptest::prelude::*;
 
-use crate::support_model::{Model, model_batch, model_floor_scan, model_scan};
+use crate::support_model::{Model, batch_ops, model_batch, model_floor_scan, model_scan};
 
 pub fn small_config(dir: &std::path::Path) -> RegionConfig {
     RegionConfig {
@@ -106,15 +106,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 m.remove(&k);
             }
             Op::Batch(items) => {
-                let ops: Vec<BatchOp> = items
-                    .iter()
-                    .map(|(t, k, v)| match t {
-                        0 => BatchOp::Put(k, v),
-                        1 => BatchOp::Insert(k, v),
-                        2 => BatchOp::Update(k, v),
-                        _ => BatchOp::Delete(k),
-                    })
-                    .collect();
+                let ops = batch_ops(&items);
                 let next = model_batch(&m, &items);
                 let res = r.write_batch(&ops);
                 if let Some(m2) = next {
@@ -125,20 +117,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Group(batches) => {
-                let owned: Vec<Vec<BatchOp>> = batches
-                    .iter()
-                    .map(|items| {
-                        items
-                            .iter()
-                            .map(|(t, k, v)| match t {
-                                0 => BatchOp::Put(k, v),
-                                1 => BatchOp::Insert(k, v),
-                                2 => BatchOp::Update(k, v),
-                                _ => BatchOp::Delete(k),
-                            })
-                            .collect()
-                    })
-                    .collect();
+                let owned: Vec<Vec<BatchOp>> = batches.iter().map(|items| batch_ops(items)).collect();
                 let refs: Vec<&[BatchOp]> = owned.iter().map(Vec::as_slice).collect();
                 let before = r.version();
                 let results = r.write_group(&refs);

@@ -8,7 +8,7 @@ use dpukv_storage::{ArenaConfig, BatchOp, Error};
 use proptest::prelude::*;
 
 use crate::common::{Rng, must_writer, owned};
-use crate::support_model::{model_batch, model_floor_scan, model_scan};
+use crate::support_model::{batch_ops, model_batch, model_floor_scan, model_scan};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -85,15 +85,7 @@ fn run(ops: Vec<Op>, node_size: u32) -> Result<(), TestCaseError> {
                 prop_assert_eq!(r.is_some(), m.remove(&k).is_some());
             }
             Op::Batch(items) => {
-                let ops: Vec<BatchOp> = items
-                    .iter()
-                    .map(|(t, k, v)| match t {
-                        0 => BatchOp::Put(k, v),
-                        1 => BatchOp::Insert(k, v),
-                        2 => BatchOp::Update(k, v),
-                        _ => BatchOp::Delete(k),
-                    })
-                    .collect();
+                let ops = batch_ops(&items);
                 // Apply to a copy of the model; keep it only if every precondition held.
                 let next = model_batch(&m, &items);
                 let before = w.version();

@@ -30,6 +30,20 @@ pub fn model_floor_scan(m: &Model, lo: &[u8], hi: &[u8], limit: usize) -> Pairs 
     model_scan(m, &start, hi, limit)
 }
 
+/// The engine operations of a batch of (op, key, value): 0 put, 1 insert, 2 update, 3 delete.
+pub fn batch_ops(items: &[(u8, Vec<u8>, Vec<u8>)]) -> Vec<dpukv_storage::BatchOp<'_>> {
+    use dpukv_storage::BatchOp;
+    items
+        .iter()
+        .map(|(t, k, v)| match t {
+            0 => BatchOp::Put(k, v),
+            1 => BatchOp::Insert(k, v),
+            2 => BatchOp::Update(k, v),
+            _ => BatchOp::Delete(k),
+        })
+        .collect()
+}
+
 /// Applies a batch of (op, key, value) — op 0 put, 1 insert, 2 update, 3 delete — to a copy of
 /// the model; None if an insert or update precondition fails (then nothing applies).
 pub fn model_batch(m: &Model, items: &[(u8, Vec<u8>, Vec<u8>)]) -> Option<Model> {
