@@ -2,25 +2,17 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use dpukv_storage::vlog::FsyncPolicy;
 
 use crate::dpu::DeviceConfig;
 use crate::host::HostConfig;
 use crate::regions::RegionMap;
 
-/// Parses `always`, `never` or `interval:MS`.
+/// Parses `always`, `never` or `interval:MS` (MS >= 1).
 pub fn parse_fsync(s: &str) -> Result<FsyncPolicy> {
-    Ok(match s {
-        "always" => FsyncPolicy::Always,
-        "never" => FsyncPolicy::Never,
-        s => match s.strip_prefix("interval:").and_then(|ms| ms.parse().ok()) {
-            Some(ms) => FsyncPolicy::Interval(Duration::from_millis(ms)),
-            None => bail!("--fsync must be always, never or interval:MS, not {s:?}"),
-        },
-    })
+    FsyncPolicy::parse(s).map_err(|e| anyhow::anyhow!("--fsync: {e}"))
 }
 
 /// `dpukv-node` flags.
@@ -36,8 +28,9 @@ pub struct HostArgs {
     /// Region split keys, comma separated (UTF-8); none = one region.
     #[arg(long, env = "DPUKV_SPLIT_KEYS", default_value = "")]
     pub split_keys: String,
-    /// Log durability: always, never or interval:MS.
-    #[arg(long, env = "DPUKV_FSYNC", default_value = "interval:5")]
+    /// Log durability: `always` (a write is acknowledged once synced), `interval:MS`
+    /// (acknowledged once written to the OS, synced within MS) or `never`.
+    #[arg(long, env = "DPUKV_FSYNC", default_value = "always")]
     pub fsync: String,
     /// L0 budget per region in bytes (0 = 64 MiB).
     #[arg(long, env = "DPUKV_L0_BUDGET", default_value_t = 0)]

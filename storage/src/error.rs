@@ -66,7 +66,8 @@ pub enum Error {
     /// `update` of a key that is absent.
     #[error("key not found")]
     KeyNotFound,
-    /// The arena has no room left even after reclaiming garbage. Nothing was changed.
+    /// The arena has no room left even after reclaiming garbage (or its memory could not be
+    /// reserved). Nothing was changed.
     #[error("arena full: {needed} bytes needed, {free} free")]
     ArenaFull {
         /// Bytes the operation could need at worst.
@@ -74,12 +75,55 @@ pub enum Error {
         /// Bytes free.
         free: u64,
     },
+    /// The disk is full (ENOSPC). Nothing was written; retry once space is freed.
+    #[error("no space left on the device for {path}")]
+    NoSpace {
+        /// The file that could not be created or grown.
+        path: PathBuf,
+    },
+    /// The value log failed (a write or sync failed) and repairs itself; until it has, writes are
+    /// refused. A write reported with this error has an unknown outcome: it may become durable
+    /// after the repair.
+    #[error("value log {dir} failed and is being repaired: {reason}")]
+    LogFailed {
+        /// The log's directory.
+        dir: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+    /// A batch whose records do not fit in one log segment.
+    #[error("batch of {bytes} log bytes exceeds the {max} bytes one log segment holds")]
+    BatchTooLarge {
+        /// Bytes the batch's records take.
+        bytes: usize,
+        /// Most bytes a batch may take.
+        max: usize,
+    },
+    /// The region failed (its log, or its writer after a corrupt arena) and takes no writes
+    /// until it has recovered.
+    #[error("region unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl Error {
     /// Whether retrying the same operation later can succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::ArenaFull { .. } | Error::WriterBusy(_) | Error::NoReaderSlot(_))
+        matches!(
+            self,
+            Error::ArenaFull { .. }
+                | Error::WriterBusy(_)
+                | Error::NoReaderSlot(_)
+                | Error::NoSpace { .. }
+                | Error::LogFailed { .. }
+                | Error::Unavailable(_)
+        )
+    }
+
+    /// Whether a write that got this error may still have been applied (or may be applied after a
+    /// repair or a restart): its outcome is unknown, unlike every other error, which means the
+    /// write changed nothing.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, Error::LogFailed { .. } | Error::Io { .. })
     }
 
     /// A stable, machine-readable code for the error.
@@ -95,6 +139,36 @@ impl Error {
             Error::KeyExists => "key_exists",
             Error::KeyNotFound => "key_not_found",
             Error::ArenaFull { .. } => "arena_full",
+            Error::NoSpace { .. } => "no_space",
+            Error::LogFailed { .. } => "log_failed",
+            Error::BatchTooLarge { .. } => "batch_too_large",
+            Error::Unavailable(_) => "unavailable",
+        }
+    }
+
+    /// A copy of this error (for reporting one failure to several callers; an I/O error keeps
+    /// its kind and message).
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::Io { path, source } => {
+                Error::Io { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+            Error::Corrupt { offset, what } => Error::Corrupt { offset: *offset, what },
+            Error::CorruptFile { path, offset, what } => {
+                Error::CorruptFile { path: path.clone(), offset: *offset, what }
+            }
+            Error::Config(s) => Error::Config(s.clone()),
+            Error::WriterBusy(p) => Error::WriterBusy(p.clone()),
+            Error::NoReaderSlot(n) => Error::NoReaderSlot(*n),
+            Error::KeySize { len, max } => Error::KeySize { len: *len, max: *max },
+            Error::ValueTooLarge { len, max } => Error::ValueTooLarge { len: *len, max: *max },
+            Error::KeyExists => Error::KeyExists,
+            Error::KeyNotFound => Error::KeyNotFound,
+            Error::ArenaFull { needed, free } => Error::ArenaFull { needed: *needed, free: *free },
+            Error::NoSpace { path } => Error::NoSpace { path: path.clone() },
+            Error::LogFailed { dir, reason } => Error::LogFailed { dir: dir.clone(), reason: reason.clone() },
+            Error::BatchTooLarge { bytes, max } => Error::BatchTooLarge { bytes: *bytes, max: *max },
+            Error::Unavailable(s) => Error::Unavailable(s.clone()),
         }
     }
 
@@ -106,7 +180,11 @@ impl Error {
         Error::CorruptFile { path: path.to_path_buf(), offset, what }
     }
 
+    /// An I/O error on `path`; a full disk becomes [`Error::NoSpace`].
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Error {
+        if crate::fs::is_no_space(&source) {
+            return Error::NoSpace { path: path.to_path_buf() };
+        }
         Error::Io { path: path.to_path_buf(), source }
     }
 }

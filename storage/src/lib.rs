@@ -34,6 +34,7 @@ mod arena;
 mod btree;
 mod config;
 mod error;
+pub mod fs;
 pub mod levels;
 pub mod region;
 pub mod vlog;

@@ -76,8 +76,9 @@ enum Cmd {
         dir: PathBuf,
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: String,
-        /// Log durability (always, never, interval:MS).
-        #[arg(long, default_value = "interval:5")]
+        /// Log durability: always (acknowledged once synced), interval:MS (acknowledged once
+        /// written, synced within MS) or never.
+        #[arg(long, default_value = "always")]
         fsync: String,
         /// Region split keys (comma separated).
         #[arg(long, default_value = "")]

@@ -111,8 +111,15 @@ impl Pipeline {
             .spawn(move || {
                 // Releases responses in round order once their log position is durable.
                 while let Ok(d) = durable_rx.recv() {
-                    d.waiter.wait(d.end);
+                    let failed = d.waiter.wait(d.end).err();
                     for (tx, r) in d.responses {
+                        // A write whose sync failed is never acknowledged: its outcome is unknown.
+                        let r = match &failed {
+                            Some(e) if r.result.is_ok() => {
+                                Response::error(r.id, ErrorCode::Unavailable, format!("outcome unknown: {}", e.code()))
+                            }
+                            _ => r,
+                        };
                         // Capacity is reserved by the connection's in-flight cap; a closed
                         // connection just drops its responses.
                         let _ = tx.try_send(r);

@@ -27,6 +27,11 @@ impl PageAlloc {
         self.used
     }
 
+    /// One past the highest page ever handed out.
+    pub(crate) fn high_water(&self) -> u64 {
+        self.bump
+    }
+
     /// Pages free (free lists plus never-used).
     pub(crate) fn free(&self) -> u64 {
         self.total - self.used
@@ -114,6 +119,11 @@ impl LidAlloc {
 
     pub(crate) fn release(&mut self, lid: u64) {
         self.free.push(lid);
+    }
+
+    /// Ids that can still be handed out.
+    pub(crate) fn free(&self) -> u64 {
+        self.cap - self.next + self.free.len() as u64
     }
 
     /// One past the highest LID ever handed out (the page table's used prefix).

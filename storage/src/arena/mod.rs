@@ -30,6 +30,19 @@ pub(crate) use slots::{Slot, SlotWatch};
 use crate::config::ArenaConfig;
 use crate::error::{Error, Result};
 
+/// Backs `[from, to)` of an arena file with memory (`fallocate`), so that touching those pages
+/// later cannot fail with SIGBUS on a full tmpfs. A file system without `fallocate` keeps the file
+/// sparse (nothing to reserve then).
+pub(crate) fn reserve_memory(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    if to <= from {
+        return Ok(());
+    }
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::KEEP_SIZE, from, to - from) {
+        Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) | Err(rustix::io::Errno::NOSYS) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A mapped arena plus its validated layout.
 pub(crate) struct Arena {
     pub(crate) map: Mapping,

@@ -130,8 +130,11 @@ impl SlotWatch {
     /// The oldest version any live reader may be using, capped by the current read version.
     /// Slots pinned below `wanted` for a while have their owner checked; dead owners are cleared.
     pub(crate) fn min_pinned(&mut self, arena: &Arena, wanted: u64) -> Result<u64> {
-        fence(Ordering::SeqCst);
+        // The read version is loaded *before* the fence: it may have been published by another
+        // thread, and only a value read before the fence is one every reader that pins after the
+        // fence is guaranteed to see (or a newer one) when this scan misses its pin.
         let mut min = arena.map.word(SB_READ_VERSION)?.load(Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         let now = Instant::now();
         for i in 0..arena.layout.slots_count {
             let off = arena.slot_off(i);

@@ -22,14 +22,7 @@ fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
 }
 
 fn fsync_policy(s: &str) -> Result<FsyncPolicy> {
-    Ok(match s {
-        "always" => FsyncPolicy::Always,
-        "never" => FsyncPolicy::Never,
-        s => match s.strip_prefix("interval:") {
-            Some(ms) => FsyncPolicy::Interval(Duration::from_millis(ms.parse()?)),
-            None => bail!("bad --fsync {s}"),
-        },
-    })
+    Ok(FsyncPolicy::parse(s)?)
 }
 
 /// The value of key `i` (deterministic, so a checker can verify it): varied lengths.
@@ -46,6 +39,7 @@ fn main() -> Result<()> {
             let cfg = VlogConfig {
                 segment_size: flag(&args, "--segment-size").map(str::parse).transpose()?.unwrap_or(64 << 10),
                 fsync: fsync_policy(flag(&args, "--fsync").unwrap_or("always"))?,
+                ..VlogConfig::default()
             };
             let batch: u64 = flag(&args, "--batch").map(str::parse).transpose()?.unwrap_or(4);
             let (mut log, _) = ValueLog::open(dir, cfg)?;
@@ -64,14 +58,17 @@ fn main() -> Result<()> {
                     next += 1;
                 }
                 let end = log.commit()?;
-                log.wait_durable(end);
+                log.wait_durable(end)?;
                 let mut o = out.lock();
                 writeln!(o, "ack {first} {}", next - 1)?;
                 o.flush()?;
             }
         }
         Some("vlog-check") => {
-            let (log, report) = ValueLog::open(dir, VlogConfig { segment_size: 64 << 10, fsync: FsyncPolicy::Never })?;
+            let (log, report) = ValueLog::open(
+                dir,
+                VlogConfig { segment_size: 64 << 10, fsync: FsyncPolicy::Never, ..VlogConfig::default() },
+            )?;
             let (mut n, mut wrong) = (0u64, Vec::new());
             log.replay(Lsn(0), |_, r| {
                 if r.version != n || (!r.tombstone && r.value.as_ref() != crash_value(r.version).as_slice()) {
@@ -103,7 +100,7 @@ fn main() -> Result<()> {
                     ops.push(BatchOp::Delete(old.as_bytes()));
                 }
                 let ack = region.write_batch(&ops)?;
-                region.wait_durable(ack.end);
+                region.wait_durable(ack.end)?;
                 let mut o = out.lock();
                 writeln!(o, "ack {i}")?;
                 o.flush()?;

@@ -329,6 +329,19 @@ impl<'a> Entry<'a> {
     }
 }
 
+/// Publishes an arena's read version from another thread (the value log's flusher, once the
+/// batches up to that version are durable). Only versions the writer has applied may be
+/// published; the region guarantees it by publishing what its log has synced.
+#[derive(Clone)]
+pub(crate) struct ReadPublisher(pub(crate) Arc<Arena>);
+
+impl ReadPublisher {
+    /// Readers see every version up to `version` from now on (the read version never goes back).
+    pub(crate) fn publish(&self, version: u64) {
+        self.0.sb(crate::arena::SB_READ_VERSION).fetch_max(version, Ordering::SeqCst);
+    }
+}
+
 /// Figures from the writer.
 #[derive(Debug, Clone, Copy)]
 pub struct Stats {

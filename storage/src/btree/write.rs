@@ -123,15 +123,19 @@ struct PathElem {
 /// exclusive lock on the arena file: one writer per tree, made explicit in the types.
 pub struct Writer {
     arena: Arc<Arena>,
-    _file: File,
+    file: File,
     pages: PageAlloc,
     lids: LidAlloc,
     garbage: VecDeque<(u64, Garbage)>,
     garbage_pages: u64,
     version: u64,
+    /// The version the arena was created at (no entry is older).
+    base_version: u64,
     height: u16,
     watch: SlotWatch,
     commits_since_reclaim: u32,
+    /// Reclamation passes that failed (a corrupt reader slot).
+    reclaim_errors: u64,
     buf: Vec<u8>,
     path: Vec<PathElem>,
     /// Commands pushed into the command ring so far.
@@ -139,8 +143,18 @@ pub struct Writer {
     leaf_cap: usize,
     interior_cap: usize,
     keep_tombstones: bool,
+    /// Commits do not publish the read version; the owner does, through a [`ReadPublisher`],
+    /// once the batch is durable.
+    deferred_publish: bool,
+    /// Heap pages `[0, reserved)` are backed by memory (`fallocate`d).
+    reserved_pages: u64,
+    /// Why the writer stopped: a batch failed half-applied (a corrupt arena).
+    poisoned: Option<String>,
     _not_sync: PhantomData<Cell<()>>,
 }
+
+/// Heap pages reserved at a time (8 MiB of 8 KiB nodes).
+const RESERVE_CHUNK_PAGES: u64 = 1024;
 
 impl Writer {
     /// Creates a new, empty arena at `path` (atomically replacing any file there) and returns its
@@ -160,21 +174,27 @@ impl Writer {
             pages: PageAlloc::new(l.heap_off, l.node_size as u64, l.heap_pages),
             lids: LidAlloc::new(1, l.pt_entries),
             arena: Arc::new(arena),
-            _file: file,
+            file,
             garbage: VecDeque::new(),
             garbage_pages: 0,
             version: 0,
+            base_version: version,
             height: 1,
             watch: SlotWatch::new(),
             commits_since_reclaim: 0,
+            reclaim_errors: 0,
             buf: Vec::with_capacity(l.node_size as usize),
             path: Vec::with_capacity(8),
             ring_seq: 0,
             leaf_cap: payload - l.log_threshold as usize,
             interior_cap: payload,
             keep_tombstones: cfg.keep_tombstones,
+            deferred_publish: false,
+            reserved_pages: 0,
+            poisoned: None,
             _not_sync: PhantomData,
         };
+        w.reserve(1)?;
         let root = w.alloc_lid()?;
         let off = w.write_node(root, &NodeData::Leaf { items: Vec::new(), right: 0 }, version, 0)?;
         w.map_lid(root, off)?;
@@ -195,6 +215,28 @@ impl Writer {
     /// The newest released write version.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The version the arena was created at.
+    pub fn base_version(&self) -> u64 {
+        self.base_version
+    }
+
+    /// Whether `ops` more operations (without blobs) are sure to fit: the worst case of
+    /// [`Writer::write_batch_at`], after reclaiming what can be reclaimed.
+    pub fn fits(&mut self, ops: usize) -> bool {
+        let (pages, lids) = self.worst_case(ops as u64, 0);
+        if self.pages.free() >= pages && self.lids.free() >= lids {
+            return true;
+        }
+        self.reclaim_quietly();
+        self.pages.free() >= pages && self.lids.free() >= lids
+    }
+
+    /// Heap pages and node ids `ops` operations may take at worst (every op rewrites and splits
+    /// every level, plus a new root), plus `blob_pages`.
+    fn worst_case(&self, ops: u64, blob_pages: u64) -> (u64, u64) {
+        (ops * (2 * (self.height as u64 + 1) + 4) + blob_pages, ops * (self.height as u64 + 2))
     }
 
     /// A reader sharing this writer's mapping (for reader threads in this process).
@@ -315,6 +357,23 @@ impl Writer {
     /// Applies `ops` atomically under one write version: readers see all of them or none. Either
     /// every precondition holds and everything is applied, or nothing is.
     pub fn write_batch(&mut self, ops: &[BatchOp<'_>]) -> Result<u64> {
+        self.write_batch_at(self.version + 1, ops)
+    }
+
+    /// Like [`Writer::write_batch`] under a given version, which must be above every version
+    /// written so far (versions may skip: a region never reuses a version its log has seen).
+    ///
+    /// A batch that fails changes nothing a reader can see and leaks nothing: limits,
+    /// preconditions, heap pages, blob runs and node ids are all checked or taken before the first
+    /// operation is applied. Only a corrupt arena can stop a batch half-way; the writer then
+    /// refuses every later batch.
+    pub fn write_batch_at(&mut self, w: u64, ops: &[BatchOp<'_>]) -> Result<u64> {
+        if let Some(why) = &self.poisoned {
+            return Err(Error::Unavailable(why.clone()));
+        }
+        if w <= self.version {
+            return Err(Error::Config(format!("version {w} is not above the writer's {}", self.version)));
+        }
         let ns = self.arena.layout.node_size as u64;
         let inline = self.arena.layout.inline_threshold as usize;
         let mut blob_pages = 0u64;
@@ -335,21 +394,82 @@ impl Writer {
             }
         }
         self.check_preconditions(ops)?;
-        // Worst case: every op rewrites and splits every level, plus a new root, plus its blob.
-        let needed = ops.len() as u64 * (2 * (self.height as u64 + 1) + 4) + blob_pages;
-        if self.pages.free() < needed {
-            self.reclaim()?;
-            if self.pages.free() < needed {
+        let (needed, lids) = self.worst_case(ops.len() as u64, blob_pages);
+        if self.pages.free() < needed || self.lids.free() < lids {
+            self.reclaim_quietly();
+            if self.pages.free() < needed || self.lids.free() < lids {
                 return Err(Error::ArenaFull { needed: needed * ns, free: self.pages.free() * ns });
             }
         }
-        let w = self.version + 1;
-        self.arena.sb(SB_WRITE_VERSION).store(w, Ordering::Relaxed);
+        self.reserve(needed)?;
+        // Blobs need contiguous runs, which a fragmented heap may lack: take them all first.
+        let mut blobs: Vec<Option<Val>> = Vec::with_capacity(ops.len());
         for op in ops {
-            self.apply(op.key(), op.new_value(), w)?;
+            let blob = match op.value() {
+                Some(v) if v.len() > inline => match self.write_blob(v) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        for b in blobs.into_iter().flatten() {
+                            self.free_blob(&b);
+                        }
+                        return Err(e);
+                    }
+                },
+                _ => None,
+            };
+            blobs.push(blob);
         }
-        self.commit(w)?;
+        self.arena.sb(SB_WRITE_VERSION).store(w, Ordering::Relaxed);
+        for (op, blob) in ops.iter().zip(&blobs) {
+            let value = match blob {
+                Some(b) => b.as_ref(),
+                None => op.new_value(),
+            };
+            if let Err(e) = self.apply(op.key(), value, w) {
+                self.poisoned = Some(format!("a batch failed half-applied: {e}"));
+                return Err(e);
+            }
+        }
+        self.commit(w);
         Ok(w)
+    }
+
+    /// Backs the heap pages a batch may take with memory (`fallocate` of the arena file), so a
+    /// full tmpfs or memory limit gives [`Error::ArenaFull`] here instead of SIGBUS later.
+    fn reserve(&mut self, pages: u64) -> Result<()> {
+        let want = (self.pages.high_water() + pages).min(self.arena.layout.heap_pages);
+        if want <= self.reserved_pages {
+            return Ok(());
+        }
+        let (ns, heap) = (self.arena.layout.node_size as u64, self.arena.layout.heap_off);
+        let upto = (want + RESERVE_CHUNK_PAGES).min(self.arena.layout.heap_pages);
+        // The first reservation also covers the metadata before the heap (page table, ring).
+        let from = if self.reserved_pages == 0 { 0 } else { heap + self.reserved_pages * ns };
+        if crate::arena::reserve_memory(&self.file, from, heap + upto * ns).is_err() {
+            let room = self.reserved_pages.saturating_sub(self.pages.high_water());
+            return Err(Error::ArenaFull { needed: pages * ns, free: room * ns });
+        }
+        self.reserved_pages = upto;
+        Ok(())
+    }
+
+    fn free_blob(&mut self, b: &Val) {
+        if let Val::Blob { off, len } = b {
+            let n = (BLOB_HDR + *len as u64).div_ceil(self.arena.layout.node_size as u64);
+            self.pages.release(*off, n);
+        }
+    }
+
+    /// Publishes read versions from outside the writer (see [`Writer::set_deferred_publish`]).
+    pub(crate) fn publisher(&self) -> super::ReadPublisher {
+        super::ReadPublisher(self.arena.clone())
+    }
+
+    /// With `deferred`, commits stop publishing the read version: readers keep seeing the last
+    /// published state until the owner publishes newer versions through [`Writer::publisher`]
+    /// (a region does once the batches are durable). The writer's own reads see everything.
+    pub(crate) fn set_deferred_publish(&mut self, deferred: bool) {
+        self.deferred_publish = deferred;
     }
 
     fn check_preconditions(&self, ops: &[BatchOp<'_>]) -> Result<()> {
@@ -377,15 +497,25 @@ impl Writer {
         Ok(())
     }
 
-    fn commit(&mut self, w: u64) -> Result<()> {
+    /// Ends a batch: its version becomes the writer's and (unless deferred) the readers'. Cannot
+    /// fail: the batch is applied, whatever reclamation finds.
+    fn commit(&mut self, w: u64) {
         // Single writer: versions are released in order by construction.
         self.version = w;
-        self.arena.sb(SB_READ_VERSION).store(w, Ordering::Release);
+        if !self.deferred_publish {
+            self.arena.sb(SB_READ_VERSION).store(w, Ordering::SeqCst);
+        }
         self.commits_since_reclaim += 1;
         if self.commits_since_reclaim >= 16 || self.garbage_pages > self.pages.free() / 4 {
-            self.reclaim()?;
+            self.reclaim_quietly();
         }
-        Ok(())
+    }
+
+    /// Reclaims; an error (a corrupt reader slot) only means nothing more was freed this time.
+    fn reclaim_quietly(&mut self) {
+        if self.reclaim().is_err() {
+            self.reclaim_errors += 1;
+        }
     }
 
     // --- one operation -------------------------------------------------------------------------
@@ -427,10 +557,8 @@ impl Writer {
         if value == ValRef::Tombstone && !existed && !self.keep_tombstones {
             return Ok(());
         }
-        let new_val = match value {
-            ValRef::Inline(v) if v.len() > self.arena.layout.inline_threshold as usize => self.write_blob(v)?,
-            v => Val::from_ref(v),
-        };
+        // Values over the inline threshold arrive as blobs written before the batch began.
+        let new_val = Val::from_ref(value);
         if !self.try_append(&leaf, &p, key, new_val.as_ref(), w)? {
             self.rewrite_leaf(path, key, new_val, w)?;
         }

@@ -1,9 +1,8 @@
 //! Writes a level bottom-up from a sorted stream: leaves in key order (each linked to its
 //! neighbours), then each interior layer, into fresh segment files.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::format::{
     NODE_HDR, NODE_INTERIOR, NODE_LEAF, SEG_MAGIC, interior_entry_len, leaf_entry_len, ptr, put_leaf_entry,
@@ -11,16 +10,18 @@ use super::format::{
 use super::{LevelMeta, segment_path};
 use crate::btree::Entry;
 use crate::error::{Error, Result};
+use crate::fs::{Fs, FsFile};
 
 /// Builds one level.
 pub struct LevelBuilder {
+    fs: Arc<dyn Fs>,
     dir: PathBuf,
     node_size: usize,
     nodes_per_segment: u32,
     next_segment: u64,
     segments: Vec<u64>,
     /// The open segment: id, file, nodes written, running CRC.
-    open: Option<(u64, File, u32, u32)>,
+    open: Option<(u64, Arc<dyn FsFile>, u32, u32)>,
     /// Entries of the leaf being filled (encoded) and their offsets.
     leaf: Vec<u8>,
     leaf_offs: Vec<u16>,
@@ -37,14 +38,21 @@ pub struct LevelBuilder {
 }
 
 impl LevelBuilder {
-    /// A builder writing segments numbered from `first_segment` into `dir`.
-    pub fn new(dir: impl AsRef<Path>, first_segment: u64, node_size: u32, segment_size: u32) -> Result<LevelBuilder> {
+    /// A builder writing segments numbered from `first_segment` into `dir`, through `fs`.
+    pub fn new(
+        fs: Arc<dyn Fs>,
+        dir: impl AsRef<Path>,
+        first_segment: u64,
+        node_size: u32,
+        segment_size: u32,
+    ) -> Result<LevelBuilder> {
         if !node_size.is_power_of_two() || !(512..=65536).contains(&node_size) || segment_size < 4 * node_size {
             return Err(Error::Config(
                 "level node size must be a power of two in 512..=65536, segments >= 4 nodes".into(),
             ));
         }
         Ok(LevelBuilder {
+            fs,
             dir: dir.as_ref().to_path_buf(),
             node_size: node_size as usize,
             nodes_per_segment: segment_size / node_size - 1,
@@ -146,14 +154,13 @@ impl LevelBuilder {
             let id = self.next_segment;
             self.next_segment += 1;
             let p = segment_path(&self.dir, id);
-            let mut f = OpenOptions::new().write(true).create_new(true).open(&p).map_err(|e| Error::io(&p, e))?;
-            f.write_all(&vec![0u8; self.node_size]).map_err(|e| Error::io(&p, e))?;
+            let f = self.fs.create(&p).map_err(|e| Error::io(&p, e))?;
             self.segments.push(id);
             self.open = Some((id, f, 0, 0));
         }
         let (id, f, n, crc) = self.open.as_mut().expect("opened above");
         let off = (*n as usize + 1) * self.node_size;
-        f.write_all(node).map_err(|e| Error::io(&segment_path(&self.dir, *id), e))?;
+        f.write_all_at(node, off as u64).map_err(|e| Error::io(&segment_path(&self.dir, *id), e))?;
         *crc = crc32c::crc32c_append(*crc, node);
         *n += 1;
         self.bytes_written += node.len() as u64;
@@ -161,7 +168,7 @@ impl LevelBuilder {
     }
 
     fn close_segment(&mut self) -> Result<()> {
-        if let Some((id, mut f, n, crc)) = self.open.take() {
+        if let Some((id, f, n, crc)) = self.open.take() {
             let p = segment_path(&self.dir, id);
             let mut h = vec![0u8; self.node_size];
             h[..8].copy_from_slice(SEG_MAGIC);
@@ -171,10 +178,8 @@ impl LevelBuilder {
             h[24..28].copy_from_slice(&crc.to_le_bytes());
             let hc = crc32c::crc32c(&h[..28]);
             h[28..32].copy_from_slice(&hc.to_le_bytes());
-            use std::os::unix::fs::FileExt;
             f.write_all_at(&h, 0).map_err(|e| Error::io(&p, e))?;
-            f.flush().map_err(|e| Error::io(&p, e))?;
-            f.sync_all().map_err(|e| Error::io(&p, e))?;
+            f.sync_data().map_err(|e| Error::io(&p, e))?;
             self.bytes_written += h.len() as u64;
         }
         Ok(())
@@ -217,7 +222,7 @@ impl LevelBuilder {
         let root = self.layer.first().map_or(0, |x| x.1);
         self.close_segment()?;
         if !self.segments.is_empty() {
-            super::sync_dir(&self.dir)?;
+            self.fs.sync_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
         }
         Ok(LevelMeta {
             level,

@@ -2,8 +2,6 @@
 //! recovery replays. Replaced atomically: write a temporary file, fsync, rename, fsync the
 //! directory.
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::Path;
 
 use super::LevelMeta;
@@ -118,15 +116,9 @@ impl Manifest {
         }
     }
 
-    /// Atomically replaces `dir/MANIFEST` with this manifest.
-    pub fn store(&self, dir: &Path) -> Result<()> {
-        let tmp = dir.join("MANIFEST.tmp");
-        let mut f =
-            OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        f.write_all(&self.encode()).map_err(|e| Error::io(&tmp, e))?;
-        f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    /// Atomically replaces `dir/MANIFEST` with this manifest, through `fs`.
+    pub fn store(&self, fs: &dyn crate::fs::Fs, dir: &Path) -> Result<()> {
         let p = dir.join(MANIFEST);
-        std::fs::rename(&tmp, &p).map_err(|e| Error::io(&p, e))?;
-        super::sync_dir(dir)
+        crate::fs::write_atomic(fs, &p, &self.encode()).map_err(|e| Error::io(&p, e))
     }
 }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 pub use build::LevelBuilder;
 use format::{LNode, NODE_LEAF, SEG_MAGIC, le32, le64, ptr_parts};
 pub use import::rewrite_segment;
-pub use manifest::Manifest;
+pub use manifest::{MANIFEST, Manifest};
 use memmap2::Mmap;
 
 use crate::btree::Entry;
@@ -50,10 +50,6 @@ pub struct LevelMeta {
 /// Path of level segment `id` in `dir`.
 pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id:016}.seg"))
-}
-
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))
 }
 
 /// A mapped, verified level.

@@ -3,16 +3,17 @@
 //! manifest. The region thread installs the result (and deletes the replaced segments and the
 //! frozen arena) when it next writes, or waits for it when L0 fills up again first.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::merge::{MergeCursor, Src, Stored};
 use super::replica::IndexExport;
 use super::{RegionConfig, levels_dir};
-use crate::btree::Reader;
+use crate::btree::{ReadPublisher, Reader};
 use crate::error::{Error, Result};
+use crate::fs::Fs;
 use crate::levels::{Level, LevelBuilder, LevelMeta, Manifest, segment_path};
-use crate::vlog::Lsn;
+use crate::vlog::{DurabilityWaiter, Lsn};
 
 /// Everything a compaction needs, owned so it can move to another thread.
 pub(crate) struct Compactor {
@@ -20,6 +21,10 @@ pub(crate) struct Compactor {
     pub(crate) levels: Vec<Option<Arc<Level>>>,
     pub(crate) manifest: Manifest,
     pub(crate) capture: bool,
+    /// The log's durability: the log a level covers is synced before its manifest is stored.
+    pub(crate) durability: DurabilityWaiter,
+    /// Publishes the frozen L0's last version (once durable) before it is read.
+    pub(crate) publisher: ReadPublisher,
 }
 
 /// A finished compaction, for the region thread to install.
@@ -39,8 +44,21 @@ impl Compactor {
         self.cfg.l0_budget.saturating_mul(self.cfg.growth_factor.saturating_pow(level as u32))
     }
 
-    /// Compacts the frozen L0 (everything logged before `log_end`, frozen at `version`).
-    pub(crate) fn run(self, mut frozen: Reader, version: u64, log_end: Lsn) -> Result<Compacted> {
+    /// Compacts the frozen L0 (everything logged before `log_end`, frozen at `version`). On an
+    /// error, removes the segments it wrote; nothing else changed.
+    pub(crate) fn run(self, frozen: Reader, version: u64, log_end: Lsn) -> Result<Compacted> {
+        let r = self.compact(frozen, version, log_end);
+        if r.is_err() {
+            let _ = remove_unreferenced(self.cfg.vlog.fs.as_ref(), &levels_dir(&self.cfg.dir), &self.manifest);
+        }
+        r
+    }
+
+    fn compact(&self, mut frozen: Reader, version: u64, log_end: Lsn) -> Result<Compacted> {
+        // The levels will replace the log up to `log_end`: it must be on disk first (and then the
+        // frozen L0 is visible to readers in whole, which the snapshot below relies on).
+        self.durability.sync_to(log_end)?;
+        self.publisher.publish(version);
         let dir = levels_dir(&self.cfg.dir);
         let mut out = Compacted {
             levels: Vec::new(),
@@ -99,7 +117,7 @@ impl Compactor {
             next_segment,
             max_version: version,
         };
-        manifest.store(&self.cfg.dir)?;
+        manifest.store(self.cfg.vlog.fs.as_ref(), &self.cfg.dir)?;
         if self.capture {
             out.export = Some(self.export(&manifest)?);
         }
@@ -121,6 +139,7 @@ impl Compactor {
         out: &mut Compacted,
     ) -> Result<LevelMeta> {
         let mut b = LevelBuilder::new(
+            self.cfg.vlog.fs.clone(),
             levels_dir(&self.cfg.dir),
             *next_segment,
             self.cfg.level_node_size,
@@ -163,4 +182,26 @@ impl Compactor {
         }
         Ok(IndexExport { manifest: manifest.clone(), levels })
     }
+}
+
+/// Deletes the level segment files in `dir` that `manifest` does not name (left by a crash or a
+/// failed compaction).
+pub(crate) fn remove_unreferenced(fs: &dyn Fs, dir: &Path, manifest: &Manifest) -> Result<()> {
+    let live: std::collections::HashSet<u64> =
+        manifest.levels.iter().flat_map(|l| l.segments.iter().copied()).collect();
+    let mut removed = false;
+    for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let e = e.map_err(|e| Error::io(dir, e))?;
+        let name = e.file_name();
+        if let Some(id) = name.to_string_lossy().strip_suffix(".seg").and_then(|s| s.parse::<u64>().ok())
+            && !live.contains(&id)
+        {
+            let _ = fs.remove(&e.path());
+            removed = true;
+        }
+    }
+    if removed {
+        fs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    Ok(())
 }

@@ -7,11 +7,11 @@
 //! tail its levels do not cover.
 
 use std::collections::HashMap;
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::fs::Fs;
 use crate::levels::{LevelMeta, Manifest, rewrite_segment, segment_path};
 use crate::vlog::Lsn;
 
@@ -37,6 +37,7 @@ impl IndexExport {
 
 /// The backup side of one region.
 pub struct Backup {
+    fs: Arc<dyn Fs>,
     dir: PathBuf,
     /// Primary log segment -> local log segment.
     log_map: HashMap<u64, u64>,
@@ -52,11 +53,17 @@ pub struct Backup {
 impl Backup {
     /// A fresh backup in `dir` (its `vlog/`, `levels/` and `MANIFEST`, like a region's).
     pub fn create(dir: impl AsRef<Path>) -> Result<Backup> {
+        Backup::create_with(dir, crate::fs::real())
+    }
+
+    /// Like [`Backup::create`], writing through `fs`.
+    pub fn create_with(dir: impl AsRef<Path>, fs: Arc<dyn Fs>) -> Result<Backup> {
         let dir = dir.as_ref().to_path_buf();
         for d in [dir.join("vlog"), dir.join("levels")] {
-            std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+            fs.create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
         }
         Ok(Backup {
+            fs,
             dir,
             log_map: HashMap::new(),
             next_log_segment: 1,
@@ -77,25 +84,25 @@ impl Backup {
         &self.log_map
     }
 
-    /// Stores (or extends) the copy of primary log segment `primary_id`. Its header is rewritten
-    /// to the local id; records are byte-identical, so offsets keep their meaning.
+    /// Stores (or replaces) the copy of primary log segment `primary_id`. Its header is
+    /// rewritten to the local id (the salt stays, so every record's checksum still holds);
+    /// records are byte-identical, so offsets keep their meaning.
     pub fn receive_log_segment(&mut self, primary_id: u64, bytes: &[u8]) -> Result<()> {
-        if bytes.len() < 16 || &bytes[..8] != b"DPUKVLG1" {
-            let shipped = PathBuf::from(format!("shipped log segment {primary_id}"));
-            return Err(Error::corrupt_file(&shipped, 0, "shipped log segment has a bad header"));
+        let shipped = PathBuf::from(format!("shipped log segment {primary_id}"));
+        let (id, salt) = crate::vlog::segment_header(&shipped, bytes)?;
+        if id != primary_id {
+            return Err(Error::corrupt_file(&shipped, 8, "shipped log segment carries another id"));
         }
         let local = *self.log_map.entry(primary_id).or_insert_with(|| {
             self.next_log_segment += 1;
             self.next_log_segment - 1
         });
-        let p = self.dir.join("vlog").join(format!("{local:016}.vlog"));
-        let mut f =
-            OpenOptions::new().write(true).create(true).truncate(true).open(&p).map_err(|e| Error::io(&p, e))?;
-        f.write_all(&bytes[..8])
-            .and_then(|()| f.write_all(&local.to_le_bytes()))
-            .and_then(|()| f.write_all(&bytes[16..]))
-            .map_err(|e| Error::io(&p, e))?;
-        f.sync_data().map_err(|e| Error::io(&p, e))?;
+        let vdir = self.dir.join("vlog");
+        let p = crate::vlog::segment_path(&vdir, local);
+        let mut out = bytes.to_vec();
+        let h = crate::vlog::encode_segment_header(local, salt);
+        out[..h.len()].copy_from_slice(&h);
+        crate::fs::write_atomic(self.fs.as_ref(), &p, &out).map_err(|e| Error::io(&p, e))?;
         self.bytes_written += bytes.len() as u64;
         Ok(())
     }
@@ -118,8 +125,7 @@ impl Backup {
                 let out =
                     rewrite_segment(bytes, meta.node_size, *primary_id, local, &index_map, &self.log_map, &shipped)?;
                 let p = segment_path(&levels_dir, local);
-                std::fs::write(&p, &out).map_err(|e| Error::io(&p, e))?;
-                std::fs::File::open(&p).and_then(|f| f.sync_all()).map_err(|e| Error::io(&p, e))?;
+                crate::fs::write_atomic(self.fs.as_ref(), &p, &out).map_err(|e| Error::io(&p, e))?;
                 self.bytes_written += out.len() as u64;
             }
             self.next_level_segment += meta.segments.len() as u64;
@@ -157,7 +163,7 @@ impl Backup {
             next_segment: self.next_level_segment,
             max_version: export.manifest.max_version,
         };
-        manifest.store(&self.dir)?;
+        manifest.store(self.fs.as_ref(), &self.dir)?;
         self.bytes_written += manifest.encode().len() as u64;
         // Drop levels the primary replaced.
         let live: Vec<u64> = manifest.levels.iter().flat_map(|l| l.segments.iter().copied()).collect();
@@ -166,7 +172,7 @@ impl Backup {
             if !keep {
                 for s in &l.segments {
                     if !live.contains(s) {
-                        let _ = std::fs::remove_file(segment_path(&levels_dir, *s));
+                        let _ = self.fs.remove(&segment_path(&levels_dir, *s));
                     }
                 }
             }

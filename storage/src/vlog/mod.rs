@@ -1,64 +1,97 @@
-//! The value log (Tebis §2, ARCHITECTURE.md §4): the write-ahead log and home of large values.
+//! The value log (Tebis §2, docs/architecture.md): the write-ahead log and home of large values.
 //!
 //! Records go to fixed-size segment files (2 MiB by default) in one directory. A record's pointer
 //! is its log sequence number: `segment id << 32 | offset`, so pointers and positions are the same
-//! monotonic numbers. Appends are buffered and written with one `write(2)` per [`ValueLog::commit`]
-//! (group commit); durability follows the [`FsyncPolicy`]. Every read checks the record's CRC32C.
+//! monotonic numbers. Appends are buffered and written with one `write(2)` per
+//! [`ValueLog::commit`] (group commit); a per-log flusher thread makes them durable on demand
+//! (module `durability`), and a write is acknowledged by [`ValueLog::wait_durable`] only under the
+//! [`FsyncPolicy`]'s rule. Every read checks the record's CRC32C.
 //!
 //! # Layout
 //! - `record`: the record format, encoding and checked decoding.
-//! - `segment`: segment files: naming, header, scanning and torn-tail recovery.
-//! - this module: [`ValueLog`], the writer, reader and background flusher.
+//! - `segment`: segment files: naming, header, the recovery scan.
+//! - `durability`: written / synced / acknowledged positions, the flusher, failure and repair.
+//! - `reader`: [`VlogReader`], reads by pointer from any thread or process.
+//! - this module: [`ValueLog`], the writer: appends, commits, rotation, recovery, replay.
+//!
+//! # Invariants
+//! - A batch of records never spans segments, and every segment before the active one is sealed
+//!   and synced.
+//! - Recovery keeps every record before the largest durable hint (or names the file and offset
+//!   of the damage) and the valid chain after it; it zeroes what follows, so stale bytes can never
+//!   continue the chain later.
+//! - Nothing after a failed sync is acknowledged until a repair made it durable.
 
+mod durability;
+mod reader;
 mod record;
 mod segment;
 
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub(crate) use record::{RECORD_HEADER, decode_record};
+use durability::Durability;
+pub use durability::SyncHook;
+pub use reader::VlogReader;
+pub(crate) use record::RECORD_HEADER;
+use record::{COMMIT_RECORD, SEAL_RECORD, decode_record};
 pub use record::{Record, RecordRef};
-pub use segment::RecoveryReport;
-use segment::{SEGMENT_HEADER, Segment};
+use segment::SEGMENT_HEADER;
 
 use crate::error::{Error, Result};
-
-/// Records of one segment with the offset to continue from (None at its end).
-pub type SegmentRecords = (Vec<(Lsn, Record<'static>)>, Option<u32>);
+use crate::fs::{self, Fs, FsFile};
 
 /// Default segment size, as in Tebis/Kreon.
 pub const DEFAULT_SEGMENT_SIZE: u32 = 2 << 20;
+/// Largest segment size: recovery holds one segment in memory at a time.
+pub const MAX_SEGMENT_SIZE: u32 = 64 << 20;
 
-/// When appended records become durable.
+/// When appended records become durable, and when a write is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FsyncPolicy {
-    /// `commit` returns after `fdatasync`: a committed record survives a machine crash.
+    /// A write is acknowledged once it is synced (`fdatasync`): every acknowledged write
+    /// survives a power loss. One sync serves every write that arrived during the previous one.
     Always,
-    /// A background thread syncs every interval; [`ValueLog::wait_durable`] waits for it.
+    /// A write is acknowledged once written to the OS (it survives a crash of the process); the
+    /// flusher syncs it within the interval, so a power loss loses at most the last interval of
+    /// acknowledged writes (like Redis's `appendfsync everysec`, with a configurable period).
     Interval(Duration),
-    /// Never sync explicitly: committed records are in the OS page cache (they survive a process
-    /// crash, not a machine crash). `wait_durable` returns at once.
+    /// A write is acknowledged once written to the OS; syncs happen only when a segment is sealed
+    /// or a compaction needs the log durable.
     Never,
+}
+
+impl FsyncPolicy {
+    /// Parses `always`, `never` or `interval:MS` (MS >= 1).
+    pub fn parse(s: &str) -> Result<FsyncPolicy> {
+        match s {
+            "always" => Ok(FsyncPolicy::Always),
+            "never" => Ok(FsyncPolicy::Never),
+            _ => match s.strip_prefix("interval:").and_then(|ms| ms.parse::<u64>().ok()) {
+                Some(ms) if ms >= 1 => Ok(FsyncPolicy::Interval(Duration::from_millis(ms))),
+                _ => Err(Error::Config(format!("fsync policy {s:?}: use always, never or interval:MS with MS >= 1"))),
+            },
+        }
+    }
 }
 
 /// Value-log configuration.
 #[derive(Debug, Clone)]
 pub struct VlogConfig {
-    /// Bytes per segment file (records never span segments).
+    /// Bytes per segment file (records never span segments), 4 KiB..=64 MiB.
     pub segment_size: u32,
     /// Durability policy.
     pub fsync: FsyncPolicy,
+    /// The file layer writes go through.
+    pub fs: Arc<dyn Fs>,
 }
 
 impl Default for VlogConfig {
     fn default() -> Self {
-        VlogConfig { segment_size: DEFAULT_SEGMENT_SIZE, fsync: FsyncPolicy::Always }
+        VlogConfig { segment_size: DEFAULT_SEGMENT_SIZE, fsync: FsyncPolicy::Always, fs: fs::real() }
     }
 }
 
@@ -81,93 +114,131 @@ impl Lsn {
     }
 }
 
-struct Durable {
-    lsn: AtomicU64,
-    lock: Mutex<()>,
-    cv: Condvar,
-    /// The active segment file and the position written to it, for the flusher.
-    current: Mutex<(Arc<File>, u64)>,
-    /// An fsync error seen by the flusher, reported to the next caller.
-    failed: AtomicBool,
-}
-
-impl Durable {
-    fn advance(&self, lsn: u64) {
-        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        if lsn > self.lsn.load(Ordering::Acquire) {
-            self.lsn.store(lsn, Ordering::Release);
-        }
-        self.cv.notify_all();
-    }
+/// What recovery found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Segments found.
+    pub segments: usize,
+    /// Bytes after the last valid record of the active segment that were not zero: writes that
+    /// were never synced (a torn tail), cut off.
+    pub truncated_bytes: u64,
+    /// The largest version of any valid record seen, including cut-off ones (versions continue
+    /// above it, so none is ever reused).
+    pub max_version: u64,
 }
 
 /// The value log of one region: a single writer appends and commits; reads may come from any
-/// thread holding a [`VlogReader`].
+/// thread holding a [`VlogReader`]; durability is shared through [`DurabilityWaiter`]s.
 pub struct ValueLog {
     dir: PathBuf,
     cfg: VlogConfig,
-    /// Sealed segments: id -> length.
-    sealed: BTreeMap<u64, u32>,
-    active: Segment,
+    sealed: BTreeSet<u64>,
+    active: u64,
+    salt: u64,
+    /// Bytes of the active segment's file.
+    capacity: u32,
+    /// Encoded records not yet written.
     buf: Vec<u8>,
-    /// Offset in the active segment up to which `buf` has been accounted (written + buffered).
+    /// Offset in the active segment after `buf`.
     tail: u32,
-    durable: Arc<Durable>,
-    stop: Arc<AtomicBool>,
+    dur: Arc<Durability>,
     flusher: Option<JoinHandle<()>>,
     reader: VlogReader,
 }
 
 impl ValueLog {
-    /// Opens (or creates) the log in `dir`, recovering the tail: a torn last record is cut off at
-    /// the last valid record; corruption before the tail is an error naming file and offset.
+    /// Opens (or creates) the log in `dir` and recovers it (see the module invariants): every
+    /// segment but the last must be sealed and whole; the last is cut at the end of its valid
+    /// chain unless that lies before its durable hint, which is corruption.
     pub fn open(dir: impl AsRef<Path>, cfg: VlogConfig) -> Result<(ValueLog, RecoveryReport)> {
         let dir = dir.as_ref().to_path_buf();
-        if cfg.segment_size < 4096 || cfg.segment_size > 1 << 30 {
-            return Err(Error::Config("segment_size must be in 4 KiB..=1 GiB".into()));
+        if !(4 << 10..=MAX_SEGMENT_SIZE).contains(&cfg.segment_size) {
+            return Err(Error::Config("segment_size must be in 4 KiB..=64 MiB".into()));
         }
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        let ids = segment::list(&dir)?;
-        let mut sealed = BTreeMap::new();
-        let mut report = RecoveryReport::default();
-        let active = match ids.last() {
-            None => Segment::create(&dir, 1)?,
-            Some(&last) => {
-                for &id in &ids[..ids.len() - 1] {
-                    let len = segment::check_sealed(&dir, id, cfg.segment_size)?;
-                    sealed.insert(id, len);
+        if let FsyncPolicy::Interval(d) = cfg.fsync
+            && d < Duration::from_millis(1)
+        {
+            return Err(Error::Config("an fsync interval must be at least 1 ms".into()));
+        }
+        let fs = cfg.fs.clone();
+        fs.create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let (ids, leftovers) = segment::list(&dir)?;
+        for p in &leftovers {
+            fs.remove(p).map_err(|e| Error::io(p, e))?;
+        }
+        if !leftovers.is_empty() {
+            fs.sync_dir(&dir).map_err(|e| Error::io(&dir, e))?;
+        }
+        let reader = VlogReader::open(&dir);
+        let mut report = RecoveryReport { segments: ids.len().max(1), ..RecoveryReport::default() };
+        let mut sealed = BTreeSet::new();
+        let (active, salt, file, end, is_sealed, capacity) = match ids.split_last() {
+            None => {
+                let (file, salt) = stage(fs.as_ref(), &dir, 1, cfg.segment_size)?;
+                install(fs.as_ref(), &dir, 1)?;
+                (1, salt, file, SEGMENT_HEADER, false, cfg.segment_size)
+            }
+            Some((&last, older)) => {
+                for &id in older {
+                    let p = segment::path(&dir, id);
+                    let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+                    let (hid, salt) = segment::decode_header(&p, &bytes)?;
+                    if hid != id {
+                        return Err(Error::corrupt_file(&p, 8, "segment id differs from its file name"));
+                    }
+                    let s = segment::scan(&bytes, id, salt);
+                    if !s.sealed {
+                        return Err(Error::corrupt_file(&p, s.end as u64, "damaged record in a sealed segment"));
+                    }
+                    report.max_version = report.max_version.max(s.max_version);
+                    sealed.insert(id);
                 }
-                let (seg, r) = Segment::recover(&dir, last, cfg.segment_size)?;
-                report = r;
-                seg
+                let p = segment::path(&dir, last);
+                let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+                let (hid, salt) = segment::decode_header(&p, &bytes)?;
+                if hid != last {
+                    return Err(Error::corrupt_file(&p, 8, "segment id differs from its file name"));
+                }
+                let s = segment::scan(&bytes, last, salt);
+                if s.end < s.durable {
+                    return Err(Error::corrupt_file(
+                        &p,
+                        s.end as u64,
+                        "damaged record inside the durable part of the log",
+                    ));
+                }
+                report.max_version = report.max_version.max(s.max_version);
+                let file = fs.open(&p).map_err(|e| Error::io(&p, e))?;
+                if s.dirty_end > s.end {
+                    // Stale bytes of writes that never became durable: zero them so that no later
+                    // append can ever make them look like a continuation of the chain.
+                    report.truncated_bytes = (s.dirty_end - s.end) as u64;
+                    file.write_all_at(&vec![0u8; (s.dirty_end - s.end) as usize], s.end as u64)
+                        .map_err(|e| Error::io(&p, e))?;
+                }
+                // What recovery keeps is made durable before anything is served from it.
+                file.sync_data().map_err(|e| Error::io(&p, e))?;
+                (last, salt, file, s.end, s.sealed, bytes.len() as u32)
             }
         };
-        report.segments = ids.len().max(1);
-        let tail = active.len;
-        let start = Lsn::new(active.id, tail).0;
-        let durable = Arc::new(Durable {
-            lsn: AtomicU64::new(start),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
-            current: Mutex::new((active.file.clone(), start)),
-            failed: AtomicBool::new(false),
-        });
-        let stop = Arc::new(AtomicBool::new(false));
-        let flusher = match cfg.fsync {
-            FsyncPolicy::Interval(every) => Some(spawn_flusher(durable.clone(), stop.clone(), every)),
-            _ => None,
-        };
-        let reader = VlogReader { dir: dir.clone(), files: Arc::new(Mutex::new(BTreeMap::new())) };
+        let tail = durability::Tail { seg: active, file, end: Lsn::new(active, end), sealed: is_sealed };
+        let dur = Arc::new(Durability::new(cfg.fsync, fs.clone(), dir.clone(), reader.clone(), tail));
+        let d = dur.clone();
+        let flusher = std::thread::Builder::new()
+            .name("dpukv-vlog-flush".into())
+            .spawn(move || d.run_flusher())
+            .map_err(|e| Error::io(&dir, e))?;
         let log = ValueLog {
             dir,
             cfg,
             sealed,
             active,
+            salt,
+            capacity,
             buf: Vec::with_capacity(1 << 16),
-            tail,
-            durable,
-            stop,
-            flusher,
+            tail: end,
+            dur,
+            flusher: Some(flusher),
             reader,
         };
         Ok((log, report))
@@ -178,113 +249,140 @@ impl ValueLog {
         &self.dir
     }
 
-    /// Buffers a record; returns its pointer. Nothing is written until [`ValueLog::commit`].
-    pub fn append(&mut self, rec: &Record<'_>) -> Result<Lsn> {
-        let size = rec.encoded_len();
-        if size > (self.cfg.segment_size - SEGMENT_HEADER) as usize {
-            return Err(Error::ValueTooLarge { len: rec.value.len(), max: self.max_value_len(rec.key.len()) });
-        }
-        if self.tail as usize + size > self.cfg.segment_size as usize {
-            self.rotate()?;
-        }
-        let at = Lsn::new(self.active.id, self.tail);
-        rec.encode(&mut self.buf);
-        self.tail += size as u32;
-        Ok(at)
+    /// The policy in force.
+    pub fn policy(&self) -> FsyncPolicy {
+        self.cfg.fsync
     }
 
-    /// Makes sure the next `bytes` of records land in one segment (rotating now if needed), so a
-    /// batch never spans segments and a crash can only tear the tail of the last one.
-    pub fn ensure_room(&mut self, bytes: usize) -> Result<()> {
-        if bytes > (self.cfg.segment_size - SEGMENT_HEADER) as usize {
-            return Err(Error::ValueTooLarge { len: bytes, max: (self.cfg.segment_size - SEGMENT_HEADER) as usize });
-        }
-        if self.tail as usize + bytes > self.cfg.segment_size as usize {
-            self.rotate()?;
-        }
-        Ok(())
-    }
-
-    /// Cuts the active segment back to `at` (recovery: drops an incomplete trailing batch).
-    pub fn truncate_tail(&mut self, at: Lsn) -> Result<()> {
-        if at.segment() != self.active.id
-            || at.offset() > self.active.len
-            || at.offset() < SEGMENT_HEADER
-            || !self.buf.is_empty()
-        {
-            return Err(Error::Config("truncate_tail: position outside the active segment".into()));
-        }
-        self.active.file.set_len(at.offset() as u64).map_err(|e| Error::io(&self.active.path, e))?;
-        self.active.file.sync_all().map_err(|e| Error::io(&self.active.path, e))?;
-        self.active.len = at.offset();
-        self.tail = at.offset();
-        Ok(())
+    /// Largest batch (sum of its records' encoded sizes) one segment can take.
+    pub fn max_batch_bytes(&self) -> usize {
+        (self.cfg.segment_size - SEGMENT_HEADER) as usize - COMMIT_RECORD - SEAL_RECORD
     }
 
     /// Largest value a record with a `key_len`-byte key can hold.
     pub fn max_value_len(&self, key_len: usize) -> usize {
-        (self.cfg.segment_size - SEGMENT_HEADER) as usize - RECORD_HEADER - key_len
+        self.max_batch_bytes() - RECORD_HEADER - key_len
     }
 
-    /// Writes everything appended so far with one `write(2)`, syncing under `Always`. Returns the
-    /// end position: every record before it is durable once [`ValueLog::durable_lsn`] reaches it.
-    pub fn commit(&mut self) -> Result<Lsn> {
-        if !self.buf.is_empty() {
-            let off = self.active.len as u64;
-            self.active.file.write_all_at(&self.buf, off).map_err(|e| Error::io(&self.active.path, e))?;
-            self.active.len += self.buf.len() as u32;
-            self.buf.clear();
+    /// Makes sure the next `bytes` of records land in one segment (rotating now if needed), so a
+    /// batch never spans segments.
+    pub fn ensure_room(&mut self, bytes: usize) -> Result<()> {
+        if bytes > self.max_batch_bytes() {
+            return Err(Error::BatchTooLarge { bytes, max: self.max_batch_bytes() });
         }
-        let end = Lsn::new(self.active.id, self.active.len);
-        match self.cfg.fsync {
-            FsyncPolicy::Always => {
-                self.active.file.sync_data().map_err(|e| Error::io(&self.active.path, e))?;
-                self.durable.advance(end.0);
-            }
-            FsyncPolicy::Interval(_) => {
-                *self.durable.current.lock().unwrap_or_else(|e| e.into_inner()) = (self.active.file.clone(), end.0);
-            }
-            FsyncPolicy::Never => self.durable.advance(end.0),
+        let marker = if self.buf.is_empty() { COMMIT_RECORD } else { 0 };
+        if self.tail as usize + marker + bytes + SEAL_RECORD > self.capacity as usize || self.dur.lock().sealed {
+            self.rotate()?;
         }
-        if self.durable.failed.load(Ordering::Acquire) {
-            return Err(Error::io(&self.active.path, std::io::Error::other("background fsync failed")));
-        }
-        Ok(end)
-    }
-
-    /// Seals the active segment (written and synced) and starts the next one.
-    fn rotate(&mut self) -> Result<()> {
-        self.commit()?;
-        self.active.file.sync_data().map_err(|e| Error::io(&self.active.path, e))?;
-        self.sealed.insert(self.active.id, self.active.len);
-        let next = Segment::create(&self.dir, self.active.id + 1)?;
-        segment::sync_dir(&self.dir)?;
-        let start = Lsn::new(next.id, next.len).0;
-        self.active = next;
-        self.tail = self.active.len;
-        *self.durable.current.lock().unwrap_or_else(|e| e.into_inner()) = (self.active.file.clone(), start);
-        self.durable.advance(start);
         Ok(())
     }
 
-    /// Everything before this position is durable under the policy.
-    pub fn durable_lsn(&self) -> Lsn {
-        Lsn(self.durable.lsn.load(Ordering::Acquire))
+    /// Buffers a record; returns its pointer. Nothing is written until [`ValueLog::commit`].
+    pub fn append(&mut self, rec: &Record<'_>) -> Result<Lsn> {
+        let size = rec.encoded_len();
+        self.ensure_room(size)?;
+        if self.buf.is_empty() {
+            let hint = self.dur.lock().synced;
+            Record::commit_marker(hint).encode(self.salt, &mut self.buf);
+            self.tail += COMMIT_RECORD as u32;
+        }
+        let at = Lsn::new(self.active, self.tail);
+        rec.encode(self.salt, &mut self.buf);
+        self.tail += size as u32;
+        Ok(at)
     }
 
-    /// Blocks until `lsn` is durable (at once under `Always` and `Never`).
-    pub fn wait_durable(&self, lsn: Lsn) {
-        wait(&self.durable, lsn)
+    /// Drops what was appended since the last commit (a group that will not be written).
+    pub fn discard(&mut self) {
+        self.tail -= self.buf.len() as u32;
+        self.buf.clear();
+    }
+
+    /// Writes everything appended so far with one `write(2)`. Returns the end position: every
+    /// record before it may be acknowledged once [`ValueLog::wait_durable`] returns for it.
+    /// On an error nothing of the group may be acknowledged (the log is failed and repairs
+    /// itself; whether the records survive a crash before the repair is unknown).
+    pub fn commit(&mut self) -> Result<Lsn> {
+        if self.buf.is_empty() {
+            return Ok(self.end());
+        }
+        let r = self.dur.write(&self.buf);
+        self.tail -= self.buf.len() as u32;
+        self.buf.clear();
+        let end = r?;
+        self.tail = end.offset();
+        Ok(end)
+    }
+
+    /// Seals the active segment and starts the next one. The next segment is prepared first
+    /// (so a full disk fails here, cleanly, with nothing written), then the seal is written and
+    /// synced, then the new segment is renamed into place.
+    fn rotate(&mut self) -> Result<()> {
+        self.commit()?;
+        let next = self.active + 1;
+        let (file, salt) = stage(self.cfg.fs.as_ref(), &self.dir, next, self.cfg.segment_size)?;
+        let r = (|| {
+            if !self.dur.lock().sealed {
+                let mut b = Vec::with_capacity(SEAL_RECORD);
+                Record::seal().encode(self.salt, &mut b);
+                self.dur.seal(&b)?;
+            }
+            let end = self.end();
+            self.dur.sync_to(end)?;
+            install(self.cfg.fs.as_ref(), &self.dir, next)
+        })();
+        if let Err(e) = r {
+            let _ = self.cfg.fs.remove(&segment::staging_path(&self.dir, next));
+            return Err(e);
+        }
+        self.dur.switch(next, file);
+        self.sealed.insert(self.active);
+        self.active = next;
+        self.salt = salt;
+        self.capacity = self.cfg.segment_size;
+        self.tail = SEGMENT_HEADER;
+        Ok(())
+    }
+
+    /// Everything before this position is on disk.
+    pub fn synced_lsn(&self) -> Lsn {
+        Lsn(self.dur.lock().synced)
+    }
+
+    /// Blocks until `lsn` may be acknowledged under the policy; an error if the log failed under
+    /// it (the write's outcome is then unknown).
+    pub fn wait_durable(&self, lsn: Lsn) -> Result<()> {
+        self.dur.wait_ack(lsn)
+    }
+
+    /// Makes everything before `lsn` durable now, whatever the policy.
+    pub fn sync_to(&self, lsn: Lsn) -> Result<()> {
+        self.dur.sync_to(lsn)
     }
 
     /// A handle that waits for durability from another thread.
     pub fn durability(&self) -> DurabilityWaiter {
-        DurabilityWaiter(self.durable.clone())
+        DurabilityWaiter(self.dur.clone())
     }
 
-    /// The end of the log (after the last committed record).
+    /// Registers the hook the flusher calls with every new synced position under `Always`.
+    pub fn set_sync_hook(&self, hook: Option<SyncHook>) {
+        self.dur.set_hook(hook);
+    }
+
+    /// Why the log is failed (a sync or write failed and the repair has not succeeded yet).
+    pub fn failure(&self) -> Option<String> {
+        self.dur.failed()
+    }
+
+    /// Segments rewritten after a failed sync or write so far.
+    pub fn repairs(&self) -> u64 {
+        self.dur.lock().repairs
+    }
+
+    /// The end of the log (after the last written record).
     pub fn end(&self) -> Lsn {
-        Lsn::new(self.active.id, self.active.len)
+        Lsn(self.dur.lock().written)
     }
 
     /// A reader for this log (cheap to clone, usable from any thread).
@@ -294,7 +392,7 @@ impl ValueLog {
 
     /// Reads and checks the record at `ptr`.
     pub fn read(&self, ptr: Lsn) -> Result<Record<'static>> {
-        if ptr.segment() == self.active.id && ptr.offset() >= self.active.len {
+        if ptr.segment() == self.active && ptr >= self.end() {
             return Err(Error::corrupt(ptr.0, "value pointer beyond the end of the log"));
         }
         self.reader.read(ptr)
@@ -302,176 +400,207 @@ impl ValueLog {
 
     /// Segment ids in order, sealed then active.
     pub fn segments(&self) -> Vec<u64> {
-        self.sealed.keys().copied().chain(std::iter::once(self.active.id)).collect()
+        self.sealed.iter().copied().chain(std::iter::once(self.active)).collect()
     }
 
-    /// Calls `f` for every committed record at or after `from`, in log order.
+    /// The id of the active segment.
+    pub fn active_segment(&self) -> u64 {
+        self.active
+    }
+
+    fn segment_bytes(&self, id: u64) -> Result<(Vec<u8>, u64, usize)> {
+        let p = segment::path(&self.dir, id);
+        let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+        let (_, salt) = segment::decode_header(&p, &bytes)?;
+        let end = if id == self.active { self.end().offset() as usize } else { bytes.len() };
+        let end = end.min(bytes.len());
+        Ok((bytes, salt, end))
+    }
+
+    /// A cursor over every data record and annotation at or after `from`, in log order. It owns
+    /// what it needs (the caller may change the store between records) and holds one segment in
+    /// memory at a time.
+    pub fn cursor(&self, from: Lsn) -> LogCursor {
+        LogCursor {
+            dir: self.dir.clone(),
+            todo: self.segments().into_iter().filter(|&id| id >= from.segment()).collect(),
+            active: self.active,
+            active_end: self.end().offset(),
+            from,
+            cur: None,
+        }
+    }
+
+    /// Calls `f` for every data record and annotation at or after `from`, in log order.
     pub fn replay(&self, from: Lsn, mut f: impl FnMut(Lsn, RecordRef<'_>) -> Result<()>) -> Result<()> {
-        for id in self.segments() {
-            if id < from.segment() {
-                continue;
-            }
-            let start = if id == from.segment() { from.offset().max(SEGMENT_HEADER) } else { SEGMENT_HEADER };
-            let bytes = segment::read_all(&self.dir, id)?;
-            let end = if id == self.active.id { self.active.len as usize } else { bytes.len() };
-            let mut pos = start as usize;
-            while pos < end {
-                let (rec, next) = decode_record(&bytes[..end], pos)
-                    .map_err(|what| Error::corrupt_file(&segment::path(&self.dir, id), pos as u64, what))?;
-                f(Lsn::new(id, pos as u32), rec)?;
-                pos = next;
-            }
+        let mut c = self.cursor(from);
+        while let Some((at, rec)) = c.next()? {
+            f(at, rec)?;
         }
         Ok(())
     }
 
-    /// Up to `max` committed records of segment `id` starting at `from` (an offset; 0 = start).
-    /// Returns them with the offset to continue from (None at the segment's end).
+    /// Up to `max` data records of segment `id` starting at `from` (an offset; 0 = start), with
+    /// the offset to continue from (None at the segment's end).
     pub fn segment_records(&self, id: u64, from: u32, max: usize) -> Result<SegmentRecords> {
-        let len = if id == self.active.id {
-            self.active.len
-        } else {
-            *self.sealed.get(&id).ok_or_else(|| Error::Config(format!("no value-log segment {id}")))?
-        };
-        let bytes = segment::read_all(&self.dir, id)?;
-        let end = (len as usize).min(bytes.len());
+        if id != self.active && !self.sealed.contains(&id) {
+            return Err(Error::Config(format!("no value-log segment {id}")));
+        }
+        let (bytes, salt, end) = self.segment_bytes(id)?;
         let mut pos = from.max(SEGMENT_HEADER) as usize;
         let mut out = Vec::new();
         while pos < end && out.len() < max {
-            let (rec, next) = decode_record(&bytes[..end], pos)
+            let (rec, next) = decode_record(&bytes[..end], pos, salt)
                 .map_err(|what| Error::corrupt_file(&segment::path(&self.dir, id), pos as u64, what))?;
-            out.push((Lsn::new(id, pos as u32), rec.to_owned()));
+            if rec.meta_kind() == Some(record::META_SEAL) {
+                pos = end;
+                break;
+            }
+            if !rec.meta {
+                out.push((Lsn::new(id, pos as u32), rec.to_owned()));
+            }
             pos = next;
         }
         Ok((out, (pos < end).then_some(pos as u32)))
     }
 
-    /// Deletes one sealed segment (its records are no longer referenced).
+    /// Deletes one sealed segment (no index and no reader can reach its records any more).
     pub fn remove_segment(&mut self, id: u64) -> Result<()> {
-        if self.sealed.remove(&id).is_none() {
+        if !self.sealed.remove(&id) {
             return Err(Error::Config(format!("value-log segment {id} is not sealed")));
         }
         self.reader.forget(id);
         let p = segment::path(&self.dir, id);
-        std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
-        segment::sync_dir(&self.dir)
+        self.cfg.fs.remove(&p).map_err(|e| Error::io(&p, e))?;
+        self.cfg.fs.sync_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))
     }
 
-    /// Bytes in all segments.
+    /// Bytes the segments take on disk (they are allocated whole).
     pub fn disk_bytes(&self) -> u64 {
-        self.sealed.values().map(|&l| l as u64).sum::<u64>() + self.active.len as u64
+        (self.sealed.len() as u64 + 1) * self.cfg.segment_size as u64
     }
 }
 
+/// Path of segment `id` of the log in `dir`.
+pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    segment::path(dir, id)
+}
+
+/// Checks the header of a segment image (`name` names it in errors); returns its id and salt.
+pub fn segment_header(name: &Path, bytes: &[u8]) -> Result<(u64, u64)> {
+    segment::decode_header(name, bytes)
+}
+
+/// The header of segment `id` with `salt` (a backup renumbers the segments it copies).
+pub fn encode_segment_header(id: u64, salt: u64) -> Vec<u8> {
+    segment::encode_header(id, salt).to_vec()
+}
+
+/// See [`ValueLog::cursor`].
+pub struct LogCursor {
+    dir: PathBuf,
+    todo: std::collections::VecDeque<u64>,
+    active: u64,
+    active_end: u32,
+    from: Lsn,
+    /// The segment being read: id, bytes, salt, end of its records, next position.
+    cur: Option<(u64, Vec<u8>, u64, usize, usize)>,
+}
+
+impl LogCursor {
+    /// The next record, or None at the end of the log.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Result<Option<(Lsn, Record<'static>)>> {
+        loop {
+            if self.cur.is_none() {
+                let Some(id) = self.todo.pop_front() else { return Ok(None) };
+                let p = segment::path(&self.dir, id);
+                let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+                let (_, salt) = segment::decode_header(&p, &bytes)?;
+                let end = if id == self.active { (self.active_end as usize).min(bytes.len()) } else { bytes.len() };
+                let pos =
+                    if id == self.from.segment() { self.from.offset().max(SEGMENT_HEADER) } else { SEGMENT_HEADER };
+                self.cur = Some((id, bytes, salt, end, pos as usize));
+            }
+            let (id, bytes, salt, end, pos) = self.cur.as_mut().expect("loaded above");
+            if *pos >= *end {
+                self.cur = None;
+                continue;
+            }
+            let at = *pos;
+            let (rec, next) = decode_record(&bytes[..*end], at, *salt)
+                .map_err(|what| Error::corrupt_file(&segment::path(&self.dir, *id), at as u64, what))?;
+            *pos = next;
+            if rec.meta_kind() == Some(record::META_SEAL) {
+                *pos = *end;
+                continue;
+            }
+            if rec.meta && rec.annotation_data().is_none() {
+                continue;
+            }
+            return Ok(Some((Lsn::new(*id, at as u32), rec.to_owned())));
+        }
+    }
+}
+
+/// Records of one segment with the offset to continue from (None at its end).
+pub type SegmentRecords = (Vec<(Lsn, Record<'static>)>, Option<u32>);
+
 impl Drop for ValueLog {
     fn drop(&mut self) {
-        let _ = self.commit();
-        self.stop.store(true, Ordering::Release);
+        if self.dur.failed().is_none() {
+            let _ = self.commit();
+        }
+        self.dur.stop();
         if let Some(h) = self.flusher.take() {
             let _ = h.join();
         }
     }
 }
 
-fn wait(d: &Durable, lsn: Lsn) {
-    let mut g = d.lock.lock().unwrap_or_else(|e| e.into_inner());
-    while d.lsn.load(Ordering::Acquire) < lsn.0 && !d.failed.load(Ordering::Acquire) {
-        g = d.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+/// Creates segment `id` under its staging name: allocated whole, header written and synced.
+fn stage(fs: &dyn Fs, dir: &Path, id: u64, size: u32) -> Result<(Arc<dyn FsFile>, u64)> {
+    let p = segment::staging_path(dir, id);
+    let _ = fs.remove(&p);
+    let salt = segment::new_salt();
+    let r = (|| {
+        let f = fs.create(&p)?;
+        f.allocate(size as u64)?;
+        f.write_all_at(&segment::encode_header(id, salt), 0)?;
+        f.sync_data()?;
+        Ok(f)
+    })();
+    match r {
+        Ok(f) => Ok((f, salt)),
+        Err(e) => {
+            let _ = fs.remove(&p);
+            Err(Error::io(&p, e))
+        }
     }
+}
+
+/// Renames a staged segment into place, durably.
+fn install(fs: &dyn Fs, dir: &Path, id: u64) -> Result<()> {
+    let (from, to) = (segment::staging_path(dir, id), segment::path(dir, id));
+    fs.rename(&from, &to).map_err(|e| Error::io(&to, e))?;
+    fs.sync_dir(dir).map_err(|e| Error::io(dir, e))
 }
 
 /// Waits for durability from another thread.
 #[derive(Clone)]
-pub struct DurabilityWaiter(Arc<Durable>);
+pub struct DurabilityWaiter(Arc<Durability>);
 
 impl DurabilityWaiter {
-    /// Blocks until `lsn` is durable.
-    pub fn wait(&self, lsn: Lsn) {
-        wait(&self.0, lsn)
+    /// Blocks until `lsn` may be acknowledged; an error if the log failed under it.
+    pub fn wait(&self, lsn: Lsn) -> Result<()> {
+        self.0.wait_ack(lsn)
     }
-    /// Everything before this position is durable.
-    pub fn durable_lsn(&self) -> Lsn {
-        Lsn(self.0.lsn.load(Ordering::Acquire))
+    /// Makes everything before `lsn` durable now and waits for it.
+    pub fn sync_to(&self, lsn: Lsn) -> Result<()> {
+        self.0.sync_to(lsn)
     }
-}
-
-fn spawn_flusher(d: Arc<Durable>, stop: Arc<AtomicBool>, every: Duration) -> JoinHandle<()> {
-    std::thread::Builder::new()
-        .name("dpukv-vlog-flush".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                std::thread::sleep(every);
-                let (file, lsn) = d.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                if lsn > d.lsn.load(Ordering::Acquire) {
-                    if file.sync_data().is_err() {
-                        d.failed.store(true, Ordering::Release);
-                        d.cv.notify_all();
-                        return;
-                    }
-                    d.advance(lsn);
-                }
-            }
-            // Final sync so a clean shutdown leaves everything durable.
-            let (file, lsn) = d.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            if file.sync_data().is_ok() {
-                d.advance(lsn);
-            }
-        })
-        .expect("spawning the value-log flusher thread")
-}
-
-/// Reads records by pointer; shareable across threads (and usable by another process that
-/// opens the same directory).
-#[derive(Clone)]
-pub struct VlogReader {
-    dir: PathBuf,
-    files: Arc<Mutex<BTreeMap<u64, Arc<File>>>>,
-}
-
-impl VlogReader {
-    /// A reader of the log in `dir` (for a process other than the writer's).
-    pub fn open(dir: impl AsRef<Path>) -> VlogReader {
-        VlogReader { dir: dir.as_ref().to_path_buf(), files: Arc::new(Mutex::new(BTreeMap::new())) }
-    }
-
-    fn file(&self, id: u64) -> Result<Arc<File>> {
-        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = files.get(&id) {
-            return Ok(f.clone());
-        }
-        let p = segment::path(&self.dir, id);
-        let f = Arc::new(File::open(&p).map_err(|e| Error::io(&p, e))?);
-        if files.len() >= 256 {
-            files.pop_first();
-        }
-        files.insert(id, f.clone());
-        Ok(f)
-    }
-
-    /// The file holding the record at `at`.
-    pub fn segment_path(&self, at: Lsn) -> PathBuf {
-        segment::path(&self.dir, at.segment())
-    }
-
-    fn forget(&self, id: u64) {
-        self.files.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-    }
-
-    /// Reads and checks the record at `ptr`: CRC, lengths, and that it lies inside its segment.
-    pub fn read(&self, ptr: Lsn) -> Result<Record<'static>> {
-        let f = self.file(ptr.segment())?;
-        let p = || segment::path(&self.dir, ptr.segment());
-        let mut head = [0u8; RECORD_HEADER];
-        f.read_exact_at(&mut head, ptr.offset() as u64)
-            .map_err(|_| Error::corrupt_file(&p(), ptr.offset() as u64, "value pointer beyond the segment"))?;
-        let body = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) as usize;
-        if body > 1 << 30 {
-            return Err(Error::corrupt_file(&p(), ptr.offset() as u64, "record length out of range"));
-        }
-        let mut buf = vec![0u8; 8 + body];
-        f.read_exact_at(&mut buf, ptr.offset() as u64)
-            .map_err(|_| Error::corrupt_file(&p(), ptr.offset() as u64, "record runs past the segment end"))?;
-        let (rec, _) = decode_record(&buf, 0).map_err(|what| Error::corrupt_file(&p(), ptr.offset() as u64, what))?;
-        Ok(rec.to_owned())
+    /// Everything before this position is on disk.
+    pub fn synced_lsn(&self) -> Lsn {
+        Lsn(self.0.lock().synced)
     }
 }

@@ -32,7 +32,7 @@ fn owned(e: Entry<'_>) -> V {
 }
 
 fn must_build(dir: &std::path::Path, m: &BTreeMap<Vec<u8>, (u64, V)>) -> Level {
-    let mut b = LevelBuilder::new(dir, 1, 512, 4096).expect("builder");
+    let mut b = LevelBuilder::new(dpukv_storage::fs::real(), dir, 1, 512, 4096).expect("builder");
     for (k, (ver, v)) in m {
         b.add(k, *ver, &entry(v)).expect("add");
     }
@@ -111,7 +111,7 @@ fn manifest_round_trips_and_detects_corruption() {
     let level = must_build(dir.path(), &m);
     let man =
         Manifest { generation: 3, levels: vec![level.meta().clone()], log_start: 77, next_segment: 9, max_version: 49 };
-    man.store(dir.path()).expect("store");
+    man.store(&dpukv_storage::fs::RealFs, dir.path()).expect("store");
     assert_eq!(Manifest::load(dir.path()).expect("load"), Some(man.clone()));
     let p = dir.path().join("MANIFEST");
     let b = std::fs::read(&p).expect("read");

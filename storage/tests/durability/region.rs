@@ -13,7 +13,7 @@ use crate::support_model::{Model, batch_ops, model_batch, model_floor_scan, mode
 pub fn small_config(dir: &std::path::Path) -> RegionConfig {
     RegionConfig {
         arena: ArenaConfig { capacity: 8 << 20, ..ArenaConfig::small_nodes(512) },
-        vlog: VlogConfig { segment_size: 16384, fsync: FsyncPolicy::Never },
+        vlog: VlogConfig { segment_size: 16384, fsync: FsyncPolicy::Never, ..VlogConfig::default() },
         l0_budget: 8 << 10,
         growth_factor: 3,
         level_node_size: 512,

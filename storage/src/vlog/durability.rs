@@ -1,0 +1,372 @@
+//! Durability of one value log: the state its writer, its flusher thread and every waiter share.
+//!
+//! Positions (log sequence numbers) move through three marks: **written** (handed to the OS),
+//! **synced** (known on disk), and **acknowledged** (a write may be reported done: synced under
+//! `Always`, written under `Interval` and `Never`). The flusher syncs on demand — under `Always`
+//! as soon as the previous sync finished whenever something is written and not synced (so one
+//! sync serves every write that arrived during the last one), under `Interval(d)` once the oldest
+//! unsynced write is `d` old, and under any policy when someone asks ([`Durability::sync_to`]).
+//!
+//! **A failed sync** (or write) is never acknowledged: Linux may have dropped the dirty pages, so
+//! the page cache cannot be trusted past the last good sync. The log keeps an in-memory copy of
+//! every byte written since that sync (at most one segment), and the flusher *repairs* the
+//! segment: it writes a new file from the synced prefix and that copy, syncs it and renames it
+//! over the old one. While the log is failed it takes no writes; waiters wait for the first repair
+//! attempt and fail with [`Error::LogFailed`] if it fails (their writes may still become durable
+//! by a later repair: their outcome is unknown). Repairs are retried with backoff, so a log that
+//! ran out of disk takes writes again by itself once space is freed.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::reader::VlogReader;
+use super::segment::{self, SEGMENT_HEADER};
+use super::{FsyncPolicy, Lsn};
+use crate::error::{Error, Result};
+use crate::fs::{Fs, FsFile};
+
+/// Called by the flusher with every new synced position (under `Always`), before any waiter for
+/// it is released.
+pub type SyncHook = Arc<dyn Fn(Lsn) + Send + Sync>;
+
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+const COPY_CHUNK: usize = 256 << 10;
+
+/// The active segment of a log being opened.
+pub(crate) struct Tail {
+    pub(crate) seg: u64,
+    pub(crate) file: Arc<dyn FsFile>,
+    /// The end of its records.
+    pub(crate) end: Lsn,
+    /// It ends with a seal record.
+    pub(crate) sealed: bool,
+}
+
+pub(crate) struct State {
+    /// The active segment and its file.
+    pub(crate) seg: u64,
+    pub(crate) file: Arc<dyn FsFile>,
+    pub(crate) written: u64,
+    pub(crate) synced: u64,
+    pub(crate) ack: u64,
+    requested: u64,
+    /// The active segment's bytes `[unsynced_from, written)`, for a repair.
+    unsynced: Vec<u8>,
+    unsynced_from: u32,
+    /// A write to the active segment is in progress (a repair waits for it).
+    writing: bool,
+    /// The active segment ends with a seal record.
+    pub(crate) sealed: bool,
+    failed: Option<String>,
+    /// Waiters at or below this position fail (a repair attempt failed under them).
+    doomed: u64,
+    first_unsynced: Option<Instant>,
+    next_repair: Instant,
+    backoff: Duration,
+    stop: bool,
+    /// Repairs done so far.
+    pub(crate) repairs: u64,
+}
+
+/// See the module documentation.
+pub(crate) struct Durability {
+    st: Mutex<State>,
+    cv: Condvar,
+    policy: FsyncPolicy,
+    fs: Arc<dyn Fs>,
+    dir: PathBuf,
+    reader: VlogReader,
+    hook: Mutex<Option<SyncHook>>,
+}
+
+impl Durability {
+    /// The durability of a log whose active segment is `tail` (everything before its end is
+    /// synced: recovery made it so).
+    pub(crate) fn new(
+        policy: FsyncPolicy,
+        fs: Arc<dyn Fs>,
+        dir: PathBuf,
+        reader: VlogReader,
+        tail: Tail,
+    ) -> Durability {
+        let Tail { seg, file, end, sealed } = tail;
+        Durability {
+            st: Mutex::new(State {
+                seg,
+                file,
+                written: end.0,
+                synced: end.0,
+                ack: end.0,
+                requested: end.0,
+                unsynced: Vec::new(),
+                unsynced_from: end.offset(),
+                writing: false,
+                sealed,
+                failed: None,
+                doomed: 0,
+                first_unsynced: None,
+                next_repair: Instant::now(),
+                backoff: Duration::ZERO,
+                stop: false,
+                repairs: 0,
+            }),
+            cv: Condvar::new(),
+            policy,
+            fs,
+            dir,
+            reader,
+            hook: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'a>(&self, g: MutexGuard<'a, State>, timeout: Option<Duration>) -> MutexGuard<'a, State> {
+        match timeout {
+            Some(t) => self.cv.wait_timeout(g, t).unwrap_or_else(|e| e.into_inner()).0,
+            None => self.cv.wait(g).unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    pub(crate) fn set_hook(&self, hook: Option<SyncHook>) {
+        *self.hook.lock().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+
+    fn failed_error(&self, st: &State) -> Error {
+        Error::LogFailed { dir: self.dir.clone(), reason: st.failed.clone().unwrap_or_else(|| "stopped".into()) }
+    }
+
+    /// Writes `bytes` at the end of the active segment (the writer's only way to write).
+    pub(crate) fn write(&self, bytes: &[u8]) -> Result<Lsn> {
+        let (file, off, seg) = {
+            let mut st = self.lock();
+            if st.failed.is_some() || st.stop {
+                return Err(self.failed_error(&st));
+            }
+            st.writing = true;
+            (st.file.clone(), Lsn(st.written).offset(), st.seg)
+        };
+        let r = file.write_all_at(bytes, off as u64);
+        let mut st = self.lock();
+        st.writing = false;
+        let out = match r {
+            Ok(()) => {
+                st.unsynced.extend_from_slice(bytes);
+                st.written = Lsn::new(seg, off + bytes.len() as u32).0;
+                if self.policy != FsyncPolicy::Always {
+                    st.ack = st.written;
+                }
+                st.first_unsynced.get_or_insert_with(Instant::now);
+                Ok(Lsn(st.written))
+            }
+            Err(e) => {
+                st.failed = Some(format!("write at {off} of segment {seg}: {e}"));
+                st.backoff = Duration::ZERO;
+                st.next_repair = Instant::now();
+                Err(Error::LogFailed { dir: self.dir.clone(), reason: e.to_string() })
+            }
+        };
+        self.cv.notify_all();
+        out
+    }
+
+    /// Writes the seal record of the active segment.
+    pub(crate) fn seal(&self, bytes: &[u8]) -> Result<()> {
+        self.write(bytes)?;
+        self.lock().sealed = true;
+        Ok(())
+    }
+
+    /// Switches to a new active segment whose header is durable; every earlier position is
+    /// synced (the old segment was sealed and synced first).
+    pub(crate) fn switch(&self, seg: u64, file: Arc<dyn FsFile>) {
+        let mut st = self.lock();
+        let start = Lsn::new(seg, SEGMENT_HEADER).0;
+        st.seg = seg;
+        st.file = file;
+        st.written = start;
+        st.unsynced.clear();
+        st.unsynced_from = SEGMENT_HEADER;
+        st.sealed = false;
+        st.first_unsynced = None;
+        self.advance_synced(&mut st, start);
+        st.ack = st.ack.max(start);
+        self.cv.notify_all();
+    }
+
+    fn advance_synced(&self, st: &mut State, target: u64) {
+        if target <= st.synced {
+            return;
+        }
+        st.synced = target;
+        if self.policy == FsyncPolicy::Always {
+            st.ack = st.ack.max(target);
+        }
+        let t = Lsn(target);
+        if t.segment() == st.seg && t.offset() > st.unsynced_from {
+            let n = ((t.offset() - st.unsynced_from) as usize).min(st.unsynced.len());
+            st.unsynced.drain(..n);
+            st.unsynced_from = t.offset();
+        }
+        st.first_unsynced = (st.written > st.synced).then(Instant::now);
+        if self.policy == FsyncPolicy::Always
+            && let Some(h) = self.hook.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
+        {
+            h(Lsn(target));
+        }
+    }
+
+    /// Blocks until `lsn` may be acknowledged.
+    pub(crate) fn wait_ack(&self, lsn: Lsn) -> Result<()> {
+        let mut st = self.lock();
+        loop {
+            if st.ack >= lsn.0 {
+                return Ok(());
+            }
+            if (st.failed.is_some() && st.doomed >= lsn.0) || st.stop {
+                return Err(self.failed_error(&st));
+            }
+            st = self.wait(st, None);
+        }
+    }
+
+    /// Makes everything before `lsn` durable now (whatever the policy) and waits for it.
+    pub(crate) fn sync_to(&self, lsn: Lsn) -> Result<()> {
+        let mut st = self.lock();
+        st.requested = st.requested.max(lsn.0);
+        self.cv.notify_all();
+        loop {
+            if st.synced >= lsn.0 {
+                return Ok(());
+            }
+            if (st.failed.is_some() && st.doomed >= lsn.0) || st.stop {
+                return Err(self.failed_error(&st));
+            }
+            st = self.wait(st, None);
+        }
+    }
+
+    pub(crate) fn failed(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    /// Asks the flusher to finish: a last sync (or repair), then exit.
+    pub(crate) fn stop(&self) {
+        let mut st = self.lock();
+        st.requested = st.written;
+        st.stop = true;
+        self.cv.notify_all();
+    }
+
+    /// The flusher thread's body.
+    pub(crate) fn run_flusher(&self) {
+        let mut st = self.lock();
+        loop {
+            if st.failed.is_some() {
+                if st.writing {
+                    st = self.wait(st, None);
+                    continue;
+                }
+                let now = Instant::now();
+                if now < st.next_repair && !st.stop {
+                    let t = st.next_repair - now;
+                    st = self.wait(st, Some(t));
+                    continue;
+                }
+                match self.repair(&mut st) {
+                    Ok(()) => {
+                        st.repairs += 1;
+                        self.cv.notify_all();
+                    }
+                    Err(e) => {
+                        st.doomed = st.written;
+                        st.backoff = (st.backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
+                        st.next_repair = Instant::now() + st.backoff;
+                        st.failed = Some(format!("repair failed: {e}"));
+                        self.cv.notify_all();
+                        if st.stop {
+                            return;
+                        }
+                    }
+                }
+                continue;
+            }
+            let unsynced = st.written > st.synced;
+            let due = match self.policy {
+                FsyncPolicy::Always => unsynced,
+                FsyncPolicy::Interval(d) => unsynced && st.first_unsynced.is_some_and(|t| t.elapsed() >= d),
+                FsyncPolicy::Never => false,
+            };
+            if !(due || st.requested > st.synced || (st.stop && unsynced)) {
+                if st.stop {
+                    return;
+                }
+                let timeout = match (self.policy, st.first_unsynced) {
+                    (FsyncPolicy::Interval(d), Some(t)) if unsynced => Some(d.saturating_sub(t.elapsed())),
+                    _ => None,
+                };
+                st = self.wait(st, timeout);
+                continue;
+            }
+            let (file, target) = (st.file.clone(), st.written);
+            drop(st);
+            let r = file.sync_data();
+            st = self.lock();
+            match r {
+                Ok(()) => self.advance_synced(&mut st, target),
+                Err(e) if Arc::ptr_eq(&file, &st.file) => {
+                    st.failed = Some(format!("sync of segment {}: {e}", st.seg));
+                    st.backoff = Duration::ZERO;
+                    st.next_repair = Instant::now();
+                }
+                Err(_) => {} // the segment was replaced meanwhile; its successor is synced
+            }
+            self.cv.notify_all();
+        }
+    }
+
+    /// Rewrites the active segment from its synced prefix (read back from the file: those pages
+    /// reached the disk) and the in-memory copy of the rest, syncs it and renames it into place.
+    fn repair(&self, st: &mut State) -> std::io::Result<()> {
+        let (seg, size) = (st.seg, st.file.size()?);
+        let (path, tmp) = (segment::path(&self.dir, seg), segment::repair_path(&self.dir, seg));
+        let _ = self.fs.remove(&tmp);
+        let out = (|| {
+            let new = self.fs.create(&tmp)?;
+            new.allocate(size)?;
+            let mut buf = vec![0u8; COPY_CHUNK];
+            let mut at = 0u64;
+            while at < st.unsynced_from as u64 {
+                let n = (st.unsynced_from as u64 - at).min(COPY_CHUNK as u64) as usize;
+                st.file.read_exact_at(&mut buf[..n], at)?;
+                new.write_all_at(&buf[..n], at)?;
+                at += n as u64;
+            }
+            new.write_all_at(&st.unsynced, st.unsynced_from as u64)?;
+            new.sync_data()?;
+            self.fs.rename(&tmp, &path)?;
+            self.fs.sync_dir(&self.dir)?;
+            Ok(new)
+        })();
+        match out {
+            Ok(new) => {
+                tracing::warn!(dir = %self.dir.display(), seg, "value-log segment repaired after a failed sync or write");
+                st.file = new;
+                self.reader.forget(seg);
+                st.failed = None;
+                st.backoff = Duration::ZERO;
+                let written = st.written;
+                self.advance_synced(st, written);
+                st.ack = st.ack.max(written);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.fs.remove(&tmp);
+                Err(e)
+            }
+        }
+    }
+}
