@@ -577,8 +577,10 @@ impl FsFile for FaultFile {
                     continue;
                 }
                 let mut page = vec![0u8; end - start];
-                let have = m.disk.len().min(end).saturating_sub(start);
-                page[..have].copy_from_slice(&m.disk[start..start + have]);
+                if start < m.disk.len() {
+                    let have = m.disk.len().min(end) - start;
+                    page[..have].copy_from_slice(&m.disk[start..start + have]);
+                }
                 m.cache[start..end].copy_from_slice(&page);
                 let _ = self.real.write_at(&page, start as u64);
             }

@@ -105,11 +105,17 @@ impl Region {
                     }
                     continue;
                 }
+                // A rotation writes what is buffered: let the chunk go first, so a rotation that
+                // fails never takes buffered batches with it.
+                if !chunk.is_empty() && self.vlog.needs_rotation(bytes) {
+                    break;
+                }
                 if let Err(e) = self.vlog.ensure_room(bytes) {
-                    if e.outcome_unknown() {
-                        break; // the log failed rotating: the chunk's commit reports it
-                    }
-                    results[i] = Some(Err(e));
+                    // Nothing of this batch was written, whatever failed.
+                    results[i] = Some(Err(match e {
+                        Error::LogFailed { reason, .. } => Error::Unavailable(format!("value log failed: {reason}")),
+                        e => e,
+                    }));
                     i += 1;
                     continue;
                 }

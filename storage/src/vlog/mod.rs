@@ -264,14 +264,19 @@ impl ValueLog {
         self.max_batch_bytes() - RECORD_HEADER - key_len
     }
 
+    /// Whether `bytes` more of records would need a new segment.
+    pub fn needs_rotation(&self, bytes: usize) -> bool {
+        let marker = if self.buf.is_empty() { COMMIT_RECORD } else { 0 };
+        self.tail as usize + marker + bytes + SEAL_RECORD > self.capacity as usize || self.dur.lock().sealed
+    }
+
     /// Makes sure the next `bytes` of records land in one segment (rotating now if needed), so a
-    /// batch never spans segments.
+    /// batch never spans segments. A rotation first writes what is buffered.
     pub fn ensure_room(&mut self, bytes: usize) -> Result<()> {
         if bytes > self.max_batch_bytes() {
             return Err(Error::BatchTooLarge { bytes, max: self.max_batch_bytes() });
         }
-        let marker = if self.buf.is_empty() { COMMIT_RECORD } else { 0 };
-        if self.tail as usize + marker + bytes + SEAL_RECORD > self.capacity as usize || self.dur.lock().sealed {
+        if self.needs_rotation(bytes) {
             self.rotate()?;
         }
         Ok(())

@@ -5,6 +5,7 @@ mod corrupt;
 mod crash;
 mod device;
 mod levels;
+mod powerloss;
 mod region;
 mod sendindex;
 #[path = "../support/model.rs"]
