@@ -72,19 +72,23 @@ impl Chooser {
 }
 
 /// The key of record `i`: `user` + a hash of `i`, padded or cut to `size` bytes. Keys of
-/// consecutive records are far apart, as in YCSB.
+/// consecutive records are far apart, as in YCSB. One allocation.
 pub fn key(i: u64, size: usize) -> Vec<u8> {
-    let mut k = format!("user{:020}", mix(i) % 10u64.pow(19)).into_bytes();
-    k.resize(size.max(8), b'0');
+    use std::io::Write;
+    let size = size.max(8);
+    let mut k = Vec::with_capacity(size.max(24));
+    write!(k, "user{:020}", mix(i) % 10u64.pow(19)).expect("writing to a Vec cannot fail");
+    k.resize(size, b'0');
     k
 }
 
-/// A value of `size` bytes for record `i`.
+/// A value of `size` bytes for record `i`: `i:round`, cut to `size`, padded with `x`. One
+/// allocation.
 pub fn value(i: u64, size: usize, round: u64) -> Vec<u8> {
-    let mut v = vec![b'x'; size];
-    let tag = format!("{i}:{round}");
-    let n = tag.len().min(size);
-    v[..n].copy_from_slice(&tag.as_bytes()[..n]);
+    use std::io::Write;
+    let mut v = Vec::with_capacity(size.max(41));
+    write!(v, "{i}:{round}").expect("writing to a Vec cannot fail");
+    v.resize(size, b'x');
     v
 }
 
@@ -262,6 +266,17 @@ impl Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_and_values_keep_their_format() {
+        assert_eq!(key(7, 16), format!("user{:020}", mix(7) % 10u64.pow(19)).as_bytes()[..16]);
+        assert_eq!(key(7, 30), [&format!("user{:020}", mix(7) % 10u64.pow(19)).into_bytes()[..], b"000000"].concat());
+        assert_eq!(key(7, 1).len(), 8);
+        assert_eq!(value(12, 8, 345), b"12:345xx");
+        assert_eq!(value(12, 4, 345), b"12:3");
+        assert_eq!(value(1, 0, 0), b"");
+        assert_eq!(value(u64::MAX, 64, u64::MAX).len(), 64);
+    }
 
     #[test]
     fn histogram_quantiles_are_close() {
