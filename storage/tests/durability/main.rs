@@ -4,6 +4,7 @@
 mod corrupt;
 mod crash;
 mod device;
+mod fullfs;
 mod levels;
 mod powerloss;
 mod region;

@@ -255,6 +255,40 @@ fn size_limits_are_typed_errors() {
     w.put(format!("fill{n}").as_bytes(), &big).expect("space is back");
 }
 
+/// Regression (issue 7, item 8): a batch whose blob found no contiguous run on a fragmented heap
+/// published its earlier operations under a version the next batch reused, and leaked the blob
+/// pages it had taken. A failed batch must change nothing visible and leak nothing.
+#[test]
+fn a_batch_that_fails_for_room_changes_nothing_and_leaks_nothing() {
+    let cfg = ArenaConfig { capacity: 1 << 20, ..ArenaConfig::small_nodes(512) };
+    let (_dir, path, mut w) = must_writer(&cfg);
+    // Fill the heap with 2-page blobs, then free every other one: plenty of free pages, but no
+    // long run of them.
+    let big = vec![7u8; 600];
+    let mut n = 0u32;
+    while w.put(format!("blob{n:05}").as_bytes(), &big).is_ok() {
+        n += 1;
+    }
+    assert!(n > 100, "{n} blobs fit");
+    for i in (0..n).step_by(2) {
+        w.delete(format!("blob{i:05}").as_bytes()).expect("delete");
+    }
+    w.reclaim().expect("reclaim");
+    let before = w.stats();
+    let version = w.version();
+    let huge = vec![9u8; 64 << 10];
+    let r = w.write_batch(&[BatchOp::Put(b"aaa", b"small"), BatchOp::Put(b"zzz", &huge)]);
+    assert!(matches!(r, Err(Error::ArenaFull { .. })), "{r:?}");
+    assert_eq!(w.version(), version, "no version taken");
+    assert_eq!(w.get(b"aaa").expect("get"), None, "nothing of the batch applied");
+    let mut reader = dpukv_storage::Reader::open(&path).expect("reader");
+    assert_eq!(reader.snapshot().expect("snapshot").get(b"aaa").expect("get"), None, "nor visible to readers");
+    assert_eq!(w.stats().allocated_bytes, before.allocated_bytes, "no page leaked");
+    // The next batch gets the next version and works.
+    assert_eq!(w.put(b"aaa", b"small").expect("put"), version + 1);
+    assert_eq!(w.get(b"aaa").expect("get"), Some(&b"small"[..]));
+}
+
 #[test]
 fn one_writer_per_arena() {
     let (_dir, path, w) = must_writer(&ArenaConfig::small_nodes(512));

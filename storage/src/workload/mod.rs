@@ -1,8 +1,15 @@
-//! Invariant-checking workloads shared by the `dpukv-arena` tool, the tests and the demo.
+//! Invariant-checking workloads shared by the `dpukv-arena` tool, the tests, the fuzz targets
+//! and the demo.
+//!
+//! # Layout
+//! - `powerloss`: a region under a simulated power loss ([`powerloss::run`]).
+//! - this module: the bank.
 //!
 //! The **bank**: `accounts` keys hold u64 balances; the writer moves amounts between two accounts
 //! in one atomic batch (and inserts or deletes filler keys between accounts, so leaves split and
 //! merge under the readers). Any snapshot must see every account and exactly the initial total.
+
+pub mod powerloss;
 
 use crate::btree::{BatchOp, Snapshot, Writer};
 use crate::error::Error;

@@ -1,0 +1,130 @@
+//! A real full disk: the region's files on a small tmpfs (root mounts it; the test is skipped
+//! when it cannot, except under `CI`, where it must run). Writes on a full disk get a typed,
+//! retryable error and change nothing; once the file system grows (`mount -o remount,size=`) the
+//! same region takes writes again, without a restart, and every acknowledged write is there. An
+//! arena on a full tmpfs gives `ArenaFull`, not SIGBUS.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use dpukv_storage::region::{Region, RegionConfig};
+use dpukv_storage::vlog::FsyncPolicy;
+use dpukv_storage::{ArenaConfig, Error, Writer};
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+pub struct Tmpfs {
+    dir: PathBuf,
+    _parent: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` bytes; None (after saying why) when this machine cannot.
+    pub fn mount(size: u64) -> Option<Tmpfs> {
+        let parent = tempfile::tempdir().expect("tempdir");
+        let dir = parent.path().join("mnt");
+        std::fs::create_dir(&dir).expect("mkdir");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            assert!(std::env::var("CI").is_err(), "CI must be able to mount a tmpfs (run as root)");
+            eprintln!("skipping: cannot mount a tmpfs here (needs root)");
+            return None;
+        }
+        Some(Tmpfs { dir, _parent: parent })
+    }
+
+    /// Grows (or shrinks) the file system.
+    pub fn resize(&self, size: u64) {
+        let ok = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "remount {}", self.dir.display());
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+#[test]
+fn a_full_disk_refuses_writes_cleanly_and_takes_them_again_once_it_grows() {
+    let Some(fs) = Tmpfs::mount(1 << 20) else { return };
+    let shm = tempfile::tempdir().expect("tempdir");
+    let cfg = RegionConfig::tiny(fs.path().join("data"), shm.path(), FsyncPolicy::Always);
+    let mut r = Region::open(cfg.clone()).expect("open").0;
+    let mut acked = Vec::new();
+    let mut refused = 0;
+    let value = vec![5u8; 200];
+    for i in 0..20_000u64 {
+        let k = format!("key{i:06}");
+        match r.put(k.as_bytes(), &value) {
+            Ok(ack) => {
+                r.wait_durable(ack.end).expect("a written batch becomes durable");
+                acked.push(k);
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e, Error::NoSpace { .. } | Error::ArenaFull { .. }),
+                    "a full disk is a typed error: {e}"
+                );
+                assert!(e.is_retryable() && !e.outcome_unknown(), "{e}: retry later, nothing was written");
+                assert_eq!(r.get(k.as_bytes()).expect("get"), None, "a refused write changed nothing");
+                refused += 1;
+                if refused > 20 {
+                    break;
+                }
+            }
+        }
+    }
+    assert!(refused > 0 && acked.len() > 100, "{} acknowledged before the disk filled, {refused} refused", acked.len());
+    // More space: the same region takes writes again by itself.
+    fs.resize(64 << 20);
+    for i in 0..500u64 {
+        let k = format!("more{i:06}");
+        let ack = r.put(k.as_bytes(), &value).unwrap_or_else(|e| panic!("write {i} after the disk grew: {e}"));
+        r.wait_durable(ack.end).expect("durable");
+        acked.push(k);
+    }
+    for k in &acked {
+        assert_eq!(r.get(k.as_bytes()).expect("get").as_deref(), Some(value.as_slice()), "{k}");
+    }
+    drop(r);
+    let r = Region::open(cfg).expect("reopen").0;
+    for k in &acked {
+        assert_eq!(r.get(k.as_bytes()).expect("get").as_deref(), Some(value.as_slice()), "{k} after a restart");
+    }
+}
+
+#[test]
+fn an_arena_on_a_full_tmpfs_is_arena_full_not_sigbus() {
+    let Some(fs) = Tmpfs::mount(2 << 20) else { return };
+    // The arena's capacity is far beyond what the tmpfs holds (the file is sparse).
+    let cfg = ArenaConfig { capacity: 64 << 20, ..ArenaConfig::small_nodes(512) };
+    let mut w = Writer::create(fs.path().join("a.arena"), &cfg).expect("create");
+    let value = vec![1u8; 30];
+    let mut n = 0u64;
+    loop {
+        match w.put(format!("key{n:08}").as_bytes(), &value) {
+            Ok(_) => n += 1,
+            Err(Error::ArenaFull { .. }) => break,
+            Err(e) => panic!("after {n} puts: {e}"),
+        }
+        assert!(n < 10_000_000, "the tmpfs never filled");
+    }
+    assert!(n > 1000, "{n} puts before the tmpfs filled");
+    // Still usable: what is there reads back, and freeing room lets writes in again.
+    assert_eq!(w.get(b"key00000000").expect("get"), Some(&value[..]));
+    fs.resize(16 << 20);
+    w.put(b"after", b"growth").expect("room again");
+}
