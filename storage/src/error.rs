@@ -99,6 +99,10 @@ pub enum Error {
         /// Most bytes a batch may take.
         max: usize,
     },
+    /// A reader's pin was revoked while it read (it stalled past its lease and the reclaimer
+    /// judged it dead): what it read is discarded; retry (the next snapshot re-pins).
+    #[error("the reader's pin was revoked while it read; retry")]
+    ReaderRevoked,
     /// The region failed (its log, or its writer after a corrupt arena) and takes no writes
     /// until it has recovered.
     #[error("region unavailable: {0}")]
@@ -116,6 +120,7 @@ impl Error {
                 | Error::NoSpace { .. }
                 | Error::LogFailed { .. }
                 | Error::Unavailable(_)
+                | Error::ReaderRevoked
         )
     }
 
@@ -143,6 +148,7 @@ impl Error {
             Error::LogFailed { .. } => "log_failed",
             Error::BatchTooLarge { .. } => "batch_too_large",
             Error::Unavailable(_) => "unavailable",
+            Error::ReaderRevoked => "reader_revoked",
         }
     }
 
@@ -169,6 +175,7 @@ impl Error {
             Error::LogFailed { dir, reason } => Error::LogFailed { dir: dir.clone(), reason: reason.clone() },
             Error::BatchTooLarge { bytes, max } => Error::BatchTooLarge { bytes: *bytes, max: *max },
             Error::Unavailable(s) => Error::Unavailable(s.clone()),
+            Error::ReaderRevoked => Error::ReaderRevoked,
         }
     }
 

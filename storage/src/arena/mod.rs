@@ -2,8 +2,10 @@
 //! reader slots, command ring, page table and the heap of node buffers and value blobs.
 //!
 //! # Layout
-//! - `shm`: the mapping (the only `unsafe` code); `layout`: the superblock; `slots`: reader
-//!   slots and dead-reader detection; `ring`: the command ring; `alloc`: the writer's allocators.
+//! - `shm`: the mapping (the only module with `unsafe` code of its own; [`Mapping::bytes`] and
+//!   [`Mapping::write`] are `unsafe fn`s whose few callers state why the protocol holds);
+//!   `layout`: the superblock; `slots`: reader slots, generation-checked, and dead-reader
+//!   detection; `ring`: the command ring; `alloc`: the writer's allocators.
 
 mod alloc;
 mod layout;
@@ -14,7 +16,7 @@ mod slots;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 pub(crate) use alloc::{LidAlloc, PageAlloc};
 pub use layout::Layout;
@@ -25,7 +27,7 @@ pub(crate) use layout::{
 use layout::{SB_FIXED, SLOT_SIZE};
 pub(crate) use ring::Drain;
 pub(crate) use shm::{Mapping, map_immutable};
-pub(crate) use slots::{Slot, SlotWatch};
+pub(crate) use slots::{Slot, SlotTable, SlotWatch};
 
 use crate::config::ArenaConfig;
 use crate::error::{Error, Result};
@@ -53,6 +55,7 @@ pub(crate) struct Arena {
 impl Arena {
     /// Creates a fresh arena beside `path` under a temporary name and returns it with the open,
     /// exclusively locked file and that name; [`Arena::publish`] renames it into place.
+    #[allow(unsafe_code)]
     pub(crate) fn create(path: &Path, cfg: &ArenaConfig) -> Result<(Arena, File, PathBuf)> {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64);
         let generation = nanos.unwrap_or(0) ^ (std::process::id() as u64).rotate_left(40);
@@ -74,7 +77,8 @@ impl Arena {
         file.try_lock().map_err(|_| Error::WriterBusy(path.to_path_buf()))?;
         file.set_len(layout.capacity).map_err(|e| Error::io(&tmp, e))?;
         let map = Mapping::map_rw(&file, layout.capacity, &tmp)?;
-        map.write(0, &layout.encode())?;
+        // SAFETY: the file is new and still under its temporary name: no one else maps it.
+        unsafe { map.write(0, &layout.encode()) }?;
         map.word(SB_WRITER_PID)?.store(std::process::id() as u64, Ordering::Relaxed);
         let arena = Arena { map, layout, path: path.to_path_buf() };
         Ok((arena, file, tmp))
@@ -100,7 +104,7 @@ impl Arena {
         let slots_len = (layout.slots_count as u64 * SLOT_SIZE).div_ceil(4096) * 4096;
         let map = Mapping::map_ro(&file, len, layout.slots_off, slots_len, path)?;
         let arena = Arena { map, layout, path: path.to_path_buf() };
-        let state = arena.sb(SB_STATE).load(Ordering::Acquire);
+        let state = arena.load(SB_STATE, Ordering::Acquire);
         if state != STATE_READY && state != STATE_CLOSED && state != STATE_FROZEN {
             return Err(Error::corrupt(SB_STATE, "arena was not completely initialized"));
         }
@@ -121,15 +125,47 @@ impl Arena {
         Ok(())
     }
 
-    /// A superblock word (its offset is a constant inside the validated superblock page).
+    /// A superblock word to store to (the writer's mapping; its offset is a constant inside the
+    /// validated superblock page).
     #[inline]
     pub(crate) fn sb(&self, off: u64) -> &AtomicU64 {
-        self.map.word(off).expect("superblock words lie in the first page, which every valid arena has")
+        self.map.word(off).expect("the writer's mapping holds the superblock page of every valid arena")
     }
 
-    /// The page-table entry of `lid`.
+    /// Loads a superblock word (any mapping; see [`Mapping::load`]).
     #[inline]
-    pub(crate) fn page_entry(&self, lid: u64) -> Result<&AtomicU64> {
+    pub(crate) fn load(&self, off: u64, order: Ordering) -> u64 {
+        self.map.load(off, order).expect("superblock words lie in the first page, which every valid arena has")
+    }
+
+    /// Loads the page-table entry of `lid`.
+    #[inline]
+    pub(crate) fn page_entry(&self, lid: u64, order: Ordering) -> Result<u64> {
+        self.map.load(self.layout.pt_entry(lid)?, order)
+    }
+
+    /// The page-table entry of `lid` to store to (the writer).
+    #[inline]
+    pub(crate) fn page_entry_word(&self, lid: u64) -> Result<&AtomicU64> {
         self.map.word(self.layout.pt_entry(lid)?)
+    }
+
+    /// The arena's reader slots.
+    pub(crate) fn slots(&self) -> SlotTable<'_> {
+        SlotTable { map: &self.map, off: self.layout.slots_off, count: self.layout.slots_count }
+    }
+
+    /// Pins the current read version in `slot`; returns (read version, the value the slot holds),
+    /// or None if the slot was revoked. Wait-free: a compare-and-swap, a fence, two loads.
+    #[inline]
+    pub(crate) fn pin(&self, slot: &Slot) -> Result<Option<(u64, u64)>> {
+        let guess = self.load(SB_READ_VERSION, Ordering::Relaxed);
+        if !self.slots().pin(slot, guess)? {
+            return Ok(None);
+        }
+        // Dekker-style handshake with the reclaimer (`SlotWatch::min_pinned`): either it sees our
+        // pin, or we see every version it saw before scanning (so we never reach what it frees).
+        fence(Ordering::SeqCst);
+        Ok(Some((self.load(SB_READ_VERSION, Ordering::Acquire), guess)))
     }
 }

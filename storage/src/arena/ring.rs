@@ -32,7 +32,7 @@ impl Arena {
 
     /// The number of commands published so far.
     pub(crate) fn ring_head(&self) -> Result<u64> {
-        Ok(self.map.word(self.layout.ring_off)?.load(Ordering::Acquire))
+        self.map.load(self.layout.ring_off, Ordering::Acquire)
     }
 
     /// Writer: publishes command `seq` (page-table entry `lid` is now `off`).
@@ -56,12 +56,10 @@ impl Arena {
         }
         for s in from..head {
             let base = self.layout.ring_off + RING_HEADER + (s % self.ring_capacity()) * SLOT;
-            let stamp = self.map.word(base)?;
-            let first = stamp.load(Ordering::Acquire);
-            let lid = self.map.word(base + 8)?.load(Ordering::Relaxed);
-            let off = self.map.word(base + 16)?.load(Ordering::Relaxed);
-            fence(Ordering::Acquire);
-            if first != s + 1 || stamp.load(Ordering::Relaxed) != s + 1 {
+            let first = self.map.load(base, Ordering::Acquire)?;
+            let lid = self.map.load(base + 8, Ordering::Relaxed)?;
+            let off = self.map.load(base + 16, Ordering::Acquire)?;
+            if first != s + 1 || self.map.load(base, Ordering::Relaxed)? != s + 1 {
                 return Ok((s, Drain::Overrun));
             }
             apply(lid, off);

@@ -3,29 +3,37 @@
 //! # Safety contract
 //!
 //! The arena is a file mapped `MAP_SHARED` by one writer (read-write) and by readers in any process
-//! (read-only, plus a read-write mapping of the reader-slot pages only). Soundness of the safe
-//! functions here rests on the arena protocol (docs/storage-format.md, "Invariants"):
+//! (read-only, plus a read-write mapping of the reader-slot pages only). The arena protocol
+//! (docs/storage-format.md, "Invariants") is what makes access sound:
 //!
-//! 1. **Published bytes are immutable.** A node buffer, blob or superblock field that a reader may
-//!    reach is never written again until reclamation proves no reader can reach it. New bytes are
-//!    written into unpublished space and published by a release store (page-table entry, a node's
-//!    size word, the global read version); readers acquire-load those words before slicing.
+//! 1. **Published bytes are immutable while pinned.** A node buffer or blob that a reader may
+//!    reach is never written again until reclamation proves no pinned reader can reach it. New
+//!    bytes are written into unpublished space and published by a release store (page-table
+//!    entry, a node's size word, the global read version). This module cannot check it: handing
+//!    out a `&[u8]` of shared memory ([`Mapping::bytes`]) and writing it ([`Mapping::write`]) are
+//!    therefore `unsafe fn`s, and each caller states why the protocol holds there.
 //! 2. **Mutable words are only accessed atomically.** Size words, page-table entries, versions and
-//!    reader slots are 8-byte aligned `AtomicU64`s; no `&[u8]` handed out by [`Mapping::bytes`]
-//!    may cover them (callers slice around them).
-//! 3. **Nothing is truncated under a mapping.** The writer never shrinks the file. A file shrunk by
+//!    reader slots are 8-byte aligned 64-bit words; no `&[u8]` may cover them (callers slice
+//!    around them).
+//! 3. **Read-only memory takes only relaxed loads.** The standard library allows atomic loads on
+//!    read-only memory only when they are `Relaxed` and no wider than a pointer (some targets
+//!    implement stronger loads with read-modify-write instructions). Readers therefore load words
+//!    with [`Mapping::load`], a relaxed load followed by a fence of the ordering asked for; only
+//!    the writer's (read-write) mapping hands out the word itself ([`Mapping::word`]). Readers
+//!    write only their reader slots, through the separate writable mapping of the slot pages
+//!    ([`Mapping::slot_word`]).
+//! 4. **Nothing is truncated under a mapping.** The writer never shrinks the file. A file shrunk by
 //!    someone else raises SIGBUS; we check the length at open so an arena that is *already*
-//!    truncated or corrupt yields [`Error::Corrupt`], never an out-of-bounds read.
+//!    truncated or corrupt yields [`Error::Corrupt`], never an out-of-bounds access. The writer
+//!    reserves (`fallocate`) the pages it will touch, so a full tmpfs is an error, not SIGBUS.
 //!
 //! Every access is bounds-checked against the mapping length, so even a corrupt arena cannot make
-//! a safe caller read outside the mapping. Atomic loads on the read-only mapping are plain loads on
-//! the supported targets (x86_64, aarch64), which the standard library allows for read-only memory
-//! with `Relaxed`/`Acquire` ordering; readers never perform read-modify-write operations there.
+//! a caller read outside the mapping.
 #![allow(unsafe_code)]
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
 
@@ -106,29 +114,58 @@ impl Mapping {
         }
     }
 
-    /// The published, immutable bytes `[off, off + len)`.
+    /// The bytes `[off, off + len)` (bounds-checked).
     ///
-    /// Callers must only ask for bytes that are published and that do not overlap an atomic word
-    /// (contract rules 1–2); the bounds are checked here.
+    /// # Safety
+    /// The range must be published and stay immutable for as long as the returned slice lives
+    /// (contract rule 1): the caller holds a pinned snapshot from which the range is reachable, or
+    /// is the writer reading its own tree (no one else writes it). It must not cover a word that
+    /// is written atomically (rule 2).
     #[inline]
-    pub(crate) fn bytes(&self, off: u64, len: usize) -> Result<&[u8]> {
+    pub(crate) unsafe fn bytes(&self, off: u64, len: usize) -> Result<&[u8]> {
         let o = self.check(off, len, "byte range outside the arena")?;
         // SAFETY: `o + len <= self.len`, so the range lies inside the live mapping, which outlives
-        // `&self`. The bytes are published and immutable while the caller can hold them (rule 1).
+        // `&self`; the caller guarantees nobody writes it while the slice lives.
         Ok(unsafe { std::slice::from_raw_parts(self.base.add(o), len) })
     }
 
-    /// The atomic word at `off` (8-byte aligned, in bounds).
-    #[inline]
-    pub(crate) fn word(&self, off: u64) -> Result<&AtomicU64> {
+    fn word_ptr(&self, off: u64) -> Result<*mut u64> {
         let o = self.check(off, 8, "word outside the arena")?;
         if o % 8 != 0 {
             return Err(Error::corrupt(off, "misaligned word"));
         }
+        // SAFETY: in bounds (checked above) of the live mapping.
+        Ok(unsafe { self.base.add(o) }.cast::<u64>())
+    }
+
+    /// Loads the word at `off` (8-byte aligned, in bounds): a relaxed load, then a fence of
+    /// `order` (`Relaxed`, `Acquire` or `SeqCst`) — legal on read-only memory (contract rule 3).
+    #[inline]
+    pub(crate) fn load(&self, off: u64, order: Ordering) -> Result<u64> {
+        let p = self.word_ptr(off)?;
         // SAFETY: in bounds and 8-byte aligned (mmap bases are page aligned); the word is only
-        // ever accessed atomically by every party (rule 2). Readers only load through this
-        // reference when the mapping is read-only.
-        Ok(unsafe { AtomicU64::from_ptr(self.base.add(o).cast::<u64>()) })
+        // accessed atomically by every party (rule 2), and a relaxed load of a pointer-sized word
+        // is allowed on read-only memory (rule 3).
+        let v = unsafe { AtomicU64::from_ptr(p) }.load(Ordering::Relaxed);
+        match order {
+            Ordering::Relaxed => {}
+            Ordering::SeqCst => fence(Ordering::SeqCst),
+            _ => fence(Ordering::Acquire),
+        }
+        Ok(v)
+    }
+
+    /// The atomic word at `off`, for stores and read-modify-writes: the writer's mapping only
+    /// (a reader's is read-only; it loads with [`Mapping::load`]).
+    #[inline]
+    pub(crate) fn word(&self, off: u64) -> Result<&AtomicU64> {
+        if !self.writable {
+            return Err(Error::Config("a read-only arena mapping has no writable words".into()));
+        }
+        let p = self.word_ptr(off)?;
+        // SAFETY: in bounds and aligned (above) in a writable mapping that outlives `&self`; the
+        // word is only ever accessed atomically by every party (rule 2).
+        Ok(unsafe { AtomicU64::from_ptr(p) })
     }
 
     /// A reader-slot word that this process may store to: in the writer's mapping it is the plain
@@ -136,10 +173,7 @@ impl Mapping {
     #[inline]
     pub(crate) fn slot_word(&self, off: u64) -> Result<&AtomicU64> {
         match &self.slots {
-            None => {
-                debug_assert!(self.writable, "reader mapping without slot pages");
-                self.word(off)
-            }
+            None => self.word(off),
             Some((m, start)) => {
                 let rel = off.checked_sub(*start).filter(|r| r + 8 <= m.len() as u64 && r % 8 == 0);
                 let rel = rel.ok_or_else(|| Error::corrupt(off, "slot word outside the slot region"))?;
@@ -150,15 +184,19 @@ impl Mapping {
         }
     }
 
-    /// Copies `data` to `[off, off + len)`. Writer only, and only into bytes no reader can reach
-    /// yet (a fresh buffer, the unpublished tail of a log block, a new blob).
+    /// Copies `data` to `[off, off + len)` (bounds-checked; the writer's mapping only).
+    ///
+    /// # Safety
+    /// No reader may be able to reach the range (rule 1): a freshly allocated buffer or blob, or
+    /// the unpublished tail of a log block, and no `&[u8]` of it may be alive.
     #[inline]
-    pub(crate) fn write(&self, off: u64, data: &[u8]) -> Result<()> {
-        assert!(self.writable, "write through a read-only arena mapping");
+    pub(crate) unsafe fn write(&self, off: u64, data: &[u8]) -> Result<()> {
+        if !self.writable {
+            return Err(Error::Config("write through a read-only arena mapping".into()));
+        }
         let o = self.check(off, data.len(), "write outside the arena")?;
-        // SAFETY: in bounds; the writer is the only party that writes these bytes and no
-        // reference to them is live (they are unpublished, rule 1); `data` cannot overlap them
-        // because callers build it in private memory.
+        // SAFETY: in bounds of a writable mapping; the caller guarantees nobody reads the range;
+        // `data` is private memory, so it cannot overlap the mapping's range.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(o), data.len()) };
         Ok(())
     }

@@ -13,7 +13,7 @@ const USAGE: &str = "usage:
   dpukv-arena stat ARENA
   dpukv-arena get ARENA KEY
   dpukv-arena scan ARENA LO HI [LIMIT]
-  dpukv-arena bank-check ARENA --accounts N --initial X --seconds S [--hold-ms H] [--threads T] [--device]
+  dpukv-arena bank-check ARENA --accounts N --initial X --seconds S [--hold-ms H [--idle]] [--threads T] [--device]
   dpukv-arena read-load ARENA --keys N --seconds S [--threads T]
   dpukv-arena demo [--dir DIR] [--keys N] [--seconds S] [--readers P]";
 
@@ -90,11 +90,31 @@ fn bank_check(args: &Args) -> Result<()> {
     } else {
         Reader::open(args.pos(1)?)?
     };
+    if args.0.iter().any(|a| a == "--idle") {
+        // Hold a slot without pinning (a reader between operations), until killed.
+        println!("ready");
+        std::thread::sleep(Duration::from_millis(hold.max(1)));
+        return Ok(());
+    }
     if hold > 0 {
         let snap = reader.snapshot()?;
         bank.check(&snap, 0)?;
         println!("pinned {}", snap.version());
         std::thread::sleep(Duration::from_millis(hold));
+        // Read again under the same pin: a reader whose pin was revoked while it slept must be
+        // told so, never read what the writer reused.
+        match bank.check(&snap, 0) {
+            Ok(_) => println!("after-hold ok"),
+            Err(dpukv_storage::workload::CheckError::Engine(dpukv_storage::Error::ReaderRevoked)) => {
+                println!("after-hold revoked")
+            }
+            Err(e) => println!("after-hold error {e}"),
+        }
+        drop(snap);
+        match reader.snapshot() {
+            Ok(s) => println!("repinned {}", bank.check(&s, 0).is_ok()),
+            Err(e) => println!("repin failed {}", e.code()),
+        }
         return Ok(());
     }
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);

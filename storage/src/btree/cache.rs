@@ -73,17 +73,25 @@ impl NodeCache {
 
     /// Copies the buffers the last operation missed, if the page-table copy (drained after this
     /// operation's pin) still names them: then they are current, and cannot be reclaimed under us.
-    pub(crate) fn fill(&mut self, arena: &Arena, table: &[u64]) -> Result<()> {
+    ///
+    /// # Safety
+    /// The caller has pinned a read version in the arena (the page-table copy covers it) and
+    /// holds the pin while this runs.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn fill(&mut self, arena: &Arena, table: &[u64]) -> Result<()> {
         let pending = std::mem::take(&mut *self.pending.borrow_mut());
         for (lid, off) in pending {
             if table.get(lid as usize) != Some(&off) || self.map.contains_key(&lid) {
                 continue;
             }
-            let h = Header::read(arena, off)?;
+            // SAFETY: `off` is the current buffer of `lid` in the page-table copy drained under
+            // the caller's pin, so it is published and cannot be reclaimed while the pin holds.
+            let h = unsafe { Header::read(arena, off) }?;
             if h.kind != KIND_INTERIOR || h.lid != lid {
                 continue;
             }
-            let image = Node::image(arena, &h)?.into_boxed_slice();
+            // SAFETY: as above.
+            let image = unsafe { Node::image(arena, &h) }?.into_boxed_slice();
             self.bytes += image.len();
             self.map.insert(lid, (off, image));
             self.fifo.push_back(lid);

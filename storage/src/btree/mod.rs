@@ -28,6 +28,8 @@ use read::Tree;
 pub struct Reader {
     arena: Arc<Arena>,
     slot: Slot,
+    /// The slot was revoked (the reclaimer judged us dead): claim a new one before the next pin.
+    revoked: std::cell::Cell<bool>,
     pages: Option<PageCopy>,
     visits: std::cell::Cell<u64>,
     snapshots: u64,
@@ -63,11 +65,11 @@ impl PageCopy {
     /// new as the snapshot needs); commands published before the copy started are skipped.
     fn copy(&mut self, arena: &Arena) -> Result<()> {
         let head = arena.ring_head()?;
-        let high = arena.sb(crate::arena::SB_LID_HIGH).load(Ordering::Acquire).min(arena.layout.pt_entries);
+        let high = arena.load(crate::arena::SB_LID_HIGH, Ordering::Acquire).min(arena.layout.pt_entries);
         self.table.clear();
         self.table.resize(high.max(1) as usize, 0);
         for lid in 1..high {
-            self.table[lid as usize] = arena.page_entry(lid)?.load(Ordering::Acquire);
+            self.table[lid as usize] = arena.page_entry(lid, Ordering::Acquire)?;
         }
         self.next = head;
         self.resyncs += 1;
@@ -75,7 +77,9 @@ impl PageCopy {
         Ok(())
     }
 
-    /// Applies every published command (or copies the table again after an overrun).
+    /// Applies every published command (or copies the table again after an overrun). Called
+    /// only while the reader holds a pin.
+    #[allow(unsafe_code)]
     fn sync(&mut self, arena: &Arena) -> Result<()> {
         let limit = arena.layout.pt_entries as usize;
         let (table, applied, cache) = (&mut self.table, &mut self.applied, &mut self.cache);
@@ -94,7 +98,9 @@ impl PageCopy {
         if outcome == crate::arena::Drain::Overrun {
             self.copy(arena)?;
         }
-        self.cache.fill(arena, &self.table)
+        // SAFETY: `sync` runs right after the caller pinned a read version (see
+        // `Reader::snapshot`), and the pin holds until the snapshot drops.
+        unsafe { self.cache.fill(arena, &self.table) }
     }
 }
 
@@ -130,8 +136,15 @@ impl Reader {
     }
 
     pub(crate) fn from_arena(arena: Arc<Arena>) -> Result<Reader> {
-        let slot = arena.claim_slot()?;
-        Ok(Reader { arena, slot, pages: None, visits: std::cell::Cell::new(0), snapshots: 0 })
+        let slot = arena.slots().claim()?;
+        Ok(Reader {
+            arena,
+            slot,
+            revoked: std::cell::Cell::new(false),
+            pages: None,
+            visits: std::cell::Cell::new(0),
+            snapshots: 0,
+        })
     }
 
     /// Another reader on the same mapping, with its own slot (for another thread), in the same
@@ -145,25 +158,35 @@ impl Reader {
     }
 
     /// Pins the current read version: everything read through the snapshot is exactly the state
-    /// after that write version.
+    /// after that write version. If the reclaimer took this reader's slot (it judged the reader
+    /// dead, see `arena::slots`), a new slot is claimed first.
+    #[allow(unsafe_code)]
     pub fn snapshot(&mut self) -> Result<Snapshot<'_>> {
-        let rv = self.arena.pin(&self.slot)?;
+        let (rv, pinned) = loop {
+            if self.revoked.get() {
+                self.slot = self.arena.slots().claim()?;
+                self.revoked.set(false);
+            }
+            match self.arena.pin(&self.slot)? {
+                Some(p) => break p,
+                None => self.revoked.set(true),
+            }
+        };
         if let Some(p) = &mut self.pages {
             // After the pin: the copy then covers every page-table change the snapshot can see.
             if let Err(e) = p.sync(&self.arena) {
-                self.arena.unpin(&self.slot);
+                if !self.arena.slots().unpin(&self.slot, pinned) {
+                    self.revoked.set(true);
+                }
                 return Err(e);
             }
         }
         self.snapshots += 1;
-        let tree = Tree {
-            arena: &self.arena,
-            rv,
-            pages: self.pages.as_ref().map(|p| p.table.as_slice()),
-            cache: self.pages.as_ref().map(|p| &p.cache),
-            visits: Some(&self.visits),
-        };
-        Ok(Snapshot { tree, slot: &self.slot })
+        // SAFETY: `rv` is pinned in our slot until the snapshot drops (it unpins), so everything
+        // published at or before it stays immutable while the tree is used (arena::shm rule 1).
+        let tree = unsafe { Tree::pinned(&self.arena, rv) }
+            .with_device(self.pages.as_ref().map(|p| (p.table.as_slice(), &p.cache)), &self.visits);
+        Ok(Snapshot { tree, slot: &self.slot, pinned, revoked: &self.revoked })
     }
 
     /// The reader's counters.
@@ -188,8 +211,8 @@ impl Reader {
     pub fn tables_state(&self) -> (u64, bool) {
         let a = &self.arena;
         (
-            a.sb(crate::arena::SB_TABLES_GEN).load(Ordering::Acquire),
-            a.sb(crate::arena::SB_STATE).load(Ordering::Acquire) == crate::arena::STATE_FROZEN,
+            a.load(crate::arena::SB_TABLES_GEN, Ordering::Acquire),
+            a.load(crate::arena::SB_STATE, Ordering::Acquire) == crate::arena::STATE_FROZEN,
         )
     }
 
@@ -198,41 +221,64 @@ impl Reader {
         let a = &self.arena;
         let ns = a.layout.node_size as u64;
         SharedStats {
-            write_version: a.sb(SB_WRITE_VERSION).load(Ordering::Relaxed),
-            height: split_root_word(a.sb(SB_ROOT).load(Ordering::Relaxed)).1,
-            allocated_bytes: a.sb(SB_ALLOCATED_PAGES).load(Ordering::Relaxed) * ns,
-            garbage_bytes: a.sb(SB_GARBAGE_PAGES).load(Ordering::Relaxed) * ns,
+            write_version: a.load(SB_WRITE_VERSION, Ordering::Relaxed),
+            height: split_root_word(a.load(SB_ROOT, Ordering::Relaxed)).1,
+            allocated_bytes: a.load(SB_ALLOCATED_PAGES, Ordering::Relaxed) * ns,
+            garbage_bytes: a.load(SB_GARBAGE_PAGES, Ordering::Relaxed) * ns,
         }
     }
 }
 
 impl Drop for Reader {
     fn drop(&mut self) {
-        self.arena.release_slot(&self.slot);
+        if !self.revoked.get() {
+            self.arena.slots().release(&self.slot);
+        }
     }
 }
 
-/// One pinned read version. Values and keys borrow the arena for the snapshot's lifetime; they
-/// cannot be reclaimed while it lives.
+/// One pinned read version. Keys and values borrow from the snapshot: they cannot outlive it
+/// (after it drops, the writer may reuse their memory), which the borrow checker enforces.
+///
+/// Every method checks, after reading, that the pin still holds: a reader that stalled so long
+/// that the reclaimer judged it dead (a foreign pid namespace past its lease) gets
+/// [`crate::Error::ReaderRevoked`] instead of what it read, and its next snapshot re-pins.
 pub struct Snapshot<'r> {
     tree: Tree<'r>,
     slot: &'r Slot,
+    pinned: u64,
+    revoked: &'r std::cell::Cell<bool>,
 }
 
-impl<'r> Snapshot<'r> {
+impl Snapshot<'_> {
     /// The read version this snapshot sees.
     pub fn version(&self) -> u64 {
         self.tree.rv
     }
 
+    /// `r`, if the pin still holds.
+    fn checked<T>(&self, r: Result<T>) -> Result<T> {
+        if self.tree.arena.slots().still_pinned(self.slot, self.pinned) {
+            r
+        } else {
+            self.revoked.set(true);
+            Err(crate::Error::ReaderRevoked)
+        }
+    }
+
+    /// Whether the pin still holds (what was read under it is valid).
+    pub fn valid(&self) -> bool {
+        self.checked(Ok(())).is_ok()
+    }
+
     /// The value of `key`, if present. In an arena whose values live in a value log, use
     /// [`Snapshot::get_entry`].
-    pub fn get(&self, key: &[u8]) -> Result<Option<&'r [u8]>> {
-        self.tree.get(key)
+    pub fn get<'s>(&'s self, key: &[u8]) -> Result<Option<&'s [u8]>> {
+        self.checked(self.tree.get(key))
     }
 
     /// The entry of `key` as stored: a value, a pointer into the value log, or a tombstone.
-    pub fn get_entry(&self, key: &[u8]) -> Result<Option<Entry<'r>>> {
+    pub fn get_entry<'s>(&'s self, key: &[u8]) -> Result<Option<Entry<'s>>> {
         Ok(self.get_versioned(key)?.map(|(e, _)| e))
     }
 
@@ -240,66 +286,76 @@ impl<'r> Snapshot<'r> {
     /// entry, or for an item of a sorted block the version of its node (Honeycomb's MVCC keeps
     /// one version per sorted block), so at least the version that wrote the value and at most
     /// the snapshot's.
-    pub fn get_versioned(&self, key: &[u8]) -> Result<Option<(Entry<'r>, u64)>> {
-        self.tree.get_versioned(key)
+    pub fn get_versioned<'s>(&'s self, key: &[u8]) -> Result<Option<(Entry<'s>, u64)>> {
+        self.checked(self.tree.get_versioned(key))
     }
 
     /// Calls `f` for up to `limit` entries (tombstones included) with keys in `[lo, hi]`.
-    pub fn scan_entries(
-        &self,
+    pub fn scan_entries<'s>(
+        &'s self,
         lo: &[u8],
         hi: &[u8],
         limit: usize,
-        mut f: impl FnMut(&'r [u8], Entry<'r>),
+        mut f: impl FnMut(&'s [u8], Entry<'s>),
     ) -> Result<usize> {
-        let arena = self.tree.arena;
-        self.tree.scan_entries(lo, hi, limit, true, |k, v| {
-            f(k, Entry::from_ref(arena, v)?);
+        let tree = &self.tree;
+        self.checked(tree.scan_entries(lo, hi, limit, true, |k, v| {
+            f(k, tree.entry(v)?);
             Ok(())
-        })
+        }))
     }
 
     /// The entry with the largest key `<= key` (`< key` when `strict`), tombstones included.
-    pub fn floor_entry(&self, key: &[u8], strict: bool) -> Result<Option<(&'r [u8], Entry<'r>)>> {
-        match self.tree.floor_entry(key, strict, true)? {
-            Some((k, v)) => Ok(Some((k, Entry::from_ref(self.tree.arena, v)?))),
-            None => Ok(None),
-        }
+    pub fn floor_entry<'s>(&'s self, key: &[u8], strict: bool) -> Result<Option<(&'s [u8], Entry<'s>)>> {
+        let r = match self.tree.floor_entry(key, strict, true) {
+            Ok(Some((k, v))) => self.tree.entry(v).map(|e| Some((k, e))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        };
+        self.checked(r)
     }
 
     /// Up to `limit` items with keys in `[lo, hi]`, ascending.
-    pub fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&'r [u8], &'r [u8])>> {
+    pub fn scan<'s>(&'s self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&'s [u8], &'s [u8])>> {
         let mut out = Vec::with_capacity(limit.min(1024));
-        self.tree.scan(lo, hi, limit, |k, v| {
+        let r = self.tree.scan(lo, hi, limit, |k, v| {
             out.push((k, v));
             Ok(())
-        })?;
-        Ok(out)
+        });
+        self.checked(r.map(|_| out))
     }
 
     /// Calls `f` for up to `limit` items with keys in `[lo, hi]`, ascending; returns the count.
-    pub fn scan_with(&self, lo: &[u8], hi: &[u8], limit: usize, f: impl FnMut(&'r [u8], &'r [u8])) -> Result<usize> {
+    pub fn scan_with<'s>(
+        &'s self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+        f: impl FnMut(&'s [u8], &'s [u8]),
+    ) -> Result<usize> {
         let mut f = f;
-        self.tree.scan(lo, hi, limit, |k, v| {
+        self.checked(self.tree.scan(lo, hi, limit, |k, v| {
             f(k, v);
             Ok(())
-        })
+        }))
     }
 
     /// Honeycomb's SCAN: like [`Snapshot::scan`] but starting at the largest key `<= lo`.
-    pub fn floor_scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&'r [u8], &'r [u8])>> {
+    pub fn floor_scan<'s>(&'s self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&'s [u8], &'s [u8])>> {
         let mut out = Vec::new();
-        self.tree.floor_scan(lo, hi, limit, |k, v| {
+        let r = self.tree.floor_scan(lo, hi, limit, |k, v| {
             out.push((k, v));
             Ok(())
-        })?;
-        Ok(out)
+        });
+        self.checked(r.map(|_| out))
     }
 }
 
 impl Drop for Snapshot<'_> {
     fn drop(&mut self) {
-        self.tree.arena.unpin(self.slot);
+        if !self.tree.arena.slots().unpin(self.slot, self.pinned) {
+            self.revoked.set(true);
+        }
     }
 }
 
@@ -317,16 +373,6 @@ pub enum Entry<'a> {
     },
     /// The key is deleted (kept so it hides older levels).
     Tombstone,
-}
-
-impl<'a> Entry<'a> {
-    pub(crate) fn from_ref(arena: &'a Arena, v: node::ValRef<'a>) -> Result<Entry<'a>> {
-        Ok(match v {
-            node::ValRef::Ext { ptr, len } => Entry::Pointer { ptr, len },
-            node::ValRef::Tombstone => Entry::Tombstone,
-            v => Entry::Value(node::value_bytes(arena, v)?),
-        })
-    }
 }
 
 /// Publishes an arena's read version from another thread (the value log's flusher, once the

@@ -99,14 +99,21 @@ fn le64(b: &[u8], o: usize) -> u64 {
 
 impl Header {
     /// Reads and validates the header of the buffer at `off`.
+    ///
+    /// # Safety
+    /// The buffer at `off` must be published and stay immutable while the header is used: the
+    /// caller reached it under a pin, or is the writer (`arena::shm`, contract rule 1).
     #[inline]
-    pub(crate) fn read(arena: &Arena, off: u64) -> Result<Header> {
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn read(arena: &Arena, off: u64) -> Result<Header> {
         if !arena.layout.is_page(off) {
             return Err(Error::corrupt(off, "node offset is not a heap page"));
         }
-        let a = arena.map.bytes(off, 8)?;
-        let size = arena.map.word(off + H_SIZE)?.load(Ordering::Acquire);
-        let b = arena.map.bytes(off + 16, HDR - 16)?;
+        // SAFETY: the caller's contract; the two ranges skip the size word at `H_SIZE`.
+        let a = unsafe { arena.map.bytes(off, 8) }?;
+        let size = arena.map.load(off + H_SIZE, Ordering::Acquire)?;
+        // SAFETY: as above.
+        let b = unsafe { arena.map.bytes(off + 16, HDR - 16) }?;
         Header::parse(a, size, b, off, arena.layout.node_size)
     }
 
@@ -244,15 +251,26 @@ pub(crate) fn varint_len(v: u32) -> usize {
 
 impl<'a> Node<'a> {
     /// Loads the node at `off`.
+    ///
+    /// # Safety
+    /// As [`Header::read`], for as long as the node is used (`'a`).
     #[inline]
-    pub(crate) fn load(arena: &'a Arena, off: u64) -> Result<Node<'a>> {
-        Node::from_header(arena, Header::read(arena, off)?)
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn load(arena: &'a Arena, off: u64) -> Result<Node<'a>> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { Node::from_header(arena, Header::read(arena, off)?) }
     }
 
     /// The node whose header was just read.
+    ///
+    /// # Safety
+    /// As [`Header::read`] for the buffer at `h.off`, for as long as the node is used (`'a`).
     #[inline]
-    pub(crate) fn from_header(arena: &'a Arena, h: Header) -> Result<Node<'a>> {
-        let body = arena.map.bytes(h.off + HDR as u64, h.log_end as usize - HDR)?;
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn from_header(arena: &'a Arena, h: Header) -> Result<Node<'a>> {
+        // SAFETY: the caller's contract; the body starts after the header (and its size word) and
+        // ends at the published size.
+        let body = unsafe { arena.map.bytes(h.off + HDR as u64, h.log_end as usize - HDR) }?;
         Ok(Node { h, body })
     }
 
@@ -266,11 +284,17 @@ impl<'a> Node<'a> {
     }
 
     /// A copy of the node's used bytes, header included (the size word as loaded).
-    pub(crate) fn image(arena: &Arena, h: &Header) -> Result<Vec<u8>> {
+    ///
+    /// # Safety
+    /// As [`Header::read`] for the buffer at `h.off`, while the copy is made.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn image(arena: &Arena, h: &Header) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(h.log_end as usize);
-        out.extend_from_slice(arena.map.bytes(h.off, 8)?);
+        // SAFETY: the caller's contract; the two ranges skip the size word.
+        out.extend_from_slice(unsafe { arena.map.bytes(h.off, 8) }?);
         out.extend_from_slice(&size_word(h.log_end, h.log_count).to_le_bytes());
-        out.extend_from_slice(arena.map.bytes(h.off + 16, h.log_end as usize - 16)?);
+        // SAFETY: as above.
+        out.extend_from_slice(unsafe { arena.map.bytes(h.off + 16, h.log_end as usize - 16) }?);
         Ok(out)
     }
 
@@ -417,19 +441,26 @@ impl<'a> Node<'a> {
 }
 
 /// Resolves a value to its bytes (reading the blob for a value pointer).
+///
+/// # Safety
+/// A blob's bytes must be published and stay immutable for `'a`: `v` was read from a node the
+/// caller reached under a pin (or as the writer), and blobs are published with their node.
 #[inline]
-pub(crate) fn value_bytes<'a>(arena: &'a Arena, v: ValRef<'a>) -> Result<&'a [u8]> {
+#[allow(unsafe_code)]
+pub(crate) unsafe fn value_bytes<'a>(arena: &'a Arena, v: ValRef<'a>) -> Result<&'a [u8]> {
     match v {
         ValRef::Inline(b) => Ok(b),
         ValRef::Blob { off, len } => {
             if !arena.layout.is_page(off) {
                 return Err(Error::corrupt(off, "value pointer is not a heap page"));
             }
-            let hdr = arena.map.bytes(off, BLOB_HDR as usize)?;
+            // SAFETY: the caller's contract.
+            let hdr = unsafe { arena.map.bytes(off, BLOB_HDR as usize) }?;
             if le64(hdr, 0) != len as u64 {
                 return Err(Error::corrupt(off, "blob length differs from its value pointer"));
             }
-            arena.map.bytes(off + BLOB_HDR, len as usize)
+            // SAFETY: the caller's contract.
+            unsafe { arena.map.bytes(off + BLOB_HDR, len as usize) }
         }
         ValRef::Ext { .. } | ValRef::Tombstone => {
             Err(Error::Config("the value lives in the value log (or is a tombstone); read it with get_entry".into()))

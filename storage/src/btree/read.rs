@@ -16,6 +16,11 @@ use crate::error::{Error, Result};
 const MAX_HEIGHT: usize = 64;
 
 /// A snapshot of the tree at read version `rv`.
+///
+/// Invariant (why reading node memory through it is sound): a `Tree` exists only while `rv` is
+/// pinned in a reader slot ([`Tree::pinned`]) or in the hands of the tree's single writer
+/// ([`Tree::of_writer`]), so every buffer it reaches from the page table at `rv` stays immutable
+/// while it is used (`arena::shm`, contract rule 1).
 #[derive(Clone, Copy)]
 pub(crate) struct Tree<'a> {
     pub(crate) arena: &'a Arena,
@@ -51,9 +56,51 @@ pub(crate) fn child_for<'a>(node: &Node<'a>, key: &[u8], strict: bool) -> Result
 }
 
 impl<'a> Tree<'a> {
-    /// A snapshot reading the arena's page table, uncounted.
-    pub(crate) fn new(arena: &'a Arena, rv: u64) -> Tree<'a> {
+    /// A snapshot at `rv`, reading the arena's page table, uncounted.
+    ///
+    /// # Safety
+    /// `rv` must stay pinned in a reader slot of `arena` for as long as the tree (and anything
+    /// read through it) is used.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn pinned(arena: &'a Arena, rv: u64) -> Tree<'a> {
         Tree { arena, rv, pages: None, cache: None, visits: None }
+    }
+
+    /// The writer's view of its own tree at its newest version: nobody else writes the arena,
+    /// and the writer cannot write while it is borrowed.
+    pub(crate) fn of_writer(w: &'a super::Writer) -> Tree<'a> {
+        Tree { arena: w.arena_ref(), rv: w.version(), pages: None, cache: None, visits: None }
+    }
+
+    /// This tree reading through a device's page-table copy and node cache, counting visits.
+    pub(crate) fn with_device(
+        mut self,
+        device: Option<(&'a [u64], &'a super::cache::NodeCache)>,
+        visits: &'a std::cell::Cell<u64>,
+    ) -> Tree<'a> {
+        self.pages = device.map(|d| d.0);
+        self.cache = device.map(|d| d.1);
+        self.visits = Some(visits);
+        self
+    }
+
+    /// A stored value as a public [`super::Entry`] (reading a blob's bytes).
+    #[allow(unsafe_code)]
+    pub(crate) fn entry(&self, v: ValRef<'a>) -> Result<super::Entry<'a>> {
+        Ok(match v {
+            ValRef::Ext { ptr, len } => super::Entry::Pointer { ptr, len },
+            ValRef::Tombstone => super::Entry::Tombstone,
+            // SAFETY: `v` was read from a node this tree reached; its blob is published with it
+            // and immutable while the tree is used (the tree's invariant).
+            v => super::Entry::Value(unsafe { value_bytes(self.arena, v) }?),
+        })
+    }
+
+    /// A value's bytes (reading a blob).
+    #[allow(unsafe_code)]
+    fn bytes_of(&self, v: ValRef<'a>) -> Result<&'a [u8]> {
+        // SAFETY: as in `entry`.
+        unsafe { value_bytes(self.arena, v) }
     }
 
     fn max_steps(&self) -> u64 {
@@ -62,11 +109,12 @@ impl<'a> Tree<'a> {
 
     /// The buffer of node `lid` as of this snapshot: the newest version `<= rv`.
     #[inline]
+    #[allow(unsafe_code)]
     pub(crate) fn resolve(&self, lid: u64) -> Result<Node<'a>> {
         let entry = self.arena.layout.pt_entry(lid)?;
         let mut off = match self.pages {
             Some(table) => table.get(lid as usize).copied().unwrap_or(0),
-            None => self.arena.page_entry(lid)?.load(Ordering::Acquire),
+            None => self.arena.page_entry(lid, Ordering::Acquire)?,
         };
         if let Some(image) = self.cache.and_then(|c| c.get(lid, off)) {
             let node = Node::from_copy(image, off, self.arena.layout.node_size)?;
@@ -85,7 +133,9 @@ impl<'a> Tree<'a> {
             if off == 0 {
                 return Err(Error::corrupt(entry, "no version of the node is old enough for the snapshot"));
             }
-            let h = Header::read(self.arena, off)?;
+            // SAFETY: `off` comes from the page table or an old-version pointer read under this
+            // tree's pin (the tree's invariant): its published bytes are immutable meanwhile.
+            let h = unsafe { Header::read(self.arena, off) }?;
             if let Some(v) = self.visits {
                 v.set(v.get() + 1);
             }
@@ -99,7 +149,8 @@ impl<'a> Tree<'a> {
                 return Err(Error::corrupt(off, "page table maps a LID to another node's buffer"));
             }
             if h.version <= self.rv {
-                return Node::from_header(self.arena, h);
+                // SAFETY: as above; `h` is the header just read from that buffer.
+                return unsafe { Node::from_header(self.arena, h) };
             }
             off = h.prev;
         }
@@ -107,7 +158,7 @@ impl<'a> Tree<'a> {
     }
 
     pub(crate) fn root_lid(&self) -> u64 {
-        split_root_word(self.arena.sb(SB_ROOT).load(Ordering::Acquire)).0
+        split_root_word(self.arena.load(SB_ROOT, Ordering::Acquire)).0
     }
 
     /// Descends to the leaf for `key`; returns it with the separator that bounds it from below.
@@ -168,14 +219,14 @@ impl<'a> Tree<'a> {
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<&'a [u8]>> {
         match self.get_entry(key)? {
             None | Some((ValRef::Tombstone, _)) => Ok(None),
-            Some((v, _)) => Ok(Some(value_bytes(self.arena, v)?)),
+            Some((v, _)) => Ok(Some(self.bytes_of(v)?)),
         }
     }
 
     /// [`Tree::get_entry`] as a public [`super::Entry`].
     pub(crate) fn get_versioned(&self, key: &[u8]) -> Result<Option<(super::Entry<'a>, u64)>> {
         match self.get_entry(key)? {
-            Some((v, version)) => Ok(Some((super::Entry::from_ref(self.arena, v)?, version))),
+            Some((v, version)) => Ok(Some((self.entry(v)?, version))),
             None => Ok(None),
         }
     }
@@ -192,7 +243,7 @@ impl<'a> Tree<'a> {
     where
         F: FnMut(&'a [u8], &'a [u8]) -> Result<()>,
     {
-        self.scan_entries(lo, hi, limit, false, |k, v| f(k, value_bytes(self.arena, v)?))
+        self.scan_entries(lo, hi, limit, false, |k, v| f(k, self.bytes_of(v)?))
     }
 
     /// SCAN over stored entries; tombstones are passed to `f` (and counted) when `tombstones`.

@@ -207,6 +207,10 @@ impl Writer {
         Ok(w)
     }
 
+    pub(super) fn arena_ref(&self) -> &Arena {
+        &self.arena
+    }
+
     /// The arena's geometry.
     pub fn layout(&self) -> crate::arena::Layout {
         self.arena.layout
@@ -245,7 +249,7 @@ impl Writer {
     }
 
     fn tree(&self) -> Tree<'_> {
-        Tree::new(&self.arena, self.version)
+        Tree::of_writer(self)
     }
 
     /// The current value of `key`.
@@ -273,7 +277,7 @@ impl Writer {
     ) -> Result<usize> {
         let tree = self.tree();
         tree.scan_entries(lo, hi, limit, true, |k, v| {
-            f(k, super::Entry::from_ref(tree.arena, v)?);
+            f(k, tree.entry(v)?);
             Ok(())
         })
     }
@@ -282,7 +286,7 @@ impl Writer {
     pub fn floor_entry(&self, key: &[u8], strict: bool) -> Result<Option<(&[u8], super::Entry<'_>)>> {
         let tree = self.tree();
         match tree.floor_entry(key, strict, true)? {
-            Some((k, v)) => Ok(Some((k, super::Entry::from_ref(tree.arena, v)?))),
+            Some((k, v)) => Ok(Some((k, tree.entry(v)?))),
             None => Ok(None),
         }
     }
@@ -525,8 +529,8 @@ impl Writer {
         path.clear();
         let mut lid = split_root_word(self.arena.sb(SB_ROOT).load(Ordering::Relaxed)).0;
         for _ in 0..64 {
-            let off = self.arena.page_entry(lid)?.load(Ordering::Relaxed);
-            let node = Node::load(&self.arena, off)?;
+            let off = self.arena.page_entry(lid, Ordering::Relaxed)?;
+            let node = own_node(&self.arena, off)?;
             path.push(PathElem { lid, off });
             if node.h.is_leaf() {
                 return Ok(());
@@ -547,7 +551,7 @@ impl Writer {
         self.path_to(key, path)?;
         let leaf_el = *path.last().expect("a path always ends at a leaf");
         let arena = self.arena.clone();
-        let leaf = Node::load(&arena, leaf_el.off)?;
+        let leaf = own_node(&arena, leaf_el.off)?;
         let p = probe(&leaf, key)?;
         let old_blob = match p.existing {
             Some(ValRef::Blob { off, len }) => Some((off, len)),
@@ -570,6 +574,7 @@ impl Writer {
 
     /// The fast path: appends a log entry and publishes it with one release store of the size
     /// word. Returns false when the leaf must be rewritten instead.
+    #[allow(unsafe_code)]
     fn try_append(&mut self, node: &Node<'_>, p: &Probe<'_>, key: &[u8], val: ValRef<'_>, w: u64) -> Result<bool> {
         let h = node.h;
         let off = h.off;
@@ -583,7 +588,9 @@ impl Writer {
         let fits = new_end - h.sorted_end as usize <= self.arena.layout.log_threshold as usize
             && new_end <= self.arena.layout.node_size as usize;
         if fits {
-            self.arena.map.write(off + h.log_end as u64, &entry)?;
+            // SAFETY: the bytes past the published size word are no reader's: readers slice a
+            // node only up to the size they loaded, and this entry is published below.
+            unsafe { self.arena.map.write(off + h.log_end as u64, &entry) }?;
             self.arena
                 .map
                 .word(off + super::node::H_SIZE)?
@@ -600,7 +607,7 @@ impl Writer {
     fn rewrite_leaf(&mut self, path: &[PathElem], key: &[u8], val: Val, w: u64) -> Result<()> {
         let el = *path.last().expect("non-empty path");
         let arena = self.arena.clone();
-        let node = Node::load(&arena, el.off)?;
+        let node = own_node(&arena, el.off)?;
         if !node.h.is_leaf() {
             return Err(Error::corrupt(el.off, "path does not end at a leaf"));
         }
@@ -642,7 +649,7 @@ impl Writer {
 
     /// Decodes the newest state of the node buffer at `off`.
     fn decode(&self, off: u64) -> Result<NodeData> {
-        let node = Node::load(&self.arena, off)?;
+        let node = own_node(&self.arena, off)?;
         if node.h.is_leaf() {
             let right = node.h.right;
             let mut items = Vec::with_capacity(node.h.sorted_count as usize + node.h.log_count as usize);
@@ -739,7 +746,7 @@ impl Writer {
     fn collapse_root(&mut self, el: PathElem, mut child: u64, w: u64) -> Result<()> {
         // The root LID stays; it takes over its only child's contents.
         loop {
-            let coff = self.arena.page_entry(child)?.load(Ordering::Relaxed);
+            let coff = self.arena.page_entry(child, Ordering::Relaxed)?;
             let data = self.decode(coff)?;
             self.retire(w, Garbage::Buffer(coff));
             self.retire(w, Garbage::Lid(child));
@@ -778,7 +785,7 @@ impl Writer {
                 continue;
             }
             let sib_lid = child(if li == idx { ri } else { li });
-            let sib_off = self.arena.page_entry(sib_lid)?.load(Ordering::Relaxed);
+            let sib_off = self.arena.page_entry(sib_lid, Ordering::Relaxed)?;
             let sib = self.decode(sib_off)?;
             if best.as_ref().is_none_or(|b| sib.sorted_bytes() < b.2.sorted_bytes()) {
                 best = Some((li, ri, sib, PathElem { lid: sib_lid, off: sib_off }));
@@ -833,28 +840,35 @@ impl Writer {
     }
 
     /// Allocates a page and writes a node image into it.
+    #[allow(unsafe_code)]
     fn write_image(&mut self, image: &[u8]) -> Result<u64> {
         let ns = self.arena.layout.node_size as u64;
         let off = self.pages.alloc(1).ok_or(Error::ArenaFull { needed: ns, free: 0 })?;
-        self.arena.map.write(off, image)?;
+        // SAFETY: a page fresh from the allocator, which hands out only pages no pinned reader
+        // can reach (never used, or reclaimed once every pin was past their retirement).
+        unsafe { self.arena.map.write(off, image) }?;
         Ok(off)
     }
 
     /// Points `lid` at `off` in the page table and tells the device through the command ring.
     fn map_lid(&mut self, lid: u64, off: u64) -> Result<()> {
-        self.arena.page_entry(lid)?.store(off, Ordering::Release);
+        self.arena.page_entry_word(lid)?.store(off, Ordering::Release);
         self.arena.ring_push(self.ring_seq, lid, off)?;
         self.ring_seq += 1;
         Ok(())
     }
 
+    #[allow(unsafe_code)]
     fn write_blob(&mut self, v: &[u8]) -> Result<Val> {
         let ns = self.arena.layout.node_size as u64;
         let n = (BLOB_HDR + v.len() as u64).div_ceil(ns);
         let off =
             self.pages.alloc(n).ok_or_else(|| Error::ArenaFull { needed: n * ns, free: self.pages.free() * ns })?;
-        self.arena.map.write(off, &(v.len() as u64).to_le_bytes())?;
-        self.arena.map.write(off + BLOB_HDR, v)?;
+        // SAFETY: pages fresh from the allocator (see `write_image`).
+        unsafe {
+            self.arena.map.write(off, &(v.len() as u64).to_le_bytes())?;
+            self.arena.map.write(off + BLOB_HDR, v)?;
+        }
         Ok(Val::Blob { off, len: v.len() as u32 })
     }
 
@@ -867,11 +881,18 @@ impl Writer {
         self.garbage.push_back((w, g));
     }
 
+    /// How long a reader in another pid namespace may hold a pin without a heartbeat before it is
+    /// judged dead and its slot taken (default 30 s; the reader then gets `ReaderRevoked`).
+    pub fn set_reader_lease(&mut self, lease: std::time::Duration) {
+        self.watch.lease = lease;
+    }
+
     /// The oldest read version any live reader of this arena (in any process) may be using:
     /// something unreachable from versions at or after it can be discarded. Dead readers' slots
     /// are cleared on the way.
     pub fn oldest_reader_version(&mut self) -> Result<u64> {
-        self.watch.min_pinned(&self.arena, self.version)
+        let current = self.arena.load(SB_READ_VERSION, Ordering::SeqCst);
+        self.watch.min_pinned(&self.arena.slots(), current, self.version)
     }
 
     /// Frees everything retired at versions no live reader can still see. Called automatically
@@ -879,7 +900,8 @@ impl Writer {
     pub fn reclaim(&mut self) -> Result<()> {
         self.commits_since_reclaim = 0;
         if let Some(&(wanted, _)) = self.garbage.front() {
-            let min = self.watch.min_pinned(&self.arena, wanted)?;
+            let current = self.arena.load(SB_READ_VERSION, Ordering::SeqCst);
+            let min = self.watch.min_pinned(&self.arena.slots(), current, wanted)?;
             while let Some(&(v, g)) = self.garbage.front() {
                 if v > min {
                     break;
@@ -937,6 +959,15 @@ impl Drop for Writer {
             Ordering::Relaxed,
         );
     }
+}
+
+/// The writer's read of its own node at `off`.
+#[allow(unsafe_code)]
+fn own_node(arena: &Arena, off: u64) -> Result<Node<'_>> {
+    // SAFETY: only the writer calls this, on its own arena and between its own writes: nobody
+    // else writes the arena's buffers (readers write only their slots), and the writer does not
+    // write published bytes.
+    unsafe { Node::load(arena, off) }
 }
 
 /// Sets a leaf's right sibling.

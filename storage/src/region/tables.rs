@@ -261,6 +261,8 @@ impl RegionReader {
                 self.reload()?;
                 self.try_with_srcs(&f)
             }
+            // A pin was revoked under us (we stalled past the lease): the snapshot re-pins.
+            Err(Error::ReaderRevoked) => self.try_with_srcs(&f),
             r => r,
         }
     }
@@ -275,7 +277,12 @@ impl RegionReader {
         let mut srcs = vec![Src::Snap(&snap)];
         srcs.extend(fsnaps.iter().map(Src::Snap));
         srcs.extend(self.levels.iter().map(|l| Src::Level(l)));
-        f(&srcs, &self.vlog)
+        let out = f(&srcs, &self.vlog)?;
+        // What was read is only trustworthy if every pin held until now.
+        if !(snap.valid() && fsnaps.iter().all(|s| s.valid())) {
+            return Err(Error::ReaderRevoked);
+        }
+        Ok(out)
     }
 
     /// The value of `key`.

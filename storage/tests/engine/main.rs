@@ -4,6 +4,7 @@
 mod common;
 mod concurrency;
 mod corrupt;
+mod lifetimes;
 mod model;
 mod multiprocess;
 #[path = "../support/model.rs"]

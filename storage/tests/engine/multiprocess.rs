@@ -130,3 +130,88 @@ fn killed_reader_does_not_block_reclamation() {
     let mut r = w.reader().expect("reader");
     bank.check(&r.snapshot().expect("snapshot"), 1).expect("final check");
 }
+
+/// Issue 8, item 1.2: a reader in another pid namespace that stalls while pinned (so it sends no
+/// heartbeat) is judged dead after its lease and its slot taken; when it wakes it must learn it
+/// was revoked instead of reading memory the writer reused, and its stale unpin must not touch
+/// the slot's new owner. (Before: the lease cleared the slot, and the old owner's unpin then
+/// cleared the new owner's pin, letting the writer free memory under it.)
+#[test]
+fn a_revoked_foreign_reader_is_told_and_cannot_touch_the_slots_next_owner() {
+    if !Command::new("unshare").args(["--pid", "--fork", "true"]).status().is_ok_and(|s| s.success()) {
+        assert!(std::env::var("CI").is_err(), "CI must be able to run a reader in its own pid namespace");
+        eprintln!("skipping: cannot unshare a pid namespace here");
+        return;
+    }
+    let bank = Bank { accounts: 100, initial: 1000 };
+    let cfg = ArenaConfig { reader_slots: 1, ..ArenaConfig::small_nodes(512) };
+    let (_dir, path, mut w) = must_writer(&cfg);
+    w.set_reader_lease(Duration::from_millis(300));
+    bank.init(&mut w).expect("init");
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", TOOL, "bank-check"]).arg(&path);
+    cmd.args(["--accounts", "100", "--initial", "1000", "--hold-ms", "2000"]).stdout(Stdio::piped());
+    let mut child = Reaped(cmd.spawn().expect("spawn a reader in its own pid namespace"));
+    let mut out = BufReader::new(child.0.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("read");
+    assert!(line.starts_with("pinned"), "the reader said {line:?}");
+    // The reader sleeps holding its pin; the writer retires garbage and, once the lease is over,
+    // takes the slot.
+    let mut rng = Rng(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for n in 0.. {
+        transfer_round(&mut w, bank, &mut rng, n);
+        if n % 50 == 0 {
+            w.reclaim().expect("reclaim");
+            if w.stats().dead_slots_cleared >= 1 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the stalled reader's slot was never taken: {:?}", w.stats());
+    }
+    // A new owner takes the only slot and pins.
+    let mut mine = w.reader().expect("the freed slot is claimable");
+    let snap = mine.snapshot().expect("snapshot");
+    let version = snap.version();
+    let rest: Vec<String> = out.lines().map(|l| l.expect("line")).collect();
+    assert!(rest.iter().any(|l| l == "after-hold revoked"), "the woken reader must learn it was revoked: {rest:?}");
+    assert!(rest.iter().any(|l| l.starts_with("repin failed")), "no slot is free for it now: {rest:?}");
+    // The stale owner's unpin left the new owner's pin alone: still valid, still protecting its
+    // version while the writer goes on.
+    for n in 0..3000 {
+        transfer_round(&mut w, bank, &mut rng, n);
+    }
+    w.reclaim().expect("reclaim");
+    assert!(snap.valid(), "the new owner's pin survived the old owner's unpin");
+    assert_eq!(snap.version(), version);
+    bank.check(&snap, 1).expect("the pinned snapshot still reads a consistent bank");
+}
+
+/// Issue 8, item 1.3: readers killed between operations (a device in a crash loop) used to keep
+/// their slots forever; after as many deaths as slots, every new reader got `NoReaderSlot`.
+#[test]
+fn readers_killed_while_idle_do_not_exhaust_the_slots() {
+    let cfg = ArenaConfig { reader_slots: 4, ..ArenaConfig::small_nodes(512) };
+    let (_dir, path, mut w) = must_writer(&cfg);
+    w.put(b"k", b"v").expect("put");
+    for i in 0..12 {
+        let mut cmd = Command::new(TOOL);
+        cmd.arg("bank-check").arg(&path).args(["--hold-ms", "60000", "--idle"]).stdout(Stdio::piped());
+        let mut child = Reaped(cmd.spawn().expect("spawn"));
+        let mut line = String::new();
+        BufReader::new(child.0.stdout.as_mut().expect("stdout")).read_line(&mut line).expect("read");
+        assert_eq!(line.trim(), "ready", "reader {i} could not claim a slot: {line:?}");
+        drop(child); // SIGKILL while idle
+    }
+    let mut r = dpukv_storage::Reader::open(&path).expect("a slot for a new reader");
+    assert_eq!(r.snapshot().expect("snapshot").get(b"k").expect("get"), Some(&b"v"[..]));
+    // The writer's sweep frees the remaining dead slots too.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while w.stats().dead_slots_cleared < 3 {
+        w.put(b"k", b"v").expect("put");
+        w.reclaim().expect("reclaim");
+        assert!(Instant::now() < deadline, "idle slots of dead readers were not swept: {:?}", w.stats());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
