@@ -111,20 +111,6 @@ impl Arena {
         Ok(arena)
     }
 
-    /// Marks the arena at `path` frozen (for readers still mapping it) without opening it as a
-    /// writer: a restarting host does this to the arenas its predecessor left behind, so readers
-    /// that still map them move to the new table set on their next operation.
-    pub(crate) fn mark_frozen(path: &Path) -> Result<()> {
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(|e| Error::io(path, e))?;
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        let mut head = [0u8; SB_FIXED + 4];
-        (&file).read_exact(&mut head).map_err(|e| Error::io(path, e))?;
-        Layout::decode(&head, len)?;
-        let map = Mapping::map_rw(&file, layout::SB_SIZE, path)?;
-        map.word(SB_STATE)?.store(STATE_FROZEN, Ordering::Release);
-        Ok(())
-    }
-
     /// A superblock word to store to (the writer's mapping; its offset is a constant inside the
     /// validated superblock page).
     #[inline]

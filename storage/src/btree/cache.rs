@@ -17,7 +17,10 @@ const MAX_PENDING: usize = 64;
 
 pub(crate) struct NodeCache {
     map: HashMap<u64, (u64, Box<[u8]>)>,
-    fifo: VecDeque<u64>,
+    /// Insertion order: (LID, buffer offset). An entry whose LID was invalidated (or refilled with
+    /// another buffer) is stale and skipped; the queue is compacted when stale entries dominate,
+    /// so it never holds more than twice the live entries (plus a small slack).
+    fifo: VecDeque<(u64, u64)>,
     bytes: usize,
     cap: usize,
     pub(crate) hits: Cell<u64>,
@@ -94,12 +97,26 @@ impl NodeCache {
             let image = unsafe { Node::image(arena, &h) }?.into_boxed_slice();
             self.bytes += image.len();
             self.map.insert(lid, (off, image));
-            self.fifo.push_back(lid);
+            self.fifo.push_back((lid, off));
             while self.bytes > self.cap {
-                let Some(old) = self.fifo.pop_front() else { break };
-                self.invalidate(old);
+                let Some((old, old_off)) = self.fifo.pop_front() else { break };
+                if self.map.get(&old).is_some_and(|e| e.0 == old_off) {
+                    self.invalidate(old);
+                }
+            }
+            if self.fifo.len() > 2 * self.map.len() + 64 {
+                let map = &self.map;
+                self.fifo.retain(|(l, o)| map.get(l).is_some_and(|e| e.0 == *o));
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+impl NodeCache {
+    /// Entries in the insertion queue (live and stale), and live entries.
+    pub(crate) fn queue_len(&self) -> (usize, usize) {
+        (self.fifo.len(), self.map.len())
     }
 }

@@ -424,3 +424,37 @@ pub struct SharedStats {
     /// Heap bytes retired, awaiting reclamation.
     pub garbage_bytes: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ArenaConfig;
+
+    /// Issue 8, item 2.6: invalidated node-cache entries used to stay in its insertion queue,
+    /// which then grew with every invalidation. The queue stays within twice the live entries.
+    #[test]
+    fn the_node_cache_queue_stays_bounded_under_invalidations() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("a.arena");
+        let mut w = Writer::create(&path, &ArenaConfig::small_nodes(512)).expect("writer");
+        for i in 0..3000u32 {
+            w.put(format!("key{i:06}").as_bytes(), b"value").expect("put");
+        }
+        let mut r = Reader::open_device(&path).expect("device reader");
+        for round in 0..200u32 {
+            for i in (0..3000u32).step_by(97) {
+                let k = format!("key{:06}", (i + round) % 3000);
+                r.snapshot().expect("snapshot").get(k.as_bytes()).expect("get");
+            }
+            // Splits and merges rewrite interior nodes: their cached copies are invalidated.
+            for i in 0..40u32 {
+                let k = format!("key{:06}x{round}", (i * 71 + round * 13) % 3000);
+                w.put(k.as_bytes(), b"v").expect("put");
+            }
+        }
+        let cache = &r.pages.as_ref().expect("device mode").cache;
+        assert!(cache.misses.get() > 200, "the cache was refilled after invalidations");
+        let (queue, live) = cache.queue_len();
+        assert!(queue <= 2 * live + 64, "queue {queue} for {live} entries");
+    }
+}

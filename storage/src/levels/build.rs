@@ -35,6 +35,8 @@ pub struct LevelBuilder {
     entries: u64,
     max_version: u64,
     bytes_written: u64,
+    /// Log segment -> bytes of the records this level's value pointers name.
+    log_refs: std::collections::BTreeMap<u64, u64>,
 }
 
 impl LevelBuilder {
@@ -69,6 +71,7 @@ impl LevelBuilder {
             entries: 0,
             max_version: 0,
             bytes_written: 0,
+            log_refs: std::collections::BTreeMap::new(),
         })
     }
 
@@ -94,6 +97,10 @@ impl LevelBuilder {
         }
         self.leaf_offs.push(self.leaf.len() as u16);
         put_leaf_entry(&mut self.leaf, key, version, e);
+        if let Entry::Pointer { ptr, len } = e {
+            *self.log_refs.entry(ptr >> 32).or_default() +=
+                (crate::vlog::RECORD_HEADER + key.len()) as u64 + *len as u64;
+        }
         self.last_key = Some(key.to_vec());
         self.entries += 1;
         self.max_version = self.max_version.max(version);
@@ -233,6 +240,7 @@ impl LevelBuilder {
             node_size: self.node_size as u32,
             segments: self.segments,
             bytes: self.bytes_written,
+            log_refs: self.log_refs.into_iter().collect(),
         })
     }
 }

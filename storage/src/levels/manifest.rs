@@ -9,7 +9,7 @@ use super::format::{le32, le64};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DPUKVMF1";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// The manifest's file name.
 pub const MANIFEST: &str = "MANIFEST";
 
@@ -48,6 +48,11 @@ impl Manifest {
             }
             for s in &l.segments {
                 b.extend_from_slice(&s.to_le_bytes());
+            }
+            b.extend_from_slice(&(l.log_refs.len() as u32).to_le_bytes());
+            for (seg, bytes) in &l.log_refs {
+                b.extend_from_slice(&seg.to_le_bytes());
+                b.extend_from_slice(&bytes.to_le_bytes());
             }
         }
         let crc = crc32c::crc32c(&b);
@@ -91,6 +96,7 @@ impl Manifest {
                 max_version: le64(b, p + 32),
                 bytes: le64(b, p + 40),
                 segments: Vec::new(),
+                log_refs: Vec::new(),
             };
             p += 48;
             if segs > (body - p) / 8 {
@@ -98,6 +104,16 @@ impl Manifest {
             }
             l.segments = (0..segs).map(|i| le64(b, p + 8 * i)).collect();
             p += 8 * segs;
+            if p + 4 > body {
+                return Err(bad(p, "manifest log references truncated"));
+            }
+            let refs = le32(b, p) as usize;
+            p += 4;
+            if refs > (body - p) / 16 {
+                return Err(bad(p, "manifest log references truncated"));
+            }
+            l.log_refs = (0..refs).map(|i| (le64(b, p + 16 * i), le64(b, p + 16 * i + 8))).collect();
+            p += 16 * refs;
             m.levels.push(l);
         }
         if p != body {

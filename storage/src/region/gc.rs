@@ -1,7 +1,16 @@
-//! Value-log garbage collection: live values of old segments are rewritten at the head of the
-//! log, made durable, and the segments deleted once no reader can be pinned before the rewrite.
+//! Value-log garbage collection (Tebis §2.4). A record in a segment before the manifest's log
+//! start is needed only if a level's value pointer names it, and each level's manifest entry
+//! records how many bytes of each log segment its pointers name — so the live bytes of every old
+//! segment are known without reading it. Collection takes the segment with the least live data
+//! first, in bounded steps: it rewrites the values some level still needs at the head of the log
+//! (a put of the same value: the index then points at the new copy), makes those writes durable,
+//! takes the segment out of the log and retires its file, which is deleted once no reader of any
+//! table set can reach it (module `control`). A segment no level needs is taken out unread.
+
+use std::collections::BTreeMap;
 
 use super::Region;
+use super::control::Retired;
 use super::merge::{self, Stored};
 use crate::btree::BatchOp;
 use crate::error::Result;
@@ -14,54 +23,73 @@ pub struct GcStep {
     pub examined: u64,
     /// Live values rewritten to the head of the log.
     pub relocated: u64,
-    /// Segments deleted.
+    /// Segments taken out of the log (their files deleted once no reader can reach them).
     pub deleted: u64,
-    /// Whether there is more to do now.
+    /// Whether there is more worth doing now.
     pub more: bool,
 }
 
-/// Where collection stands.
+/// Where collection stands: the segment being collected and the offset to continue from.
 #[derive(Debug, Default)]
 pub(super) struct GcState {
-    /// The segment being collected and the offset to continue from.
     cursor: Option<(u64, u32)>,
-    /// Collected segments, deleted once no reader is older than the version that relocated them.
-    pending: Vec<(u64, u64)>,
-    /// The current pass collects segments below this one (fixed when the pass starts, so the
-    /// pass's own rewrites, and the flushes they cause, do not extend it).
-    boundary: Option<u64>,
+}
+
+impl GcState {
+    /// A segment is half collected.
+    pub(super) fn is_busy(&self) -> bool {
+        self.cursor.is_some()
+    }
 }
 
 impl Region {
-    /// One bounded step of value-log garbage collection: examines up to `max_records` records of
-    /// the oldest segment that lies entirely before the manifest's log start (so every record in
-    /// it is indexed by a level), rewrites the values still in use to the head of the log (one
-    /// batch, synced before the segment can go), and deletes collected segments once no reader can
-    /// be pinned before the rewrite. A pass covers the segments below the log start as it was when
-    /// the pass began; `more` is false once the pass is complete (the next call starts a new pass).
+    /// Live bytes per log segment: what the levels' value pointers name.
+    fn live_log_bytes(&self) -> BTreeMap<u64, u64> {
+        let mut live = BTreeMap::new();
+        for l in self.levels.iter().flatten() {
+            for (seg, bytes) in &l.meta().log_refs {
+                *live.entry(*seg).or_default() += bytes;
+            }
+        }
+        live
+    }
+
+    /// Log segments garbage collection may take (sealed and wholly before the log start), with
+    /// their live bytes, fewest first; only those at most `(1 - min_garbage)` live.
+    pub fn gc_candidates(&self) -> Vec<(u64, u64)> {
+        let live = self.live_log_bytes();
+        let start = Lsn(self.manifest.log_start).segment();
+        let size = self.vlog.segment_size() as u64;
+        let most_live = ((1.0 - self.cfg.gc_min_garbage) * size as f64) as u64;
+        let mut c: Vec<(u64, u64)> = self
+            .vlog
+            .segments()
+            .into_iter()
+            .filter(|&s| s < start && s != self.vlog.active_segment())
+            .map(|s| (s, live.get(&s).copied().unwrap_or(0)))
+            .filter(|&(_, l)| l <= most_live)
+            .collect();
+        c.sort_by_key(|&(s, l)| (l, s));
+        c
+    }
+
+    /// One bounded step of garbage collection: examines up to `max_records` records of the
+    /// segment being collected (or starts on the best candidate), relocates the live ones, and
+    /// takes the segment out once done. `more` says whether another step is worth it now.
     pub fn gc_step(&mut self, max_records: usize) -> Result<GcStep> {
         let mut step = GcStep::default();
-        if !self.gc.pending.is_empty() {
-            let oldest = self.active.oldest_reader_version()?;
-            let (ready, wait): (Vec<_>, Vec<_>) = self.gc.pending.iter().partition(|(_, v)| *v <= oldest);
-            self.gc.pending = wait;
-            for (seg, _) in ready {
-                self.vlog.remove_segment(seg)?;
-                step.deleted += 1;
-            }
-        }
-        let boundary = *self.gc.boundary.get_or_insert(Lsn(self.manifest.log_start).segment());
-        if self.gc.cursor.is_none() {
-            let pending: Vec<u64> = self.gc.pending.iter().map(|p| p.0).collect();
-            self.gc.cursor =
-                self.vlog.segments().into_iter().find(|&s| s < boundary && !pending.contains(&s)).map(|s| (s, 0));
-        }
-        let Some((seg, from)) = self.gc.cursor else {
-            step.more = !self.gc.pending.is_empty();
-            if !step.more {
-                self.gc.boundary = None;
-            }
-            return Ok(step);
+        let (seg, from) = match self.gc.cursor {
+            Some(c) => c,
+            None => match self.gc_candidates().first() {
+                None => return Ok(step),
+                Some(&(seg, 0)) => {
+                    self.detach(seg)?;
+                    step.deleted = 1;
+                    step.more = !self.gc_candidates().is_empty();
+                    return Ok(step);
+                }
+                Some(&(seg, _)) => (seg, 0),
+            },
         };
         let (records, next) = self.vlog.segment_records(seg, from, max_records)?;
         let inline = self.cfg.arena.inline_threshold as usize;
@@ -78,23 +106,28 @@ impl Region {
         if !live.is_empty() {
             let ops: Vec<BatchOp<'_>> = live.iter().map(|(k, v)| BatchOp::Put(k, v)).collect();
             let ack = self.write_batch(&ops)?;
-            // The old copies may only go once the new ones are durable.
+            // The old copies may only go once the new ones are durable (and visible).
             self.vlog.sync_to(ack.end)?;
+            self.wait_durable(ack.end)?;
             step.relocated = live.len() as u64;
         }
         match next {
             Some(off) => self.gc.cursor = Some((seg, off)),
             None => {
                 self.gc.cursor = None;
-                self.gc.pending.push((seg, self.version()));
+                self.detach(seg)?;
+                step.deleted = 1;
             }
         }
-        let pending: Vec<u64> = self.gc.pending.iter().map(|p| p.0).collect();
-        let left = self.vlog.segments().iter().any(|&s| s < boundary && !pending.contains(&s));
-        step.more = self.gc.cursor.is_some() || !self.gc.pending.is_empty() || left;
-        if !step.more {
-            self.gc.boundary = None;
-        }
+        step.more = self.gc.cursor.is_some() || !self.gc_candidates().is_empty();
         Ok(step)
+    }
+
+    /// Takes segment `seg` out of the log and retires its file at the next table set.
+    fn detach(&mut self, seg: u64) -> Result<()> {
+        let path = self.vlog.detach_segment(seg)?;
+        self.publish_tables()?;
+        self.control.retire(Retired::Durable(path));
+        self.reap()
     }
 }

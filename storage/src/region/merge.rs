@@ -8,7 +8,7 @@ use std::ops::Bound;
 use crate::btree::{Entry, Snapshot, Writer};
 use crate::error::{Error, Result};
 use crate::levels::Level;
-use crate::vlog::{Lsn, VlogReader};
+use crate::vlog::{Lsn, RecordSource};
 
 /// An owned stored entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,16 +107,16 @@ impl Src<'_> {
 
 /// Resolves a stored value to its bytes (reading the value log for a pointer, and checking the
 /// record there is the key's).
-pub(crate) fn resolve(vlog: &VlogReader, key: &[u8], s: Stored) -> Result<Option<Vec<u8>>> {
+pub(crate) fn resolve(vlog: &dyn RecordSource, key: &[u8], s: Stored) -> Result<Option<Vec<u8>>> {
     match s {
         Stored::Value(v) => Ok(Some(v)),
         Stored::Tombstone => Ok(None),
         Stored::Pointer { ptr, len } => {
-            let rec = vlog.read(Lsn(ptr))?;
+            let rec = vlog.read_record(Lsn(ptr))?;
             if rec.key.as_ref() != key || rec.value.len() != len as usize || rec.tombstone {
                 let at = Lsn(ptr);
                 return Err(Error::corrupt_file(
-                    &vlog.segment_path(at),
+                    &vlog.path_of(at),
                     at.offset() as u64,
                     "value pointer leads to another record",
                 ));
@@ -208,13 +208,16 @@ impl<'s, 'a> MergeCursor<'s, 'a> {
     }
 }
 
-/// Up to `limit` live items in `[lo, hi]`.
+/// Up to `limit` live items in `[lo, hi]`, stopping once their keys and values reach
+/// `max_bytes` (the item that reaches it is included, so a scan always makes progress). Values are
+/// resolved from the log one by one, so the budget bounds what is read, not only what is returned.
 pub(crate) fn scan(
     srcs: &[Src<'_>],
-    vlog: &VlogReader,
+    vlog: &dyn RecordSource,
     lo: &[u8],
     hi: &[u8],
     limit: usize,
+    max_bytes: usize,
 ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut out = Vec::new();
     if lo > hi || limit == 0 {
@@ -222,10 +225,12 @@ pub(crate) fn scan(
     }
     // Tombstones may hide some of the first chunk: ask for a little more than the limit.
     let mut cur = MergeCursor::with_chunk(srcs, lo, hi, limit.saturating_add(limit / 4 + 4));
+    let mut bytes = 0usize;
     while let Some((k, _, s, _)) = cur.next()? {
         if let Some(v) = resolve(vlog, &k, s)? {
+            bytes += k.len() + v.len();
             out.push((k, v));
-            if out.len() == limit {
+            if out.len() == limit || bytes >= max_bytes {
                 break;
             }
         }

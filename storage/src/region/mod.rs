@@ -8,6 +8,8 @@
 //! - `write`: the write path (group commit, versions, L0), freezing, installing compactions.
 //! - `publish`: read versions published once durable (fsync `always`).
 //! - `gc`: value-log garbage collection.
+//! - `control`: the region control block (which table set is current; which ones readers still
+//!   use) and the retirement of files readers may still reach.
 //! - `merge`: reads across tables (newest first), merged scans, floor searches.
 //! - `compact`: the compaction thread: L0 into L1, cascades, the new manifest.
 //! - `tables`: the table set shared with readers in other processes, and [`RegionReader`].
@@ -23,6 +25,7 @@
 //! - A frozen L0 covers exactly the log up to the end of the last batch it holds.
 
 mod compact;
+mod control;
 mod gc;
 mod merge;
 mod publish;
@@ -34,6 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use control::{HostControl, Retired};
 pub use gc::GcStep;
 use merge::{Src, Stored};
 use publish::Publications;
@@ -71,6 +75,13 @@ pub struct RegionConfig {
     /// Compact on a background thread (default). Off, compaction runs inline in the writer's
     /// thread — for measuring single-threaded work.
     pub background_compaction: bool,
+    /// L0 is also frozen once the log it covers (since the manifest's log start) passes this many
+    /// bytes, so a small set of hot keys (an L0 of pointers that never fills) cannot keep the log
+    /// from being compacted and collected; it also bounds recovery's replay. 0 = 4 x `l0_budget`.
+    pub max_log_tail: u64,
+    /// Garbage collection takes a log segment once at least this fraction of it is garbage
+    /// (0.5 by default: rewriting its live half costs at most what it frees).
+    pub gc_min_garbage: f64,
 }
 
 impl RegionConfig {
@@ -86,6 +97,8 @@ impl RegionConfig {
             level_node_size: 4096,
             level_segment_size: 2 << 20,
             background_compaction: true,
+            max_log_tail: 0,
+            gc_min_garbage: 0.5,
         }
     }
 
@@ -111,6 +124,10 @@ impl RegionConfig {
 
     fn fs(&self) -> &dyn Fs {
         self.vlog.fs.as_ref()
+    }
+
+    fn log_tail_budget(&self) -> u64 {
+        if self.max_log_tail > 0 { self.max_log_tail } else { self.l0_budget.saturating_mul(4) }
     }
 }
 
@@ -184,6 +201,21 @@ pub struct Region {
     /// Why the region takes no writes (a batch half-applied to L0: only a restart recovers).
     poisoned: Option<String>,
     gc: gc::GcState,
+    /// The region control block: table sets published, files retired until no reader needs them.
+    control: HostControl,
+    /// Log repairs already announced in a table set.
+    repairs_published: u64,
+}
+
+/// What one [`Region::maintain`] call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Maintenance {
+    /// The garbage-collection step, if one ran.
+    pub gc: GcStep,
+    /// Retired files deleted (no reader could reach them any more).
+    pub deleted_files: usize,
+    /// Retired files still waiting for readers to move on.
+    pub waiting_files: usize,
 }
 
 impl Drop for Region {
@@ -211,7 +243,8 @@ impl Region {
             cfg.fs().create_dir_all(d).map_err(|e| Error::io(d, e))?;
         }
         std::fs::create_dir_all(&cfg.shm_dir).map_err(|e| Error::io(&cfg.shm_dir, e))?;
-        tables::remove_stale_arenas(&cfg.shm_dir)?;
+        let control = HostControl::create(&cfg.shm_dir)?;
+        tables::remove_stale_files(&cfg.shm_dir)?;
         let manifest = Manifest::load(&cfg.dir)?.unwrap_or(Manifest { next_segment: 1, ..Manifest::default() });
         let mut levels = Vec::new();
         for meta in &manifest.levels {
@@ -247,6 +280,8 @@ impl Region {
             compaction_failed: None,
             poisoned: None,
             gc: gc::GcState::default(),
+            control,
+            repairs_published: 0,
         };
         region.remove_unreferenced_segments()?;
         let mut rec = RegionRecovery { log: log_report, ..RegionRecovery::default() };
@@ -360,14 +395,14 @@ impl Region {
 
     /// Up to `limit` items with keys in `[lo, hi]`, ascending.
     pub fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        merge::scan(&self.srcs(), &self.vreader, lo, hi, limit)
+        merge::scan(&self.srcs(), &self.vreader, lo, hi, limit, usize::MAX)
     }
 
     /// Like [`Region::scan`] from the largest key `<= lo`.
     pub fn floor_scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let srcs = self.srcs();
         let start = merge::floor_key(&srcs, lo)?.unwrap_or_else(|| lo.to_vec());
-        merge::scan(&srcs, &self.vreader, &start, hi, limit)
+        merge::scan(&srcs, &self.vreader, &start, hi, limit, usize::MAX)
     }
 
     fn exists(&self, key: &[u8]) -> Result<bool> {
@@ -401,20 +436,68 @@ impl Region {
         compact::remove_unreferenced(self.cfg.fs(), &levels_dir(&self.cfg.dir), &self.manifest)
     }
 
+    /// Publishes the current tables as a new table set (generation + 1) for readers.
     fn publish_tables(&mut self) -> Result<()> {
         self.tables_gen += 1;
+        self.repairs_published = self.vlog.repairs();
         let set = TableSet {
             generation: self.tables_gen,
             active: self.active.path().to_path_buf(),
             frozen: self.frozen.iter().map(|f| f.writer.path().to_path_buf()).collect(),
             dir: self.cfg.dir.clone(),
+            log_epoch: self.repairs_published,
             manifest: Manifest {
                 levels: self.levels.iter().flatten().map(|l| l.meta().clone()).collect(),
                 ..self.manifest.clone()
             },
         };
         set.store(&self.cfg.shm_dir)?;
+        self.control.publish(&self.cfg.shm_dir, self.tables_gen)?;
         self.active.set_tables_generation(self.tables_gen, false);
         Ok(())
+    }
+
+    /// Deletes the retired files no reader can reach any more.
+    fn reap(&mut self) -> Result<()> {
+        self.reap_counted().map(|_| ())
+    }
+
+    fn reap_counted(&mut self) -> Result<usize> {
+        let done = self.control.collect()?;
+        let n = done.len();
+        for r in done {
+            match r {
+                Retired::Shared(p) => {
+                    let _ = std::fs::remove_file(p);
+                }
+                Retired::Durable(p) => {
+                    let _ = self.cfg.fs().remove(&p);
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Background upkeep, for the region's owner to call a few times a second: installs a
+    /// finished compaction (and retries a failed one), announces a repaired log segment to
+    /// readers, runs one bounded garbage-collection step when a log segment is worth collecting,
+    /// and deletes retired files no reader can reach any more.
+    pub fn maintain(&mut self) -> Result<Maintenance> {
+        let mut m = Maintenance::default();
+        self.poll_compaction(false)?;
+        if self.vlog.repairs() != self.repairs_published {
+            self.publish_tables()?;
+        }
+        if self.unavailable().is_none() && (self.gc.is_busy() || !self.gc_candidates().is_empty()) {
+            m.gc = self.gc_step(256)?;
+        }
+        m.deleted_files = self.reap_counted()?;
+        m.waiting_files = self.control.pending();
+        Ok(m)
+    }
+
+    /// Dead readers' slots the region control block took back so far.
+    pub fn dead_reader_slots_cleared(&self) -> u64 {
+        self.control.dead_slots_cleared()
     }
 }

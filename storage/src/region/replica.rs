@@ -137,8 +137,17 @@ impl Backup {
                     .map(|l| l << 32 | (meta.root & 0xffff_ffff))
                     .ok_or_else(|| Error::Config("level root outside its segments".into()))?
             };
-            let local =
-                LevelMeta { root, segments: meta.segments.iter().map(|s| index_map[s]).collect(), ..meta.clone() };
+            let log_refs = meta
+                .log_refs
+                .iter()
+                .map(|(seg, bytes)| (self.log_map.get(seg).copied().unwrap_or(*seg), *bytes))
+                .collect();
+            let local = LevelMeta {
+                root,
+                segments: meta.segments.iter().map(|s| index_map[s]).collect(),
+                log_refs,
+                ..meta.clone()
+            };
             self.installed.push((meta.clone(), local));
         }
         let mut levels = Vec::new();

@@ -7,6 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::compact::{Compacted, Compactor};
+use super::control::Retired;
 use super::{Region, WriteAck, levels_dir};
 use crate::btree::{BatchOp, Writer};
 use crate::config::MAX_VALUE_LEN;
@@ -290,8 +291,12 @@ impl Region {
     /// beyond the budget absorbs them) until a retry succeeds or the arena is full.
     pub(super) fn admit(&mut self) {
         let _ = self.poll_compaction(false);
-        if self.active.stats().allocated_bytes < self.cfg.l0_budget {
+        let full = self.active.stats().allocated_bytes >= self.cfg.l0_budget;
+        if !full && (self.log_tail_bytes() < self.cfg.log_tail_budget() || self.frozen.is_some()) {
             return;
+        }
+        if self.active.version() == self.active.base_version() {
+            return; // nothing to freeze
         }
         if self.frozen.is_some() && self.poll_compaction(true).is_err() {
             return;
@@ -299,6 +304,15 @@ impl Region {
         if let Err(e) = self.freeze() {
             tracing::warn!(error = %e, "freezing a full L0 failed; will retry");
         }
+    }
+
+    /// Bytes of log the active and frozen L0s cover: from the manifest's log start to the end of
+    /// what L0 holds.
+    fn log_tail_bytes(&self) -> u64 {
+        let (start, end) = (Lsn(self.manifest.log_start), self.l0_end);
+        let seg = self.vlog.segment_size() as u64;
+        (end.segment().saturating_sub(start.segment()) * seg + end.offset() as u64)
+            .saturating_sub(start.offset() as u64)
     }
 
     /// Freezes L0 and waits until it is compacted into the levels.
@@ -400,16 +414,16 @@ impl Region {
         self.manifest = done.manifest;
         let frozen = self.frozen.take();
         self.publish_tables()?;
+        // Readers of older table sets may still read the frozen L0 and the replaced levels:
+        // their files go once no pin can reach them.
         let dir = levels_dir(&self.cfg.dir);
         for id in done.obsolete {
-            let _ = self.cfg.fs().remove(&crate::levels::segment_path(&dir, id));
+            self.control.retire(Retired::Durable(crate::levels::segment_path(&dir, id)));
         }
         if let Some(f) = frozen {
-            let path = f.writer.path().to_path_buf();
-            drop(f);
-            let _ = std::fs::remove_file(path);
+            self.control.retire(Retired::Shared(f.writer.path().to_path_buf()));
         }
-        Ok(())
+        self.reap()
     }
 }
 

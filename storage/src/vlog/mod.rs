@@ -23,6 +23,7 @@
 //! - Nothing after a failed sync is acknowledged until a repair made it durable.
 
 mod durability;
+mod mapped;
 mod reader;
 mod record;
 mod segment;
@@ -35,11 +36,13 @@ use std::time::Duration;
 
 use durability::Durability;
 pub use durability::SyncHook;
+pub use mapped::MappedLog;
 pub use reader::VlogReader;
 pub(crate) use record::RECORD_HEADER;
 use record::{COMMIT_RECORD, SEAL_RECORD, decode_record};
 pub use record::{Record, RecordRef};
 use segment::SEGMENT_HEADER;
+pub(crate) use segment::new_salt;
 
 use crate::error::{Error, Result};
 use crate::fs::{self, Fs, FsFile};
@@ -111,6 +114,24 @@ impl Lsn {
     /// Offset within the segment.
     pub fn offset(self) -> u32 {
         self.0 as u32
+    }
+}
+
+/// Something that reads records by pointer: a [`VlogReader`] (system calls) or a [`MappedLog`]
+/// (mappings, as the device reads).
+pub trait RecordSource {
+    /// Reads and checks the record at `ptr`.
+    fn read_record(&self, ptr: Lsn) -> Result<Record<'static>>;
+    /// The file holding the record at `at` (for errors).
+    fn path_of(&self, at: Lsn) -> PathBuf;
+}
+
+impl RecordSource for VlogReader {
+    fn read_record(&self, ptr: Lsn) -> Result<Record<'static>> {
+        self.read(ptr)
+    }
+    fn path_of(&self, at: Lsn) -> PathBuf {
+        self.segment_path(at)
     }
 }
 
@@ -413,6 +434,11 @@ impl ValueLog {
         self.active
     }
 
+    /// Bytes of one segment file.
+    pub fn segment_size(&self) -> u32 {
+        self.cfg.segment_size
+    }
+
     fn segment_bytes(&self, id: u64) -> Result<(Vec<u8>, u64, usize)> {
         let p = segment::path(&self.dir, id);
         let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
@@ -469,18 +495,18 @@ impl ValueLog {
         Ok((out, (pos < end).then_some(pos as u32)))
     }
 
-    /// Deletes one sealed segment (no index and no reader can reach its records any more).
-    pub fn remove_segment(&mut self, id: u64) -> Result<()> {
+    /// Takes a sealed segment out of the log (no index needs its records any more) and returns
+    /// its file, which the caller deletes once no reader can reach it.
+    pub fn detach_segment(&mut self, id: u64) -> Result<PathBuf> {
         if !self.sealed.remove(&id) {
             return Err(Error::Config(format!("value-log segment {id} is not sealed")));
         }
         self.reader.forget(id);
-        let p = segment::path(&self.dir, id);
-        self.cfg.fs.remove(&p).map_err(|e| Error::io(&p, e))?;
-        self.cfg.fs.sync_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))
+        Ok(segment::path(&self.dir, id))
     }
 
-    /// Bytes the segments take on disk (they are allocated whole).
+    /// Bytes the log's segments take on disk (they are allocated whole; detached segments not
+    /// deleted yet are not counted).
     pub fn disk_bytes(&self) -> u64 {
         (self.sealed.len() as u64 + 1) * self.cfg.segment_size as u64
     }

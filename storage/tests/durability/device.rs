@@ -1,5 +1,7 @@
-//! A device-side reader process reads L0 and the levels while this process writes and the region
-//! flushes and compacts constantly: every scan sees all accounts and exactly the total.
+//! Device-side reader processes read L0, the levels and the log while this process writes, the
+//! region flushes and compacts constantly, and garbage collection rewrites values and deletes
+//! log segments (fsync `always`: readers see only durable writes): every scan sees all accounts
+//! and exactly the total, and no reader ever finds a file of its table set gone.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -24,12 +26,13 @@ impl Drop for Reaped {
 fn device_reader_sees_consistent_region_during_compactions() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (data, shm) = (dir.path().join("data"), dir.path().join("shm"));
-    let mut region = Region::open(RegionConfig::tiny(&data, &shm, FsyncPolicy::Never)).expect("open").0;
+    let mut region = Region::open(RegionConfig::tiny(&data, &shm, FsyncPolicy::Always)).expect("open").0;
     let bank = Bank { accounts: 150, initial: 1000 };
     let keys: Vec<Vec<u8>> = (0..bank.accounts).map(Bank::account_key).collect();
     let init = bank.initial.to_le_bytes();
     let ops: Vec<BatchOp> = keys.iter().map(|k| BatchOp::Put(k, &init)).collect();
-    region.write_batch(&ops).expect("init");
+    let ack = region.write_batch(&ops).expect("init");
+    region.wait_durable(ack.end).expect("durable");
     let mut readers: Vec<Reaped> = (0..2)
         .map(|_| {
             let mut c = Command::new(TOOL);
@@ -40,6 +43,7 @@ fn device_reader_sees_consistent_region_during_compactions() {
     let mut x = 7u64;
     let start = Instant::now();
     let mut n = 0u64;
+    let (mut collected, mut deleted) = (0, 0);
     while readers.iter_mut().any(|r| r.0.try_wait().expect("try_wait").is_none()) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -56,10 +60,16 @@ fn device_reader_sees_consistent_region_during_compactions() {
         ops.push(if n.is_multiple_of(3) { BatchOp::Delete(&filler) } else { BatchOp::Put(&filler, &fv) });
         region.write_batch(&ops).expect("transfer");
         n += 1;
+        if n.is_multiple_of(10) {
+            let m = region.maintain().expect("maintain");
+            collected += m.gc.deleted;
+            deleted += m.deleted_files;
+        }
         assert!(start.elapsed() < Duration::from_secs(60), "readers did not finish");
     }
     let s = region.stats();
     assert!(s.flushes > 10 && s.compactions > 1, "the region should have flushed and compacted: {s:?}");
+    assert!(collected > 0 && deleted > 0, "garbage collection ran: {collected} segments, {deleted} files deleted");
     for r in readers.iter_mut() {
         let child = std::mem::replace(&mut r.0, Command::new("true").spawn().expect("true"));
         let out = child.wait_with_output().expect("output");
