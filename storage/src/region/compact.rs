@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::merge::{MergeCursor, Src, Stored};
 use super::replica::IndexExport;
+use super::sessions::Sessions;
 use super::{RegionConfig, levels_dir};
 use crate::btree::{ReadPublisher, Reader};
 use crate::error::{Error, Result};
@@ -46,15 +47,15 @@ impl Compactor {
 
     /// Compacts the frozen L0 (everything logged before `log_end`, frozen at `version`). On an
     /// error, removes the segments it wrote; nothing else changed.
-    pub(crate) fn run(self, frozen: Reader, version: u64, log_end: Lsn) -> Result<Compacted> {
-        let r = self.compact(frozen, version, log_end);
+    pub(crate) fn run(self, frozen: Reader, version: u64, log_end: Lsn, sessions: &Sessions) -> Result<Compacted> {
+        let r = self.compact(frozen, version, log_end, sessions);
         if r.is_err() {
             let _ = remove_unreferenced(self.cfg.vlog.fs.as_ref(), &levels_dir(&self.cfg.dir), &self.manifest);
         }
         r
     }
 
-    fn compact(&self, mut frozen: Reader, version: u64, log_end: Lsn) -> Result<Compacted> {
+    fn compact(&self, mut frozen: Reader, version: u64, log_end: Lsn, sessions: &Sessions) -> Result<Compacted> {
         // The levels will replace the log up to `log_end`: it must be on disk first (and then the
         // frozen L0 is visible to readers in whole, which the snapshot below relies on).
         self.durability.sync_to(log_end)?;
@@ -117,9 +118,13 @@ impl Compactor {
             next_segment,
             max_version: version,
         };
+        // The exactly-once sessions as of `log_end` go with the manifest that replaces the log up
+        // to there (written first: a manifest never names a snapshot that is not on disk).
+        let sp = super::sessions_path(&self.cfg.dir, manifest.generation);
+        crate::fs::write_atomic(self.cfg.vlog.fs.as_ref(), &sp, &sessions.encode()).map_err(|e| Error::io(&sp, e))?;
         manifest.store(self.cfg.vlog.fs.as_ref(), &self.cfg.dir)?;
         if self.capture {
-            out.export = Some(self.export(&manifest)?);
+            out.export = Some(self.export(&manifest, sessions.encode())?);
         }
         out.manifest = manifest;
         out.levels = installed;
@@ -169,7 +174,7 @@ impl Compactor {
     }
 
     /// The levels of `manifest` that the previous manifest does not have, with their bytes.
-    fn export(&self, manifest: &Manifest) -> Result<IndexExport> {
+    fn export(&self, manifest: &Manifest, sessions: Vec<u8>) -> Result<IndexExport> {
         let dir = levels_dir(&self.cfg.dir);
         let mut levels = Vec::new();
         for m in manifest.levels.iter().filter(|m| !self.manifest.levels.contains(m)) {
@@ -180,7 +185,7 @@ impl Compactor {
             }
             levels.push((m.clone(), segs));
         }
-        Ok(IndexExport { manifest: manifest.clone(), levels })
+        Ok(IndexExport { manifest: manifest.clone(), sessions, levels })
     }
 }
 

@@ -14,6 +14,7 @@
 //! - `compact`: the compaction thread: L0 into L1, cascades, the new manifest.
 //! - `tables`: the table set shared with readers in other processes, and [`RegionReader`].
 //! - `replica`: Send Index and Build Index: [`IndexExport`] from the primary, [`Backup`].
+//! - `sessions`: exactly-once sessions: what a retried write finds.
 //! - this module: [`Region`], its configuration, opening and recovery, reads.
 //!
 //! # Invariants
@@ -30,6 +31,7 @@ mod gc;
 mod merge;
 mod publish;
 mod replica;
+mod sessions;
 mod tables;
 mod write;
 
@@ -42,8 +44,10 @@ pub use gc::GcStep;
 use merge::{Src, Stored};
 use publish::Publications;
 pub use replica::{Backup, IndexExport, ShippedLevel};
+pub use sessions::{Lookup, SessionEntry, SessionLimits, Sessions};
 pub use tables::RegionReader;
 use tables::TableSet;
+pub use write::Tagged;
 use write::{Frozen, Pending};
 
 use crate::btree::Writer;
@@ -82,6 +86,8 @@ pub struct RegionConfig {
     /// Garbage collection takes a log segment once at least this fraction of it is garbage
     /// (0.5 by default: rewriting its live half costs at most what it frees).
     pub gc_min_garbage: f64,
+    /// Bounds of the exactly-once session table.
+    pub session_limits: SessionLimits,
 }
 
 impl RegionConfig {
@@ -99,6 +105,7 @@ impl RegionConfig {
             background_compaction: true,
             max_log_tail: 0,
             gc_min_garbage: 0.5,
+            session_limits: SessionLimits::default(),
         }
     }
 
@@ -171,6 +178,11 @@ pub(crate) fn levels_dir(dir: &Path) -> PathBuf {
     dir.join("levels")
 }
 
+/// The exactly-once sessions snapshot stored with manifest `generation`.
+pub(crate) fn sessions_path(dir: &Path, generation: u64) -> PathBuf {
+    dir.join(format!("SESSIONS-{generation:016}"))
+}
+
 /// One region's store. Single writer; reads from this handle see the latest writes (readers in
 /// other threads and processes see them once acknowledged).
 pub struct Region {
@@ -205,6 +217,8 @@ pub struct Region {
     control: HostControl,
     /// Log repairs already announced in a table set.
     repairs_published: u64,
+    /// Exactly-once sessions (what retried writes find).
+    sessions: Sessions,
 }
 
 /// What one [`Region::maintain`] call did.
@@ -258,6 +272,13 @@ impl Region {
             let what = "the manifest covers log positions the value log does not hold (lost log records)";
             return Err(Error::corrupt_file(&p, 24, what));
         }
+        let sessions = match std::fs::read(sessions_path(&cfg.dir, manifest.generation)) {
+            Ok(b) => Sessions::decode(&b, cfg.session_limits, &sessions_path(&cfg.dir, manifest.generation))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && manifest.generation == 0 => {
+                Sessions::new(cfg.session_limits)
+            }
+            Err(e) => return Err(Error::io(&sessions_path(&cfg.dir, manifest.generation), e)),
+        };
         let vreader = vlog.reader();
         let active = Writer::create_at(cfg.shm_dir.join("l0-1.arena"), &cfg.arena, manifest.max_version)?;
         let log_start = Lsn(manifest.log_start);
@@ -282,8 +303,10 @@ impl Region {
             gc: gc::GcState::default(),
             control,
             repairs_published: 0,
+            sessions,
         };
         region.remove_unreferenced_segments()?;
+        region.remove_stale_sessions()?;
         let mut rec = RegionRecovery { log: log_report, ..RegionRecovery::default() };
         region.replay(&mut rec)?;
         region.l0_end = region.l0_end.max(region.vlog.end());
@@ -331,6 +354,12 @@ impl Region {
             }
             let data = b.iter().filter(|(_, r)| !r.meta);
             self.apply_to_l0(version, data.map(|(at, r)| (r.key.as_ref(), r.tombstone, r.value.as_ref(), *at)), next)?;
+            for (at, r) in b.iter().filter(|(_, r)| r.meta) {
+                let entries = r.annotation_data().and_then(Sessions::decode_note).ok_or_else(|| {
+                    Error::corrupt_file(&self.vreader.segment_path(*at), at.offset() as u64, "malformed annotation")
+                })?;
+                self.sessions.record(version, &entries);
+            }
             rec.replayed += b.iter().filter(|(_, r)| !r.meta).count() as u64;
             self.admit();
         }
@@ -371,6 +400,22 @@ impl Region {
     /// an error if the log failed under it (the outcome is then unknown).
     pub fn wait_durable(&self, end: Lsn) -> Result<()> {
         self.vlog.wait_durable(end)
+    }
+
+    /// What a write `(client, seq)` finds in the exactly-once sessions (`first`: it is the write's
+    /// first attempt).
+    pub fn session_lookup(&self, client: u64, seq: u64, first: bool) -> Lookup {
+        self.sessions.lookup(client, seq, first)
+    }
+
+    /// The client got replies for every seq below `below`: its entries go.
+    pub fn session_acknowledge(&mut self, client: u64, below: u64) {
+        self.sessions.acknowledge(client, below);
+    }
+
+    /// The exactly-once sessions.
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
     }
 
     /// Why the region refuses writes now, if it does.
@@ -429,6 +474,18 @@ impl Region {
                 std::fs::read(&p).map(|b| (id, b)).map_err(|e| Error::io(&p, e))
             })
             .collect()
+    }
+
+    /// Deletes sessions snapshots of other manifests than the current one.
+    fn remove_stale_sessions(&self) -> Result<()> {
+        let keep = sessions_path(&self.cfg.dir, self.manifest.generation);
+        for e in std::fs::read_dir(&self.cfg.dir).map_err(|e| Error::io(&self.cfg.dir, e))? {
+            let e = e.map_err(|e| Error::io(&self.cfg.dir, e))?;
+            if e.file_name().to_string_lossy().starts_with("SESSIONS-") && e.path() != keep {
+                let _ = self.cfg.fs().remove(&e.path());
+            }
+        }
+        Ok(())
     }
 
     /// Deletes level segment files no manifest names (left by a crash mid-compaction).

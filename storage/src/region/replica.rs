@@ -24,6 +24,8 @@ pub type ShippedLevel = (LevelMeta, Vec<(u64, Vec<u8>)>);
 pub struct IndexExport {
     /// The primary's manifest after the compaction.
     pub manifest: Manifest,
+    /// The exactly-once sessions snapshot stored with that manifest (its file's bytes).
+    pub sessions: Vec<u8>,
     /// New levels with their segments, in allocation order.
     pub levels: Vec<ShippedLevel>,
 }
@@ -172,7 +174,12 @@ impl Backup {
             next_segment: self.next_level_segment,
             max_version: export.manifest.max_version,
         };
+        let sp = super::sessions_path(&self.dir, manifest.generation);
+        crate::fs::write_atomic(self.fs.as_ref(), &sp, &export.sessions).map_err(|e| Error::io(&sp, e))?;
         manifest.store(self.fs.as_ref(), &self.dir)?;
+        if self.manifest.generation > 0 {
+            let _ = self.fs.remove(&super::sessions_path(&self.dir, self.manifest.generation));
+        }
         self.bytes_written += manifest.encode().len() as u64;
         // Drop levels the primary replaced.
         let live: Vec<u64> = manifest.levels.iter().flat_map(|l| l.segments.iter().copied()).collect();

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::compact::{Compacted, Compactor};
 use super::control::Retired;
+use super::sessions::{SessionEntry, Sessions};
 use super::{Region, WriteAck, levels_dir};
 use crate::btree::{BatchOp, Writer};
 use crate::config::MAX_VALUE_LEN;
@@ -20,7 +21,7 @@ const COMPACTION_RETRY: Duration = Duration::from_secs(1);
 /// A compaction running on its thread, or one that ran inline.
 pub(super) enum Pending {
     Running(JoinHandle<Result<Compacted>>),
-    Done(Result<Compacted>),
+    Done(Box<Result<Compacted>>),
 }
 
 /// A frozen L0 and what it covers.
@@ -29,7 +30,12 @@ pub(super) struct Frozen {
     pub(super) version: u64,
     /// The end of the last batch it holds: every record before it is in this L0 or older tables.
     pub(super) log_end: Lsn,
+    /// The exactly-once sessions as of `log_end` (stored with the compaction's manifest).
+    pub(super) sessions: Sessions,
 }
+
+/// A batch of a group and its exactly-once entries (empty: none).
+pub type Tagged<'a, 'k> = (&'a [BatchOp<'k>], &'a [SessionEntry]);
 
 /// What a batch changes: key -> whether it exists afterwards.
 type Effects<'k> = Vec<(&'k [u8], bool)>;
@@ -76,6 +82,14 @@ impl Region {
     /// A result's error says whether the batch may still be applied
     /// ([`Error::outcome_unknown`]): only a failed log write leaves that open.
     pub fn write_group(&mut self, batches: &[&[BatchOp<'_>]]) -> Vec<Result<WriteAck>> {
+        let tagged: Vec<Tagged<'_, '_>> = batches.iter().map(|b| (*b, &[][..])).collect();
+        self.write_group_tagged(&tagged)
+    }
+
+    /// Like [`Region::write_group`], each batch with its exactly-once entries: logged with the
+    /// batch and recorded when it is applied (see [`Region::session_lookup`]).
+    pub fn write_group_tagged(&mut self, group: &[Tagged<'_, '_>]) -> Vec<Result<WriteAck>> {
+        let batches: Vec<&[BatchOp<'_>]> = group.iter().map(|g| g.0).collect();
         let mut results: Vec<Option<Result<WriteAck>>> = batches.iter().map(|_| None).collect();
         if let Some(e) = self.refusal() {
             return batches.iter().map(|_| Err(e.duplicate())).collect();
@@ -88,8 +102,10 @@ impl Region {
             let mut chunk_ops = 0usize;
             while i < batches.len() {
                 let ops = batches[i];
+                let note = (!group[i].1.is_empty()).then(|| Sessions::encode_note(group[i].1));
+                let note_rec = note.as_ref().map(|n| Record::annotation(0, n));
                 let (bytes, effects) = match self.check_batch(ops, &overlay) {
-                    Ok(x) => x,
+                    Ok((b, e)) => (b + note_rec.as_ref().map_or(0, |r| r.encoded_len()), e),
                     Err(e) => {
                         results[i] = Some(Err(e));
                         i += 1;
@@ -121,6 +137,17 @@ impl Region {
                     continue;
                 }
                 let version = self.last_version + 1;
+                if let Some(n) = &note
+                    && let Err(e) = self.vlog.append(&Record::annotation(version, n))
+                {
+                    self.vlog.discard();
+                    let err = Error::Unavailable(format!("appending to the log: {e}"));
+                    for a in chunk.drain(..) {
+                        results[a.index] = Some(Err(err.duplicate()));
+                    }
+                    results[i] = Some(Err(e));
+                    return finish(results, self.refusal());
+                }
                 let mut ptrs = Vec::with_capacity(ops.len());
                 for (j, op) in ops.iter().enumerate() {
                     let rec = match *op {
@@ -171,7 +198,10 @@ impl Region {
                     BatchOp::Delete(k) | BatchOp::PutPointer(k, ..) => (k, true, &[][..], at),
                 });
                 results[a.index] = Some(match self.apply_to_l0(a.version, items, a.end) {
-                    Ok(()) => Ok(WriteAck { version: a.version, end }),
+                    Ok(()) => {
+                        self.sessions.record(a.version, group[a.index].1);
+                        Ok(WriteAck { version: a.version, end })
+                    }
                     Err(e) => {
                         // Logged but not in L0: nothing more may be applied on top of it. A
                         // restart replays it, so its outcome is unknown, not failed.
@@ -336,7 +366,8 @@ impl Region {
             next.set_deferred_publish(true);
         }
         let frozen = std::mem::replace(&mut self.active, next);
-        self.frozen = Some(Frozen { writer: frozen, version, log_end: self.l0_end });
+        let sessions = self.sessions.clone();
+        self.frozen = Some(Frozen { writer: frozen, version, log_end: self.l0_end, sessions });
         self.publish_tables()?;
         if let Some(f) = &self.frozen {
             f.writer.set_tables_generation(self.tables_gen, true);
@@ -356,13 +387,14 @@ impl Region {
             publisher: f.writer.publisher(),
         };
         let (reader, version, log_end) = (f.writer.reader()?, f.version, f.log_end);
+        let sessions = f.sessions.clone();
         if !self.cfg.background_compaction {
-            self.compaction = Some(Pending::Done(compactor.run(reader, version, log_end)));
+            self.compaction = Some(Pending::Done(Box::new(compactor.run(reader, version, log_end, &sessions))));
             return Ok(());
         }
         let handle = std::thread::Builder::new()
             .name("dpukv-compact".into())
-            .spawn(move || compactor.run(reader, version, log_end))
+            .spawn(move || compactor.run(reader, version, log_end, &sessions))
             .map_err(|e| Error::io(&self.cfg.dir, e))?;
         self.compaction = Some(Pending::Running(handle));
         Ok(())
@@ -392,7 +424,7 @@ impl Region {
             Some(Pending::Running(h)) => {
                 h.join().unwrap_or_else(|_| Err(Error::Unavailable("the compaction thread panicked".into())))
             }
-            Some(Pending::Done(r)) => r,
+            Some(Pending::Done(r)) => *r,
         };
         let done = match outcome {
             Ok(done) => done,
@@ -410,8 +442,10 @@ impl Region {
         if let (Some(list), Some(e)) = (&mut self.exports, done.export) {
             list.push(e);
         }
+        let old_generation = self.manifest.generation;
         self.levels = done.levels;
         self.manifest = done.manifest;
+        let _ = self.cfg.fs().remove(&super::sessions_path(&self.cfg.dir, old_generation));
         let frozen = self.frozen.take();
         self.publish_tables()?;
         // Readers of older table sets may still read the frozen L0 and the replaced levels:

@@ -12,7 +12,9 @@
 //!   no batch half-visible, nothing that was never written;
 //! - every write the policy promised is there: under `always` every acknowledged write, under the
 //!   others every write the log had synced when the power went out;
-//! - a reader of the shared memory (what the device runs) sees the same state.
+//! - a reader of the shared memory (what the device runs) sees the same state;
+//! - the exactly-once sessions agree with the data: every recovered batch's `(client, seq)` finds
+//!   its version, and no batch that was lost is found.
 //!
 //! `kill -9` never loses the page cache, so only this kind of test exercises an fsync policy.
 
@@ -22,7 +24,7 @@ use std::path::Path;
 use crate::btree::BatchOp;
 use crate::error::Error;
 use crate::fs::FaultFs;
-use crate::region::{Region, RegionConfig, RegionReader};
+use crate::region::{Lookup, Region, RegionConfig, RegionReader, SessionEntry};
 use crate::vlog::FsyncPolicy;
 
 type Model = BTreeMap<Vec<u8>, Vec<u8>>;
@@ -141,6 +143,8 @@ struct Applied {
     /// The policy promised it survives a power loss.
     promised: bool,
     end: u64,
+    /// Its exactly-once sequence number (client 1).
+    seq: u64,
 }
 
 /// What one run did.
@@ -188,7 +192,9 @@ pub fn run(dir: &Path, policy: FsyncPolicy, c: &mut impl Choices, seed: u64) -> 
             _ => {}
         }
         let b = batch(c);
-        match region.write_batch(&ops(&b)) {
+        let tag = [SessionEntry { client: 1, seq: step + 1, reply: vec![step as u8] }];
+        let ops = ops(&b);
+        match region.write_group_tagged(&[(&ops, &tag)]).pop().expect("one result") {
             Ok(ack) => {
                 let next = apply(&model, &b).ok_or("a batch whose precondition fails was applied")?;
                 let promised = match region.wait_durable(ack.end) {
@@ -197,7 +203,7 @@ pub fn run(dir: &Path, policy: FsyncPolicy, c: &mut impl Choices, seed: u64) -> 
                     Err(e) => return Err(format!("step {step}: waiting for durability: {e}")),
                 };
                 model = next;
-                history.push(Applied { version: ack.version, batch: b, promised, end: ack.end.0 });
+                history.push(Applied { version: ack.version, batch: b, promised, end: ack.end.0, seq: step + 1 });
             }
             Err(Error::KeyExists) if apply(&model, &b).is_none() => {}
             Err(e) if e.outcome_unknown() => {
@@ -245,6 +251,22 @@ pub fn run(dir: &Path, policy: FsyncPolicy, c: &mut impl Choices, seed: u64) -> 
         return Err(format!(
             "the recovered state (version {recovered}) is not the history's prefix:\n got {got:?}\nwant {expect:?}"
         ));
+    }
+    let kept = crate::region::SessionLimits::default().per_client;
+    let recent = history.iter().filter(|a| a.version <= recovered).count().saturating_sub(kept);
+    for (i, a) in history.iter().enumerate() {
+        let found = region.session_lookup(1, a.seq, false);
+        let ok = if a.version <= recovered {
+            // The newest `kept` applied batches must be found; older ones may have been dropped.
+            matches!(found, Lookup::Applied { version, .. } if version == a.version)
+                || (i < recent && found == Lookup::Expired)
+        } else {
+            found != Lookup::Applied { version: a.version, reply: vec![(a.seq - 1) as u8] }
+                && !matches!(found, Lookup::Applied { .. })
+        };
+        if !ok {
+            return Err(format!("seq {} (version {}, recovered {recovered}) finds {found:?}", a.seq, a.version));
+        }
     }
     let mut reader = RegionReader::open(&shm).map_err(|e| format!("reader: {e}"))?;
     let seen: Model =
