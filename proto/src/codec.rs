@@ -8,6 +8,10 @@ use crate::error::{DecodeError, ErrorCode};
 use crate::limits::*;
 use crate::message::*;
 
+/// Request flag: an exactly-once session block follows the header.
+const F_SESSION: u16 = 1;
+/// Request flag: the write is a retry (only with a session).
+const F_RETRY: u16 = 2;
 const KIND_REQUESTS: u8 = 1;
 const KIND_RESPONSES: u8 = 2;
 /// Bytes of the frame header.
@@ -133,11 +137,20 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
             Consistency::Interleaved => (3, 0),
         };
         w.u8(c);
-        w.u16(0);
+        let flags = match r.session {
+            None => 0,
+            Some(s) => F_SESSION | if s.retry { F_RETRY } else { 0 },
+        };
+        w.u16(flags);
         w.u32(bound);
         w.u64(r.read_version);
         w.u32(r.region);
         w.u64(r.epoch);
+        if let Some(s) = r.session {
+            w.u64(s.client);
+            w.u64(s.seq);
+            w.u64(s.acked_below);
+        }
         match &r.op {
             Op::Get { key } | Op::Delete { key } => w.bytes(key),
             Op::Put { key, value } | Op::Insert { key, value } | Op::Update { key, value } => {
@@ -357,14 +370,30 @@ fn decode_request(e: &[u8]) -> RequestEntry {
     let mut r = R { b: e, p: 8 };
     let parse = |r: &mut R<'_>| -> Result<Request, EntryError> {
         let code = r.u8()?;
-        let consistency = match (r.u8()?, r.u16()?, r.u32()?) {
-            (0, _, _) => Consistency::Linearizable,
-            (1, _, ms) => Consistency::Bounded { max_staleness_ms: ms },
-            (2, _, _) => Consistency::Extended,
-            (3, _, _) => Consistency::Interleaved,
+        let (c, flags, bound) = (r.u8()?, r.u16()?, r.u32()?);
+        let consistency = match (c, bound) {
+            (0, 0) => Consistency::Linearizable,
+            (1, ms) => Consistency::Bounded { max_staleness_ms: ms },
+            (2, 0) => Consistency::Extended,
+            (3, 0) => Consistency::Interleaved,
+            (0 | 2 | 3, _) => {
+                return Err((ErrorCode::BadRequest, "a staleness bound with a consistency that has none"));
+            }
             _ => return Err((ErrorCode::BadRequest, "unknown consistency")),
         };
+        if flags & !(F_SESSION | F_RETRY) != 0 || (flags & F_RETRY != 0 && flags & F_SESSION == 0) {
+            return Err((ErrorCode::BadRequest, "reserved request flags set"));
+        }
         let (read_version, region, epoch) = (r.u64()?, r.u32()?, r.u64()?);
+        let session = if flags & F_SESSION != 0 {
+            let (client, seq, acked_below) = (r.u64()?, r.u64()?, r.u64()?);
+            if seq == 0 || acked_below > seq {
+                return Err((ErrorCode::BadRequest, "session seq must be >= 1 and not below acked_below"));
+            }
+            Some(Session { client, seq, acked_below, retry: flags & F_RETRY != 0 })
+        } else {
+            None
+        };
         let op = match OpCode::from_u8(code).ok_or((ErrorCode::UnknownOp, "unknown operation code"))? {
             OpCode::Get => Op::Get { key: r.key()? },
             OpCode::Delete => Op::Delete { key: r.key()? },
@@ -433,11 +462,18 @@ fn decode_request(e: &[u8]) -> RequestEntry {
             }
         };
         r.done()?;
-        let req = Request { id, consistency, read_version, region, epoch, op };
+        if session.is_some() && !req_is_write(&op) {
+            return Err((ErrorCode::BadRequest, "an exactly-once session on a read"));
+        }
+        let req = Request { id, consistency, read_version, region, epoch, session, op };
         req.op.validate().map_err(|c| (c, "request outside the protocol's limits"))?;
         Ok(req)
     };
     parse(&mut r).map_err(|(code, what)| (id, code, what))
+}
+
+fn req_is_write(op: &Op) -> bool {
+    op.code().is_write()
 }
 
 /// Decodes a complete response frame.

@@ -36,6 +36,12 @@ pub enum ErrorCode {
     BadToken = 15,
     /// The frame exceeds [`crate::limits::MAX_FRAME`].
     FrameTooLarge = 16,
+    /// A retried exactly-once write is too old for the server to tell whether it was applied
+    /// (its session entry was dropped): its outcome is unknown; do not retry it.
+    SessionExpired = 17,
+    /// The write was sent on (to the host) but no reply came back (the host died, or its log
+    /// failed): it may or may not be applied. Retry only with the same exactly-once session tag.
+    OutcomeUnknown = 18,
 }
 
 impl ErrorCode {
@@ -59,11 +65,14 @@ impl ErrorCode {
             14 => Unsupported,
             15 => BadToken,
             16 => FrameTooLarge,
+            17 => SessionExpired,
+            18 => OutcomeUnknown,
             _ => return None,
         })
     }
 
-    /// Whether the same request may succeed if retried later.
+    /// Whether the same request may succeed if retried later, and retrying cannot apply it twice
+    /// (see [`ErrorCode::OutcomeUnknown`] for the one code that is retryable only with a session).
     pub fn is_retryable(self) -> bool {
         matches!(self, ErrorCode::StaleEpoch | ErrorCode::Unavailable | ErrorCode::Overloaded)
     }
@@ -88,6 +97,8 @@ impl ErrorCode {
             Unsupported => "unsupported",
             BadToken => "bad_token",
             FrameTooLarge => "frame_too_large",
+            SessionExpired => "session_expired",
+            OutcomeUnknown => "outcome_unknown",
         }
     }
 }

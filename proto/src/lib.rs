@@ -3,7 +3,7 @@
 //! requests are in flight per connection and complete out of order), typed error codes, explicit
 //! limits, and scan continuation tokens. Spec with byte diagrams: `docs/protocol.md`.
 //!
-//! This crate sits at the bottom of the architecture (ARCHITECTURE.md §2) with `storage`; only it
+//! This crate sits at the bottom of the architecture (docs/architecture.md) with `storage`; only it
 //! knows byte layouts on the wire. It has no I/O: callers feed it bytes.
 //!
 //! # Layout
@@ -23,7 +23,9 @@ pub use codec::{
     FrameHeader, RequestEntry, decode_requests, decode_responses, encode_requests, encode_responses, frame_header,
 };
 pub use error::{DecodeError, ErrorCode};
-pub use message::{Cmp, Consistency, Elem, ErrorReply, Op, OpCode, ReduceOp, Reply, Request, Response, VecOp, WriteOp};
+pub use message::{
+    Cmp, Consistency, Elem, ErrorReply, Op, OpCode, ReduceOp, Reply, Request, Response, Session, VecOp, WriteOp,
+};
 pub use token::ScanToken;
 
 /// Protocol version carried in every frame.

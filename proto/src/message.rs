@@ -360,6 +360,19 @@ impl Op {
     }
 }
 
+/// A write's exactly-once tag: the client's session and the write's place in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Session {
+    /// The client's id (random, chosen by the client library).
+    pub client: u64,
+    /// The write's sequence number in the client's session (from 1).
+    pub seq: u64,
+    /// Every seq below this got its reply: the server may forget them.
+    pub acked_below: u64,
+    /// Not the first attempt: the write may have been applied before.
+    pub retry: bool,
+}
+
 /// A request: an operation with its id and read options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -374,6 +387,8 @@ pub struct Request {
     pub region: u32,
     /// The region epoch the client knows (0 = unchecked).
     pub epoch: u64,
+    /// A write's exactly-once tag (None: the write is not retried safely).
+    pub session: Option<Session>,
     /// The operation.
     pub op: Op,
 }
@@ -381,7 +396,7 @@ pub struct Request {
 impl Request {
     /// A request with default options.
     pub fn new(id: u64, op: Op) -> Request {
-        Request { id, consistency: Consistency::Linearizable, read_version: 0, region: 0, epoch: 0, op }
+        Request { id, consistency: Consistency::Linearizable, read_version: 0, region: 0, epoch: 0, session: None, op }
     }
 }
 

@@ -84,13 +84,22 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Consistency::Extended),
         Just(Consistency::Interleaved),
     ];
-    (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), op()).prop_map(
-        |(id, consistency, read_version, region, epoch, op)| Request {
+    let session =
+        proptest::option::of((any::<u64>(), 1u64..u64::MAX, any::<bool>()).prop_map(|(client, seq, retry)| Session {
+            client,
+            seq,
+            acked_below: seq / 2,
+            retry,
+        }));
+    (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), session, op()).prop_map(
+        |(id, consistency, read_version, region, epoch, session, op)| Request {
             id,
             consistency,
             read_version,
             region,
             epoch,
+            // Sessions tag writes only.
+            session: session.filter(|_| op.code().is_write()),
             op,
         },
     )
@@ -106,7 +115,7 @@ fn response() -> impl Strategy<Value = Response> {
         any::<[u8; 8]>().prop_map(Reply::Scalar),
         bytes(64).prop_map(Reply::Vector),
     ];
-    let code = (1u8..=16).prop_map(|b| ErrorCode::from_u8(b).expect("known code"));
+    let code = (1u8..=18).prop_map(|b| ErrorCode::from_u8(b).expect("known code"));
     let result = prop_oneof![
         3 => reply.prop_map(Ok),
         1 => (code, "[a-z ]{0,40}").prop_map(|(code, message)| Err(ErrorReply { code, message })),

@@ -1,7 +1,7 @@
 //! dpukv-storage: the storage engine of a dpukv node, as a library with no tokio, no sockets and
 //! no Kubernetes.
 //!
-//! This crate sits at the bottom of the architecture (ARCHITECTURE.md §2–3). The host process
+//! This crate sits at the bottom of the architecture (docs/architecture.md). The host process
 //! (`dpukv-node`) owns a [`Writer`] per region; the device process (`dpukv-dpu`) opens the same
 //! arena file as a [`Reader`] and serves GET and SCAN from it without ever waiting for the host.
 //!
@@ -12,24 +12,33 @@
 //! live in the arena so readers in other processes take part.
 //!
 //! # Layout
-//! - `arena`: the shared mapping (`shm`, the only `unsafe` module), superblock layout, reader
+//! - `announce`: an immutable payload in shared memory that a newer host marks closed (the
+//!   node's region map).
+//! - `arena`: the shared mapping (`shm`, where the `unsafe` accessors live; their few callers
+//!   state their reasons in `SAFETY` comments), superblock layout, generation-checked reader
 //!   slots and dead-reader detection, and the writer's page and LID allocators.
 //! - `btree`: node format (`node`), wait-free snapshot reads (`read`), the single writer (`write`).
 //! - `levels`: durable levels: immutable B+tree segments, the level builder, the manifest.
 //! - `region`: the region store: value log + L0 + levels, compaction, recovery, readers.
 //! - `vlog`: the value log: segments, records, group commit, fsync policies, recovery.
 //! - `config`: [`ArenaConfig`] and its validation.
-//! - `error`: [`Error`], classified with `code()` and `is_retryable()`.
-//! - `workload`: invariant-checking workloads (the bank) for the tool, tests and demo.
+//! - `error`: [`Error`], classified with `code()`, `is_retryable()` and `outcome_unknown()`.
+//! - `fs`: the file layer durable writes go through, and the fault-injecting one for tests.
+//! - `workload`: invariant-checking workloads (the bank, the power-loss scenario) for the tools,
+//!   tests, fuzz targets and demo.
 //!
 //! # Invariants
 //! - Bytes a reader can reach are never modified in place; they are published by release stores
 //!   of a page-table entry, a node's size word, or the global read version.
 //! - A reader that pinned read version `rv` sees exactly the writes with version `<= rv`.
-//! - Garbage retired at version `v` is freed only when every pinned reader slot holds `>= v`.
+//! - Garbage retired at version `v` is freed only when every pinned reader slot holds `>= v`;
+//!   a file retired at table-set generation `g` is deleted only when no reader pins a set `< g`.
+//! - A write is visible to readers in other threads and processes once it may be acknowledged
+//!   under the fsync policy, not before; nothing acknowledged is lost (module `vlog`).
 //!
 //! The byte layout is specified in `docs/storage-format.md`.
 
+pub mod announce;
 mod arena;
 mod btree;
 mod config;

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 /// Magic bytes at offset 0.
 pub(crate) const MAGIC: [u8; 8] = *b"DPUKVAR\0";
 /// Layout version written by this code.
-pub(crate) const LAYOUT_VERSION: u32 = 1;
+pub(crate) const LAYOUT_VERSION: u32 = 2;
 /// Bytes of the immutable, checksummed superblock prefix (CRC at `SB_CRC`).
 pub(crate) const SB_FIXED: usize = 112;
 pub(crate) const SB_CRC: u64 = 112;

@@ -52,9 +52,12 @@ fn unpack(w: u64) -> (u16, u64, u64) {
     ((w >> 48) as u16, (w >> VALUE_BITS) & 3, w & VALUE_MASK)
 }
 
-/// The full value a pinned slot's 46 bits stand for, given the current value.
+/// The full value a pinned slot's 46 bits stand for, given the current value. A pin newer than
+/// `current` (pinned after the caller loaded it) holds nothing below `current`: it counts as
+/// `current`.
 fn rebuild(current: u64, low: u64) -> u64 {
-    current - (current.wrapping_sub(low) & VALUE_MASK)
+    let behind = current.wrapping_sub(low) & VALUE_MASK;
+    if behind > VALUE_MASK / 2 || behind > current { current } else { current - behind }
 }
 
 /// Start time of process `pid` in clock ticks since boot (field 22 of /proc/PID/stat).
@@ -286,6 +289,8 @@ mod tests {
         for (current, pinned) in [(5, 5), (5, 0), (1 << 50, (1 << 50) - 3), (u64::MAX / 2, u64::MAX / 2 - (1 << 40))] {
             assert_eq!(rebuild(current, pinned & VALUE_MASK), pinned);
         }
+        assert_eq!(rebuild(5, 7), 5, "a pin newer than the reclaimer's view holds nothing back");
+        assert_eq!(rebuild(0, 3), 0);
         let w = pack(7, KIND_PINNED, 1 << 50 | 9);
         assert_eq!(unpack(w), (7, KIND_PINNED, 9));
     }

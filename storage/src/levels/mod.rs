@@ -1,4 +1,4 @@
-//! Durable levels (Tebis/Kreon, ARCHITECTURE.md §4): immutable B+tree indexes in segment files,
+//! Durable levels (Tebis/Kreon, docs/architecture.md): immutable B+tree indexes in segment files,
 //! built by compaction, named by the manifest, memory-mapped read-only (also by the device).
 //!
 //! # Layout

@@ -50,7 +50,13 @@ impl Compactor {
     pub(crate) fn run(self, frozen: Reader, version: u64, log_end: Lsn, sessions: &Sessions) -> Result<Compacted> {
         let r = self.compact(frozen, version, log_end, sessions);
         if r.is_err() {
-            let _ = remove_unreferenced(self.cfg.vlog.fs.as_ref(), &levels_dir(&self.cfg.dir), &self.manifest);
+            // Remove what this attempt wrote, but nothing either manifest names: the failure may
+            // have come after the new manifest was renamed into place (its directory sync, or the
+            // export), and whether that rename is durable is unknown.
+            if let Ok(on_disk) = Manifest::load(&self.cfg.dir) {
+                let keep: Vec<&Manifest> = std::iter::once(&self.manifest).chain(on_disk.as_ref()).collect();
+                let _ = remove_unreferenced(self.cfg.vlog.fs.as_ref(), &levels_dir(&self.cfg.dir), &keep);
+            }
         }
         r
     }
@@ -70,7 +76,8 @@ impl Compactor {
             compactions: 0,
             export: None,
         };
-        let mut next_segment = self.manifest.next_segment;
+        // A failed attempt may have left segments a manifest on disk names: never reuse their ids.
+        let mut next_segment = self.manifest.next_segment.max(highest_segment(&dir)? + 1);
         let snap = frozen.snapshot()?;
         let older = self.levels.first().cloned().flatten();
         let bottom = self.levels.iter().skip(1).all(Option::is_none);
@@ -189,19 +196,32 @@ impl Compactor {
     }
 }
 
-/// Deletes the level segment files in `dir` that `manifest` does not name (left by a crash or a
-/// failed compaction).
-pub(crate) fn remove_unreferenced(fs: &dyn Fs, dir: &Path, manifest: &Manifest) -> Result<()> {
-    let live: std::collections::HashSet<u64> =
-        manifest.levels.iter().flat_map(|l| l.segments.iter().copied()).collect();
-    let mut removed = false;
+/// Segment ids of the level segment files in `dir`.
+fn segment_ids(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
     for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let e = e.map_err(|e| Error::io(dir, e))?;
-        let name = e.file_name();
-        if let Some(id) = name.to_string_lossy().strip_suffix(".seg").and_then(|s| s.parse::<u64>().ok())
-            && !live.contains(&id)
-        {
-            let _ = fs.remove(&e.path());
+        if let Some(id) = e.file_name().to_string_lossy().strip_suffix(".seg").and_then(|s| s.parse::<u64>().ok()) {
+            out.push((id, e.path()));
+        }
+    }
+    Ok(out)
+}
+
+/// The highest level segment id with a file in `dir` (0 if none).
+fn highest_segment(dir: &Path) -> Result<u64> {
+    Ok(segment_ids(dir)?.into_iter().map(|(id, _)| id).max().unwrap_or(0))
+}
+
+/// Deletes the level segment files in `dir` that none of `manifests` names (left by a crash or a
+/// failed compaction).
+pub(crate) fn remove_unreferenced(fs: &dyn Fs, dir: &Path, manifests: &[&Manifest]) -> Result<()> {
+    let live: std::collections::HashSet<u64> =
+        manifests.iter().flat_map(|m| m.levels.iter().flat_map(|l| l.segments.iter().copied())).collect();
+    let mut removed = false;
+    for (id, path) in segment_ids(dir)? {
+        if !live.contains(&id) {
+            let _ = fs.remove(&path);
             removed = true;
         }
     }

@@ -62,6 +62,9 @@ pub(crate) enum Retired {
 /// The host's side.
 pub(crate) struct HostControl {
     map: Mapping,
+    /// Until the first table set is published the file waits under a temporary name, so no
+    /// reader ever finds a control block without a table set.
+    staged: Option<(PathBuf, PathBuf)>,
     current: u64,
     watch: SlotWatch,
     /// (generation at which it was retired, what) in retirement order.
@@ -116,14 +119,22 @@ impl HostControl {
         use std::os::unix::fs::FileExt;
         f.write_all_at(&header, 0).map_err(|e| Error::io(&tmp, e))?;
         map.word(C_STATE)?.store(STATE_READY, Ordering::SeqCst);
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
-        Ok(HostControl { map, current: 0, watch: SlotWatch::new(), retired: VecDeque::new() })
+        Ok(HostControl {
+            map,
+            staged: Some((tmp, path)),
+            current: 0,
+            watch: SlotWatch::new(),
+            retired: VecDeque::new(),
+        })
     }
 
     /// Makes generation `generation`, whose table-set file is written, the current one; the
     /// previous generation's file is retired.
     pub(crate) fn publish(&mut self, shm: &Path, generation: u64) -> Result<()> {
         self.map.word(C_CURRENT)?.store(generation, Ordering::SeqCst);
+        if let Some((tmp, path)) = self.staged.take() {
+            std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+        }
         if self.current > 0 {
             let old = tables_path(shm, self.current);
             self.retired.push_back((generation, Retired::Shared(old)));
@@ -251,9 +262,11 @@ mod tests {
         assert_eq!(g, 2, "a new pin sees the newest set");
         assert_eq!(host.collect().expect("collect").len(), 2, "the old set's file and the arena");
         assert!(reader.unpin(pinned));
-        // A newer host marks the control block closed for readers of the old one.
-        let _host2 = HostControl::create(dir.path()).expect("second host");
+        // A newer host marks the control block closed for readers of the old one, and puts its
+        // own in place once it has a table set to name.
+        let mut host2 = HostControl::create(dir.path()).expect("second host");
         assert!(reader.closed());
+        host2.publish(dir.path(), 1).expect("publish");
         assert!(!ReaderControl::open(dir.path()).expect("reopen").closed());
     }
 }

@@ -363,10 +363,11 @@ impl Region {
             rec.replayed += b.iter().filter(|(_, r)| !r.meta).count() as u64;
             self.admit();
         }
-        if !batch.is_empty() {
-            // Only possible at the very end of the log: an incomplete batch was never committed
-            // whole. (The value log already zeroed what followed its last valid record.)
+        if let Some((first, _)) = batch.first() {
+            // Only possible at the very end of the log: a torn write kept a prefix of a batch
+            // that was never committed whole. Cut it out, so the next writes do not follow it.
             rec.dropped = batch.iter().filter(|(_, r)| !r.meta).count() as u64;
+            self.vlog.cut_tail(*first)?;
         }
         Ok(())
     }
@@ -490,7 +491,7 @@ impl Region {
 
     /// Deletes level segment files no manifest names (left by a crash mid-compaction).
     fn remove_unreferenced_segments(&self) -> Result<()> {
-        compact::remove_unreferenced(self.cfg.fs(), &levels_dir(&self.cfg.dir), &self.manifest)
+        compact::remove_unreferenced(self.cfg.fs(), &levels_dir(&self.cfg.dir), &[&self.manifest])
     }
 
     /// Publishes the current tables as a new table set (generation + 1) for readers.

@@ -15,6 +15,9 @@ use crate::vlog::MappedLog;
 
 const MAGIC: &[u8; 8] = b"DPUKVTS2";
 
+/// Key-value pairs, ascending.
+pub type Items = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// The tables of a region, newest first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TableSet {
@@ -214,9 +217,7 @@ impl RegionReader {
             }
             let (generation, pinned) = self.ctl.pin()?;
             let out = self.pinned(generation, &f);
-            if !self.ctl.unpin(pinned) && attempt == 0 {
-                continue;
-            }
+            let out = if self.ctl.unpin(pinned) { out } else { Err(Error::ReaderRevoked) };
             return match out {
                 Err(Error::ReaderRevoked) if attempt == 0 => continue,
                 out => out,
@@ -267,20 +268,20 @@ impl RegionReader {
 
     /// Up to `limit` items with keys in `[lo, hi]`, ascending, from one snapshot.
     pub fn scan(&mut self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.scan_bounded(lo, hi, limit, usize::MAX)
+        Ok(self.scan_bounded(lo, hi, limit, usize::MAX)?.0)
     }
 
     /// Like [`RegionReader::scan`], stopping once the items' keys and values reach `max_bytes`
     /// (at least one item is returned if there is one): values are resolved from the log only
-    /// within the budget.
-    pub fn scan_bounded(
-        &mut self,
-        lo: &[u8],
-        hi: &[u8],
-        limit: usize,
-        max_bytes: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.with_srcs(|srcs, log| merge::scan(srcs, log, lo, hi, limit, max_bytes))
+    /// within the budget. Also returns the read version the items were read at.
+    pub fn scan_bounded(&mut self, lo: &[u8], hi: &[u8], limit: usize, max_bytes: usize) -> Result<(Items, u64)> {
+        self.with_srcs(|srcs, log| {
+            let version = match srcs.first() {
+                Some(Src::Snap(s)) => s.version(),
+                _ => 0,
+            };
+            Ok((merge::scan(srcs, log, lo, hi, limit, max_bytes)?, version))
+        })
     }
 
     /// Like [`RegionReader::scan`] from the largest key `<= lo`.

@@ -359,6 +359,11 @@ impl Region {
     /// Moves the active L0 aside, starts a new one, and starts compacting the frozen one.
     fn freeze(&mut self) -> Result<()> {
         let version = self.active.version();
+        if let Some(p) = &self.publications {
+            // Batches applied to this L0 since the last group ended (a freeze in the middle of a
+            // group) are written; publish them with the rest once the log is synced that far.
+            p.push(self.vlog.end(), version, &self.active.publisher());
+        }
         let seq = self.arena_seq + 1;
         let mut next = Writer::create_at(self.cfg.shm_dir.join(format!("l0-{seq}.arena")), &self.cfg.arena, version)?;
         self.arena_seq = seq;

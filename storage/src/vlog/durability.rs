@@ -173,6 +173,26 @@ impl Durability {
         out
     }
 
+    /// Recovery only, before any write: the log ends at `at` (in the active segment); the bytes
+    /// after it are zeroed and synced.
+    pub(crate) fn cut(&self, at: Lsn) -> Result<()> {
+        let mut st = self.lock();
+        if at.segment() != st.seg || at.0 > st.written || st.written != st.synced || st.writing {
+            return Err(Error::Config("cut: the position is not in the active segment's recovered tail".into()));
+        }
+        let len = (Lsn(st.written).offset() - at.offset()) as usize;
+        let p = super::segment::path(&self.dir, st.seg);
+        st.file.write_all_at(&vec![0u8; len], at.offset() as u64).map_err(|e| Error::io(&p, e))?;
+        st.file.sync_data().map_err(|e| Error::io(&p, e))?;
+        st.written = at.0;
+        st.synced = at.0;
+        st.ack = at.0;
+        st.requested = st.requested.min(at.0);
+        st.unsynced.clear();
+        st.unsynced_from = at.offset();
+        Ok(())
+    }
+
     /// Writes the seal record of the active segment.
     pub(crate) fn seal(&self, bytes: &[u8]) -> Result<()> {
         self.write(bytes)?;

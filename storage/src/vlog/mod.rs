@@ -318,6 +318,18 @@ impl ValueLog {
         Ok(at)
     }
 
+    /// Recovery only, before any append: ends the log at `at`, zeroing what follows (an
+    /// incomplete batch its owner found at the end of the log, which must not stay in front of
+    /// the next writes).
+    pub fn cut_tail(&mut self, at: Lsn) -> Result<()> {
+        if !self.buf.is_empty() {
+            return Err(Error::Config("cut_tail after appends".into()));
+        }
+        self.dur.cut(at)?;
+        self.tail = at.offset();
+        Ok(())
+    }
+
     /// Drops what was appended since the last commit (a group that will not be written).
     pub fn discard(&mut self) {
         self.tail -= self.buf.len() as u32;

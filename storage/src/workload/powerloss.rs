@@ -274,5 +274,27 @@ pub fn run(dir: &Path, policy: FsyncPolicy, c: &mut impl Choices, seed: u64) -> 
     if seen != got {
         return Err("a reader of the shared memory sees another state".into());
     }
+    drop(reader);
+    // Life goes on after recovery: more writes, a clean restart, and everything is there.
+    let mut region = region;
+    let mut model = got;
+    for _ in 0..50 {
+        let b = batch(c);
+        match region.write_batch(&ops(&b)) {
+            Ok(ack) => {
+                region.wait_durable(ack.end).map_err(|e| format!("after recovery: {e}"))?;
+                model = apply(&model, &b).ok_or("a refused batch applied after recovery")?;
+            }
+            Err(Error::KeyExists) if apply(&model, &b).is_none() => {}
+            Err(e) => return Err(format!("writing after recovery: {e}")),
+        }
+    }
+    drop(region);
+    let (region, _) =
+        Region::open(RegionConfig::tiny(&data, &shm, policy)).map_err(|e| format!("second recovery failed: {e}"))?;
+    let again: Model = region.scan(b"", b"\xff", usize::MAX).map_err(|e| format!("scan: {e}"))?.into_iter().collect();
+    if again != model {
+        return Err("writes after recovery did not survive a clean restart".into());
+    }
     Ok(out)
 }

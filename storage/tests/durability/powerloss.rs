@@ -3,7 +3,7 @@
 //! test exercises an fsync policy; the `region_powerloss` fuzz target runs the same scenario on
 //! arbitrary inputs.
 //!
-//! `DPUKV_POWERLOSS_SEEDS` sets how many seeds run per policy (default 12).
+//! `DPUKV_POWERLOSS_SEEDS` sets how many seeds run per policy (default 30).
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use dpukv_storage::workload::powerloss::{self, Seeded};
 
 #[test]
 fn power_loss_keeps_every_promised_write_and_only_a_prefix() {
-    let seeds: u64 = std::env::var("DPUKV_POWERLOSS_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
+    let seeds: u64 = std::env::var("DPUKV_POWERLOSS_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
     for policy in [FsyncPolicy::Always, FsyncPolicy::Interval(Duration::from_millis(2)), FsyncPolicy::Never] {
         let (mut promised, mut failed_syncs) = (0, 0);
         for seed in 1..=seeds {

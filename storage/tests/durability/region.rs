@@ -336,3 +336,33 @@ fn disk_use_stays_bounded_under_steady_overwrites() {
     let r = Region::open(cfg).expect("reopen").0;
     assert_eq!(r.scan(b"", b"\xff", usize::MAX).expect("scan"), model_scan(&m, b"", b"\xff", usize::MAX));
 }
+
+/// Regression: a torn write that kept a valid prefix of a batch (records without the batch-end
+/// one) was dropped by replay but left in the log, and the next writes followed it — so the next
+/// restart found "records of one batch carry different versions" and the region would not open.
+#[test]
+fn a_torn_partial_batch_is_cut_so_later_writes_survive_the_next_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = small_config(dir.path());
+    let mut r = Region::open(cfg.clone()).expect("open").0;
+    r.put(b"before", b"1").expect("put");
+    let ack =
+        r.write_batch(&[BatchOp::Put(b"a", b"x"), BatchOp::Put(b"b", b"y"), BatchOp::Put(b"c", b"z")]).expect("batch");
+    let end = ack.end;
+    drop(r);
+    // Tear the batch's last record: the first two stay valid, the batch-end one does not.
+    let seg = cfg.dir.join("vlog").join(format!("{:016}.vlog", end.segment()));
+    let mut bytes = std::fs::read(&seg).expect("read");
+    let last = end.offset() as usize - 1;
+    bytes[last - 3] ^= 0xff;
+    std::fs::write(&seg, &bytes).expect("write");
+    let (mut r, rec) = Region::open(cfg.clone()).expect("recover");
+    assert_eq!(rec.dropped, 2, "the batch's surviving records are dropped: {rec:?}");
+    assert_eq!(r.get(b"a").expect("get"), None, "nothing of the torn batch is visible");
+    r.put(b"after", b"2").expect("put after recovery");
+    drop(r);
+    let (r, _) = Region::open(cfg).expect("the next restart opens");
+    assert_eq!(r.get(b"before").expect("get"), Some(b"1".to_vec()));
+    assert_eq!(r.get(b"after").expect("get"), Some(b"2".to_vec()));
+    assert_eq!(r.get(b"b").expect("get"), None);
+}
