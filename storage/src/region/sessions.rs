@@ -10,14 +10,23 @@
 //! [`SessionLimits::per_client`] entries (past that its oldest go, and a retry of one of them gets
 //! [`Lookup::Expired`]); at most [`SessionLimits::clients`] clients are kept (the least recently
 //! used goes). A retry that finds nothing is never applied blindly when it could have been
-//! applied before: below the client's bounds, or from a client the table does not know (it may
-//! have been evicted), it is [`Lookup::Expired`] and the owner reports its outcome as unknown. A
-//! first attempt from an unknown client is new.
+//! applied before: below the client's bounds it is [`Lookup::Expired`] and the owner reports its
+//! outcome as unknown. A first attempt is always new.
+//!
+//! A retry from a client the table does not know is the hard case: the client may never have
+//! reached this region, or it may have been evicted after its first attempt was applied. The
+//! table tells them apart with time: clients promise to stop retrying a write
+//! [`RETRY_WINDOW_MS`] after its first attempt (the client library gives up well before), and the
+//! table keeps the latest last-use time of any evicted client. An unknown client's retry is new
+//! only when no client used within the window has been evicted (then it cannot have been one of
+//! them); otherwise it is expired. For the same reason a client recreated while such an eviction
+//! is recent starts with its earlier seqs expired. Times are wall-clock milliseconds; replayed
+//! records count as used at replay time, which only makes the rule more cautious.
 //!
 //! The annotation (little-endian): `u16 n`, then n × (`u64 client`, `u64 seq`, `u8 reply len`,
 //! reply bytes). The snapshot file: `DPUKVSS1`, `u32 clients`, per client `u64 client`,
 //! `u64 acked_below`, `u64 expired_below`, `u32 n`, n × (`u64 seq`, `u64 version`, `u8 len`,
-//! reply); then a CRC32C of everything before it.
+//! reply); then `u64 evicted_used_ms` and a CRC32C of everything before it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -52,6 +61,10 @@ pub enum Lookup {
     Expired,
 }
 
+/// How long after a write's first attempt a client may still retry it (milliseconds). Clients
+/// must give up before; the server assumes they do (see the module documentation).
+pub const RETRY_WINDOW_MS: u64 = 120_000;
+
 /// The table's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionLimits {
@@ -76,6 +89,8 @@ struct Session {
     entries: BTreeMap<u64, (u64, Vec<u8>)>,
     /// Logical time of the last use (for least-recently-used eviction).
     used: u64,
+    /// Wall-clock time of the last use (ms since the Unix epoch).
+    used_ms: u64,
 }
 
 /// See the module documentation.
@@ -84,8 +99,15 @@ pub struct Sessions {
     limits: SessionLimits,
     clients: HashMap<u64, Session>,
     clock: u64,
-    /// Clients evicted by the clients bound so far.
+    /// Clients evicted by the clients bound so far (since open).
     pub evicted: u64,
+    /// The latest last-use time of any evicted client (ms since the Unix epoch; 0: none).
+    evicted_used_ms: u64,
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Sessions {
@@ -97,15 +119,25 @@ impl Sessions {
     /// What a write `(client, seq)` finds; `first` says it is the write's first attempt (so it
     /// cannot have been applied before).
     pub fn lookup(&self, client: u64, seq: u64, first: bool) -> Lookup {
+        self.lookup_at(client, seq, first, now_ms())
+    }
+
+    /// [`Sessions::lookup`] at wall-clock time `now_ms`.
+    pub fn lookup_at(&self, client: u64, seq: u64, first: bool, now_ms: u64) -> Lookup {
         match self.clients.get(&client) {
-            None if first => Lookup::New,
-            None => Lookup::Expired,
             Some(s) => match s.entries.get(&seq) {
                 Some((version, reply)) => Lookup::Applied { version: *version, reply: reply.clone() },
-                None if seq < s.acked_below.max(s.expired_below) => Lookup::Expired,
+                None if !first && seq < s.acked_below.max(s.expired_below) => Lookup::Expired,
                 None => Lookup::New,
             },
+            None if !first && self.recent_eviction(now_ms) => Lookup::Expired,
+            None => Lookup::New,
         }
+    }
+
+    /// Whether a client used within the retry window of `now_ms` may have been evicted.
+    fn recent_eviction(&self, now_ms: u64) -> bool {
+        self.evicted_used_ms != 0 && now_ms <= self.evicted_used_ms.saturating_add(RETRY_WINDOW_MS)
     }
 
     /// The client acknowledged every seq below `below`: forget them.
@@ -120,11 +152,22 @@ impl Sessions {
 
     /// Records entries applied at `version`.
     pub fn record(&mut self, version: u64, entries: &[SessionEntry]) {
+        self.record_at(version, entries, now_ms());
+    }
+
+    /// [`Sessions::record`] at wall-clock time `now_ms`.
+    pub fn record_at(&mut self, version: u64, entries: &[SessionEntry], now_ms: u64) {
+        let recent = self.recent_eviction(now_ms);
         for e in entries {
             self.clock += 1;
             let clock = self.clock;
-            let s = self.clients.entry(e.client).or_default();
+            let s = self.clients.entry(e.client).or_insert_with(|| Session {
+                // Recreated while an eviction is recent: its earlier seqs may have been applied.
+                expired_below: if recent { e.seq } else { 0 },
+                ..Session::default()
+            });
             s.used = clock;
+            s.used_ms = now_ms;
             if e.seq < s.acked_below {
                 continue;
             }
@@ -137,7 +180,9 @@ impl Sessions {
         }
         while self.clients.len() > self.limits.clients {
             let oldest = self.clients.iter().min_by_key(|(_, s)| s.used).map(|(c, _)| *c).expect("not empty");
-            self.clients.remove(&oldest);
+            if let Some(gone) = self.clients.remove(&oldest) {
+                self.evicted_used_ms = self.evicted_used_ms.max(gone.used_ms);
+            }
             self.evicted += 1;
         }
     }
@@ -200,6 +245,7 @@ impl Sessions {
                 b.extend_from_slice(reply);
             }
         }
+        b.extend_from_slice(&self.evicted_used_ms.to_le_bytes());
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -208,13 +254,14 @@ impl Sessions {
     /// Parses a snapshot file; `path` names it in errors.
     pub(crate) fn decode(b: &[u8], limits: SessionLimits, path: &Path) -> Result<Sessions> {
         let bad = |off: usize, what| Error::corrupt_file(path, off as u64, what);
-        if b.len() < 16 || &b[..8] != b"DPUKVSS1" {
+        if b.len() < 24 || &b[..8] != b"DPUKVSS1" {
             return Err(bad(0, "not a sessions snapshot"));
         }
-        let body = b.len() - 4;
-        if crc32c::crc32c(&b[..body]) != u32::from_le_bytes(b[body..].try_into().expect("4 bytes")) {
-            return Err(bad(body, "sessions snapshot checksum mismatch"));
+        let crc_at = b.len() - 4;
+        if crc32c::crc32c(&b[..crc_at]) != u32::from_le_bytes(b[crc_at..].try_into().expect("4 bytes")) {
+            return Err(bad(crc_at, "sessions snapshot checksum mismatch"));
         }
+        let body = crc_at - 8;
         let le64 = |p: usize| {
             b.get(p..p + 8).filter(|_| p + 8 <= body).map(|x| u64::from_le_bytes(x.try_into().expect("8 bytes")))
         };
@@ -250,6 +297,7 @@ impl Sessions {
         if p != body {
             return Err(bad(p, "trailing bytes in the sessions snapshot"));
         }
+        t.evicted_used_ms = u64::from_le_bytes(b[body..crc_at].try_into().expect("8 bytes"));
         Ok(t)
     }
 }
@@ -265,6 +313,7 @@ mod tests {
     #[test]
     fn retries_find_their_reply_until_acknowledged_or_bounded() {
         let mut t = Sessions::new(SessionLimits { clients: 2, per_client: 3 });
+        assert_eq!(t.lookup(1, 1, false), Lookup::New, "no eviction ever: an unknown client was never applied");
         t.record(10, &[e(1, 1), e(1, 2)]);
         assert_eq!(t.lookup(1, 2, false), Lookup::Applied { version: 10, reply: e(1, 2).reply });
         assert_eq!(t.lookup(1, 3, false), Lookup::New, "a known client's unseen seq was never applied");
@@ -276,14 +325,21 @@ mod tests {
         t.record(12, &[e(2, 1)]);
         t.record(13, &[e(3, 1)]);
         assert_eq!(t.lookup(1, 5, false), Lookup::Expired, "the least recently used client was evicted");
+        assert_eq!(t.lookup(9, 1, false), Lookup::Expired, "any unknown client may be the evicted one");
         assert_eq!(t.lookup(1, 6, true), Lookup::New, "a first attempt is new");
         assert_eq!(t.evicted, 1);
+        t.record(14, &[e(1, 6)]);
+        assert_eq!(t.lookup(1, 5, false), Lookup::Expired, "recreated while the eviction is recent");
+        assert_eq!(t.lookup(1, 6, false), Lookup::Applied { version: 14, reply: e(1, 6).reply });
         let p = Path::new("sessions");
         let again = Sessions::decode(&t.encode(), t.limits, p).expect("round trip");
         assert_eq!(again.encode(), t.encode());
         let mut bad = t.encode();
         bad[13] ^= 1;
         assert!(Sessions::decode(&bad, t.limits, p).is_err());
+        let later = now_ms() + RETRY_WINDOW_MS + 1;
+        assert_eq!(again.lookup_at(9, 1, false, later), Lookup::New, "past the retry window of every eviction");
+        assert_eq!(again.lookup(9, 1, false), Lookup::Expired, "the eviction time survives the snapshot");
         let note = Sessions::encode_note(&[e(7, 9), e(7, 10)]);
         assert_eq!(Sessions::decode_note(&note), Some(vec![e(7, 9), e(7, 10)]));
         assert_eq!(Sessions::decode_note(&note[..note.len() - 1]), None);
