@@ -143,7 +143,7 @@ async fn write_loop(
             let mut next = Some(first);
             // Client-side batching: everything queued goes out in one frame (within limits).
             while let Some((mut req, done)) = next.take() {
-                bytes += approx(&req);
+                bytes += req.size_hint();
                 req.id = next_id;
                 next_id += 1;
                 w.insert(req.id, done);
@@ -216,16 +216,6 @@ fn take_frames(buf: &[u8], out: &mut Vec<Response>) -> Result<usize, DecodeError
         pos += h.total;
     }
     Ok(pos)
-}
-
-fn approx(r: &Request) -> usize {
-    use dpukv_proto::Op;
-    64 + match &r.op {
-        Op::Put { key, value } | Op::Insert { key, value } | Op::Update { key, value } => key.len() + value.len(),
-        Op::VectorVector { operand, .. } => operand.len(),
-        Op::Batch { ops } => ops.len() * 64,
-        op => op.key().len(),
-    }
 }
 
 #[cfg(test)]

@@ -23,14 +23,33 @@ pub enum ClientError {
     /// A reply of an unexpected kind.
     #[error("unexpected reply: {0}")]
     Unexpected(String),
+    /// No response within the attempt timeout (a write may or may not have executed).
+    #[error("no response within the attempt timeout")]
+    TimedOut,
+    /// A write may or may not have been applied, and the client could not find out (it has no
+    /// exactly-once session, or ran out of time retrying). Holds the last attempt's error.
+    #[error("the write's outcome is unknown: {0}")]
+    OutcomeUnknown(Box<ClientError>),
 }
 
 impl ClientError {
-    /// Whether retrying may succeed.
+    /// Whether retrying may succeed and cannot apply anything twice (for a read, also
+    /// [`ClientError::outcome_unknown`] errors are safe to retry).
     pub fn is_retryable(&self) -> bool {
         match self {
-            ClientError::Io(_) | ClientError::Disconnected => true,
+            ClientError::Io(_) => true,
             ClientError::Server(e) => e.code.is_retryable(),
+            _ => false,
+        }
+    }
+
+    /// Whether the request may have executed: the connection broke or the attempt timed out
+    /// with it in flight, or the server could not tell. A write failing this way is retried only
+    /// with its exactly-once tag.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            ClientError::Disconnected | ClientError::TimedOut | ClientError::OutcomeUnknown(_) => true,
+            ClientError::Server(e) => e.code == ErrorCode::OutcomeUnknown,
             _ => false,
         }
     }

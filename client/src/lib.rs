@@ -1,4 +1,4 @@
-//! dpukv-client: the async client of dpukv's binary protocol (ARCHITECTURE.md §2: depends on
+//! dpukv-client: the async client of dpukv's binary protocol (docs/architecture.md: depends on
 //! `proto` only). A [`Client`] keeps a pool of connections; each connection batches the requests
 //! queued on it into frames (client-side batching, KV-Direct §3.4) and keeps many in flight,
 //! matching responses to requests by id as they come back, in any order.
@@ -13,60 +13,182 @@ mod conn;
 mod error;
 pub mod workload;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use dpukv_proto as proto;
-use dpukv_proto::{Cmp, Elem, Op, ReduceOp, Reply, Request, Response, ScanToken, VecOp, WriteOp};
+use dpukv_proto::{Cmp, Elem, Op, ReduceOp, Reply, Request, Response, ScanToken, Session, VecOp, WriteOp};
 pub use error::ClientError;
 
 /// Result alias.
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
+/// How [`Client::call`] retries.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Stop retrying an operation this long after its first attempt. For exactly-once writes it
+    /// must stay below the server's retry window (120 s; see docs/protocol.md) so a retry is
+    /// always answered from the server's session table.
+    pub deadline: Duration,
+    /// How long one attempt may wait for its response.
+    pub attempt_timeout: Duration,
+    /// The first backoff between attempts (it doubles up to `max_backoff`).
+    pub first_backoff: Duration,
+    /// The longest backoff.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            deadline: Duration::from_secs(30),
+            attempt_timeout: Duration::from_secs(10),
+            first_backoff: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+/// This client's exactly-once session: its id, the next write's sequence number, and the
+/// sequence numbers whose calls have not finished (the smallest bounds what the server may
+/// forget).
+struct WriteSession {
+    client: u64,
+    next_seq: AtomicU64,
+    unfinished: Mutex<BTreeSet<u64>>,
+}
+
+impl WriteSession {
+    fn new() -> WriteSession {
+        // 64 random bits (std's hasher keys come from the OS's random source), so ids of
+        // different clients collide with negligible probability. Any id but 0 is valid.
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        h.write_u32(std::process::id());
+        let client = h.finish().max(1);
+        WriteSession { client, next_seq: AtomicU64::new(1), unfinished: Mutex::new(BTreeSet::new()) }
+    }
+
+    /// A new sequence number, unfinished until [`WriteSession::finish`].
+    fn start(&self) -> u64 {
+        let mut open = self.unfinished.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        open.insert(seq);
+        seq
+    }
+
+    fn finish(&self, seq: u64) {
+        self.unfinished.lock().unwrap_or_else(|e| e.into_inner()).remove(&seq);
+    }
+
+    /// Every seq below this has finished (the server may forget them).
+    fn acked_below(&self) -> u64 {
+        let open = self.unfinished.lock().unwrap_or_else(|e| e.into_inner());
+        open.first().copied().unwrap_or_else(|| self.next_seq.load(Ordering::Relaxed))
+    }
+}
+
 /// A pool of pipelined connections to one endpoint.
+///
+/// Retries: reads are retried on any transient failure. A write whose outcome is unknown (the
+/// connection broke, the attempt timed out, or the server answered `outcome_unknown`) is retried
+/// only with its exactly-once tag — the client's random id and the write's sequence number — so
+/// the server answers the retry from its record of the first attempt instead of applying it
+/// again. Without sessions ([`Client::without_sessions`]) such a write fails with
+/// [`ClientError::OutcomeUnknown`] and is never repeated.
 #[derive(Clone)]
 pub struct Client {
     conns: Arc<Vec<conn::Connection>>,
     next: Arc<AtomicUsize>,
-    /// Retries of retryable errors (with backoff) before giving up.
-    pub retries: u32,
+    session: Option<Arc<WriteSession>>,
+    /// How operations are retried.
+    pub retry: RetryPolicy,
 }
 
 impl Client {
-    /// Connects `pool` connections to `addr` (host:port).
+    /// Connects `pool` connections to `addr` (host:port), with exactly-once writes.
     pub async fn connect(addr: &str, pool: usize) -> Result<Client> {
         let mut conns = Vec::new();
         for _ in 0..pool.max(1) {
             conns.push(conn::Connection::open(addr).await?);
         }
-        Ok(Client { conns: Arc::new(conns), next: Arc::new(AtomicUsize::new(0)), retries: 20 })
+        Ok(Client {
+            conns: Arc::new(conns),
+            next: Arc::new(AtomicUsize::new(0)),
+            session: Some(Arc::new(WriteSession::new())),
+            retry: RetryPolicy::default(),
+        })
     }
 
-    /// Sends one request on the next connection and waits for its response (no retries).
-    pub async fn send(&self, op: Op) -> Result<Response> {
+    /// This client without exactly-once tags: writes whose outcome is unknown are not retried.
+    pub fn without_sessions(mut self) -> Client {
+        self.session = None;
+        self
+    }
+
+    /// The exactly-once session's client id, if writes are tagged.
+    pub fn session_id(&self) -> Option<u64> {
+        self.session.as_ref().map(|s| s.client)
+    }
+
+    /// Sends one request on the next connection and waits for its response (no retries, no
+    /// timeout, no session tag unless `req` has one).
+    pub async fn send_request(&self, req: Request) -> Result<Response> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
-        self.conns[i].call(Request::new(0, op)).await
+        self.conns[i].call(req).await
     }
 
-    /// Sends `op`, retrying retryable errors (host restarting, overload) with backoff; returns the
-    /// reply or the final error.
+    /// Sends one untagged request (no retries).
+    pub async fn send(&self, op: Op) -> Result<Response> {
+        self.send_request(Request::new(0, op)).await
+    }
+
+    /// Sends `op`, retrying what is safe to retry (see [`Client`]) with backoff until
+    /// [`RetryPolicy::deadline`]; returns the reply and the version, or the final error.
     pub async fn call(&self, op: Op) -> Result<(Reply, u64)> {
-        let mut delay = Duration::from_millis(5);
-        let mut attempt = 0;
+        let write = op.code().is_write();
+        let session = self.session.as_ref().filter(|_| write);
+        let seq = session.map(|s| s.start());
+        let out = self.call_inner(op, write, session.zip(seq)).await;
+        if let (Some(s), Some(seq)) = (session, seq) {
+            s.finish(seq);
+        }
+        out
+    }
+
+    async fn call_inner(&self, op: Op, write: bool, tag: Option<(&Arc<WriteSession>, u64)>) -> Result<(Reply, u64)> {
+        let policy = self.retry;
+        let started = tokio::time::Instant::now();
+        let mut req = Request::new(0, op);
+        let mut delay = policy.first_backoff;
+        // Whether an earlier attempt may have been applied.
+        let mut maybe_applied = false;
         loop {
-            let out = self.send(op.clone()).await.and_then(|r| match r.result {
-                Ok(reply) => Ok((reply, r.version)),
-                Err(e) => Err(ClientError::Server(e)),
-            });
-            match out {
-                Err(e) if e.is_retryable() && attempt < self.retries => {
-                    attempt += 1;
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_millis(500));
-                }
-                other => return other,
+            if let Some((s, seq)) = tag {
+                req.session =
+                    Some(Session { client: s.client, seq, acked_below: s.acked_below(), retry: maybe_applied });
             }
+            let attempt = tokio::time::timeout(policy.attempt_timeout, self.send_request(req.clone())).await;
+            let err = match attempt {
+                Ok(Ok(Response { result: Ok(reply), version, .. })) => return Ok((reply, version)),
+                Ok(Ok(Response { result: Err(e), .. })) => ClientError::Server(e),
+                Ok(Err(e)) => e,
+                Err(_) => ClientError::TimedOut,
+            };
+            let unknown = err.outcome_unknown();
+            if write && unknown {
+                maybe_applied = true;
+            }
+            let retryable = err.is_retryable() || (unknown && (!write || tag.is_some()));
+            let out_of_time = started.elapsed() + delay > policy.deadline;
+            if !retryable || out_of_time || (write && unknown && tag.is_none()) {
+                return Err(if write && maybe_applied { ClientError::OutcomeUnknown(Box::new(err)) } else { err });
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(policy.max_backoff);
         }
     }
 
@@ -186,5 +308,110 @@ impl Client {
             Reply::Vector(v) => Ok(v),
             other => Err(ClientError::unexpected(&other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use dpukv_proto::{decode_requests, encode_responses, frame_header};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A server that drops each of its first `drop_first` connections after reading one request
+    /// frame, then answers every request `Done`; it records every request it read.
+    async fn flaky_server(drop_first: usize) -> (String, Arc<Mutex<Vec<Request>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a local port");
+        let addr = listener.local_addr().expect("bound").to_string();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            for n in 0.. {
+                let Ok((mut s, _)) = listener.accept().await else { return };
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Ok(got) = s.read(&mut chunk).await else { return };
+                        if got == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..got]);
+                        while let Ok(Some(h)) = frame_header(&buf) {
+                            if buf.len() < h.total {
+                                break;
+                            }
+                            let reqs: Vec<Request> = decode_requests(&buf[..h.total])
+                                .expect("a request frame")
+                                .into_iter()
+                                .map(|r| r.expect("a valid request"))
+                                .collect();
+                            buf.drain(..h.total);
+                            log.lock().expect("log").extend(reqs.iter().cloned());
+                            if n < drop_first {
+                                return; // the request is "maybe applied"
+                            }
+                            let resps: Vec<Response> = reqs
+                                .iter()
+                                .map(|r| Response { id: r.id, version: 1, replicated: false, result: Ok(Reply::Done) })
+                                .collect();
+                            let mut out = Vec::new();
+                            encode_responses(&resps, &mut out);
+                            s.write_all(&out).await.expect("write");
+                        }
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    #[tokio::test]
+    async fn a_write_of_unknown_outcome_is_retried_only_with_its_session_tag() {
+        let (addr, seen) = flaky_server(1).await;
+        let c = Client::connect(&addr, 1).await.expect("connect");
+        c.put(b"k", b"v").await.expect("retried with its tag, then answered");
+        let seen = seen.lock().expect("log").clone();
+        assert_eq!(seen.len(), 2, "one attempt lost, one retry");
+        let (a, b) = (seen[0].session.expect("tagged"), seen[1].session.expect("tagged"));
+        assert_eq!((a.client, a.seq, a.retry), (c.session_id().expect("session"), 1, false));
+        assert_eq!((b.client, b.seq, b.retry), (a.client, 1, true), "the retry names the same write");
+        // The next write is the next seq, and tells the server seq 1 is done.
+        let (addr2, seen2) = flaky_server(0).await;
+        let c2 = Client { conns: Arc::new(vec![conn::Connection::open(&addr2).await.expect("connect")]), ..c.clone() };
+        c2.delete(b"k").await.expect("answered");
+        let s = seen2.lock().expect("log")[0].session.expect("tagged");
+        assert_eq!((s.seq, s.acked_below, s.retry), (2, 2, false));
+    }
+
+    #[tokio::test]
+    async fn without_sessions_a_write_of_unknown_outcome_is_never_repeated() {
+        let (addr, seen) = flaky_server(1).await;
+        let c = Client::connect(&addr, 1).await.expect("connect").without_sessions();
+        let err = c.fetch_add(b"n", 1).await.expect_err("its outcome is unknown");
+        assert!(matches!(err, ClientError::OutcomeUnknown(_)), "{err:?}");
+        assert_eq!(seen.lock().expect("log").len(), 1, "sent once, never again");
+        assert!(seen.lock().expect("log")[0].session.is_none());
+        // Reads are retried (and never tagged).
+        let (addr, seen) = flaky_server(1).await;
+        let c = Client::connect(&addr, 1).await.expect("connect").without_sessions();
+        assert!(matches!(c.call(Op::Get { key: b"k".to_vec() }).await, Ok((Reply::Done, 1))));
+        assert_eq!(seen.lock().expect("log").len(), 2);
+    }
+
+    #[tokio::test]
+    async fn retries_stop_at_the_deadline() {
+        let (addr, seen) = flaky_server(usize::MAX).await;
+        let mut c = Client::connect(&addr, 1).await.expect("connect");
+        c.retry.deadline = Duration::from_millis(200);
+        let started = std::time::Instant::now();
+        let err = c.put(b"k", b"v").await.expect_err("never answered");
+        assert!(matches!(err, ClientError::OutcomeUnknown(_)), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(seen.lock().expect("log").len() > 2, "retried until the deadline");
     }
 }

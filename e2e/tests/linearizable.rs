@@ -57,10 +57,11 @@ async fn client(addr: String, id: u64, h: History, until: Instant, atomics: bool
         let call = h.now();
         let res = c.send(op.clone()).await;
         let ret = h.now();
-        // Retryable failures and lost connections: the operation may or may not have happened.
+        // Retryable failures, lost connections and unknown outcomes: the operation may or may
+        // not have happened (this client sends each operation once, untagged).
         let unknown = match &res {
-            Err(e) => e.is_retryable(),
-            Ok(r) => r.result.as_ref().is_err_and(|e| e.code.is_retryable()),
+            Err(e) => e.is_retryable() || e.outcome_unknown(),
+            Ok(r) => r.result.as_ref().is_err_and(|e| e.code.is_retryable() || e.code == ErrorCode::OutcomeUnknown),
         };
         if unknown {
             if let Some(kop) = write_op(&op) {
@@ -194,6 +195,66 @@ fn linearizable_across_a_host_crash() {
     });
     let unknown = h.events().iter().filter(|e| e.ret.is_none()).count();
     assert!(unknown > 0, "the crash should have cut some operations off");
+    must_be_linearizable(&h);
+}
+
+/// Exactly-once writes: clients `fetch_add` through the library's retrying, session-tagged
+/// calls while the host is SIGKILLed and restarted twice. Every call must come back with a
+/// value (a retry of a write the dead host applied is answered from the session table, never
+/// applied again), the counters must equal the number of calls exactly, and the history of
+/// fetch-adds and reads must be linearizable.
+#[test]
+fn exactly_once_fetch_adds_across_host_crashes() {
+    let mut pod = Pod::start(&["--fsync", "always"]).expect("pod");
+    let h = History::default();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let until = Instant::now() + Duration::from_millis(2600);
+    let counters: Vec<Vec<u8>> = (0..2).map(|i| format!("ctr{i}").into_bytes()).collect();
+    let tasks: Vec<_> = (0..6u64)
+        .map(|id| {
+            let (addr, h, counters) = (pod.addr.clone(), h.clone(), counters.clone());
+            rt.spawn(async move {
+                let c = Client::connect(&addr, 1).await.expect("connect");
+                let (mut adds, mut n) = (vec![0u64; counters.len()], id);
+                while Instant::now() < until {
+                    n += 1;
+                    let i = (n % counters.len() as u64) as usize;
+                    let key = &counters[i];
+                    let call = h.now();
+                    if n % 4 == 0 {
+                        let v = c.get(key).await.expect("a read is retried until it is answered");
+                        h.record(key, KeyOp::Get(v), call, Some(h.now()));
+                    } else {
+                        let old = c.fetch_add(key, 1).await.expect("an exactly-once write is retried to its outcome");
+                        h.record(key, KeyOp::FetchAdd(1, old), call, Some(h.now()));
+                        adds[i] += 1;
+                    }
+                }
+                adds
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(700));
+        pod.kill_host();
+        std::thread::sleep(Duration::from_millis(150));
+        pod.start_host().expect("restart host");
+    }
+    let mut adds = vec![0u64; counters.len()];
+    rt.block_on(async {
+        for t in tasks {
+            for (total, a) in adds.iter_mut().zip(t.await.expect("client task")) {
+                *total += a;
+            }
+        }
+        let c = Client::connect(&pod.addr, 1).await.expect("connect");
+        for (key, want) in counters.iter().zip(&adds) {
+            let v = c.get(key).await.expect("read").expect("the counter exists");
+            let got = u64::from_le_bytes(v.try_into().expect("8 bytes"));
+            assert_eq!(got, *want, "counter {}: {want} fetch_adds acknowledged", String::from_utf8_lossy(key));
+        }
+    });
+    assert!(adds.iter().sum::<u64>() > 200, "only {adds:?} fetch_adds");
     must_be_linearizable(&h);
 }
 

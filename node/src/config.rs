@@ -3,12 +3,67 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use dpukv_storage::vlog::FsyncPolicy;
 
+use std::time::Duration;
+
+use crate::conn::ConnConfig;
 use crate::dpu::DeviceConfig;
 use crate::host::HostConfig;
 use crate::regions::RegionMap;
+
+/// Limits every process applies to its connections (flags shared by both binaries).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConnArgs {
+    /// Bytes all connections together may hold (frames, requests in flight, responses not yet
+    /// written); a connection waits, without reading, while it is spent.
+    #[arg(long, env = "DPUKV_MEMORY_BUDGET", default_value_t = 1 << 30)]
+    pub memory_budget: usize,
+    /// Bytes one connection may hold (at least 32 MiB: two maximal frames).
+    #[arg(long, default_value_t = 64 << 20)]
+    pub conn_memory: usize,
+    /// Requests one connection may have in flight.
+    #[arg(long, default_value_t = 4096)]
+    pub max_in_flight: usize,
+    /// Seconds a connection may stay idle (no frame) before it is closed.
+    #[arg(long, default_value_t = 300)]
+    pub idle_timeout: u64,
+    /// Seconds a frame's bytes may take to arrive once its header did.
+    #[arg(long, default_value_t = 30)]
+    pub frame_timeout: u64,
+    /// Seconds a response write may take before the connection is closed.
+    #[arg(long, default_value_t = 30)]
+    pub write_timeout: u64,
+    /// Seconds a shutdown waits for requests in flight.
+    #[arg(long, default_value_t = 10)]
+    pub shutdown_grace: u64,
+}
+
+impl ConnArgs {
+    fn config(&self) -> Result<ConnConfig> {
+        if self.conn_memory < 2 * dpukv_proto::limits::MAX_FRAME {
+            bail!("--conn-memory must be at least {} bytes (two maximal frames)", 2 * dpukv_proto::limits::MAX_FRAME);
+        }
+        if self.memory_budget < self.conn_memory {
+            bail!("--memory-budget must be at least --conn-memory");
+        }
+        if self.max_in_flight == 0 || self.idle_timeout == 0 || self.frame_timeout == 0 || self.write_timeout == 0 {
+            bail!("limits and timeouts must be positive");
+        }
+        Ok(ConnConfig {
+            max_in_flight: self.max_in_flight,
+            conn_bytes: self.conn_memory,
+            frame_timeout: Duration::from_secs(self.frame_timeout),
+            idle_timeout: Duration::from_secs(self.idle_timeout),
+            write_timeout: Duration::from_secs(self.write_timeout),
+        })
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
 
 /// Parses `always`, `never` or `interval:MS` (MS >= 1).
 pub fn parse_fsync(s: &str) -> Result<FsyncPolicy> {
@@ -44,6 +99,12 @@ pub struct HostArgs {
     /// Baseline for benchmarks: execute every atomic as its own read-modify-write and log append.
     #[arg(long)]
     pub no_reservation_station: bool,
+    /// Reader threads for reads that reach the host (the --serve-reads-on-host baseline).
+    #[arg(long, default_value_t = 2)]
+    pub read_threads: usize,
+    /// Connection limits.
+    #[command(flatten)]
+    pub conn: ConnArgs,
 }
 
 impl HostArgs {
@@ -60,6 +121,10 @@ impl HostArgs {
             admin: self.admin,
             max_connections: self.max_connections.max(1),
             per_op_atomics: self.no_reservation_station,
+            conn: self.conn.config()?,
+            memory_budget: self.conn.memory_budget,
+            read_threads: self.read_threads.max(1),
+            shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
         })
     }
 }
@@ -80,21 +145,43 @@ pub struct DeviceArgs {
     /// Admin HTTP address.
     #[arg(long, env = "DPUKV_DEVICE_ADMIN")]
     pub admin: Option<SocketAddr>,
-    /// Most client connections.
+    /// Most client connections (more are closed at once).
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
+    /// Reader threads: the device's cores (default: one per CPU).
+    #[arg(long, default_value_t = default_threads())]
+    pub read_threads: usize,
+    /// Links to the host, shared by all client connections.
+    #[arg(long, default_value_t = 2)]
+    pub host_links: usize,
+    /// Seconds a forwarded write may wait for the host's reply before its outcome is reported
+    /// unknown.
+    #[arg(long, default_value_t = 30)]
+    pub host_timeout: u64,
+    /// Connection limits.
+    #[command(flatten)]
+    pub conn: ConnArgs,
 }
 
 impl DeviceArgs {
-    /// The configuration.
-    pub fn config(&self) -> DeviceConfig {
-        DeviceConfig {
+    /// The validated configuration.
+    pub fn config(&self) -> Result<DeviceConfig> {
+        if self.host_timeout == 0 {
+            bail!("--host-timeout must be positive");
+        }
+        Ok(DeviceConfig {
             shm_dir: self.shm_dir.clone(),
             listen: self.listen,
             serve_reads_on_host: self.serve_reads_on_host,
             admin: self.admin,
             max_connections: self.max_connections.max(1),
-        }
+            conn: self.conn.config()?,
+            memory_budget: self.conn.memory_budget,
+            read_threads: self.read_threads.max(1),
+            host_links: self.host_links.max(1),
+            host_timeout: Duration::from_secs(self.host_timeout),
+            shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
+        })
     }
 }
 

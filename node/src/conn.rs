@@ -1,134 +1,376 @@
-//! Connection plumbing shared by the host and the device: reading whole frames (header first,
-//! limits checked before the body is read), a writer task that coalesces ready responses into
-//! frames, and a cap on requests in flight per connection (which bounds every queue behind it).
+//! Serving one protocol connection — a client of the device, or the device's link to the host —
+//! so that nothing a peer sends can grow the process's memory past a stated bound:
+//!
+//! - **Bytes are charged before they are allocated.** A frame's header is read first (limits
+//!   checked); its length is taken from the connection's budget ([`ConnConfig::conn_bytes`]) and
+//!   from the process's ([`Budget`]) before its buffer exists, waiting (and so not reading the
+//!   socket) while either is spent. Each request then keeps a charge for its own bytes plus the
+//!   largest response it can produce, until that response is written; the read path gives back
+//!   what a response did not use.
+//! - **Requests in flight are capped** ([`ConnConfig::max_in_flight`]), ids must be unique among
+//!   them (a duplicate is answered `bad_request` at once), and every queue behind a connection is
+//!   bounded by that cap.
+//! - **Timeouts**: a connection with no complete frame header for [`ConnConfig::idle_timeout`] is
+//!   closed; a frame whose bytes do not all arrive within [`ConnConfig::frame_timeout`] of its
+//!   header closes it (slow loris); a response write that does not finish within
+//!   [`ConnConfig::write_timeout`] closes it (a peer that does not read).
+//! - The writer frames ready responses in bounded buffers (one write per batch).
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use dpukv_proto::{DecodeError, ErrorCode, RequestEntry, Response, decode_requests, encode_responses, frame_header};
+use dpukv_proto::limits::{MAX_OPS_PER_FRAME, MAX_SCAN_BYTES, MAX_VALUE};
+use dpukv_proto::{
+    DecodeError, ErrorCode, Op, Reply, Request, Response, decode_requests, encode_responses, frame_header,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-/// Most requests of one connection in flight; also the capacity of its response channel, so a
-/// response can always be queued without waiting.
-pub const MAX_IN_FLIGHT: usize = 4096;
-
-/// Reads the next complete frame into `buf` (replacing its contents). `Ok(false)` at a clean end
-/// of stream.
-pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Result<bool, FrameReadError> {
-    buf.clear();
-    buf.resize(8, 0);
-    match r.read_exact(&mut buf[..8]).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
-        Err(e) => return Err(FrameReadError::Io(e)),
-    }
-    let h =
-        frame_header(buf).map_err(FrameReadError::Decode)?.ok_or(FrameReadError::Decode(DecodeError::Incomplete))?;
-    buf.resize(h.total, 0);
-    r.read_exact(&mut buf[8..]).await.map_err(FrameReadError::Io)?;
-    Ok(true)
+/// Per-connection limits.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnConfig {
+    /// Most requests in flight (read, not yet answered).
+    pub max_in_flight: usize,
+    /// Most bytes of frames, requests and responses held for the connection.
+    pub conn_bytes: usize,
+    /// A frame's bytes must all arrive within this once its header did.
+    pub frame_timeout: Duration,
+    /// A connection that sends no frame header for this long is closed.
+    pub idle_timeout: Duration,
+    /// A response write must finish within this.
+    pub write_timeout: Duration,
 }
 
-/// Why a connection stops.
-#[derive(Debug, thiserror::Error)]
-pub enum FrameReadError {
-    /// The socket failed.
-    #[error("i/o: {0}")]
-    Io(std::io::Error),
-    /// The frame cannot be trusted.
-    #[error("bad frame: {0}")]
-    Decode(DecodeError),
-}
-
-/// Reads and decodes the next frame of requests and reserves their in-flight permits. None when
-/// the connection should end: closed, shutting down, or a frame that cannot be trusted (the
-/// client is told why first).
-pub async fn next_requests<R: AsyncRead + Unpin>(
-    r: &mut R,
-    buf: &mut Vec<u8>,
-    out: &Outbox,
-    stop: &CancellationToken,
-) -> Option<Vec<RequestEntry>> {
-    let got = tokio::select! {
-        _ = stop.cancelled() => return None,
-        got = read_frame(r, buf) => got,
-    };
-    let bad = match got {
-        Ok(true) => match decode_requests(buf) {
-            Ok(entries) => {
-                let permits = out.in_flight.clone().acquire_many_owned(entries.len() as u32).await.ok()?;
-                permits.forget();
-                return Some(entries);
-            }
-            Err(e) => e.to_string(),
-        },
-        Ok(false) | Err(FrameReadError::Io(_)) => return None,
-        Err(FrameReadError::Decode(e)) => e.to_string(),
-    };
-    let _ = out.tx.send(Response::error(0, ErrorCode::BadRequest, bad)).await;
-    None
-}
-
-/// The write side of a connection: responses queued on `tx` are written in frames.
-pub struct Outbox {
-    /// Queue a response here.
-    pub tx: mpsc::Sender<Response>,
-    /// Permits for requests in flight: take one per request read, the writer returns it.
-    pub in_flight: Arc<Semaphore>,
-}
-
-/// Starts the writer task for `w`; it ends when every sender is dropped or the socket fails.
-pub fn spawn_writer<W: AsyncWrite + Unpin + Send + 'static>(mut w: W) -> (Outbox, tokio::task::JoinHandle<()>) {
-    let (tx, mut rx) = mpsc::channel::<Response>(MAX_IN_FLIGHT);
-    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    let permits = in_flight.clone();
-    let task = tokio::spawn(async move {
-        let mut batch = Vec::with_capacity(256);
-        let mut buf = Vec::with_capacity(64 << 10);
-        while let Some(first) = rx.recv().await {
-            batch.push(first);
-            while batch.len() < dpukv_proto::limits::MAX_OPS_PER_FRAME {
-                match rx.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
-                }
-            }
-            buf.clear();
-            // Keep frames under the limit: large values go in frames of their own.
-            let mut start = 0;
-            while start < batch.len() {
-                let mut end = start;
-                let mut size = 0;
-                while end < batch.len()
-                    && (end == start || size + approx_size(&batch[end]) < dpukv_proto::limits::MAX_FRAME / 2)
-                {
-                    size += approx_size(&batch[end]);
-                    end += 1;
-                }
-                encode_responses(&batch[start..end], &mut buf);
-                start = end;
-            }
-            let n = batch.len();
-            batch.clear();
-            if w.write_all(&buf).await.is_err() {
-                break;
-            }
-            permits.add_permits(n);
+impl Default for ConnConfig {
+    fn default() -> Self {
+        ConnConfig {
+            max_in_flight: 4096,
+            conn_bytes: 64 << 20,
+            frame_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(300),
+            write_timeout: Duration::from_secs(30),
         }
-        let _ = w.shutdown().await;
-    });
-    (Outbox { tx, in_flight }, task)
+    }
 }
 
-fn approx_size(r: &Response) -> usize {
-    use dpukv_proto::Reply;
+/// The process's byte budget, shared by all its connections.
+#[derive(Clone)]
+pub struct Budget {
+    sem: Arc<Semaphore>,
+    total: usize,
+}
+
+impl Budget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: usize) -> Budget {
+        let bytes = bytes.min(Semaphore::MAX_PERMITS);
+        Budget { sem: Arc::new(Semaphore::new(bytes)), total: bytes }
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> usize {
+        self.total - self.sem.available_permits()
+    }
+}
+
+/// What a request holds until its response is written: bytes of the connection's and of the
+/// process's budget, and one of the connection's in-flight slots.
+#[derive(Debug, Default)]
+pub struct Charge {
+    conn: Option<OwnedSemaphorePermit>,
+    global: Option<OwnedSemaphorePermit>,
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+impl Charge {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.conn.as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    /// Gives back all but `keep` bytes (a response smaller than what was reserved for it).
+    pub fn shrink_to(&mut self, keep: usize) {
+        let extra = self.bytes().saturating_sub(keep);
+        if extra > 0 {
+            drop(self.conn.as_mut().and_then(|p| p.split(extra)));
+            drop(self.global.as_mut().and_then(|p| p.split(extra)));
+        }
+    }
+
+    /// Takes `n` of this charge's bytes into a charge of their own (without a slot).
+    fn split_off(&mut self, n: usize) -> Charge {
+        Charge {
+            conn: self.conn.as_mut().and_then(|p| p.split(n)),
+            global: self.global.as_mut().and_then(|p| p.split(n)),
+            slot: None,
+        }
+    }
+
+    fn merge(&mut self, other: Charge) {
+        for (mine, theirs) in
+            [(&mut self.conn, other.conn), (&mut self.global, other.global), (&mut self.slot, other.slot)]
+        {
+            match (mine.as_mut(), theirs) {
+                (Some(m), Some(t)) => m.merge(t),
+                (None, t) => *mine = t,
+                (_, None) => {}
+            }
+        }
+    }
+}
+
+/// A response on its way out, with the charge it releases once written.
+#[derive(Debug)]
+pub struct Outgoing {
+    /// The response.
+    pub resp: Response,
+    /// Released after the write.
+    pub charge: Charge,
+}
+
+/// Where a connection's responses go (cheap to clone; never blocks: the channel holds as many
+/// responses as the connection has requests in flight).
+#[derive(Clone, Debug)]
+pub struct Sink(mpsc::Sender<Outgoing>);
+
+impl Sink {
+    /// Queues a response. If the connection is gone it is dropped (with its charge).
+    pub fn send(&self, resp: Response, charge: Charge) {
+        if let Err(mpsc::error::TrySendError::Full(o)) = self.0.try_send(Outgoing { resp, charge }) {
+            // Cannot happen while every response belongs to a request holding a slot.
+            tracing::error!(id = o.resp.id, "a connection's response queue is full; dropping a response");
+        }
+    }
+
+    /// Whether the connection is gone.
+    pub fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+/// One request read from a connection, with its charge.
+#[derive(Debug)]
+pub struct Incoming {
+    /// The request.
+    pub req: Request,
+    /// What it holds until its response is written.
+    pub charge: Charge,
+}
+
+/// The bytes a request holds while in flight: its own, and room for its largest response.
+pub fn reserve(req: &Request) -> usize {
+    request_size(req) + response_reserve(req)
+}
+
+/// About the bytes a request takes (in memory, or encoded on the wire).
+pub fn request_size(req: &Request) -> usize {
+    req.size_hint()
+}
+
+/// Room for the largest response a request can get.
+fn response_reserve(req: &Request) -> usize {
+    match &req.op {
+        Op::Get { .. } | Op::Filter { .. } | Op::CompareAndSwap { .. } => MAX_VALUE,
+        Op::Scan { max_bytes, limit, .. } | Op::FloorScan { max_bytes, limit, .. } => {
+            let bytes = if *max_bytes == 0 { MAX_SCAN_BYTES } else { (*max_bytes).min(MAX_SCAN_BYTES) } as usize;
+            // The page may overshoot by one item, and each item costs its framing.
+            bytes + MAX_VALUE + 16 * (*limit as usize).min(10_000) + 4096
+        }
+        _ => 0,
+    }
+}
+
+/// Bytes a response takes on the wire (roughly: what its charge should keep until written).
+pub fn response_size(r: &Response) -> usize {
     64 + match &r.result {
         Ok(Reply::Value(Some(v))) | Ok(Reply::Vector(v)) => v.len(),
         Ok(Reply::Items { items, token }) => {
             token.len() + items.iter().map(|(k, v)| k.len() + v.len() + 8).sum::<usize>()
         }
         Ok(Reply::Cas { current, .. }) => current.as_ref().map_or(0, Vec::len),
+        Err(e) => e.message.len(),
         _ => 0,
     }
+}
+
+/// Why a connection stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    /// The socket failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer sent a frame that cannot be trusted (it was told why first).
+    #[error("bad frame: {0}")]
+    Decode(DecodeError),
+    /// No frame header within the idle timeout.
+    #[error("idle for too long")]
+    Idle,
+    /// A frame did not arrive in time once its header did.
+    #[error("frame body too slow")]
+    SlowFrame,
+}
+
+/// Serves one connection until it ends, the peer misbehaves, or `stop`: every request read is
+/// handed to `dispatch` with its charge, one by one, as soon as its charge is taken; `dispatch`
+/// answers it through the sink (now or later, from any thread).
+pub async fn serve<S, D, F>(
+    stream: S,
+    cfg: ConnConfig,
+    budget: Budget,
+    stop: CancellationToken,
+    mut dispatch: D,
+) -> Result<(), ConnError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+    D: FnMut(Incoming, Sink) -> F,
+    F: Future<Output = ()>,
+{
+    let (mut r, w) = tokio::io::split(stream);
+    let conn_bytes = Arc::new(Semaphore::new(cfg.conn_bytes));
+    let slots = Arc::new(Semaphore::new(cfg.max_in_flight));
+    let ids: Arc<Mutex<HashSet<u64>>> = Arc::new(Mutex::new(HashSet::new()));
+    let gone = stop.child_token();
+    let (sink, writer) = spawn_writer(w, &cfg, ids.clone(), gone.clone());
+    let out = loop {
+        let mut head = [0u8; 8];
+        let got = tokio::select! {
+            _ = gone.cancelled() => break Ok(()),
+            got = tokio::time::timeout(cfg.idle_timeout, r.read_exact(&mut head)) => got,
+        };
+        match got {
+            Err(_) => break Err(ConnError::Idle),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
+            Ok(Err(e)) => break Err(ConnError::Io(e)),
+            Ok(Ok(_)) => {}
+        }
+        let h = match frame_header(&head) {
+            Ok(Some(h)) if h.requests => h,
+            Ok(_) => break Err(bad_frame(&sink, DecodeError::Malformed("not a request frame"))),
+            Err(e) => break Err(bad_frame(&sink, e)),
+        };
+        // Charge the frame before its buffer exists.
+        let charge = tokio::select! {
+            _ = gone.cancelled() => break Ok(()),
+            c = take(&conn_bytes, &budget, h.total) => c,
+        };
+        let mut frame = charge;
+        let mut buf = vec![0u8; h.total];
+        buf[..8].copy_from_slice(&head);
+        match tokio::time::timeout(cfg.frame_timeout, r.read_exact(&mut buf[8..])).await {
+            Err(_) => break Err(ConnError::SlowFrame),
+            Ok(Err(e)) => break Err(ConnError::Io(e)),
+            Ok(Ok(_)) => {}
+        }
+        let entries = match decode_requests(&buf) {
+            Ok(e) => e,
+            Err(e) => break Err(bad_frame(&sink, e)),
+        };
+        drop(buf);
+        for entry in entries {
+            let slot = tokio::select! {
+                _ = gone.cancelled() => None,
+                s = slots.clone().acquire_owned() => s.ok(),
+            };
+            let Some(slot) = slot else { break };
+            let mut charge = Charge { slot: Some(slot), ..Charge::default() };
+            match entry {
+                Err((id, code, what)) => {
+                    charge.merge(frame.split_off(64));
+                    sink.send(Response::error(id, code, what), charge);
+                }
+                Ok(req) => {
+                    if !ids.lock().unwrap_or_else(|e| e.into_inner()).insert(req.id) {
+                        charge.merge(frame.split_off(64));
+                        let e = Response::error(req.id, ErrorCode::BadRequest, "duplicate request id in flight");
+                        sink.send(e, charge);
+                        continue;
+                    }
+                    let need = reserve(&req);
+                    let have = frame.bytes().min(need);
+                    charge.merge(frame.split_off(have));
+                    if need > have {
+                        let more = tokio::select! {
+                            _ = gone.cancelled() => break,
+                            c = take(&conn_bytes, &budget, need - have) => c,
+                        };
+                        charge.merge(more);
+                    }
+                    dispatch(Incoming { req, charge }, sink.clone()).await;
+                }
+            }
+        }
+    };
+    drop(sink);
+    let _ = writer.await;
+    out
+}
+
+fn bad_frame(sink: &Sink, e: DecodeError) -> ConnError {
+    let code = if matches!(e, DecodeError::TooLarge(_)) { ErrorCode::FrameTooLarge } else { ErrorCode::BadRequest };
+    sink.send(Response::error(0, code, e.to_string()), Charge::default());
+    ConnError::Decode(e)
+}
+
+/// Takes `n` bytes from the connection's and the process's budgets (waiting while either is
+/// spent).
+async fn take(conn: &Arc<Semaphore>, budget: &Budget, n: usize) -> Charge {
+    let n32 = n.min(u32::MAX as usize) as u32;
+    let c = conn.clone().acquire_many_owned(n32).await.ok();
+    let g = budget.sem.clone().acquire_many_owned(n32).await.ok();
+    Charge { conn: c, global: g, slot: None }
+}
+
+/// Bytes of responses framed per write (at least one response, however large).
+const WRITE_CHUNK: usize = 256 << 10;
+
+fn spawn_writer<W: AsyncWrite + Send + 'static>(
+    w: tokio::io::WriteHalf<W>,
+    cfg: &ConnConfig,
+    ids: Arc<Mutex<HashSet<u64>>>,
+    gone: CancellationToken,
+) -> (Sink, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::channel::<Outgoing>(cfg.max_in_flight + 16);
+    let timeout = cfg.write_timeout;
+    let task = tokio::spawn(async move {
+        let mut w = w;
+        let mut resps: Vec<Response> = Vec::with_capacity(64);
+        let mut charges: Vec<Charge> = Vec::with_capacity(64);
+        let mut buf = Vec::with_capacity(64 << 10);
+        while let Some(first) = rx.recv().await {
+            let mut bytes = 0;
+            let mut next = Some(first);
+            while let Some(o) = next.take() {
+                bytes += response_size(&o.resp);
+                resps.push(o.resp);
+                charges.push(o.charge);
+                if resps.len() < MAX_OPS_PER_FRAME && bytes < WRITE_CHUNK {
+                    next = rx.try_recv().ok();
+                }
+            }
+            buf.clear();
+            encode_responses(&resps, &mut buf);
+            let ok = matches!(tokio::time::timeout(timeout, w.write_all(&buf)).await, Ok(Ok(())));
+            {
+                let mut ids = ids.lock().unwrap_or_else(|e| e.into_inner());
+                for r in &resps {
+                    ids.remove(&r.id);
+                }
+            }
+            resps.clear();
+            charges.clear(); // written: their bytes and slots go back
+            if buf.capacity() > 4 * WRITE_CHUNK {
+                buf = Vec::with_capacity(64 << 10);
+            }
+            if !ok {
+                gone.cancel();
+                break;
+            }
+        }
+        rx.close();
+        let _ = tokio::time::timeout(timeout, w.shutdown()).await;
+    });
+    (Sink(tx), task)
 }

@@ -1,17 +1,21 @@
-//! dpukv-node: the node pod's two halves (ARCHITECTURE.md §3, §7). The **host** (`dpukv-node`)
+//! dpukv-node: the node pod's two halves (docs/architecture.md). The **host** (`dpukv-node`)
 //! owns the regions — value log, in-memory tree, levels — and runs writes and atomics; the
 //! **device** (`dpukv-dpu`, a DPU or its emulator sidecar) is the pod's network front: it serves
 //! GET and SCAN itself, wait-free, from the host's shared memory, and forwards writes to the host.
 //!
 //! # Layout
-//! - `regions`: the static region map both halves route by.
-//! - `reads`: the read path from shared memory (device, and host in the baseline mode).
+//! - `pod`: the pod's shared directory — what the host publishes for the device, and where.
+//! - `regions`: the static region map both halves route and check requests by.
+//! - `conn`: serving one protocol connection within byte budgets and timeouts.
+//! - `reads`: the read engine: a fixed pool of reader threads over the shared memory.
 //! - `atomics`: vector operations and the reservation station.
-//! - `host`: the host process (`host::run`), its write pipeline.
-//! - `dpu`: the device process (`dpu::run`).
-//! - `conn`: frame reading, response writing, in-flight caps.
+//! - `host`: the host process (`host::run`): per-region writers and releasers.
+//! - `dpu`: the device process (`dpu::run`): the data port and the links to the host.
 //! - `admin`: `/healthz`, `/readyz`, `/metrics`.
 //! - `config`: the binaries' flags.
+//!
+//! The device never calls host code: both halves meet only in `pod`, `regions`, `conn` and
+//! `reads`, and in the shared directory.
 
 pub mod admin;
 pub mod atomics;
@@ -19,5 +23,6 @@ pub mod config;
 pub mod conn;
 pub mod dpu;
 pub mod host;
+pub mod pod;
 pub mod reads;
 pub mod regions;

@@ -1,26 +1,193 @@
-//! The read path shared by the device (its normal job) and the host (the
-//! `--serve-reads-on-host` baseline): gets, paged scans and floor scans across regions with
-//! continuation tokens, and the read-only atomics (reduce, filter), from the regions'
-//! shared-memory arenas and levels.
+//! The read engine, shared by the device (its normal job) and the host (the
+//! `--serve-reads-on-host` baseline): a fixed pool of reader threads — like a NIC's cores — each
+//! owning one [`RegionReader`] per region, fed by bounded queues. Connections never own readers
+//! (so connections are limited only by `--max-connections`, not by reader slots) and never run a
+//! read on the async runtime (a read may page-fault on a mapped level or log segment).
+//!
+//! A reader thread learns the region map from the pod's shared directory (module `pod`) and
+//! reloads it, and its readers, when a new host replaces it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use dpukv_proto::limits::{MAX_SCAN_BYTES, MAX_SCAN_ITEMS};
 use dpukv_proto::{ErrorCode, Op, Reply, Request, Response, ScanToken};
+use dpukv_storage::ReadStats;
+use dpukv_storage::announce::Announcement;
 use dpukv_storage::region::RegionReader;
+use tokio::sync::mpsc;
 
+use crate::conn::{Charge, Sink, response_size};
+use crate::pod;
 use crate::regions::RegionMap;
 
 /// Maps a storage error to a protocol error response.
 pub fn storage_error(id: u64, e: &dpukv_storage::Error) -> Response {
     let code = match e {
         dpukv_storage::Error::KeySize { .. } => ErrorCode::KeySize,
-        dpukv_storage::Error::ValueTooLarge { .. } => ErrorCode::ValueTooLarge,
+        dpukv_storage::Error::ValueTooLarge { .. } | dpukv_storage::Error::BatchTooLarge { .. } => {
+            ErrorCode::ValueTooLarge
+        }
         dpukv_storage::Error::KeyExists => ErrorCode::KeyExists,
         dpukv_storage::Error::KeyNotFound => ErrorCode::KeyNotFound,
+        e if e.outcome_unknown() => ErrorCode::OutcomeUnknown,
         e if e.is_retryable() => ErrorCode::Unavailable,
-        dpukv_storage::Error::Io { .. } => ErrorCode::Unavailable,
         _ => ErrorCode::Internal,
     };
     Response::error(id, code, e.code())
+}
+
+/// Counters of the read engine.
+#[derive(Debug, Default)]
+pub struct ReadCounters {
+    /// Reads executed.
+    pub served: AtomicU64,
+    /// Tree node buffers visited by reads (over `snapshots`: node visits per read).
+    pub node_visits: AtomicU64,
+    /// Arena snapshots taken by reads.
+    pub snapshots: AtomicU64,
+    /// Page-table changes applied from the arenas' command rings.
+    pub ring_commands: AtomicU64,
+    /// Page-table copies taken (first use, and after falling a ring behind).
+    pub page_table_copies: AtomicU64,
+    /// Interior nodes served from the node cache.
+    pub cache_hits: AtomicU64,
+    /// Interior nodes read from host memory.
+    pub cache_misses: AtomicU64,
+}
+
+struct Job {
+    req: Request,
+    charge: Charge,
+    sink: Sink,
+}
+
+/// See the module documentation.
+pub struct ReadPool {
+    queues: Vec<mpsc::Sender<Job>>,
+    next: AtomicUsize,
+}
+
+/// Reads queued per reader thread.
+const QUEUE: usize = 1024;
+
+impl ReadPool {
+    /// Starts `threads` reader threads on the pod's shared directory `shm`; `device`: read arenas
+    /// through page-table copies fed by their command rings (the device), else through the page
+    /// tables (the host's CPU).
+    pub fn start(shm: PathBuf, threads: usize, device: bool, counters: Arc<ReadCounters>) -> std::io::Result<ReadPool> {
+        let mut queues = Vec::new();
+        for i in 0..threads.max(1) {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            let (shm, counters) = (shm.clone(), counters.clone());
+            std::thread::Builder::new().name(format!("dpukv-read-{i}")).spawn(move || {
+                ReaderThread { shm, device, counters, state: None, seen: ReadStats::default() }.run(rx)
+            })?;
+            queues.push(tx);
+        }
+        Ok(ReadPool { queues, next: AtomicUsize::new(0) })
+    }
+
+    /// Queues a read; its response goes to `sink` (waits while every reader thread's queue is
+    /// full).
+    pub async fn submit(&self, req: Request, charge: Charge, sink: Sink) {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
+        if let Err(mpsc::error::SendError(job)) = self.queues[i].send(Job { req, charge, sink }).await {
+            let r = Response::error(job.req.id, ErrorCode::Unavailable, "the read engine stopped");
+            job.sink.send(r, job.charge);
+        }
+    }
+}
+
+/// The region map a reader thread reads by, and a reader per region (opened on first use).
+struct Regions {
+    map: RegionMap,
+    announcement: Announcement,
+    readers: Vec<Option<RegionReader>>,
+}
+
+struct ReaderThread {
+    shm: PathBuf,
+    device: bool,
+    counters: Arc<ReadCounters>,
+    state: Option<Regions>,
+    seen: ReadStats,
+}
+
+impl ReaderThread {
+    fn run(mut self, mut rx: mpsc::Receiver<Job>) {
+        while let Some(job) = rx.blocking_recv() {
+            let resp = self.serve(&job.req);
+            self.counters.served.fetch_add(1, Ordering::Relaxed);
+            let mut charge = job.charge;
+            charge.shrink_to(response_size(&resp));
+            job.sink.send(resp, charge);
+        }
+    }
+
+    /// The current regions: loaded on first use, and again once a new host closed the map.
+    fn regions(&mut self) -> Option<&mut Regions> {
+        if self.state.as_ref().is_none_or(|s| s.announcement.closed()) {
+            self.state = None;
+            let (map, announcement) = pod::open_map(&self.shm).ok()?;
+            let readers = map.regions().iter().map(|_| None).collect();
+            self.state = Some(Regions { map, announcement, readers });
+        }
+        self.state.as_mut()
+    }
+
+    fn serve(&mut self, req: &Request) -> Response {
+        let (shm, device) = (self.shm.clone(), self.device);
+        let Some(regions) = self.regions() else {
+            return Response::error(
+                req.id,
+                ErrorCode::Unavailable,
+                "the host has not published its regions yet; retry",
+            );
+        };
+        let resp = serve(regions, &shm, device, req);
+        self.account();
+        resp
+    }
+
+    /// Adds what the readers counted since last time to the shared counters.
+    fn account(&mut self) {
+        let Some(s) = &self.state else { return };
+        let now = s.readers.iter().flatten().map(RegionReader::read_stats).fold(ReadStats::default(), add);
+        let c = &self.counters;
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        c.node_visits.fetch_add(d(now.node_visits, self.seen.node_visits), Ordering::Relaxed);
+        c.snapshots.fetch_add(d(now.snapshots, self.seen.snapshots), Ordering::Relaxed);
+        c.ring_commands.fetch_add(d(now.commands, self.seen.commands), Ordering::Relaxed);
+        c.page_table_copies.fetch_add(d(now.resyncs, self.seen.resyncs), Ordering::Relaxed);
+        c.cache_hits.fetch_add(d(now.cache_hits, self.seen.cache_hits), Ordering::Relaxed);
+        c.cache_misses.fetch_add(d(now.cache_misses, self.seen.cache_misses), Ordering::Relaxed);
+        self.seen = now;
+    }
+}
+
+fn add(a: ReadStats, b: ReadStats) -> ReadStats {
+    ReadStats {
+        snapshots: a.snapshots + b.snapshots,
+        node_visits: a.node_visits + b.node_visits,
+        resyncs: a.resyncs + b.resyncs,
+        commands: a.commands + b.commands,
+        cache_hits: a.cache_hits + b.cache_hits,
+        cache_misses: a.cache_misses + b.cache_misses,
+    }
+}
+
+impl Regions {
+    /// Region `i`'s reader, opened if needed.
+    fn reader(&mut self, i: usize, shm: &std::path::Path, device: bool) -> dpukv_storage::Result<&mut RegionReader> {
+        if self.readers[i].is_none() {
+            let dir = pod::region_dir(shm, self.map.regions()[i].id);
+            let r = if device { RegionReader::open_device(dir)? } else { RegionReader::open(dir)? };
+            self.readers[i] = Some(r);
+        }
+        Ok(self.readers[i].as_mut().expect("opened above"))
+    }
 }
 
 /// The key right after `k` in byte order (`k` followed by a zero byte).
@@ -30,64 +197,79 @@ fn successor(k: &[u8]) -> Vec<u8> {
     s
 }
 
-/// Serves a read request (get, scan, floor scan) from `readers` (one per region of `map`).
-pub fn serve(readers: &mut [RegionReader], map: &RegionMap, req: &Request) -> Response {
+/// Serves a read request (get, scan, floor scan, reduce, filter).
+fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Request) -> Response {
     let ok = |result| Response { id: req.id, version: 0, replicated: false, result: Ok(result) };
     if req.read_version != 0 {
         // Old versions live only as long as readers pin them; reading at a chosen one is not
-        // offered (yet): say so rather than answer at another version.
+        // offered: say so rather than answer at another version.
         return Response::error(req.id, ErrorCode::Unsupported, "reads at a chosen version are not supported; send 0");
     }
-    match &req.op {
-        Op::Get { key } => match readers[map.route(key)].get_versioned(key) {
-            Ok((v, version)) => Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) },
-            Err(e) => storage_error(req.id, &e),
-        },
+    let i = match regions.map.check(req) {
+        Ok(i) => i,
+        Err((code, what)) => return Response::error(req.id, code, what),
+    };
+    let out = match &req.op {
+        Op::Get { key } => regions
+            .reader(i, shm, device)
+            .and_then(|r| r.get_versioned(key))
+            .map(|(v, version)| Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) }),
         Op::Scan { lo, hi, limit, max_bytes, token } | Op::FloorScan { lo, hi, limit, max_bytes, token } => {
             let floor = matches!(req.op, Op::FloorScan { .. });
-            match scan(readers, map, lo, hi, *limit, *max_bytes, token, floor) {
-                Ok(Ok(r)) => ok(r),
-                Ok(Err(code)) => Response::error(req.id, code, "malformed continuation token"),
-                Err(e) => storage_error(req.id, &e),
+            let only = (req.region != 0).then_some(i);
+            match scan(regions, shm, device, only, (lo, hi), (*limit, *max_bytes), token, floor) {
+                Ok(Ok(r)) => Ok(ok(r)),
+                Ok(Err(code)) => Ok(Response::error(req.id, code, "malformed continuation token")),
+                Err(e) => Err(e),
             }
         }
-        Op::Reduce { key, elem, op } => match readers[map.route(key)].get(key) {
-            Ok(Some(v)) => match crate::atomics::vector::reduce(&v, *elem, *op) {
+        Op::Reduce { key, elem, op } => regions.reader(i, shm, device).and_then(|r| r.get(key)).map(|v| match v {
+            Some(v) => match crate::atomics::vector::reduce(&v, *elem, *op) {
                 Ok(s) => ok(Reply::Scalar(s)),
                 Err(_) => {
                     Response::error(req.id, ErrorCode::TypeMismatch, "value is not an array of that element type")
                 }
             },
-            Ok(None) => Response::error(req.id, ErrorCode::KeyNotFound, "no value for the key"),
-            Err(e) => storage_error(req.id, &e),
-        },
-        Op::Filter { key, elem, cmp, operand } => match readers[map.route(key)].get(key) {
-            Ok(Some(v)) => match crate::atomics::vector::filter(&v, *elem, *cmp, operand) {
-                Ok(out) => ok(Reply::Vector(out)),
-                Err(_) => {
-                    Response::error(req.id, ErrorCode::TypeMismatch, "value is not an array of that element type")
-                }
-            },
-            Ok(None) => Response::error(req.id, ErrorCode::KeyNotFound, "no value for the key"),
-            Err(e) => storage_error(req.id, &e),
-        },
-        _ => Response::error(req.id, ErrorCode::Internal, "not a read"),
-    }
+            None => Response::error(req.id, ErrorCode::KeyNotFound, "no value for the key"),
+        }),
+        Op::Filter { key, elem, cmp, operand } => {
+            regions.reader(i, shm, device).and_then(|r| r.get(key)).map(|v| match v {
+                Some(v) => match crate::atomics::vector::filter(&v, *elem, *cmp, operand) {
+                    Ok(out) => ok(Reply::Vector(out)),
+                    Err(_) => {
+                        Response::error(req.id, ErrorCode::TypeMismatch, "value is not an array of that element type")
+                    }
+                },
+                None => Response::error(req.id, ErrorCode::KeyNotFound, "no value for the key"),
+            })
+        }
+        _ => Ok(Response::error(req.id, ErrorCode::Internal, "not a read")),
+    };
+    out.unwrap_or_else(|e| {
+        if !matches!(e, dpukv_storage::Error::KeySize { .. } | dpukv_storage::Error::ValueTooLarge { .. }) {
+            regions.readers[i] = None; // reopen next time (the host may have restarted)
+        }
+        storage_error(req.id, &e)
+    })
 }
 
+/// A scan page across the node's regions (or only region `only`), from the token's position.
 #[allow(clippy::too_many_arguments)]
 fn scan(
-    readers: &mut [RegionReader],
-    map: &RegionMap,
-    lo: &[u8],
-    hi: &[u8],
-    limit: u32,
-    max_bytes: u32,
+    regions: &mut Regions,
+    shm: &std::path::Path,
+    device: bool,
+    only: Option<usize>,
+    (lo, hi): (&[u8], &[u8]),
+    (limit, max_bytes): (u32, u32),
     token: &[u8],
     floor: bool,
 ) -> dpukv_storage::Result<Result<Reply, ErrorCode>> {
     let limit = if limit == 0 { MAX_SCAN_ITEMS } else { limit.min(MAX_SCAN_ITEMS) } as usize;
     let max_bytes = if max_bytes == 0 { MAX_SCAN_BYTES } else { max_bytes.min(MAX_SCAN_BYTES) } as usize;
+    // An empty upper bound means "to the end of the key space".
+    let hi_all = [0xffu8; dpukv_proto::limits::MAX_KEY + 1];
+    let hi = if hi.is_empty() { &hi_all[..] } else { hi };
     let mut start = if token.is_empty() {
         lo.to_vec()
     } else {
@@ -96,10 +278,12 @@ fn scan(
             None => return Ok(Err(ErrorCode::BadToken)),
         }
     };
+    let first = only.unwrap_or_else(|| regions.map.route(&start));
     if floor && token.is_empty() {
         // Honeycomb's SCAN starts at the largest key <= lo, which may sit in an earlier region.
-        for i in (0..=map.route(lo)).rev() {
-            let f = readers[i].floor_scan(lo, lo, 1)?;
+        let from = only.map_or(0, |i| i);
+        for i in (from..=first).rev() {
+            let f = regions.reader(i, shm, device)?.floor_scan(lo, lo, 1)?;
             if let Some((k, _)) = f.into_iter().next() {
                 start = k;
                 break;
@@ -109,8 +293,16 @@ fn scan(
     let mut items: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut bytes = 0usize;
     let mut more = false;
-    for i in map.overlapping(&start, hi) {
-        let page = readers[i].scan(&start, hi, limit + 1 - items.len())?;
+    let mut version = 0;
+    let range = match only {
+        Some(i) => i..i + 1,
+        None => regions.map.overlapping(&start, hi),
+    };
+    for i in range {
+        let want = limit + 1 - items.len();
+        let (page, v) =
+            regions.reader(i, shm, device)?.scan_bounded(&start, hi, want, max_bytes.saturating_sub(bytes).max(1))?;
+        version = version.max(v);
         for (k, v) in page {
             if items.len() == limit || (bytes + k.len() + v.len() > max_bytes && !items.is_empty()) {
                 more = true;
@@ -119,12 +311,13 @@ fn scan(
             bytes += k.len() + v.len();
             items.push((k, v));
         }
-        if more {
+        if more || items.len() == limit || bytes >= max_bytes {
+            more = more || items.len() == limit || bytes >= max_bytes;
             break;
         }
     }
     let token = match (more, items.last()) {
-        (true, Some((k, _))) => ScanToken { read_version: 0, after: k.clone() }.encode(),
+        (true, Some((k, _))) => ScanToken { read_version: version, after: k.clone() }.encode(),
         _ => Vec::new(),
     };
     Ok(Ok(Reply::Items { items, token }))

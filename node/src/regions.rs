@@ -1,11 +1,12 @@
-//! The static region map of a node (until the cluster issue brings one from etcd): contiguous key
-//! ranges with ids. The host publishes it as `REGIONS` in the shared directory; the device reads
-//! it from there, so both route keys alike.
+//! The static region map of a node (until the cluster brings one from etcd): contiguous key
+//! ranges with ids and epochs. The host publishes it in the shared directory (module `pod`); the
+//! device reads it from there, so both route keys alike, and both check a request's region and
+//! epoch against it.
 
 use std::ops::Range;
-use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use dpukv_proto::{ErrorCode, Op, Request, WriteOp};
 
 /// One region: keys in `[start, end)` (`end` None = unbounded).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +17,8 @@ pub struct RegionSpec {
     pub start: Vec<u8>,
     /// First key after the region (None: the last region).
     pub end: Option<Vec<u8>>,
+    /// Bumped whenever the region's range or placement changes (1 for a static map).
+    pub epoch: u64,
 }
 
 /// Regions in key order, covering every key.
@@ -44,10 +47,10 @@ impl RegionMap {
         let mut regions = Vec::new();
         let mut start = Vec::new();
         for (i, k) in keys.iter().enumerate() {
-            regions.push(RegionSpec { id: i as u32 + 1, start, end: Some(k.clone()) });
+            regions.push(RegionSpec { id: i as u32 + 1, start, end: Some(k.clone()), epoch: 1 });
             start = k.clone();
         }
-        regions.push(RegionSpec { id: keys.len() as u32 + 1, start, end: None });
+        regions.push(RegionSpec { id: keys.len() as u32 + 1, start, end: None, epoch: 1 });
         Ok(RegionMap { regions })
     }
 
@@ -69,11 +72,14 @@ impl RegionMap {
         self.route(lo)..self.route(hi) + 1
     }
 
-    /// Text form: one `id<TAB>hex start<TAB>hex end or -` line per region.
+    /// Text form: one `id<TAB>epoch<TAB>hex start<TAB>hex end or -` line per region.
     pub fn encode(&self) -> String {
         self.regions
             .iter()
-            .map(|r| format!("{}\t{}\t{}\n", r.id, hex(&r.start), r.end.as_deref().map_or("-".to_string(), hex)))
+            .map(|r| {
+                let end = r.end.as_deref().map_or("-".to_string(), hex);
+                format!("{}\t{}\t{}\t{}\n", r.id, r.epoch, hex(&r.start), end)
+            })
             .collect()
     }
 
@@ -82,11 +88,11 @@ impl RegionMap {
         let mut regions = Vec::new();
         for line in s.lines().filter(|l| !l.trim().is_empty()) {
             let f: Vec<&str> = line.split('\t').collect();
-            if f.len() != 3 {
+            if f.len() != 4 {
                 bail!("bad region line {line:?}");
             }
-            let end = if f[2] == "-" { None } else { Some(unhex(f[2])?) };
-            regions.push(RegionSpec { id: f[0].parse()?, start: unhex(f[1])?, end });
+            let end = if f[3] == "-" { None } else { Some(unhex(f[3])?) };
+            regions.push(RegionSpec { id: f[0].parse()?, epoch: f[1].parse()?, start: unhex(f[2])?, end });
         }
         let ok = !regions.is_empty()
             && regions[0].start.is_empty()
@@ -98,18 +104,24 @@ impl RegionMap {
         Ok(RegionMap { regions })
     }
 
-    /// Writes `dir/REGIONS` (atomically).
-    pub fn store(&self, dir: &Path) -> Result<()> {
-        let tmp = dir.join("REGIONS.tmp");
-        std::fs::write(&tmp, self.encode()).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, dir.join("REGIONS")).context("publishing REGIONS")?;
-        Ok(())
-    }
-
-    /// Reads `dir/REGIONS`.
-    pub fn load(dir: &Path) -> Result<RegionMap> {
-        let p = dir.join("REGIONS");
-        RegionMap::decode(&std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?)
+    /// The region a request addresses (index into the map), checked against the region and
+    /// epoch the request names: `WrongRegion` if it names another region (or a batch spans
+    /// regions), `StaleEpoch` if it knows another epoch of this one.
+    pub fn check(&self, req: &Request) -> Result<usize, (ErrorCode, &'static str)> {
+        let i = self.route(req.op.key());
+        if let Op::Batch { ops } = &req.op
+            && ops.iter().any(|o| self.route(WriteOp::key(o)) != i)
+        {
+            return Err((ErrorCode::WrongRegion, "a batch must stay within one region"));
+        }
+        let spec = &self.regions[i];
+        if req.region != 0 && req.region != spec.id {
+            return Err((ErrorCode::WrongRegion, "the key is not in the region the request names"));
+        }
+        if req.epoch != 0 && req.epoch != spec.epoch {
+            return Err((ErrorCode::StaleEpoch, "the region's epoch differs: refresh the region map"));
+        }
+        Ok(i)
     }
 }
 
@@ -127,6 +139,17 @@ mod tests {
         assert_eq!(m.overlapping(b"a", b"h"), 0..2);
         assert_eq!(m.overlapping(b"z", b"a"), 0..0);
         assert_eq!(RegionMap::decode(&m.encode()).expect("decode"), m);
-        assert!(RegionMap::decode("1\t\t61\n").is_err());
+        assert!(RegionMap::decode("1\t1\t\t61\n").is_err());
+        let mut r = Request::new(1, Op::Get { key: b"h".to_vec() });
+        assert_eq!(m.check(&r), Ok(1));
+        r.region = 1;
+        assert_eq!(m.check(&r).map_err(|e| e.0), Err(ErrorCode::WrongRegion));
+        r.region = 2;
+        r.epoch = 7;
+        assert_eq!(m.check(&r).map_err(|e| e.0), Err(ErrorCode::StaleEpoch));
+        r.epoch = 1;
+        assert_eq!(m.check(&r), Ok(1));
+        let b = Op::Batch { ops: vec![WriteOp::Delete { key: b"a".to_vec() }, WriteOp::Delete { key: b"z".to_vec() }] };
+        assert_eq!(m.check(&Request::new(2, b)).map_err(|e| e.0), Err(ErrorCode::WrongRegion));
     }
 }

@@ -398,6 +398,36 @@ impl Request {
     pub fn new(id: u64, op: Op) -> Request {
         Request { id, consistency: Consistency::Linearizable, read_version: 0, region: 0, epoch: 0, session: None, op }
     }
+
+    /// An upper bound on the bytes the request takes encoded (its variable-length fields plus a
+    /// fixed allowance for the entry header, session block and length prefixes), for budgets.
+    pub fn size_hint(&self) -> usize {
+        const OVERHEAD: usize = 64;
+        const PER_BATCH_OP: usize = 16;
+        OVERHEAD
+            + match &self.op {
+                Op::Put { key, value } | Op::Insert { key, value } | Op::Update { key, value } => {
+                    key.len() + value.len()
+                }
+                Op::CompareAndSwap { key, expected, new } => {
+                    key.len() + new.len() + expected.as_ref().map_or(0, Vec::len)
+                }
+                Op::VectorVector { key, operand, .. } => key.len() + operand.len(),
+                Op::Batch { ops } => ops
+                    .iter()
+                    .map(|o| match o {
+                        WriteOp::Put { key, value }
+                        | WriteOp::Insert { key, value }
+                        | WriteOp::Update { key, value } => key.len() + value.len() + PER_BATCH_OP,
+                        WriteOp::Delete { key } => key.len() + PER_BATCH_OP,
+                    })
+                    .sum(),
+                Op::Scan { lo, hi, token, .. } | Op::FloorScan { lo, hi, token, .. } => {
+                    lo.len() + hi.len() + token.len()
+                }
+                op => op.key().len(),
+            }
+    }
 }
 
 /// A successful reply.

@@ -6,6 +6,6 @@ use dpukv_node::config::{DeviceArgs, init_tracing, shutdown_on_signals};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     init_tracing();
-    let cfg = DeviceArgs::parse().config();
+    let cfg = DeviceArgs::parse().config()?;
     dpukv_node::dpu::run(cfg, shutdown_on_signals(), None).await
 }

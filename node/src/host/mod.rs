@@ -1,33 +1,39 @@
 //! The host half of a node pod (`dpukv-node`): opens its regions (value log, L0 arena, levels),
-//! publishes their arenas and the region map in the shared directory for the device, and
-//! executes the writes and atomics the device forwards over a unix socket (the same protocol as
-//! clients), acknowledging each only when it is durable. Reads that reach the host (the
-//! `--serve-reads-on-host` baseline) are served from the same shared memory.
+//! publishes the region map and the regions' shared memory for the device (module `pod`), gives
+//! each region its own writer and releaser threads (module `worker`), and serves the device's
+//! forwarded writes and atomics on a unix socket (the same protocol as clients), acknowledging
+//! each only when its fsync policy allows. Reads that reach the host (the `--serve-reads-on-host`
+//! baseline) go to a reader pool over the same shared memory.
 //!
 //! # Layout
-//! - `pipeline`: the write pipeline thread (group commit, reservation station, durability).
+//! - `worker`: a region's writer (group commit, reservation station, exactly-once sessions,
+//!   upkeep) and releaser.
 //! - this module: [`HostConfig`], [`run`], the socket server.
 
-mod pipeline;
+mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dpukv_proto::{ErrorCode, Request, Response};
-use dpukv_storage::region::{Region, RegionConfig, RegionReader};
+use dpukv_proto::{ErrorCode, Response};
+use dpukv_storage::region::{Region, RegionConfig};
 use dpukv_storage::vlog::FsyncPolicy;
-pub use pipeline::{Job, Pipeline, PipelineStats};
 use prometheus_client::registry::Registry;
 use tokio::net::UnixListener;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+pub use worker::WriterStats;
+use worker::{Job, start as start_writer};
 
 use crate::admin::{self, Admin};
-use crate::conn::{self};
+use crate::conn::{self, Budget, ConnConfig, Incoming, Sink};
+use crate::pod;
+use crate::reads::{ReadCounters, ReadPool};
 use crate::regions::RegionMap;
 
 /// Host configuration.
@@ -35,7 +41,7 @@ use crate::regions::RegionMap;
 pub struct HostConfig {
     /// Durable data (a directory per region).
     pub data_dir: PathBuf,
-    /// Shared memory directory (arenas, table sets, `REGIONS`, the host socket).
+    /// Shared memory directory (the pod's: arenas, control blocks, the region map, the socket).
     pub shm_dir: PathBuf,
     /// The regions.
     pub regions: RegionMap,
@@ -49,6 +55,14 @@ pub struct HostConfig {
     pub max_connections: usize,
     /// Baseline: one read-modify-write per atomic instead of the reservation station's merging.
     pub per_op_atomics: bool,
+    /// Limits of each device connection.
+    pub conn: ConnConfig,
+    /// Bytes all device connections may hold at once (frames, requests, responses).
+    pub memory_budget: usize,
+    /// Reader threads for reads that reach the host (the baseline).
+    pub read_threads: usize,
+    /// How long a shutdown waits for requests in flight.
+    pub shutdown_grace: Duration,
 }
 
 /// What [`run`] reports once it serves.
@@ -60,12 +74,10 @@ pub struct HostInfo {
     pub admin: Option<SocketAddr>,
 }
 
-/// The socket path in a shared directory.
-pub fn socket_path(shm_dir: &std::path::Path) -> PathBuf {
-    shm_dir.join("host.sock")
-}
+/// Jobs queued per region writer.
+const WRITER_QUEUE: usize = 4096;
 
-/// Opens the regions, starts the pipeline and serves until `shutdown`; `started` receives the
+/// Opens the regions, starts their writers and serves until `shutdown`; `started` receives the
 /// addresses once serving.
 pub async fn run(
     cfg: HostConfig,
@@ -73,33 +85,29 @@ pub async fn run(
     started: Option<tokio::sync::oneshot::Sender<HostInfo>>,
 ) -> Result<()> {
     std::fs::create_dir_all(&cfg.shm_dir).with_context(|| format!("creating {}", cfg.shm_dir.display()))?;
-    let mut regions = Vec::new();
+    let stats = Arc::new(WriterStats::default());
+    let rt = tokio::runtime::Handle::current();
+    let mut writers: Vec<mpsc::Sender<Job>> = Vec::new();
     for spec in cfg.regions.regions() {
-        let mut rc = RegionConfig::new(
-            cfg.data_dir.join(format!("region-{}", spec.id)),
-            cfg.shm_dir.join(format!("region-{}", spec.id)),
-        );
+        let mut rc =
+            RegionConfig::new(cfg.data_dir.join(format!("region-{}", spec.id)), pod::region_dir(&cfg.shm_dir, spec.id));
         rc.vlog.fsync = cfg.fsync;
         if cfg.l0_budget > 0 {
             rc.l0_budget = cfg.l0_budget;
         }
+        // Opening replays the log tail: the host serves nothing before its regions are open.
         let (region, rec) = Region::open(rc).with_context(|| format!("opening region {}", spec.id))?;
         tracing::info!(region = spec.id, replayed = rec.replayed, dropped = rec.dropped, "region open");
-        regions.push(region);
+        writers.push(start_writer(spec.id, region, cfg.per_op_atomics, stats.clone(), WRITER_QUEUE, rt.clone())?);
     }
-    cfg.regions.store(&cfg.shm_dir)?;
-
-    let stats = Arc::new(PipelineStats::default());
-    let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(1024);
-    let mut pipeline = Pipeline::new(regions, cfg.regions.clone(), stats.clone());
-    pipeline.per_op_atomics = cfg.per_op_atomics;
-    let pipeline_thread =
-        std::thread::Builder::new().name("dpukv-pipeline".into()).spawn(move || pipeline.run(jobs_rx))?;
+    // The regions' shared memory is in place: the device may read by this map from now on.
+    let _map = pod::publish_map(&cfg.shm_dir, &cfg.regions)?;
+    let reads =
+        Arc::new(ReadPool::start(cfg.shm_dir.clone(), cfg.read_threads, false, Arc::new(ReadCounters::default()))?);
 
     let ready = Arc::new(AtomicBool::new(false));
     let mut registry = Registry::default();
-    let s = stats.clone();
-    registry.register_collector(Box::new(StatsCollector(s)));
+    registry.register_collector(Box::new(StatsCollector(stats.clone())));
     let admin_addr = match cfg.admin {
         Some(a) => {
             Some(admin::serve(a, Admin { ready: ready.clone(), registry: Arc::new(registry) }, shutdown.clone()).await?)
@@ -107,7 +115,7 @@ pub async fn run(
         None => None,
     };
 
-    let socket = socket_path(&cfg.shm_dir);
+    let socket = pod::socket_path(&cfg.shm_dir);
     let _ = std::fs::remove_file(&socket);
     let listener = UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
     ready.store(true, Ordering::Release);
@@ -117,6 +125,8 @@ pub async fn run(
     tracing::info!(socket = %socket.display(), "host serving");
     let tracker = TaskTracker::new();
     let limit = Arc::new(Semaphore::new(cfg.max_connections));
+    let budget = Budget::new(cfg.memory_budget);
+    let writers = Arc::new(writers);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -126,9 +136,12 @@ pub async fn run(
                     tracing::warn!("connection limit reached; refusing a device connection");
                     continue;
                 };
-                let (jobs, map, shm, stop) = (jobs_tx.clone(), cfg.regions.clone(), cfg.shm_dir.clone(), shutdown.clone());
+                let (writers, map, reads, budget, stop) =
+                    (writers.clone(), cfg.regions.clone(), reads.clone(), budget.clone(), shutdown.clone());
+                let conn_cfg = cfg.conn;
                 tracker.spawn(async move {
-                    if let Err(e) = connection(stream, jobs, map, shm, stop).await {
+                    let dispatch = |inc: Incoming, sink: Sink| dispatch(inc, sink, &writers, &map, &reads);
+                    if let Err(e) = conn::serve(stream, conn_cfg, budget, stop, dispatch).await {
                         tracing::debug!(error = %e, "device connection ended");
                     }
                     drop(permit);
@@ -138,84 +151,53 @@ pub async fn run(
     }
     ready.store(false, Ordering::Release);
     tracker.close();
-    tracker.wait().await;
-    drop(jobs_tx);
-    let _ = tokio::task::spawn_blocking(move || pipeline_thread.join()).await;
+    if tokio::time::timeout(cfg.shutdown_grace, tracker.wait()).await.is_err() {
+        tracing::warn!("connections did not finish within the shutdown grace period");
+    }
+    // Dropping the queues stops the writers: they finish their rounds (the log syncs on close).
+    drop(writers);
     let _ = std::fs::remove_file(&socket);
     Ok(())
 }
 
-/// One device connection: decodes frames, serves reads from shared memory, queues writes.
-async fn connection(
-    stream: tokio::net::UnixStream,
-    jobs: mpsc::Sender<Job>,
-    map: RegionMap,
-    shm: PathBuf,
-    stop: CancellationToken,
-) -> Result<()> {
-    let (mut r, w) = stream.into_split();
-    let (out, writer) = conn::spawn_writer(w);
-    let mut readers: Option<Vec<RegionReader>> = None;
-    let mut buf = Vec::new();
-    while let Some(entries) = conn::next_requests(&mut r, &mut buf, &out, &stop).await {
-        let mut writes: Vec<Request> = Vec::new();
-        for e in entries {
-            match e {
-                Err((id, code, what)) => out.tx.send(Response::error(id, code, what)).await?,
-                Ok(req) if req.op.code().is_write() => writes.push(req),
-                Ok(req) => {
-                    if readers.is_none() {
-                        readers = open_readers(&shm, &map, false).ok();
-                    }
-                    let resp = match readers.as_mut() {
-                        Some(rs) => crate::reads::serve(rs, &map, &req),
-                        None => Response::error(req.id, ErrorCode::Unavailable, "regions are not readable yet"),
-                    };
-                    out.tx.send(resp).await?;
-                }
-            }
-        }
-        if !writes.is_empty() {
-            jobs.send(Job { reqs: writes, reply: out.tx.clone() }).await.context("the write pipeline stopped")?;
-        }
+/// Routes one request of a device connection: writes and atomics to their region's writer,
+/// reads to the reader pool.
+async fn dispatch(inc: Incoming, sink: Sink, writers: &[mpsc::Sender<Job>], map: &RegionMap, reads: &ReadPool) {
+    let Incoming { req, charge } = inc;
+    if !req.op.code().is_write() {
+        return reads.submit(req, charge, sink).await;
     }
-    drop(out);
-    let _ = writer.await;
-    Ok(())
+    let i = match map.check(&req) {
+        Ok(i) => i,
+        Err((code, what)) => return sink.send(Response::error(req.id, code, what), charge),
+    };
+    let id = req.id;
+    if let Err(mpsc::error::SendError(job)) = writers[i].send(Job { req, charge, sink }).await {
+        let r = Response::error(id, ErrorCode::Unavailable, "the region's writer stopped");
+        job.sink.send(r, job.charge);
+    }
 }
 
-/// Readers of every region's shared memory, in map order; `device`: through page-table copies
-/// fed by the command rings (the device), else through the page tables (the host's CPU).
-pub fn open_readers(shm: &std::path::Path, map: &RegionMap, device: bool) -> dpukv_storage::Result<Vec<RegionReader>> {
-    map.regions()
-        .iter()
-        .map(|s| {
-            let dir = shm.join(format!("region-{}", s.id));
-            if device { RegionReader::open_device(dir) } else { RegionReader::open(dir) }
-        })
-        .collect()
-}
-
-/// Exposes the pipeline's counters to Prometheus.
+/// Exposes the writers' counters to Prometheus.
 #[derive(Debug)]
-struct StatsCollector(Arc<PipelineStats>);
+struct StatsCollector(Arc<WriterStats>);
 
 impl prometheus_client::collector::Collector for StatsCollector {
     fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
         admin::encode_counters(
             &mut enc,
             &[
-                ("dpukv_host_rounds", "write pipeline rounds", &self.0.rounds),
+                ("dpukv_host_rounds", "write rounds (each: one group commit per region)", &self.0.rounds),
                 ("dpukv_host_writes", "write requests applied", &self.0.writes),
                 ("dpukv_host_atomics", "atomics executed in the reservation station", &self.0.atomics),
                 ("dpukv_host_write_backs", "values written back by the reservation station", &self.0.write_backs),
+                (
+                    "dpukv_host_deduplicated",
+                    "retried writes answered from the exactly-once sessions",
+                    &self.0.deduplicated,
+                ),
+                ("dpukv_host_gc_segments", "value-log segments garbage collection took out", &self.0.gc_segments),
             ],
         )
-    }
-}
-
-impl std::fmt::Debug for PipelineStats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PipelineStats").field("rounds", &self.rounds.load(Ordering::Relaxed)).finish()
     }
 }

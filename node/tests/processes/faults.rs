@@ -146,7 +146,9 @@ fn must_write(conn: &mut Option<Conn>, addr: &str, from: u64, n: u64, acked: &mu
                 for (j, r) in (i..).zip(resps) {
                     match r.result {
                         Ok(_) => acked.push(j),
-                        Err(e) if e.code.is_retryable() => {
+                        // A put of a fixed value is idempotent: one whose outcome is unknown
+                        // (in flight when the host died) may be sent again.
+                        Err(e) if e.code.is_retryable() || e.code == ErrorCode::OutcomeUnknown => {
                             *retries += 1;
                             all_ok = false;
                         }

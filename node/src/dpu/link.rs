@@ -1,0 +1,216 @@
+//! The device's links to the host: a few unix-socket connections shared by every client
+//! connection (like a NIC's queues), each multiplexing forwarded writes under its own request ids
+//! and routing the replies back. A link that breaks, or a request the host leaves unanswered for
+//! the link timeout, fails what it carried with `outcome_unknown` (the host may or may not have
+//! applied it); a write that could not even be sent fails with `unavailable` (it was not).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dpukv_proto::{ErrorCode, Request, Response, decode_responses, encode_requests, frame_header};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+
+use crate::conn::{Charge, Sink};
+
+/// Where a forwarded request's reply goes.
+struct Route {
+    client_id: u64,
+    sink: Sink,
+    charge: Charge,
+    sent: Instant,
+}
+
+type Pending = Arc<Mutex<HashMap<u64, Route>>>;
+
+struct Link {
+    tx: mpsc::Sender<Request>,
+    pending: Pending,
+    broken: Arc<AtomicBool>,
+}
+
+/// See the module documentation.
+pub struct HostLinks {
+    socket: PathBuf,
+    links: Vec<tokio::sync::Mutex<Option<Link>>>,
+    next: AtomicUsize,
+    ids: AtomicU64,
+    timeout: Duration,
+    /// Requests forwarded.
+    pub forwarded: Arc<AtomicU64>,
+    /// Requests failed because the host could not be reached or did not answer.
+    pub unavailable: Arc<AtomicU64>,
+}
+
+/// Requests a link keeps in flight (and queued to send).
+const LINK_QUEUE: usize = 8192;
+
+fn lock(p: &Pending) -> std::sync::MutexGuard<'_, HashMap<u64, Route>> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl HostLinks {
+    /// `n` links to the host socket at `socket`, failing requests unanswered after `timeout`.
+    pub fn new(socket: PathBuf, n: usize, timeout: Duration) -> Arc<HostLinks> {
+        Arc::new(HostLinks {
+            socket,
+            links: (0..n.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            ids: AtomicU64::new(1),
+            timeout,
+            forwarded: Arc::new(AtomicU64::new(0)),
+            unavailable: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// Forwards `req`; its reply (or the failure) goes to `sink` under its own id.
+    pub async fn forward(&self, mut req: Request, charge: Charge, sink: Sink) {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.links.len();
+        let (tx, pending) = {
+            let mut slot = self.links[i].lock().await;
+            if slot.as_ref().is_none_or(|l| l.broken.load(Ordering::Acquire)) {
+                *slot = self.connect().await;
+            }
+            match slot.as_ref() {
+                Some(l) => (l.tx.clone(), l.pending.clone()),
+                None => {
+                    self.unavailable.fetch_add(1, Ordering::Relaxed);
+                    let r = Response::error(req.id, ErrorCode::Unavailable, "host unavailable; retry");
+                    return sink.send(r, charge);
+                }
+            }
+        };
+        let link_id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let client_id = std::mem::replace(&mut req.id, link_id);
+        lock(&pending).insert(link_id, Route { client_id, sink, charge, sent: Instant::now() });
+        self.forwarded.fetch_add(1, Ordering::Relaxed);
+        if tx.send(req).await.is_err()
+            && let Some(r) = lock(&pending).remove(&link_id)
+        {
+            // Never sent: not applied.
+            self.unavailable.fetch_add(1, Ordering::Relaxed);
+            r.sink.send(Response::error(r.client_id, ErrorCode::Unavailable, "host unavailable; retry"), r.charge);
+        }
+    }
+
+    async fn connect(&self) -> Option<Link> {
+        let stream = tokio::time::timeout(self.timeout, UnixStream::connect(&self.socket)).await.ok()?.ok()?;
+        let (mut r, mut w) = stream.into_split();
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let broken = Arc::new(AtomicBool::new(false));
+        let (tx, mut rx) = mpsc::channel::<Request>(LINK_QUEUE);
+        let b = broken.clone();
+        tokio::spawn(async move {
+            let mut batch = Vec::with_capacity(256);
+            let mut buf = Vec::with_capacity(64 << 10);
+            let mut carry: Option<Request> = None;
+            loop {
+                let first = match carry.take() {
+                    Some(r) => r,
+                    None => match rx.recv().await {
+                        Some(r) => r,
+                        None => break,
+                    },
+                };
+                // Frames stay under the protocol's limit (a request came in a frame of its own, so
+                // any one fits); large values go a few at a time.
+                let mut bytes = crate::conn::request_size(&first);
+                batch.push(first);
+                while batch.len() < dpukv_proto::limits::MAX_OPS_PER_FRAME {
+                    match rx.try_recv() {
+                        Ok(r) => {
+                            let n = crate::conn::request_size(&r);
+                            if bytes + n > dpukv_proto::limits::MAX_FRAME / 2 {
+                                carry = Some(r);
+                                break;
+                            }
+                            bytes += n;
+                            batch.push(r);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                buf.clear();
+                encode_requests(&batch, &mut buf);
+                batch.clear();
+                if w.write_all(&buf).await.is_err() {
+                    break;
+                }
+                if buf.capacity() > 4 << 20 {
+                    buf = Vec::with_capacity(64 << 10);
+                }
+            }
+            b.store(true, Ordering::Release);
+        });
+        let (p, b, unavailable, timeout) = (pending.clone(), broken.clone(), self.unavailable.clone(), self.timeout);
+        tokio::spawn(async move {
+            let fail_all = |p: &Pending, why: &str| {
+                let routes: Vec<Route> = lock(p).drain().map(|(_, r)| r).collect();
+                for r in routes {
+                    unavailable.fetch_add(1, Ordering::Relaxed);
+                    r.sink.send(Response::error(r.client_id, ErrorCode::OutcomeUnknown, why), r.charge);
+                }
+            };
+            let mut buf: Vec<u8> = Vec::with_capacity(128 << 10);
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                buf.reserve(64 << 10);
+                tokio::select! {
+                    got = r.read_buf(&mut buf) => {
+                        if !matches!(got, Ok(n) if n > 0) {
+                            break;
+                        }
+                    }
+                    _ = tick.tick() => {
+                        // Requests the host has not answered in time: their outcome is unknown.
+                        let late: Vec<Route> = {
+                            let mut p = lock(&p);
+                            let ids: Vec<u64> = p.iter().filter(|(_, r)| r.sent.elapsed() > timeout).map(|(id, _)| *id).collect();
+                            ids.into_iter().filter_map(|id| p.remove(&id)).collect()
+                        };
+                        for r in late {
+                            unavailable.fetch_add(1, Ordering::Relaxed);
+                            let e = Response::error(r.client_id, ErrorCode::OutcomeUnknown, "the host did not answer in time");
+                            r.sink.send(e, r.charge);
+                        }
+                        continue;
+                    }
+                }
+                let mut used = 0;
+                loop {
+                    match frame_header(&buf[used..]) {
+                        Ok(Some(h)) if buf.len() - used >= h.total => {
+                            let Ok(resps) = decode_responses(&buf[used..used + h.total]) else {
+                                b.store(true, Ordering::Release);
+                                fail_all(&p, "the host sent a malformed reply; outcome unknown");
+                                return;
+                            };
+                            used += h.total;
+                            for mut resp in resps {
+                                if let Some(route) = lock(&p).remove(&resp.id) {
+                                    resp.id = route.client_id;
+                                    route.sink.send(resp, route.charge);
+                                }
+                            }
+                        }
+                        Ok(_) => break,
+                        Err(_) => {
+                            b.store(true, Ordering::Release);
+                            fail_all(&p, "the host sent a malformed reply; outcome unknown");
+                            return;
+                        }
+                    }
+                }
+                buf.drain(..used);
+            }
+            // The host went away: everything still forwarded has an unknown outcome.
+            b.store(true, Ordering::Release);
+            fail_all(&p, "host unavailable; the write's outcome is unknown");
+        });
+        Some(Link { tx, pending, broken })
+    }
+}

@@ -1,0 +1,401 @@
+//! One region's writer: a thread that owns the [`Region`] and its reservation station, and a
+//! releaser thread that sends responses once their writes may be acknowledged.
+//!
+//! The writer drains the region's bounded job queue and, per round: answers retried
+//! exactly-once writes from the region's session table (or says their outcome is unknown), turns
+//! plain writes into one group commit (`Region::write_group_tagged`: their own versions, one log
+//! write), executes atomics in the reservation station against forwarded values and writes each
+//! key back once, and closes the round early when an operation touches a key the other kind
+//! already touched (so each key's operations apply in arrival order). The round's responses go to
+//! the releaser with the log position they wait for; the writer goes on with the next round while
+//! the value log's flusher syncs — so one sync serves every write that arrived during the last.
+//! Between rounds, and when idle, the writer runs the region's upkeep (`Region::maintain`:
+//! compactions, garbage collection, file retirement).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dpukv_proto::{ErrorCode, Op, Reply, Request, Response, Session, WriteOp};
+use dpukv_storage::BatchOp;
+use dpukv_storage::region::{Lookup, Region, SessionEntry, WriteAck};
+use dpukv_storage::vlog::{DurabilityWaiter, Lsn};
+use tokio::sync::mpsc;
+
+use crate::atomics::{AtomicError, ReservationStation};
+use crate::conn::{Charge, Sink};
+use crate::reads::storage_error;
+
+/// A write or atomic for this region, with where its response goes.
+#[derive(Debug)]
+pub struct Job {
+    /// The request.
+    pub req: Request,
+    /// What it holds until answered.
+    pub charge: Charge,
+    /// Its connection.
+    pub sink: Sink,
+}
+
+/// Counters the writers publish.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    /// Rounds executed.
+    pub rounds: AtomicU64,
+    /// Write requests applied.
+    pub writes: AtomicU64,
+    /// Atomics executed.
+    pub atomics: AtomicU64,
+    /// Values written back by the reservation station.
+    pub write_backs: AtomicU64,
+    /// Retried writes answered from the exactly-once sessions.
+    pub deduplicated: AtomicU64,
+    /// Log segments garbage collection took out.
+    pub gc_segments: AtomicU64,
+}
+
+/// Most jobs drained into one round.
+const MAX_ROUND_JOBS: usize = 1024;
+/// How often the writer runs the region's upkeep.
+const MAINTAIN_EVERY: Duration = Duration::from_millis(50);
+/// Rounds waiting for durability before the writer waits for the releaser.
+const RELEASE_QUEUE: usize = 256;
+
+/// Starts the writer and releaser threads of `region`; returns the queue to send its jobs to.
+pub fn start(
+    id: u32,
+    region: Region,
+    per_op_atomics: bool,
+    stats: Arc<WriterStats>,
+    queue: usize,
+    rt: tokio::runtime::Handle,
+) -> std::io::Result<mpsc::Sender<Job>> {
+    let (tx, rx) = mpsc::channel(queue);
+    let (rel_tx, rel_rx) = std::sync::mpsc::sync_channel::<Release>(RELEASE_QUEUE);
+    std::thread::Builder::new().name(format!("dpukv-release-{id}")).spawn(move || release(rel_rx))?;
+    let w = Worker { region, station: ReservationStation::new(), per_op_atomics, stats, release: rel_tx };
+    std::thread::Builder::new().name(format!("dpukv-write-{id}")).spawn(move || w.run(rx, rt))?;
+    Ok(tx)
+}
+
+/// Responses released once the log is durable up to `end`.
+struct Release {
+    waiter: DurabilityWaiter,
+    end: Lsn,
+    responses: Vec<(Sink, Response, Charge)>,
+}
+
+fn release(rx: std::sync::mpsc::Receiver<Release>) {
+    while let Ok(r) = rx.recv() {
+        let failed = r.waiter.wait(r.end).err();
+        for (sink, resp, charge) in r.responses {
+            // A write whose log write or sync failed is never acknowledged: its outcome is
+            // unknown (the log repairs itself and may still make it durable).
+            let resp = match &failed {
+                Some(e) if resp.result.is_ok() => {
+                    Response::error(resp.id, ErrorCode::OutcomeUnknown, format!("the log failed: {}", e.code()))
+                }
+                _ => resp,
+            };
+            sink.send(resp, charge);
+        }
+    }
+}
+
+/// How a response of the round is decided once the group is committed.
+enum Pending {
+    /// A plain write: its batch's index in the group.
+    Batch(usize),
+    /// An atomic: its reply, and the key whose write-back carries its version.
+    Atomic(Reply, Vec<u8>),
+    /// Already decided.
+    Ready(Response),
+    /// The same exactly-once write as an earlier request of the round: the same answer.
+    Same(usize),
+}
+
+/// An owned write of a batch (the group is built before it is borrowed as `BatchOp`s).
+enum OwnedOp {
+    Put(Vec<u8>, Vec<u8>),
+    Insert(Vec<u8>, Vec<u8>),
+    Update(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+impl OwnedOp {
+    fn as_batch_op(&self) -> BatchOp<'_> {
+        match self {
+            OwnedOp::Put(k, v) => BatchOp::Put(k, v),
+            OwnedOp::Insert(k, v) => BatchOp::Insert(k, v),
+            OwnedOp::Update(k, v) => BatchOp::Update(k, v),
+            OwnedOp::Delete(k) => BatchOp::Delete(k),
+        }
+    }
+    fn key(&self) -> &[u8] {
+        match self {
+            OwnedOp::Put(k, _) | OwnedOp::Insert(k, _) | OwnedOp::Update(k, _) | OwnedOp::Delete(k) => k,
+        }
+    }
+}
+
+/// One round's staged work.
+#[derive(Default)]
+struct Round {
+    /// Plain batches, with their exactly-once entries.
+    ops: Vec<(Vec<OwnedOp>, Vec<SessionEntry>)>,
+    plain_keys: HashSet<Vec<u8>>,
+    /// (connection, id, charge, how its response is decided, its exactly-once tag).
+    pending: Vec<(Sink, u64, Charge, Pending, Option<Session>)>,
+    /// Exactly-once writes of this round: (client, seq) -> index in `pending`.
+    tagged: HashMap<(u64, u64), usize>,
+    /// Exactly-once entries of atomics, by the key whose write-back carries them.
+    atomic_tags: HashMap<Vec<u8>, Vec<SessionEntry>>,
+}
+
+struct Worker {
+    region: Region,
+    station: ReservationStation,
+    per_op_atomics: bool,
+    stats: Arc<WriterStats>,
+    release: std::sync::mpsc::SyncSender<Release>,
+}
+
+fn is_atomic(op: &Op) -> bool {
+    matches!(op, Op::FetchAdd { .. } | Op::CompareAndSwap { .. } | Op::VectorScalar { .. } | Op::VectorVector { .. })
+}
+
+/// What an exactly-once retry is told: the recorded reply (the encoding is this module's).
+fn encode_reply(reply: &Reply) -> Vec<u8> {
+    match reply {
+        Reply::Scalar(s) => {
+            let mut b = vec![1];
+            b.extend_from_slice(s);
+            b
+        }
+        Reply::Cas { swapped: true, .. } => vec![2],
+        _ => vec![0],
+    }
+}
+
+fn decode_reply(b: &[u8], op: &Op) -> Reply {
+    match (b.first(), op) {
+        (Some(1), _) if b.len() == 9 => Reply::Scalar(b[1..9].try_into().expect("8 bytes")),
+        // A swap happened: the value found was the expected one.
+        (Some(2), Op::CompareAndSwap { expected, .. }) => Reply::Cas { swapped: true, current: expected.clone() },
+        _ => Reply::Done,
+    }
+}
+
+impl Worker {
+    fn run(mut self, mut rx: mpsc::Receiver<Job>, rt: tokio::runtime::Handle) {
+        let mut last_upkeep = Instant::now();
+        loop {
+            let first = rt.block_on(async { tokio::time::timeout(MAINTAIN_EVERY, rx.recv()).await });
+            match first {
+                Ok(None) => break,
+                Err(_) => {
+                    self.upkeep();
+                    last_upkeep = Instant::now();
+                    continue;
+                }
+                Ok(Some(job)) => {
+                    let mut jobs = vec![job];
+                    while jobs.len() < MAX_ROUND_JOBS {
+                        match rx.try_recv() {
+                            Ok(j) => jobs.push(j),
+                            Err(_) => break,
+                        }
+                    }
+                    self.round(jobs);
+                    self.stats.rounds.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if last_upkeep.elapsed() >= MAINTAIN_EVERY {
+                self.upkeep();
+                last_upkeep = Instant::now();
+            }
+        }
+        self.upkeep();
+    }
+
+    fn upkeep(&mut self) {
+        match self.region.maintain() {
+            Ok(m) => {
+                self.stats.gc_segments.fetch_add(m.gc.deleted, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(error = %e, "region upkeep failed; will retry"),
+        }
+    }
+
+    fn round(&mut self, jobs: Vec<Job>) {
+        let mut round = Round::default();
+        for job in jobs {
+            self.stage(&mut round, job);
+        }
+        self.commit(round);
+    }
+
+    /// Adds one request to the round, closing the round first if the request's key was touched
+    /// by the other kind of operation.
+    fn stage(&mut self, round: &mut Round, job: Job) {
+        let Job { req, charge, sink } = job;
+        if let Some(s) = req.session {
+            self.region.session_acknowledge(s.client, s.acked_below);
+            if let Some(&first) = round.tagged.get(&(s.client, s.seq)) {
+                round.pending.push((sink, req.id, charge, Pending::Same(first), Some(s)));
+                return;
+            }
+            match self.region.session_lookup(s.client, s.seq, !s.retry) {
+                Lookup::New => {}
+                Lookup::Applied { version, reply } => {
+                    self.stats.deduplicated.fetch_add(1, Ordering::Relaxed);
+                    let r =
+                        Response { id: req.id, version, replicated: false, result: Ok(decode_reply(&reply, &req.op)) };
+                    round.pending.push((sink, req.id, charge, Pending::Ready(r), None));
+                    return;
+                }
+                Lookup::Expired => {
+                    let r =
+                        Response::error(req.id, ErrorCode::SessionExpired, "too old a retry: its outcome is unknown");
+                    round.pending.push((sink, req.id, charge, Pending::Ready(r), None));
+                    return;
+                }
+            }
+        }
+        let atomic = is_atomic(&req.op);
+        let conflict = if atomic {
+            round.plain_keys.contains(req.op.key())
+        } else {
+            let keys: Vec<&[u8]> = match &req.op {
+                Op::Batch { ops } => ops.iter().map(WriteOp::key).collect(),
+                op => vec![op.key()],
+            };
+            keys.iter().any(|k| self.station.holds(k))
+        };
+        if conflict {
+            let done = std::mem::take(round);
+            self.commit(done);
+        }
+        let tag = req.session.map(|s| (s.client, s.seq));
+        if let Some(t) = tag {
+            round.tagged.insert(t, round.pending.len());
+        }
+        if atomic {
+            self.stats.atomics.fetch_add(1, Ordering::Relaxed);
+            let region = &self.region;
+            let pending = match self.station.execute(&req.op, |k| region.get(k)) {
+                Ok(reply) => {
+                    if let Some(s) = req.session
+                        && !matches!(reply, Reply::Cas { swapped: false, .. })
+                    {
+                        let e = SessionEntry { client: s.client, seq: s.seq, reply: encode_reply(&reply) };
+                        round.atomic_tags.entry(req.op.key().to_vec()).or_default().push(e);
+                    }
+                    Pending::Atomic(reply, req.op.key().to_vec())
+                }
+                Err(AtomicError::TypeMismatch) => Pending::Ready(Response::error(
+                    req.id,
+                    ErrorCode::TypeMismatch,
+                    "value is not an array of that element type",
+                )),
+                Err(AtomicError::NotFound) => {
+                    Pending::Ready(Response::error(req.id, ErrorCode::KeyNotFound, "no value for the key"))
+                }
+                Err(AtomicError::Load(e)) => Pending::Ready(storage_error(req.id, &e)),
+                Err(AtomicError::NotAtomic) => {
+                    Pending::Ready(Response::error(req.id, ErrorCode::Internal, "not an atomic"))
+                }
+            };
+            round.pending.push((sink, req.id, charge, pending, req.session));
+            if self.per_op_atomics {
+                let done = std::mem::take(round);
+                self.commit(done);
+            }
+            return;
+        }
+        let ops: Vec<OwnedOp> = match req.op {
+            Op::Put { key, value } => vec![OwnedOp::Put(key, value)],
+            Op::Insert { key, value } => vec![OwnedOp::Insert(key, value)],
+            Op::Update { key, value } => vec![OwnedOp::Update(key, value)],
+            Op::Delete { key } => vec![OwnedOp::Delete(key)],
+            Op::Batch { ops } => ops
+                .into_iter()
+                .map(|o| match o {
+                    WriteOp::Put { key, value } => OwnedOp::Put(key, value),
+                    WriteOp::Insert { key, value } => OwnedOp::Insert(key, value),
+                    WriteOp::Update { key, value } => OwnedOp::Update(key, value),
+                    WriteOp::Delete { key } => OwnedOp::Delete(key),
+                })
+                .collect(),
+            _ => {
+                let r = Response::error(req.id, ErrorCode::Internal, "reads are not written");
+                round.pending.push((sink, req.id, charge, Pending::Ready(r), None));
+                return;
+            }
+        };
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        round.plain_keys.extend(ops.iter().map(|o| o.key().to_vec()));
+        let entries = match req.session {
+            Some(s) => vec![SessionEntry { client: s.client, seq: s.seq, reply: encode_reply(&Reply::Done) }],
+            None => Vec::new(),
+        };
+        round.pending.push((sink, req.id, charge, Pending::Batch(round.ops.len()), req.session));
+        round.ops.push((ops, entries));
+    }
+
+    /// Commits a round: the plain batches and the station's write-backs in one group, and hands
+    /// the responses to the releaser.
+    fn commit(&mut self, mut round: Round) {
+        if round.pending.is_empty() {
+            return;
+        }
+        let write_backs = self.station.drain();
+        self.stats.write_backs.fetch_add(write_backs.len() as u64, Ordering::Relaxed);
+        let first_wb = round.ops.len();
+        for (k, v) in &write_backs {
+            let tags = round.atomic_tags.remove(k).unwrap_or_default();
+            round.ops.push((vec![OwnedOp::Put(k.clone(), v.clone())], tags));
+        }
+        let borrowed: Vec<Vec<BatchOp<'_>>> =
+            round.ops.iter().map(|(b, _)| b.iter().map(OwnedOp::as_batch_op).collect()).collect();
+        let group: Vec<(&[BatchOp<'_>], &[SessionEntry])> =
+            borrowed.iter().zip(&round.ops).map(|(b, (_, t))| (b.as_slice(), t.as_slice())).collect();
+        let results: Vec<dpukv_storage::Result<WriteAck>> =
+            if group.is_empty() { Vec::new() } else { self.region.write_group_tagged(&group) };
+        let current = self.region.version();
+        let mut decided: Vec<Option<Response>> = Vec::with_capacity(round.pending.len());
+        let mut responses = Vec::with_capacity(round.pending.len());
+        for (sink, id, charge, p, _) in round.pending {
+            let resp = match p {
+                Pending::Ready(resp) => resp,
+                Pending::Same(i) => match decided.get(i).and_then(Option::as_ref) {
+                    Some(r) => Response { id, ..r.clone() },
+                    None => Response::error(id, ErrorCode::Internal, "duplicate of an undecided write"),
+                },
+                Pending::Batch(i) => match &results[i] {
+                    Ok(ack) => Response { id, version: ack.version, replicated: false, result: Ok(Reply::Done) },
+                    Err(e) => storage_error(id, e),
+                },
+                Pending::Atomic(reply, key) => match write_backs.iter().position(|(k, _)| *k == key) {
+                    Some(j) => match &results[first_wb + j] {
+                        Ok(ack) => Response { id, version: ack.version, replicated: false, result: Ok(reply) },
+                        Err(e) => storage_error(id, e),
+                    },
+                    // Read-only results (a failed compare-and-swap) change nothing.
+                    None => Response { id, version: current, replicated: false, result: Ok(reply) },
+                },
+            };
+            decided.push(Some(resp.clone()));
+            responses.push((sink, resp, charge));
+        }
+        // Every round's responses wait for the log's end: no reply (even of a read-only atomic,
+        // or a retry answered from the sessions) reveals state that is not acknowledged yet.
+        let r = Release { waiter: self.region.vlog().durability(), end: self.region.vlog().end(), responses };
+        if let Err(std::sync::mpsc::SendError(r)) = self.release.send(r) {
+            for (sink, resp, charge) in r.responses {
+                sink.send(resp, charge);
+            }
+        }
+    }
+}
