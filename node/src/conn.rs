@@ -2,9 +2,10 @@
 //! so that nothing a peer sends can grow the process's memory past a stated bound:
 //!
 //! - **Bytes are charged before they are allocated.** A frame's header is read first (limits
-//!   checked); its length is taken from the connection's budget ([`ConnConfig::conn_bytes`]) and
-//!   from the process's ([`Budget`]) before its buffer exists, waiting (and so not reading the
-//!   socket) while either is spent. Each request then keeps a charge for its own bytes plus the
+//!   checked); its body is read in chunks of at most 64 KiB, each taken from the connection's
+//!   budget ([`ConnConfig::conn_bytes`]) and from the process's ([`Budget`]) before the buffer
+//!   grows for it, waiting (and so not reading the socket) while either is spent — so a peer
+//!   that announces a large frame and sends it slowly holds only what it sent. Each request then keeps a charge for its own bytes plus the
 //!   largest response it can produce, until that response is written; the read path gives back
 //!   what a response did not use.
 //! - **Requests in flight are capped** ([`ConnConfig::max_in_flight`]), ids must be unique among
@@ -83,6 +84,9 @@ pub struct Charge {
     conn: Option<OwnedSemaphorePermit>,
     global: Option<OwnedSemaphorePermit>,
     slot: Option<OwnedSemaphorePermit>,
+    /// The request id this charge registered as in flight (released once the response is
+    /// written); None for responses to requests that never registered (errors, duplicates).
+    id: Option<u64>,
 }
 
 impl Charge {
@@ -106,6 +110,7 @@ impl Charge {
             conn: self.conn.as_mut().and_then(|p| p.split(n)),
             global: self.global.as_mut().and_then(|p| p.split(n)),
             slot: None,
+            id: None,
         }
     }
 
@@ -119,6 +124,7 @@ impl Charge {
                 (_, None) => {}
             }
         }
+        self.id = self.id.or(other.id);
     }
 }
 
@@ -251,18 +257,47 @@ where
             Ok(_) => break Err(bad_frame(&sink, DecodeError::Malformed("not a request frame"))),
             Err(e) => break Err(bad_frame(&sink, e)),
         };
-        // Charge the frame before its buffer exists.
-        let charge = tokio::select! {
-            _ = gone.cancelled() => break Ok(()),
-            c = take(&conn_bytes, &budget, h.total) => c,
-        };
-        let mut frame = charge;
-        let mut buf = vec![0u8; h.total];
-        buf[..8].copy_from_slice(&head);
-        match tokio::time::timeout(cfg.frame_timeout, r.read_exact(&mut buf[8..])).await {
-            Err(_) => break Err(ConnError::SlowFrame),
-            Ok(Err(e)) => break Err(ConnError::Io(e)),
-            Ok(Ok(_)) => {}
+        // The body arrives in chunks, each charged before its bytes are allocated: a peer that
+        // announces a large frame and sends it slowly holds only what it sent (plus one chunk).
+        // Time spent waiting for the budget does not count against the frame's timeout.
+        let mut frame = Charge::default();
+        let mut buf = Vec::with_capacity(h.total.min(FRAME_CHUNK));
+        buf.extend_from_slice(&head);
+        let mut deadline = tokio::time::Instant::now() + cfg.frame_timeout;
+        let mut failed = None;
+        while buf.len() < h.total {
+            let want = (h.total - buf.len()).min(FRAME_CHUNK);
+            let waiting = tokio::time::Instant::now();
+            let more = tokio::select! {
+                _ = gone.cancelled() => None,
+                c = take(&conn_bytes, &budget, want) => Some(c),
+            };
+            let Some(more) = more else { break };
+            frame.merge(more);
+            deadline += waiting.elapsed();
+            buf.reserve_exact(want);
+            let mut chunk = (&mut r).take(want as u64);
+            let got = tokio::time::timeout_at(deadline, async {
+                while chunk.limit() > 0 {
+                    if chunk.read_buf(&mut buf).await? == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
+                Ok::<_, std::io::Error>(())
+            })
+            .await;
+            match got {
+                Err(_) => failed = Some(ConnError::SlowFrame),
+                Ok(Err(e)) => failed = Some(ConnError::Io(e)),
+                Ok(Ok(())) => continue,
+            }
+            break;
+        }
+        if let Some(e) = failed {
+            break Err(e);
+        }
+        if buf.len() < h.total {
+            break Ok(()); // stopping
         }
         let entries = match decode_requests(&buf) {
             Ok(e) => e,
@@ -288,6 +323,7 @@ where
                         sink.send(e, charge);
                         continue;
                     }
+                    charge.id = Some(req.id);
                     let need = reserve(&req);
                     let have = frame.bytes().min(need);
                     charge.merge(frame.split_off(have));
@@ -320,8 +356,11 @@ async fn take(conn: &Arc<Semaphore>, budget: &Budget, n: usize) -> Charge {
     let n32 = n.min(u32::MAX as usize) as u32;
     let c = conn.clone().acquire_many_owned(n32).await.ok();
     let g = budget.sem.clone().acquire_many_owned(n32).await.ok();
-    Charge { conn: c, global: g, slot: None }
+    Charge { conn: c, global: g, slot: None, id: None }
 }
+
+/// A frame's body is read (and charged) in chunks of at most this many bytes.
+const FRAME_CHUNK: usize = 64 << 10;
 
 /// Bytes of responses framed per write (at least one response, however large).
 const WRITE_CHUNK: usize = 256 << 10;
@@ -355,8 +394,8 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
             let ok = matches!(tokio::time::timeout(timeout, w.write_all(&buf)).await, Ok(Ok(())));
             {
                 let mut ids = ids.lock().unwrap_or_else(|e| e.into_inner());
-                for r in &resps {
-                    ids.remove(&r.id);
+                for id in charges.iter().filter_map(|c| c.id) {
+                    ids.remove(&id);
                 }
             }
             resps.clear();

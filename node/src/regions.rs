@@ -104,6 +104,40 @@ impl RegionMap {
         Ok(RegionMap { regions })
     }
 
+    /// Checks `self` against the map recorded in `data_dir` (`REGIONS`), recording it there if
+    /// the directory has none yet: a host must not reopen its regions' data under other ranges
+    /// (keys of a region would become unreachable). Changing the ranges takes a region split or
+    /// merge, which the cluster does.
+    pub fn pin_to(&self, data_dir: &std::path::Path) -> Result<()> {
+        let path = data_dir.join("REGIONS");
+        match std::fs::read_to_string(&path) {
+            Ok(s) => {
+                let recorded = RegionMap::decode(&s).with_context(|| format!("reading {}", path.display()))?;
+                if recorded != *self {
+                    bail!(
+                        "{} was created with other regions (split keys {:?}, asked for {:?}); start with the \
+                         same --split-keys, or use a new data directory",
+                        data_dir.display(),
+                        recorded.split_keys(),
+                        self.split_keys()
+                    );
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+                dpukv_storage::fs::write_atomic(&dpukv_storage::fs::RealFs, &path, self.encode().as_bytes())
+                    .with_context(|| format!("writing {}", path.display()))
+            }
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    /// The split keys (each region's start but the first's), lossily as text.
+    pub fn split_keys(&self) -> Vec<String> {
+        self.regions[1..].iter().map(|r| String::from_utf8_lossy(&r.start).into_owned()).collect()
+    }
+
     /// The region a request addresses (index into the map), checked against the region and
     /// epoch the request names: `WrongRegion` if it names another region (or a batch spans
     /// regions), `StaleEpoch` if it knows another epoch of this one.
@@ -151,5 +185,16 @@ mod tests {
         assert_eq!(m.check(&r), Ok(1));
         let b = Op::Batch { ops: vec![WriteOp::Delete { key: b"a".to_vec() }, WriteOp::Delete { key: b"z".to_vec() }] };
         assert_eq!(m.check(&Request::new(2, b)).map_err(|e| e.0), Err(ErrorCode::WrongRegion));
+    }
+
+    #[test]
+    fn a_data_directory_keeps_its_regions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = RegionMap::split_at(&[b"g".to_vec()]).expect("map");
+        m.pin_to(dir.path()).expect("first start records the map");
+        m.pin_to(dir.path()).expect("the same map again");
+        let other = RegionMap::split_at(&[b"m".to_vec()]).expect("map");
+        let e = other.pin_to(dir.path()).expect_err("other split keys on the same data");
+        assert!(e.to_string().contains("other regions"), "{e}");
     }
 }

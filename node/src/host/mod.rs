@@ -85,6 +85,7 @@ pub async fn run(
     started: Option<tokio::sync::oneshot::Sender<HostInfo>>,
 ) -> Result<()> {
     std::fs::create_dir_all(&cfg.shm_dir).with_context(|| format!("creating {}", cfg.shm_dir.display()))?;
+    cfg.regions.pin_to(&cfg.data_dir)?;
     let stats = Arc::new(WriterStats::default());
     let rt = tokio::runtime::Handle::current();
     let mut writers: Vec<mpsc::Sender<Job>> = Vec::new();

@@ -16,12 +16,7 @@ fn k(s: &str) -> Vec<u8> {
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    crate::harness::status_kib(pid, "VmRSS")
 }
 
 #[test]

@@ -56,6 +56,20 @@ impl Pod {
         self.host = Some(spawn_host(&self.data(), &self.shm(), &self.extra_host_args));
     }
 
+    /// Starts a host on data directory `data` with `args` (a replacement host for this pod).
+    pub fn start_host_at(&mut self, data: &Path, args: &[&str]) {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        self.host = Some(spawn_host(data, &self.shm(), &args));
+    }
+
+    pub fn device_pid(&self) -> u32 {
+        self.device.as_ref().expect("device").0.id()
+    }
+
+    pub fn host_pid(&self) -> u32 {
+        self.host.as_ref().expect("host").0.id()
+    }
+
     pub fn connect(&self) -> Conn {
         Conn::connect(&self.addr)
     }
@@ -118,6 +132,16 @@ fn strip_ansi(s: &str) -> String {
         }
     }
     out
+}
+
+/// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `RssAnon`, ...); 0 if unreadable.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A blocking protocol connection.
