@@ -215,6 +215,67 @@ fn restarts_lose_no_acknowledged_write() {
 
 use std::process::Command;
 
+/// The host's data directory on a small real file system: writes fill it and are refused with a
+/// retryable error that says so (nothing half-written), the host stays up, and once the file
+/// system grows the same host takes writes again — no restart — with every acknowledged write
+/// readable.
+#[test]
+fn a_full_disk_refuses_writes_and_takes_them_again_without_a_restart() {
+    let mut pod = Pod::start(&["--fsync", "always"], &[]);
+    pod.host = None;
+    let data = pod.dir.path().join("small-disk");
+    let Some(disk) = crate::tmpfs::Tmpfs::mount_at(&data, 8 << 20) else { return };
+    pod.start_host_at(&data, &["--fsync", "always", "--l0-budget", "262144"]);
+    let value = |i: u32| vec![(i % 251) as u8; 64 << 10];
+    let key = |i: u32| format!("full{i:05}").into_bytes();
+    let mut c = pod.connect();
+    let (mut acked, mut refused) = (Vec::new(), None);
+    for i in 0..400u32 {
+        match c.one(Op::Put { key: key(i), value: value(i) }).result {
+            Ok(Reply::Done) => acked.push(i),
+            Err(e) => {
+                assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
+                assert!(e.message.contains("space"), "the error says why: {e:?}");
+                refused = Some(i);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let first_refused = refused.expect("an 8 MiB disk fills up");
+    eprintln!("{} writes of 64 KiB acknowledged before the disk was full", acked.len());
+    assert!(acked.len() > 20, "only {} writes fit", acked.len());
+    // Still refused while full, and still serving reads.
+    assert_eq!(
+        c.one(Op::Put { key: key(first_refused), value: value(first_refused) }).result.map_err(|e| e.code),
+        Err(ErrorCode::Unavailable)
+    );
+    assert_eq!(c.one(Op::Get { key: key(acked[0]) }).result, Ok(Reply::Value(Some(value(acked[0])))));
+    let host_pid = pod.host_pid();
+    disk.resize(256 << 20);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut i = first_refused;
+    while i < first_refused + 50 {
+        match c.one(Op::Put { key: key(i), value: value(i) }).result {
+            Ok(Reply::Done) => {
+                acked.push(i);
+                i += 1;
+            }
+            Err(e) if e.code == ErrorCode::Unavailable => {
+                assert!(Instant::now() < deadline, "writes did not resume: {e:?}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(pod.host_pid(), host_pid);
+    assert!(std::fs::metadata(format!("/proc/{host_pid}")).is_ok(), "the host stayed up");
+    for &j in &acked {
+        assert_eq!(c.one(Op::Get { key: key(j) }).result, Ok(Reply::Value(Some(value(j)))), "acknowledged write {j}");
+    }
+    pod.host = None; // before the file system goes away
+}
+
 #[test]
 fn concurrent_fetch_add_sums_exactly() {
     let pod = Pod::start(&["--fsync", "interval:2"], &[]);

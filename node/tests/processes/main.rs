@@ -4,3 +4,6 @@ mod bounds;
 mod faults;
 mod harness;
 mod ops;
+#[allow(dead_code)] // shared with the storage suite, which uses all of it
+#[path = "../../../storage/tests/support/tmpfs.rs"]
+mod tmpfs;

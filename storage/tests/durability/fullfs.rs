@@ -4,58 +4,11 @@
 //! same region takes writes again, without a restart, and every acknowledged write is there. An
 //! arena on a full tmpfs gives `ArenaFull`, not SIGBUS.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 use dpukv_storage::region::{Region, RegionConfig};
 use dpukv_storage::vlog::FsyncPolicy;
 use dpukv_storage::{ArenaConfig, Error, Writer};
 
-/// A tmpfs mounted for one test, unmounted when dropped.
-pub struct Tmpfs {
-    dir: PathBuf,
-    _parent: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    /// Mounts a tmpfs of `size` bytes; None (after saying why) when this machine cannot.
-    pub fn mount(size: u64) -> Option<Tmpfs> {
-        let parent = tempfile::tempdir().expect("tempdir");
-        let dir = parent.path().join("mnt");
-        std::fs::create_dir(&dir).expect("mkdir");
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            assert!(std::env::var("CI").is_err(), "CI must be able to mount a tmpfs (run as root)");
-            eprintln!("skipping: cannot mount a tmpfs here (needs root)");
-            return None;
-        }
-        Some(Tmpfs { dir, _parent: parent })
-    }
-
-    /// Grows (or shrinks) the file system.
-    pub fn resize(&self, size: u64) {
-        let ok = Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
-            .arg(&self.dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "remount {}", self.dir.display());
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.dir
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-    }
-}
+use crate::support_tmpfs::Tmpfs;
 
 #[test]
 fn a_full_disk_refuses_writes_cleanly_and_takes_them_again_once_it_grows() {

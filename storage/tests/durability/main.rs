@@ -11,4 +11,6 @@ mod region;
 mod sendindex;
 #[path = "../support/model.rs"]
 mod support_model;
+#[path = "../support/tmpfs.rs"]
+mod support_tmpfs;
 mod vlog;
