@@ -246,43 +246,117 @@ async fn stats(admin: &str) -> Result<i32> {
     Ok(0)
 }
 
-/// Runs `dpukv-node` and `dpukv-dpu` (found next to this binary) until Ctrl-C, then stops both.
+/// Runs `dpukv-node` and `dpukv-dpu` (found next to this binary) until SIGINT/SIGTERM, then
+/// stops both. Like a kubelet, it restarts a process that exits (with a backoff that doubles from
+/// 0.5 s to 30 s, reset once a process has run for a minute), so a crash costs a restart, not
+/// the pod; the device follows a restarted host by itself.
 async fn local(dir: &std::path::Path, listen: &str, fsync: &str, split_keys: &str, on_host: bool) -> Result<i32> {
+    use std::time::Duration;
+
+    use tokio::signal::unix::{SignalKind, signal};
     let exe_dir = std::env::current_exe()?.parent().context("binary directory")?.to_path_buf();
     let (data, shm) = (dir.join("data"), dir.join("shm"));
     std::fs::create_dir_all(&data)?;
-    let mut host = tokio::process::Command::new(exe_dir.join("dpukv-node"))
-        .arg("--data-dir")
-        .arg(&data)
-        .arg("--shm-dir")
-        .arg(&shm)
-        .args(["--fsync", fsync, "--split-keys", split_keys])
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting dpukv-node")?;
+    let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
+    host_cmd.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm);
+    host_cmd.args(["--fsync", fsync, "--split-keys", split_keys]).kill_on_drop(true);
     // The host publishes its regions before it serves; the device waits for them.
     let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
     dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", listen]).kill_on_drop(true);
     if on_host {
         dev_cmd.arg("--serve-reads-on-host");
     }
-    let mut device = dev_cmd.spawn().context("starting dpukv-dpu")?;
+    let mut procs = [Supervised::new("host", host_cmd), Supervised::new("device", dev_cmd)];
+    for p in &mut procs {
+        p.start()?;
+    }
     eprintln!("dpukv local: serving on {listen} (data in {}); Ctrl-C to stop", dir.display());
-    use tokio::signal::unix::{SignalKind, signal};
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
-    let code = tokio::select! {
-        _ = term.recv() => 0,
-        _ = int.recv() => 0,
-        s = host.wait() => { eprintln!("dpukv local: host exited: {s:?}"); 1 }
-        s = device.wait() => { eprintln!("dpukv local: device exited: {s:?}"); 1 }
-    };
-    for child in [&mut device, &mut host] {
+    loop {
+        let [host, device] = &mut procs;
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            () = host.supervise() => {}
+            () = device.supervise() => {}
+        }
+    }
+    // Device first (no new requests), then the host (finishes its round and syncs the log).
+    for p in procs.iter_mut().rev() {
+        p.stop(Duration::from_secs(15)).await;
+    }
+    Ok(0)
+}
+
+/// A child process kept running (see [`local`]).
+struct Supervised {
+    name: &'static str,
+    cmd: tokio::process::Command,
+    child: Option<tokio::process::Child>,
+    started: tokio::time::Instant,
+    backoff: std::time::Duration,
+    restarts: u32,
+}
+
+impl Supervised {
+    const FIRST_BACKOFF: std::time::Duration = std::time::Duration::from_millis(500);
+    const MAX_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
+    const HEALTHY_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+    fn new(name: &'static str, cmd: tokio::process::Command) -> Supervised {
+        Supervised {
+            name,
+            cmd,
+            child: None,
+            started: tokio::time::Instant::now(),
+            backoff: Self::FIRST_BACKOFF,
+            restarts: 0,
+        }
+    }
+
+    fn start(&mut self) -> Result<()> {
+        self.child = Some(self.cmd.spawn().with_context(|| format!("starting the {}", self.name))?);
+        self.started = tokio::time::Instant::now();
+        Ok(())
+    }
+
+    /// Waits until the process exits, then restarts it after the backoff (never returns an
+    /// error: a process that cannot be started is retried, as a kubelet would).
+    async fn supervise(&mut self) {
+        let status = match self.child.as_mut() {
+            Some(c) => c.wait().await,
+            None => Err(std::io::Error::other("not running")),
+        };
+        self.child = None;
+        if self.started.elapsed() >= Self::HEALTHY_AFTER {
+            self.backoff = Self::FIRST_BACKOFF;
+        }
+        self.restarts += 1;
+        let pause = self.backoff;
+        self.backoff = (self.backoff * 2).min(Self::MAX_BACKOFF);
+        eprintln!(
+            "dpukv local: the {} exited ({}); restart {} in {:.1}s",
+            self.name,
+            status.map_or_else(|e| e.to_string(), |s| s.to_string()),
+            self.restarts,
+            pause.as_secs_f64()
+        );
+        tokio::time::sleep(pause).await;
+        if let Err(e) = self.start() {
+            eprintln!("dpukv local: {e:#}");
+            self.started = tokio::time::Instant::now();
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    async fn stop(&mut self, grace: std::time::Duration) {
+        let Some(mut child) = self.child.take() else { return };
         if let Some(pid) = child.id() {
-            // SIGTERM: both stop cleanly (the host finishes its round and syncs the log).
             let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
         }
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await;
-        let _ = child.start_kill();
+        if tokio::time::timeout(grace, child.wait()).await.is_err() {
+            eprintln!("dpukv local: the {} did not stop within {grace:?}; killing it", self.name);
+            let _ = child.kill().await;
+        }
     }
-    Ok(code)
 }

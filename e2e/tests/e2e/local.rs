@@ -1,0 +1,93 @@
+//! `dpukv local` keeps a pod up as a kubelet would: a host or device that dies is restarted,
+//! clients carry on (their retries bridge the gap), and SIGTERM stops everything.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dpukv_client::Client;
+use dpukv_e2e::procs::{Proc, bin_dir};
+
+/// The pids of `pid`'s children running `binary`.
+fn children_running(pid: u32, binary: &str) -> Vec<u32> {
+    let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    list.split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .filter(|c| {
+            std::fs::read(format!("/proc/{c}/cmdline"))
+                .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).split('\0').next().is_some_and(|a| a.ends_with(binary)))
+        })
+        .collect()
+}
+
+/// Waits until `pid` has exactly one child running `binary` other than `not`; returns it.
+fn child_running(pid: u32, binary: &str, not: Option<u32>) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found: Vec<u32> = children_running(pid, binary).into_iter().filter(|c| Some(*c) != not).collect();
+        if let [one] = found[..] {
+            return one;
+        }
+        assert!(Instant::now() < deadline, "no {binary} under dpukv local");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn kill(signal: &str, pid: u32) {
+    let ok = Command::new("kill").args([signal, &pid.to_string()]).status().is_ok_and(|s| s.success());
+    assert!(ok, "kill {signal} {pid}");
+}
+
+#[test]
+fn local_restarts_a_process_that_dies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("bound").port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut local = Command::new(bin_dir().expect("binaries").join("dpukv"))
+        .args(["local", "--listen", &addr, "--fsync", "always", "--dir"])
+        .arg(dir.path())
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start dpukv local");
+    let stderr = local.stderr.take().expect("stderr");
+    let log = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>());
+    let local = Proc(local);
+    let pid = local.0.id();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let c = loop {
+            match Client::connect(&addr, 1).await {
+                Ok(c) => break c,
+                Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) => panic!("dpukv local never served: {e}"),
+            }
+        };
+        c.put(b"before", b"1").await.expect("put");
+        let host = child_running(pid, "dpukv-node", None);
+        kill("-9", host);
+        c.put(b"after-host", b"2").await.expect("the retried put lands on the restarted host");
+        let new_host = child_running(pid, "dpukv-node", Some(host));
+        assert_ne!(new_host, host);
+        let device = child_running(pid, "dpukv-dpu", None);
+        kill("-9", device);
+        assert_eq!(c.get(b"before").await.expect("the read is retried").as_deref(), Some(&b"1"[..]));
+        assert_eq!(c.get(b"after-host").await.expect("read").as_deref(), Some(&b"2"[..]));
+        let new_device = child_running(pid, "dpukv-dpu", Some(device));
+        kill("-TERM", pid);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z")) {
+            assert!(Instant::now() < deadline, "dpukv local did not stop on SIGTERM");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for p in [new_host, new_device] {
+            let gone = !std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z"));
+            assert!(gone, "process {p} outlived dpukv local");
+        }
+    });
+    drop(local); // reaps it
+    let log = log.join().expect("log reader");
+    let restarts = log.iter().filter(|l| l.contains("exited") && l.contains("restart")).count();
+    assert_eq!(restarts, 2, "{log:#?}");
+}

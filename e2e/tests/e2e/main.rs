@@ -1,0 +1,5 @@
+//! End-to-end tests over real processes: linearizability (with crashes), exactly-once retries,
+//! and `dpukv local`'s supervision.
+
+mod linearizable;
+mod local;
