@@ -152,6 +152,29 @@ impl<'a> LNode<'a> {
         Ok((key, version, e))
     }
 
+    /// Where entry `i`'s pointer sits in the node (bounds-checked), for rewriting it: an
+    /// interior entry's child pointer, or a leaf entry's log pointer (None for a leaf entry
+    /// whose value is not a pointer).
+    pub(crate) fn pointer_offset(&self, i: usize, err: &impl Fn(u64, &'static str) -> Error) -> Result<Option<usize>> {
+        let o = self.entry_start(i, err)?;
+        let klen = le16(self.bytes, o) as usize;
+        let p = o + 2 + klen;
+        let bad = || err(self.file_off, "level entry out of bounds");
+        if self.kind != NODE_LEAF {
+            self.bytes.get(p..p + 8).ok_or_else(bad)?;
+            return Ok(Some(p));
+        }
+        // kind byte, u64 version, then for a pointer: u64 log position, u32 length.
+        match self.bytes.get(p) {
+            Some(&V_POINTER) => {
+                self.bytes.get(p + 9..p + 21).ok_or_else(bad)?;
+                Ok(Some(p + 9))
+            }
+            Some(_) => Ok(None),
+            None => Err(bad()),
+        }
+    }
+
     /// Index of the last entry with key `<= key` (`< key` when `strict`), by binary search.
     pub(crate) fn last_at_or_before(
         &self,

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::format::{LNode, NODE_HDR, NODE_LEAF, SEG_MAGIC, V_POINTER, le16, le32, le64};
+use super::format::{LNode, NODE_HDR, NODE_LEAF, SEG_MAGIC, le32, le64};
 use crate::error::{Error, Result};
 
 /// Translates `p` (segment << 32 | offset) through `map`.
@@ -33,7 +33,8 @@ pub fn rewrite_segment(
     path: &Path,
 ) -> Result<Vec<u8>> {
     let ns = node_size as usize;
-    if src.len() < ns || &src[..8] != SEG_MAGIC || crc32c::crc32c(&src[..28]) != le32(src, 28) {
+    if ns < NODE_HDR.max(32) || src.len() < ns || &src[..8] != SEG_MAGIC || crc32c::crc32c(&src[..28]) != le32(src, 28)
+    {
         return Err(Error::corrupt_file(path, 0, "bad shipped level segment header"));
     }
     let nodes = le32(src, 20) as usize;
@@ -51,24 +52,11 @@ pub fn rewrite_segment(
         let node = LNode::parse(&src[base..base + ns], base as u64, err)?;
         put64(&mut out, base + 8, translate(node.link, index_map, path, base + 8)?);
         put64(&mut out, base + 16, translate(node.prev, index_map, path, base + 16)?);
+        let map = if node.kind == NODE_LEAF { log_map } else { index_map };
         for i in 0..node.count {
-            let o = base + le16(src, base + NODE_HDR + 2 * i) as usize;
-            let klen = le16(src, o) as usize;
-            let p = o + 2 + klen;
-            if node.kind == NODE_LEAF {
-                // kind byte, version, then for a pointer: u64 log position.
-                if src.get(p) == Some(&V_POINTER) {
-                    let at = p + 9;
-                    if at + 8 > base + ns {
-                        return Err(Error::corrupt_file(path, at as u64, "value pointer out of bounds"));
-                    }
-                    put64(&mut out, at, translate(le64(src, at), log_map, path, at)?);
-                }
-            } else {
-                if p + 8 > base + ns {
-                    return Err(Error::corrupt_file(path, p as u64, "child pointer out of bounds"));
-                }
-                put64(&mut out, p, translate(le64(src, p), index_map, path, p)?);
+            if let Some(at) = node.pointer_offset(i, &err)? {
+                let at = base + at;
+                put64(&mut out, at, translate(le64(src, at), map, path, at)?);
             }
         }
     }

@@ -122,7 +122,9 @@ impl Backup {
                 return Err(Error::Config("shipped level is missing segments".into()));
             }
             for (primary_id, bytes) in segments {
-                let local = index_map[primary_id];
+                let local = *index_map
+                    .get(primary_id)
+                    .ok_or_else(|| Error::Config(format!("shipped segment {primary_id} is not in its level")))?;
                 let shipped = PathBuf::from(format!("shipped segment {primary_id}"));
                 let out =
                     rewrite_segment(bytes, meta.node_size, *primary_id, local, &index_map, &self.log_map, &shipped)?;

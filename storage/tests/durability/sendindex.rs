@@ -123,3 +123,66 @@ proptest! {
         prop_assert_eq!(&built.scan(b"", b"\xff", usize::MAX).expect("scan"), &want);
     }
 }
+
+/// A shipped level segment is input from another machine: one whose checksums are right but
+/// whose nodes lie (entry offsets and key lengths pointing anywhere) is refused with an error,
+/// never a panic or an out-of-bounds read.
+#[test]
+fn a_crafted_shipped_segment_is_refused_not_a_panic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut primary = Region::open(cfg(dir.path(), "primary")).expect("open").0;
+    primary.capture_exports();
+    for i in 0..400u32 {
+        let key = format!("key{i:05}").into_bytes();
+        primary.put(&key, &vec![i as u8; 1 + (i % 50) as usize]).expect("put");
+    }
+    primary.flush_now().expect("flush");
+    let exports = primary.take_exports();
+    let (meta, segments) = exports.iter().flat_map(|e| e.levels.iter()).next().expect("a shipped level").clone();
+    let ns = meta.node_size as usize;
+    let fix_checksums = |b: &mut Vec<u8>| {
+        let body = crc32c::crc32c(&b[ns..]);
+        b[24..28].copy_from_slice(&body.to_le_bytes());
+        let head = crc32c::crc32c(&b[..28]);
+        b[28..32].copy_from_slice(&head.to_le_bytes());
+    };
+    let (seg_id, good) = segments[0].clone();
+    let nodes = good.len() / ns - 1;
+    let count_of = |n: usize| u16::from_le_bytes([good[n * ns + 2], good[n * ns + 3]]) as usize;
+    let full: Vec<usize> = (1..=nodes).filter(|&n| count_of(n) > 0).collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut refused = 0;
+    for round in 0..400 {
+        let mut bad = good.clone();
+        // Half of the lies in the last node with entries, where an offset past the node may be
+        // past the segment.
+        let node = if round % 2 == 0 { full[full.len() - 1] } else { full[round % full.len()] };
+        let base = node * ns;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Lie in the entry offset table (past the node), or in a key length, or anywhere.
+        let at = match round % 3 {
+            0 => base + 32 + 2 * ((x as usize >> 8) % count_of(node)),
+            1 => base + 32 + 16 + (x as usize >> 16) % (ns - 50),
+            _ => base + (x as usize >> 24) % (ns - 2),
+        };
+        bad[at..at + 2].copy_from_slice(&(0xff00u16 | (x as u16 & 0xff)).to_le_bytes());
+        fix_checksums(&mut bad);
+        let mut backup = Backup::create(dir.path().join(format!("backup-{round}"))).expect("backup");
+        for (id, bytes) in primary.log_segments().expect("log") {
+            backup.receive_log_segment(id, &bytes).expect("receive log");
+        }
+        let mut export = exports[0].clone();
+        let mut shipped = segments.clone();
+        shipped[0] = (seg_id, bad);
+        export.levels = vec![(meta.clone(), shipped)];
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| backup.apply_send_index(&export)));
+        match out {
+            Ok(Err(_)) => refused += 1,
+            Ok(Ok(_)) => {} // the lie landed where nothing reads it
+            Err(_) => panic!("a crafted segment (round {round}, byte {at}) panicked the backup"),
+        }
+    }
+    assert!(refused > 100, "only {refused} of 400 crafted segments were refused");
+}
