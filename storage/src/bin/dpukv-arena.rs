@@ -80,7 +80,11 @@ fn stat(path: &str) -> Result<()> {
 /// Checks the bank invariant on fresh snapshots until the time is up. With `--hold-ms` it pins
 /// one snapshot, says "pinned", and holds it (so a test can kill it mid-read).
 fn bank_check(args: &Args) -> Result<()> {
-    let bank = Bank { accounts: args.flag("--accounts", 100)?, initial: args.flag("--initial", 1000)? };
+    let bank = Bank {
+        accounts: args.flag("--accounts", 100)?,
+        initial: args.flag("--initial", 1000)?,
+        pad: args.flag("--pad", 0)?,
+    };
     let seconds: f64 = args.flag("--seconds", 2.0)?;
     let hold: u64 = args.flag("--hold-ms", 0)?;
     let threads: usize = args.flag("--threads", 1)?;

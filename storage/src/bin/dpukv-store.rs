@@ -112,6 +112,7 @@ fn main() -> Result<()> {
             let bank = Bank {
                 accounts: flag(&args, "--accounts").context("--accounts")?.parse()?,
                 initial: flag(&args, "--initial").context("--initial")?.parse()?,
+                pad: flag(&args, "--pad").unwrap_or("0").parse()?,
             };
             let seconds: f64 = flag(&args, "--seconds").unwrap_or("2").parse()?;
             let mut reader = RegionReader::open(dir)?;

@@ -8,6 +8,9 @@
 //! The **bank**: `accounts` keys hold u64 balances; the writer moves amounts between two accounts
 //! in one atomic batch (and inserts or deletes filler keys between accounts, so leaves split and
 //! merge under the readers). Any snapshot must see every account and exactly the initial total.
+//! With `pad`, each balance is followed by bytes derived from it, which readers check: values
+//! past the arena's inline threshold live in blobs, and a blob reclaimed under a reader shows up
+//! as padding that does not match its balance.
 
 pub mod powerloss;
 
@@ -32,6 +35,8 @@ pub struct Bank {
     pub accounts: u32,
     /// Initial balance of each account.
     pub initial: u64,
+    /// Bytes after each balance, derived from it (0: 8-byte values, stored inline).
+    pub pad: usize,
 }
 
 /// What one successful check saw.
@@ -64,13 +69,36 @@ impl Bank {
     /// Writes every account with its initial balance in one batch.
     pub fn init(&self, w: &mut Writer) -> Result<u64, Error> {
         let keys: Vec<Vec<u8>> = (0..self.accounts).map(Bank::account_key).collect();
-        let val = self.initial.to_le_bytes();
+        let val = self.value(self.initial);
         let ops: Vec<BatchOp> = keys.iter().map(|k| BatchOp::Put(k, &val)).collect();
         w.write_batch(&ops)
     }
 
-    fn balance(v: &[u8]) -> Result<u64, CheckError> {
-        v.try_into().map(u64::from_le_bytes).map_err(|_| CheckError::Violation(format!("balance of {} bytes", v.len())))
+    fn pad_byte(balance: u64, i: usize) -> u8 {
+        (balance.wrapping_mul(0x9e37_79b9).wrapping_add(i as u64 * 7) >> 5) as u8
+    }
+
+    /// The stored form of `balance`.
+    pub fn value(&self, balance: u64) -> Vec<u8> {
+        let mut v = Vec::with_capacity(8 + self.pad);
+        v.extend_from_slice(&balance.to_le_bytes());
+        v.extend((0..self.pad).map(|i| Bank::pad_byte(balance, i)));
+        v
+    }
+
+    /// The balance a stored value holds, checking its length and padding.
+    fn balance(&self, v: &[u8]) -> Result<u64, CheckError> {
+        if v.len() != 8 + self.pad {
+            return Err(CheckError::Violation(format!("balance of {} bytes, expected {}", v.len(), 8 + self.pad)));
+        }
+        let b = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
+        if let Some(i) = (0..self.pad).find(|&i| v[8 + i] != Bank::pad_byte(b, i)) {
+            return Err(CheckError::Violation(format!(
+                "the bytes of balance {b} do not match it at byte {} (memory changed under a reader?)",
+                8 + i
+            )));
+        }
+        Ok(b)
     }
 
     /// Moves up to `amount` from account `from` to `to`, and puts or deletes `filler`, in one
@@ -84,10 +112,10 @@ impl Bank {
         filler: Option<(&[u8], bool)>,
     ) -> Result<u64, CheckError> {
         let (fk, tk) = (Bank::account_key(from), Bank::account_key(to));
-        let fb = Bank::balance(w.get(&fk)?.ok_or_else(|| CheckError::Violation("account missing".into()))?)?;
-        let tb = Bank::balance(w.get(&tk)?.ok_or_else(|| CheckError::Violation("account missing".into()))?)?;
+        let fb = self.balance(w.get(&fk)?.ok_or_else(|| CheckError::Violation("account missing".into()))?)?;
+        let tb = self.balance(w.get(&tk)?.ok_or_else(|| CheckError::Violation("account missing".into()))?)?;
         let amount = if from == to { 0 } else { amount.min(fb) };
-        let (fv, tv) = ((fb - amount).to_le_bytes(), (tb + amount).to_le_bytes());
+        let (fv, tv) = (self.value(fb - amount), self.value(tb + amount));
         let mut ops = vec![BatchOp::Put(&fk, &fv), BatchOp::Put(&tk, &tv)];
         if let Some((k, put)) = filler {
             ops.push(if put { BatchOp::Put(k, b"filler-value") } else { BatchOp::Delete(k) });
@@ -106,7 +134,7 @@ impl Bank {
                     String::from_utf8_lossy(k)
                 )));
             }
-            sum += Bank::balance(v)?;
+            sum += self.balance(v)?;
             next += 1;
         }
         if next != self.accounts || sum != self.total() {
@@ -136,7 +164,7 @@ impl Bank {
                 bad = Some(format!("expected account {next}, found key {:?}", String::from_utf8_lossy(k)));
                 return;
             }
-            match Bank::balance(v) {
+            match self.balance(v) {
                 Ok(b) => sum += b,
                 Err(e) => bad = Some(e.to_string()),
             }

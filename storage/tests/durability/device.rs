@@ -27,7 +27,7 @@ fn device_reader_sees_consistent_region_during_compactions() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (data, shm) = (dir.path().join("data"), dir.path().join("shm"));
     let mut region = Region::open(RegionConfig::tiny(&data, &shm, FsyncPolicy::Always)).expect("open").0;
-    let bank = Bank { accounts: 150, initial: 1000 };
+    let bank = Bank { accounts: 150, initial: 1000, pad: 0 };
     let keys: Vec<Vec<u8>> = (0..bank.accounts).map(Bank::account_key).collect();
     let init = bank.initial.to_le_bytes();
     let ops: Vec<BatchOp> = keys.iter().map(|k| BatchOp::Put(k, &init)).collect();

@@ -71,7 +71,17 @@ fn run_bank(cfg: &ArenaConfig, bank: Bank, transfers: u32, readers: usize, devic
 
 #[test]
 fn bank_invariant_small_nodes() {
-    let checks = must_run_bank(&ArenaConfig::small_nodes(512), Bank { accounts: 300, initial: 1000 }, 20_000, 3);
+    let checks =
+        must_run_bank(&ArenaConfig::small_nodes(512), Bank { accounts: 300, initial: 1000, pad: 0 }, 20_000, 3);
+    assert!(checks > 10, "readers ran only {checks} checks");
+}
+
+/// Balances in blobs: every transfer retires two blobs; readers check each balance's bytes, so
+/// a blob reclaimed (and its pages reused) under a pinned reader is caught.
+#[test]
+fn bank_invariant_with_blob_values() {
+    let checks =
+        must_run_bank(&ArenaConfig::small_nodes(512), Bank { accounts: 300, initial: 1000, pad: 700 }, 20_000, 3);
     assert!(checks > 10, "readers ran only {checks} checks");
 }
 
@@ -79,7 +89,7 @@ fn bank_invariant_small_nodes() {
 fn bank_invariant_default_nodes() {
     let checks = must_run_bank(
         &ArenaConfig { capacity: 256 << 20, ..ArenaConfig::default() },
-        Bank { accounts: 2000, initial: 50 },
+        Bank { accounts: 2000, initial: 50, pad: 0 },
         20_000,
         2,
     );
@@ -88,7 +98,8 @@ fn bank_invariant_default_nodes() {
 
 #[test]
 fn bank_invariant_device_readers() {
-    let checks = run_bank(&ArenaConfig::small_nodes(512), Bank { accounts: 300, initial: 1000 }, 20_000, 3, true);
+    let checks =
+        run_bank(&ArenaConfig::small_nodes(512), Bank { accounts: 300, initial: 1000, pad: 0 }, 20_000, 3, true);
     assert!(checks > 10, "readers ran only {checks} checks");
 }
 
@@ -96,7 +107,7 @@ fn bank_invariant_device_readers() {
 /// and still reads exactly its snapshot.
 #[test]
 fn device_reader_resyncs_after_a_ring_overrun() {
-    let bank = Bank { accounts: 200, initial: 1000 };
+    let bank = Bank { accounts: 200, initial: 1000, pad: 0 };
     let (_dir, path, mut w) = must_writer(&ArenaConfig::small_nodes(512));
     bank.init(&mut w).expect("init");
     let mut r = Reader::open_device(&path).expect("device reader");

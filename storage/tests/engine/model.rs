@@ -51,10 +51,16 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Most snapshots one run holds pinned.
+const PINNED: usize = 4;
+
 fn run(ops: Vec<Op>, node_size: u32) -> Result<(), TestCaseError> {
     let cfg = ArenaConfig::small_nodes(node_size);
     let (_dir, _path, mut w) = must_writer(&cfg);
     let mut m: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    // Readers made up front, so snapshots borrowing them can be held across the writes below.
+    let mut readers: Vec<_> = (0..PINNED).map(|_| w.reader().expect("reader")).collect();
+    let mut free_readers = readers.iter_mut();
     let mut snaps = Vec::new();
     for op in ops {
         match op {
@@ -104,20 +110,29 @@ fn run(ops: Vec<Op>, node_size: u32) -> Result<(), TestCaseError> {
                 prop_assert_eq!(owned(w.floor_scan(&a, &b, n).expect("floor scan")), model_floor_scan(&m, &a, &b, n))
             }
             Op::Snapshot => {
-                let mut r = w.reader().expect("reader");
-                // Keep the reader and the model state; the snapshot is re-taken below at the
-                // same version only if nothing was written, so instead hold a pinned version
-                // through a dedicated thread-free check: pin now, compare at the end.
-                let s = r.snapshot().expect("snapshot");
-                let v = s.version();
-                drop(s);
-                snaps.push((r, v, m.clone()));
+                // Pin a snapshot with the model as of now; it is compared after every later
+                // write (below) and at the end.
+                if let Some(r) = free_readers.next() {
+                    let s = r.snapshot().expect("snapshot");
+                    prop_assert_eq!(s.version(), w.version());
+                    snaps.push((s, m.clone()));
+                }
+            }
+        }
+        // Every pinned snapshot still sees exactly its version (one key probed per step).
+        for (s, at) in &snaps {
+            if let Some((k, v)) = at.iter().nth(m.len() % at.len().max(1)) {
+                prop_assert_eq!(s.get(k).expect("get"), Some(v.as_slice()), "a pinned snapshot changed");
             }
         }
     }
-    // Full-range comparison.
+    // Full-range comparisons: the writer's latest state and every pinned snapshot's.
     let all = owned(w.scan(&[0], &[0xff; 40], usize::MAX).expect("full scan"));
     prop_assert_eq!(all, model_scan(&m, &[0], &[0xff; 40], usize::MAX));
+    for (s, at) in &snaps {
+        let pinned = owned(s.scan(&[0], &[0xff; 40], usize::MAX).expect("snapshot scan"));
+        prop_assert_eq!(pinned, model_scan(at, &[0], &[0xff; 40], usize::MAX), "a pinned snapshot changed");
+    }
     drop(snaps);
     Ok(())
 }
@@ -146,7 +161,6 @@ fn grow_shrink_with_pinned_snapshots() {
     let cfg = ArenaConfig::small_nodes(512);
     let (_dir, _path, mut w) = must_writer(&cfg);
     let mut m: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-    let mut pinned = Vec::new();
     let key = |i: u64| format!("k{:06}", i).into_bytes();
     for round in 0..3 {
         for _ in 0..4000 {
@@ -158,10 +172,10 @@ fn grow_shrink_with_pinned_snapshots() {
         }
         let grown = w.stats();
         assert!(grown.height >= 3, "tree should be at least 3 levels: {grown:?}");
-        // Pin a snapshot with its expected contents.
+        // Pin a snapshot with its expected contents, across the deletes and the merges.
         let mut r = w.reader().expect("reader");
-        pinned.push((r.snapshot().map(|s| s.version()).expect("pin"), m.clone()));
-        drop(r);
+        let snap = r.snapshot().expect("pin");
+        let before = model_scan(&m, b"k", b"l", usize::MAX);
         let keys: Vec<Vec<u8>> = m.keys().cloned().collect();
         for k in keys.iter().filter(|_| rng.below(100) < 97) {
             assert!(w.delete(k).expect("delete").is_some());
@@ -169,6 +183,14 @@ fn grow_shrink_with_pinned_snapshots() {
         }
         let all = owned(w.scan(b"k", b"l", usize::MAX).expect("scan"));
         assert_eq!(all, model_scan(&m, b"k", b"l", usize::MAX), "round {round}");
+        w.reclaim().expect("reclaim under the pinned snapshot");
+        assert_eq!(
+            owned(snap.scan(b"k", b"l", usize::MAX).expect("scan")),
+            before,
+            "round {round}: the pinned snapshot"
+        );
+        drop(snap);
+        drop(r);
         // Underfull nodes merge (lazily, when their log is next merged): memory shrinks.
         w.reclaim().expect("reclaim");
         let now = w.stats();

@@ -28,6 +28,7 @@ fn must_spawn_checker(path: &Path, bank: Bank, extra: &[&str]) -> Reaped {
     let mut cmd = Command::new(TOOL);
     cmd.arg("bank-check").arg(path);
     cmd.args(["--accounts", &bank.accounts.to_string(), "--initial", &bank.initial.to_string()]);
+    cmd.args(["--pad", &bank.pad.to_string()]);
     cmd.args(extra).stdout(Stdio::piped()).stderr(Stdio::piped());
     Reaped(cmd.spawn().expect("spawn dpukv-arena"))
 }
@@ -42,7 +43,9 @@ fn transfer_round(w: &mut Writer, bank: Bank, rng: &mut Rng, n: u32) {
 
 #[test]
 fn readers_in_other_processes_see_consistent_snapshots() {
-    let bank = Bank { accounts: 400, initial: 1000 };
+    // Balances in blobs (past the inline threshold): blob pages are retired and reused under
+    // the other processes' snapshots.
+    let bank = Bank { accounts: 400, initial: 1000, pad: 600 };
     let (_dir, path, mut w) = must_writer(&ArenaConfig::small_nodes(512));
     bank.init(&mut w).expect("init");
     // One checker reads like the host's CPU, one like the device (page-table copy, node cache).
@@ -77,7 +80,7 @@ fn readers_in_other_processes_see_consistent_snapshots() {
 
 #[test]
 fn killed_reader_does_not_block_reclamation() {
-    let bank = Bank { accounts: 200, initial: 1000 };
+    let bank = Bank { accounts: 200, initial: 1000, pad: 0 };
     let (_dir, path, mut w) = must_writer(&ArenaConfig::small_nodes(512));
     bank.init(&mut w).expect("init");
     let mut rng = Rng(11);
@@ -143,7 +146,7 @@ fn a_revoked_foreign_reader_is_told_and_cannot_touch_the_slots_next_owner() {
         eprintln!("skipping: cannot unshare a pid namespace here");
         return;
     }
-    let bank = Bank { accounts: 100, initial: 1000 };
+    let bank = Bank { accounts: 100, initial: 1000, pad: 0 };
     let cfg = ArenaConfig { reader_slots: 1, ..ArenaConfig::small_nodes(512) };
     let (_dir, path, mut w) = must_writer(&cfg);
     w.set_reader_lease(Duration::from_millis(300));
