@@ -41,6 +41,9 @@ pub enum Error {
     /// Another writer holds the arena (one writer per tree).
     #[error("arena {0} is already open by another writer")]
     WriterBusy(PathBuf),
+    /// Another process (or handle) has the region's directory open: one owner per region.
+    #[error("region directory {0} is in use by another process")]
+    RegionBusy(PathBuf),
     /// Every reader slot in the arena is taken.
     #[error("no free reader slot in the arena ({0} slots)")]
     NoReaderSlot(u32),
@@ -138,6 +141,7 @@ impl Error {
             Error::Corrupt { .. } | Error::CorruptFile { .. } => "corrupt",
             Error::Config(_) => "config",
             Error::WriterBusy(_) => "writer_busy",
+            Error::RegionBusy(_) => "region_busy",
             Error::NoReaderSlot(_) => "no_reader_slot",
             Error::KeySize { .. } => "key_size",
             Error::ValueTooLarge { .. } => "value_too_large",
@@ -165,6 +169,7 @@ impl Error {
             }
             Error::Config(s) => Error::Config(s.clone()),
             Error::WriterBusy(p) => Error::WriterBusy(p.clone()),
+            Error::RegionBusy(p) => Error::RegionBusy(p.clone()),
             Error::NoReaderSlot(n) => Error::NoReaderSlot(*n),
             Error::KeySize { len, max } => Error::KeySize { len: *len, max: *max },
             Error::ValueTooLarge { len, max } => Error::ValueTooLarge { len: *len, max: *max },

@@ -186,6 +186,8 @@ pub(crate) fn sessions_path(dir: &Path, generation: u64) -> PathBuf {
 /// One region's store. Single writer; reads from this handle see the latest writes (readers in
 /// other threads and processes see them once acknowledged).
 pub struct Region {
+    /// The region directory's lock, held while the region is open.
+    _lock: std::fs::File,
     cfg: RegionConfig,
     vlog: ValueLog,
     vreader: VlogReader,
@@ -256,6 +258,16 @@ impl Region {
         for d in [&cfg.dir, &levels_dir(&cfg.dir)] {
             cfg.fs().create_dir_all(d).map_err(|e| Error::io(d, e))?;
         }
+        // One owner per region: a second host on the same directory would append to the same
+        // log and remove the first one's arenas. The lock goes with the process (or this handle).
+        let lock_path = cfg.dir.join("LOCK");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| Error::io(&lock_path, e))?;
+        lock.try_lock().map_err(|_| Error::RegionBusy(cfg.dir.clone()))?;
         std::fs::create_dir_all(&cfg.shm_dir).map_err(|e| Error::io(&cfg.shm_dir, e))?;
         let control = HostControl::create(&cfg.shm_dir)?;
         tables::remove_stale_files(&cfg.shm_dir)?;
@@ -283,6 +295,7 @@ impl Region {
         let active = Writer::create_at(cfg.shm_dir.join("l0-1.arena"), &cfg.arena, manifest.max_version)?;
         let log_start = Lsn(manifest.log_start);
         let mut region = Region {
+            _lock: lock,
             cfg,
             vlog,
             vreader,

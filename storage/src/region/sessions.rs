@@ -11,7 +11,10 @@
 //! [`Lookup::Expired`]); at most [`SessionLimits::clients`] clients are kept (the least recently
 //! used goes). A retry that finds nothing is never applied blindly when it could have been
 //! applied before: below the client's bounds it is [`Lookup::Expired`] and the owner reports its
-//! outcome as unknown. A first attempt is always new.
+//! outcome as unknown — also when it claims to be a first attempt, since an original delayed on
+//! its way can arrive after its retry was applied and forgotten. Clients keep the seqs they have
+//! in flight within [`SessionLimits::per_client`] of their oldest unfinished one, so the bound
+//! never drops an entry a retry may still need.
 //!
 //! A retry from a client the table does not know is the hard case: the client may never have
 //! reached this region, or it may have been evicted after its first attempt was applied. The
@@ -127,7 +130,9 @@ impl Sessions {
         match self.clients.get(&client) {
             Some(s) => match s.entries.get(&seq) {
                 Some((version, reply)) => Lookup::Applied { version: *version, reply: reply.clone() },
-                None if !first && seq < s.acked_below.max(s.expired_below) => Lookup::Expired,
+                // Below what the client acknowledged or what the bound dropped: even a "first"
+                // attempt may be a late original whose retry was applied and then forgotten.
+                None if seq < s.acked_below.max(s.expired_below) => Lookup::Expired,
                 None => Lookup::New,
             },
             None if !first && self.recent_eviction(now_ms) => Lookup::Expired,

@@ -370,3 +370,20 @@ fn a_torn_partial_batch_is_cut_so_later_writes_survive_the_next_restart() {
     assert_eq!(r.get(b"after").expect("get"), Some(b"2".to_vec()));
     assert_eq!(r.get(b"b").expect("get"), None);
 }
+
+/// One owner per region: a second open of the same directory (another host started by mistake)
+/// is refused while the first is open, before it touches anything; once closed, it opens.
+#[test]
+fn a_region_has_one_owner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = small_config(dir.path());
+    let mut r = Region::open(cfg.clone()).expect("open").0;
+    r.put(b"k", b"v").expect("put");
+    let second = Region::open(RegionConfig { shm_dir: dir.path().join("other-shm"), ..cfg.clone() });
+    assert!(matches!(second, Err(Error::RegionBusy(_))), "{:?}", second.err());
+    assert_eq!(r.get(b"k").expect("get"), Some(b"v".to_vec()), "the owner is untouched");
+    r.put(b"k2", b"v2").expect("the owner still writes");
+    drop(r);
+    let r = Region::open(cfg).expect("reopen once closed").0;
+    assert_eq!(r.get(b"k2").expect("get"), Some(b"v2".to_vec()));
+}
