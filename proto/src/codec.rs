@@ -387,6 +387,9 @@ fn decode_request(e: &[u8]) -> RequestEntry {
         let (read_version, region, epoch) = (r.u64()?, r.u32()?, r.u64()?);
         let session = if flags & F_SESSION != 0 {
             let (client, seq, acked_below) = (r.u64()?, r.u64()?, r.u64()?);
+            if client == 0 {
+                return Err((ErrorCode::BadRequest, "session client id 0 is reserved"));
+            }
             if seq == 0 || acked_below > seq {
                 return Err((ErrorCode::BadRequest, "session seq must be >= 1 and not below acked_below"));
             }
@@ -465,6 +468,9 @@ fn decode_request(e: &[u8]) -> RequestEntry {
         if session.is_some() && !req_is_write(&op) {
             return Err((ErrorCode::BadRequest, "an exactly-once session on a read"));
         }
+        if read_version != 0 && req_is_write(&op) {
+            return Err((ErrorCode::BadRequest, "a read version on a write"));
+        }
         let req = Request { id, consistency, read_version, region, epoch, session, op };
         req.op.validate().map_err(|c| (c, "request outside the protocol's limits"))?;
         Ok(req)
@@ -491,10 +497,14 @@ fn decode_response(e: &[u8]) -> Result<Response, DecodeError> {
     r.u8().map_err(bad)?;
     let version = r.u64().map_err(bad)?;
     let result = if status != 0 {
-        let code = ErrorCode::from_u8(status).ok_or(DecodeError::Malformed("unknown error code"))?;
         let n = r.u16().map_err(bad)? as usize;
         let m = r.take(n.min(MAX_MESSAGE)).map_err(bad)?;
-        Err(ErrorReply { code, message: String::from_utf8_lossy(m).into_owned() })
+        let message = String::from_utf8_lossy(m).into_owned();
+        // A code added after this decoder was written: an error all the same (not retryable).
+        match ErrorCode::from_u8(status) {
+            Some(code) => Err(ErrorReply { code, message }),
+            None => Err(ErrorReply { code: ErrorCode::Internal, message: format!("error code {status}: {message}") }),
+        }
     } else {
         Ok(match kind {
             R_DONE => Reply::Done,

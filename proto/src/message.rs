@@ -402,7 +402,9 @@ impl Request {
     /// An upper bound on the bytes the request takes encoded (its variable-length fields plus a
     /// fixed allowance for the entry header, session block and length prefixes), for budgets.
     pub fn size_hint(&self) -> usize {
-        const OVERHEAD: usize = 64;
+        // Entry length and header (36 bytes), the session block (24), length prefixes and
+        // fixed fields of any operation (at most 24 more).
+        const OVERHEAD: usize = 96;
         const PER_BATCH_OP: usize = 16;
         OVERHEAD
             + match &self.op {

@@ -84,21 +84,22 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Consistency::Extended),
         Just(Consistency::Interleaved),
     ];
-    let session =
-        proptest::option::of((any::<u64>(), 1u64..u64::MAX, any::<bool>()).prop_map(|(client, seq, retry)| Session {
+    let session = proptest::option::of(
+        (1u64..u64::MAX, 1u64..u64::MAX, any::<bool>()).prop_map(|(client, seq, retry)| Session {
             client,
             seq,
             acked_below: seq / 2,
             retry,
-        }));
+        }),
+    );
     (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), session, op()).prop_map(
         |(id, consistency, read_version, region, epoch, session, op)| Request {
             id,
             consistency,
-            read_version,
+            // Read versions and sessions go with reads and writes respectively.
+            read_version: if op.code().is_write() { 0 } else { read_version },
             region,
             epoch,
-            // Sessions tag writes only.
             session: session.filter(|_| op.code().is_write()),
             op,
         },
@@ -137,7 +138,13 @@ proptest! {
         prop_assert_eq!(h.total, buf.len());
         prop_assert_eq!(h.count, reqs.len());
         let got: Vec<Request> = decode_requests(&buf).expect("decode").into_iter().map(|r| r.expect("valid entry")).collect();
-        prop_assert_eq!(got, reqs);
+        prop_assert_eq!(got, reqs.clone());
+        // size_hint bounds each request's encoded size (the frame header aside).
+        for r in &reqs {
+            let mut one = Vec::new();
+            encode_requests(std::slice::from_ref(r), &mut one);
+            prop_assert!(one.len() - 8 <= r.size_hint(), "{:?}: {} > {}", r.op.code(), one.len() - 8, r.size_hint());
+        }
         // Every proper prefix is incomplete, never an error or a panic.
         for cut in [0, 3, 7, buf.len() / 2, buf.len() - 1] {
             if cut < buf.len() {
@@ -195,6 +202,44 @@ fn bad_entries_fail_alone_with_their_ids() {
     assert_eq!(got[0].as_ref().expect("first").id, 7);
     assert_eq!(got[1].as_ref().err().map(|e| (e.0, e.1)), Some((8, ErrorCode::UnknownOp)));
     assert_eq!(got[2].as_ref().expect("third").id, 9);
+}
+
+#[test]
+fn tags_go_with_the_right_operations() {
+    let put = || Op::Put { key: b"k".to_vec(), value: b"v".to_vec() };
+    let tagged = |client| Session { client, seq: 1, acked_below: 1, retry: false };
+    let mut zero = Request::new(1, put());
+    zero.session = Some(tagged(0));
+    let mut versioned = Request::new(2, put());
+    versioned.read_version = 5;
+    let mut read = Request::new(3, Op::Get { key: b"k".to_vec() });
+    read.session = Some(tagged(9));
+    let mut buf = Vec::new();
+    encode_requests(&[zero, versioned, read], &mut buf);
+    let got = decode_requests(&buf).expect("frame");
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(e.as_ref().err().map(|e| (e.0, e.1)), Some((i as u64 + 1, ErrorCode::BadRequest)), "entry {i}");
+    }
+}
+
+/// A response with an error code this decoder does not know is still an error, not a broken
+/// frame (servers may add codes).
+#[test]
+fn unknown_error_codes_decode_as_errors() {
+    let mut buf = Vec::new();
+    let resp = Response {
+        id: 4,
+        version: 0,
+        replicated: false,
+        result: Err(ErrorReply { code: ErrorCode::BadToken, message: "m".into() }),
+    };
+    encode_responses(&[resp], &mut buf);
+    // The status byte follows the entry length (4) and the id (8), after the frame header (8).
+    buf[8 + 4 + 8] = 250;
+    let got = decode_responses(&buf).expect("still a frame");
+    let e = got[0].result.as_ref().expect_err("an error");
+    assert_eq!(e.code, ErrorCode::Internal);
+    assert!(e.message.contains("250"), "{}", e.message);
 }
 
 #[test]
