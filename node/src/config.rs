@@ -62,7 +62,18 @@ impl ConnArgs {
 }
 
 fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
+    std::thread::available_parallelism().map_or(2, |n| n.get()).min(MAX_READ_THREADS)
+}
+
+/// Most reader threads per process: every reader thread holds a reader slot in each arena (128
+/// per arena), shared by the host's and the device's readers and the readers of tools.
+pub const MAX_READ_THREADS: usize = 48;
+
+fn read_threads(n: usize) -> Result<usize> {
+    if !(1..=MAX_READ_THREADS).contains(&n) {
+        bail!("--read-threads must be 1..={MAX_READ_THREADS} (each holds a reader slot in every arena)");
+    }
+    Ok(n)
 }
 
 /// Parses `always`, `never` or `interval:MS` (MS >= 1).
@@ -121,9 +132,11 @@ impl HostArgs {
             admin: self.admin,
             max_connections: self.max_connections.max(1),
             per_op_atomics: self.no_reservation_station,
-            conn: self.conn.config()?,
+            // The host's peers are the device's few long-lived links: an idle link is not a
+            // client to shed, and closing one races with a write being forwarded on it.
+            conn: ConnConfig { idle_timeout: Duration::from_secs(365 * 24 * 3600), ..self.conn.config()? },
             memory_budget: self.conn.memory_budget,
-            read_threads: self.read_threads.max(1),
+            read_threads: read_threads(self.read_threads)?,
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
         })
     }
@@ -177,7 +190,7 @@ impl DeviceArgs {
             max_connections: self.max_connections.max(1),
             conn: self.conn.config()?,
             memory_budget: self.conn.memory_budget,
-            read_threads: self.read_threads.max(1),
+            read_threads: read_threads(self.read_threads)?,
             host_links: self.host_links.max(1),
             host_timeout: Duration::from_secs(self.host_timeout),
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),

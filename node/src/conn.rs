@@ -9,11 +9,11 @@
 //!   largest response it can produce, until that response is written; the read path gives back
 //!   what a response did not use.
 //! - **Requests in flight are capped** ([`ConnConfig::max_in_flight`]), ids must be unique among
-//!   them (a duplicate is answered `bad_request` at once), and every queue behind a connection is
-//!   bounded by that cap.
+//!   them (a duplicate is a protocol error: `bad_request` under id 0, then the connection
+//!   closes), and every queue behind a connection is bounded by that cap.
 //! - **Timeouts**: a connection with no complete frame header for [`ConnConfig::idle_timeout`] is
 //!   closed; a frame whose bytes do not all arrive within [`ConnConfig::frame_timeout`] of its
-//!   header closes it (slow loris); a response write that does not finish within
+//!   header (waiting for budget included) closes it (slow loris); a response write that does not finish within
 //!   [`ConnConfig::write_timeout`] closes it (a peer that does not read).
 //! - The writer frames ready responses in bounded buffers (one write per batch).
 
@@ -217,6 +217,9 @@ pub enum ConnError {
     /// A frame did not arrive in time once its header did.
     #[error("frame body too slow")]
     SlowFrame,
+    /// A request reused the id of one still in flight.
+    #[error("duplicate request id {0} in flight")]
+    DuplicateId(u64),
 }
 
 /// Serves one connection until it ends, the peer misbehaves, or `stop`: every request read is
@@ -240,7 +243,7 @@ where
     let ids: Arc<Mutex<HashSet<u64>>> = Arc::new(Mutex::new(HashSet::new()));
     let gone = stop.child_token();
     let (sink, writer) = spawn_writer(w, &cfg, ids.clone(), gone.clone());
-    let out = loop {
+    let out = 'frames: loop {
         let mut head = [0u8; 8];
         let got = tokio::select! {
             _ = gone.cancelled() => break Ok(()),
@@ -259,22 +262,26 @@ where
         };
         // The body arrives in chunks, each charged before its bytes are allocated: a peer that
         // announces a large frame and sends it slowly holds only what it sent (plus one chunk).
-        // Time spent waiting for the budget does not count against the frame's timeout.
+        // Waiting for the budget counts against the frame's timeout: connections holding parts
+        // of frames while waiting for each other's budget give theirs back when it expires, so
+        // they can never wait on each other forever.
         let mut frame = Charge::default();
         let mut buf = Vec::with_capacity(h.total.min(FRAME_CHUNK));
         buf.extend_from_slice(&head);
-        let mut deadline = tokio::time::Instant::now() + cfg.frame_timeout;
+        let deadline = tokio::time::Instant::now() + cfg.frame_timeout;
         let mut failed = None;
         while buf.len() < h.total {
             let want = (h.total - buf.len()).min(FRAME_CHUNK);
-            let waiting = tokio::time::Instant::now();
             let more = tokio::select! {
                 _ = gone.cancelled() => None,
+                _ = tokio::time::sleep_until(deadline) => {
+                    failed = Some(ConnError::SlowFrame);
+                    None
+                }
                 c = take(&conn_bytes, &budget, want) => Some(c),
             };
             let Some(more) = more else { break };
             frame.merge(more);
-            deadline += waiting.elapsed();
             buf.reserve_exact(want);
             let mut chunk = (&mut r).take(want as u64);
             let got = tokio::time::timeout_at(deadline, async {
@@ -318,10 +325,12 @@ where
                 }
                 Ok(req) => {
                     if !ids.lock().unwrap_or_else(|e| e.into_inner()).insert(req.id) {
-                        charge.merge(frame.split_off(64));
-                        let e = Response::error(req.id, ErrorCode::BadRequest, "duplicate request id in flight");
-                        sink.send(e, charge);
-                        continue;
+                        // An answer under the duplicated id would be taken for the original's:
+                        // a protocol error, so the connection ends (requests in flight on it
+                        // end with it, their outcome unknown to the client).
+                        let what = format!("request id {} is already in flight on this connection", req.id);
+                        sink.send(Response::error(0, ErrorCode::BadRequest, what), Charge::default());
+                        break 'frames Err(ConnError::DuplicateId(req.id));
                     }
                     charge.id = Some(req.id);
                     let need = reserve(&req);
@@ -341,8 +350,28 @@ where
     };
     drop(sink);
     let _ = writer.await;
+    if matches!(out, Err(ConnError::Decode(_) | ConnError::DuplicateId(_))) {
+        // Our write side is shut after the error reply; read (and drop) what the peer still
+        // sends for a moment, so closing with unread input does not reset the connection
+        // before the peer reads the reply.
+        let mut scratch = vec![0u8; 16 << 10];
+        let mut left = LINGER_BYTES;
+        let _ = tokio::time::timeout(LINGER, async {
+            while left > 0 {
+                match r.read(&mut scratch).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        })
+        .await;
+    }
     out
 }
+
+/// How long, and for how many bytes, a connection closed for a protocol error keeps reading.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1 << 20;
 
 fn bad_frame(sink: &Sink, e: DecodeError) -> ConnError {
     let code = if matches!(e, DecodeError::TooLarge(_)) { ErrorCode::FrameTooLarge } else { ErrorCode::BadRequest };

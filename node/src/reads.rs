@@ -23,7 +23,7 @@ use crate::pod;
 use crate::regions::RegionMap;
 
 /// Maps a storage error to a protocol error response.
-pub fn storage_error(id: u64, e: &dpukv_storage::Error) -> Response {
+pub fn storage_error(id: u64, e: &dpukv_storage::Error, write: bool) -> Response {
     let code = match e {
         dpukv_storage::Error::KeySize { .. } => ErrorCode::KeySize,
         dpukv_storage::Error::ValueTooLarge { .. } | dpukv_storage::Error::BatchTooLarge { .. } => {
@@ -31,7 +31,10 @@ pub fn storage_error(id: u64, e: &dpukv_storage::Error) -> Response {
         }
         dpukv_storage::Error::KeyExists => ErrorCode::KeyExists,
         dpukv_storage::Error::KeyNotFound => ErrorCode::KeyNotFound,
-        e if e.outcome_unknown() => ErrorCode::OutcomeUnknown,
+        // Only a write can have an unknown outcome; a read that failed just failed, and an I/O
+        // error under a read is most often a host replacing files (the reader reopens): retry.
+        e if write && e.outcome_unknown() => ErrorCode::OutcomeUnknown,
+        dpukv_storage::Error::Io { .. } if !write => ErrorCode::Unavailable,
         e if e.is_retryable() => ErrorCode::Unavailable,
         _ => ErrorCode::Internal,
     };
@@ -249,7 +252,7 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
         if !matches!(e, dpukv_storage::Error::KeySize { .. } | dpukv_storage::Error::ValueTooLarge { .. }) {
             regions.readers[i] = None; // reopen next time (the host may have restarted)
         }
-        storage_error(req.id, &e)
+        storage_error(req.id, &e, false)
     })
 }
 
@@ -274,7 +277,8 @@ fn scan(
         lo.to_vec()
     } else {
         match ScanToken::decode(token) {
-            Some(t) => successor(&t.after),
+            // Never before `lo`, whatever the token says.
+            Some(t) => successor(&t.after).max(lo.to_vec()),
             None => return Ok(Err(ErrorCode::BadToken)),
         }
     };
@@ -311,8 +315,11 @@ fn scan(
             bytes += k.len() + v.len();
             items.push((k, v));
         }
-        if more || items.len() == limit || bytes >= max_bytes {
-            more = more || items.len() == limit || bytes >= max_bytes;
+        // A full page whose last region had nothing more goes on to the next region (asking
+        // for one item), so a token means more items may follow; a page cut by bytes cannot
+        // tell, and says so.
+        if more || bytes >= max_bytes {
+            more = true;
             break;
         }
     }

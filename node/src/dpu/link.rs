@@ -25,7 +25,15 @@ struct Route {
     sent: Instant,
 }
 
-type Pending = Arc<Mutex<HashMap<u64, Route>>>;
+/// A link's requests in flight, and whether the link is done (then nothing more is added: a
+/// request that finds it closed was never sent).
+#[derive(Default)]
+struct InFlight {
+    routes: HashMap<u64, Route>,
+    closed: bool,
+}
+
+type Pending = Arc<Mutex<InFlight>>;
 
 struct Link {
     tx: mpsc::Sender<Request>,
@@ -49,7 +57,7 @@ pub struct HostLinks {
 /// Requests a link keeps in flight (and queued to send).
 const LINK_QUEUE: usize = 8192;
 
-fn lock(p: &Pending) -> std::sync::MutexGuard<'_, HashMap<u64, Route>> {
+fn lock(p: &Pending) -> std::sync::MutexGuard<'_, InFlight> {
     p.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -86,10 +94,20 @@ impl HostLinks {
         };
         let link_id = self.ids.fetch_add(1, Ordering::Relaxed);
         let client_id = std::mem::replace(&mut req.id, link_id);
-        lock(&pending).insert(link_id, Route { client_id, sink, charge, sent: Instant::now() });
+        {
+            let mut p = lock(&pending);
+            if p.closed {
+                // The link ended after it was picked: nothing was sent.
+                drop(p);
+                self.unavailable.fetch_add(1, Ordering::Relaxed);
+                return sink
+                    .send(Response::error(client_id, ErrorCode::Unavailable, "host unavailable; retry"), charge);
+            }
+            p.routes.insert(link_id, Route { client_id, sink, charge, sent: Instant::now() });
+        }
         self.forwarded.fetch_add(1, Ordering::Relaxed);
         if tx.send(req).await.is_err()
-            && let Some(r) = lock(&pending).remove(&link_id)
+            && let Some(r) = lock(&pending).routes.remove(&link_id)
         {
             // Never sent: not applied.
             self.unavailable.fetch_add(1, Ordering::Relaxed);
@@ -100,7 +118,7 @@ impl HostLinks {
     async fn connect(&self) -> Option<Link> {
         let stream = tokio::time::timeout(self.timeout, UnixStream::connect(&self.socket)).await.ok()?.ok()?;
         let (mut r, mut w) = stream.into_split();
-        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let pending: Pending = Arc::new(Mutex::new(InFlight::default()));
         let broken = Arc::new(AtomicBool::new(false));
         let (tx, mut rx) = mpsc::channel::<Request>(LINK_QUEUE);
         let b = broken.clone();
@@ -149,7 +167,11 @@ impl HostLinks {
         let (p, b, unavailable, timeout) = (pending.clone(), broken.clone(), self.unavailable.clone(), self.timeout);
         tokio::spawn(async move {
             let fail_all = |p: &Pending, why: &str| {
-                let routes: Vec<Route> = lock(p).drain().map(|(_, r)| r).collect();
+                let routes: Vec<Route> = {
+                    let mut p = lock(p);
+                    p.closed = true;
+                    p.routes.drain().map(|(_, r)| r).collect()
+                };
                 for r in routes {
                     unavailable.fetch_add(1, Ordering::Relaxed);
                     r.sink.send(Response::error(r.client_id, ErrorCode::OutcomeUnknown, why), r.charge);
@@ -169,8 +191,9 @@ impl HostLinks {
                         // Requests the host has not answered in time: their outcome is unknown.
                         let late: Vec<Route> = {
                             let mut p = lock(&p);
-                            let ids: Vec<u64> = p.iter().filter(|(_, r)| r.sent.elapsed() > timeout).map(|(id, _)| *id).collect();
-                            ids.into_iter().filter_map(|id| p.remove(&id)).collect()
+                            let ids: Vec<u64> =
+                                p.routes.iter().filter(|(_, r)| r.sent.elapsed() > timeout).map(|(id, _)| *id).collect();
+                            ids.into_iter().filter_map(|id| p.routes.remove(&id)).collect()
                         };
                         for r in late {
                             unavailable.fetch_add(1, Ordering::Relaxed);
@@ -191,7 +214,7 @@ impl HostLinks {
                             };
                             used += h.total;
                             for mut resp in resps {
-                                if let Some(route) = lock(&p).remove(&resp.id) {
+                                if let Some(route) = lock(&p).routes.remove(&resp.id) {
                                     resp.id = route.client_id;
                                     route.sink.send(resp, route.charge);
                                 }

@@ -302,7 +302,7 @@ impl Worker {
                 Err(AtomicError::NotFound) => {
                     Pending::Ready(Response::error(req.id, ErrorCode::KeyNotFound, "no value for the key"))
                 }
-                Err(AtomicError::Load(e)) => Pending::Ready(storage_error(req.id, &e)),
+                Err(AtomicError::Load(e)) => Pending::Ready(storage_error(req.id, &e, false)),
                 Err(AtomicError::NotAtomic) => {
                     Pending::Ready(Response::error(req.id, ErrorCode::Internal, "not an atomic"))
                 }
@@ -375,12 +375,12 @@ impl Worker {
                 },
                 Pending::Batch(i) => match &results[i] {
                     Ok(ack) => Response { id, version: ack.version, replicated: false, result: Ok(Reply::Done) },
-                    Err(e) => storage_error(id, e),
+                    Err(e) => storage_error(id, e, true),
                 },
                 Pending::Atomic(reply, key) => match write_backs.iter().position(|(k, _)| *k == key) {
                     Some(j) => match &results[first_wb + j] {
                         Ok(ack) => Response { id, version: ack.version, replicated: false, result: Ok(reply) },
-                        Err(e) => storage_error(id, e),
+                        Err(e) => storage_error(id, e, true),
                     },
                     // Read-only results (a failed compare-and-swap) change nothing.
                     None => Response { id, version: current, replicated: false, result: Ok(reply) },
