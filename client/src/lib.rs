@@ -58,7 +58,13 @@ struct WriteSession {
     client: u64,
     next_seq: AtomicU64,
     unfinished: Mutex<BTreeSet<u64>>,
+    /// Signalled when a write finishes (one waiting for room in the window may go).
+    finished: tokio::sync::Notify,
 }
+
+/// Most sequence numbers from the oldest unfinished write to the next: the server keeps 1024
+/// entries per client, so with fewer in the window it never drops one a retry may still need.
+const SESSION_WINDOW: u64 = 1000;
 
 impl WriteSession {
     fn new() -> WriteSession {
@@ -69,25 +75,50 @@ impl WriteSession {
         h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
         h.write_u32(std::process::id());
         let client = h.finish().max(1);
-        WriteSession { client, next_seq: AtomicU64::new(1), unfinished: Mutex::new(BTreeSet::new()) }
+        WriteSession {
+            client,
+            next_seq: AtomicU64::new(1),
+            unfinished: Mutex::new(BTreeSet::new()),
+            finished: tokio::sync::Notify::new(),
+        }
     }
 
-    /// A new sequence number, unfinished until [`WriteSession::finish`].
-    fn start(&self) -> u64 {
-        let mut open = self.unfinished.lock().unwrap_or_else(|e| e.into_inner());
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        open.insert(seq);
-        seq
+    /// A new sequence number, unfinished until [`WriteSession::finish`]; waits while the window
+    /// behind the oldest unfinished write is full.
+    async fn start(&self) -> u64 {
+        loop {
+            let wait = self.finished.notified();
+            {
+                let mut open = self.unfinished.lock().unwrap_or_else(|e| e.into_inner());
+                let next = self.next_seq.load(Ordering::Relaxed);
+                if open.first().is_none_or(|&oldest| next - oldest < SESSION_WINDOW) {
+                    self.next_seq.store(next + 1, Ordering::Relaxed);
+                    open.insert(next);
+                    return next;
+                }
+            }
+            wait.await;
+        }
     }
 
     fn finish(&self, seq: u64) {
         self.unfinished.lock().unwrap_or_else(|e| e.into_inner()).remove(&seq);
+        self.finished.notify_waiters();
     }
 
     /// Every seq below this has finished (the server may forget them).
     fn acked_below(&self) -> u64 {
         let open = self.unfinished.lock().unwrap_or_else(|e| e.into_inner());
         open.first().copied().unwrap_or_else(|| self.next_seq.load(Ordering::Relaxed))
+    }
+}
+
+/// A write's sequence number, finished when dropped.
+struct Unfinished<'a>(&'a Arc<WriteSession>, u64);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        self.0.finish(self.1);
     }
 }
 
@@ -151,12 +182,12 @@ impl Client {
     pub async fn call(&self, op: Op) -> Result<(Reply, u64)> {
         let write = op.code().is_write();
         let session = self.session.as_ref().filter(|_| write);
-        let seq = session.map(|s| s.start());
-        let out = self.call_inner(op, write, session.zip(seq)).await;
-        if let (Some(s), Some(seq)) = (session, seq) {
-            s.finish(seq);
-        }
-        out
+        let seq = match session {
+            Some(s) => Some(Unfinished(s, s.start().await)),
+            None => None,
+        };
+        // `seq` finishes when dropped: also when this future is dropped mid-call.
+        self.call_inner(op, write, seq.as_ref().map(|u| (u.0, u.1))).await
     }
 
     async fn call_inner(&self, op: Op, write: bool, tag: Option<(&Arc<WriteSession>, u64)>) -> Result<(Reply, u64)> {

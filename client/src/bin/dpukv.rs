@@ -288,12 +288,15 @@ async fn local(dir: &std::path::Path, listen: &str, fsync: &str, split_keys: &st
     Ok(0)
 }
 
-/// A child process kept running (see [`local`]).
+/// A child process kept running (see [`local`]). [`Supervised::supervise`] may be cancelled at
+/// any await (the other process's turn): its state says where it was.
 struct Supervised {
     name: &'static str,
     cmd: tokio::process::Command,
     child: Option<tokio::process::Child>,
     started: tokio::time::Instant,
+    /// Set while waiting to restart the process.
+    restart_at: Option<tokio::time::Instant>,
     backoff: std::time::Duration,
     restarts: u32,
 }
@@ -309,43 +312,49 @@ impl Supervised {
             cmd,
             child: None,
             started: tokio::time::Instant::now(),
+            restart_at: None,
             backoff: Self::FIRST_BACKOFF,
             restarts: 0,
         }
     }
 
     fn start(&mut self) -> Result<()> {
-        self.child = Some(self.cmd.spawn().with_context(|| format!("starting the {}", self.name))?);
         self.started = tokio::time::Instant::now();
+        self.child = Some(self.cmd.spawn().with_context(|| format!("starting the {}", self.name))?);
         Ok(())
     }
 
-    /// Waits until the process exits, then restarts it after the backoff (never returns an
-    /// error: a process that cannot be started is retried, as a kubelet would).
+    /// Waits until the process exits and schedules its restart, or waits for a scheduled
+    /// restart and does it (a process that cannot be started is retried, as a kubelet would).
     async fn supervise(&mut self) {
-        let status = match self.child.as_mut() {
-            Some(c) => c.wait().await,
-            None => Err(std::io::Error::other("not running")),
-        };
-        self.child = None;
+        if let Some(child) = self.child.as_mut() {
+            let status = child.wait().await;
+            self.child = None;
+            self.exited(&status.map_or_else(|e| e.to_string(), |s| s.to_string()));
+        }
+        let at = *self.restart_at.get_or_insert_with(tokio::time::Instant::now);
+        tokio::time::sleep_until(at).await;
+        self.restart_at = None;
+        if let Err(e) = self.start() {
+            self.exited(&format!("{e:#}"));
+        }
+    }
+
+    /// Schedules the restart of a process that exited (or could not start).
+    fn exited(&mut self, why: &str) {
         if self.started.elapsed() >= Self::HEALTHY_AFTER {
             self.backoff = Self::FIRST_BACKOFF;
         }
         self.restarts += 1;
         let pause = self.backoff;
         self.backoff = (self.backoff * 2).min(Self::MAX_BACKOFF);
+        self.restart_at = Some(tokio::time::Instant::now() + pause);
         eprintln!(
-            "dpukv local: the {} exited ({}); restart {} in {:.1}s",
+            "dpukv local: the {} exited ({why}); restart {} in {:.1}s",
             self.name,
-            status.map_or_else(|e| e.to_string(), |s| s.to_string()),
             self.restarts,
             pause.as_secs_f64()
         );
-        tokio::time::sleep(pause).await;
-        if let Err(e) = self.start() {
-            eprintln!("dpukv local: {e:#}");
-            self.started = tokio::time::Instant::now();
-        }
     }
 
     /// SIGTERM, then SIGKILL after `grace`.
