@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the workspace's dependency direction (ARCHITECTURE.md §2) over `cargo metadata`.
+"""Checks the workspace's dependency direction (docs/architecture.md §1.2) over `cargo metadata`.
 
 storage and proto at the bottom; cluster on proto; node on storage, proto, cluster; gateway on
 proto, cluster; client on proto; only operator depends on kube; nothing depends on e2e; the
