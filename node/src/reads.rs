@@ -75,6 +75,9 @@ pub struct ReadPool {
 /// Reads queued per reader thread.
 const QUEUE: usize = 1024;
 
+/// A reader thread idle this long lets go of what the host retired.
+const IDLE_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl ReadPool {
     /// Starts `threads` reader threads on the pod's shared directory `shm`; `device`: read arenas
     /// through page-table copies fed by their command rings (the device), else through the page
@@ -84,8 +87,9 @@ impl ReadPool {
         for i in 0..threads.max(1) {
             let (tx, rx) = mpsc::channel(QUEUE);
             let (shm, counters) = (shm.clone(), counters.clone());
+            let rt = tokio::runtime::Handle::try_current().ok();
             std::thread::Builder::new().name(format!("dpukv-read-{i}")).spawn(move || {
-                ReaderThread { shm, device, counters, state: None, seen: ReadStats::default() }.run(rx)
+                ReaderThread { shm, device, counters, state: None, seen: ReadStats::default() }.run(rx, rt)
             })?;
             queues.push(tx);
         }
@@ -119,13 +123,42 @@ struct ReaderThread {
 }
 
 impl ReaderThread {
-    fn run(mut self, mut rx: mpsc::Receiver<Job>) {
-        while let Some(job) = rx.blocking_recv() {
+    fn run(mut self, mut rx: mpsc::Receiver<Job>, rt: Option<tokio::runtime::Handle>) {
+        loop {
+            let job = match &rt {
+                Some(rt) => match rt.block_on(async { tokio::time::timeout(IDLE_REFRESH, rx.recv()).await }) {
+                    Ok(Some(job)) => job,
+                    Ok(None) => break,
+                    Err(_) => {
+                        self.refresh();
+                        continue;
+                    }
+                },
+                None => match rx.blocking_recv() {
+                    Some(job) => job,
+                    None => break,
+                },
+            };
             let resp = self.serve(&job.req);
             self.counters.served.fetch_add(1, Ordering::Relaxed);
             let mut charge = job.charge;
             charge.shrink_to(response_size(&resp));
             job.sink.send(resp, charge);
+        }
+    }
+
+    /// While idle: lets go of what the host retired (arenas, deleted log segments, a closed
+    /// map), which this thread's readers would otherwise keep mapped until their next read.
+    fn refresh(&mut self) {
+        if self.state.as_ref().is_some_and(|s| s.announcement.closed()) {
+            self.state = None;
+        }
+        if let Some(s) = &mut self.state {
+            for slot in &mut s.readers {
+                if slot.as_mut().is_some_and(|r| r.refresh().is_err()) {
+                    *slot = None;
+                }
+            }
         }
     }
 

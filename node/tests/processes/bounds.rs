@@ -271,3 +271,59 @@ fn the_device_follows_a_replacement_host_with_other_regions() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("other regions"), "{err}");
 }
+
+/// Files of this pod (arenas, log segments, levels) that the process has mapped after they were
+/// deleted.
+fn deleted_mappings(pid: u32, pod_dir: &std::path::Path) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let dir = pod_dir.canonicalize().expect("canonical path");
+    let mut files: Vec<String> = maps
+        .lines()
+        .filter(|l| l.contains(dir.to_string_lossy().as_ref()) && l.ends_with("(deleted)"))
+        .filter_map(|l| l.split_whitespace().nth(5).map(str::to_string))
+        .collect();
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// The device's reader threads let go of what the host retires — frozen arenas after their
+/// compaction, log segments after garbage collection — even when no read comes to make them
+/// look: a deleted file that stays mapped keeps its memory (tmpfs) or blocks (disk).
+#[test]
+fn idle_readers_let_go_of_retired_files() {
+    let pod = Pod::start(&["--fsync", "never", "--l0-budget", "65536"], &["--read-threads", "2"]);
+    let mut c = pod.connect();
+    let round = |c: &mut Conn, n: u32| {
+        let puts: Vec<Op> =
+            (0..200u32).map(|i| Op::Put { key: format!("k{i:04}").into_bytes(), value: vec![n as u8; 400] }).collect();
+        for r in c.call(puts) {
+            assert_eq!(r.result, Ok(Reply::Done));
+        }
+    };
+    // Reads on every reader thread, so each has every table open.
+    round(&mut c, 0);
+    for _ in 0..20 {
+        let gets: Vec<Op> = (0..50u32).map(|i| Op::Get { key: format!("k{i:04}").into_bytes() }).collect();
+        c.call(gets);
+    }
+    // Then writes only: arenas freeze and are compacted and deleted, segments are collected.
+    for n in 1..40 {
+        round(&mut c, n);
+    }
+    let dev = pod.device_pid();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = deleted_mappings(dev, pod.dir.path());
+        if held.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the device still maps deleted files: {held:#?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        c.one(Op::Get { key: k("k0007") }).result,
+        Ok(Reply::Value(Some(vec![39; 400]))),
+        "and reads see the latest writes"
+    );
+}

@@ -232,6 +232,12 @@ impl RegionReader {
             self.retired = self.read_stats();
             if set.log_epoch != self.set.log_epoch {
                 self.log.forget_all();
+            } else {
+                // Segments no table of the new set can reach were (or will be) deleted.
+                let tail = crate::vlog::Lsn(set.manifest.log_start).segment();
+                let refs: std::collections::HashSet<u64> =
+                    set.manifest.levels.iter().flat_map(|l| l.log_refs.iter().map(|(s, _)| *s)).collect();
+                self.log.retain(|id| id >= tail || refs.contains(&id));
             }
             (self.set, self.active, self.frozen, self.levels) = (set, active, frozen, levels);
             self.reloads += 1;
@@ -250,6 +256,12 @@ impl RegionReader {
             return Err(Error::ReaderRevoked);
         }
         Ok(out)
+    }
+
+    /// Moves to the region's current tables without reading anything, letting go of retired
+    /// arenas and deleted log segments (a reader idle for a while calls this).
+    pub fn refresh(&mut self) -> Result<()> {
+        self.with_srcs(|_, _| Ok(()))
     }
 
     /// The value of `key`.

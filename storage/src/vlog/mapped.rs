@@ -34,6 +34,17 @@ impl MappedLog {
         self.maps.borrow_mut().clear();
     }
 
+    /// Drops the mappings of segments `live` rejects (deleted by garbage collection: a mapping
+    /// would keep a deleted file's blocks allocated).
+    pub fn retain(&self, live: impl Fn(u64) -> bool) {
+        self.maps.borrow_mut().retain(|&id, _| live(id));
+    }
+
+    /// Segments mapped now.
+    pub fn mapped(&self) -> usize {
+        self.maps.borrow().len()
+    }
+
     fn segment(&self, id: u64) -> Result<Arc<(Mapping, u64)>> {
         if let Some(m) = self.maps.borrow().get(&id) {
             return Ok(m.clone());

@@ -308,10 +308,14 @@ fn disk_use_stays_bounded_under_steady_overwrites() {
     cfg.l0_budget = 64 << 10;
     let data = cfg.dir.clone();
     let mut r = Region::open(cfg.clone()).expect("open").0;
+    // A device reader maps log segments as it reads: collected segments must not stay mapped
+    // (a deleted file's blocks stay allocated while it is mapped).
+    let mut device = RegionReader::open_device(&cfg.shm_dir).expect("device reader");
     let mut m: Model = BTreeMap::new();
     let (keys, rounds) = (200u64, 150u64);
     let mut peak_late = 0;
     let mut collected = 0;
+    let mut most_deleted_mapped = 0;
     for round in 0..rounds {
         for k in 0..keys {
             let key = format!("key{k:04}").into_bytes();
@@ -321,6 +325,9 @@ fn disk_use_stays_bounded_under_steady_overwrites() {
             if k % 50 == 0 {
                 let step = r.maintain().expect("maintain");
                 collected += step.gc.deleted;
+                let probe = format!("key{:04}", (k + round * 7) % keys).into_bytes();
+                device.get(&probe).expect("device get");
+                most_deleted_mapped = most_deleted_mapped.max(deleted_mappings_under(&data));
             }
         }
         if round >= rounds / 2 {
@@ -331,6 +338,7 @@ fn disk_use_stays_bounded_under_steady_overwrites() {
     eprintln!("peak {peak_late} B on disk over the second half; {collected} segments collected; {written} B written");
     let live = keys * 230;
     assert!(collected > 10, "{collected} segments collected");
+    assert!(most_deleted_mapped <= 2, "up to {most_deleted_mapped} deleted files stayed mapped");
     assert!(
         peak_late < 40 * live && peak_late * 10 < written,
         "disk use should stay bounded: peak {peak_late} B over the second half, {live} B live, {written} B written"
@@ -339,6 +347,17 @@ fn disk_use_stays_bounded_under_steady_overwrites() {
     drop(r);
     let r = Region::open(cfg).expect("reopen").0;
     assert_eq!(r.scan(b"", b"\xff", usize::MAX).expect("scan"), model_scan(&m, b"", b"\xff", usize::MAX));
+}
+
+/// Mappings in this process of files under `dir` that have been deleted.
+fn deleted_mappings_under(dir: &std::path::Path) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    let dir = dir.canonicalize().expect("canonical path");
+    let dir = dir.to_string_lossy();
+    let mut files: Vec<&str> = maps.lines().filter(|l| l.contains(dir.as_ref()) && l.ends_with("(deleted)")).collect();
+    files.sort_by_key(|l| l.split_whitespace().nth(5));
+    files.dedup_by_key(|l| l.split_whitespace().nth(5));
+    files.len()
 }
 
 /// Regression: a torn write that kept a valid prefix of a batch (records without the batch-end
