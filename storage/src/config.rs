@@ -8,6 +8,12 @@ pub const MAX_KEY_LEN: usize = 1024;
 pub const MAX_VALUE_LEN: usize = 1 << 20;
 /// Bytes of a node header.
 pub const NODE_HEADER: usize = 64;
+/// The most bytes one leaf item or log entry takes besides its key and its value (the inline
+/// bytes, or an 8-byte blob or value-log pointer): a log entry's fixed header (8 bytes) and its
+/// two length varints, the key length (at most 3 bytes) and the value length (at most 4). A
+/// sorted leaf item has the two varints and no header, so it takes less (docs/storage-format.md
+/// §2.3, §2.4).
+pub(crate) const MAX_ITEM_OVERHEAD: usize = 8 + 3 + 4;
 
 /// How an arena is laid out. Fixed when the arena is created and recorded in its superblock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +55,7 @@ impl ArenaConfig {
         let payload = node_size as usize - NODE_HEADER - shortcut_capacity(node_size);
         let log_threshold = (node_size / 8).min(512);
         let item = (payload - 2 * log_threshold as usize) / 3;
-        let half = ((item - 15) / 2) as u32;
+        let half = ((item - MAX_ITEM_OVERHEAD) / 2) as u32;
         ArenaConfig {
             node_size,
             capacity: 64 << 20,
@@ -95,8 +101,8 @@ impl ArenaConfig {
 
     /// Largest encoded size of one leaf item or log entry.
     pub(crate) fn max_item_bytes(&self) -> usize {
-        // log entry header 8 + two varints (<= 3 + 4) + key + max(inline value, value pointer)
-        15 + self.max_key_len as usize + (self.inline_threshold as usize).max(8)
+        // Overhead + key + max(inline value, value pointer).
+        MAX_ITEM_OVERHEAD + self.max_key_len as usize + (self.inline_threshold as usize).max(8)
     }
 }
 

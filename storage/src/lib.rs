@@ -17,7 +17,9 @@
 //! - `arena`: the shared mapping (`shm`, where the `unsafe` accessors live; their few callers
 //!   state their reasons in `SAFETY` comments), superblock layout, generation-checked reader
 //!   slots and dead-reader detection, and the writer's page and LID allocators.
-//! - `btree`: node format (`node`), wait-free snapshot reads (`read`), the single writer (`write`).
+//! - `btree`: node format (`node`), wait-free snapshot reads and the read API shared by snapshots
+//!   and the writer (`read`), a device reader's node cache (`cache`), and the single writer
+//!   (`write`: batches, one operation, restructuring, space, publication, reclamation).
 //! - `levels`: durable levels: immutable B+tree segments, the level builder, the manifest.
 //! - `region`: the region store: value log + L0 + levels, compaction, recovery, readers.
 //! - `vlog`: the value log: segments, records, group commit, fsync policies, recovery.

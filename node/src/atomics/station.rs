@@ -38,14 +38,11 @@ struct Entry {
     dirty: bool,
 }
 
-/// See the module documentation.
+/// See the module documentation. It keeps no counters: its owner, the host's region writer,
+/// counts atomics and write-backs in its `WriterStats` (exported as metrics).
 pub struct ReservationStation {
     slots: Vec<Vec<Entry>>,
     hasher: std::collections::hash_map::RandomState,
-    /// Atomics executed / values written back, since creation.
-    pub executed: u64,
-    /// Write-backs issued.
-    pub written_back: u64,
 }
 
 impl Default for ReservationStation {
@@ -60,8 +57,6 @@ impl ReservationStation {
         ReservationStation {
             slots: (0..SLOTS).map(|_| Vec::new()).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
-            executed: 0,
-            written_back: 0,
         }
     }
 
@@ -95,7 +90,6 @@ impl ReservationStation {
             }
         };
         let e = &mut chain[i];
-        self.executed += 1;
         let reply = match op {
             Op::FetchAdd { delta, .. } => {
                 let (old, new) = vector::fetch_add(e.value.as_deref(), *delta)?;
@@ -149,7 +143,6 @@ impl ReservationStation {
                 }
             }
         }
-        self.written_back += out.len() as u64;
         out
     }
 }

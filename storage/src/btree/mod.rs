@@ -1,4 +1,16 @@
 //! The Honeycomb B+tree: node format, wait-free MVCC readers, and the single writer.
+//!
+//! # Layout
+//! - this module: [`Reader`] (a reader slot, and in device mode its page-table copy) and
+//!   [`Snapshot`] (one pinned read version), the public [`Entry`], and the figures.
+//! - `node`: the node format: header, shortcut block, sorted block, log block; checked decoding
+//!   and the writer's encoding.
+//! - `read`: `Tree`, wait-free reads of one version, and the one implementation of the
+//!   read API that [`Snapshot`] and [`Writer`] both wrap.
+//! - `cache`: a device reader's cache of interior nodes.
+//! - `write`: the single [`Writer`], split by concern: `batch` (the write path), `apply` (one
+//!   operation on its leaf), `restructure` (splits, merges, root changes), `space` (allocation),
+//!   `publish` (page table, command ring, read version) and `reclaim` (retired memory).
 
 mod cache;
 mod node;
@@ -279,7 +291,7 @@ impl Snapshot<'_> {
 
     /// The entry of `key` as stored: a value, a pointer into the value log, or a tombstone.
     pub fn get_entry<'s>(&'s self, key: &[u8]) -> Result<Option<Entry<'s>>> {
-        Ok(self.get_versioned(key)?.map(|(e, _)| e))
+        self.checked(self.tree.get_entry(key))
     }
 
     /// Like [`Snapshot::get_entry`], with the entry's version: the write version of a log
@@ -296,33 +308,19 @@ impl Snapshot<'_> {
         lo: &[u8],
         hi: &[u8],
         limit: usize,
-        mut f: impl FnMut(&'s [u8], Entry<'s>),
+        f: impl FnMut(&'s [u8], Entry<'s>),
     ) -> Result<usize> {
-        let tree = &self.tree;
-        self.checked(tree.scan_entries(lo, hi, limit, true, |k, v| {
-            f(k, tree.entry(v)?);
-            Ok(())
-        }))
+        self.checked(self.view().scan_entries(lo, hi, limit, f))
     }
 
     /// The entry with the largest key `<= key` (`< key` when `strict`), tombstones included.
     pub fn floor_entry<'s>(&'s self, key: &[u8], strict: bool) -> Result<Option<(&'s [u8], Entry<'s>)>> {
-        let r = match self.tree.floor_entry(key, strict, true) {
-            Ok(Some((k, v))) => self.tree.entry(v).map(|e| Some((k, e))),
-            Ok(None) => Ok(None),
-            Err(e) => Err(e),
-        };
-        self.checked(r)
+        self.checked(self.tree.floor_entry(key, strict))
     }
 
     /// Up to `limit` items with keys in `[lo, hi]`, ascending.
     pub fn scan<'s>(&'s self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&'s [u8], &'s [u8])>> {
-        let mut out = Vec::with_capacity(limit.min(1024));
-        let r = self.tree.scan(lo, hi, limit, |k, v| {
-            out.push((k, v));
-            Ok(())
-        });
-        self.checked(r.map(|_| out))
+        self.checked(self.tree.scan(lo, hi, limit))
     }
 
     /// Calls `f` for up to `limit` items with keys in `[lo, hi]`, ascending; returns the count.
@@ -333,21 +331,18 @@ impl Snapshot<'_> {
         limit: usize,
         f: impl FnMut(&'s [u8], &'s [u8]),
     ) -> Result<usize> {
-        let mut f = f;
-        self.checked(self.tree.scan(lo, hi, limit, |k, v| {
-            f(k, v);
-            Ok(())
-        }))
+        self.checked(self.view().scan_with(lo, hi, limit, f))
     }
 
     /// Honeycomb's SCAN: like [`Snapshot::scan`] but starting at the largest key `<= lo`.
     pub fn floor_scan<'s>(&'s self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&'s [u8], &'s [u8])>> {
-        let mut out = Vec::new();
-        let r = self.tree.floor_scan(lo, hi, limit, |k, v| {
-            out.push((k, v));
-            Ok(())
-        });
-        self.checked(r.map(|_| out))
+        self.checked(self.tree.floor_scan(lo, hi, limit))
+    }
+
+    /// The tree, reading for no longer than this borrow of the snapshot (what it reads borrows
+    /// the snapshot, not the reader: callbacks that take `'s` items fit).
+    fn view<'s>(&'s self) -> Tree<'s> {
+        self.tree
     }
 }
 

@@ -33,6 +33,11 @@ pub(crate) const MAX_LOG_ENTRIES: u32 = 255;
 pub(crate) const BLOB_HDR: u64 = 8;
 
 const HDR: usize = NODE_HEADER;
+/// Bytes of a shortcut entry before its key: the item position (u16) and the key length (u16).
+const SHORTCUT_ENTRY_HDR: usize = 4;
+/// Bytes one shortcut takes in the shortcut block besides its key: its entry offset (u16) in the
+/// offset array, and its entry's header ([`SHORTCUT_ENTRY_HDR`]) (docs/storage-format.md §2.2).
+const SHORTCUT_OVERHEAD: usize = 2 + SHORTCUT_ENTRY_HDR;
 
 /// Compares two keys like `<[u8]>::cmp`, eight bytes at a time (short keys dominate, and a
 /// call into libc's memcmp costs more than the comparison itself).
@@ -320,15 +325,16 @@ impl<'a> Node<'a> {
     /// The `i`th shortcut: (key, position of the item it names).
     fn shortcut(&self, i: usize) -> Result<(&'a [u8], u32)> {
         let eo = le16(self.slice(HDR + 2 * i, 2)?, 0) as usize;
-        if eo < HDR || eo + 4 > self.h.sorted_start as usize {
+        let key_at = eo + SHORTCUT_ENTRY_HDR;
+        if eo < HDR || key_at > self.h.sorted_start as usize {
             return Err(self.corrupt("shortcut entry outside the shortcut block"));
         }
-        let e = self.slice(eo, 4)?;
+        let e = self.slice(eo, SHORTCUT_ENTRY_HDR)?;
         let (pos, klen) = (le16(e, 0) as u32, le16(e, 2) as usize);
-        if eo + 4 + klen > self.h.sorted_start as usize || pos < self.h.sorted_start || pos >= self.h.sorted_end {
+        if key_at + klen > self.h.sorted_start as usize || pos < self.h.sorted_start || pos >= self.h.sorted_end {
             return Err(self.corrupt("shortcut points outside the sorted block"));
         }
-        Ok((self.slice(eo + 4, klen)?, pos))
+        Ok((self.slice(key_at, klen)?, pos))
     }
 
     /// The sorted-block segment that holds the largest item `<= key` (or `< key` when `strict`):
@@ -555,7 +561,7 @@ impl LeafRefs<'_> {
         let items = &self.items;
         encode_node(
             node_size,
-            (KIND_LEAF, 0, 0, self.right, lid, version, prev),
+            HeadFields { kind: KIND_LEAF, level: 0, leftmost: 0, right: self.right, lid, version, prev },
             items.len(),
             |i| items[i].0,
             |i| leaf_item_len_ref(items[i].0, &items[i].1),
@@ -610,8 +616,12 @@ impl NodeData {
     /// Encodes the node image (header, shortcut block, sorted block, empty log block).
     pub(crate) fn encode(&self, node_size: u32, lid: u64, version: u64, prev: u64, out: &mut Vec<u8>) {
         let head = match self {
-            NodeData::Leaf { right, .. } => (KIND_LEAF, 0, 0, *right, lid, version, prev),
-            NodeData::Interior { level, leftmost, .. } => (KIND_INTERIOR, *level, *leftmost, 0, lid, version, prev),
+            NodeData::Leaf { right, .. } => {
+                HeadFields { kind: KIND_LEAF, level: 0, leftmost: 0, right: *right, lid, version, prev }
+            }
+            NodeData::Interior { level, leftmost, .. } => {
+                HeadFields { kind: KIND_INTERIOR, level: *level, leftmost: *leftmost, right: 0, lid, version, prev }
+            }
         };
         encode_node(
             node_size,
@@ -637,15 +647,31 @@ impl NodeData {
     }
 }
 
-/// Header fields of a node image: kind, level, leftmost child, right sibling, LID, version, prev.
-type HeadFields = (u8, u8, u64, u64, u64, u64, u64);
+/// The header fields of a node image that the encoder is given (the others describe the blocks
+/// it lays out). See docs/storage-format.md §2.1.
+struct HeadFields {
+    /// [`KIND_LEAF`] or [`KIND_INTERIOR`].
+    kind: u8,
+    /// 0 for leaves; a parent's level is its children's plus one.
+    level: u8,
+    /// Interior: the child left of the first separator (0 for leaves).
+    leftmost: u64,
+    /// Leaf: the next leaf's LID (0 for the last leaf and for interior nodes).
+    right: u64,
+    /// The node's logical id.
+    lid: u64,
+    /// The write version that creates this buffer.
+    version: u64,
+    /// The buffer holding the node's state before this version (0: none).
+    prev: u64,
+}
 
 /// Encodes a node image from `n` items given by accessors: chooses shortcuts (segments of similar
 /// size, at least `clamp(node_size / 32, 32, 256)` bytes), writes the header, the shortcut block and
 /// the sorted block.
 fn encode_node<'k>(
     node_size: u32,
-    (kind, level, leftmost, right, lid, version, prev): HeadFields,
+    head: HeadFields,
     n: usize,
     key: impl Fn(usize) -> &'k [u8],
     item_len: impl Fn(usize) -> usize,
@@ -656,15 +682,15 @@ fn encode_node<'k>(
     let cap = shortcut_capacity(node_size);
     let min_seg = (node_size as usize / 32).clamp(32, 256);
     let avg_key = (0..n).map(|i| key(i).len()).sum::<usize>().checked_div(n).unwrap_or(1);
-    let max_sc = cap / (6 + avg_key);
+    let max_sc = cap / (SHORTCUT_OVERHEAD + avg_key);
     let target = min_seg.max(total / (max_sc + 1));
     let mut chosen: Vec<(usize, usize)> = Vec::new(); // (item index, item position)
     let (mut acc, mut used, mut pos) = (0usize, 0usize, 0usize);
     for i in 0..n {
         let k = key(i);
-        if i > 0 && acc >= target && used + 6 + k.len() <= cap {
+        if i > 0 && acc >= target && used + SHORTCUT_OVERHEAD + k.len() <= cap {
             chosen.push((i, pos));
-            used += 6 + k.len();
+            used += SHORTCUT_OVERHEAD + k.len();
             acc = 0;
         }
         let l = item_len(i);
@@ -677,7 +703,7 @@ fn encode_node<'k>(
     let mut eo = HDR + 2 * chosen.len();
     for &(i, _) in &chosen {
         out.extend_from_slice(&(eo as u16).to_le_bytes());
-        eo += 4 + key(i).len();
+        eo += SHORTCUT_ENTRY_HDR + key(i).len();
     }
     for &(i, rel) in &chosen {
         out.extend_from_slice(&((sorted_start + rel) as u16).to_le_bytes());
@@ -690,16 +716,16 @@ fn encode_node<'k>(
     }
     let sorted_end = out.len() as u32;
     assert!(sorted_end <= node_size, "node image of {sorted_end} B exceeds the node size");
-    out[0] = kind;
-    out[1] = level;
+    out[0] = head.kind;
+    out[1] = head.level;
     out[2..4].copy_from_slice(&(chosen.len() as u16).to_le_bytes());
     out[4..8].copy_from_slice(&(sorted_start as u32).to_le_bytes());
     out[8..16].copy_from_slice(&size_word(sorted_end, 0).to_le_bytes());
-    out[16..24].copy_from_slice(&version.to_le_bytes());
-    out[24..32].copy_from_slice(&prev.to_le_bytes());
-    out[32..40].copy_from_slice(&lid.to_le_bytes());
-    out[40..48].copy_from_slice(&leftmost.to_le_bytes());
-    out[48..56].copy_from_slice(&right.to_le_bytes());
+    out[16..24].copy_from_slice(&head.version.to_le_bytes());
+    out[24..32].copy_from_slice(&head.prev.to_le_bytes());
+    out[32..40].copy_from_slice(&head.lid.to_le_bytes());
+    out[40..48].copy_from_slice(&head.leftmost.to_le_bytes());
+    out[48..56].copy_from_slice(&head.right.to_le_bytes());
     out[56..60].copy_from_slice(&sorted_end.to_le_bytes());
     out[60..64].copy_from_slice(&(n as u32).to_le_bytes());
 }

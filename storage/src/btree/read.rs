@@ -1,5 +1,6 @@
 //! Wait-free reads of one MVCC snapshot: version-chain resolution, descent, get, ordered leaf
-//! iteration with order hints and back pointers, scan and floor scan.
+//! iteration with order hints and back pointers, scan and floor scan. [`Tree`] also holds the one
+//! implementation of the public read API: [`super::Snapshot`] and [`super::Writer`] wrap it.
 //!
 //! Every loop here is bounded by the arena's geometry (node bytes, heap pages, 64 levels), and no
 //! step waits for or retries because of the writer: a reader that meets a buffer newer than its
@@ -215,46 +216,19 @@ impl<'a> Tree<'a> {
         Ok(None)
     }
 
-    /// GET.
-    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<&'a [u8]>> {
-        match self.get_entry(key)? {
-            None | Some((ValRef::Tombstone, _)) => Ok(None),
-            Some((v, _)) => Ok(Some(self.bytes_of(v)?)),
-        }
-    }
+    // --- lookups over stored values (`ValRef`s: inline bytes, blob pointers, external pointers,
+    // tombstones) -------------------------------------------------------------------------------
 
-    /// [`Tree::get_entry`] as a public [`super::Entry`].
-    pub(crate) fn get_versioned(&self, key: &[u8]) -> Result<Option<(super::Entry<'a>, u64)>> {
-        match self.get_entry(key)? {
-            Some((v, version)) => Ok(Some((self.entry(v)?, version))),
-            None => Ok(None),
-        }
-    }
-
-    /// GET, returning tombstones and external pointers as they are stored, with the entry's
-    /// version (a log entry's own; a sorted item's node version).
-    pub(crate) fn get_entry(&self, key: &[u8]) -> Result<Option<(ValRef<'a>, u64)>> {
+    /// The newest visible entry of `key` as stored, with its version (a log entry's own; a
+    /// sorted item's node version).
+    pub(crate) fn lookup(&self, key: &[u8]) -> Result<Option<(ValRef<'a>, u64)>> {
         let (leaf, _) = self.descend(key, false)?;
         self.leaf_get(&leaf, key)
     }
 
-    /// SCAN: visits up to `limit` visible values with keys in `[lo, hi]` in ascending order.
-    pub(crate) fn scan<F>(&self, lo: &[u8], hi: &[u8], limit: usize, mut f: F) -> Result<usize>
-    where
-        F: FnMut(&'a [u8], &'a [u8]) -> Result<()>,
-    {
-        self.scan_entries(lo, hi, limit, false, |k, v| f(k, self.bytes_of(v)?))
-    }
-
-    /// SCAN over stored entries; tombstones are passed to `f` (and counted) when `tombstones`.
-    pub(crate) fn scan_entries<F>(
-        &self,
-        lo: &[u8],
-        hi: &[u8],
-        limit: usize,
-        tombstones: bool,
-        mut f: F,
-    ) -> Result<usize>
+    /// SCAN over stored entries: visits up to `limit` visible entries with keys in `[lo, hi]` in
+    /// ascending order; tombstones are passed to `f` (and counted) when `tombstones`.
+    pub(crate) fn scan_stored<F>(&self, lo: &[u8], hi: &[u8], limit: usize, tombstones: bool, mut f: F) -> Result<usize>
     where
         F: FnMut(&'a [u8], ValRef<'a>) -> Result<()>,
     {
@@ -301,12 +275,12 @@ impl<'a> Tree<'a> {
 
     /// The largest visible key `<= key` holding a value.
     pub(crate) fn floor_key(&self, key: &[u8]) -> Result<Option<&'a [u8]>> {
-        Ok(self.floor_entry(key, false, false)?.map(|(k, _)| k))
+        Ok(self.floor_stored(key, false, false)?.map(|(k, _)| k))
     }
 
-    /// The entry with the largest key `<= key` (`< key` when `strict`), tombstones included when
-    /// `tombstones`.
-    pub(crate) fn floor_entry(
+    /// The stored entry with the largest key `<= key` (`< key` when `strict`), tombstones
+    /// included when `tombstones`.
+    pub(crate) fn floor_stored(
         &self,
         key: &[u8],
         strict: bool,
@@ -338,15 +312,82 @@ impl<'a> Tree<'a> {
         Err(Error::corrupt(0, "floor search did not end"))
     }
 
-    /// Honeycomb's SCAN: starts at the largest key `<= lo` (or at `lo` when there is none).
-    pub(crate) fn floor_scan<F>(&self, lo: &[u8], hi: &[u8], limit: usize, f: F) -> Result<usize>
-    where
-        F: FnMut(&'a [u8], &'a [u8]) -> Result<()>,
-    {
-        match self.floor_key(lo)? {
-            Some(k) => self.scan(k, hi, limit, f),
-            None => self.scan(lo, hi, limit, f),
+    // --- the read API of `Snapshot` and `Writer` ------------------------------------------------
+    // Both are thin wrappers over these (a snapshot adds its pin check): the names and results are
+    // theirs, values as bytes and entries as public [`super::Entry`]s.
+
+    /// GET: the value of `key`, if present.
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<&'a [u8]>> {
+        match self.lookup(key)? {
+            None | Some((ValRef::Tombstone, _)) => Ok(None),
+            Some((v, _)) => Ok(Some(self.bytes_of(v)?)),
         }
+    }
+
+    /// The entry of `key` as stored: a value, a pointer into the value log, or a tombstone.
+    pub(crate) fn get_entry(&self, key: &[u8]) -> Result<Option<super::Entry<'a>>> {
+        Ok(self.get_versioned(key)?.map(|(e, _)| e))
+    }
+
+    /// [`Tree::lookup`] as a public [`super::Entry`], with the entry's version.
+    pub(crate) fn get_versioned(&self, key: &[u8]) -> Result<Option<(super::Entry<'a>, u64)>> {
+        match self.lookup(key)? {
+            Some((v, version)) => Ok(Some((self.entry(v)?, version))),
+            None => Ok(None),
+        }
+    }
+
+    /// Calls `f` for up to `limit` entries (tombstones included) with keys in `[lo, hi]`.
+    pub(crate) fn scan_entries(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+        mut f: impl FnMut(&'a [u8], super::Entry<'a>),
+    ) -> Result<usize> {
+        self.scan_stored(lo, hi, limit, true, |k, v| {
+            f(k, self.entry(v)?);
+            Ok(())
+        })
+    }
+
+    /// The entry with the largest key `<= key` (`< key` when `strict`), tombstones included.
+    pub(crate) fn floor_entry(&self, key: &[u8], strict: bool) -> Result<Option<(&'a [u8], super::Entry<'a>)>> {
+        match self.floor_stored(key, strict, true)? {
+            Some((k, v)) => Ok(Some((k, self.entry(v)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// SCAN: up to `limit` values with keys in `[lo, hi]`, ascending.
+    pub(crate) fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&'a [u8], &'a [u8])>> {
+        let mut out = Vec::with_capacity(limit.min(1024));
+        self.scan_with(lo, hi, limit, |k, v| out.push((k, v)))?;
+        Ok(out)
+    }
+
+    /// SCAN, calling `f` for up to `limit` values with keys in `[lo, hi]`, ascending; returns the
+    /// count.
+    pub(crate) fn scan_with(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+        mut f: impl FnMut(&'a [u8], &'a [u8]),
+    ) -> Result<usize> {
+        self.scan_stored(lo, hi, limit, false, |k, v| {
+            f(k, self.bytes_of(v)?);
+            Ok(())
+        })
+    }
+
+    /// Honeycomb's SCAN: like [`Tree::scan`] but starting at the largest key `<= lo` (or at `lo`
+    /// when there is none).
+    pub(crate) fn floor_scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&'a [u8], &'a [u8])>> {
+        let start = self.floor_key(lo)?.unwrap_or(lo);
+        let mut out = Vec::new();
+        self.scan_with(start, hi, limit, |k, v| out.push((k, v)))?;
+        Ok(out)
     }
 }
 

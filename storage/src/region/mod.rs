@@ -174,8 +174,14 @@ pub struct RegionStats {
     pub level_bytes_read: u64,
 }
 
+/// Where the level segments of the region (or backup) in `dir` live.
 pub(crate) fn levels_dir(dir: &Path) -> PathBuf {
     dir.join("levels")
+}
+
+/// Where the value-log segments of the region (or backup) in `dir` live.
+pub(crate) fn vlog_dir(dir: &Path) -> PathBuf {
+    dir.join("vlog")
 }
 
 /// The exactly-once sessions snapshot stored with manifest `generation`.
@@ -278,7 +284,7 @@ impl Region {
             levels.resize(levels.len().max(i + 1), None);
             levels[i] = Some(Arc::new(Level::open(levels_dir(&cfg.dir), meta.clone())?));
         }
-        let (vlog, log_report) = ValueLog::open(cfg.dir.join("vlog"), cfg.vlog.clone())?;
+        let (vlog, log_report) = ValueLog::open(vlog_dir(&cfg.dir), cfg.vlog.clone())?;
         if manifest.log_start > vlog.end().0 {
             let p = cfg.dir.join(crate::levels::MANIFEST);
             let what = "the manifest covers log positions the value log does not hold (lost log records)";

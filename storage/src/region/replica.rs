@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::{levels_dir, vlog_dir};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
 use crate::levels::{LevelMeta, Manifest, rewrite_segment, segment_path};
@@ -61,7 +62,7 @@ impl Backup {
     /// Like [`Backup::create`], writing through `fs`.
     pub fn create_with(dir: impl AsRef<Path>, fs: Arc<dyn Fs>) -> Result<Backup> {
         let dir = dir.as_ref().to_path_buf();
-        for d in [dir.join("vlog"), dir.join("levels")] {
+        for d in [vlog_dir(&dir), levels_dir(&dir)] {
             fs.create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
         }
         Ok(Backup {
@@ -99,7 +100,7 @@ impl Backup {
             self.next_log_segment += 1;
             self.next_log_segment - 1
         });
-        let vdir = self.dir.join("vlog");
+        let vdir = vlog_dir(&self.dir);
         let p = crate::vlog::segment_path(&vdir, local);
         let mut out = bytes.to_vec();
         let h = crate::vlog::encode_segment_header(local, salt);
@@ -114,7 +115,7 @@ impl Backup {
     /// (levels translated, log start translated through the log map) replaces the old one, and
     /// segments of levels that are gone are deleted.
     pub fn apply_send_index(&mut self, export: &IndexExport) -> Result<()> {
-        let levels_dir = self.dir.join("levels");
+        let seg_dir = levels_dir(&self.dir);
         for (meta, segments) in &export.levels {
             let index_map: HashMap<u64, u64> =
                 meta.segments.iter().enumerate().map(|(i, &s)| (s, self.next_level_segment + i as u64)).collect();
@@ -128,7 +129,7 @@ impl Backup {
                 let shipped = PathBuf::from(format!("shipped segment {primary_id}"));
                 let out =
                     rewrite_segment(bytes, meta.node_size, *primary_id, local, &index_map, &self.log_map, &shipped)?;
-                let p = segment_path(&levels_dir, local);
+                let p = segment_path(&seg_dir, local);
                 crate::fs::write_atomic(self.fs.as_ref(), &p, &out).map_err(|e| Error::io(&p, e))?;
                 self.bytes_written += out.len() as u64;
             }
@@ -190,7 +191,7 @@ impl Backup {
             if !keep {
                 for s in &l.segments {
                     if !live.contains(s) {
-                        let _ = self.fs.remove(&segment_path(&levels_dir, *s));
+                        let _ = self.fs.remove(&segment_path(&seg_dir, *s));
                     }
                 }
             }

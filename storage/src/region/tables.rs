@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::control::{self, ReaderControl};
 use super::merge::{self, Src};
+use super::{levels_dir, vlog_dir};
 use crate::btree::Reader;
 use crate::error::{Error, Result};
 use crate::levels::{Level, Manifest};
@@ -150,7 +151,7 @@ impl RegionReader {
         let opened = Self::tables(shm_dir, generation, &[], device);
         ctl.unpin(pinned);
         let (set, active, frozen, levels) = opened?;
-        let log = MappedLog::open(set.dir.join("vlog"));
+        let log = MappedLog::open(vlog_dir(&set.dir));
         Ok(RegionReader {
             shm_dir: shm_dir.to_path_buf(),
             ctl,
@@ -199,7 +200,7 @@ impl RegionReader {
             .iter()
             .map(|m| match have.iter().find(|l| l.meta() == m) {
                 Some(l) => Ok(l.clone()),
-                None => Level::open_trusted(set.dir.join("levels"), m.clone()).map(Arc::new),
+                None => Level::open_trusted(levels_dir(&set.dir), m.clone()).map(Arc::new),
             })
             .collect::<Result<Vec<_>>>()?;
         Ok((set, active, frozen, levels))
