@@ -71,7 +71,8 @@ impl Region {
         if let Some(why) = &self.poisoned {
             return Some(Error::Unavailable(why.clone()));
         }
-        self.vlog.failure().map(|reason| Error::LogFailed { dir: self.vlog.dir().to_path_buf(), reason })
+        // Nothing of a refused write is written: it is unavailable, not of unknown outcome.
+        self.vlog.failure().map(|reason| Error::Unavailable(format!("value log failed: {reason}")))
     }
 
     /// Group commit: applies several independent batches, each atomically under its own version
@@ -343,6 +344,13 @@ impl Region {
         let seg = self.vlog.segment_size() as u64;
         (end.segment().saturating_sub(start.segment()) * seg + end.offset() as u64)
             .saturating_sub(start.offset() as u64)
+    }
+
+    /// Closes the region cleanly: everything written is made durable, whatever the fsync policy,
+    /// and a running compaction finishes (an orderly shutdown loses nothing even under `never`).
+    pub fn close(mut self) -> Result<()> {
+        let end = self.vlog.commit()?;
+        self.vlog.sync_to(end)
     }
 
     /// Freezes L0 and waits until it is compacted into the levels.

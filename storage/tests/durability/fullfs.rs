@@ -81,3 +81,40 @@ fn an_arena_on_a_full_tmpfs_is_arena_full_not_sigbus() {
     fs.resize(16 << 20);
     w.put(b"after", b"growth").expect("room again");
 }
+
+/// A region whose arenas sit on a full tmpfs: the batch that no longer fits is refused before
+/// it is logged (retryable, nothing written, outcome known), the region is not poisoned, and
+/// once the tmpfs grows the same region takes writes again with every acknowledged one there.
+#[test]
+fn a_full_tmpfs_refuses_writes_before_they_are_logged() {
+    let Some(shm) = Tmpfs::mount(3 << 20) else { return };
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut cfg = RegionConfig::tiny(data.path().join("data"), shm.path(), FsyncPolicy::Never);
+    cfg.arena = ArenaConfig { capacity: 64 << 20, ..ArenaConfig::small_nodes(512) };
+    cfg.l0_budget = 32 << 20;
+    cfg.max_log_tail = 1 << 30;
+    let mut r = Region::open(cfg).expect("open").0;
+    let value = vec![7u8; 24];
+    let (mut acked, mut refused) = (Vec::new(), None);
+    for n in 0..1_000_000u64 {
+        let key = format!("key{n:08}").into_bytes();
+        match r.put(&key, &value) {
+            Ok(_) => acked.push(key),
+            Err(e) => {
+                assert!(e.is_retryable() && !e.outcome_unknown(), "{e}: retry later, nothing was written");
+                refused = Some(key);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("the tmpfs filled");
+    assert!(acked.len() > 1000, "{} writes before the tmpfs filled", acked.len());
+    assert_eq!(r.get(&refused).expect("get"), None, "the refused write is nowhere");
+    assert!(r.unavailable().is_none(), "not poisoned: {:?}", r.unavailable());
+    shm.resize(64 << 20);
+    r.put(&refused, &value).expect("writes again once the tmpfs grew");
+    acked.push(refused);
+    for k in acked.iter().step_by(97).chain(acked.last()) {
+        assert_eq!(r.get(k).expect("get"), Some(value.clone()), "{}", String::from_utf8_lossy(k));
+    }
+}

@@ -14,14 +14,18 @@ const RESERVE_CHUNK_PAGES: u64 = 1024;
 
 impl Writer {
     /// Whether `ops` more operations (without blobs) are sure to fit: the worst case of
-    /// [`Writer::write_batch_at`], after reclaiming what can be reclaimed.
+    /// [`Writer::write_batch_at`], after reclaiming what can be reclaimed, with the pages backed
+    /// by memory now (so a caller that logs a batch before applying it never finds the memory
+    /// gone afterwards: a full tmpfs says no here).
     pub fn fits(&mut self, ops: usize) -> bool {
         let (pages, lids) = self.worst_case(ops as u64, 0);
-        if self.pages.free() >= pages && self.lids.free() >= lids {
-            return true;
+        if self.pages.free() < pages || self.lids.free() < lids {
+            self.reclaim_quietly();
+            if self.pages.free() < pages || self.lids.free() < lids {
+                return false;
+            }
         }
-        self.reclaim_quietly();
-        self.pages.free() >= pages && self.lids.free() >= lids
+        self.reserve(pages).is_ok()
     }
 
     /// Heap pages and node ids `ops` operations may take at worst (every op rewrites and splits
