@@ -275,6 +275,7 @@ impl Sessions {
         };
         let n = le32(8).ok_or_else(|| bad(8, "truncated"))? as usize;
         let mut t = Sessions::new(limits);
+        let now = now_ms();
         let mut p = 12;
         for _ in 0..n {
             let (client, acked, expired) = match (le64(p), le64(p + 8), le64(p + 16)) {
@@ -283,7 +284,9 @@ impl Sessions {
             };
             let m = le32(p + 24).ok_or_else(|| bad(p, "truncated client"))? as usize;
             p += 28;
-            let mut s = Session { acked_below: acked, expired_below: expired, ..Session::default() };
+            // Loaded clients count as used now: when they are evicted, the eviction is recent
+            // (their last use before the snapshot is unknown, and may be recent).
+            let mut s = Session { acked_below: acked, expired_below: expired, used_ms: now, ..Session::default() };
             for _ in 0..m {
                 let (seq, version) = match (le64(p), le64(p + 8)) {
                     (Some(a), Some(b)) => (a, b),
@@ -345,6 +348,11 @@ mod tests {
         let later = now_ms() + RETRY_WINDOW_MS + 1;
         assert_eq!(again.lookup_at(9, 1, false, later), Lookup::New, "past the retry window of every eviction");
         assert_eq!(again.lookup(9, 1, false), Lookup::Expired, "the eviction time survives the snapshot");
+        // Clients loaded from a snapshot and then evicted make the eviction recent too.
+        let mut loaded = Sessions::decode(&t.encode(), SessionLimits { clients: 2, per_client: 3 }, p).expect("load");
+        loaded.evicted_used_ms = 0;
+        loaded.record(20, &[e(5, 1), e(6, 1)]);
+        assert_eq!(loaded.lookup(1, 6, false), Lookup::Expired, "a loaded client was evicted just now");
         let note = Sessions::encode_note(&[e(7, 9), e(7, 10)]);
         assert_eq!(Sessions::decode_note(&note), Some(vec![e(7, 9), e(7, 10)]));
         assert_eq!(Sessions::decode_note(&note[..note.len() - 1]), None);
