@@ -121,6 +121,12 @@ pub struct HostArgs {
 impl HostArgs {
     /// The validated configuration.
     pub fn config(&self) -> Result<HostConfig> {
+        // Table sets record these paths for the device, as text.
+        for (flag, p) in [("--data-dir", &self.data_dir), ("--shm-dir", &self.shm_dir)] {
+            if p.to_str().is_none() {
+                bail!("{flag} must be a UTF-8 path: {}", p.display());
+            }
+        }
         let keys: Vec<Vec<u8>> =
             self.split_keys.split(',').filter(|k| !k.is_empty()).map(|k| k.as_bytes().to_vec()).collect();
         Ok(HostConfig {

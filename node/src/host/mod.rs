@@ -89,6 +89,7 @@ pub async fn run(
     let stats = Arc::new(WriterStats::default());
     let rt = tokio::runtime::Handle::current();
     let mut writers: Vec<mpsc::Sender<Job>> = Vec::new();
+    let mut writer_threads = Vec::new();
     for spec in cfg.regions.regions() {
         let mut rc =
             RegionConfig::new(cfg.data_dir.join(format!("region-{}", spec.id)), pod::region_dir(&cfg.shm_dir, spec.id));
@@ -99,7 +100,10 @@ pub async fn run(
         // Opening replays the log tail: the host serves nothing before its regions are open.
         let (region, rec) = Region::open(rc).with_context(|| format!("opening region {}", spec.id))?;
         tracing::info!(region = spec.id, replayed = rec.replayed, dropped = rec.dropped, "region open");
-        writers.push(start_writer(spec.id, region, cfg.per_op_atomics, stats.clone(), WRITER_QUEUE, rt.clone())?);
+        let (queue, thread) =
+            start_writer(spec.id, region, cfg.per_op_atomics, stats.clone(), WRITER_QUEUE, rt.clone())?;
+        writers.push(queue);
+        writer_threads.push(thread);
     }
     // The regions' shared memory is in place: the device may read by this map from now on.
     let _map = pod::publish_map(&cfg.shm_dir, &cfg.regions)?;
@@ -155,8 +159,17 @@ pub async fn run(
     if tokio::time::timeout(cfg.shutdown_grace, tracker.wait()).await.is_err() {
         tracing::warn!("connections did not finish within the shutdown grace period");
     }
-    // Dropping the queues stops the writers: they finish their rounds (the log syncs on close).
+    // Dropping the queues stops the writers: they finish their rounds, then close their regions
+    // (every write made durable, compactions finished). Wait for them, within the grace period.
     drop(writers);
+    let joined = tokio::task::spawn_blocking(move || {
+        for t in writer_threads {
+            let _ = t.join();
+        }
+    });
+    if tokio::time::timeout(cfg.shutdown_grace, joined).await.is_err() {
+        tracing::warn!("region writers did not close within the shutdown grace period");
+    }
     let _ = std::fs::remove_file(&socket);
     Ok(())
 }

@@ -62,7 +62,8 @@ const MAINTAIN_EVERY: Duration = Duration::from_millis(50);
 /// Rounds waiting for durability before the writer waits for the releaser.
 const RELEASE_QUEUE: usize = 256;
 
-/// Starts the writer and releaser threads of `region`; returns the queue to send its jobs to.
+/// Starts the writer and releaser threads of `region`; returns the queue to send its jobs to
+/// and the writer thread (it ends, after closing the region, once the queue is dropped).
 pub fn start(
     id: u32,
     region: Region,
@@ -70,13 +71,13 @@ pub fn start(
     stats: Arc<WriterStats>,
     queue: usize,
     rt: tokio::runtime::Handle,
-) -> std::io::Result<mpsc::Sender<Job>> {
+) -> std::io::Result<(mpsc::Sender<Job>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel(queue);
     let (rel_tx, rel_rx) = std::sync::mpsc::sync_channel::<Release>(RELEASE_QUEUE);
     std::thread::Builder::new().name(format!("dpukv-release-{id}")).spawn(move || release(rel_rx))?;
     let w = Worker { region, station: ReservationStation::new(), per_op_atomics, stats, release: rel_tx };
-    std::thread::Builder::new().name(format!("dpukv-write-{id}")).spawn(move || w.run(rx, rt))?;
-    Ok(tx)
+    let writer = std::thread::Builder::new().name(format!("dpukv-write-{id}")).spawn(move || w.run(rx, rt))?;
+    Ok((tx, writer))
 }
 
 /// Responses released once the log is durable up to `end`.
@@ -217,6 +218,12 @@ impl Worker {
             }
         }
         self.upkeep();
+        // The queue closed (shutdown): make everything durable before the process goes.
+        let Worker { region, release, .. } = self;
+        drop(release); // the releaser answers what it holds, then ends
+        if let Err(e) = region.close() {
+            tracing::error!(error = %e, "closing the region failed");
+        }
     }
 
     fn upkeep(&mut self) {

@@ -384,6 +384,12 @@ impl Durability {
                 Ok(())
             }
             Err(e) => {
+                tracing::error!(
+                    dir = %self.dir.display(),
+                    seg,
+                    error = %e,
+                    "repairing a value-log segment failed; writes stay refused and it will be retried"
+                );
                 let _ = self.fs.remove(&tmp);
                 Err(e)
             }
