@@ -237,7 +237,10 @@ where
     D: FnMut(Incoming, Sink) -> F,
     F: Future<Output = ()>,
 {
-    let (mut r, w) = tokio::io::split(stream);
+    let (r, w) = tokio::io::split(stream);
+    // Small frames (a pipelining client's) come many per read: one system call for many
+    // headers and bodies. A part of a frame larger than the buffer bypasses it.
+    let mut r = tokio::io::BufReader::with_capacity(READ_BUFFER, r);
     let conn_bytes = Arc::new(Semaphore::new(cfg.conn_bytes));
     let slots = Arc::new(Semaphore::new(cfg.max_in_flight));
     let ids: Arc<Mutex<HashSet<u64>>> = Arc::new(Mutex::new(HashSet::new()));
@@ -387,6 +390,10 @@ async fn take(conn: &Arc<Semaphore>, budget: &Budget, n: usize) -> Charge {
     let g = budget.sem.clone().acquire_many_owned(n32).await.ok();
     Charge { conn: c, global: g, slot: None, id: None }
 }
+
+/// Bytes each connection reads ahead (a fixed cost per connection, outside the budgets:
+/// `--max-connections` bounds it).
+const READ_BUFFER: usize = 16 << 10;
 
 /// A frame's body is read (and charged) in chunks of at most this many bytes.
 const FRAME_CHUNK: usize = 64 << 10;
