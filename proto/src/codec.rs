@@ -221,6 +221,52 @@ const R_VECTOR: u8 = 6;
 pub fn encode_responses(resps: &[Response], out: &mut Vec<u8>) {
     let start = begin_frame(out, KIND_RESPONSES, resps.len());
     for r in resps {
+        encode_response_entry(r, out);
+    }
+    end_frame(out, start);
+}
+
+/// A response frame built from entries encoded apart ([`encode_response_entry`]), for a server
+/// that encodes responses where they are produced and frames them where they are written.
+#[derive(Debug)]
+pub struct ResponseFrame {
+    start: usize,
+    count: usize,
+}
+
+impl ResponseFrame {
+    /// Starts a frame at the end of `out`.
+    pub fn begin(out: &mut Vec<u8>) -> ResponseFrame {
+        ResponseFrame { start: begin_frame(out, KIND_RESPONSES, 0), count: 0 }
+    }
+
+    /// Appends `count` entries encoded with [`encode_response_entry`].
+    pub fn push_encoded(&mut self, out: &mut Vec<u8>, entries: &[u8], count: usize) {
+        out.extend_from_slice(entries);
+        self.count += count;
+    }
+
+    /// Appends one response.
+    pub fn push(&mut self, out: &mut Vec<u8>, r: &Response) {
+        encode_response_entry(r, out);
+        self.count += 1;
+    }
+
+    /// Entries in the frame so far.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Completes the frame (at most [`MAX_OPS_PER_FRAME`] entries).
+    pub fn finish(self, out: &mut [u8]) {
+        out[self.start + 6..self.start + 8].copy_from_slice(&(self.count as u16).to_le_bytes());
+        end_frame(out, self.start);
+    }
+}
+
+/// Appends one response entry, with its length prefix, to `out` (see [`ResponseFrame`]).
+pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
+    {
         let body = begin_entry(out);
         let mut w = W(out);
         w.u64(r.id);
@@ -267,7 +313,6 @@ pub fn encode_responses(resps: &[Response], out: &mut Vec<u8>) {
         }
         end_entry(out, body);
     }
-    end_frame(out, start);
 }
 
 // ---- reading ------------------------------------------------------------------------------------

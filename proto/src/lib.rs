@@ -20,7 +20,8 @@ mod message;
 mod token;
 
 pub use codec::{
-    FrameHeader, RequestEntry, decode_requests, decode_responses, encode_requests, encode_responses, frame_header,
+    FrameHeader, RequestEntry, ResponseFrame, decode_requests, decode_responses, encode_requests,
+    encode_response_entry, encode_responses, frame_header,
 };
 pub use error::{DecodeError, ErrorCode};
 pub use message::{

@@ -154,6 +154,26 @@ proptest! {
     }
 
     #[test]
+    fn frames_built_from_entries_equal_encoded_frames(resps in proptest::collection::vec(response(), 0..20), cut in 0usize..20) {
+        let mut whole = Vec::new();
+        encode_responses(&resps, &mut whole);
+        // Some entries encoded apart (as a reader thread does), the rest pushed one by one.
+        let cut = cut.min(resps.len());
+        let mut apart = Vec::new();
+        for r in &resps[..cut] {
+            encode_response_entry(r, &mut apart);
+        }
+        let mut built = Vec::new();
+        let mut f = ResponseFrame::begin(&mut built);
+        f.push_encoded(&mut built, &apart, cut);
+        for r in &resps[cut..] {
+            f.push(&mut built, r);
+        }
+        f.finish(&mut built);
+        prop_assert_eq!(built, whole);
+    }
+
+    #[test]
     fn responses_round_trip(resps in proptest::collection::vec(response(), 0..20)) {
         let mut buf = Vec::new();
         encode_responses(&resps, &mut buf);
