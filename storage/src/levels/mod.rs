@@ -13,7 +13,6 @@ mod format;
 mod import;
 mod manifest;
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -59,7 +58,8 @@ pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
 pub struct Level {
     meta: LevelMeta,
     dir: PathBuf,
-    maps: HashMap<u64, Mmap>,
+    /// The segments' mappings by id, sorted (found by binary search on every node visit).
+    maps: Vec<(u64, Mmap)>,
 }
 
 impl std::fmt::Debug for Level {
@@ -83,14 +83,16 @@ impl Level {
 
     fn open_checked(dir: &Path, meta: LevelMeta, full: bool) -> Result<Level> {
         let dir = dir.to_path_buf();
-        let mut maps = HashMap::new();
+        let mut maps = Vec::with_capacity(meta.segments.len());
         for &id in &meta.segments {
             let p = segment_path(&dir, id);
             let f = File::open(&p).map_err(|e| Error::io(&p, e))?;
             let m = crate::arena::map_immutable(&f, &p)?;
             verify_segment(&p, &m, id, meta.node_size, full)?;
-            maps.insert(id, m);
+            maps.push((id, m));
         }
+        maps.sort_by_key(|(id, _)| *id);
+        maps.dedup_by_key(|(id, _)| *id);
         Ok(Level { meta, dir, maps })
     }
 
@@ -106,10 +108,10 @@ impl Level {
     fn node(&self, p: u64) -> Result<LNode<'_>> {
         let (seg, off) = ptr_parts(p);
         let ns = self.meta.node_size as usize;
-        let map = self
-            .maps
-            .get(&seg)
-            .ok_or_else(|| Error::corrupt_file(&self.dir, p, "node pointer names a segment outside the level"))?;
+        let map = match self.maps.binary_search_by_key(&seg, |(id, _)| *id) {
+            Ok(i) => &self.maps[i].1,
+            Err(_) => return Err(Error::corrupt_file(&self.dir, p, "node pointer names a segment outside the level")),
+        };
         let bytes = map.get(off as usize..off as usize + ns).filter(|_| (off as usize).is_multiple_of(ns) && off > 0);
         let bytes = bytes.ok_or_else(|| {
             Error::corrupt_file(&segment_path(&self.dir, seg), off as u64, "node pointer out of bounds")

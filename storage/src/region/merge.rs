@@ -195,16 +195,24 @@ impl<'s, 'a> MergeCursor<'s, 'a> {
         for i in 0..self.srcs.len() {
             self.refill(i)?;
         }
-        let min = self.bufs.iter().filter_map(|b| b.front().map(|e| &e.0)).min().cloned();
-        let Some(min) = min else { return Ok(None) };
-        let mut winner = None;
-        for (i, b) in self.bufs.iter_mut().enumerate() {
-            if b.front().is_some_and(|e| e.0 == min) {
-                let (_, v, s) = b.pop_front().expect("front exists");
-                winner.get_or_insert((v, s, i));
+        // The smallest key; among equal keys the first table's (the newest) wins.
+        let mut best: Option<usize> = None;
+        for (i, b) in self.bufs.iter().enumerate() {
+            if let Some(e) = b.front()
+                && best.is_none_or(|j| self.bufs[j].front().is_some_and(|f| e.0 < f.0))
+            {
+                best = Some(i);
             }
         }
-        Ok(winner.map(|(v, s, i)| (min, v, s, i)))
+        let Some(i) = best else { return Ok(None) };
+        let (key, v, s) = self.bufs[i].pop_front().expect("front exists");
+        // Older tables' entries for the same key are hidden by it.
+        for b in self.bufs.iter_mut().skip(i + 1) {
+            if b.front().is_some_and(|e| e.0 == key) {
+                b.pop_front();
+            }
+        }
+        Ok(Some((key, v, s, i)))
     }
 }
 
