@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use dpukv_proto::{DecodeError, Request, Response, decode_responses, encode_requests, frame_header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,8 +29,14 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::error::ClientError;
 
-type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
-type Queued = (Request, oneshot::Sender<Response>);
+/// A caller waiting for its response, until its deadline.
+struct Waiter {
+    done: oneshot::Sender<Result<Response, ClientError>>,
+    deadline: Instant,
+}
+
+type Waiters = Arc<Mutex<HashMap<u64, Waiter>>>;
+type Queued = (Request, Waiter);
 
 /// See the module documentation.
 pub(crate) struct Connection {
@@ -49,19 +56,26 @@ const READ_CHUNK: usize = 64 << 10;
 /// A read buffer grown beyond this (for a large frame) is given back once it is drained.
 const KEEP_BUFFER: usize = 4 << 20;
 
+/// How often the reader fails the callers whose deadline passed (one timer per connection, not
+/// one per request).
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+
 impl Connection {
     pub(crate) async fn open(addr: &str) -> Result<Connection, ClientError> {
         Ok(Connection { addr: addr.to_string(), live: Mutex::new(dial(addr).await?), dialing: Default::default() })
     }
 
-    pub(crate) async fn call(&self, req: Request) -> Result<Response, ClientError> {
+    /// Sends `req` and waits for its response, at most `timeout` (then `TimedOut`: the request
+    /// may still execute).
+    pub(crate) async fn call(&self, req: Request, timeout: Duration) -> Result<Response, ClientError> {
         if let Err(c) = req.op.validate() {
             return Err(ClientError::Invalid(c));
         }
+        let deadline = Instant::now() + timeout;
         let tx = self.sender().await?;
         let (done, wait) = oneshot::channel();
-        tx.send((req, done)).await.map_err(|_| ClientError::Disconnected)?;
-        wait.await.map_err(|_| ClientError::Disconnected)
+        tx.send((req, Waiter { done, deadline })).await.map_err(|_| ClientError::Disconnected)?;
+        wait.await.map_err(|_| ClientError::Disconnected)?
     }
 
     /// The live connection's queue, re-dialling if the connection is gone.
@@ -142,11 +156,11 @@ async fn write_loop(
             let mut bytes = 0;
             let mut next = Some(first);
             // Client-side batching: everything queued goes out in one frame (within limits).
-            while let Some((mut req, done)) = next.take() {
+            while let Some((mut req, waiter)) = next.take() {
                 bytes += req.size_hint();
                 req.id = next_id;
                 next_id += 1;
-                w.insert(req.id, done);
+                w.insert(req.id, waiter);
                 reqs.push(req);
                 if reqs.len() < dpukv_proto::limits::MAX_OPS_PER_FRAME && bytes < dpukv_proto::limits::MAX_FRAME / 4 {
                     next = rx.try_recv().ok();
@@ -174,18 +188,26 @@ async fn write_loop(
 async fn read_loop(mut r: OwnedReadHalf, waiters: &Waiters, room: &Notify) {
     let mut buf = Vec::with_capacity(2 * READ_CHUNK);
     let mut resps = Vec::with_capacity(256);
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         buf.reserve(READ_CHUNK);
-        match r.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+        tokio::select! {
+            got = r.read_buf(&mut buf) => match got {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            },
+            _ = sweep.tick() => {
+                expire(waiters, room);
+                continue;
+            }
         }
         let Ok(used) = take_frames(&buf, &mut resps) else { return };
         if !resps.is_empty() {
             let mut w = lock(waiters);
             for resp in resps.drain(..) {
-                if let Some(done) = w.remove(&resp.id) {
-                    let _ = done.send(resp);
+                if let Some(waiter) = w.remove(&resp.id) {
+                    let _ = waiter.done.send(Ok(resp));
                 }
             }
             drop(w);
@@ -199,6 +221,24 @@ async fn read_loop(mut r: OwnedReadHalf, waiters: &Waiters, room: &Notify) {
             buf.reserve(h.total.saturating_sub(buf.len()));
         }
     }
+}
+
+/// Fails the callers whose deadline passed with `TimedOut` (their ids stay unused: a late
+/// response finds no waiter and is dropped).
+fn expire(waiters: &Waiters, room: &Notify) {
+    let now = Instant::now();
+    let mut w = lock(waiters);
+    let late: Vec<u64> = w.iter().filter(|(_, x)| x.deadline <= now).map(|(id, _)| *id).collect();
+    if late.is_empty() {
+        return;
+    }
+    for id in late {
+        if let Some(x) = w.remove(&id) {
+            let _ = x.done.send(Err(ClientError::TimedOut));
+        }
+    }
+    drop(w);
+    room.notify_one();
 }
 
 /// Decodes every complete response frame at the start of `buf` into `out`; returns the bytes
@@ -305,7 +345,10 @@ mod tests {
             let conn = conn.clone();
             calls.spawn(async move {
                 let key = format!("key{i}").into_bytes();
-                let got = conn.call(Request::new(0, Op::Get { key: key.clone() })).await.expect("answered");
+                let got = conn
+                    .call(Request::new(0, Op::Get { key: key.clone() }), Duration::from_secs(10))
+                    .await
+                    .expect("answered");
                 assert_eq!(got.result, Ok(Reply::Value(Some(key))));
             });
         }
@@ -353,7 +396,9 @@ mod tests {
         for i in 0..(MAX_IN_FLIGHT * 2 + 100) {
             let conn = conn.clone();
             calls.spawn(async move {
-                let got = conn.call(Request::new(0, Op::Get { key: format!("k{i}").into_bytes() })).await;
+                let got = conn
+                    .call(Request::new(0, Op::Get { key: format!("k{i}").into_bytes() }), Duration::from_secs(10))
+                    .await;
                 assert_eq!(got.expect("answered").result, Ok(Reply::Value(Some(b"v".to_vec()))));
             });
         }
@@ -401,8 +446,27 @@ mod tests {
         });
         let conn = Connection::open(&addr).await.expect("connect");
         let get = || Request::new(0, Op::Get { key: b"k".to_vec() });
-        assert!(matches!(conn.call(get()).await, Err(ClientError::Disconnected)));
-        let answered = conn.call(get()).await.expect("answered after re-dialling");
+        assert!(matches!(conn.call(get(), Duration::from_secs(10)).await, Err(ClientError::Disconnected)));
+        let answered = conn.call(get(), Duration::from_secs(10)).await.expect("answered after re-dialling");
         assert_eq!(answered.result, Ok(Reply::Value(Some(b"v".to_vec()))));
+    }
+
+    /// A server that reads and never answers: the call fails with `TimedOut` at its deadline
+    /// (swept by the connection's reader), and the connection stays usable for other calls.
+    #[tokio::test]
+    async fn an_unanswered_request_times_out_at_its_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a local port");
+        let addr = listener.local_addr().expect("bound").to_string();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("one client");
+            let mut chunk = [0u8; 4096];
+            while s.read(&mut chunk).await.is_ok_and(|n| n > 0) {}
+        });
+        let conn = Connection::open(&addr).await.expect("connect");
+        let started = std::time::Instant::now();
+        let got = conn.call(Request::new(0, Op::Get { key: b"k".to_vec() }), Duration::from_millis(300)).await;
+        assert!(matches!(got, Err(ClientError::TimedOut)), "{got:?}");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(2), "{took:?}");
     }
 }

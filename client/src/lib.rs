@@ -166,10 +166,14 @@ impl Client {
     }
 
     /// Sends one request on the next connection and waits for its response (no retries, no
-    /// timeout, no session tag unless `req` has one).
+    /// session tag unless `req` has one), at most [`RetryPolicy::attempt_timeout`].
     pub async fn send_request(&self, req: Request) -> Result<Response> {
+        self.send_within(req, self.retry.attempt_timeout).await
+    }
+
+    async fn send_within(&self, req: Request, timeout: Duration) -> Result<Response> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
-        self.conns[i].call(req).await
+        self.conns[i].call(req, timeout).await
     }
 
     /// Sends one untagged request (no retries).
@@ -202,12 +206,10 @@ impl Client {
                 req.session =
                     Some(Session { client: s.client, seq, acked_below: s.acked_below(), retry: maybe_applied });
             }
-            let attempt = tokio::time::timeout(policy.attempt_timeout, self.send_request(req.clone())).await;
-            let err = match attempt {
-                Ok(Ok(Response { result: Ok(reply), version, .. })) => return Ok((reply, version)),
-                Ok(Ok(Response { result: Err(e), .. })) => ClientError::Server(e),
-                Ok(Err(e)) => e,
-                Err(_) => ClientError::TimedOut,
+            let err = match self.send_within(req.clone(), policy.attempt_timeout).await {
+                Ok(Response { result: Ok(reply), version, .. }) => return Ok((reply, version)),
+                Ok(Response { result: Err(e), .. }) => ClientError::Server(e),
+                Err(e) => e,
             };
             let unknown = err.outcome_unknown();
             if write && unknown {
