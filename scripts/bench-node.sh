@@ -13,6 +13,8 @@
 # Prints one JSON object per run (dpukv-bench --json), every run in a table, and the ratios.
 # Installs redis-server and redis-tools if they are missing; stops every process it starts.
 # Settings: RECORDS (1000000), SECONDS_RUN (5), THREADS (4), DEPTH (16), VALUE_SIZE (64),
+# CLIENT_THREADS (1: dpukv-bench on a single-threaded runtime, like redis-benchmark, so the
+# client takes as little of the shared cores as it can — for every system alike),
 # BENCH_DIR (where the data dirs go: a new temp dir under /tmp by default; not tmpfs, or fsync
 # costs nothing), BIN (the binaries; target/release by default, built first; when set, nothing is
 # built).
@@ -23,6 +25,7 @@ SECONDS_RUN=${SECONDS_RUN:-5}
 THREADS=${THREADS:-4}
 DEPTH=${DEPTH:-16}
 VALUE=${VALUE_SIZE:-64}
+CLIENT_THREADS=${CLIENT_THREADS:-1}
 if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null || ! command -v redis-cli >/dev/null; then
   apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
@@ -77,7 +80,7 @@ stop() { # pid: stops it and forgets it (so cleanup never signals a reused pid)
   PIDS=("${keep[@]}")
 }
 bench() { # dpukv-bench flags; the settings every run and load shares
-  $BIN/dpukv-bench --records "$RECORDS" --value-size "$VALUE" --depth "$DEPTH" "$@"
+  $BIN/dpukv-bench --client-threads "$CLIENT_THREADS" --records "$RECORDS" --value-size "$VALUE" --depth "$DEPTH" "$@"
 }
 load() { bench --threads 8 --load-only "$@" >&2; }
 run() { # label, then dpukv-bench flags

@@ -98,7 +98,9 @@ pub struct HostArgs {
     /// (acknowledged once written to the OS, synced within MS) or `never`.
     #[arg(long, env = "DPUKV_FSYNC", default_value = "always")]
     pub fsync: String,
-    /// L0 budget per region in bytes (0 = 64 MiB).
+    /// L0 budget per region in bytes (0 = sized to the pod's memory: an eighth of the memory
+    /// limit and at most a quarter of the shared directory's file system, shared among the
+    /// regions, within 64 MiB..4 GiB).
     #[arg(long, env = "DPUKV_L0_BUDGET", default_value_t = 0)]
     pub l0_budget: u64,
     /// Admin HTTP address (/healthz, /readyz, /metrics).

@@ -23,9 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dpukv_proto::limits::{MAX_OPS_PER_FRAME, MAX_SCAN_BYTES, MAX_VALUE};
-use dpukv_proto::{
-    DecodeError, ErrorCode, Op, Reply, Request, Response, decode_requests, encode_responses, frame_header,
-};
+use dpukv_proto::{DecodeError, ErrorCode, Op, Reply, Request, Response, ResponseFrame, decode_requests, frame_header};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -128,26 +126,45 @@ impl Charge {
     }
 }
 
-/// A response on its way out, with the charge it releases once written.
+/// Responses on their way out, each with the charge it releases once written: one, or a batch
+/// already encoded as frame entries by the thread that produced it (a reader thread answers a
+/// frame's reads together: the writer is woken once for them, and their buffers are freed by the
+/// thread that allocated them).
 #[derive(Debug)]
-pub struct Outgoing {
-    /// The response.
-    pub resp: Response,
-    /// Released after the write.
-    pub charge: Charge,
+enum Outgoing {
+    One(Response, Charge),
+    Encoded { entries: Vec<u8>, charges: Vec<Charge> },
 }
 
 /// Where a connection's responses go (cheap to clone; never blocks: the channel holds as many
-/// responses as the connection has requests in flight).
+/// messages as the connection has requests in flight, and every message holds at least one).
 #[derive(Clone, Debug)]
 pub struct Sink(mpsc::Sender<Outgoing>);
 
 impl Sink {
     /// Queues a response. If the connection is gone it is dropped (with its charge).
     pub fn send(&self, resp: Response, charge: Charge) {
-        if let Err(mpsc::error::TrySendError::Full(o)) = self.0.try_send(Outgoing { resp, charge }) {
+        self.queue(Outgoing::One(resp, charge));
+    }
+
+    /// Encodes responses here and queues them to go out together.
+    pub fn send_many(&self, out: Vec<(Response, Charge)>) {
+        let mut out = out.into_iter().peekable();
+        while out.peek().is_some() {
+            let mut entries = Vec::new();
+            let mut charges = Vec::new();
+            for (resp, charge) in out.by_ref().take(MAX_OPS_PER_FRAME) {
+                dpukv_proto::encode_response_entry(&resp, &mut entries);
+                charges.push(charge);
+            }
+            self.queue(Outgoing::Encoded { entries, charges });
+        }
+    }
+
+    fn queue(&self, o: Outgoing) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.0.try_send(o) {
             // Cannot happen while every response belongs to a request holding a slot.
-            tracing::error!(id = o.resp.id, "a connection's response queue is full; dropping a response");
+            tracing::error!("a connection's response queue is full; dropping responses");
         }
     }
 
@@ -222,9 +239,10 @@ pub enum ConnError {
     DuplicateId(u64),
 }
 
-/// Serves one connection until it ends, the peer misbehaves, or `stop`: every request read is
-/// handed to `dispatch` with its charge, one by one, as soon as its charge is taken; `dispatch`
-/// answers it through the sink (now or later, from any thread).
+/// Serves one connection until it ends, the peer misbehaves, or `stop`: the requests read are
+/// handed to `dispatch` with their charges, a frame's together (earlier if taking a charge must
+/// wait, so nothing taken waits on what is not yet dispatched); `dispatch` answers each through
+/// the sink (now or later, from any thread).
 pub async fn serve<S, D, F>(
     stream: S,
     cfg: ConnConfig,
@@ -234,7 +252,7 @@ pub async fn serve<S, D, F>(
 ) -> Result<(), ConnError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
-    D: FnMut(Incoming, Sink) -> F,
+    D: FnMut(Vec<Incoming>, Sink) -> F,
     F: Future<Output = ()>,
 {
     let (r, w) = tokio::io::split(stream);
@@ -314,10 +332,19 @@ where
             Err(e) => break Err(bad_frame(&sink, e)),
         };
         drop(buf);
+        let mut batch: Vec<Incoming> = Vec::with_capacity(entries.len());
         for entry in entries {
-            let slot = tokio::select! {
-                _ = gone.cancelled() => None,
-                s = slots.clone().acquire_owned() => s.ok(),
+            let slot = match slots.clone().try_acquire_owned() {
+                Ok(s) => Some(s),
+                Err(_) => {
+                    if !batch.is_empty() {
+                        dispatch(std::mem::take(&mut batch), sink.clone()).await;
+                    }
+                    tokio::select! {
+                        _ = gone.cancelled() => None,
+                        s = slots.clone().acquire_owned() => s.ok(),
+                    }
+                }
             };
             let Some(slot) = slot else { break };
             let mut charge = Charge { slot: Some(slot), ..Charge::default() };
@@ -340,15 +367,26 @@ where
                     let have = frame.bytes().min(need);
                     charge.merge(frame.split_off(have));
                     if need > have {
-                        let more = tokio::select! {
-                            _ = gone.cancelled() => break,
-                            c = take(&conn_bytes, &budget, need - have) => c,
+                        let more = match try_take(&conn_bytes, &budget, need - have) {
+                            Some(c) => c,
+                            None => {
+                                if !batch.is_empty() {
+                                    dispatch(std::mem::take(&mut batch), sink.clone()).await;
+                                }
+                                tokio::select! {
+                                    _ = gone.cancelled() => break,
+                                    c = take(&conn_bytes, &budget, need - have) => c,
+                                }
+                            }
                         };
                         charge.merge(more);
                     }
-                    dispatch(Incoming { req, charge }, sink.clone()).await;
+                    batch.push(Incoming { req, charge });
                 }
             }
+        }
+        if !batch.is_empty() {
+            dispatch(batch, sink.clone()).await;
         }
     };
     drop(sink);
@@ -382,6 +420,14 @@ fn bad_frame(sink: &Sink, e: DecodeError) -> ConnError {
     ConnError::Decode(e)
 }
 
+/// Takes `n` bytes from the connection's and the process's budgets if both have them now.
+fn try_take(conn: &Arc<Semaphore>, budget: &Budget, n: usize) -> Option<Charge> {
+    let n32 = n.min(u32::MAX as usize) as u32;
+    let c = conn.clone().try_acquire_many_owned(n32).ok()?;
+    let g = budget.sem.clone().try_acquire_many_owned(n32).ok()?;
+    Some(Charge { conn: Some(c), global: Some(g), slot: None, id: None })
+}
+
 /// Takes `n` bytes from the connection's and the process's budgets (waiting while either is
 /// spent).
 async fn take(conn: &Arc<Semaphore>, budget: &Budget, n: usize) -> Charge {
@@ -411,22 +457,45 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
     let timeout = cfg.write_timeout;
     let task = tokio::spawn(async move {
         let mut w = w;
-        let mut resps: Vec<Response> = Vec::with_capacity(64);
+        let mut pending: std::collections::VecDeque<Outgoing> = std::collections::VecDeque::new();
         let mut charges: Vec<Charge> = Vec::with_capacity(64);
         let mut buf = Vec::with_capacity(64 << 10);
-        while let Some(first) = rx.recv().await {
-            let mut bytes = 0;
-            let mut next = Some(first);
-            while let Some(o) = next.take() {
-                bytes += response_size(&o.resp);
-                resps.push(o.resp);
-                charges.push(o.charge);
-                if resps.len() < MAX_OPS_PER_FRAME && bytes < WRITE_CHUNK {
-                    next = rx.try_recv().ok();
+        loop {
+            if pending.is_empty() {
+                match rx.recv().await {
+                    Some(o) => pending.push_back(o),
+                    None => break,
                 }
             }
+            while pending.len() < MAX_OPS_PER_FRAME {
+                match rx.try_recv() {
+                    Ok(o) => pending.push_back(o),
+                    Err(_) => break,
+                }
+            }
+            // One frame: at least one message, however large; then up to the limits.
             buf.clear();
-            encode_responses(&resps, &mut buf);
+            let mut frame = ResponseFrame::begin(&mut buf);
+            while let Some(o) = pending.front() {
+                let n = match o {
+                    Outgoing::One(..) => 1,
+                    Outgoing::Encoded { charges, .. } => charges.len(),
+                };
+                if frame.count() > 0 && (frame.count() + n > MAX_OPS_PER_FRAME || buf.len() >= WRITE_CHUNK) {
+                    break;
+                }
+                match pending.pop_front().expect("a front") {
+                    Outgoing::One(resp, charge) => {
+                        frame.push(&mut buf, &resp);
+                        charges.push(charge);
+                    }
+                    Outgoing::Encoded { entries, charges: c } => {
+                        frame.push_encoded(&mut buf, &entries, c.len());
+                        charges.extend(c);
+                    }
+                }
+            }
+            frame.finish(&mut buf);
             let ok = matches!(tokio::time::timeout(timeout, w.write_all(&buf)).await, Ok(Ok(())));
             {
                 let mut ids = ids.lock().unwrap_or_else(|e| e.into_inner());
@@ -434,7 +503,6 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
                     ids.remove(&id);
                 }
             }
-            resps.clear();
             charges.clear(); // written: their bytes and slots go back
             if buf.capacity() > 4 * WRITE_CHUNK {
                 buf = Vec::with_capacity(64 << 10);

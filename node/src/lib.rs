@@ -13,6 +13,7 @@
 //! - `dpu`: the device process (`dpu::run`): the data port and the links to the host.
 //! - `admin`: `/healthz`, `/readyz`, `/metrics`.
 //! - `config`: the binaries' flags.
+//! - `sizing`: the automatic L0 budget (from the pod's memory).
 //!
 //! The device never calls host code: both halves meet only in `pod`, `regions`, `conn` and
 //! `reads`, and in the shared directory.
@@ -26,3 +27,4 @@ pub mod host;
 pub mod pod;
 pub mod reads;
 pub mod regions;
+pub mod sizing;

@@ -60,9 +60,9 @@ pub struct ReadCounters {
     pub cache_misses: AtomicU64,
 }
 
+/// Reads of one frame of one connection, answered together.
 struct Job {
-    req: Request,
-    charge: Charge,
+    reqs: Vec<(Request, Charge)>,
     sink: Sink,
 }
 
@@ -96,13 +96,20 @@ impl ReadPool {
         Ok(ReadPool { queues, next: AtomicUsize::new(0) })
     }
 
-    /// Queues a read; its response goes to `sink` (waits while every reader thread's queue is
-    /// full).
-    pub async fn submit(&self, req: Request, charge: Charge, sink: Sink) {
+    /// Queues reads (of one connection) for one reader thread, which answers them together
+    /// through `sink` (waits while that thread's queue is full).
+    pub async fn submit(&self, reqs: Vec<(Request, Charge)>, sink: Sink) {
+        if reqs.is_empty() {
+            return;
+        }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
-        if let Err(mpsc::error::SendError(job)) = self.queues[i].send(Job { req, charge, sink }).await {
-            let r = Response::error(job.req.id, ErrorCode::Unavailable, "the read engine stopped");
-            job.sink.send(r, job.charge);
+        if let Err(mpsc::error::SendError(job)) = self.queues[i].send(Job { reqs, sink }).await {
+            let out = job
+                .reqs
+                .into_iter()
+                .map(|(r, c)| (Response::error(r.id, ErrorCode::Unavailable, "the read engine stopped"), c))
+                .collect();
+            job.sink.send_many(out);
         }
     }
 }
@@ -125,25 +132,37 @@ struct ReaderThread {
 impl ReaderThread {
     fn run(mut self, mut rx: mpsc::Receiver<Job>, rt: Option<tokio::runtime::Handle>) {
         loop {
-            let job = match &rt {
-                Some(rt) => match rt.block_on(async { tokio::time::timeout(IDLE_REFRESH, rx.recv()).await }) {
-                    Ok(Some(job)) => job,
-                    Ok(None) => break,
-                    Err(_) => {
-                        self.refresh();
-                        continue;
-                    }
-                },
-                None => match rx.blocking_recv() {
-                    Some(job) => job,
-                    None => break,
+            // Work already queued is taken without parking (or entering the runtime).
+            let job = match rx.try_recv() {
+                Ok(job) => job,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => match &rt {
+                    Some(rt) => match rt.block_on(async { tokio::time::timeout(IDLE_REFRESH, rx.recv()).await }) {
+                        Ok(Some(job)) => job,
+                        Ok(None) => break,
+                        Err(_) => {
+                            self.refresh();
+                            continue;
+                        }
+                    },
+                    None => match rx.blocking_recv() {
+                        Some(job) => job,
+                        None => break,
+                    },
                 },
             };
-            let resp = self.serve(&job.req);
-            self.counters.served.fetch_add(1, Ordering::Relaxed);
-            let mut charge = job.charge;
-            charge.shrink_to(response_size(&resp));
-            job.sink.send(resp, charge);
+            let n = job.reqs.len() as u64;
+            let out = job
+                .reqs
+                .into_iter()
+                .map(|(req, mut charge)| {
+                    let resp = self.serve(&req);
+                    charge.shrink_to(response_size(&resp));
+                    (resp, charge)
+                })
+                .collect();
+            self.counters.served.fetch_add(n, Ordering::Relaxed);
+            job.sink.send_many(out);
         }
     }
 

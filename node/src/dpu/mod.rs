@@ -121,7 +121,7 @@ pub async fn run(
                 let (reads, links, budget, stop) = (reads.clone(), links.clone(), budget.clone(), shutdown.clone());
                 let (conn_cfg, on_host) = (cfg.conn, cfg.serve_reads_on_host);
                 tracker.spawn(async move {
-                    let dispatch = |inc: Incoming, sink: Sink| dispatch(inc, sink, &reads, &links, on_host);
+                    let dispatch = |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &reads, &links, on_host);
                     if let Err(e) = conn::serve(stream, conn_cfg, budget, stop, dispatch).await {
                         tracing::debug!(error = %e, "client connection ended");
                     }
@@ -139,13 +139,16 @@ pub async fn run(
 }
 
 /// Routes one client request: reads to the reader pool, writes and atomics to the host.
-async fn dispatch(inc: Incoming, sink: Sink, reads: &ReadPool, links: &HostLinks, on_host: bool) {
-    let Incoming { req, charge } = inc;
-    if req.op.code().is_write() || on_host {
-        links.forward(req, charge, sink).await
-    } else {
-        reads.submit(req, charge, sink).await
+async fn dispatch(batch: Vec<Incoming>, sink: Sink, reads: &ReadPool, links: &HostLinks, on_host: bool) {
+    let mut local = Vec::with_capacity(batch.len());
+    for Incoming { req, charge } in batch {
+        if req.op.code().is_write() || on_host {
+            links.forward(req, charge, sink.clone()).await
+        } else {
+            local.push((req, charge));
+        }
     }
+    reads.submit(local, sink).await
 }
 
 #[derive(Debug)]

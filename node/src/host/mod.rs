@@ -47,7 +47,7 @@ pub struct HostConfig {
     pub regions: RegionMap,
     /// Log durability.
     pub fsync: FsyncPolicy,
-    /// L0 budget per region in bytes (0 = the default).
+    /// L0 budget per region in bytes (0 = sized to the pod's memory: `sizing::auto_l0_budget`).
     pub l0_budget: u64,
     /// Admin HTTP address (None: no endpoint).
     pub admin: Option<SocketAddr>,
@@ -90,13 +90,19 @@ pub async fn run(
     let rt = tokio::runtime::Handle::current();
     let mut writers: Vec<mpsc::Sender<Job>> = Vec::new();
     let mut writer_threads = Vec::new();
+    let l0_budget = match cfg.l0_budget {
+        0 => crate::sizing::auto_l0_budget(&cfg.shm_dir, cfg.regions.regions().len()),
+        b => b,
+    };
+    tracing::info!(l0_budget_mib = l0_budget >> 20, regions = cfg.regions.regions().len(), "L0 budget per region");
     for spec in cfg.regions.regions() {
         let mut rc =
             RegionConfig::new(cfg.data_dir.join(format!("region-{}", spec.id)), pod::region_dir(&cfg.shm_dir, spec.id));
         rc.vlog.fsync = cfg.fsync;
-        if cfg.l0_budget > 0 {
-            rc.l0_budget = cfg.l0_budget;
-        }
+        rc.l0_budget = l0_budget;
+        // Room for a full L0 and the slack of its allocation (the arena file is sparse: only
+        // what is used takes memory).
+        rc.arena.capacity = rc.arena.capacity.max(l0_budget.saturating_mul(2));
         // Opening replays the log tail: the host serves nothing before its regions are open.
         let (region, rec) = Region::open(rc).with_context(|| format!("opening region {}", spec.id))?;
         tracing::info!(region = spec.id, replayed = rec.replayed, dropped = rec.dropped, "region open");
@@ -145,7 +151,7 @@ pub async fn run(
                     (writers.clone(), cfg.regions.clone(), reads.clone(), budget.clone(), shutdown.clone());
                 let conn_cfg = cfg.conn;
                 tracker.spawn(async move {
-                    let dispatch = |inc: Incoming, sink: Sink| dispatch(inc, sink, &writers, &map, &reads);
+                    let dispatch = |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &writers, &map, &reads);
                     if let Err(e) = conn::serve(stream, conn_cfg, budget, stop, dispatch).await {
                         tracing::debug!(error = %e, "device connection ended");
                     }
@@ -176,20 +182,27 @@ pub async fn run(
 
 /// Routes one request of a device connection: writes and atomics to their region's writer,
 /// reads to the reader pool.
-async fn dispatch(inc: Incoming, sink: Sink, writers: &[mpsc::Sender<Job>], map: &RegionMap, reads: &ReadPool) {
-    let Incoming { req, charge } = inc;
-    if !req.op.code().is_write() {
-        return reads.submit(req, charge, sink).await;
+async fn dispatch(batch: Vec<Incoming>, sink: Sink, writers: &[mpsc::Sender<Job>], map: &RegionMap, reads: &ReadPool) {
+    let mut local = Vec::new();
+    for Incoming { req, charge } in batch {
+        if !req.op.code().is_write() {
+            local.push((req, charge));
+            continue;
+        }
+        let i = match map.check(&req) {
+            Ok(i) => i,
+            Err((code, what)) => {
+                sink.send(Response::error(req.id, code, what), charge);
+                continue;
+            }
+        };
+        let id = req.id;
+        if let Err(mpsc::error::SendError(job)) = writers[i].send(Job { req, charge, sink: sink.clone() }).await {
+            let r = Response::error(id, ErrorCode::Unavailable, "the region's writer stopped");
+            job.sink.send(r, job.charge);
+        }
     }
-    let i = match map.check(&req) {
-        Ok(i) => i,
-        Err((code, what)) => return sink.send(Response::error(req.id, code, what), charge),
-    };
-    let id = req.id;
-    if let Err(mpsc::error::SendError(job)) = writers[i].send(Job { req, charge, sink }).await {
-        let r = Response::error(id, ErrorCode::Unavailable, "the region's writer stopped");
-        job.sink.send(r, job.charge);
-    }
+    reads.submit(local, sink).await
 }
 
 /// Exposes the writers' counters to Prometheus.
