@@ -15,7 +15,9 @@ const USAGE: &str = "usage:
   dpukv-store vlog-writer DIR [--segment-size N] [--fsync always|never|interval:MS] [--batch N]
   dpukv-store vlog-check DIR
   dpukv-store region-writer DATA SHM --start N [--fsync always|never|interval:MS]
-  dpukv-store region-bank SHM --accounts N --initial X --seconds S";
+  dpukv-store region-bank SHM --accounts N --initial X --seconds S
+  dpukv-store region-open DATA SHM   (default geometry; prints what recovery replayed and the
+                                      process's peak memory)";
 
 fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
@@ -105,6 +107,19 @@ fn main() -> Result<()> {
                 writeln!(o, "ack {i}")?;
                 o.flush()?;
             }
+            Ok(())
+        }
+        Some("region-open") => {
+            let shm = args.get(2).context(USAGE)?;
+            let (region, rec) = Region::open(RegionConfig::new(dir, shm))?;
+            let status = std::fs::read_to_string("/proc/self/status")?;
+            let hwm = status
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .context("VmHWM")?;
+            println!("replayed {} peak_kib {hwm}", rec.replayed);
+            drop(region);
             Ok(())
         }
         Some("region-bank") => {
