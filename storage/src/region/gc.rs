@@ -3,8 +3,8 @@
 //! records how many bytes of each log segment its pointers name — so the live bytes of every old
 //! segment are known without reading it. Collection takes the segment with the least live data
 //! first, in bounded steps: it rewrites the values some level still needs at the head of the log
-//! (a put of the same value: the index then points at the new copy), makes those writes durable,
-//! takes the segment out of the log and retires its file, which is deleted once no reader of any
+//! (a put of the same value: the index then points at the new copy), makes those writes — and
+//! the newer writes that made the other records dead — durable, takes the segment out of the log and retires its file, which is deleted once no reader of any
 //! table set can reach it (module `control`). A segment no level needs is taken out unread.
 
 use std::collections::BTreeMap;
@@ -114,6 +114,10 @@ impl Region {
         match next {
             Some(off) => self.gc.cursor = Some((seg, off)),
             None => {
+                // Records judged dead because a newer write in L0 shadows them stay dead after a
+                // power loss only if those writes survive it: make everything logged so far
+                // durable before the segment goes (under `never` or `interval` they may not be).
+                self.vlog.sync_to(self.vlog.end())?;
                 self.gc.cursor = None;
                 self.detach(seg)?;
                 step.deleted = 1;
