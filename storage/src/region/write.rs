@@ -138,30 +138,25 @@ impl Region {
                     continue;
                 }
                 let version = self.last_version + 1;
-                if let Some(n) = &note
-                    && let Err(e) = self.vlog.append(&Record::annotation(version, n))
-                {
-                    self.vlog.discard();
-                    let err = Error::Unavailable(format!("appending to the log: {e}"));
-                    for a in chunk.drain(..) {
-                        results[a.index] = Some(Err(err.duplicate()));
-                    }
-                    results[i] = Some(Err(e));
-                    return finish(results, self.refusal());
-                }
+                // The batch's annotation (its exactly-once entries) first, then its records.
+                let records = note.as_deref().map(|n| (Record::annotation(version, n), false)).into_iter().chain(
+                    ops.iter().enumerate().map(|(j, op)| {
+                        let rec = match *op {
+                            BatchOp::Put(k, v) | BatchOp::Insert(k, v) | BatchOp::Update(k, v) => {
+                                Record::put(version, k, v)
+                            }
+                            BatchOp::Delete(k) => Record::delete(version, k),
+                            BatchOp::PutPointer(..) => unreachable!("rejected by check_batch"),
+                        };
+                        (rec.in_batch(j + 1 == ops.len()), true)
+                    }),
+                );
                 let mut ptrs = Vec::with_capacity(ops.len());
-                for (j, op) in ops.iter().enumerate() {
-                    let rec = match *op {
-                        BatchOp::Put(k, v) | BatchOp::Insert(k, v) | BatchOp::Update(k, v) => {
-                            Record::put(version, k, v)
-                        }
-                        BatchOp::Delete(k) => Record::delete(version, k),
-                        BatchOp::PutPointer(..) => unreachable!("rejected by check_batch"),
-                    };
-                    let rec = rec.in_batch(j + 1 == ops.len());
+                for (rec, is_op) in records {
                     // Cannot rotate: ensure_room made room for every record of the batch.
                     match self.vlog.append(&rec) {
-                        Ok(at) => ptrs.push(at),
+                        Ok(at) if is_op => ptrs.push(at),
+                        Ok(_) => {}
                         Err(e) => {
                             self.vlog.discard();
                             let err = Error::Unavailable(format!("appending to the log: {e}"));
