@@ -82,7 +82,7 @@ pub struct Charge {
     conn: Option<OwnedSemaphorePermit>,
     global: Option<OwnedSemaphorePermit>,
     slot: Option<OwnedSemaphorePermit>,
-    /// The request id this charge registered as in flight (released once the response is
+    /// The request id this charge registered as in flight (released just before the response is
     /// written); None for responses to requests that never registered (errors, duplicates).
     id: Option<u64>,
 }
@@ -496,13 +496,15 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
                 }
             }
             frame.finish(&mut buf);
-            let ok = matches!(tokio::time::timeout(timeout, w.write_all(&buf)).await, Ok(Ok(())));
+            // The ids are free again before their answers can reach the peer: a peer may reuse an
+            // id as soon as it has read its answer (the bytes and slots wait for the write).
             {
                 let mut ids = ids.lock().unwrap_or_else(|e| e.into_inner());
                 for id in charges.iter().filter_map(|c| c.id) {
                     ids.remove(&id);
                 }
             }
+            let ok = matches!(tokio::time::timeout(timeout, w.write_all(&buf)).await, Ok(Ok(())));
             charges.clear(); // written: their bytes and slots go back
             if buf.capacity() > 4 * WRITE_CHUNK {
                 buf = Vec::with_capacity(64 << 10);

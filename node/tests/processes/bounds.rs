@@ -193,7 +193,17 @@ fn a_duplicate_request_id_closes_the_connection_and_leaks_nothing() {
         assert_eq!(refusal.result.as_ref().map_err(|e| e.code), Err(ErrorCode::BadRequest));
         assert!(got.iter().filter(|r| r.id == id).count() <= 1, "never two answers under one id: {got:?}");
     }
+    // An id is free again as soon as its answer has been read: reusing it at once is no
+    // duplicate (reads answered by the device and writes answered through the host alike).
     let mut c = pod.connect();
+    for i in 0..2000u64 {
+        let op = if i % 2 == 0 { Op::Get { key: k("dup") } } else { Op::Put { key: k("re"), value: k("v") } };
+        let mut frame = Vec::new();
+        encode_requests(&[Request::new(7, op)], &mut frame);
+        c.s.write_all(&frame).expect("send");
+        let r = c.read_frame().expect("an answer").remove(0);
+        assert!(r.id == 7 && r.result.is_ok(), "reuse {i}: {r:?}");
+    }
     let gets: Vec<Op> = (0..4).map(|_| Op::Get { key: k("dup") }).collect();
     for r in c.call(gets) {
         assert!(matches!(r.result, Ok(Reply::Value(_))), "{r:?}");
