@@ -15,7 +15,7 @@ const USAGE: &str = "usage:
   dpukv-store vlog-writer DIR [--segment-size N] [--fsync always|never|interval:MS] [--batch N]
   dpukv-store vlog-check DIR
   dpukv-store region-writer DATA SHM --start N [--fsync always|never|interval:MS]
-  dpukv-store region-bank SHM --accounts N --initial X --seconds S
+  dpukv-store region-bank SHM --accounts N --initial X --seconds S [--stop-file F]
   dpukv-store region-open DATA SHM   (default geometry; prints what recovery replayed and the
                                       process's peak memory)";
 
@@ -130,10 +130,12 @@ fn main() -> Result<()> {
                 pad: flag(&args, "--pad").unwrap_or("0").parse()?,
             };
             let seconds: f64 = flag(&args, "--seconds").unwrap_or("2").parse()?;
+            // With --stop-file, the reader runs until that file exists (--seconds at most).
+            let stop = flag(&args, "--stop-file").map(std::path::PathBuf::from);
             let mut reader = RegionReader::open(dir)?;
             let deadline = std::time::Instant::now() + Duration::from_secs_f64(seconds);
             let mut checks = 0u64;
-            while std::time::Instant::now() < deadline {
+            while std::time::Instant::now() < deadline && !stop.as_ref().is_some_and(|f| f.exists()) {
                 let items = reader.scan(b"acct/", b"acct/\xff", usize::MAX)?;
                 bank.check_pairs(&items)?;
                 let probe = Bank::account_key((checks % bank.accounts as u64) as u32);
