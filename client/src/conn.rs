@@ -357,7 +357,7 @@ mod tests {
         }
     }
 
-    /// A fake server that answers only when the client has stopped sending for 20 ms: the
+    /// A fake server that answers only when the client has stopped sending for 200 ms: the
     /// client must stop writing at `MAX_IN_FLIGHT` unanswered requests (plus one frame) and wait.
     #[tokio::test]
     async fn unanswered_requests_are_bounded() {
@@ -368,7 +368,7 @@ mod tests {
             let (mut buf, mut unanswered, mut most) = (Vec::new(), Vec::new(), 0);
             loop {
                 let mut chunk = [0u8; 65536];
-                match tokio::time::timeout(Duration::from_millis(20), s.read(&mut chunk)).await {
+                match tokio::time::timeout(Duration::from_millis(200), s.read(&mut chunk)).await {
                     Ok(Ok(0)) | Ok(Err(_)) => return most,
                     Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
                     Err(_) => {
@@ -467,6 +467,6 @@ mod tests {
         let got = conn.call(Request::new(0, Op::Get { key: b"k".to_vec() }), Duration::from_millis(300)).await;
         assert!(matches!(got, Err(ClientError::TimedOut)), "{got:?}");
         let took = started.elapsed();
-        assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(2), "{took:?}");
+        assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(5), "{took:?}");
     }
 }

@@ -440,11 +440,12 @@ mod tests {
     async fn retries_stop_at_the_deadline() {
         let (addr, seen) = flaky_server(usize::MAX).await;
         let mut c = Client::connect(&addr, 1).await.expect("connect");
-        c.retry.deadline = Duration::from_millis(200);
+        c.retry.deadline = Duration::from_secs(1);
         let started = std::time::Instant::now();
         let err = c.put(b"k", b"v").await.expect_err("never answered");
         assert!(matches!(err, ClientError::OutcomeUnknown(_)), "{err:?}");
-        assert!(started.elapsed() < Duration::from_secs(2));
+        // Stopped at the deadline (loosely: the machine may be slow), not retrying forever.
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
         assert!(seen.lock().expect("log").len() > 2, "retried until the deadline");
     }
 }

@@ -35,6 +35,16 @@ impl History {
         self.events.lock().unwrap_or_else(|e| e.into_inner()).extend(evs);
     }
 
+    /// How many events are recorded.
+    pub fn len(&self) -> usize {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether nothing is recorded yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Everything recorded so far.
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().unwrap_or_else(|e| e.into_inner()).clone()

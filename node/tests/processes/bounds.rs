@@ -80,13 +80,14 @@ fn memory_stays_bounded_under_slow_loris_and_large_scans() {
             })
         })
         .collect();
-    // Meanwhile the good client is answered promptly.
+    // Meanwhile the good client keeps being answered: no read waits until the scanners stop
+    // (the bound is loose: the machine's 2 cores are shared with 16 scans and a parallel test).
     let until = Instant::now() + Duration::from_secs(6);
     let mut reads = 0;
     while Instant::now() < until {
         let t = Instant::now();
         assert_eq!(good.one(Op::Get { key: k("small") }).result, Ok(Reply::Value(Some(k("1")))));
-        assert!(t.elapsed() < Duration::from_secs(2), "a read took {:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(5), "a read took {:?}", t.elapsed());
         reads += 1;
         for s in &mut lorises {
             let _ = s.write_all(&[0]);
@@ -116,6 +117,7 @@ fn memory_stays_bounded_under_slow_loris_and_large_scans() {
         host_peak >> 10
     );
     assert!(pages > 20, "only {pages} scan pages");
+    assert!(reads > 50, "only {reads} reads of the good client in 6 s");
     assert!(
         dev_peak < dev0 + ((BUDGET_MIB + ALLOWANCE_MIB) << 10),
         "device heap grew from {} to {} MiB (budget {BUDGET_MIB} MiB)",

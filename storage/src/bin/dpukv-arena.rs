@@ -13,7 +13,7 @@ const USAGE: &str = "usage:
   dpukv-arena stat ARENA
   dpukv-arena get ARENA KEY
   dpukv-arena scan ARENA LO HI [LIMIT]
-  dpukv-arena bank-check ARENA --accounts N --initial X --seconds S [--hold-ms H [--idle]] [--threads T] [--device]
+  dpukv-arena bank-check ARENA --accounts N --initial X --seconds S [--hold-ms H [--hold-until FILE] [--idle]] [--threads T] [--device]
   dpukv-arena read-load ARENA --keys N --seconds S [--threads T]
   dpukv-arena demo [--dir DIR] [--keys N] [--seconds S] [--readers P]";
 
@@ -78,7 +78,8 @@ fn stat(path: &str) -> Result<()> {
 }
 
 /// Checks the bank invariant on fresh snapshots until the time is up. With `--hold-ms` it pins
-/// one snapshot, says "pinned", and holds it (so a test can kill it mid-read).
+/// one snapshot, says "pinned", and holds it (so a test can kill it mid-read) for H ms, or until
+/// the file named by `--hold-until` exists (H ms at most).
 fn bank_check(args: &Args) -> Result<()> {
     let bank = Bank {
         accounts: args.flag("--accounts", 100)?,
@@ -104,7 +105,15 @@ fn bank_check(args: &Args) -> Result<()> {
         let snap = reader.snapshot()?;
         bank.check(&snap, 0)?;
         println!("pinned {}", snap.version());
-        std::thread::sleep(Duration::from_millis(hold));
+        let until = Instant::now() + Duration::from_millis(hold);
+        match args.0.iter().position(|a| a == "--hold-until").and_then(|i| args.0.get(i + 1)) {
+            Some(wake) => {
+                while Instant::now() < until && !std::path::Path::new(wake).exists() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            None => std::thread::sleep(Duration::from_millis(hold)),
+        }
         // Read again under the same pin: a reader whose pin was revoked while it slept must be
         // told so, never read what the writer reused.
         match bank.check(&snap, 0) {

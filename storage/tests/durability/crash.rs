@@ -3,12 +3,12 @@
 //! killed with SIGKILL at random moments. After each kill the region reopens, every acknowledged
 //! write is there with its value, every acknowledged delete holds, and the store is consistent.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use dpukv_storage::region::{Region, RegionConfig};
 use dpukv_storage::vlog::FsyncPolicy;
+
+use crate::sigkill::Killer;
 
 const TOOL: &str = env!("CARGO_BIN_EXE_dpukv-store");
 
@@ -51,34 +51,18 @@ fn sigkill_loses_no_acknowledged_write() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (data, shm) = (dir.path().join("data"), dir.path().join("shm"));
     let mut acked: i64 = -1;
-    let mut seed = 99u64;
-    for it in 0..iterations {
-        let mut child = Command::new(TOOL)
-            .arg("region-writer")
-            .args([&data, &shm])
-            .args(["--start", &(acked + 1).to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        let stdout = child.stdout.take().expect("stdout");
-        let reader = std::thread::spawn(move || {
-            let mut last = -1i64;
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(n) = line.strip_prefix("ack ").and_then(|s| s.parse().ok()) {
-                    last = n;
-                }
-            }
-            last
-        });
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        std::thread::sleep(Duration::from_millis(40 + (seed >> 33) % 200));
-        child.kill().expect("kill");
-        child.wait().expect("reap");
-        acked = acked.max(reader.join().expect("reader"));
+    let mut killer = Killer::new(99);
+    // At least `iterations` kills, and on until enough was acknowledged to have something to lose.
+    let mut it = 0;
+    while it < iterations || (acked <= 100 && it < iterations * 4) {
+        let mut cmd = Command::new(TOOL);
+        cmd.arg("region-writer").args([&data, &shm]).args(["--start", &(acked + 1).to_string()]);
+        let last = killer.run(&mut cmd, 40, 200, |line| line.strip_prefix("ack ").and_then(|s| s.parse().ok()));
+        acked = acked.max(last);
         must_check(&data, &shm, acked, it);
+        it += 1;
     }
-    eprintln!("{iterations} kills, {acked} batches acknowledged");
+    eprintln!("{it} kills, {acked} batches acknowledged");
     assert!(acked > 100, "the writer acknowledged only {acked} batches");
 }
 

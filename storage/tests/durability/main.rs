@@ -9,6 +9,7 @@ mod levels;
 mod powerloss;
 mod region;
 mod sendindex;
+mod sigkill;
 #[path = "../support/model.rs"]
 mod support_model;
 #[path = "../support/tmpfs.rs"]

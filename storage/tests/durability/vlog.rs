@@ -1,11 +1,12 @@
 //! Value-log tests.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dpukv_storage::Error;
 use dpukv_storage::vlog::{FsyncPolicy, Lsn, Record, ValueLog, VlogConfig};
+
+use crate::sigkill::Killer;
 
 const TOOL: &str = env!("CARGO_BIN_EXE_dpukv-store");
 
@@ -258,30 +259,13 @@ fn sigkill_loses_no_acknowledged_record() {
     let iterations: u32 = std::env::var("DPUKV_CRASH_ITERATIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(25);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut acked: i64 = -1;
-    let mut seed = 7u64;
-    for it in 0..iterations {
-        let mut child = Command::new(TOOL)
-            .args(["vlog-writer", dir.path().to_str().expect("utf8"), "--segment-size", "16384", "--batch", "3"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-        let wait = Duration::from_millis(20 + (seed >> 40) % 150);
-        let stdout = child.stdout.take().expect("stdout");
-        let reader = std::thread::spawn(move || {
-            let mut last = -1i64;
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(n) = line.split(' ').nth(2).and_then(|s| s.parse().ok()) {
-                    last = n;
-                }
-            }
-            last
-        });
-        std::thread::sleep(wait);
-        child.kill().expect("kill");
-        child.wait().expect("reap");
-        acked = acked.max(reader.join().expect("reader"));
+    let mut killer = Killer::new(7);
+    let mut it = 0;
+    while it < iterations || (acked <= 50 && it < iterations * 4) {
+        let mut cmd = Command::new(TOOL);
+        cmd.args(["vlog-writer", dir.path().to_str().expect("utf8"), "--segment-size", "16384", "--batch", "3"]);
+        let last = killer.run(&mut cmd, 20, 150, |line| line.split(' ').nth(2).and_then(|s| s.parse().ok()));
+        acked = acked.max(last);
         let out = Command::new(TOOL).args(["vlog-check", dir.path().to_str().expect("utf8")]).output().expect("check");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "iteration {it}: {text} {}", String::from_utf8_lossy(&out.stderr));
@@ -291,6 +275,7 @@ fn sigkill_loses_no_acknowledged_record() {
             .and_then(|s| s.parse().ok())
             .expect("records");
         assert!(records > acked, "iteration {it}: {records} records survive but {} were acknowledged", acked + 1);
+        it += 1;
     }
     assert!(acked > 50, "the writer acknowledged only {acked} records");
 }

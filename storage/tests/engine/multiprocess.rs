@@ -153,7 +153,10 @@ fn a_revoked_foreign_reader_is_told_and_cannot_touch_the_slots_next_owner() {
     bank.init(&mut w).expect("init");
     let mut cmd = Command::new("unshare");
     cmd.args(["--pid", "--fork", TOOL, "bank-check"]).arg(&path);
-    cmd.args(["--accounts", "100", "--initial", "1000", "--hold-ms", "2000"]).stdout(Stdio::piped());
+    // The reader holds its pin until told to wake (below, once its slot has a new owner).
+    let wake = path.with_extension("wake");
+    cmd.args(["--accounts", "100", "--initial", "1000", "--hold-ms", "60000", "--hold-until"]).arg(&wake);
+    cmd.stdout(Stdio::piped());
     let mut child = Reaped(cmd.spawn().expect("spawn a reader in its own pid namespace"));
     let mut out = BufReader::new(child.0.stdout.take().expect("stdout"));
     let mut line = String::new();
@@ -177,6 +180,7 @@ fn a_revoked_foreign_reader_is_told_and_cannot_touch_the_slots_next_owner() {
     let mut mine = w.reader().expect("the freed slot is claimable");
     let snap = mine.snapshot().expect("snapshot");
     let version = snap.version();
+    std::fs::write(&wake, b"").expect("wake the stalled reader");
     let rest: Vec<String> = out.lines().map(|l| l.expect("line")).collect();
     assert!(rest.iter().any(|l| l == "after-hold revoked"), "the woken reader must learn it was revoked: {rest:?}");
     assert!(rest.iter().any(|l| l.starts_with("repin failed")), "no slot is free for it now: {rest:?}");
@@ -210,7 +214,7 @@ fn readers_killed_while_idle_do_not_exhaust_the_slots() {
     let mut r = dpukv_storage::Reader::open(&path).expect("a slot for a new reader");
     assert_eq!(r.snapshot().expect("snapshot").get(b"k").expect("get"), Some(&b"v"[..]));
     // The writer's sweep frees the remaining dead slots too.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(20);
     while w.stats().dead_slots_cleared < 3 {
         w.put(b"k", b"v").expect("put");
         w.reclaim().expect("reclaim");
