@@ -149,9 +149,11 @@ impl Sink {
 
     /// Encodes responses here and queues them to go out together.
     pub fn send_many(&self, out: Vec<(Response, Charge)>) {
-        let mut out = out.into_iter().peekable();
-        while out.peek().is_some() {
-            let mut entries = Vec::new();
+        let mut out = out.into_iter();
+        while !out.as_slice().is_empty() {
+            // Sized once (an upper bound): growing by doubling would copy large pages of scans.
+            let size = out.as_slice().iter().take(MAX_OPS_PER_FRAME).map(|(r, _)| response_size(r)).sum();
+            let mut entries = Vec::with_capacity(size);
             let mut charges = Vec::new();
             for (resp, charge) in out.by_ref().take(MAX_OPS_PER_FRAME) {
                 dpukv_proto::encode_response_entry(&resp, &mut entries);
@@ -447,6 +449,16 @@ const FRAME_CHUNK: usize = 64 << 10;
 /// Bytes of responses framed per write (at least one response, however large).
 const WRITE_CHUNK: usize = 256 << 10;
 
+/// Frees the request ids of responses about to be written: a peer may reuse an id as soon as it
+/// has read its answer, so they are free before the answer can reach it (the bytes and slots
+/// the charges hold wait for the write).
+fn free_ids(ids: &Mutex<HashSet<u64>>, charges: &[Charge]) {
+    let mut ids = ids.lock().unwrap_or_else(|e| e.into_inner());
+    for id in charges.iter().filter_map(|c| c.id) {
+        ids.remove(&id);
+    }
+}
+
 fn spawn_writer<W: AsyncWrite + Send + 'static>(
     w: tokio::io::WriteHalf<W>,
     cfg: &ConnConfig,
@@ -473,15 +485,35 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
                     Err(_) => break,
                 }
             }
+            // A large batch goes out as it is, after a header of its own: copied into a frame
+            // it would take its bytes twice while its charge counts them once.
+            if let Some(Outgoing::Encoded { entries, .. }) = pending.front()
+                && entries.len() >= WRITE_CHUNK
+                && let Some(Outgoing::Encoded { entries, charges: c }) = pending.pop_front()
+            {
+                let head = ResponseFrame::header(entries.len(), c.len());
+                free_ids(&ids, &c);
+                let write = async {
+                    w.write_all(&head).await?;
+                    w.write_all(&entries).await
+                };
+                let ok = matches!(tokio::time::timeout(timeout, write).await, Ok(Ok(())));
+                drop((entries, c)); // written: their bytes and slots go back
+                if !ok {
+                    gone.cancel();
+                    break;
+                }
+                continue;
+            }
             // One frame: at least one message, however large; then up to the limits.
             buf.clear();
             let mut frame = ResponseFrame::begin(&mut buf);
             while let Some(o) = pending.front() {
-                let n = match o {
-                    Outgoing::One(..) => 1,
-                    Outgoing::Encoded { charges, .. } => charges.len(),
+                let (n, large) = match o {
+                    Outgoing::One(..) => (1, false),
+                    Outgoing::Encoded { entries, charges } => (charges.len(), entries.len() >= WRITE_CHUNK),
                 };
-                if frame.count() > 0 && (frame.count() + n > MAX_OPS_PER_FRAME || buf.len() >= WRITE_CHUNK) {
+                if frame.count() > 0 && (large || frame.count() + n > MAX_OPS_PER_FRAME || buf.len() >= WRITE_CHUNK) {
                     break;
                 }
                 match pending.pop_front().expect("a front") {
@@ -496,14 +528,7 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
                 }
             }
             frame.finish(&mut buf);
-            // The ids are free again before their answers can reach the peer: a peer may reuse an
-            // id as soon as it has read its answer (the bytes and slots wait for the write).
-            {
-                let mut ids = ids.lock().unwrap_or_else(|e| e.into_inner());
-                for id in charges.iter().filter_map(|c| c.id) {
-                    ids.remove(&id);
-                }
-            }
+            free_ids(&ids, &charges);
             let ok = matches!(tokio::time::timeout(timeout, w.write_all(&buf)).await, Ok(Ok(())));
             charges.clear(); // written: their bytes and slots go back
             if buf.capacity() > 4 * WRITE_CHUNK {

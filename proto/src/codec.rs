@@ -252,6 +252,17 @@ impl ResponseFrame {
         self.count += 1;
     }
 
+    /// The header of a frame of `count` entries, `entries_len` bytes encoded apart with
+    /// [`encode_response_entry`], for a server that writes a large batch after it as it is
+    /// rather than copying it into a frame.
+    pub fn header(entries_len: usize, count: usize) -> [u8; 8] {
+        let mut h = Vec::with_capacity(8);
+        let start = begin_frame(&mut h, KIND_RESPONSES, count);
+        let mut h: [u8; 8] = h.try_into().expect("a frame header is 8 bytes");
+        h[start..start + 4].copy_from_slice(&((entries_len + 4) as u32).to_le_bytes());
+        h
+    }
+
     /// Entries in the frame so far.
     pub fn count(&self) -> usize {
         self.count

@@ -170,7 +170,15 @@ proptest! {
             f.push(&mut built, r);
         }
         f.finish(&mut built);
-        prop_assert_eq!(built, whole);
+        prop_assert_eq!(&built, &whole);
+        // A header written before entries encoded apart (a large batch sent as it is).
+        let mut entries = Vec::new();
+        for r in &resps {
+            encode_response_entry(r, &mut entries);
+        }
+        let mut headed = ResponseFrame::header(entries.len(), resps.len()).to_vec();
+        headed.extend_from_slice(&entries);
+        prop_assert_eq!(headed, whole);
     }
 
     #[test]
