@@ -1,0 +1,28 @@
+//! dpukv-cluster: the cluster's metadata — where regions live and who leads — behind one trait.
+//!
+//! Where it sits: below the node (which registers under a lease and runs the master when elected)
+//! and the gateway; it may use `dpukv-proto` (region-map types) and nothing else of dpukv.
+//! Nothing here touches storage.
+//!
+//! - [`meta`]: the [`MetaStore`] trait — ranges, transactions with compares, leases with
+//!   keepalive, watches from a revision — the subset of etcd's API the cluster uses.
+//! - [`mem`]: [`MemStore`], an in-process implementation with etcd's semantics (one revision
+//!   counter, leases that expire and delete their keys, ordered watch events) for the single-node
+//!   mode and unit tests.
+//! - [`election`]: leader election built on the trait (etcd's recipe: a key per candidate under
+//!   the election's prefix, bound to its lease; the oldest key leads), so both stores share it.
+//! - [`conformance`]: the behaviour every store must show, run against each implementation.
+//!
+//! Invariants every implementation keeps: revisions only grow and every change has its own; a
+//! transaction is atomic and its compares see one state; a key bound to a lease is deleted when
+//! the lease ends (revoked, or not kept alive within its TTL); a watch delivers every change to its
+//! prefix after its start revision, in revision order, or ends with an error — never skips one.
+
+pub mod conformance;
+pub mod election;
+pub mod mem;
+pub mod meta;
+
+pub use election::{Leadership, campaign, leader, resign};
+pub use mem::MemStore;
+pub use meta::{Compare, KeyValue, LeaseId, MetaError, MetaStore, Revision, Txn, TxnOp, TxnResult, Watch, WatchEvent};

@@ -1,0 +1,11 @@
+//! The metadata-store conformance suite against the in-memory store.
+
+use std::time::Duration;
+
+use dpukv_cluster::MemStore;
+use dpukv_cluster::conformance::must_conform;
+
+#[tokio::test]
+async fn the_memory_store_conforms() {
+    must_conform(&MemStore::new(), b"/dpukv/test/", Duration::from_millis(300)).await;
+}
