@@ -259,13 +259,25 @@ fn take_frames(buf: &[u8], out: &mut Vec<Response>) -> Result<usize, DecodeError
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use dpukv_proto::{Op, Reply, encode_responses};
     use tokio::net::TcpListener;
 
     use super::*;
+
+    /// Takes the next complete request frame off the front of a fake server's read buffer, with
+    /// its requests (all must be valid); None until one has arrived whole.
+    pub(crate) fn next_frame(buf: &mut Vec<u8>) -> Option<Vec<Request>> {
+        let h = frame_header(buf).expect("a request frame header")?;
+        if buf.len() < h.total {
+            return None;
+        }
+        let reqs = dpukv_proto::decode_requests(&buf[..h.total]).expect("a request frame");
+        buf.drain(..h.total);
+        Some(reqs.into_iter().map(|r| r.expect("a valid request")).collect())
+    }
 
     fn resp(id: u64, value: &[u8]) -> Response {
         Response { id, version: id, replicated: false, result: Ok(Reply::Value(Some(value.to_vec()))) }
@@ -310,19 +322,8 @@ mod tests {
                     return;
                 }
                 buf.extend_from_slice(&chunk[..n]);
-                while let Ok(Some(h)) = frame_header(&buf) {
-                    if buf.len() < h.total {
-                        break;
-                    }
-                    let reqs = dpukv_proto::decode_requests(&buf[..h.total]).expect("a request frame");
-                    buf.drain(..h.total);
-                    let mut resps: Vec<Response> = reqs
-                        .into_iter()
-                        .map(|r| {
-                            let r = r.expect("valid request");
-                            resp(r.id, r.op.key())
-                        })
-                        .collect();
+                while let Some(reqs) = next_frame(&mut buf) {
+                    let mut resps: Vec<Response> = reqs.into_iter().map(|r| resp(r.id, r.op.key())).collect();
                     resps.reverse();
                     let mut out = Vec::new();
                     for r in &resps {
@@ -380,13 +381,8 @@ mod tests {
                         continue;
                     }
                 }
-                while let Ok(Some(h)) = frame_header(&buf) {
-                    if buf.len() < h.total {
-                        break;
-                    }
-                    let reqs = dpukv_proto::decode_requests(&buf[..h.total]).expect("a request frame");
-                    buf.drain(..h.total);
-                    unanswered.extend(reqs.into_iter().map(|r| r.expect("valid request").id));
+                while let Some(reqs) = next_frame(&mut buf) {
+                    unanswered.extend(reqs.into_iter().map(|r| r.id));
                     most = most.max(unanswered.len());
                 }
             }
@@ -430,15 +426,10 @@ mod tests {
                     return;
                 }
                 buf.extend_from_slice(&chunk[..n]);
-                while let Ok(Some(h)) = frame_header(&buf) {
-                    if buf.len() < h.total {
-                        break;
-                    }
-                    let reqs = dpukv_proto::decode_requests(&buf[..h.total]).expect("a request frame");
-                    buf.drain(..h.total);
+                while let Some(reqs) = next_frame(&mut buf) {
                     let mut out = Vec::new();
                     for r in reqs {
-                        encode_responses(&[resp(r.expect("valid request").id, b"v")], &mut out);
+                        encode_responses(&[resp(r.id, b"v")], &mut out);
                     }
                     s.write_all(&out).await.expect("write");
                 }

@@ -348,7 +348,7 @@ impl Client {
 mod tests {
     use std::sync::Mutex;
 
-    use dpukv_proto::{decode_requests, encode_responses, frame_header};
+    use dpukv_proto::encode_responses;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
@@ -374,16 +374,7 @@ mod tests {
                             return;
                         }
                         buf.extend_from_slice(&chunk[..got]);
-                        while let Ok(Some(h)) = frame_header(&buf) {
-                            if buf.len() < h.total {
-                                break;
-                            }
-                            let reqs: Vec<Request> = decode_requests(&buf[..h.total])
-                                .expect("a request frame")
-                                .into_iter()
-                                .map(|r| r.expect("a valid request"))
-                                .collect();
-                            buf.drain(..h.total);
+                        while let Some(reqs) = crate::conn::tests::next_frame(&mut buf) {
                             log.lock().expect("log").extend(reqs.iter().cloned());
                             if n < drop_first {
                                 return; // the request is "maybe applied"
