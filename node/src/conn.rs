@@ -136,6 +136,14 @@ enum Outgoing {
     Encoded { entries: Vec<u8>, charges: Vec<Charge> },
 }
 
+impl Outgoing {
+    /// A batch large enough to be written as it is, after a header of its own: copied into a
+    /// frame it would take its bytes twice while its charge counts them once.
+    fn goes_alone(&self) -> bool {
+        matches!(self, Outgoing::Encoded { entries, .. } if entries.len() >= WRITE_CHUNK)
+    }
+}
+
 /// Where a connection's responses go (cheap to clone; never blocks: the channel holds as many
 /// messages as the connection has requests in flight, and every message holds at least one).
 #[derive(Clone, Debug)]
@@ -485,10 +493,7 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
                     Err(_) => break,
                 }
             }
-            // A large batch goes out as it is, after a header of its own: copied into a frame
-            // it would take its bytes twice while its charge counts them once.
-            if let Some(Outgoing::Encoded { entries, .. }) = pending.front()
-                && entries.len() >= WRITE_CHUNK
+            if pending.front().is_some_and(Outgoing::goes_alone)
                 && let Some(Outgoing::Encoded { entries, charges: c }) = pending.pop_front()
             {
                 let head = ResponseFrame::header(entries.len(), c.len());
@@ -509,11 +514,12 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
             buf.clear();
             let mut frame = ResponseFrame::begin(&mut buf);
             while let Some(o) = pending.front() {
-                let (n, large) = match o {
-                    Outgoing::One(..) => (1, false),
-                    Outgoing::Encoded { entries, charges } => (charges.len(), entries.len() >= WRITE_CHUNK),
+                let n = match o {
+                    Outgoing::One(..) => 1,
+                    Outgoing::Encoded { charges, .. } => charges.len(),
                 };
-                if frame.count() > 0 && (large || frame.count() + n > MAX_OPS_PER_FRAME || buf.len() >= WRITE_CHUNK) {
+                let full = frame.count() + n > MAX_OPS_PER_FRAME || buf.len() >= WRITE_CHUNK;
+                if frame.count() > 0 && (o.goes_alone() || full) {
                     break;
                 }
                 match pending.pop_front().expect("a front") {
