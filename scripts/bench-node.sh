@@ -26,9 +26,7 @@ THREADS=${THREADS:-4}
 DEPTH=${DEPTH:-16}
 VALUE=${VALUE_SIZE:-64}
 CLIENT_THREADS=${CLIENT_THREADS:-1}
-if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null || ! command -v redis-cli >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null
-fi
+bash scripts/setup.sh redis-server=redis-server redis-benchmark=redis-tools redis-cli=redis-tools
 if [ -z "${BIN:-}" ]; then
   BIN=target/release
   cargo build --release --quiet --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu

@@ -4,7 +4,7 @@
 # workload with dpukv-bench, print the result, and stop the pod.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
+bash scripts/setup.sh
 cargo build --release --bin dpukv --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu
 BIN=target/release
 DIR=$(mktemp -d /tmp/dpukv-demo.XXXXXX)

@@ -3,10 +3,7 @@
 # whole test suite (unit, model, concurrency, multi-process, corruption).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v cargo >/dev/null || { echo "cargo (Rust stable) is required" >&2; exit 1; }
-if ! command -v python3 >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq python3
-fi
+bash scripts/setup.sh
 
 echo "== rustfmt"
 cargo fmt --all -- --check

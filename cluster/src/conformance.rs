@@ -107,7 +107,8 @@ pub async fn must_end_leases<S: MetaStore>(s: &S, p: &[u8], ttl: Duration) {
         Ok(Some(Ok(WatchEvent::Delete { key, .. }))) => assert_eq!(key, k(p, "left")),
         other => panic!("the lease's deletion should be watched: {other:?}"),
     }
-    assert!(matches!(s.keep_alive(left).await, Err(MetaError::LeaseNotFound(_))), "an ended lease stays ended");
+    let ended = s.keep_alive(left).await;
+    assert!(matches!(ended, Err(MetaError::LeaseNotFound(_))), "an ended lease stays ended: {ended:?}");
     s.revoke(kept).await.expect("revoke");
     assert_eq!(s.get(&k(p, "kept")).await.expect("get"), None, "revoking deletes the lease's keys");
 }
@@ -140,7 +141,7 @@ pub async fn must_watch_in_order<S: MetaStore>(s: &S, p: &[u8]) {
         }
     }
     assert!(seen.windows(2).all(|w| w[0] < w[1]), "events in revision order: {seen:?}");
-    assert_eq!(seen.len(), 50 + 4 + 1, "every change: 50 puts, 4 deletes, the last put");
+    assert_eq!(seen.len(), 50 + 4 + 1, "every change: 50 puts, 4 deletes, the last put: {first}..={last}: {seen:?}");
     // Live: a watch from now sees the next change.
     let mut live = s.watch(p, 0).await.expect("watch");
     let r = s.put(&k(p, "live"), b"1", None).await.expect("put");

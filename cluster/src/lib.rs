@@ -6,6 +6,7 @@
 //!
 //! - [`meta`]: the [`MetaStore`] trait — ranges, transactions with compares, leases with
 //!   keepalive, watches from a revision — the subset of etcd's API the cluster uses.
+//! - [`etcd`]: [`EtcdStore`], the trait on a real etcd (v3 API), every request with a deadline.
 //! - [`mem`]: [`MemStore`], an in-process implementation with etcd's semantics (one revision
 //!   counter, leases that expire and delete their keys, ordered watch events) for the single-node
 //!   mode and unit tests.
@@ -20,9 +21,11 @@
 
 pub mod conformance;
 pub mod election;
+pub mod etcd;
 pub mod mem;
 pub mod meta;
 
 pub use election::{Leadership, campaign, leader, resign};
+pub use etcd::{EtcdOptions, EtcdStore};
 pub use mem::MemStore;
 pub use meta::{Compare, KeyValue, LeaseId, MetaError, MetaStore, Revision, Txn, TxnOp, TxnResult, Watch, WatchEvent};

@@ -191,7 +191,7 @@ pub trait MetaStore: Clone + Send + Sync + 'static {
     /// Ends a lease now, deleting its keys.
     fn revoke(&self, lease: LeaseId) -> impl Future<Output = Result<()>> + Send;
 
-    /// Changes to keys under `prefix` with a revision >= `from`, in order.
+    /// Changes to keys under `prefix` with a revision >= `from` (`from` <= 0: from now on), in order.
     fn watch(&self, prefix: &[u8], from: Revision) -> impl Future<Output = Result<Watch>> + Send;
 
     /// Sets a key; returns the revision of the change.

@@ -7,7 +7,9 @@
 //!   partitioned by key, with scans projected to per-key reads.
 //! - `history`: recording invocations and responses from concurrent clients.
 //! - `procs`: building the binaries and running a node pod (host + device).
+//! - `etcd`: a real etcd member per test (free ports, fast elections), stoppable and resumable.
 
+pub mod etcd;
 pub mod history;
 pub mod linearizability;
 pub mod procs;

@@ -3,3 +3,4 @@
 
 mod linearizable;
 mod local;
+mod meta;

@@ -1,0 +1,284 @@
+//! [`EtcdStore`]: the [`MetaStore`] on a real etcd (v3 API through `etcd-client`; tested against
+//! etcd 3.4). Every operation has a deadline ([`EtcdOptions::op_timeout`]); a store that cannot
+//! be reached answers [`MetaError::Unavailable`] rather than hanging, so a node's lease keeper can
+//! tell "etcd is down" from "etcd is slow" by the clock alone.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare as ECompare, CompareOp, ConnectOptions, Error as EError, EventType, GetOptions, PutOptions,
+    Txn as ETxn, TxnOp as ETxnOp, WatchOptions,
+};
+use tokio::sync::mpsc;
+use tonic::Code;
+
+use crate::meta::{
+    Compare, KeyValue, LeaseId, MetaError, MetaStore, Result, Revision, Txn, TxnOp, TxnResult, WATCH_QUEUE, Watch,
+    WatchEvent,
+};
+
+/// How to reach etcd.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// Client URLs (`http://host:port`), any member of the cluster.
+    pub endpoints: Vec<String>,
+    /// Deadline of one request (and of connecting).
+    pub op_timeout: Duration,
+}
+
+impl EtcdOptions {
+    /// Options for these endpoints with a 2 s deadline per request.
+    pub fn new(endpoints: impl IntoIterator<Item = impl Into<String>>) -> EtcdOptions {
+        EtcdOptions { endpoints: endpoints.into_iter().map(Into::into).collect(), op_timeout: Duration::from_secs(2) }
+    }
+}
+
+/// A [`MetaStore`] on etcd. Clones share one connection.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    op_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore").field("op_timeout", &self.op_timeout).finish_non_exhaustive()
+    }
+}
+
+/// Maps a client error; `lease` names the lease the request was about, for `lease not found`.
+fn map_err(e: EError, lease: Option<LeaseId>) -> MetaError {
+    match e {
+        EError::GRpcStatus(s) => {
+            let msg = s.message().to_string();
+            match s.code() {
+                Code::NotFound if msg.contains("lease not found") => MetaError::LeaseNotFound(lease.unwrap_or(0)),
+                Code::OutOfRange if msg.contains("compacted") => MetaError::Compacted(0),
+                Code::InvalidArgument | Code::FailedPrecondition => MetaError::Invalid(msg),
+                _ => MetaError::Unavailable(format!("etcd: {:?}: {msg}", s.code())),
+            }
+        }
+        EError::LeaseKeepAliveError(m) if m.contains("not found") => MetaError::LeaseNotFound(lease.unwrap_or(0)),
+        EError::InvalidArgs(m) => MetaError::Invalid(m),
+        other => MetaError::Unavailable(format!("etcd: {other}")),
+    }
+}
+
+fn kv(k: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: k.key().to_vec(),
+        value: k.value().to_vec(),
+        create_revision: k.create_revision(),
+        mod_revision: k.mod_revision(),
+        lease: (k.lease() != 0).then_some(k.lease()),
+    }
+}
+
+fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Result<Revision> {
+    h.map(|h| h.revision()).ok_or_else(|| MetaError::Unavailable("etcd answered without a header".into()))
+}
+
+/// The etcd compares for one of ours. etcd treats a missing key as one with zero revisions, so
+/// the revision compares also require the key to exist (version > 0).
+fn compares(c: &Compare, out: &mut Vec<ECompare>) {
+    match c {
+        Compare::Absent(k) => out.push(ECompare::version(k.clone(), CompareOp::Equal, 0)),
+        Compare::ModRevision(k, r) => {
+            out.push(ECompare::version(k.clone(), CompareOp::Greater, 0));
+            out.push(ECompare::mod_revision(k.clone(), CompareOp::Equal, *r));
+        }
+        Compare::CreateRevision(k, r) => {
+            out.push(ECompare::version(k.clone(), CompareOp::Greater, 0));
+            out.push(ECompare::create_revision(k.clone(), CompareOp::Equal, *r));
+        }
+        // etcd fails a value compare on a missing key.
+        Compare::Value(k, v) => out.push(ECompare::value(k.clone(), CompareOp::Equal, v.clone())),
+    }
+}
+
+fn op(o: &TxnOp) -> ETxnOp {
+    match o {
+        TxnOp::Put { key, value, lease } => {
+            ETxnOp::put(key.clone(), value.clone(), lease.map(|l| PutOptions::new().with_lease(l)))
+        }
+        TxnOp::Delete { key } => ETxnOp::delete(key.clone(), None),
+    }
+}
+
+fn lease_of(t: &Txn) -> Option<LeaseId> {
+    t.then.iter().chain(&t.otherwise).find_map(|o| match o {
+        TxnOp::Put { lease, .. } => *lease,
+        TxnOp::Delete { .. } => None,
+    })
+}
+
+impl EtcdStore {
+    /// Connects (lazily: the first request finds out whether etcd is there; see
+    /// [`EtcdStore::connect_checked`]).
+    pub async fn connect(opts: &EtcdOptions) -> Result<EtcdStore> {
+        if opts.endpoints.is_empty() {
+            return Err(MetaError::Invalid("no etcd endpoints".into()));
+        }
+        let co = ConnectOptions::new()
+            .with_timeout(opts.op_timeout)
+            .with_connect_timeout(opts.op_timeout)
+            .with_keep_alive(Duration::from_secs(1), opts.op_timeout)
+            .with_keep_alive_while_idle(true);
+        let client = Client::connect(&opts.endpoints, Some(co)).await.map_err(|e| map_err(e, None))?;
+        Ok(EtcdStore { client, op_timeout: opts.op_timeout })
+    }
+
+    /// Connects and reads once, so an unreachable etcd is an error now, naming the endpoints.
+    pub async fn connect_checked(opts: &EtcdOptions) -> Result<EtcdStore> {
+        let s = EtcdStore::connect(opts).await?;
+        s.get(b"/").await.map_err(|e| MetaError::Unavailable(format!("etcd at {}: {e}", opts.endpoints.join(","))))?;
+        Ok(s)
+    }
+
+    async fn timed<T>(&self, f: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::time::timeout(self.op_timeout, f).await.unwrap_or_else(|_| {
+            Err(MetaError::Unavailable(format!("etcd did not answer within {:?}", self.op_timeout)))
+        })
+    }
+}
+
+impl MetaStore for EtcdStore {
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        let mut c = self.client.clone();
+        self.timed(async move {
+            let r = c.get(key.to_vec(), None).await.map_err(|e| map_err(e, None))?;
+            Ok(r.kvs().first().map(kv))
+        })
+        .await
+    }
+
+    async fn range(&self, prefix: &[u8]) -> Result<(Vec<KeyValue>, Revision)> {
+        if prefix.is_empty() {
+            return Err(MetaError::Invalid("an empty prefix".into()));
+        }
+        let mut c = self.client.clone();
+        self.timed(async move {
+            let r =
+                c.get(prefix.to_vec(), Some(GetOptions::new().with_prefix())).await.map_err(|e| map_err(e, None))?;
+            Ok((r.kvs().iter().map(kv).collect(), header_revision(r.header())?))
+        })
+        .await
+    }
+
+    async fn txn(&self, t: Txn) -> Result<TxnResult> {
+        if t.then
+            .iter()
+            .chain(&t.otherwise)
+            .any(|o| matches!(o, TxnOp::Put { key, .. } | TxnOp::Delete { key } if key.is_empty()))
+        {
+            return Err(MetaError::Invalid("an empty key".into()));
+        }
+        let mut when = Vec::new();
+        t.when.iter().for_each(|c| compares(c, &mut when));
+        let etxn = ETxn::new()
+            .when(when)
+            .and_then(t.then.iter().map(op).collect::<Vec<_>>())
+            .or_else(t.otherwise.iter().map(op).collect::<Vec<_>>());
+        let lease = lease_of(&t);
+        let mut c = self.client.clone();
+        self.timed(async move {
+            let r = c.txn(etxn).await.map_err(|e| map_err(e, lease))?;
+            Ok(TxnResult { succeeded: r.succeeded(), revision: header_revision(r.header())? })
+        })
+        .await
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<LeaseId> {
+        let secs = ttl.as_millis().div_ceil(1000).max(1) as i64;
+        let mut c = self.client.clone();
+        self.timed(async move {
+            let r = c.lease_grant(secs, None).await.map_err(|e| map_err(e, None))?;
+            if !r.error().is_empty() {
+                return Err(MetaError::Invalid(r.error().to_string()));
+            }
+            Ok(r.id())
+        })
+        .await
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<()> {
+        let mut c = self.client.clone();
+        self.timed(async move {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.map_err(|e| map_err(e, Some(lease)))?;
+            keeper.keep_alive().await.map_err(|e| map_err(e, Some(lease)))?;
+            match stream.message().await.map_err(|e| map_err(e, Some(lease)))? {
+                Some(r) if r.ttl() > 0 => Ok(()),
+                Some(_) => Err(MetaError::LeaseNotFound(lease)),
+                None => Err(MetaError::Unavailable("etcd closed the keep-alive stream".into())),
+            }
+        })
+        .await
+    }
+
+    async fn revoke(&self, lease: LeaseId) -> Result<()> {
+        let mut c = self.client.clone();
+        self.timed(async move {
+            c.lease_revoke(lease).await.map_err(|e| map_err(e, Some(lease)))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch> {
+        if prefix.is_empty() {
+            return Err(MetaError::Invalid("an empty prefix".into()));
+        }
+        let mut c = self.client.clone();
+        // etcd reads a start revision of 0 as "from now", as the trait does.
+        let opts = WatchOptions::new().with_prefix().with_start_revision(from.max(0));
+        let mut stream =
+            self.timed(async move { c.watch(prefix.to_vec(), Some(opts)).await.map_err(|e| map_err(e, None)) }).await?;
+        // One slot beyond the queue is kept for the error that ends a lagging watch.
+        let (tx, rx) = mpsc::channel(WATCH_QUEUE + 1);
+        tokio::spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    m = stream.message() => m,
+                    _ = tx.closed() => return,
+                };
+                let resp = match msg {
+                    Ok(Some(r)) => r,
+                    Ok(None) => {
+                        let _ = tx.try_send(Err(MetaError::Unavailable("etcd ended the watch".into())));
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.try_send(Err(map_err(e, None)));
+                        return;
+                    }
+                };
+                if resp.compact_revision() > 0 {
+                    let _ = tx.try_send(Err(MetaError::Compacted(resp.compact_revision())));
+                    return;
+                }
+                if resp.canceled() {
+                    let _ = tx.try_send(Err(MetaError::Unavailable(format!(
+                        "etcd cancelled the watch: {}",
+                        resp.cancel_reason()
+                    ))));
+                    return;
+                }
+                for ev in resp.events() {
+                    let Some(k) = ev.kv() else { continue };
+                    let ev = match ev.event_type() {
+                        EventType::Put => WatchEvent::Put(kv(k)),
+                        EventType::Delete => WatchEvent::Delete { key: k.key().to_vec(), revision: k.mod_revision() },
+                    };
+                    if tx.capacity() <= 1 {
+                        let _ = tx.try_send(Err(MetaError::WatchLagged));
+                        return;
+                    }
+                    if tx.try_send(Ok(ev)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Watch::new(rx))
+    }
+}
