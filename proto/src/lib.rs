@@ -11,12 +11,15 @@
 //! - `error`: [`ErrorCode`] (on the wire) and [`DecodeError`] (a frame that cannot be parsed).
 //! - `message`: requests, operations, responses, replies.
 //! - `codec`: encoding and checked decoding of frames.
+//! - [`regionmap`]: the cluster's region map (nodes, regions, epochs), its stored encoding, and
+//!   key routing — the one implementation clients, gateways and nodes share.
 //! - `token`: the scan continuation token.
 
 mod codec;
 mod error;
 pub mod limits;
 mod message;
+pub mod regionmap;
 mod token;
 
 pub use codec::{
