@@ -106,8 +106,11 @@ pub struct RegionInfo {
     pub end: Option<Vec<u8>>,
     /// The node that serves it (0: none yet).
     pub primary: u32,
-    /// The nodes that hold copies.
+    /// The nodes that hold copies (every acknowledged write is on each of them).
     pub backups: Vec<u32>,
+    /// Nodes copying the region to become backups (catching up; not yet counted on for
+    /// acknowledgements or promotion).
+    pub joining: Vec<u32>,
     /// Bumped by every change (never 0).
     pub epoch: u64,
     /// What is happening to it.
@@ -120,9 +123,9 @@ impl RegionInfo {
         self.start.as_slice() <= key && self.end.as_deref().is_none_or(|e| key < e)
     }
 
-    /// Every node holding the region, primary first.
+    /// Every node holding the region or copying it, primary first.
     pub fn replicas(&self) -> impl Iterator<Item = u32> + '_ {
-        std::iter::once(self.primary).chain(self.backups.iter().copied())
+        std::iter::once(self.primary).chain(self.backups.iter().copied()).chain(self.joining.iter().copied())
     }
 }
 
@@ -236,15 +239,15 @@ impl RegionInfo {
         if self.end.as_ref().is_some_and(|e| e.as_slice() <= self.start.as_slice()) {
             return bad("its end is not after its start".into());
         }
-        if self.backups.len() > MAX_BACKUPS {
-            return bad(format!("more than {MAX_BACKUPS} backups"));
+        if self.backups.len() > MAX_BACKUPS || self.joining.len() > MAX_BACKUPS {
+            return bad(format!("more than {MAX_BACKUPS} backups or joining nodes"));
         }
-        let mut all: Vec<u32> = self.backups.clone();
+        let mut all: Vec<u32> = self.backups.iter().chain(&self.joining).copied().collect();
         if self.primary != 0 {
             all.push(self.primary);
         }
         if all.contains(&0) {
-            return bad("a backup is node 0".into());
+            return bad("a backup or joining node is node 0".into());
         }
         all.sort_unstable();
         if all.windows(2).any(|w| w[0] == w[1]) {
@@ -266,9 +269,11 @@ impl RegionInfo {
             }
         }
         out.extend_from_slice(&self.primary.to_le_bytes());
-        out.push(self.backups.len() as u8);
-        for b in &self.backups {
-            out.extend_from_slice(&b.to_le_bytes());
+        for set in [&self.backups, &self.joining] {
+            out.push(set.len() as u8);
+            for b in set {
+                out.extend_from_slice(&b.to_le_bytes());
+            }
         }
     }
 
@@ -283,12 +288,15 @@ impl RegionInfo {
             b => return Err(MapError::Invalid(format!("end marker {b}"))),
         };
         let primary = r.u32()?;
-        let n = r.u8()? as usize;
-        if n > MAX_BACKUPS {
-            return Err(MapError::Invalid(format!("{n} backups")));
-        }
-        let backups = (0..n).map(|_| r.u32()).collect::<Result<Vec<_>>>()?;
-        let region = RegionInfo { id, start, end, primary, backups, epoch, state };
+        let mut set = || {
+            let n = r.u8()? as usize;
+            if n > MAX_BACKUPS {
+                return Err(MapError::Invalid(format!("a set of {n} nodes (at most {MAX_BACKUPS})")));
+            }
+            (0..n).map(|_| r.u32()).collect::<Result<Vec<_>>>()
+        };
+        let (backups, joining) = (set()?, set()?);
+        let region = RegionInfo { id, start, end, primary, backups, joining, epoch, state };
         region.check()?;
         Ok(region)
     }
@@ -436,12 +444,15 @@ mod tests {
                 .map(|i| {
                     let primary = (seed.wrapping_add(i as u64) % n) as u32 + 1;
                     let backups = (1..n.min(3)).map(|k| ((primary as u64 - 1 + k) % n) as u32 + 1).collect();
+                    let joining =
+                        if n > 3 && i % 2 == 0 { vec![((primary as u64 + 2) % n) as u32 + 1] } else { vec![] };
                     RegionInfo {
                         id: i as u32 + 1,
                         start: starts[i].clone(),
                         end: starts.get(i + 1).cloned(),
                         primary,
                         backups,
+                        joining,
                         epoch: seed % 1000 + 1,
                         state: [RegionState::Serving, RegionState::Moving, RegionState::Splitting][i % 3],
                     }
@@ -513,6 +524,7 @@ mod tests {
             end: end.map(<[u8]>::to_vec),
             primary: 1,
             backups: vec![2],
+            joining: vec![],
             epoch: 1,
             state: RegionState::Serving,
         };
@@ -525,6 +537,7 @@ mod tests {
             (map(vec![r(1, b"", Some(b"m"))]), "is bounded"),
             (map(vec![r(1, b"", Some(b"m")), r(1, b"m", None)]), "share an id"),
             (map(vec![RegionInfo { backups: vec![1], ..r(1, b"", None) }]), "two of its replicas"),
+            (map(vec![RegionInfo { joining: vec![2], ..r(1, b"", None) }]), "two of its replicas"),
             (map(vec![RegionInfo { epoch: 0, ..r(1, b"", None) }]), "must not be 0"),
         ] {
             let e = bad.validate().expect_err(why);
