@@ -12,6 +12,8 @@
 //!   mode and unit tests.
 //! - [`election`]: leader election built on the trait (etcd's recipe: a key per candidate under
 //!   the election's prefix, bound to its lease; the oldest key leads), so both stores share it.
+//! - [`placement`]: where replicas go — the first layout, and the master's next changes after
+//!   failures, joins, drains and catch-ups (pure functions, model-tested).
 //! - [`conformance`]: the behaviour every store must show, run against each implementation.
 //!
 //! Invariants every implementation keeps: revisions only grow and every change has its own; a
@@ -24,6 +26,7 @@ pub mod election;
 pub mod etcd;
 pub mod mem;
 pub mod meta;
+pub mod placement;
 
 pub use election::{Leadership, campaign, leader, resign};
 pub use etcd::{EtcdOptions, EtcdStore};

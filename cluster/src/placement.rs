@@ -1,0 +1,549 @@
+//! Where replicas go: pure functions from the regions and the live nodes to the next placement.
+//! The master applies what [`plan`] returns, one etcd transaction per region, and plans again
+//! once the world has moved (a node died or joined, a catch-up finished); nothing here does I/O.
+//!
+//! Rules, in order (a region gets at most one change per round, and every change bumps its epoch):
+//! 1. **Promote**: a dead primary is replaced by the live in-sync backup with the most advanced
+//!    log (every acknowledged write is on every in-sync backup; the most advanced one also keeps
+//!    the most unacknowledged ones). With no live backup the region waits for its primary.
+//! 2. **Drop the dead** from backups and joining nodes (a primary stops waiting for them).
+//! 3. **Repair**: while the region has fewer replicas than the target (the replication factor, or
+//!    the number of eligible nodes if smaller) on nodes that are not draining, add a joining node:
+//!    the eligible node with the fewest replicas that holds none of the region (nor, when zones
+//!    are given, a replica in the same zone).
+//! 4. **Promote a joiner** whose catch-up has finished to a backup.
+//! 5. **Hand over** a draining node's primaries to an in-sync backup once the region has its
+//!    target of replicas without it; the old primary leaves the region (its log may hold records
+//!    no backup has, so it could not follow the new primary's log).
+//! 6. **Trim**: drop a draining node's backup or joining copy once the region has its target
+//!    without it; drop the backup on the most loaded node of a region with more than the target.
+//! 7. **Balance** (at most `max_moves` regions catching up at once): move a primary to an in-sync
+//!    backup whose node leads at least two fewer regions (the old primary rejoins as a joining
+//!    node); copy a backup to an eligible node holding at least two replicas fewer (rule 6 then
+//!    trims the surplus). At rest, replica and primary counts differ by at most two (a primary only
+//!    moves to a node holding an in-sync copy, and a copy is only moved off a backup).
+//!
+//! Invariants of every plan (checked by the model tests): no node holds two replicas of a
+//! region, no region loses its last in-sync copy, a primary is only ever replaced by an in-sync
+//! backup, and every changed region's epoch is one more than before.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use dpukv_proto::regionmap::{NodeInfo, RegionInfo, RegionState};
+
+/// Why a layout cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// Fewer nodes than the replication factor.
+    #[error("replication factor {need} needs {need} nodes, {have} are registered")]
+    NotEnoughNodes {
+        /// The replication factor.
+        need: usize,
+        /// Live nodes.
+        have: usize,
+    },
+    /// Zones are given but fewer than the replication factor.
+    #[error("replication factor {need} across zones needs {need} zones, the nodes are in {have}")]
+    NotEnoughZones {
+        /// The replication factor.
+        need: usize,
+        /// Distinct zones.
+        have: usize,
+    },
+    /// A replication factor of 0 or above the limit.
+    #[error("replication factor {0} is out of range (1..={max})", max = dpukv_proto::regionmap::MAX_BACKUPS + 1)]
+    BadFactor(usize),
+}
+
+/// What the master knows beyond the map: nodes' logs and catch-ups, and which nodes drain.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// (region, node) -> the node's log position for the region (larger is more advanced);
+    /// missing = unknown (ranked last).
+    pub progress: HashMap<(u32, u32), u64>,
+    /// (region, node, epoch): the node finished copying the region at that epoch.
+    pub caught_up: HashSet<(u32, u32, u64)>,
+    /// Nodes being drained.
+    pub draining: BTreeSet<u32>,
+}
+
+/// The placement policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Replicas per region (primary included).
+    pub replication: usize,
+    /// Most regions catching up at once for balancing (repairs are not limited).
+    pub max_moves: usize,
+}
+
+/// Why a region changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Rule 1.
+    Promote,
+    /// Rule 2.
+    DropDead,
+    /// Rule 3.
+    Repair,
+    /// Rule 4.
+    Joined,
+    /// Rule 5.
+    HandOver,
+    /// Rule 6.
+    Trim,
+    /// Rule 7 (primaries).
+    BalancePrimary,
+    /// Rule 7 (replicas).
+    BalanceReplica,
+}
+
+/// One region's next state and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The region as it should be (epoch already bumped).
+    pub region: RegionInfo,
+    /// The rule that made it.
+    pub reason: Reason,
+}
+
+fn zones_given(nodes: &[NodeInfo]) -> bool {
+    nodes.iter().any(|n| !n.zone.is_empty())
+}
+
+fn check_factor(rf: usize) -> Result<(), PlacementError> {
+    if rf == 0 || rf > dpukv_proto::regionmap::MAX_BACKUPS + 1 {
+        return Err(PlacementError::BadFactor(rf));
+    }
+    Ok(())
+}
+
+/// Replica and primary counts per node.
+#[derive(Debug, Default)]
+struct Load {
+    replicas: BTreeMap<u32, usize>,
+    primaries: BTreeMap<u32, usize>,
+}
+
+impl Load {
+    fn of(regions: &[RegionInfo], nodes: &[NodeInfo]) -> Load {
+        let mut l = Load::default();
+        for n in nodes {
+            l.replicas.insert(n.id, 0);
+            l.primaries.insert(n.id, 0);
+        }
+        for r in regions {
+            for n in r.replicas() {
+                *l.replicas.entry(n).or_default() += 1;
+            }
+            *l.primaries.entry(r.primary).or_default() += 1;
+        }
+        l
+    }
+
+    /// Moves the counts from `old`'s placement to `new`'s.
+    fn apply(&mut self, old: &RegionInfo, new: &RegionInfo) {
+        for n in old.replicas() {
+            *self.replicas.entry(n).or_default() -= 1;
+        }
+        *self.primaries.entry(old.primary).or_default() -= 1;
+        for n in new.replicas() {
+            *self.replicas.entry(n).or_default() += 1;
+        }
+        *self.primaries.entry(new.primary).or_default() += 1;
+    }
+
+    fn replicas(&self, n: u32) -> usize {
+        self.replicas.get(&n).copied().unwrap_or(0)
+    }
+
+    fn primaries(&self, n: u32) -> usize {
+        self.primaries.get(&n).copied().unwrap_or(0)
+    }
+}
+
+/// The eligible node with the fewest replicas (then fewest primaries, then lowest id) that holds
+/// none of `r` and, with zones, shares no zone with its replicas.
+fn pick_new(r: &RegionInfo, nodes: &[NodeInfo], eligible: &dyn Fn(u32) -> bool, load: &Load) -> Option<u32> {
+    let zone_of = |id: u32| nodes.iter().find(|n| n.id == id).map(|n| n.zone.as_str());
+    let taken: Vec<u32> = r.replicas().collect();
+    let zones: Vec<&str> = taken.iter().filter_map(|&id| zone_of(id)).filter(|z| !z.is_empty()).collect();
+    nodes
+        .iter()
+        .filter(|n| {
+            eligible(n.id) && !taken.contains(&n.id) && (n.zone.is_empty() || !zones.contains(&n.zone.as_str()))
+        })
+        .min_by_key(|n| (load.replicas(n.id), load.primaries(n.id), n.id))
+        .map(|n| n.id)
+}
+
+/// The first layout: regions split at `split_keys` (ascending), each with `rf` replicas on
+/// distinct nodes (and zones, when given), primaries and replicas spread evenly; epoch 1.
+pub fn initial(nodes: &[NodeInfo], split_keys: &[Vec<u8>], rf: usize) -> Result<Vec<RegionInfo>, PlacementError> {
+    check_factor(rf)?;
+    if nodes.len() < rf {
+        return Err(PlacementError::NotEnoughNodes { need: rf, have: nodes.len() });
+    }
+    if zones_given(nodes) {
+        let zones: BTreeSet<&str> = nodes.iter().map(|n| n.zone.as_str()).collect();
+        if zones.len() < rf {
+            return Err(PlacementError::NotEnoughZones { need: rf, have: zones.len() });
+        }
+    }
+    let mut regions: Vec<RegionInfo> = Vec::new();
+    let mut start = Vec::new();
+    for (i, end) in split_keys.iter().map(Some).chain([None]).enumerate() {
+        let mut r = RegionInfo {
+            id: i as u32 + 1,
+            start: std::mem::take(&mut start),
+            end: end.cloned(),
+            primary: 0,
+            backups: vec![],
+            joining: vec![],
+            epoch: 1,
+            state: RegionState::Serving,
+        };
+        if let Some(e) = end {
+            start = e.clone();
+        }
+        let load = Load::of(&regions, nodes);
+        r.primary = nodes
+            .iter()
+            .min_by_key(|n| (load.primaries(n.id), load.replicas(n.id), n.id))
+            .map(|n| n.id)
+            .expect("at least rf >= 1 nodes");
+        while r.backups.len() + 1 < rf {
+            let load = Load::of(&regions, nodes);
+            match pick_new(&r, nodes, &|_| true, &load) {
+                Some(b) => r.backups.push(b),
+                None => unreachable!("enough nodes and zones were checked"),
+            }
+        }
+        regions.push(r);
+    }
+    Ok(regions)
+}
+
+/// The next changes for `regions` given the live `nodes` and `facts` (see the module's rules).
+pub fn plan(regions: &[RegionInfo], nodes: &[NodeInfo], facts: &Facts, policy: Policy) -> Vec<Change> {
+    let live: BTreeSet<u32> = nodes.iter().map(|n| n.id).collect();
+    let eligible = |n: u32| live.contains(&n) && !facts.draining.contains(&n);
+    let eligible_count = nodes.iter().filter(|n| eligible(n.id)).count();
+    let target = policy.replication.min(eligible_count).max(1);
+    let mut load = Load::of(regions, nodes);
+    let mut moves = regions.iter().filter(|r| !r.joining.is_empty()).count();
+    let mut out = Vec::new();
+    for r in regions {
+        let change = decide(r, nodes, facts, &live, &eligible, target, policy, &load, &mut moves);
+        if let Some((mut next, reason)) = change {
+            next.epoch = r.epoch + 1;
+            // Later regions of this round see this one's placement.
+            load.apply(r, &next);
+            out.push(Change { region: next, reason });
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decide(
+    r: &RegionInfo,
+    nodes: &[NodeInfo],
+    facts: &Facts,
+    live: &BTreeSet<u32>,
+    eligible: &dyn Fn(u32) -> bool,
+    target: usize,
+    policy: Policy,
+    load: &Load,
+    moves: &mut usize,
+) -> Option<(RegionInfo, Reason)> {
+    let mut next = r.clone();
+    let progress = |n: u32| facts.progress.get(&(r.id, n)).copied();
+    // 1. Promote.
+    if !live.contains(&r.primary) {
+        let best = r.backups.iter().copied().filter(|b| live.contains(b)).max_by_key(|&b| {
+            (progress(b).map_or(0, |p| p + 1), std::cmp::Reverse(load.primaries(b)), std::cmp::Reverse(b))
+        })?;
+        next.primary = best;
+        next.backups.retain(|&b| b != best && live.contains(&b));
+        next.joining.retain(|j| live.contains(j));
+        next.state = RegionState::Serving;
+        return Some((next, Reason::Promote));
+    }
+    // 2. Drop the dead.
+    if r.backups.iter().chain(&r.joining).any(|n| !live.contains(n)) {
+        next.backups.retain(|b| live.contains(b));
+        next.joining.retain(|j| live.contains(j));
+        return Some((next, Reason::DropDead));
+    }
+    let staying = r.replicas().filter(|&n| eligible(n)).count();
+    // 3. Repair.
+    if staying < target
+        && let Some(n) = pick_new(r, nodes, eligible, load)
+    {
+        next.joining.push(n);
+        return Some((next, Reason::Repair));
+    }
+    // 4. Joined.
+    if let Some(&j) = r.joining.iter().find(|&&j| facts.caught_up.contains(&(r.id, j, r.epoch))) {
+        next.joining.retain(|&x| x != j);
+        next.backups.push(j);
+        return Some((next, Reason::Joined));
+    }
+    let in_sync_staying = r.backups.iter().filter(|&&b| eligible(b)).count();
+    // 5. Hand over a draining primary.
+    if facts.draining.contains(&r.primary) && in_sync_staying >= target {
+        let to = r.backups.iter().copied().filter(|&b| eligible(b)).min_by_key(|&b| (load.primaries(b), b))?;
+        next.primary = to;
+        next.backups.retain(|&b| b != to);
+        return Some((next, Reason::HandOver));
+    }
+    // 6. Trim.
+    if let Some(&d) = r.joining.iter().find(|j| facts.draining.contains(j)) {
+        next.joining.retain(|&x| x != d);
+        return Some((next, Reason::Trim));
+    }
+    let serving_staying = usize::from(eligible(r.primary)) + in_sync_staying;
+    if let Some(&d) = r.backups.iter().find(|b| facts.draining.contains(b))
+        && serving_staying >= target
+    {
+        next.backups.retain(|&x| x != d);
+        return Some((next, Reason::Trim));
+    }
+    if r.backups.len() + 1 > policy.replication && r.joining.is_empty() {
+        let d = r.backups.iter().copied().max_by_key(|&b| (load.replicas(b), b))?;
+        next.backups.retain(|&x| x != d);
+        return Some((next, Reason::Trim));
+    }
+    // 7. Balance, a few regions at a time, only regions at rest.
+    if *moves >= policy.max_moves || !r.joining.is_empty() || facts.draining.contains(&r.primary) {
+        return None;
+    }
+    // A primary whose node leads at least two more regions than an in-sync backup's node.
+    if let Some(to) = r
+        .backups
+        .iter()
+        .copied()
+        .filter(|&b| eligible(b) && load.primaries(b) + 1 < load.primaries(r.primary))
+        .min_by_key(|&b| (load.primaries(b), b))
+    {
+        next.backups.retain(|&b| b != to);
+        next.joining.push(r.primary);
+        next.primary = to;
+        *moves += 1;
+        return Some((next, Reason::BalancePrimary));
+    }
+    // A backup on a node with at least two replicas more than some eligible node that could
+    // take it: copy it there (rule 6 trims the surplus once the copy is done).
+    let mut backups = r.backups.clone();
+    backups.sort_by_key(|&b| std::cmp::Reverse((load.replicas(b), b)));
+    for b in backups {
+        let lighter = |n: u32| eligible(n) && load.replicas(n) + 1 < load.replicas(b);
+        if let Some(to) = pick_new(r, nodes, &lighter, load) {
+            next.joining.push(to);
+            *moves += 1;
+            return Some((next, Reason::BalanceReplica));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn node(id: u32, zone: &str) -> NodeInfo {
+        NodeInfo { id, device: format!("d{id}"), replication: String::new(), admin: String::new(), zone: zone.into() }
+    }
+
+    fn keys(n: usize) -> Vec<Vec<u8>> {
+        (1..n).map(|i| vec![i as u8]).collect()
+    }
+
+    fn check_map(regions: &[RegionInfo]) {
+        let map = dpukv_proto::regionmap::RegionMap { revision: 1, regions: regions.to_vec(), nodes: vec![] };
+        map.validate().expect("a valid map: ranges cover the keys, no node holds two replicas of a region");
+    }
+
+    #[test]
+    fn the_first_layout_spreads_primaries_and_replicas_evenly() {
+        let nodes: Vec<NodeInfo> = (1..=4).map(|i| node(i, "")).collect();
+        let regions = initial(&nodes, &keys(8), 3).expect("layout");
+        check_map(&regions);
+        let load = Load::of(&regions, &nodes);
+        assert!(nodes.iter().all(|n| load.primaries(n.id) == 2), "8 primaries over 4 nodes: {load:?}");
+        assert!(nodes.iter().all(|n| load.replicas(n.id) == 6), "24 replicas over 4 nodes: {load:?}");
+        assert!(regions.iter().all(|r| r.backups.len() == 2 && r.epoch == 1));
+    }
+
+    #[test]
+    fn zones_keep_a_region_s_replicas_apart() {
+        let nodes = vec![node(1, "a"), node(2, "a"), node(3, "b"), node(4, "b"), node(5, "c"), node(6, "c")];
+        let regions = initial(&nodes, &keys(12), 3).expect("layout");
+        let zone = |id: u32| nodes.iter().find(|n| n.id == id).expect("node").zone.clone();
+        for r in &regions {
+            let zones: BTreeSet<String> = r.replicas().map(zone).collect();
+            assert_eq!(zones.len(), 3, "region {} spans three zones: {r:?}", r.id);
+        }
+        assert_eq!(
+            initial(&nodes[..4], &keys(2), 3),
+            Err(PlacementError::NotEnoughZones { need: 3, have: 2 }),
+            "two zones cannot hold three replicas apart"
+        );
+        assert_eq!(initial(&nodes[..2], &keys(2), 3), Err(PlacementError::NotEnoughNodes { need: 3, have: 2 }));
+        assert_eq!(initial(&nodes, &keys(2), 0), Err(PlacementError::BadFactor(0)));
+    }
+
+    #[test]
+    fn a_dead_primary_is_replaced_by_the_backup_with_the_most_advanced_log() {
+        let nodes: Vec<NodeInfo> = (1..=4).map(|i| node(i, "")).collect();
+        let regions = initial(&nodes, &[], 3).expect("layout");
+        let r = &regions[0];
+        let (dead, b1, b2) = (r.primary, r.backups[0], r.backups[1]);
+        let live: Vec<NodeInfo> = nodes.iter().filter(|n| n.id != dead).cloned().collect();
+        let mut facts = Facts::default();
+        facts.progress.insert((r.id, b1), 10);
+        facts.progress.insert((r.id, b2), 20);
+        let changes = plan(&regions, &live, &facts, Policy { replication: 3, max_moves: 2 });
+        assert_eq!(changes.len(), 1);
+        let c = &changes[0];
+        assert_eq!(
+            (c.reason, c.region.primary, c.region.backups.clone(), c.region.epoch),
+            (Reason::Promote, b2, vec![b1], 2)
+        );
+        // Next round: a replacement starts copying.
+        let next = vec![c.region.clone()];
+        let changes = plan(&next, &live, &facts, Policy { replication: 3, max_moves: 2 });
+        assert_eq!(changes[0].reason, Reason::Repair);
+        let spare = (1..=4).find(|n| ![dead, b1, b2].contains(n)).expect("a spare");
+        assert_eq!((changes[0].region.joining.clone(), changes[0].region.epoch), (vec![spare], 3));
+    }
+
+    #[test]
+    fn a_region_whose_every_copy_is_dead_waits_for_its_primary() {
+        let nodes: Vec<NodeInfo> = (1..=2).map(|i| node(i, "")).collect();
+        let regions = initial(&nodes, &keys(2), 1).expect("layout");
+        let live = vec![nodes[1].clone()];
+        let changes = plan(&regions, &live, &Facts::default(), Policy { replication: 1, max_moves: 2 });
+        assert!(changes.iter().all(|c| c.region.primary != 0 && regions.iter().any(|r| r.primary == c.region.primary)));
+        let lost = regions.iter().find(|r| r.primary == 1).expect("node 1 leads one");
+        assert!(changes.iter().all(|c| c.region.id != lost.id), "nothing else holds region {}: it waits", lost.id);
+    }
+
+    /// A simulated cluster under random joins, deaths, drains and finished catch-ups.
+    #[derive(Debug, Clone)]
+    enum Event {
+        Join,
+        Die(usize),
+        Drain(usize),
+        Return(usize),
+        /// A planning round; bit i of the seed says whether the i-th catch-up finishes first.
+        Round(u64),
+    }
+
+    fn events() -> impl Strategy<Value = Vec<Event>> {
+        let ev = prop_oneof![
+            1 => Just(Event::Join),
+            1 => any::<usize>().prop_map(Event::Die),
+            1 => any::<usize>().prop_map(Event::Drain),
+            1 => any::<usize>().prop_map(Event::Return),
+            6 => any::<u64>().prop_map(Event::Round),
+        ];
+        prop::collection::vec(ev, 1..60)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        /// Every round keeps the invariants; once events stop, rounds converge to a placement
+        /// with the target replicas on live, non-draining nodes, evenly spread.
+        #[test]
+        fn plans_keep_every_copy_and_converge(rf in 1usize..4, n in 3u32..6, nregions in 1usize..10, evs in events()) {
+            let mut nodes: Vec<NodeInfo> = (1..=n).map(|i| node(i, "")).collect();
+            let mut next_id = n + 1;
+            let mut dead: Vec<NodeInfo> = Vec::new();
+            let mut regions = initial(&nodes, &keys(nregions), rf.min(n as usize)).expect("layout");
+            let mut facts = Facts::default();
+            let policy = Policy { replication: rf, max_moves: 2 };
+            let round = |regions: &mut Vec<RegionInfo>, nodes: &[NodeInfo], facts: &mut Facts, finish: u64| -> Result<usize, TestCaseError> {
+                // Some catch-ups finish (all of them once events stop).
+                facts.caught_up = regions
+                    .iter()
+                    .flat_map(|r| r.joining.iter().map(|&j| (r.id, j, r.epoch)))
+                    .enumerate()
+                    .filter(|(i, _)| finish >> (i % 64) & 1 == 1)
+                    .map(|(_, c)| c)
+                    .collect();
+                let live: BTreeSet<u32> = nodes.iter().map(|n| n.id).collect();
+                let changes = plan(regions, nodes, facts, policy);
+                for c in &changes {
+                    let old = regions.iter().find(|r| r.id == c.region.id).expect("a region").clone();
+                    prop_assert_eq!(c.region.epoch, old.epoch + 1);
+                    prop_assert_eq!((&c.region.start, &c.region.end), (&old.start, &old.end));
+                    if c.region.primary != old.primary {
+                        prop_assert!(old.backups.contains(&c.region.primary), "a new primary was an in-sync backup: {:?} -> {:?}", old, c.region);
+                    }
+                    for b in &c.region.backups {
+                        prop_assert!(old.backups.contains(b) || old.primary == *b && c.reason == Reason::Promote
+                            || old.joining.contains(b) && facts.caught_up.contains(&(old.id, *b, old.epoch)),
+                            "a backup was in sync or finished its catch-up: {:?} -> {:?}", old, c.region);
+                    }
+                    let in_sync_live = |r: &RegionInfo| std::iter::once(r.primary).chain(r.backups.iter().copied()).any(|x| live.contains(&x));
+                    prop_assert!(!in_sync_live(&old) || in_sync_live(&c.region), "a live in-sync copy survives: {:?} -> {:?}", old, c.region);
+                    // Planned changes (not deaths, not a primary's move) keep the redundancy
+                    // the region had, up to its target.
+                    let eligible = nodes.iter().filter(|n| !facts.draining.contains(&n.id)).count();
+                    let target = rf.min(eligible).max(1);
+                    let copies = |r: &RegionInfo| std::iter::once(r.primary).chain(r.backups.iter().copied()).filter(|x| live.contains(x)).count();
+                    if matches!(c.reason, Reason::Trim | Reason::HandOver | Reason::Joined | Reason::Repair | Reason::BalanceReplica) {
+                        prop_assert!(copies(&c.region) >= copies(&old).min(target), "{:?} lowered redundancy: {:?} -> {:?}", c.reason, old, c.region);
+                    }
+                    *regions.iter_mut().find(|r| r.id == c.region.id).expect("a region") = c.region.clone();
+                }
+                check_map(regions);
+                Ok(changes.len())
+            };
+            for ev in evs {
+                match ev {
+                    Event::Join => { nodes.push(node(next_id, "")); next_id += 1; }
+                    Event::Die(i) if nodes.len() > 1 => { let d = nodes.remove(i % nodes.len()); dead.push(d); }
+                    Event::Drain(i) => { let id = nodes[i % nodes.len()].id; facts.draining.insert(id); }
+                    Event::Return(i) if !dead.is_empty() => { let d = dead.remove(i % dead.len()); nodes.push(d); }
+                    Event::Round(finish) => { round(&mut regions, &nodes, &mut facts, finish)?; }
+                    _ => {}
+                }
+            }
+            // Converge.
+            let mut rounds = 0;
+            while round(&mut regions, &nodes, &mut facts, u64::MAX)? > 0 {
+                rounds += 1;
+                prop_assert!(rounds < 200, "no fixpoint after 200 rounds: {:?}", regions);
+            }
+            let live: BTreeSet<u32> = nodes.iter().map(|n| n.id).collect();
+            let eligible: Vec<u32> = live.iter().copied().filter(|n| !facts.draining.contains(n)).collect();
+            let target = rf.min(eligible.len()).max(1);
+            let load = Load::of(&regions, &nodes);
+            for r in &regions {
+                let copies: Vec<u32> = std::iter::once(r.primary).chain(r.backups.iter().copied()).collect();
+                if !copies.iter().any(|c| live.contains(c)) {
+                    continue; // every copy died: it waits, unchanged.
+                }
+                prop_assert!(r.joining.is_empty(), "catch-ups are done: {:?}", r);
+                prop_assert!(live.contains(&r.primary), "a live primary: {:?}", r);
+                if !eligible.is_empty() {
+                    prop_assert_eq!(copies.len(), target, "the target of copies: {:?}", r);
+                    prop_assert!(copies.iter().all(|c| eligible.contains(c)), "only eligible nodes hold it: {:?} (draining {:?})", r, facts.draining);
+                }
+            }
+            if rf >= 2 && eligible.len() >= rf && regions.iter().all(|r| live.contains(&r.primary)) {
+                let reps: Vec<usize> = eligible.iter().map(|&n| load.replicas(n)).collect();
+                prop_assert!(reps.iter().max().expect("some") - reps.iter().min().expect("some") <= 2, "replicas evenly spread: {:?}", reps);
+                let prim: Vec<usize> = eligible.iter().map(|&n| load.primaries(n)).collect();
+                // A primary moves only to an in-sync backup, which the least loaded node may not be for
+                // any region of the most loaded one: within two.
+                prop_assert!(prim.iter().max().expect("some") - prim.iter().min().expect("some") <= 2, "primaries evenly spread: {:?}", prim);
+            }
+        }
+    }
+}
