@@ -187,3 +187,89 @@ pub async fn must_elect_one_leader<S: MetaStore>(s: &S, name: &[u8], ttl: Durati
     s.revoke(lc).await.expect("revoke");
     assert_eq!(leader(s, name).await.expect("leader"), None);
 }
+
+/// The cluster's control loop on this store: three nodes register and run for master; the
+/// master lays out three regions with three replicas; when the node leading region 1 crashes
+/// (its keep-alives stop, nothing is revoked), a backup is promoted with the epoch bumped — and
+/// only after the crashed node's authority had run out (the fencing rule), then a replacement
+/// is not possible (three nodes) so the region runs with two copies. `ttl` is the node lease TTL.
+pub async fn must_fail_over<S: MetaStore>(s: &S, cluster: &str, ttl: Duration) {
+    use crate::keys::{BackupIndex, ClusterConfig, Keys};
+    use crate::master;
+    use crate::membership::{Timing, register};
+    use dpukv_proto::regionmap::NodeInfo;
+    use tokio_util::sync::CancellationToken;
+
+    let keys = Keys::new(cluster).expect("name");
+    let config = ClusterConfig {
+        replication: 3,
+        split_keys: vec![b"g".to_vec(), b"p".to_vec()],
+        backup_index: BackupIndex::Send,
+        max_moves: 2,
+    };
+    master::bootstrap_config(s, &keys, &config).await.expect("config");
+    let timing = Timing { ttl, drift: 0.01, margin: Duration::from_millis(50) };
+    let cancel = CancellationToken::new();
+    let mut nodes = Vec::new();
+    for id in 1..=3u32 {
+        let info = NodeInfo {
+            id,
+            device: format!("d{id}"),
+            replication: format!("r{id}"),
+            admin: format!("a{id}"),
+            zone: String::new(),
+        };
+        let m = register(s, &keys, &info, timing).await.expect("register");
+        assert!(m.authority.valid(), "a registered node has authority");
+        assert!(register(s, &keys, &info, timing).await.is_err(), "a second node with the same id is refused");
+        let authority = m.authority.clone();
+        let (s1, s2, k2, c1, c2) = (s.clone(), s.clone(), keys.clone(), cancel.clone(), cancel.clone());
+        let lease = m.lease;
+        let keeper = tokio::spawn(async move { m.keep_alive(&s1, timing, c1).await });
+        let master =
+            tokio::spawn(async move { master::run(&s2, &k2, lease, &info, Duration::from_millis(200), c2).await });
+        nodes.push((authority, keeper, master));
+    }
+    let laid_out = async {
+        loop {
+            let snap = master::read(s, &keys).await.expect("read");
+            if snap.map.regions.len() == 3 {
+                return snap;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let snap = tokio::time::timeout(Duration::from_secs(10), laid_out).await.expect("laid out in time");
+    snap.map.validate().expect("a valid map");
+    for r in &snap.map.regions {
+        assert_eq!((r.backups.len(), r.epoch), (2, 1), "three replicas, epoch 1: {r:?}");
+    }
+    let victim = snap.map.regions[0].primary;
+    let (authority, keeper, master) = &nodes[victim as usize - 1];
+    keeper.abort();
+    master.abort();
+    let promoted = async {
+        loop {
+            let snap = master::read(s, &keys).await.expect("read");
+            if snap.map.regions.iter().all(|r| r.primary != victim && r.epoch >= 2) {
+                return (snap, std::time::Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let (after, seen) = tokio::time::timeout(ttl * 10, promoted).await.expect("promoted in time");
+    let until = authority.until().expect("it had authority");
+    assert!(!authority.valid(), "the crashed node's authority has run out");
+    assert!(until < seen, "promotion came only after the old primary's authority ended ({until:?} vs {seen:?})");
+    for (r, before) in after.map.regions.iter().zip(&snap.map.regions) {
+        assert!(!r.replicas().any(|n| n == victim), "the dead node holds nothing: {r:?}");
+        if before.primary == victim {
+            assert!(before.backups.contains(&r.primary), "a backup was promoted: {before:?} -> {r:?}");
+        }
+    }
+    cancel.cancel();
+    for (_, keeper, master) in nodes {
+        let _ = keeper.await;
+        let _ = master.await;
+    }
+}

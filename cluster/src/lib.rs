@@ -12,6 +12,11 @@
 //!   mode and unit tests.
 //! - [`election`]: leader election built on the trait (etcd's recipe: a key per candidate under
 //!   the election's prefix, bound to its lease; the oldest key leads), so both stores share it.
+//! - [`keys`]: the key layout under `/dpukv/<cluster>/` and the stored cluster configuration.
+//! - [`membership`]: a node's registration under a lease and the authority it gives (until when
+//!   the node may act as a primary).
+//! - [`master`]: the elected master's loop — first layout, then placement changes, each one
+//!   fenced transaction.
 //! - [`placement`]: where replicas go — the first layout, and the master's next changes after
 //!   failures, joins, drains and catch-ups (pure functions, model-tested).
 //! - [`conformance`]: the behaviour every store must show, run against each implementation.
@@ -24,7 +29,10 @@
 pub mod conformance;
 pub mod election;
 pub mod etcd;
+pub mod keys;
+pub mod master;
 pub mod mem;
+pub mod membership;
 pub mod meta;
 pub mod placement;
 

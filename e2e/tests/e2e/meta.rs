@@ -45,3 +45,10 @@ async fn an_unreachable_etcd_is_a_prompt_typed_error_and_the_store_recovers_when
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_master_fails_over_on_etcd() {
+    let etcd = Etcd::start().expect("etcd");
+    let store = EtcdStore::connect_checked(&EtcdOptions::new([etcd.url()])).await.expect("connect");
+    dpukv_cluster::conformance::must_fail_over(&store, "etcd", Duration::from_secs(1)).await;
+}

@@ -1,0 +1,216 @@
+//! The cluster's key layout in the metadata store, under `/dpukv/<cluster>/` (docs/cluster.md §2),
+//! and the cluster's stored configuration.
+
+use crate::meta::MetaError;
+
+/// Keys of one cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    root: Vec<u8>,
+}
+
+fn id_key(prefix: &[u8], id: u32) -> Vec<u8> {
+    // Zero-padded so that key order is id order.
+    let mut k = prefix.to_vec();
+    k.extend_from_slice(format!("{id:010}").as_bytes());
+    k
+}
+
+/// The id at the end of a key made by [`Keys`], if it is one.
+pub fn id_of(key: &[u8], prefix: &[u8]) -> Option<u32> {
+    std::str::from_utf8(key.strip_prefix(prefix)?).ok()?.parse().ok()
+}
+
+impl Keys {
+    /// The layout of cluster `name` (letters, digits, `-`, `_`; 1–63 characters).
+    pub fn new(name: &str) -> Result<Keys, MetaError> {
+        let ok =
+            (1..=63).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !ok {
+            return Err(MetaError::Invalid(format!("cluster name {name:?}: 1-63 letters, digits, '-' or '_'")));
+        }
+        Ok(Keys { root: format!("/dpukv/{name}/").into_bytes() })
+    }
+
+    /// Everything of the cluster.
+    pub fn root(&self) -> &[u8] {
+        &self.root
+    }
+
+    fn under(&self, s: &str) -> Vec<u8> {
+        let mut k = self.root.clone();
+        k.extend_from_slice(s.as_bytes());
+        k
+    }
+
+    /// Prefix of the live nodes' registrations.
+    pub fn nodes(&self) -> Vec<u8> {
+        self.under("nodes/")
+    }
+
+    /// A node's registration (bound to its lease).
+    pub fn node(&self, id: u32) -> Vec<u8> {
+        id_key(&self.nodes(), id)
+    }
+
+    /// Prefix of the regions.
+    pub fn regions(&self) -> Vec<u8> {
+        self.under("regions/")
+    }
+
+    /// A region.
+    pub fn region(&self, id: u32) -> Vec<u8> {
+        id_key(&self.regions(), id)
+    }
+
+    /// The master election's name.
+    pub fn master(&self) -> Vec<u8> {
+        self.under("master")
+    }
+
+    /// The cluster's configuration.
+    pub fn config(&self) -> Vec<u8> {
+        self.under("config")
+    }
+
+    /// Prefix of drain requests (`drains/<node>`).
+    pub fn drains(&self) -> Vec<u8> {
+        self.under("drains/")
+    }
+
+    /// A drain request for a node.
+    pub fn drain(&self, node: u32) -> Vec<u8> {
+        id_key(&self.drains(), node)
+    }
+
+    /// Prefix of the catch-ups nodes report finished (`caught-up/<region>/<node>`, value the
+    /// region's epoch; bound to the reporting node's lease).
+    pub fn caught_up(&self) -> Vec<u8> {
+        self.under("caught-up/")
+    }
+
+    /// A node's report that it finished copying a region.
+    pub fn caught_up_of(&self, region: u32, node: u32) -> Vec<u8> {
+        let mut k = id_key(&self.caught_up(), region);
+        k.push(b'/');
+        k.extend_from_slice(format!("{node:010}").as_bytes());
+        k
+    }
+}
+
+/// How replicas build their index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackupIndex {
+    /// The primary ships each compaction's index segments (Tebis Send Index).
+    Send,
+    /// Backups replay their log copy and compact themselves (the baseline).
+    Build,
+}
+
+/// The cluster's configuration (stored as `key=value` lines, readable with `etcdctl get`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// Replicas per region, primary included.
+    pub replication: usize,
+    /// The first layout's region boundaries.
+    pub split_keys: Vec<Vec<u8>>,
+    /// Send Index or Build Index.
+    pub backup_index: BackupIndex,
+    /// Most regions catching up at once for balancing.
+    pub max_moves: usize,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+impl ClusterConfig {
+    /// Encodes as `key=value` lines (split keys in hex, comma-separated).
+    pub fn encode(&self) -> Vec<u8> {
+        let splits: Vec<String> = self.split_keys.iter().map(|k| hex(k)).collect();
+        let bi = match self.backup_index {
+            BackupIndex::Send => "send",
+            BackupIndex::Build => "build",
+        };
+        format!(
+            "replication={}\nsplit_keys={}\nbackup_index={bi}\nmax_moves={}\n",
+            self.replication,
+            splits.join(","),
+            self.max_moves
+        )
+        .into_bytes()
+    }
+
+    /// Decodes what [`ClusterConfig::encode`] wrote; unknown keys are refused (a newer writer).
+    pub fn decode(b: &[u8]) -> Result<ClusterConfig, MetaError> {
+        let bad = |m: String| MetaError::Invalid(format!("cluster config: {m}"));
+        let text = std::str::from_utf8(b).map_err(|_| bad("not UTF-8".into()))?;
+        let mut c = ClusterConfig { replication: 0, split_keys: vec![], backup_index: BackupIndex::Send, max_moves: 2 };
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let (k, v) = line.split_once('=').ok_or_else(|| bad(format!("line {line:?}")))?;
+            match k {
+                "replication" => c.replication = v.parse().map_err(|_| bad(format!("replication {v:?}")))?,
+                "split_keys" if v.is_empty() => {}
+                "split_keys" => {
+                    c.split_keys = v
+                        .split(',')
+                        .map(|h| unhex(h).filter(|k| !k.is_empty()).ok_or_else(|| bad(format!("split key {h:?}"))))
+                        .collect::<Result<_, _>>()?
+                }
+                "backup_index" => {
+                    c.backup_index = match v {
+                        "send" => BackupIndex::Send,
+                        "build" => BackupIndex::Build,
+                        _ => return Err(bad(format!("backup_index {v:?} (send or build)"))),
+                    }
+                }
+                "max_moves" => c.max_moves = v.parse().map_err(|_| bad(format!("max_moves {v:?}")))?,
+                _ => return Err(bad(format!("unknown setting {k:?}"))),
+            }
+        }
+        if c.replication == 0 {
+            return Err(bad("replication must be at least 1".into()));
+        }
+        if c.split_keys.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(bad("split keys must ascend".into()));
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_sort_by_id_and_parse_back() {
+        let k = Keys::new("prod-1").expect("name");
+        assert!(k.node(9) < k.node(10), "zero-padded ids sort numerically");
+        assert_eq!(id_of(&k.region(42), &k.regions()), Some(42));
+        assert_eq!(k.caught_up_of(3, 7), b"/dpukv/prod-1/caught-up/0000000003/0000000007".to_vec());
+        assert!(Keys::new("a/b").is_err() && Keys::new("").is_err());
+    }
+
+    #[test]
+    fn config_round_trips_and_refuses_what_it_does_not_know() {
+        let c = ClusterConfig {
+            replication: 3,
+            split_keys: vec![b"g".to_vec(), b"p\x00".to_vec()],
+            backup_index: BackupIndex::Build,
+            max_moves: 4,
+        };
+        assert_eq!(ClusterConfig::decode(&c.encode()), Ok(c));
+        for bad in
+            ["replication=0\n", "replication=3\nfuture=1\n", "replication=3\nsplit_keys=62,61\n", "replication=x"]
+        {
+            assert!(ClusterConfig::decode(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The master: elected among the nodes, it lays out the regions once and then keeps applying
+//! [`placement::plan`](crate::placement::plan) to what the metadata store says — live nodes
+//! (their registrations), regions, drain requests, finished catch-ups. Every change is one
+//! transaction that carries the master's fence (it fails once this master is deposed) and the
+//! region's mod revision (it fails if anyone changed the region since it was read); a failed
+//! transaction is simply planned again from a fresh read.
+//!
+//! The master acts on registrations that are *gone* — deleted when etcd ended a node's lease —
+//! never on missed heartbeats of its own; that is what makes promotion wait out the old
+//! primary's lease (docs/cluster.md §4, step 2).
+
+use std::time::Duration;
+
+use dpukv_proto::regionmap::{NodeInfo, RegionInfo, RegionMap};
+use tokio_util::sync::CancellationToken;
+
+use crate::election::{Leadership, campaign};
+use crate::keys::{ClusterConfig, Keys, id_of};
+use crate::meta::{Compare, KeyValue, LeaseId, MetaError, MetaStore, Result, Revision, Txn, TxnOp};
+use crate::placement::{self, Change, Facts, Policy};
+
+/// The cluster as read at one revision.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The region map (regions, live nodes) at `map.revision`.
+    pub map: RegionMap,
+    /// Each region's mod revision (for compare-and-swap), by region id.
+    pub region_revs: Vec<(u32, Revision)>,
+    /// The configuration, if written.
+    pub config: Option<ClusterConfig>,
+    /// Drains, catch-ups.
+    pub facts: Facts,
+}
+
+fn decode_all<T>(
+    kvs: &[KeyValue],
+    f: impl Fn(&[u8]) -> std::result::Result<T, dpukv_proto::regionmap::MapError>,
+) -> Result<Vec<T>> {
+    kvs.iter()
+        .map(|kv| f(&kv.value).map_err(|e| MetaError::Invalid(format!("{}: {e}", String::from_utf8_lossy(&kv.key)))))
+        .collect()
+}
+
+/// Reads the cluster's state (one range over its root, so everything is at one revision).
+pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
+    let (kvs, revision) = s.range(keys.root()).await?;
+    let under = |p: Vec<u8>| kvs.iter().filter(move |kv| kv.key.starts_with(&p)).cloned().collect::<Vec<_>>();
+    let nodes = decode_all(&under(keys.nodes()), NodeInfo::decode)?;
+    let region_kvs = under(keys.regions());
+    let mut regions = decode_all(&region_kvs, RegionInfo::decode)?;
+    let mut region_revs: Vec<(u32, Revision)> =
+        regions.iter().zip(&region_kvs).map(|(r, kv)| (r.id, kv.mod_revision)).collect();
+    regions.sort_by(|a, b| a.start.cmp(&b.start));
+    region_revs.sort_unstable();
+    let config =
+        kvs.iter().find(|kv| kv.key == keys.config()).map(|kv| ClusterConfig::decode(&kv.value)).transpose()?;
+    let mut facts = Facts::default();
+    for kv in under(keys.drains()) {
+        if let Some(id) = id_of(&kv.key, &keys.drains()) {
+            facts.draining.insert(id);
+        }
+    }
+    let cu = keys.caught_up();
+    for kv in under(cu.clone()) {
+        let rest = &kv.key[cu.len()..];
+        let parts: Vec<&[u8]> = rest.split(|&b| b == b'/').collect();
+        let num = |b: &[u8]| std::str::from_utf8(b).ok().and_then(|s| s.parse().ok());
+        if let ([r, n], Some(epoch)) = (parts.as_slice(), num(&kv.value))
+            && let (Some(r), Some(n)) = (num(r), num(n))
+        {
+            facts.caught_up.insert((r as u32, n as u32, epoch));
+        }
+    }
+    Ok(Snapshot { map: RegionMap { revision: revision as u64, regions, nodes }, region_revs, config, facts })
+}
+
+/// Writes the configuration if none is written yet; returns the one in force.
+pub async fn bootstrap_config<S: MetaStore>(s: &S, keys: &Keys, config: &ClusterConfig) -> Result<ClusterConfig> {
+    s.txn(Txn {
+        when: vec![Compare::Absent(keys.config())],
+        then: vec![TxnOp::Put { key: keys.config(), value: config.encode(), lease: None }],
+        otherwise: vec![],
+    })
+    .await?;
+    let kv = s.get(&keys.config()).await?.ok_or_else(|| MetaError::Unavailable("the config vanished".into()))?;
+    ClusterConfig::decode(&kv.value)
+}
+
+/// One round: lays the regions out if there are none (and enough nodes), else applies the
+/// planned changes. Returns the changes applied.
+pub async fn round<S: MetaStore>(s: &S, keys: &Keys, fence: &Compare) -> Result<Vec<Change>> {
+    let snap = read(s, keys).await?;
+    let Some(config) = snap.config else { return Ok(vec![]) };
+    if snap.map.regions.is_empty() {
+        let mut nodes = snap.map.nodes.clone();
+        nodes.sort_by_key(|n| n.id);
+        let Ok(regions) = placement::initial(&nodes, &config.split_keys, config.replication) else {
+            return Ok(vec![]); // wait for enough nodes
+        };
+        let mut when = vec![fence.clone()];
+        when.extend(regions.iter().map(|r| Compare::Absent(keys.region(r.id))));
+        let then =
+            regions.iter().map(|r| TxnOp::Put { key: keys.region(r.id), value: r.encode(), lease: None }).collect();
+        let t = s.txn(Txn { when, then, otherwise: vec![] }).await?;
+        if t.succeeded {
+            tracing::info!(regions = regions.len(), nodes = nodes.len(), "laid out the regions");
+        }
+        return Ok(vec![]);
+    }
+    let policy = Policy { replication: config.replication, max_moves: config.max_moves };
+    let changes = placement::plan(&snap.map.regions, &snap.map.nodes, &snap.facts, policy);
+    let mut applied = Vec::new();
+    for c in changes {
+        let rev = snap.region_revs.iter().find(|(id, _)| *id == c.region.id).map(|(_, r)| *r).unwrap_or(0);
+        let key = keys.region(c.region.id);
+        let t = s
+            .txn(Txn {
+                when: vec![fence.clone(), Compare::ModRevision(key.clone(), rev)],
+                then: vec![TxnOp::Put { key, value: c.region.encode(), lease: None }],
+                otherwise: vec![],
+            })
+            .await?;
+        if t.succeeded {
+            tracing::info!(region = c.region.id, reason = ?c.reason, epoch = c.region.epoch, primary = c.region.primary,
+                backups = ?c.region.backups, joining = ?c.region.joining, "region changed");
+            applied.push(c);
+        }
+    }
+    Ok(applied)
+}
+
+/// Campaigns for master under `lease` (the node's own, kept alive by its membership) and, once
+/// elected, runs rounds whenever the cluster's keys change (and at least every `tick`) until
+/// `cancel` or until deposed (its lease ended: returns [`MetaError::LeaseNotFound`]).
+pub async fn run<S: MetaStore>(
+    s: &S,
+    keys: &Keys,
+    lease: LeaseId,
+    me: &NodeInfo,
+    tick: Duration,
+    cancel: CancellationToken,
+) -> Result<()> {
+    let (name, value) = (keys.master(), me.encode());
+    let leadership: Leadership = tokio::select! {
+        l = campaign(s, &name, lease, &value) => l?,
+        _ = cancel.cancelled() => return Ok(()),
+    };
+    tracing::info!(node = me.id, "elected master");
+    let fence = leadership.fence();
+    loop {
+        let (_, rev) = s.range(&keys.master()).await?;
+        if !s.txn(Txn { when: vec![fence.clone()], ..Txn::default() }).await?.succeeded {
+            return Err(MetaError::LeaseNotFound(lease));
+        }
+        match round(s, keys, &fence).await {
+            Ok(applied) if !applied.is_empty() => continue, // plan again at once
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "master round failed"),
+        }
+        // Wait for any change under the cluster's root, or the tick.
+        // Without a watch (store unavailable), the tick alone paces the rounds.
+        let mut w = s.watch(keys.root(), rev + 1).await.ok();
+        tokio::select! {
+            _ = async { if let Some(w) = w.as_mut() { w.next().await } else { std::future::pending().await } } => {}
+            _ = tokio::time::sleep(tick) => {}
+            _ = cancel.cancelled() => return Ok(()),
+        }
+    }
+}

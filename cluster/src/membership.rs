@@ -1,0 +1,161 @@
+//! A node's membership: its registration under a lease, kept alive, and the **authority** that
+//! lease gives it — the instant until which it may act as a primary (docs/cluster.md §4, step 1).
+//!
+//! Before each keep-alive the node reads its monotonic clock (`t_sent`); when etcd answers, the
+//! lease runs at least `ttl` past a moment after `t_sent`, so the node trusts itself until
+//! `t_sent + ttl·(1 − ρ) − δ` ([`Timing`]). Past that instant, [`Authority::valid`] is false and
+//! the node must stop acknowledging writes: by then etcd may have ended the lease and the master
+//! may have promoted a backup.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dpukv_proto::regionmap::NodeInfo;
+use tokio_util::sync::CancellationToken;
+
+use crate::keys::Keys;
+use crate::meta::{Compare, LeaseId, MetaError, MetaStore, Result, Txn, TxnOp};
+
+/// Lease timing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// The lease's TTL (`T`).
+    pub ttl: Duration,
+    /// Bound on the difference of two clocks' rates (`ρ`, e.g. 0.01).
+    pub drift: f64,
+    /// Safety margin (`δ`).
+    pub margin: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing { ttl: Duration::from_secs(3), drift: 0.01, margin: Duration::from_millis(100) }
+    }
+}
+
+impl Timing {
+    /// How long after `t_sent` a successful keep-alive lets the node act.
+    pub fn trust(&self) -> Duration {
+        self.ttl.mul_f64(1.0 - self.drift).saturating_sub(self.margin)
+    }
+}
+
+/// Until when the node may act as a primary; shared by the keeper (which extends it) and the
+/// write path (which checks it). Cheap to clone and to check.
+#[derive(Debug, Clone)]
+pub struct Authority {
+    base: Instant,
+    /// Nanoseconds after `base` (0: none).
+    until: Arc<AtomicU64>,
+}
+
+impl Default for Authority {
+    fn default() -> Authority {
+        Authority::new()
+    }
+}
+
+impl Authority {
+    /// No authority yet.
+    pub fn new() -> Authority {
+        Authority { base: Instant::now(), until: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Whether the node may act as a primary now.
+    pub fn valid(&self) -> bool {
+        self.valid_at(Instant::now())
+    }
+
+    /// Whether it may at `t`.
+    pub fn valid_at(&self, t: Instant) -> bool {
+        let until = self.until.load(Ordering::Acquire);
+        until != 0 && t.saturating_duration_since(self.base).as_nanos() < u128::from(until)
+    }
+
+    /// The instant it ends (None: no authority).
+    pub fn until(&self) -> Option<Instant> {
+        let until = self.until.load(Ordering::Acquire);
+        (until != 0).then(|| self.base + Duration::from_nanos(until))
+    }
+
+    /// Extends it to `t` (never shortens it).
+    fn extend(&self, t: Instant) {
+        let n = t.saturating_duration_since(self.base).as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.until.fetch_max(n.max(1), Ordering::AcqRel);
+    }
+
+    /// Ends it now (the lease is gone).
+    fn revoke(&self) {
+        self.until.store(0, Ordering::Release);
+    }
+}
+
+/// A registered node.
+#[derive(Debug)]
+pub struct Member {
+    /// The lease its registration is bound to.
+    pub lease: LeaseId,
+    /// Its authority, kept current by [`Member::keep_alive`].
+    pub authority: Authority,
+}
+
+/// Why registering failed.
+pub fn id_taken(id: u32) -> MetaError {
+    MetaError::Invalid(format!("node id {id} is registered by a live node: two nodes cannot share an id"))
+}
+
+/// Registers `info` under a new lease; fails if a live node holds the id.
+pub async fn register<S: MetaStore>(s: &S, keys: &Keys, info: &NodeInfo, timing: Timing) -> Result<Member> {
+    let authority = Authority::new();
+    let t_sent = Instant::now();
+    let lease = s.grant(timing.ttl).await?;
+    let key = keys.node(info.id);
+    let t = s
+        .txn(Txn {
+            when: vec![Compare::Absent(key.clone())],
+            then: vec![TxnOp::Put { key, value: info.encode(), lease: Some(lease) }],
+            otherwise: vec![],
+        })
+        .await?;
+    if !t.succeeded {
+        let _ = s.revoke(lease).await;
+        return Err(id_taken(info.id));
+    }
+    authority.extend(t_sent + timing.trust());
+    Ok(Member { lease, authority })
+}
+
+impl Member {
+    /// Keeps the lease alive every `ttl / 3` until `cancel`, extending the authority after each
+    /// success; a failed keep-alive is retried at once (the authority runs out on its own). Ends
+    /// with [`MetaError::LeaseNotFound`] when the lease has ended (the node must register again:
+    /// the master may have given its regions away), and revokes the lease when cancelled.
+    pub async fn keep_alive<S: MetaStore>(&self, s: &S, timing: Timing, cancel: CancellationToken) -> Result<()> {
+        let period = timing.ttl / 3;
+        loop {
+            let t_sent = Instant::now();
+            match s.keep_alive(self.lease).await {
+                Ok(()) => self.authority.extend(t_sent + timing.trust()),
+                Err(e @ MetaError::LeaseNotFound(_)) => {
+                    self.authority.revoke();
+                    return Err(e);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "lease keep-alive failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(period / 4) => continue,
+                        _ = cancel.cancelled() => break,
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(period.saturating_sub(t_sent.elapsed())) => {}
+                _ = cancel.cancelled() => break,
+            }
+        }
+        self.authority.revoke();
+        let _ = s.revoke(self.lease).await;
+        Ok(())
+    }
+}
