@@ -6,15 +6,23 @@
 //! promoting it is opening its directory as a [`Region`](super::Region), which replays the log
 //! tail its levels do not cover.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{levels_dir, vlog_dir};
 use crate::error::{Error, Result};
-use crate::fs::Fs;
+use crate::fs::{Fs, FsFile};
 use crate::levels::{LevelMeta, Manifest, rewrite_segment, segment_path};
-use crate::vlog::Lsn;
+use crate::vlog::{LogChunk, Lsn};
+
+/// The backup's persisted log segment map: `<primary id> <local id> <sealed 0|1>` per line.
+const LOG_MAP: &str = "LOGMAP";
+/// The primary's metadata of the installed levels, in the local manifest's order; one file per
+/// local manifest generation (`PRIMARY-LEVELS-<generation>`), written before that manifest.
+fn primary_levels_path(dir: &Path, generation: u64) -> PathBuf {
+    dir.join(format!("PRIMARY-LEVELS-{generation}"))
+}
 
 /// A level as shipped: its metadata and its segments as (primary segment id, bytes).
 pub type ShippedLevel = (LevelMeta, Vec<(u64, Vec<u8>)>);
@@ -48,6 +56,10 @@ pub struct Backup {
     next_level_segment: u64,
     /// Installed levels: primary metadata -> local metadata.
     installed: Vec<(LevelMeta, LevelMeta)>,
+    /// Primary log segments whose copy is complete and synced.
+    sealed: BTreeSet<u64>,
+    /// Copies being streamed: primary segment -> (local file, bytes received).
+    open_logs: HashMap<u64, (Arc<dyn FsFile>, u32)>,
     manifest: Manifest,
     /// Bytes written to disk here (log copies, level segments, manifests).
     pub bytes_written: u64,
@@ -72,9 +84,147 @@ impl Backup {
             next_log_segment: 1,
             next_level_segment: 1,
             installed: Vec::new(),
+            sealed: BTreeSet::new(),
+            open_logs: HashMap::new(),
             manifest: Manifest { next_segment: 1, ..Manifest::default() },
             bytes_written: 0,
         })
+    }
+
+    /// Reopens a backup after a restart: its log segment map, manifest and installed levels.
+    /// Log copies that were still streaming are received again from their start
+    /// ([`Backup::resume_from`]).
+    pub fn open_with(dir: impl AsRef<Path>, fs: Arc<dyn Fs>) -> Result<Backup> {
+        let mut b = Backup::create_with(dir, fs)?;
+        let p = b.dir.join(LOG_MAP);
+        match std::fs::read_to_string(&p) {
+            Ok(text) => {
+                for (i, line) in text.lines().enumerate() {
+                    let f: Vec<u64> = line.split(' ').filter_map(|x| x.parse().ok()).collect();
+                    let [primary, local, sealed] = f[..] else {
+                        return Err(Error::corrupt_file(&p, i as u64, "a log map line is not three numbers"));
+                    };
+                    b.log_map.insert(primary, local);
+                    b.next_log_segment = b.next_log_segment.max(local + 1);
+                    if sealed == 1 {
+                        b.sealed.insert(primary);
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&p, e)),
+        }
+        if let Some(m) = Manifest::load(&b.dir)? {
+            let pp = primary_levels_path(&b.dir, m.generation);
+            let primary = match std::fs::read(&pp) {
+                Ok(bytes) => Manifest::decode(&bytes, &pp)?.levels,
+                Err(e) => return Err(Error::io(&pp, e)),
+            };
+            if primary.len() != m.levels.len() {
+                return Err(Error::corrupt_file(&pp, 0, "the primary's levels do not match the manifest's"));
+            }
+            b.installed = primary.into_iter().zip(m.levels.iter().cloned()).collect();
+            b.next_level_segment = m.next_segment;
+            b.manifest = m;
+        }
+        Ok(b)
+    }
+
+    /// Where the primary should stream from: the first copy not complete, from its start (a
+    /// copy that was streaming when the backup stopped is received again whole), or the
+    /// segment after the last complete one; None for a backup that has nothing yet.
+    pub fn resume_from(&self) -> Option<Lsn> {
+        let first_open = self.log_map.keys().filter(|p| !self.sealed.contains(p)).min();
+        match first_open {
+            Some(&p) => Some(Lsn::new(p, self.open_logs.get(&p).map_or(0, |(_, end)| *end))),
+            None => self.sealed.iter().max().map(|&p| Lsn::new(p + 1, 0)),
+        }
+    }
+
+    fn store_log_map(&self) -> Result<()> {
+        let mut text = String::new();
+        let mut entries: Vec<(&u64, &u64)> = self.log_map.iter().collect();
+        entries.sort();
+        for (p, l) in entries {
+            text.push_str(&format!("{p} {l} {}\n", u8::from(self.sealed.contains(p))));
+        }
+        let path = self.dir.join(LOG_MAP);
+        crate::fs::write_atomic(self.fs.as_ref(), &path, text.as_bytes()).map_err(|e| Error::io(&path, e))
+    }
+
+    /// Receives a piece of the primary's log stream (see [`crate::vlog::LogTail::chunk`]):
+    /// writes its bytes at the same offsets in the local copy of the segment (a new segment gets
+    /// a local id, recorded in the persisted log segment map, and its header rewritten to it);
+    /// bytes already held are skipped (a stream resumed after a reconnect); a chunk that would
+    /// leave a gap is refused. A chunk that ends a segment syncs the copy and records it
+    /// complete. Returns where the next chunk starts.
+    pub fn append_log(&mut self, c: &LogChunk) -> Result<Lsn> {
+        let shipped = PathBuf::from(format!("streamed log segment {}", c.segment));
+        if self.sealed.contains(&c.segment) {
+            return Ok(c.next());
+        }
+        if !self.open_logs.contains_key(&c.segment) {
+            if c.offset != 0 {
+                return Err(Error::Config(format!(
+                    "log segment {} streamed from offset {} but the backup has none of it",
+                    c.segment, c.offset
+                )));
+            }
+            let (id, salt) = crate::vlog::segment_header(&shipped, &c.bytes)?;
+            if id != c.segment {
+                return Err(Error::corrupt_file(&shipped, 8, "streamed log segment carries another id"));
+            }
+            let local = match self.log_map.get(&c.segment) {
+                Some(&l) => l,
+                None => {
+                    self.next_log_segment += 1;
+                    self.next_log_segment - 1
+                }
+            };
+            let p = crate::vlog::segment_path(&vlog_dir(&self.dir), local);
+            // A copy received again from its start (after a restart) starts from zeros: nothing
+            // of an earlier stream may stay behind what this one writes.
+            let file = match self.fs.create(&p) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let f = self.fs.open(&p).map_err(|e| Error::io(&p, e))?;
+                    f.set_len(0).map_err(|e| Error::io(&p, e))?;
+                    f
+                }
+                r => r.map_err(|e| Error::io(&p, e))?,
+            };
+            file.set_len(u64::from(c.segment_size)).map_err(|e| Error::io(&p, e))?;
+            let h = crate::vlog::encode_segment_header(local, salt);
+            file.write_all_at(&h, 0).map_err(|e| Error::io(&p, e))?;
+            self.log_map.insert(c.segment, local);
+            self.store_log_map()?;
+            self.open_logs.insert(c.segment, (file, h.len() as u32));
+            // The header is written (rewritten to the local id); the rest follows.
+            let rest =
+                LogChunk { offset: h.len() as u32, bytes: c.bytes[h.len().min(c.bytes.len())..].to_vec(), ..c.clone() };
+            return self.append_log(&rest);
+        }
+        let (file, end) = self.open_logs.get_mut(&c.segment).expect("checked");
+        if c.offset > *end {
+            return Err(Error::Config(format!(
+                "log segment {} streamed from offset {} but the backup holds {} bytes: a gap",
+                c.segment, c.offset, end
+            )));
+        }
+        let skip = ((*end - c.offset) as usize).min(c.bytes.len());
+        let local = self.log_map[&c.segment];
+        let p = crate::vlog::segment_path(&vlog_dir(&self.dir), local);
+        if skip < c.bytes.len() {
+            file.write_all_at(&c.bytes[skip..], u64::from(*end)).map_err(|e| Error::io(&p, e))?;
+            self.bytes_written += (c.bytes.len() - skip) as u64;
+            *end = c.offset + c.bytes.len() as u32;
+        }
+        if c.sealed {
+            file.sync_data().map_err(|e| Error::io(&p, e))?;
+            self.open_logs.remove(&c.segment);
+            self.sealed.insert(c.segment);
+            self.store_log_map()?;
+        }
+        Ok(c.next())
     }
 
     /// The backup's directory.
@@ -107,6 +257,8 @@ impl Backup {
         out[..h.len()].copy_from_slice(&h);
         crate::fs::write_atomic(self.fs.as_ref(), &p, &out).map_err(|e| Error::io(&p, e))?;
         self.bytes_written += bytes.len() as u64;
+        self.open_logs.remove(&primary_id);
+        self.store_log_map()?;
         Ok(())
     }
 
@@ -179,7 +331,14 @@ impl Backup {
         };
         let sp = super::sessions_path(&self.dir, manifest.generation);
         crate::fs::write_atomic(self.fs.as_ref(), &sp, &export.sessions).map_err(|e| Error::io(&sp, e))?;
+        // The primary's view of the levels first: a manifest is only ever next to a complete one.
+        let primary_levels = Manifest { levels: export.manifest.levels.clone(), ..Manifest::default() };
+        let pp = primary_levels_path(&self.dir, manifest.generation);
+        crate::fs::write_atomic(self.fs.as_ref(), &pp, &primary_levels.encode()).map_err(|e| Error::io(&pp, e))?;
         manifest.store(self.fs.as_ref(), &self.dir)?;
+        if self.manifest.generation > 0 {
+            let _ = self.fs.remove(&primary_levels_path(&self.dir, self.manifest.generation));
+        }
         if self.manifest.generation > 0 {
             let _ = self.fs.remove(&super::sessions_path(&self.dir, self.manifest.generation));
         }

@@ -423,6 +423,11 @@ impl ValueLog {
         Lsn(self.dur.lock().written)
     }
 
+    /// A handle that reads the log's bytes as written, for replication (usable from any thread).
+    pub fn tail(&self) -> LogTail {
+        LogTail { dir: self.dir.clone(), fs: self.cfg.fs.clone(), dur: self.dur.clone() }
+    }
+
     /// A reader for this log (cheap to clone, usable from any thread).
     pub fn reader(&self) -> VlogReader {
         self.reader.clone()
@@ -537,6 +542,86 @@ pub fn segment_header(name: &Path, bytes: &[u8]) -> Result<(u64, u64)> {
 /// The header of segment `id` with `salt` (a backup renumbers the segments it copies).
 pub fn encode_segment_header(id: u64, salt: u64) -> Vec<u8> {
     segment::encode_header(id, salt).to_vec()
+}
+
+/// A piece of a log's bytes as a backup receives them: the bytes of segment `segment` from
+/// `offset` on, exactly as the primary wrote them (so every record keeps its offset, and value
+/// pointers their meaning, once the backup maps the segment id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogChunk {
+    /// The primary's segment id.
+    pub segment: u64,
+    /// Where `bytes` start in the segment (0: with the segment's header).
+    pub offset: u32,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// The segment file's size (a backup allocates the same).
+    pub segment_size: u32,
+    /// Whether these bytes end the segment (it is sealed and the backup may sync it).
+    pub sealed: bool,
+}
+
+impl LogChunk {
+    /// Where the next chunk starts.
+    pub fn next(&self) -> Lsn {
+        if self.sealed {
+            Lsn::new(self.segment + 1, 0)
+        } else {
+            Lsn::new(self.segment, self.offset + self.bytes.len() as u32)
+        }
+    }
+}
+
+/// Reads a log's written bytes from any thread ([`ValueLog::tail`]): what a primary streams to
+/// its backups. Only bytes before the log's written end are read, so a chunk never holds a
+/// record in the making.
+#[derive(Clone)]
+pub struct LogTail {
+    dir: PathBuf,
+    fs: Arc<dyn Fs>,
+    dur: Arc<Durability>,
+}
+
+impl std::fmt::Debug for LogTail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogTail").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+impl LogTail {
+    /// The end of what is written.
+    pub fn end(&self) -> Lsn {
+        Lsn(self.dur.lock().written)
+    }
+
+    /// Up to `max` bytes from `from` (None: nothing written there yet). A sealed segment is read
+    /// to its file's end, then the next chunk starts at the next segment's offset 0. An error if
+    /// the segment is gone (collected: the backup must copy the region again).
+    pub fn chunk(&self, from: Lsn, max: usize) -> Result<Option<LogChunk>> {
+        let end = self.end();
+        if from >= end {
+            return Ok(None);
+        }
+        let p = segment::path(&self.dir, from.segment());
+        let file = self.fs.open(&p).map_err(|e| Error::io(&p, e))?;
+        let size = file.size().map_err(|e| Error::io(&p, e))?;
+        let sealed_segment = from.segment() < end.segment();
+        let stop = if sealed_segment { size } else { u64::from(end.offset()).min(size) };
+        let start = u64::from(from.offset());
+        if start > stop {
+            return Err(Error::Config(format!("log position {from:?} is past its segment's end")));
+        }
+        let n = (stop - start).min(max.max(1) as u64) as usize;
+        let mut bytes = vec![0; n];
+        file.read_exact_at(&mut bytes, start).map_err(|e| Error::io(&p, e))?;
+        Ok(Some(LogChunk {
+            segment: from.segment(),
+            offset: from.offset(),
+            bytes,
+            segment_size: size.min(u64::from(MAX_SEGMENT_SIZE)) as u32,
+            sealed: sealed_segment && start + n as u64 == stop,
+        }))
+    }
 }
 
 /// See [`ValueLog::cursor`].

@@ -6,16 +6,36 @@ use std::collections::BTreeMap;
 
 use dpukv_storage::BatchOp;
 use dpukv_storage::region::{Backup, Region, RegionConfig};
-use dpukv_storage::vlog::FsyncPolicy;
+use dpukv_storage::vlog::{FsyncPolicy, Lsn};
 use proptest::prelude::*;
 
 fn cfg(dir: &std::path::Path, name: &str) -> RegionConfig {
     RegionConfig::tiny(dir.join(name), dir.join(format!("{name}-shm")), FsyncPolicy::Never)
 }
 
-fn must_ship(primary: &mut Region, backup: &mut Backup) {
-    for (id, bytes) in primary.log_segments().expect("log segments") {
-        backup.receive_log_segment(id, &bytes).expect("receive log");
+/// How the log reaches the backup: whole segments, or streamed in chunks of at most `chunk`
+/// bytes from where the backup is (`pos`), as the replication stream does.
+#[derive(Debug, Clone, Copy)]
+enum Shipping {
+    Whole,
+    Stream { chunk: usize },
+}
+
+fn must_ship(primary: &mut Region, backup: &mut Backup, how: Shipping, pos: &mut Option<Lsn>) {
+    match how {
+        Shipping::Whole => {
+            for (id, bytes) in primary.log_segments().expect("log segments") {
+                backup.receive_log_segment(id, &bytes).expect("receive log");
+            }
+        }
+        Shipping::Stream { chunk } => {
+            let tail = primary.vlog().tail();
+            let mut at = pos.unwrap_or_else(|| Lsn::new(primary.vlog().segments()[0], 0));
+            while let Some(c) = tail.chunk(at, chunk).expect("chunk") {
+                at = backup.append_log(&c).expect("append");
+            }
+            *pos = Some(at);
+        }
     }
     for export in primary.take_exports() {
         backup.apply_send_index(&export).expect("send index");
@@ -41,6 +61,8 @@ enum Op {
     Batch(Vec<(u8, Vec<u8>)>),
     Ship,
     Promote,
+    /// The backup restarts (its process): it reopens its directory and resumes the stream.
+    Reopen,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -52,6 +74,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => proptest::collection::vec((any::<u8>(), value), 1..5).prop_map(Op::Batch),
         2 => Just(Op::Ship),
         1 => Just(Op::Promote),
+        1 => Just(Op::Reopen),
     ]
 }
 
@@ -63,13 +86,17 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
     #[test]
-    fn backup_answers_like_the_primary(ops in proptest::collection::vec(op(), 1..250)) {
+    fn backup_answers_like_the_primary(
+        ops in proptest::collection::vec(op(), 1..250),
+        how in prop_oneof![Just(Shipping::Whole), (1usize..4000).prop_map(|chunk| Shipping::Stream { chunk })],
+    ) {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut primary = Region::open(cfg(dir.path(), "primary")).expect("primary").0;
         primary.capture_exports();
         let mut backup = Backup::create(dir.path().join("backup")).expect("backup");
         let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
         let mut promotions = 0;
+        let mut pos = None;
         for op in ops {
             match op {
                 Op::Put(k, v) => {
@@ -88,10 +115,16 @@ proptest! {
                         model.insert(k, v);
                     }
                 }
-                Op::Ship => must_ship(&mut primary, &mut backup),
+                Op::Ship => must_ship(&mut primary, &mut backup, how, &mut pos),
+                Op::Reopen => {
+                    backup = Backup::open_with(dir.path().join("backup"), dpukv_storage::fs::real()).expect("reopen");
+                    if matches!(how, Shipping::Stream { .. }) {
+                        pos = backup.resume_from();
+                    }
+                }
                 Op::Promote => {
                     // Promote a copy of the backup: it replays the log tail its levels do not cover.
-                    must_ship(&mut primary, &mut backup);
+                    must_ship(&mut primary, &mut backup, how, &mut pos);
                     promotions += 1;
                     let copy = dir.path().join(format!("promoted{promotions}"));
                     copy_dir(backup.dir(), &copy);
@@ -103,7 +136,7 @@ proptest! {
         // Final: everything compacted on the primary and shipped; the backup's levels alone
         // (no replay: the manifest's log start is the end of the log) answer like the primary.
         primary.flush_now().expect("flush");
-        must_ship(&mut primary, &mut backup);
+        must_ship(&mut primary, &mut backup, how, &mut pos);
         prop_assert_eq!(backup.manifest().levels.len(), primary.manifest().levels.len());
         let (promoted, rec) = Region::open(cfg(dir.path(), "backup")).expect("open backup");
         prop_assert_eq!(rec.replayed, 0, "the shipped index covers the whole log");
@@ -185,4 +218,52 @@ fn a_crafted_shipped_segment_is_refused_not_a_panic() {
         }
     }
     assert!(refused > 100, "only {refused} of 400 crafted segments were refused");
+}
+
+/// A stream resumed at an earlier position re-sends bytes the backup holds: they are skipped,
+/// and the copy ends byte-identical to a clean one; a chunk past what the backup holds (a gap)
+/// is refused, and so is a segment streamed from its middle.
+#[test]
+fn a_resent_chunk_is_skipped_and_a_gap_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut primary = Region::open(cfg(dir.path(), "primary")).expect("primary").0;
+    for i in 0..400u32 {
+        primary.put(format!("k{i:05}").as_bytes(), &[i as u8; 100]).expect("put");
+    }
+    let tail = primary.vlog().tail();
+    let first = Lsn::new(primary.vlog().segments()[0], 0);
+    let mut clean = Backup::create(dir.path().join("clean")).expect("backup");
+    let mut twice = Backup::create(dir.path().join("twice")).expect("backup");
+    let (mut a, mut b) = (first, first);
+    while let Some(c) = tail.chunk(a, 777).expect("chunk") {
+        a = clean.append_log(&c).expect("append");
+    }
+    let mut prev: Option<dpukv_storage::vlog::LogChunk> = None;
+    while let Some(c) = tail.chunk(b, 500).expect("chunk") {
+        if let Some(p) = &prev
+            && p.segment == c.segment
+        {
+            // Re-send the previous chunk and this one from the previous one's start.
+            twice.append_log(p).expect("a re-sent chunk");
+            let overlap = tail.chunk(Lsn::new(p.segment, p.offset), 900).expect("chunk").expect("bytes");
+            twice.append_log(&overlap).expect("an overlapping chunk");
+        }
+        b = twice.append_log(&c).expect("append");
+        prev = Some(c);
+    }
+    assert_eq!(a, b);
+    for (id, _) in primary.log_segments().expect("segments") {
+        let (l1, l2) = (clean.log_map()[&id], twice.log_map()[&id]);
+        let read = |d: &str, l: u64| {
+            std::fs::read(dpukv_storage::vlog::segment_path(&dir.path().join(d).join("vlog"), l)).expect("copy")
+        };
+        assert!(read("clean", l1) == read("twice", l2), "segment {id}: the copies are identical");
+    }
+    let gap = tail.chunk(first, 100).expect("chunk").expect("bytes");
+    let mut fresh = Backup::create(dir.path().join("fresh")).expect("backup");
+    let mid = dpukv_storage::vlog::LogChunk { offset: 200, ..gap.clone() };
+    assert!(fresh.append_log(&mid).is_err(), "a segment cannot start in its middle");
+    fresh.append_log(&gap).expect("the start");
+    let far = dpukv_storage::vlog::LogChunk { offset: 5000, ..gap };
+    assert!(fresh.append_log(&far).is_err(), "a gap is refused");
 }
