@@ -1,8 +1,9 @@
-//! Fuzzes the region-map decoders: arbitrary bytes never panic; whatever decodes is valid and
-//! re-encodes to the same bytes.
+//! Fuzzes the cluster's decoders — region maps and replication frames: arbitrary bytes never
+//! panic; whatever decodes is valid and re-encodes to the same bytes.
 #![no_main]
 
 use dpukv_proto::regionmap::{NodeInfo, RegionInfo, RegionMap};
+use dpukv_proto::replication::ReplMessage;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -17,5 +18,10 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(n) = NodeInfo::decode(data) {
         assert_eq!(n.encode(), data);
+    }
+    if let Ok((m, used)) = ReplMessage::decode(data) {
+        let mut b = Vec::new();
+        m.encode(&mut b);
+        assert_eq!(b, &data[..used]);
     }
 });

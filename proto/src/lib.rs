@@ -13,6 +13,8 @@
 //! - `codec`: encoding and checked decoding of frames.
 //! - [`regionmap`]: the cluster's region map (nodes, regions, epochs), its stored encoding, and
 //!   key routing — the one implementation clients, gateways and nodes share.
+//! - [`replication`]: the primary-to-backup protocol (log bytes, shipped index segments, what a
+//!   backup holds, typed refusals).
 //! - `token`: the scan continuation token.
 
 mod codec;
@@ -20,6 +22,7 @@ mod error;
 pub mod limits;
 mod message;
 pub mod regionmap;
+pub mod replication;
 mod token;
 
 pub use codec::{

@@ -1,0 +1,543 @@
+//! The replication protocol between a region's primary and its backups (Tebis over TCP): the
+//! primary streams its log's bytes (segment, offset, bytes) and, after each compaction, the new
+//! levels' index segments; a backup answers with how far it holds the log, or refuses with a
+//! typed reason (a stale epoch names the current one).
+//!
+//! Frames: `[u32 length of what follows][u8 version = REPL_VERSION][u8 kind][body]`, little-endian,
+//! at most [`MAX_REPL_FRAME`] bytes. Every message names its region and the epoch it is sent
+//! under. Decoding is checked (typed [`ReplDecodeError`], never a panic, nothing reserved beyond
+//! the frame's bytes). The storage encodings carried inside (manifests, level metadata, sessions)
+//! are opaque bytes here, checked by the storage layer that reads them.
+
+/// Protocol version in every frame.
+pub const REPL_VERSION: u8 = 1;
+/// Largest frame (length prefix included): a whole log or index segment (64 MiB at most) and
+/// its header.
+pub const MAX_REPL_FRAME: usize = (64 << 20) + 4096;
+/// Longest name or message.
+pub const MAX_REPL_TEXT: usize = 1024;
+
+/// Why a backup refuses what a primary sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplRefusal {
+    /// The message's epoch is older than the newest the backup has seen (`current`).
+    StaleEpoch = 1,
+    /// The backup does not hold this region (or not as a backup).
+    WrongRegion = 2,
+    /// The primary belongs to another cluster.
+    WrongCluster = 3,
+    /// The bytes do not continue the backup's copy (it says where it is).
+    Gap = 4,
+    /// The backup failed to apply it (disk, corruption): it must be copied again.
+    Failed = 5,
+}
+
+impl ReplRefusal {
+    fn from_u8(b: u8) -> Option<ReplRefusal> {
+        Some(match b {
+            1 => ReplRefusal::StaleEpoch,
+            2 => ReplRefusal::WrongRegion,
+            3 => ReplRefusal::WrongCluster,
+            4 => ReplRefusal::Gap,
+            5 => ReplRefusal::Failed,
+            _ => return None,
+        })
+    }
+
+    /// A stable code naming it.
+    pub fn code(self) -> &'static str {
+        match self {
+            ReplRefusal::StaleEpoch => "stale_epoch",
+            ReplRefusal::WrongRegion => "wrong_region",
+            ReplRefusal::WrongCluster => "wrong_cluster",
+            ReplRefusal::Gap => "gap",
+            ReplRefusal::Failed => "failed",
+        }
+    }
+}
+
+/// A shipped level: its metadata (storage's encoding) and its segments (primary id, bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShippedLevelBytes {
+    /// The level's metadata, as the storage layer encodes it.
+    pub meta: Vec<u8>,
+    /// Its segments.
+    pub segments: Vec<(u64, Vec<u8>)>,
+}
+
+/// One replication message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplMessage {
+    /// Primary -> backup, first on a connection: who sends, for which region and epoch.
+    Hello {
+        /// The cluster's name (a backup of another cluster refuses).
+        cluster: String,
+        /// The region.
+        region: u32,
+        /// The epoch the primary serves under.
+        epoch: u64,
+        /// The primary's node id.
+        primary: u32,
+    },
+    /// Backup -> primary: where to stream from (its log position, `None`: it has nothing and
+    /// must be copied from the start).
+    Resume {
+        /// The region.
+        region: u32,
+        /// The epoch it accepts.
+        epoch: u64,
+        /// The position (a log sequence number).
+        from: Option<u64>,
+    },
+    /// Primary -> backup: log bytes.
+    Append {
+        /// The region.
+        region: u32,
+        /// The epoch.
+        epoch: u64,
+        /// The primary's segment id.
+        segment: u64,
+        /// Where the bytes start in it.
+        offset: u32,
+        /// The segment file's size.
+        segment_size: u32,
+        /// Whether they end the segment.
+        sealed: bool,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+    /// Backup -> primary: it holds the log up to `upto` (everything before it).
+    Held {
+        /// The region.
+        region: u32,
+        /// The epoch.
+        epoch: u64,
+        /// The position.
+        upto: u64,
+    },
+    /// Primary -> backup: one compaction's output for Send Index.
+    Index {
+        /// The region.
+        region: u32,
+        /// The epoch.
+        epoch: u64,
+        /// The primary's manifest after the compaction (storage's encoding).
+        manifest: Vec<u8>,
+        /// The exactly-once sessions snapshot stored with it.
+        sessions: Vec<u8>,
+        /// The new levels.
+        levels: Vec<ShippedLevelBytes>,
+    },
+    /// Backup -> primary: the index of that manifest generation is installed.
+    Installed {
+        /// The region.
+        region: u32,
+        /// The epoch.
+        epoch: u64,
+        /// The backup's manifest generation after installing.
+        generation: u64,
+    },
+    /// Backup -> primary: refused; `current` is the backup's newest epoch (for `StaleEpoch`) and
+    /// `at` its log position (for `Gap`).
+    Refuse {
+        /// The region.
+        region: u32,
+        /// Why.
+        reason: ReplRefusal,
+        /// The backup's newest epoch.
+        current: u64,
+        /// The backup's log position.
+        at: u64,
+        /// A human-readable message.
+        message: String,
+    },
+}
+
+/// A frame that cannot be decoded. After any error but `Incomplete` the connection is closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplDecodeError {
+    /// More bytes are needed.
+    #[error("incomplete replication frame")]
+    Incomplete,
+    /// The frame's declared length is over the limit.
+    #[error("replication frame of {0} bytes exceeds the limit")]
+    TooLarge(usize),
+    /// Another protocol version.
+    #[error("unsupported replication protocol version {0}")]
+    Version(u8),
+    /// The frame's structure is broken.
+    #[error("malformed replication frame: {0}")]
+    Malformed(&'static str),
+}
+
+impl ReplDecodeError {
+    /// A stable code naming it.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ReplDecodeError::Incomplete => "incomplete",
+            ReplDecodeError::TooLarge(_) => "frame_too_large",
+            ReplDecodeError::Version(_) => "bad_version",
+            ReplDecodeError::Malformed(_) => "malformed",
+        }
+    }
+}
+
+mod kind {
+    pub const HELLO: u8 = 1;
+    pub const RESUME: u8 = 2;
+    pub const APPEND: u8 = 3;
+    pub const HELD: u8 = 4;
+    pub const INDEX: u8 = 5;
+    pub const INSTALLED: u8 = 6;
+    pub const REFUSE: u8 = 7;
+}
+
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_u32(out, b.len() as u32);
+    out.extend_from_slice(b);
+}
+
+impl ReplMessage {
+    /// The region the message is about.
+    pub fn region(&self) -> u32 {
+        match self {
+            ReplMessage::Hello { region, .. }
+            | ReplMessage::Resume { region, .. }
+            | ReplMessage::Append { region, .. }
+            | ReplMessage::Held { region, .. }
+            | ReplMessage::Index { region, .. }
+            | ReplMessage::Installed { region, .. }
+            | ReplMessage::Refuse { region, .. } => *region,
+        }
+    }
+
+    /// Appends the message's frame to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; 4]);
+        out.push(REPL_VERSION);
+        match self {
+            ReplMessage::Hello { cluster, region, epoch, primary } => {
+                out.push(kind::HELLO);
+                put_u32(out, *region);
+                put_u64(out, *epoch);
+                put_u32(out, *primary);
+                put_bytes(out, cluster.as_bytes());
+            }
+            ReplMessage::Resume { region, epoch, from } => {
+                out.push(kind::RESUME);
+                put_u32(out, *region);
+                put_u64(out, *epoch);
+                out.push(u8::from(from.is_some()));
+                put_u64(out, from.unwrap_or(0));
+            }
+            ReplMessage::Append { region, epoch, segment, offset, segment_size, sealed, bytes } => {
+                out.push(kind::APPEND);
+                put_u32(out, *region);
+                put_u64(out, *epoch);
+                put_u64(out, *segment);
+                put_u32(out, *offset);
+                put_u32(out, *segment_size);
+                out.push(u8::from(*sealed));
+                put_bytes(out, bytes);
+            }
+            ReplMessage::Held { region, epoch, upto } => {
+                out.push(kind::HELD);
+                put_u32(out, *region);
+                put_u64(out, *epoch);
+                put_u64(out, *upto);
+            }
+            ReplMessage::Index { region, epoch, manifest, sessions, levels } => {
+                out.push(kind::INDEX);
+                put_u32(out, *region);
+                put_u64(out, *epoch);
+                put_bytes(out, manifest);
+                put_bytes(out, sessions);
+                put_u32(out, levels.len() as u32);
+                for l in levels {
+                    put_bytes(out, &l.meta);
+                    put_u32(out, l.segments.len() as u32);
+                    for (id, b) in &l.segments {
+                        put_u64(out, *id);
+                        put_bytes(out, b);
+                    }
+                }
+            }
+            ReplMessage::Installed { region, epoch, generation } => {
+                out.push(kind::INSTALLED);
+                put_u32(out, *region);
+                put_u64(out, *epoch);
+                put_u64(out, *generation);
+            }
+            ReplMessage::Refuse { region, reason, current, at, message } => {
+                out.push(kind::REFUSE);
+                put_u32(out, *region);
+                out.push(*reason as u8);
+                put_u64(out, *current);
+                put_u64(out, *at);
+                put_bytes(out, &message.as_bytes()[..floor_char_boundary(message, MAX_REPL_TEXT)]);
+            }
+        }
+        let len = (out.len() - start - 4) as u32;
+        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    }
+
+    /// Decodes the frame at the start of `buf`: the message and the bytes it took, or
+    /// `Incomplete` if `buf` does not hold a whole frame yet.
+    pub fn decode(buf: &[u8]) -> Result<(ReplMessage, usize), ReplDecodeError> {
+        if buf.len() < 4 {
+            return Err(ReplDecodeError::Incomplete);
+        }
+        let len = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
+        if len + 4 > MAX_REPL_FRAME {
+            return Err(ReplDecodeError::TooLarge(len + 4));
+        }
+        if buf.len() < 4 + len {
+            return Err(ReplDecodeError::Incomplete);
+        }
+        let mut r = R { b: &buf[4..4 + len] };
+        let version = r.u8()?;
+        if version != REPL_VERSION {
+            return Err(ReplDecodeError::Version(version));
+        }
+        let m = match r.u8()? {
+            kind::HELLO => {
+                let (region, epoch, primary) = (r.u32()?, r.u64()?, r.u32()?);
+                let cluster = String::from_utf8(r.bytes(MAX_REPL_TEXT)?)
+                    .map_err(|_| ReplDecodeError::Malformed("cluster name is not UTF-8"))?;
+                ReplMessage::Hello { cluster, region, epoch, primary }
+            }
+            kind::RESUME => {
+                let (region, epoch, has) = (r.u32()?, r.u64()?, r.u8()?);
+                let at = r.u64()?;
+                let from = match has {
+                    0 if at == 0 => None,
+                    1 => Some(at),
+                    _ => return Err(ReplDecodeError::Malformed("bad resume position")),
+                };
+                ReplMessage::Resume { region, epoch, from }
+            }
+            kind::APPEND => {
+                let (region, epoch, segment, offset, segment_size) = (r.u32()?, r.u64()?, r.u64()?, r.u32()?, r.u32()?);
+                let sealed = r.flag()?;
+                let bytes = r.bytes(MAX_REPL_FRAME)?;
+                if offset as u64 + bytes.len() as u64 > segment_size as u64 {
+                    return Err(ReplDecodeError::Malformed("log bytes beyond their segment"));
+                }
+                ReplMessage::Append { region, epoch, segment, offset, segment_size, sealed, bytes }
+            }
+            kind::HELD => ReplMessage::Held { region: r.u32()?, epoch: r.u64()?, upto: r.u64()? },
+            kind::INDEX => {
+                let (region, epoch) = (r.u32()?, r.u64()?);
+                let manifest = r.bytes(MAX_REPL_FRAME)?;
+                let sessions = r.bytes(MAX_REPL_FRAME)?;
+                let n = r.count(4)?;
+                let mut levels = Vec::new();
+                for _ in 0..n {
+                    let meta = r.bytes(MAX_REPL_FRAME)?;
+                    let k = r.count(12)?;
+                    let mut segments = Vec::new();
+                    for _ in 0..k {
+                        segments.push((r.u64()?, r.bytes(MAX_REPL_FRAME)?));
+                    }
+                    levels.push(ShippedLevelBytes { meta, segments });
+                }
+                ReplMessage::Index { region, epoch, manifest, sessions, levels }
+            }
+            kind::INSTALLED => ReplMessage::Installed { region: r.u32()?, epoch: r.u64()?, generation: r.u64()? },
+            kind::REFUSE => {
+                let region = r.u32()?;
+                let reason = ReplRefusal::from_u8(r.u8()?).ok_or(ReplDecodeError::Malformed("unknown refusal"))?;
+                let (current, at) = (r.u64()?, r.u64()?);
+                let message = String::from_utf8(r.bytes(MAX_REPL_TEXT)?)
+                    .map_err(|_| ReplDecodeError::Malformed("message is not UTF-8"))?;
+                ReplMessage::Refuse { region, reason, current, at, message }
+            }
+            _ => return Err(ReplDecodeError::Malformed("unknown message kind")),
+        };
+        if !r.b.is_empty() {
+            return Err(ReplDecodeError::Malformed("bytes after the message"));
+        }
+        Ok((m, 4 + len))
+    }
+}
+
+fn floor_char_boundary(s: &str, max: usize) -> usize {
+    let mut i = s.len().min(max);
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+struct R<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> R<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ReplDecodeError> {
+        if self.b.len() < n {
+            return Err(ReplDecodeError::Malformed("truncated"));
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn u8(&mut self) -> Result<u8, ReplDecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn flag(&mut self) -> Result<bool, ReplDecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(ReplDecodeError::Malformed("a flag is not 0 or 1")),
+        }
+    }
+    fn u32(&mut self) -> Result<u32, ReplDecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64, ReplDecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn bytes(&mut self, max: usize) -> Result<Vec<u8>, ReplDecodeError> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(ReplDecodeError::Malformed("a field over its limit"));
+        }
+        Ok(self.take(n)?.to_vec())
+    }
+    /// A count of items taking at least `min_item` bytes each, checked against what is left.
+    fn count(&mut self, min_item: usize) -> Result<usize, ReplDecodeError> {
+        let n = self.u32()? as usize;
+        if n > self.b.len() / min_item {
+            return Err(ReplDecodeError::Malformed("a count beyond the frame"));
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn arb_msg() -> impl Strategy<Value = ReplMessage> {
+        let bytes = || prop::collection::vec(any::<u8>(), 0..64);
+        let reason = prop_oneof![
+            Just(ReplRefusal::StaleEpoch),
+            Just(ReplRefusal::WrongRegion),
+            Just(ReplRefusal::WrongCluster),
+            Just(ReplRefusal::Gap),
+            Just(ReplRefusal::Failed)
+        ];
+        prop_oneof![
+            ("[a-z-]{0,12}", any::<u32>(), any::<u64>(), any::<u32>())
+                .prop_map(|(cluster, region, epoch, primary)| ReplMessage::Hello { cluster, region, epoch, primary }),
+            (any::<u32>(), any::<u64>(), any::<Option<u64>>()).prop_map(|(region, epoch, from)| ReplMessage::Resume {
+                region,
+                epoch,
+                from
+            }),
+            (any::<u32>(), any::<u64>(), any::<u64>(), 0u32..1000, any::<bool>(), bytes()).prop_map(
+                |(region, epoch, segment, offset, sealed, bytes)| ReplMessage::Append {
+                    region,
+                    epoch,
+                    segment,
+                    offset,
+                    segment_size: offset + bytes.len() as u32 + 10,
+                    sealed,
+                    bytes
+                }
+            ),
+            (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(region, epoch, upto)| ReplMessage::Held {
+                region,
+                epoch,
+                upto
+            }),
+            (
+                any::<u32>(),
+                any::<u64>(),
+                bytes(),
+                bytes(),
+                prop::collection::vec((bytes(), prop::collection::vec((any::<u64>(), bytes()), 0..3)), 0..3)
+            )
+                .prop_map(|(region, epoch, manifest, sessions, levels)| ReplMessage::Index {
+                    region,
+                    epoch,
+                    manifest,
+                    sessions,
+                    levels: levels.into_iter().map(|(meta, segments)| ShippedLevelBytes { meta, segments }).collect(),
+                }),
+            (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(region, epoch, generation)| ReplMessage::Installed {
+                region,
+                epoch,
+                generation
+            }),
+            (any::<u32>(), reason, any::<u64>(), any::<u64>(), ".{0,40}").prop_map(
+                |(region, reason, current, at, message)| ReplMessage::Refuse { region, reason, current, at, message }
+            ),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn messages_round_trip_back_to_back(msgs in prop::collection::vec(arb_msg(), 1..6)) {
+            let mut buf = Vec::new();
+            for m in &msgs {
+                m.encode(&mut buf);
+            }
+            let mut at = 0;
+            for m in &msgs {
+                let (got, n) = ReplMessage::decode(&buf[at..]).expect("decodes");
+                prop_assert_eq!(&got, m);
+                at += n;
+            }
+            prop_assert_eq!(at, buf.len());
+        }
+
+        #[test]
+        fn damaged_frames_are_typed_errors(m in arb_msg(), cut in any::<prop::sample::Index>(), flip in any::<prop::sample::Index>(), bit in 0u8..8, garbage in prop::collection::vec(any::<u8>(), 0..300)) {
+            let mut buf = Vec::new();
+            m.encode(&mut buf);
+            prop_assert_eq!(ReplMessage::decode(&buf[..cut.index(buf.len())]), Err(ReplDecodeError::Incomplete));
+            let i = flip.index(buf.len());
+            buf[i] ^= 1 << bit;
+            if let Ok((again, n)) = ReplMessage::decode(&buf) {
+                let mut re = Vec::new();
+                again.encode(&mut re);
+                prop_assert_eq!(&re[..], &buf[..n], "whatever decodes re-encodes to its bytes");
+            }
+            let _ = ReplMessage::decode(&garbage);
+        }
+    }
+
+    #[test]
+    fn limits_and_versions_are_refused() {
+        let mut b = Vec::new();
+        ReplMessage::Held { region: 1, epoch: 2, upto: 3 }.encode(&mut b);
+        b[4] = 9;
+        assert_eq!(ReplMessage::decode(&b), Err(ReplDecodeError::Version(9)));
+        let huge = ((MAX_REPL_FRAME) as u32).to_le_bytes();
+        assert!(matches!(ReplMessage::decode(&huge), Err(ReplDecodeError::TooLarge(_))));
+        let mut a = Vec::new();
+        ReplMessage::Append {
+            region: 1,
+            epoch: 1,
+            segment: 1,
+            offset: 90,
+            segment_size: 100,
+            sealed: false,
+            bytes: vec![0; 20],
+        }
+        .encode(&mut a);
+        assert_eq!(ReplMessage::decode(&a), Err(ReplDecodeError::Malformed("log bytes beyond their segment")));
+        assert_eq!(ReplRefusal::StaleEpoch.code(), "stale_epoch");
+    }
+}
