@@ -43,7 +43,7 @@ use control::{HostControl, Retired};
 pub use gc::GcStep;
 use merge::{Src, Stored};
 use publish::Publications;
-pub use replica::{Backup, IndexExport, ShippedLevel};
+pub use replica::{Backup, ExportParts, IndexExport, ShippedLevel};
 pub use sessions::{Lookup, SessionEntry, SessionLimits, Sessions};
 pub use tables::RegionReader;
 use tables::TableSet;
@@ -482,6 +482,28 @@ impl Region {
     /// The compaction outputs captured since the last call, in order.
     pub fn take_exports(&mut self) -> Vec<IndexExport> {
         self.exports.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The region's whole durable index as one export — its manifest, sessions snapshot and
+    /// every level's segments — for a backup that starts from nothing (None: nothing compacted
+    /// yet; the log alone holds everything).
+    pub fn export_all(&self) -> Result<Option<IndexExport>> {
+        if self.manifest.generation == 0 {
+            return Ok(None);
+        }
+        let sp = sessions_path(&self.cfg.dir, self.manifest.generation);
+        let sessions = std::fs::read(&sp).map_err(|e| Error::io(&sp, e))?;
+        let dir = levels_dir(&self.cfg.dir);
+        let mut levels = Vec::new();
+        for m in &self.manifest.levels {
+            let mut segs = Vec::new();
+            for &id in &m.segments {
+                let p = crate::levels::segment_path(&dir, id);
+                segs.push((id, std::fs::read(&p).map_err(|e| Error::io(&p, e))?));
+            }
+            levels.push((m.clone(), segs));
+        }
+        Ok(Some(IndexExport { manifest: self.manifest.clone(), sessions, levels }))
     }
 
     /// Copies of the log's segments as they are now: (segment id, bytes), for a backup.

@@ -39,10 +39,42 @@ pub struct IndexExport {
     pub levels: Vec<ShippedLevel>,
 }
 
+/// An [`IndexExport`] as bytes: the manifest, the sessions snapshot, and per level its metadata
+/// and segments (what the replication protocol carries).
+pub type ExportParts = (Vec<u8>, Vec<u8>, Vec<(Vec<u8>, Vec<(u64, Vec<u8>)>)>);
+
 impl IndexExport {
     /// Bytes shipped.
     pub fn bytes(&self) -> u64 {
         self.levels.iter().flat_map(|(_, s)| s.iter()).map(|(_, b)| b.len() as u64).sum()
+    }
+
+    /// Encodes it for the wire (a level's metadata as a manifest of that one level).
+    pub fn into_parts(self) -> ExportParts {
+        let levels = self
+            .levels
+            .into_iter()
+            .map(|(meta, segs)| (Manifest { levels: vec![meta], ..Manifest::default() }.encode(), segs))
+            .collect();
+        (self.manifest.encode(), self.sessions, levels)
+    }
+
+    /// Decodes what [`IndexExport::into_parts`] made (input from another machine: checked).
+    pub fn from_parts(parts: ExportParts) -> Result<IndexExport> {
+        let (manifest, sessions, levels) = parts;
+        let name = Path::new("shipped manifest");
+        let manifest = Manifest::decode(&manifest, name)?;
+        let levels = levels
+            .into_iter()
+            .map(|(meta, segs)| {
+                let mut m = Manifest::decode(&meta, name)?;
+                if m.levels.len() != 1 {
+                    return Err(Error::corrupt_file(name, 0, "a shipped level's metadata holds no single level"));
+                }
+                Ok((m.levels.remove(0), segs))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(IndexExport { manifest, sessions, levels })
     }
 }
 

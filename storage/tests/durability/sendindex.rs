@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use dpukv_storage::BatchOp;
-use dpukv_storage::region::{Backup, Region, RegionConfig};
+use dpukv_storage::region::{Backup, IndexExport, Region, RegionConfig};
 use dpukv_storage::vlog::{FsyncPolicy, Lsn};
 use proptest::prelude::*;
 
@@ -63,6 +63,9 @@ enum Op {
     Promote,
     /// The backup restarts (its process): it reopens its directory and resumes the stream.
     Reopen,
+    /// A new backup joins: the whole log streamed, the whole index shipped (through the wire
+    /// encoding), then promoted: it answers like the primary.
+    Join,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -75,6 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Ship),
         1 => Just(Op::Promote),
         1 => Just(Op::Reopen),
+        1 => Just(Op::Join),
     ]
 }
 
@@ -116,6 +120,23 @@ proptest! {
                     }
                 }
                 Op::Ship => must_ship(&mut primary, &mut backup, how, &mut pos),
+                Op::Join => {
+                    promotions += 1;
+                    let jdir = dir.path().join(format!("joined{promotions}"));
+                    let mut joined = Backup::create(&jdir).expect("backup");
+                    let tail = primary.vlog().tail();
+                    let mut at = Lsn::new(primary.vlog().segments()[0], 0);
+                    while let Some(c) = tail.chunk(at, 64 << 10).expect("chunk") {
+                        at = joined.append_log(&c).expect("append");
+                    }
+                    if let Some(e) = primary.export_all().expect("export") {
+                        let e = IndexExport::from_parts(e.into_parts()).expect("the wire encoding round-trips");
+                        joined.apply_send_index(&e).expect("install the whole index");
+                    }
+                    drop(joined);
+                    let promoted = Region::open(RegionConfig::tiny(&jdir, dir.path().join(format!("joined{promotions}-shm")), FsyncPolicy::Never)).expect("promote").0;
+                    prop_assert_eq!(promoted.scan(b"", b"\xff", usize::MAX).expect("scan"), primary.scan(b"", b"\xff", usize::MAX).expect("scan"));
+                }
                 Op::Reopen => {
                     backup = Backup::open_with(dir.path().join("backup"), dpukv_storage::fs::real()).expect("reopen");
                     if matches!(how, Shipping::Stream { .. }) {
