@@ -9,6 +9,8 @@
 //! - `conn`: serving one protocol connection within byte budgets and timeouts.
 //! - `reads`: the read engine: a fixed pool of reader threads over the shared memory.
 //! - `atomics`: vector operations and the reservation station.
+//! - `replication`: Tebis over TCP — a primary's senders (log bytes, shipped index), the
+//!   backups' server, and the acknowledgement rule (every backup of the set holds the write).
 //! - `host`: the host process (`host::run`): per-region writers and releasers.
 //! - `dpu`: the device process (`dpu::run`): the data port and the links to the host.
 //! - `admin`: `/healthz`, `/readyz`, `/metrics`.
@@ -27,4 +29,5 @@ pub mod host;
 pub mod pod;
 pub mod reads;
 pub mod regions;
+pub mod replication;
 pub mod sizing;

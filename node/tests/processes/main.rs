@@ -4,6 +4,7 @@ mod bounds;
 mod faults;
 mod harness;
 mod ops;
+mod replication;
 #[allow(dead_code)] // shared with the storage suite, which uses all of it
 #[path = "../../../storage/tests/support/tmpfs.rs"]
 mod tmpfs;

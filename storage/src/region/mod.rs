@@ -44,6 +44,7 @@ pub use gc::GcStep;
 use merge::{Src, Stored};
 use publish::Publications;
 pub use replica::{Backup, ExportParts, IndexExport, ShippedLevel};
+
 pub use sessions::{Lookup, SessionEntry, SessionLimits, Sessions};
 pub use tables::RegionReader;
 use tables::TableSet;
@@ -56,6 +57,31 @@ use crate::error::{Error, Result};
 use crate::fs::Fs;
 use crate::levels::{Level, Manifest};
 use crate::vlog::{FsyncPolicy, Lsn, RecoveryReport, ValueLog, VlogConfig, VlogReader};
+
+/// The whole durable index of the region in `dir` as one export — its manifest, sessions
+/// snapshot and every level's segments, read from the files — for a backup that starts from
+/// nothing or missed exports (None: nothing compacted yet; the log alone holds everything).
+/// Callable from any thread while the region runs: its level files never change; if a newer
+/// compaction retires one while it is read, the error says so and the caller tries again.
+pub fn export_dir(dir: &Path) -> Result<Option<IndexExport>> {
+    let Some(manifest) = Manifest::load(dir)? else { return Ok(None) };
+    if manifest.generation == 0 {
+        return Ok(None);
+    }
+    let sp = sessions_path(dir, manifest.generation);
+    let sessions = std::fs::read(&sp).map_err(|e| Error::io(&sp, e))?;
+    let ldir = levels_dir(dir);
+    let mut levels = Vec::new();
+    for m in &manifest.levels {
+        let mut segs = Vec::new();
+        for &id in &m.segments {
+            let p = crate::levels::segment_path(&ldir, id);
+            segs.push((id, std::fs::read(&p).map_err(|e| Error::io(&p, e))?));
+        }
+        levels.push((m.clone(), segs));
+    }
+    Ok(Some(IndexExport { manifest, sessions, levels }))
+}
 
 /// Region configuration.
 #[derive(Debug, Clone)]
@@ -484,26 +510,9 @@ impl Region {
         self.exports.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// The region's whole durable index as one export — its manifest, sessions snapshot and
-    /// every level's segments — for a backup that starts from nothing (None: nothing compacted
-    /// yet; the log alone holds everything).
+    /// The region's whole durable index as one export (see [`export_dir`]).
     pub fn export_all(&self) -> Result<Option<IndexExport>> {
-        if self.manifest.generation == 0 {
-            return Ok(None);
-        }
-        let sp = sessions_path(&self.cfg.dir, self.manifest.generation);
-        let sessions = std::fs::read(&sp).map_err(|e| Error::io(&sp, e))?;
-        let dir = levels_dir(&self.cfg.dir);
-        let mut levels = Vec::new();
-        for m in &self.manifest.levels {
-            let mut segs = Vec::new();
-            for &id in &m.segments {
-                let p = crate::levels::segment_path(&dir, id);
-                segs.push((id, std::fs::read(&p).map_err(|e| Error::io(&p, e))?));
-            }
-            levels.push((m.clone(), segs));
-        }
-        Ok(Some(IndexExport { manifest: self.manifest.clone(), sessions, levels }))
+        export_dir(&self.cfg.dir)
     }
 
     /// Copies of the log's segments as they are now: (segment id, bytes), for a backup.

@@ -594,6 +594,18 @@ impl LogTail {
         Lsn(self.dur.lock().written)
     }
 
+    /// Where the log starts now: offset 0 of its oldest segment (older ones were collected).
+    pub fn start(&self) -> Result<Lsn> {
+        let mut first = self.end().segment();
+        for e in std::fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))? {
+            let e = e.map_err(|e| Error::io(&self.dir, e))?;
+            if let Some(id) = segment::parse_name(&e.file_name().to_string_lossy()) {
+                first = first.min(id);
+            }
+        }
+        Ok(Lsn::new(first, 0))
+    }
+
     /// Up to `max` bytes from `from` (None: nothing written there yet). A sealed segment is read
     /// to its file's end, then the next chunk starts at the next segment's offset 0. An error if
     /// the segment is gone (collected: the backup must copy the region again).

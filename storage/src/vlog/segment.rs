@@ -24,6 +24,12 @@ pub(crate) fn path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id:016}.vlog"))
 }
 
+/// The id of a segment file's name (`<16 digits>.vlog`), if it is one.
+pub(crate) fn parse_name(name: &str) -> Option<u64> {
+    let id = name.strip_suffix(".vlog")?;
+    (id.len() == 16).then(|| id.parse().ok()).flatten()
+}
+
 /// Where a new segment is prepared before it is renamed into place.
 pub(crate) fn staging_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id:016}.vlog.new"))

@@ -1,0 +1,544 @@
+//! Tebis replication over TCP (docs/cluster.md §5): a region's primary streams its log's bytes to
+//! each backup and ships its index after every compaction; a write is acknowledged only once
+//! every backup of the region's current set holds it ([`Acks::wait`]).
+//!
+//! - Primary side, per backup: [`spawn_sender`] — a thread that connects, says hello, learns
+//!   where the backup is (`Resume`), streams log chunks from there ([`LogTail`]), ships the whole
+//!   index once caught up (the backup may have missed compactions while away) and then each new
+//!   compaction's export ([`Feed`]); a second thread reads the backup's `Held` answers into the
+//!   region's [`Acks`].
+//! - Backup side: [`BackupHost::serve`] — a thread per connection that checks the cluster,
+//!   region and epoch (a message under an older epoch than the newest seen is refused with the
+//!   current one: the fence against a deposed primary), applies chunks and exports to the
+//!   region's [`Backup`] and answers how far it holds the log.
+//!
+//! Bounds: a connection reads one frame at a time (at most `MAX_REPL_FRAME`); a sender reads
+//! log chunks of at most [`CHUNK`] bytes; the feed keeps at most [`FEED_EXPORTS`] exports (past
+//! that, the sender ships the whole index again).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use dpukv_proto::replication::{MAX_REPL_FRAME, ReplDecodeError, ReplMessage, ReplRefusal, ShippedLevelBytes};
+use dpukv_storage::region::{Backup, IndexExport, export_dir};
+use dpukv_storage::vlog::{LogTail, Lsn};
+
+/// Largest log chunk a sender reads and sends at once.
+pub const CHUNK: usize = 1 << 20;
+/// Exports a feed keeps for its senders.
+pub const FEED_EXPORTS: usize = 8;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why a write cannot be acknowledged by replication.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AckError {
+    /// A backup did not confirm in time.
+    #[error("backups {0:?} did not confirm the write in time")]
+    Timeout(Vec<u32>),
+    /// The region's epoch changed while waiting (a new backup set, or no longer primary).
+    #[error("the region's epoch changed while the write waited for its backups")]
+    EpochChanged,
+}
+
+#[derive(Debug, Default)]
+struct AckState {
+    epoch: u64,
+    required: Vec<u32>,
+    held: HashMap<u32, Lsn>,
+}
+
+/// What each backup of a region holds, and the set a write must reach.
+#[derive(Debug, Default)]
+pub struct Acks {
+    st: Mutex<AckState>,
+    cv: Condvar,
+}
+
+impl Acks {
+    /// Acks for a region at `epoch` whose writes must reach `required`.
+    pub fn new(epoch: u64, required: Vec<u32>) -> Arc<Acks> {
+        Arc::new(Acks { st: Mutex::new(AckState { epoch, required, held: HashMap::new() }), cv: Condvar::new() })
+    }
+
+    /// A new epoch and backup set (writes waiting under the old epoch fail).
+    pub fn set_required(&self, epoch: u64, required: Vec<u32>) {
+        let mut st = lock(&self.st);
+        st.epoch = epoch;
+        st.required = required;
+        self.cv.notify_all();
+    }
+
+    /// Records that `node` holds the log up to `upto`.
+    pub fn held(&self, node: u32, upto: Lsn) {
+        let mut st = lock(&self.st);
+        let e = st.held.entry(node).or_insert(Lsn(0));
+        if upto > *e {
+            *e = upto;
+            self.cv.notify_all();
+        }
+    }
+
+    /// What `node` holds.
+    pub fn position(&self, node: u32) -> Option<Lsn> {
+        lock(&self.st).held.get(&node).copied()
+    }
+
+    /// Blocks until every required backup holds the log up to `end`.
+    pub fn wait(&self, end: Lsn, timeout: Duration) -> Result<(), AckError> {
+        let deadline = Instant::now() + timeout;
+        let mut st = lock(&self.st);
+        let epoch = st.epoch;
+        loop {
+            if st.epoch != epoch {
+                return Err(AckError::EpochChanged);
+            }
+            let missing: Vec<u32> =
+                st.required.iter().copied().filter(|n| st.held.get(n).is_none_or(|h| *h < end)).collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(AckError::Timeout(missing));
+            }
+            st = self.cv.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+/// What a primary's writer tells its senders: new log bytes, new compaction exports.
+#[derive(Debug, Default)]
+pub struct Feed {
+    st: Mutex<FeedState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct FeedState {
+    commits: u64,
+    exports: VecDeque<Arc<IndexExport>>,
+    /// Exports dropped from the front (senders behind them ship the whole index).
+    dropped: u64,
+}
+
+impl Feed {
+    /// A feed.
+    pub fn new() -> Arc<Feed> {
+        Arc::new(Feed::default())
+    }
+
+    /// The log grew.
+    pub fn committed(&self) {
+        lock(&self.st).commits += 1;
+        self.cv.notify_all();
+    }
+
+    /// A compaction finished: its export, for every sender.
+    pub fn export(&self, e: IndexExport) {
+        let mut st = lock(&self.st);
+        st.exports.push_back(Arc::new(e));
+        while st.exports.len() > FEED_EXPORTS {
+            st.exports.pop_front();
+            st.dropped += 1;
+        }
+        self.cv.notify_all();
+    }
+
+    /// Waits up to `timeout` for a commit or export after `seen` commits.
+    fn wait(&self, seen: u64, timeout: Duration) -> u64 {
+        let st = lock(&self.st);
+        let st = self.cv.wait_timeout_while(st, timeout, |s| s.commits == seen).unwrap_or_else(|e| e.into_inner()).0;
+        st.commits
+    }
+
+    /// Exports with a manifest generation above `after`, in order; None if some were dropped
+    /// (the whole index must be shipped).
+    fn exports_after(&self, after: u64) -> Option<Vec<Arc<IndexExport>>> {
+        let st = lock(&self.st);
+        let newer: Vec<Arc<IndexExport>> =
+            st.exports.iter().filter(|e| e.manifest.generation > after).cloned().collect();
+        // Generations grow by one per compaction: a gap before the oldest kept means some were
+        // dropped before this sender shipped them.
+        if st.dropped > 0 && st.exports.front().is_some_and(|e| e.manifest.generation > after + 1) {
+            return None;
+        }
+        Some(newer)
+    }
+}
+
+fn write_msg(s: &mut TcpStream, m: &ReplMessage) -> std::io::Result<()> {
+    let mut b = Vec::new();
+    m.encode(&mut b);
+    s.write_all(&b)
+}
+
+/// Why reading a frame failed.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Decode(#[from] ReplDecodeError),
+}
+
+fn read_msg(s: &mut TcpStream) -> Result<ReplMessage, ReadError> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let n = u32::from_le_bytes(len) as usize;
+    if n + 4 > MAX_REPL_FRAME {
+        return Err(ReplDecodeError::TooLarge(n + 4).into());
+    }
+    let mut frame = vec![0u8; 4 + n];
+    frame[..4].copy_from_slice(&len);
+    s.read_exact(&mut frame[4..])?;
+    Ok(ReplMessage::decode(&frame)?.0)
+}
+
+fn export_msg(region: u32, epoch: u64, e: &IndexExport) -> ReplMessage {
+    let (manifest, sessions, levels) = e.clone().into_parts();
+    let levels = levels.into_iter().map(|(meta, segments)| ShippedLevelBytes { meta, segments }).collect();
+    ReplMessage::Index { region, epoch, manifest, sessions, levels }
+}
+
+/// Who a sender is and where its backup is.
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    /// The cluster's name.
+    pub cluster: String,
+    /// The region.
+    pub region: u32,
+    /// The epoch the primary serves under.
+    pub epoch: u64,
+    /// The primary's node id.
+    pub primary: u32,
+    /// The backup's node id.
+    pub backup: u32,
+    /// The backup's replication address.
+    pub addr: SocketAddr,
+    /// The region's data directory (for whole-index exports).
+    pub region_dir: PathBuf,
+}
+
+/// What ended a sender (it reconnects by itself unless stopped or refused for good).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SenderEnd {
+    /// Stopped by its owner.
+    Stopped,
+    /// The backup refused for good (a newer epoch, another cluster, not its region).
+    Refused(ReplRefusal, u64, String),
+}
+
+/// Starts streaming `region`'s log and index to one backup; reconnects after errors (every
+/// 100 ms) until `stop` or a refusal for good. Returns the thread (its result says why it ended).
+pub fn spawn_sender(
+    cfg: SenderConfig,
+    tail: LogTail,
+    feed: Arc<Feed>,
+    acks: Arc<Acks>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<SenderEnd>> {
+    std::thread::Builder::new().name(format!("dpukv-repl-{}-{}", cfg.region, cfg.backup)).spawn(move || {
+        while !stop.load(Ordering::Acquire) {
+            match send_session(&cfg, &tail, &feed, &acks, &stop) {
+                Ok(end) => return end,
+                Err(e) => {
+                    tracing::debug!(region = cfg.region, backup = cfg.backup, error = %e, "replication stream ended; reconnecting");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+        SenderEnd::Stopped
+    })
+}
+
+/// One connection's life: Ok(end) when it must not reconnect.
+fn send_session(
+    cfg: &SenderConfig,
+    tail: &LogTail,
+    feed: &Feed,
+    acks: &Arc<Acks>,
+    stop: &AtomicBool,
+) -> anyhow::Result<SenderEnd> {
+    let mut s = TcpStream::connect_timeout(&cfg.addr, Duration::from_secs(2))?;
+    s.set_nodelay(true)?;
+    let (region, epoch) = (cfg.region, cfg.epoch);
+    write_msg(&mut s, &ReplMessage::Hello { cluster: cfg.cluster.clone(), region, epoch, primary: cfg.primary })?;
+    let mut pos = match read_msg(&mut s)? {
+        ReplMessage::Resume { from: Some(p), .. } => Lsn(p),
+        ReplMessage::Resume { from: None, .. } => tail.start()?,
+        ReplMessage::Refuse { reason, current, message, .. } => {
+            return Ok(SenderEnd::Refused(reason, current, message));
+        }
+        other => anyhow::bail!("expected resume, got {other:?}"),
+    };
+    // The backup's answers, read on their own thread.
+    let mut rs = s.try_clone()?;
+    let (acks2, backup) = (acks.clone(), cfg.backup);
+    let refused: Arc<Mutex<Option<SenderEnd>>> = Arc::default();
+    let refused2 = refused.clone();
+    let closed = Arc::new(AtomicBool::new(false));
+    let closed2 = closed.clone();
+    let reader = std::thread::Builder::new().name(format!("dpukv-repl-acks-{region}-{backup}")).spawn(move || {
+        while let Ok(m) = read_msg(&mut rs) {
+            match m {
+                ReplMessage::Held { upto, .. } => acks2.held(backup, Lsn(upto)),
+                ReplMessage::Installed { .. } => {}
+                ReplMessage::Refuse { reason, current, message, .. } => {
+                    *lock(&refused2) = Some(SenderEnd::Refused(reason, current, message));
+                    break;
+                }
+                _ => break,
+            }
+        }
+        closed2.store(true, Ordering::Release);
+    })?;
+    let result = (|| -> anyhow::Result<Option<SenderEnd>> {
+        let mut shipped_generation = 0u64;
+        let mut whole_index_due = true;
+        let mut seen = 0u64;
+        loop {
+            if stop.load(Ordering::Acquire) {
+                return Ok(Some(SenderEnd::Stopped));
+            }
+            if closed.load(Ordering::Acquire) {
+                return Ok(lock(&refused).take());
+            }
+            // The log first, as far as it is written.
+            let mut sent = false;
+            while let Some(c) = tail.chunk(pos, CHUNK)? {
+                let next = c.next();
+                write_msg(
+                    &mut s,
+                    &ReplMessage::Append {
+                        region,
+                        epoch,
+                        segment: c.segment,
+                        offset: c.offset,
+                        segment_size: c.segment_size,
+                        sealed: c.sealed,
+                        bytes: c.bytes,
+                    },
+                )?;
+                pos = next;
+                sent = true;
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
+            }
+            // Then the index: whole once per connection (or when exports were missed), then
+            // each compaction's export in order.
+            let exports = if whole_index_due { None } else { feed.exports_after(shipped_generation) };
+            match exports {
+                None => {
+                    if let Some(e) = export_dir(&cfg.region_dir)? {
+                        write_msg(&mut s, &export_msg(region, epoch, &e))?;
+                        shipped_generation = e.manifest.generation;
+                    }
+                    whole_index_due = false;
+                }
+                Some(list) => {
+                    for e in list {
+                        write_msg(&mut s, &export_msg(region, epoch, &e))?;
+                        shipped_generation = e.manifest.generation;
+                    }
+                }
+            }
+            if !sent {
+                seen = feed.wait(seen, Duration::from_millis(5));
+            }
+        }
+    })();
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    let _ = reader.join();
+    match result {
+        Ok(Some(end)) => Ok(end),
+        Ok(None) => anyhow::bail!("the backup closed the connection"),
+        Err(e) => Err(e),
+    }
+}
+
+/// The backup side of a node: the regions it backs (with the newest epoch it knows for each)
+/// and their [`Backup`]s.
+pub struct BackupHost {
+    cluster: String,
+    data_dir: PathBuf,
+    roles: Mutex<HashMap<u32, u64>>,
+    backups: Mutex<HashMap<u32, Arc<Mutex<Backup>>>>,
+}
+
+impl std::fmt::Debug for BackupHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackupHost")
+            .field("cluster", &self.cluster)
+            .field("roles", &*lock(&self.roles))
+            .finish_non_exhaustive()
+    }
+}
+
+impl BackupHost {
+    /// A host for `cluster` keeping backups under `data_dir/region-<id>`.
+    pub fn new(cluster: &str, data_dir: PathBuf) -> Arc<BackupHost> {
+        Arc::new(BackupHost { cluster: cluster.into(), data_dir, roles: Mutex::default(), backups: Mutex::default() })
+    }
+
+    /// Backs `region` from `epoch` on (an older epoch is refused from now on).
+    pub fn back(&self, region: u32, epoch: u64) {
+        let mut r = lock(&self.roles);
+        let e = r.entry(region).or_insert(epoch);
+        *e = (*e).max(epoch);
+    }
+
+    /// Stops backing `region` and returns its backup, if open (to promote it or remove it).
+    pub fn release(&self, region: u32) -> Option<Arc<Mutex<Backup>>> {
+        lock(&self.roles).remove(&region);
+        lock(&self.backups).remove(&region)
+    }
+
+    /// The region's backup directory.
+    pub fn dir(&self, region: u32) -> PathBuf {
+        self.data_dir.join(format!("region-{region}"))
+    }
+
+    fn backup(&self, region: u32) -> dpukv_storage::Result<Arc<Mutex<Backup>>> {
+        let mut b = lock(&self.backups);
+        if let Some(x) = b.get(&region) {
+            return Ok(x.clone());
+        }
+        let x = Arc::new(Mutex::new(Backup::open_with(self.dir(region), dpukv_storage::fs::real())?));
+        b.insert(region, x.clone());
+        Ok(x)
+    }
+
+    /// Accepts replication connections on `listener` until `stop`, a thread per connection.
+    pub fn serve(self: &Arc<Self>, listener: TcpListener, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+        listener.set_nonblocking(true)?;
+        let host = self.clone();
+        std::thread::Builder::new().name("dpukv-repl-accept".into()).spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                match listener.accept() {
+                    Ok((s, peer)) => {
+                        let host = host.clone();
+                        let _ = std::thread::Builder::new().name("dpukv-repl-backup".into()).spawn(move || {
+                            if let Err(e) = host.session(s) {
+                                tracing::debug!(%peer, error = %e, "replication connection ended");
+                            }
+                        });
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        })
+    }
+
+    fn refuse(
+        s: &mut TcpStream,
+        region: u32,
+        reason: ReplRefusal,
+        current: u64,
+        message: String,
+    ) -> anyhow::Result<()> {
+        write_msg(s, &ReplMessage::Refuse { region, reason, current, at: 0, message: message.clone() })?;
+        anyhow::bail!("refused: {}: {message}", reason.code())
+    }
+
+    fn session(&self, mut s: TcpStream) -> anyhow::Result<()> {
+        s.set_nonblocking(false)?;
+        s.set_nodelay(true)?;
+        let (region, epoch) = match read_msg(&mut s)? {
+            ReplMessage::Hello { cluster, region, epoch, .. } => {
+                if cluster != self.cluster {
+                    return Self::refuse(
+                        &mut s,
+                        region,
+                        ReplRefusal::WrongCluster,
+                        0,
+                        format!("this node is in cluster {:?}", self.cluster),
+                    );
+                }
+                (region, epoch)
+            }
+            other => anyhow::bail!("expected hello, got {other:?}"),
+        };
+        let known = lock(&self.roles).get(&region).copied();
+        let Some(known) = known else {
+            return Self::refuse(
+                &mut s,
+                region,
+                ReplRefusal::WrongRegion,
+                0,
+                format!("this node does not back region {region}"),
+            );
+        };
+        if epoch < known {
+            return Self::refuse(
+                &mut s,
+                region,
+                ReplRefusal::StaleEpoch,
+                known,
+                format!("region {region} is at epoch {known}"),
+            );
+        }
+        self.back(region, epoch);
+        let backup = self.backup(region)?;
+        let from = lock(&backup).resume_from();
+        write_msg(&mut s, &ReplMessage::Resume { region, epoch, from: from.map(|l| l.0) })?;
+        loop {
+            let m = read_msg(&mut s)?;
+            if m.region() != region {
+                return Self::refuse(
+                    &mut s,
+                    m.region(),
+                    ReplRefusal::WrongRegion,
+                    0,
+                    "one region per connection".into(),
+                );
+            }
+            // The fence: once a newer primary has spoken, this connection's epoch is stale.
+            let known = lock(&self.roles).get(&region).copied().unwrap_or(u64::MAX);
+            if epoch < known {
+                return Self::refuse(
+                    &mut s,
+                    region,
+                    ReplRefusal::StaleEpoch,
+                    known,
+                    format!("region {region} is at epoch {known}"),
+                );
+            }
+            match m {
+                ReplMessage::Append { segment, offset, segment_size, sealed, bytes, .. } => {
+                    let c = dpukv_storage::vlog::LogChunk { segment, offset, bytes, segment_size, sealed };
+                    let r = lock(&backup).append_log(&c);
+                    match r {
+                        Ok(upto) => write_msg(&mut s, &ReplMessage::Held { region, epoch, upto: upto.0 })?,
+                        Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Gap, known, e.to_string()),
+                    }
+                }
+                ReplMessage::Index { manifest, sessions, levels, .. } => {
+                    let parts = (manifest, sessions, levels.into_iter().map(|l| (l.meta, l.segments)).collect());
+                    let r = IndexExport::from_parts(parts).and_then(|e| {
+                        let mut b = lock(&backup);
+                        b.apply_send_index(&e)?;
+                        Ok(b.manifest().generation)
+                    });
+                    match r {
+                        Ok(generation) => write_msg(&mut s, &ReplMessage::Installed { region, epoch, generation })?,
+                        Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Failed, known, e.to_string()),
+                    }
+                }
+                other => anyhow::bail!("unexpected {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Tebis replication over real TCP sockets on 127.0.0.1 (in one process: a primary region and
+//! backup hosts with their own listeners): acknowledgements wait for every backup, a promoted
+//! backup answers like its primary, and the epoch fence refuses a deposed primary.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dpukv_node::replication::{Acks, BackupHost, Feed, SenderConfig, SenderEnd, spawn_sender};
+use dpukv_proto::replication::ReplRefusal;
+use dpukv_storage::region::{Region, RegionConfig};
+use dpukv_storage::vlog::FsyncPolicy;
+
+struct BackupNode {
+    host: Arc<BackupHost>,
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl BackupNode {
+    fn start(dir: &std::path::Path, cluster: &str) -> BackupNode {
+        let host = BackupHost::new(cluster, dir.to_path_buf());
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = Arc::new(AtomicBool::new(false));
+        host.serve(listener, stop.clone()).expect("serve");
+        BackupNode { host, addr, stop }
+    }
+}
+
+impl Drop for BackupNode {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+fn sender_cfg(region_dir: &std::path::Path, epoch: u64, backup: u32, addr: SocketAddr) -> SenderConfig {
+    SenderConfig {
+        cluster: "test".into(),
+        region: 1,
+        epoch,
+        primary: 1,
+        backup,
+        addr,
+        region_dir: region_dir.to_path_buf(),
+    }
+}
+
+#[test]
+fn every_acknowledged_write_is_on_every_backup_and_a_promoted_backup_answers_like_the_primary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pdir = dir.path().join("primary");
+    let mut primary =
+        Region::open(RegionConfig::tiny(&pdir, dir.path().join("pshm"), FsyncPolicy::Always)).expect("open").0;
+    primary.capture_exports();
+    let backups: Vec<BackupNode> =
+        (2..=3).map(|n| BackupNode::start(&dir.path().join(format!("node{n}")), "test")).collect();
+    for b in &backups {
+        b.host.back(1, 1);
+    }
+    let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![2, 3]), Arc::new(AtomicBool::new(false)));
+    let senders: Vec<_> = backups
+        .iter()
+        .zip(2..)
+        .map(|(b, n)| {
+            spawn_sender(
+                sender_cfg(&pdir, 1, n, b.addr),
+                primary.vlog().tail(),
+                feed.clone(),
+                acks.clone(),
+                stop.clone(),
+            )
+            .expect("sender")
+        })
+        .collect();
+    // Enough writes for many segments (16 KiB each) and compactions (8 KiB L0).
+    for i in 0..3000u32 {
+        let key = format!("key{:05}", (i * 7919) % 2000);
+        let ack = primary
+            .put(key.as_bytes(), format!("value {i} {}", "x".repeat((i % 50) as usize)).as_bytes())
+            .expect("put");
+        feed.committed();
+        if i % 50 == 0 {
+            primary.maintain().expect("maintain");
+            for e in primary.take_exports() {
+                feed.export(e);
+            }
+        }
+        acks.wait(ack.end, Duration::from_secs(20)).expect("every backup holds the write");
+        for n in [2, 3] {
+            assert!(acks.position(n).expect("held") >= ack.end, "backup {n} holds write {i}");
+        }
+    }
+    primary.flush_now().expect("flush");
+    for e in primary.take_exports() {
+        feed.export(e);
+    }
+    let end = primary.vlog().end();
+    feed.committed();
+    acks.wait(end, Duration::from_secs(20)).expect("caught up");
+    // Let the last index arrive, then stop the stream and promote node 2's copy.
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Release);
+    for s in senders {
+        assert_eq!(s.join().expect("sender"), SenderEnd::Stopped);
+    }
+    let bdir = backups[0].host.dir(1);
+    drop(backups[0].host.release(1));
+    let (promoted, rec) =
+        Region::open(RegionConfig::tiny(&bdir, dir.path().join("bshm"), FsyncPolicy::Always)).expect("promote");
+    let all = |r: &Region| r.scan(b"", b"\xff", usize::MAX).expect("scan");
+    assert_eq!(all(&promoted), all(&primary), "the promoted backup answers like the primary");
+    assert!(promoted.manifest().levels.len() == primary.manifest().levels.len(), "Send Index shipped the levels");
+    assert!(rec.replayed < 3000, "the shipped index covers most of the log: replayed {}", rec.replayed);
+}
+
+#[test]
+fn a_deposed_primary_is_refused_with_the_current_epoch_and_its_writes_are_never_confirmed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pdir = dir.path().join("primary");
+    let mut primary =
+        Region::open(RegionConfig::tiny(&pdir, dir.path().join("pshm"), FsyncPolicy::Never)).expect("open").0;
+    let b = BackupNode::start(&dir.path().join("node2"), "test");
+    b.host.back(1, 5);
+    let (feed, stop) = (Feed::new(), Arc::new(AtomicBool::new(false)));
+    // An older epoch than the backup knows: refused at once, with the current epoch.
+    let acks = Acks::new(4, vec![2]);
+    let old =
+        spawn_sender(sender_cfg(&pdir, 4, 2, b.addr), primary.vlog().tail(), feed.clone(), acks.clone(), stop.clone())
+            .expect("sender");
+    match old.join().expect("sender") {
+        SenderEnd::Refused(ReplRefusal::StaleEpoch, 5, _) => {}
+        other => panic!("expected a stale-epoch refusal naming epoch 5, got {other:?}"),
+    }
+    // A current primary streams; once a newer epoch is known to the backup, it is cut off and
+    // nothing it writes after is confirmed.
+    let acks = Acks::new(5, vec![2]);
+    let cur =
+        spawn_sender(sender_cfg(&pdir, 5, 2, b.addr), primary.vlog().tail(), feed.clone(), acks.clone(), stop.clone())
+            .expect("sender");
+    let ack = primary.put(b"a", b"1").expect("put");
+    feed.committed();
+    acks.wait(ack.end, Duration::from_secs(10)).expect("confirmed under the current epoch");
+    b.host.back(1, 6);
+    let late = primary.put(b"b", b"2").expect("put");
+    feed.committed();
+    assert!(acks.wait(late.end, Duration::from_millis(500)).is_err(), "a deposed primary's write is never confirmed");
+    match cur.join().expect("sender") {
+        SenderEnd::Refused(ReplRefusal::StaleEpoch, 6, _) => {}
+        other => panic!("expected a stale-epoch refusal naming epoch 6, got {other:?}"),
+    }
+    // Other clusters and regions the node does not back are refused too.
+    let mut foreign = sender_cfg(&pdir, 9, 2, b.addr);
+    foreign.cluster = "other".into();
+    let f = spawn_sender(foreign, primary.vlog().tail(), feed.clone(), Acks::new(9, vec![2]), stop.clone())
+        .expect("sender");
+    assert!(matches!(f.join().expect("sender"), SenderEnd::Refused(ReplRefusal::WrongCluster, ..)));
+    let mut wrong = sender_cfg(&pdir, 9, 2, b.addr);
+    wrong.region = 7;
+    let w = spawn_sender(wrong, primary.vlog().tail(), feed, Acks::new(9, vec![2]), stop).expect("sender");
+    assert!(matches!(w.join().expect("sender"), SenderEnd::Refused(ReplRefusal::WrongRegion, ..)));
+}
+
+#[test]
+fn malformed_replication_frames_close_the_connection_and_change_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = BackupNode::start(&dir.path().join("node2"), "test");
+    b.host.back(1, 1);
+    let frames: Vec<Vec<u8>> = vec![
+        vec![0xff, 0xff, 0xff, 0x7f],                  // over the frame limit
+        vec![3, 0, 0, 0, 9, 1, 0],                     // another version
+        vec![2, 0, 0, 0, 1, 99],                       // an unknown kind
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), // not this protocol at all
+    ];
+    for f in frames {
+        let mut s = TcpStream::connect(b.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        s.write_all(&f).expect("write");
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut rest = Vec::new();
+        match s.read_to_end(&mut rest) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {} // closed with bytes unread
+            other => panic!("the backup should close the connection without an answer: {other:?}"),
+        }
+    }
+    assert!(!b.host.dir(1).join("LOGMAP").exists(), "no backup state was created by garbage");
+}
