@@ -100,12 +100,17 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 #[test]
 fn torn_tail_is_cut_at_the_last_valid_record() {
     let dir = tempfile::tempdir().expect("tempdir");
-    must_fill(dir.path(), 200);
+    let ptrs = must_fill(dir.path(), 200);
     let full = must_replay(dir.path());
     let last = last_segment(dir.path());
     let bytes = std::fs::read(&last).expect("read");
     let end = used(&bytes);
-    for cut in [end - 1, end - 10, end / 2, 33, 32] {
+    // A cut inside a record halfway through the last segment (a cut at a record boundary would be
+    // a clean prefix with nothing torn).
+    let last_seg = ptrs.iter().map(|(l, _)| l.segment()).max().expect("records");
+    let in_last: Vec<u32> = ptrs.iter().filter(|(l, _)| l.segment() == last_seg).map(|(l, _)| l.offset()).collect();
+    let mid = in_last[in_last.len() / 2] as usize + 3;
+    for cut in [end - 1, end - 10, mid, 33, 32] {
         let d2 = tempfile::tempdir().expect("tempdir");
         copy_dir(dir.path(), d2.path());
         std::fs::write(d2.path().join(last.file_name().expect("name")), &bytes[..cut]).expect("truncate");
