@@ -335,6 +335,15 @@ impl Client {
         }
     }
 
+    /// The cluster's region map as the node knows it (a standalone node: its regions, all led by
+    /// node 1, whose device address is empty — the node asked).
+    pub async fn region_map(&self) -> Result<dpukv_proto::regionmap::RegionMap> {
+        match self.call(Op::RegionMap).await?.0 {
+            Reply::RegionMap(m) => Ok(m),
+            other => Err(ClientError::unexpected(&other)),
+        }
+    }
+
     /// The elements matching `element cmp operand`.
     pub async fn filter(&self, key: &[u8], elem: Elem, cmp: Cmp, operand: [u8; 8]) -> Result<Vec<u8>> {
         match self.call(Op::Filter { key: key.to_vec(), elem, cmp, operand }).await?.0 {

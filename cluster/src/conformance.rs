@@ -241,6 +241,7 @@ pub async fn must_fail_over<S: MetaStore>(s: &S, cluster: &str, ttl: Duration) {
     };
     let snap = tokio::time::timeout(Duration::from_secs(10), laid_out).await.expect("laid out in time");
     snap.map.validate().expect("a valid map");
+    assert!((1..=3).contains(&snap.map.master), "the map names the master: {}", snap.map.master);
     for r in &snap.map.regions {
         assert_eq!((r.backups.len(), r.epoch), (2, 1), "three replicas, epoch 1: {r:?}");
     }

@@ -71,7 +71,15 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
             facts.caught_up.insert((r as u32, n as u32, epoch));
         }
     }
-    Ok(Snapshot { map: RegionMap { revision: revision as u64, regions, nodes }, region_revs, config, facts })
+    // The master: the election candidate with the oldest key.
+    let mut candidates = keys.master();
+    candidates.push(b'/');
+    let master = under(candidates)
+        .iter()
+        .min_by_key(|kv| kv.create_revision)
+        .and_then(|kv| NodeInfo::decode(&kv.value).ok())
+        .map_or(0, |n| n.id);
+    Ok(Snapshot { map: RegionMap { revision: revision as u64, master, regions, nodes }, region_revs, config, facts })
 }
 
 /// Writes the configuration if none is written yet; returns the one in force.

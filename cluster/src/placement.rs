@@ -362,7 +362,8 @@ mod tests {
     }
 
     fn check_map(regions: &[RegionInfo]) {
-        let map = dpukv_proto::regionmap::RegionMap { revision: 1, regions: regions.to_vec(), nodes: vec![] };
+        let map =
+            dpukv_proto::regionmap::RegionMap { revision: 1, master: 0, regions: regions.to_vec(), nodes: vec![] };
         map.validate().expect("a valid map: ranges cover the keys, no node holds two replicas of a region");
     }
 

@@ -224,6 +224,7 @@ pub fn response_size(r: &Response) -> usize {
             token.len() + items.iter().map(|(k, v)| k.len() + v.len() + 8).sum::<usize>()
         }
         Ok(Reply::Cas { current, .. }) => current.as_ref().map_or(0, Vec::len),
+        Ok(Reply::RegionMap(m)) => m.regions.iter().map(|r| r.start.len() + 64).sum::<usize>() + m.nodes.len() * 1100,
         Err(e) => e.message.len(),
         _ => 0,
     }

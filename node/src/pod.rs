@@ -30,12 +30,12 @@ fn node_ctl(shm: &Path) -> PathBuf {
 
 /// Publishes the region map (the host, once its regions are open).
 pub fn publish_map(shm: &Path, map: &RegionMap) -> Result<Announcement> {
-    Announcement::publish(&node_ctl(shm), map.encode().as_bytes()).context("publishing the region map")
+    Announcement::publish(&node_ctl(shm), &map.encode()).context("publishing the region map")
 }
 
 /// The region map the host published, and its announcement (to notice a newer host).
 pub fn open_map(shm: &Path) -> Result<(RegionMap, Announcement)> {
     let a = Announcement::open(&node_ctl(shm)).context("opening the node's announcement")?;
-    let map = RegionMap::decode(std::str::from_utf8(a.payload()).context("region map is not UTF-8")?)?;
+    let map = RegionMap::decode(a.payload())?;
     Ok((map, a))
 }

@@ -260,6 +260,9 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
         // offered: say so rather than answer at another version.
         return Response::error(req.id, ErrorCode::Unsupported, "reads at a chosen version are not supported; send 0");
     }
+    if let Op::RegionMap = req.op {
+        return ok(Reply::RegionMap(regions.map.cluster().clone()));
+    }
     let i = match regions.map.check(req) {
         Ok(i) => i,
         Err((code, what)) => return Response::error(req.id, code, what),
@@ -274,6 +277,11 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
             let only = (req.region != 0).then_some(i);
             match scan(regions, shm, device, only, (lo, hi), (*limit, *max_bytes), token, floor) {
                 Ok(Ok(r)) => Ok(ok(r)),
+                Ok(Err(ErrorCode::WrongRegion)) => Ok(Response::error(
+                    req.id,
+                    ErrorCode::WrongRegion,
+                    "the scan continues in a region this node does not serve: refresh the region map",
+                )),
                 Ok(Err(code)) => Ok(Response::error(req.id, code, "malformed continuation token")),
                 Err(e) => Err(e),
             }
@@ -338,7 +346,9 @@ fn scan(
     if floor && token.is_empty() {
         // Honeycomb's SCAN starts at the largest key <= lo, which may sit in an earlier region.
         let from = only.map_or(0, |i| i);
-        for i in (from..=first).rev() {
+        // (Regions another node leads are not read: their keys are found there.)
+        let served: Vec<usize> = (from..=first).rev().filter(|&i| regions.map.serves(i)).collect();
+        for i in served {
             let f = regions.reader(i, shm, device)?.floor_scan(lo, lo, 1)?;
             if let Some((k, _)) = f.into_iter().next() {
                 start = k;
@@ -355,6 +365,14 @@ fn scan(
         None => regions.map.overlapping(&start, hi),
     };
     for i in range {
+        if !regions.map.serves(i) {
+            // Another node leads the rest: a page ends here (with a token if it holds items).
+            if items.is_empty() {
+                return Ok(Err(ErrorCode::WrongRegion));
+            }
+            more = true;
+            break;
+        }
         let want = limit + 1 - items.len();
         let (page, v) =
             regions.reader(i, shm, device)?.scan_bounded(&start, hi, want, max_bytes.saturating_sub(bytes).max(1))?;

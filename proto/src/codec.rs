@@ -203,6 +203,7 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
                     put_write_op(&mut w, o);
                 }
             }
+            Op::RegionMap => {}
         }
         end_entry(out, body);
     }
@@ -216,6 +217,7 @@ const R_ITEMS: u8 = 3;
 const R_CAS: u8 = 4;
 const R_SCALAR: u8 = 5;
 const R_VECTOR: u8 = 6;
+const R_REGION_MAP: u8 = 7;
 
 /// Appends one frame carrying `resps` (at most [`MAX_OPS_PER_FRAME`]) to `out`.
 pub fn encode_responses(resps: &[Response], out: &mut Vec<u8>) {
@@ -295,6 +297,7 @@ pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
             Ok(Reply::Cas { .. }) => R_CAS,
             Ok(Reply::Scalar(_)) => R_SCALAR,
             Ok(Reply::Vector(_)) => R_VECTOR,
+            Ok(Reply::RegionMap(_)) => R_REGION_MAP,
         };
         w.u8(kind);
         w.u8(0);
@@ -321,6 +324,11 @@ pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
                 w.bytes(current.as_deref().unwrap_or(&[]));
             }
             Ok(Reply::Scalar(s)) => w.0.extend_from_slice(s),
+            Ok(Reply::RegionMap(m)) => {
+                let mut b = Vec::new();
+                m.encode(&mut b);
+                w.bytes(&b);
+            }
         }
         end_entry(out, body);
     }
@@ -519,6 +527,7 @@ fn decode_request(e: &[u8]) -> RequestEntry {
                 }
                 Op::Batch { ops }
             }
+            OpCode::RegionMap => Op::RegionMap,
         };
         r.done()?;
         if session.is_some() && !req_is_write(&op) {
@@ -586,6 +595,13 @@ fn decode_response(e: &[u8]) -> Result<Response, DecodeError> {
                 Reply::Cas { swapped, current: has.then_some(v) }
             }
             R_SCALAR => Reply::Scalar(r.arr8().map_err(bad)?),
+            R_REGION_MAP => {
+                let b = r.bytes(MAX_FRAME, ErrorCode::BadRequest).map_err(bad)?;
+                Reply::RegionMap(
+                    crate::regionmap::RegionMap::decode(&b)
+                        .map_err(|_| DecodeError::Malformed("invalid region map"))?,
+                )
+            }
             _ => return Err(DecodeError::Malformed("unknown reply kind")),
         })
     };

@@ -35,6 +35,8 @@ pub enum OpCode {
     Filter = 13,
     /// [`Op::Batch`]
     Batch = 14,
+    /// [`Op::RegionMap`]
+    RegionMap = 15,
 }
 
 impl OpCode {
@@ -56,13 +58,17 @@ impl OpCode {
             12 => Reduce,
             13 => Filter,
             14 => Batch,
+            15 => RegionMap,
             _ => return None,
         })
     }
 
     /// Whether the operation changes data (it goes to the host's write pipeline).
     pub fn is_write(self) -> bool {
-        !matches!(self, OpCode::Get | OpCode::Scan | OpCode::FloorScan | OpCode::Reduce | OpCode::Filter)
+        !matches!(
+            self,
+            OpCode::Get | OpCode::Scan | OpCode::FloorScan | OpCode::Reduce | OpCode::Filter | OpCode::RegionMap
+        )
     }
 }
 
@@ -263,6 +269,9 @@ pub enum Op {
     Filter { key: Vec<u8>, elem: Elem, cmp: Cmp, operand: [u8; 8] },
     /// Writes applied atomically under one version.
     Batch { ops: Vec<WriteOp> },
+    /// The cluster's region map as the node knows it (nodes, regions, primaries, epochs): how
+    /// clients route without access to the metadata store.
+    RegionMap,
 }
 
 impl Op {
@@ -283,6 +292,7 @@ impl Op {
             Op::Reduce { .. } => OpCode::Reduce,
             Op::Filter { .. } => OpCode::Filter,
             Op::Batch { .. } => OpCode::Batch,
+            Op::RegionMap => OpCode::RegionMap,
         }
     }
 
@@ -302,6 +312,7 @@ impl Op {
             | Op::Filter { key, .. } => key,
             Op::Scan { lo, .. } | Op::FloorScan { lo, .. } => lo,
             Op::Batch { ops } => ops.first().map_or(&[], |o| o.key()),
+            Op::RegionMap => &[],
         }
     }
 
@@ -341,6 +352,7 @@ impl Op {
                 }
                 Ok(())
             }
+            Op::RegionMap => Ok(()),
             Op::Batch { ops } => {
                 if ops.is_empty() || ops.len() > MAX_BATCH_OPS {
                     return Err(ErrorCode::TooManyOps);
@@ -448,6 +460,8 @@ pub enum Reply {
     Scalar([u8; 8]),
     /// A vector: a filter's matching elements.
     Vector(Vec<u8>),
+    /// The region map (validated when decoded).
+    RegionMap(crate::regionmap::RegionMap),
 }
 
 /// A failed request.

@@ -134,6 +134,8 @@ impl RegionInfo {
 pub struct RegionMap {
     /// The metadata revision it was read at (a newer map has a larger one).
     pub revision: u64,
+    /// The node running the master (0: none known).
+    pub master: u32,
     /// Regions in key order.
     pub regions: Vec<RegionInfo>,
     /// Live nodes, by id.
@@ -200,6 +202,7 @@ impl RegionMap {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.push(MAP_FORMAT);
         out.extend_from_slice(&self.revision.to_le_bytes());
+        out.extend_from_slice(&self.master.to_le_bytes());
         out.extend_from_slice(&(self.regions.len() as u32).to_le_bytes());
         for r in &self.regions {
             r.encode_body(out);
@@ -214,12 +217,13 @@ impl RegionMap {
     pub fn decode(b: &[u8]) -> Result<RegionMap> {
         let mut r = Reader::new(b)?;
         let revision = r.u64()?;
+        let master = r.u32()?;
         let n = r.count(MAX_REGIONS)?;
         let regions = (0..n).map(|_| RegionInfo::decode_body(&mut r)).collect::<Result<Vec<_>>>()?;
         let n = r.count(MAX_NODES)?;
         let nodes = (0..n).map(|_| NodeInfo::decode_body(&mut r)).collect::<Result<Vec<_>>>()?;
         r.done()?;
-        let map = RegionMap { revision, regions, nodes };
+        let map = RegionMap { revision, master, regions, nodes };
         map.validate()?;
         Ok(map)
     }
@@ -458,7 +462,7 @@ mod tests {
                     }
                 })
                 .collect();
-            RegionMap { revision, regions, nodes }
+            RegionMap { revision, master: (seed % 3) as u32, regions, nodes }
         })
     }
 
@@ -528,7 +532,7 @@ mod tests {
             epoch: 1,
             state: RegionState::Serving,
         };
-        let map = |regions| RegionMap { revision: 1, regions, nodes: vec![] };
+        let map = |regions| RegionMap { revision: 1, master: 0, regions, nodes: vec![] };
         assert!(map(vec![r(1, b"", Some(b"m")), r(2, b"m", None)]).validate().is_ok());
         for (bad, why) in [
             (map(vec![]), "no regions"),

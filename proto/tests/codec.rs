@@ -74,7 +74,39 @@ fn op() -> impl Strategy<Value = Op> {
         )
             .prop_map(|(key, elem, cmp, operand)| Op::Filter { key, elem, cmp, operand }),
         proptest::collection::vec(write_op(), 1..8).prop_map(|ops| Op::Batch { ops }),
+        Just(Op::RegionMap),
     ]
+}
+
+/// A valid region map: regions split at sorted keys, led by nodes 1..=3.
+fn region_map() -> impl Strategy<Value = dpukv_proto::regionmap::RegionMap> {
+    use dpukv_proto::regionmap::{NodeInfo, RegionInfo, RegionMap, RegionState};
+    (proptest::collection::btree_set(key(), 0..5), any::<u64>(), 0u32..4).prop_map(|(splits, revision, master)| {
+        let mut starts = vec![Vec::new()];
+        starts.extend(splits);
+        let regions = (0..starts.len())
+            .map(|i| RegionInfo {
+                id: i as u32 + 1,
+                start: starts[i].clone(),
+                end: starts.get(i + 1).cloned(),
+                primary: i as u32 % 3 + 1,
+                backups: vec![(i as u32 + 1) % 3 + 1],
+                joining: vec![],
+                epoch: i as u64 + 1,
+                state: RegionState::Serving,
+            })
+            .collect();
+        let nodes = (1..=3)
+            .map(|id| NodeInfo {
+                id,
+                device: format!("127.0.0.1:{id}"),
+                replication: String::new(),
+                admin: String::new(),
+                zone: String::new(),
+            })
+            .collect();
+        RegionMap { revision, master, regions, nodes }
+    })
 }
 
 fn request() -> impl Strategy<Value = Request> {
@@ -115,6 +147,7 @@ fn response() -> impl Strategy<Value = Response> {
         (any::<bool>(), proptest::option::of(bytes(20))).prop_map(|(swapped, current)| Reply::Cas { swapped, current }),
         any::<[u8; 8]>().prop_map(Reply::Scalar),
         bytes(64).prop_map(Reply::Vector),
+        region_map().prop_map(Reply::RegionMap),
     ];
     let code = (1u8..=18).prop_map(|b| ErrorCode::from_u8(b).expect("known code"));
     let result = prop_oneof![

@@ -64,6 +64,12 @@ enum Cmd {
         #[arg(long, default_value_t = 8)]
         connections: usize,
     },
+    /// Print one line per region: `id<TAB>start<TAB>end<TAB>primary<TAB>backups<TAB>epoch`
+    /// (keys as `scan` prints them; empty for unbounded; backups comma-separated).
+    Regions,
+    /// Print one line per node: `id<TAB>device<TAB>replication<TAB>admin<TAB>zone`, the master's
+    /// line ending with `<TAB>master`.
+    Nodes,
     /// Print a node's metrics (from its admin endpoint).
     Stats {
         /// Admin address (host or device).
@@ -196,6 +202,23 @@ async fn run(cli: Cli) -> Result<i32> {
             writeln!(out, "{}", u64s(&c.filter(key.as_bytes(), Elem::U64, cmp, value.to_le_bytes()).await?))?;
         }
         Cmd::Load { count, prefix, value_size, .. } => load(&c, count, &prefix, value_size).await?,
+        Cmd::Regions => {
+            for r in c.region_map().await?.regions {
+                out.write_all(format!("{}\t", r.id).as_bytes())?;
+                out.write_all(&r.start)?;
+                out.write_all(b"\t")?;
+                out.write_all(r.end.as_deref().unwrap_or_default())?;
+                let backups: Vec<String> = r.backups.iter().map(u32::to_string).collect();
+                writeln!(out, "\t{}\t{}\t{}", r.primary, backups.join(","), r.epoch)?;
+            }
+        }
+        Cmd::Nodes => {
+            let m = c.region_map().await?;
+            for n in &m.nodes {
+                let master = if n.id == m.master { "\tmaster" } else { "" };
+                writeln!(out, "{}\t{}\t{}\t{}\t{}{master}", n.id, n.device, n.replication, n.admin, n.zone)?;
+            }
+        }
         Cmd::Stats { .. } | Cmd::Local { .. } => unreachable!("handled above"),
     }
     Ok(0)

@@ -91,3 +91,20 @@ fn local_restarts_a_process_that_dies() {
     let restarts = log.iter().filter(|l| l.contains("exited") && l.contains("restart")).count();
     assert_eq!(restarts, 2, "{log:#?}");
 }
+
+/// `dpukv regions` and `dpukv nodes` print the map a node serves by (a standalone node: its
+/// regions, all led by node 1).
+#[test]
+fn regions_and_nodes_print_the_map_a_node_serves_by() {
+    let pod = dpukv_e2e::procs::Pod::start(&["--split-keys", "g,p"]).expect("pod");
+    let cli = |cmd: &str| {
+        let out = Command::new(bin_dir().expect("binaries").join("dpukv"))
+            .args(["--endpoint", &pod.addr, cmd])
+            .output()
+            .expect("run dpukv");
+        assert!(out.status.success(), "dpukv {cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    assert_eq!(cli("regions"), "1\t\tg\t1\t\t1\n2\tg\tp\t1\t\t1\n3\tp\t\t1\t\t1\n");
+    assert_eq!(cli("nodes"), "1\t\t\t\t\n");
+}
