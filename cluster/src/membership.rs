@@ -107,7 +107,18 @@ pub fn id_taken(id: u32) -> MetaError {
 
 /// Registers `info` under a new lease; fails if a live node holds the id.
 pub async fn register<S: MetaStore>(s: &S, keys: &Keys, info: &NodeInfo, timing: Timing) -> Result<Member> {
-    let authority = Authority::new();
+    register_with(s, keys, info, timing, Authority::new()).await
+}
+
+/// Like [`register`], extending an existing authority (a node registering again after its lease
+/// ended keeps one authority for its write paths).
+pub async fn register_with<S: MetaStore>(
+    s: &S,
+    keys: &Keys,
+    info: &NodeInfo,
+    timing: Timing,
+    authority: Authority,
+) -> Result<Member> {
     let t_sent = Instant::now();
     let lease = s.grant(timing.ttl).await?;
     let key = keys.node(info.id);

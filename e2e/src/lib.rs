@@ -8,7 +8,9 @@
 //! - `history`: recording invocations and responses from concurrent clients.
 //! - `procs`: building the binaries and running a node pod (host + device).
 //! - `etcd`: a real etcd member per test (free ports, fast elections), stoppable and resumable.
+//! - `cluster`: node pods that join a cluster in a real etcd; killable, resumable.
 
+pub mod cluster;
 pub mod etcd;
 pub mod history;
 pub mod linearizability;

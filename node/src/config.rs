@@ -118,6 +118,88 @@ pub struct HostArgs {
     /// Connection limits.
     #[command(flatten)]
     pub conn: ConnArgs,
+    /// Cluster membership (without `--cluster`: a standalone node).
+    #[command(flatten)]
+    pub cluster: ClusterFlags,
+}
+
+/// Flags of a host that is a member of a cluster.
+#[derive(Debug, clap::Args)]
+pub struct ClusterFlags {
+    /// The cluster's name: with it, the node joins the cluster in etcd (`--etcd`) and serves
+    /// the regions the region map gives it; `--split-keys` is then the first layout's.
+    #[arg(long, env = "DPUKV_CLUSTER")]
+    pub cluster: Option<String>,
+    /// This node's id in the cluster (unique, not 0).
+    #[arg(long, env = "DPUKV_NODE_ID")]
+    pub node_id: Option<u32>,
+    /// etcd client URLs, comma separated.
+    #[arg(long, env = "DPUKV_ETCD", default_value = "http://127.0.0.1:2379")]
+    pub etcd: String,
+    /// Where this host accepts replication connections from primaries.
+    #[arg(long, env = "DPUKV_REPLICATION_LISTEN", default_value = "0.0.0.0:7071")]
+    pub replication_listen: SocketAddr,
+    /// The address clients reach this node's device at (as registered).
+    #[arg(long, env = "DPUKV_ADVERTISE_DEVICE")]
+    pub advertise_device: Option<String>,
+    /// The address primaries reach this host's replication port at (default: the listen
+    /// address).
+    #[arg(long, env = "DPUKV_ADVERTISE_REPLICATION")]
+    pub advertise_replication: Option<String>,
+    /// Failure domain (replicas of a region go to different zones when zones are given).
+    #[arg(long, env = "DPUKV_ZONE", default_value = "")]
+    pub zone: String,
+    /// Node lease TTL in milliseconds (failover takes about this long; etcd's minimum is 1.5 ×
+    /// its election timeout).
+    #[arg(long, env = "DPUKV_LEASE_TTL_MS", default_value_t = 3000)]
+    pub lease_ttl_ms: u64,
+    /// Replicas per region, for the cluster's first configuration.
+    #[arg(long, env = "DPUKV_REPLICATION_FACTOR", default_value_t = 3)]
+    pub replication_factor: usize,
+    /// How long a write waits for its backups before its outcome is declared unknown (ms).
+    #[arg(long, env = "DPUKV_REPLICATION_TIMEOUT_MS", default_value_t = 5000)]
+    pub replication_timeout_ms: u64,
+}
+
+impl ClusterFlags {
+    fn config(
+        &self,
+        split_keys: &[Vec<u8>],
+        admin: Option<SocketAddr>,
+    ) -> Result<Option<crate::host::cluster::ClusterArgs>> {
+        let Some(name) = &self.cluster else { return Ok(None) };
+        let Some(node_id) = self.node_id.filter(|&n| n != 0) else {
+            bail!("--cluster needs --node-id (unique in the cluster, not 0)");
+        };
+        let Some(device) = self.advertise_device.clone() else {
+            bail!("--cluster needs --advertise-device (where clients reach this node's device)");
+        };
+        let etcd: Vec<String> = self.etcd.split(',').filter(|u| !u.is_empty()).map(str::to_string).collect();
+        if etcd.is_empty() {
+            bail!("--etcd names no URL");
+        }
+        Ok(Some(crate::host::cluster::ClusterArgs {
+            name: name.clone(),
+            node_id,
+            etcd,
+            replication_listen: self.replication_listen,
+            advertise_device: device,
+            advertise_replication: self
+                .advertise_replication
+                .clone()
+                .unwrap_or_else(|| self.replication_listen.to_string()),
+            advertise_admin: admin.map(|a| a.to_string()).unwrap_or_default(),
+            zone: self.zone.clone(),
+            lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(100)),
+            bootstrap: dpukv_cluster::keys::ClusterConfig {
+                replication: self.replication_factor.max(1),
+                split_keys: split_keys.to_vec(),
+                backup_index: dpukv_cluster::keys::BackupIndex::Send,
+                max_moves: 2,
+            },
+            replication_timeout: Duration::from_millis(self.replication_timeout_ms.max(1)),
+        }))
+    }
 }
 
 impl HostArgs {
@@ -146,6 +228,7 @@ impl HostArgs {
             memory_budget: self.conn.memory_budget,
             read_threads: read_threads(self.read_threads)?,
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
+            cluster: self.cluster.config(&keys, self.admin)?,
         })
     }
 }

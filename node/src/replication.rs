@@ -54,6 +54,8 @@ struct AckState {
     epoch: u64,
     required: Vec<u32>,
     held: HashMap<u32, Lsn>,
+    /// Backups that installed the whole index on their current connection.
+    installed: std::collections::HashSet<u32>,
 }
 
 /// What each backup of a region holds, and the set a write must reach.
@@ -66,7 +68,7 @@ pub struct Acks {
 impl Acks {
     /// Acks for a region at `epoch` whose writes must reach `required`.
     pub fn new(epoch: u64, required: Vec<u32>) -> Arc<Acks> {
-        Arc::new(Acks { st: Mutex::new(AckState { epoch, required, held: HashMap::new() }), cv: Condvar::new() })
+        Arc::new(Acks { st: Mutex::new(AckState { epoch, required, ..AckState::default() }), cv: Condvar::new() })
     }
 
     /// A new epoch and backup set (writes waiting under the old epoch fail).
@@ -85,6 +87,22 @@ impl Acks {
             *e = upto;
             self.cv.notify_all();
         }
+    }
+
+    /// `node` installed the region's whole index (or there was none to install).
+    pub fn set_installed(&self, node: u32, yes: bool) {
+        let mut st = lock(&self.st);
+        if yes {
+            st.installed.insert(node);
+        } else {
+            st.installed.remove(&node);
+        }
+    }
+
+    /// Whether `node` has the whole index (a joining node is caught up once it also holds the
+    /// log to its end).
+    pub fn installed(&self, node: u32) -> bool {
+        lock(&self.st).installed.contains(&node)
     }
 
     /// What `node` holds.
@@ -291,7 +309,7 @@ fn send_session(
         while let Ok(m) = read_msg(&mut rs) {
             match m {
                 ReplMessage::Held { upto, .. } => acks2.held(backup, Lsn(upto)),
-                ReplMessage::Installed { .. } => {}
+                ReplMessage::Installed { .. } => acks2.set_installed(backup, true),
                 ReplMessage::Refuse { reason, current, message, .. } => {
                     *lock(&refused2) = Some(SenderEnd::Refused(reason, current, message));
                     break;
@@ -339,9 +357,13 @@ fn send_session(
             let exports = if whole_index_due { None } else { feed.exports_after(shipped_generation) };
             match exports {
                 None => {
-                    if let Some(e) = export_dir(&cfg.region_dir)? {
-                        write_msg(&mut s, &export_msg(region, epoch, &e))?;
-                        shipped_generation = e.manifest.generation;
+                    acks.set_installed(cfg.backup, false);
+                    match export_dir(&cfg.region_dir)? {
+                        Some(e) => {
+                            write_msg(&mut s, &export_msg(region, epoch, &e))?;
+                            shipped_generation = e.manifest.generation;
+                        }
+                        None => acks.set_installed(cfg.backup, true),
                     }
                     whole_index_due = false;
                 }
@@ -395,6 +417,11 @@ impl BackupHost {
         let mut r = lock(&self.roles);
         let e = r.entry(region).or_insert(epoch);
         *e = (*e).max(epoch);
+    }
+
+    /// Whether this node backs `region`.
+    pub fn backs(&self, region: u32) -> bool {
+        lock(&self.roles).contains_key(&region)
     }
 
     /// Stops backing `region` and returns its backup, if open (to promote it or remove it).

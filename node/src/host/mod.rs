@@ -8,14 +8,18 @@
 //! # Layout
 //! - `worker`: a region's writer (group commit, reservation station, exactly-once sessions,
 //!   upkeep) and releaser.
+//! - `cluster`: the host as a member of a cluster — registration, the master, and serving,
+//!   backing and handing over regions as the region map in etcd says.
 //! - this module: [`HostConfig`], [`run`], the socket server.
 
+pub mod cluster;
 mod worker;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -63,6 +67,60 @@ pub struct HostConfig {
     pub read_threads: usize,
     /// How long a shutdown waits for requests in flight.
     pub shutdown_grace: Duration,
+    /// Membership of a cluster (None: a standalone node serving `regions`).
+    pub cluster: Option<cluster::ClusterArgs>,
+}
+
+/// The map a host routes by and the writers of the regions it serves (the cluster agent swaps
+/// both as regions come and go).
+#[derive(Debug)]
+pub struct Served {
+    map: RegionMap,
+    writers: HashMap<u32, mpsc::Sender<Job>>,
+}
+
+/// [`Served`], shared by the connections and the cluster agent.
+pub type SharedServed = Arc<RwLock<Served>>;
+
+/// Opens regions and starts their writers, alike for a standalone host and a cluster's.
+#[derive(Clone)]
+pub struct Opener {
+    data_dir: PathBuf,
+    shm_dir: PathBuf,
+    fsync: dpukv_storage::vlog::FsyncPolicy,
+    l0_budget: u64,
+    per_op_atomics: bool,
+    stats: Arc<WriterStats>,
+    rt: tokio::runtime::Handle,
+}
+
+impl Opener {
+    /// Region `id`'s data directory.
+    pub fn dir(&self, id: u32) -> PathBuf {
+        self.data_dir.join(format!("region-{id}"))
+    }
+
+    /// Opens region `id` (creating it if new; replaying its log tail) and starts its writer;
+    /// returns its queue, its writer thread and a reader of its log's bytes (for replication).
+    pub fn open(
+        &self,
+        id: u32,
+        repl: Option<worker::Replicated>,
+    ) -> Result<(mpsc::Sender<Job>, std::thread::JoinHandle<()>, dpukv_storage::vlog::LogTail)> {
+        let mut rc = RegionConfig::new(self.dir(id), pod::region_dir(&self.shm_dir, id));
+        rc.vlog.fsync = self.fsync;
+        rc.l0_budget = self.l0_budget;
+        // Room for a full L0 and the slack of its allocation (the arena file is sparse: only
+        // what is used takes memory).
+        rc.arena.capacity = rc.arena.capacity.max(self.l0_budget.saturating_mul(2));
+        // Opening replays the log tail: the host serves nothing before its regions are open.
+        let (region, rec) = Region::open(rc).with_context(|| format!("opening region {id}"))?;
+        tracing::info!(region = id, replayed = rec.replayed, dropped = rec.dropped, "region open");
+        let tail = region.vlog().tail();
+        let (queue, thread) =
+            start_writer(id, region, self.per_op_atomics, self.stats.clone(), WRITER_QUEUE, self.rt.clone(), repl)?;
+        Ok((queue, thread, tail))
+    }
 }
 
 /// What [`run`] reports once it serves.
@@ -85,34 +143,45 @@ pub async fn run(
     started: Option<tokio::sync::oneshot::Sender<HostInfo>>,
 ) -> Result<()> {
     std::fs::create_dir_all(&cfg.shm_dir).with_context(|| format!("creating {}", cfg.shm_dir.display()))?;
-    cfg.regions.pin_to(&cfg.data_dir)?;
     let stats = Arc::new(WriterStats::default());
     let rt = tokio::runtime::Handle::current();
-    let mut writers: Vec<mpsc::Sender<Job>> = Vec::new();
     let mut writer_threads = Vec::new();
+    let regions_hint = if cfg.cluster.is_some() { 4 } else { cfg.regions.regions().len() };
     let l0_budget = match cfg.l0_budget {
-        0 => crate::sizing::auto_l0_budget(&cfg.shm_dir, cfg.regions.regions().len()),
+        0 => crate::sizing::auto_l0_budget(&cfg.shm_dir, regions_hint),
         b => b,
     };
-    tracing::info!(l0_budget_mib = l0_budget >> 20, regions = cfg.regions.regions().len(), "L0 budget per region");
-    for spec in cfg.regions.regions() {
-        let mut rc =
-            RegionConfig::new(cfg.data_dir.join(format!("region-{}", spec.id)), pod::region_dir(&cfg.shm_dir, spec.id));
-        rc.vlog.fsync = cfg.fsync;
-        rc.l0_budget = l0_budget;
-        // Room for a full L0 and the slack of its allocation (the arena file is sparse: only
-        // what is used takes memory).
-        rc.arena.capacity = rc.arena.capacity.max(l0_budget.saturating_mul(2));
-        // Opening replays the log tail: the host serves nothing before its regions are open.
-        let (region, rec) = Region::open(rc).with_context(|| format!("opening region {}", spec.id))?;
-        tracing::info!(region = spec.id, replayed = rec.replayed, dropped = rec.dropped, "region open");
-        let (queue, thread) =
-            start_writer(spec.id, region, cfg.per_op_atomics, stats.clone(), WRITER_QUEUE, rt.clone())?;
-        writers.push(queue);
-        writer_threads.push(thread);
-    }
-    // The regions' shared memory is in place: the device may read by this map from now on.
-    let _map = pod::publish_map(&cfg.shm_dir, &cfg.regions)?;
+    tracing::info!(l0_budget_mib = l0_budget >> 20, regions = regions_hint, "L0 budget per region");
+    let opener = Opener {
+        data_dir: cfg.data_dir.clone(),
+        shm_dir: cfg.shm_dir.clone(),
+        fsync: cfg.fsync,
+        l0_budget,
+        per_op_atomics: cfg.per_op_atomics,
+        stats: stats.clone(),
+        rt: rt.clone(),
+    };
+    let served: SharedServed = Arc::new(RwLock::new(Served { map: cfg.regions.clone(), writers: HashMap::new() }));
+    let mut agent = None;
+    let _map = match &cfg.cluster {
+        None => {
+            cfg.regions.pin_to(&cfg.data_dir)?;
+            for spec in cfg.regions.regions() {
+                let (queue, thread, _) = opener.open(spec.id, None)?;
+                served.write().unwrap_or_else(|e| e.into_inner()).writers.insert(spec.id, queue);
+                writer_threads.push(thread);
+            }
+            // The regions' shared memory is in place: the device may read by this map from now on.
+            Some(pod::publish_map(&cfg.shm_dir, &cfg.regions)?)
+        }
+        Some(c) => {
+            std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
+            // The agent joins the cluster and publishes maps as regions come; until its first
+            // map, the device waits.
+            agent = Some(tokio::spawn(cluster::run(c.clone(), served.clone(), opener.clone(), shutdown.clone())));
+            None
+        }
+    };
     let reads =
         Arc::new(ReadPool::start(cfg.shm_dir.clone(), cfg.read_threads, false, Arc::new(ReadCounters::default()))?);
 
@@ -137,7 +206,6 @@ pub async fn run(
     let tracker = TaskTracker::new();
     let limit = Arc::new(Semaphore::new(cfg.max_connections));
     let budget = Budget::new(cfg.memory_budget);
-    let writers = Arc::new(writers);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -147,11 +215,10 @@ pub async fn run(
                     tracing::warn!("connection limit reached; refusing a device connection");
                     continue;
                 };
-                let (writers, map, reads, budget, stop) =
-                    (writers.clone(), cfg.regions.clone(), reads.clone(), budget.clone(), shutdown.clone());
+                let (served, reads, budget, stop) = (served.clone(), reads.clone(), budget.clone(), shutdown.clone());
                 let conn_cfg = cfg.conn;
                 tracker.spawn(async move {
-                    let dispatch = |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &writers, &map, &reads);
+                    let dispatch = |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &served, &reads);
                     if let Err(e) = conn::serve(stream, conn_cfg, budget, stop, dispatch).await {
                         tracing::debug!(error = %e, "device connection ended");
                     }
@@ -165,9 +232,17 @@ pub async fn run(
     if tokio::time::timeout(cfg.shutdown_grace, tracker.wait()).await.is_err() {
         tracing::warn!("connections did not finish within the shutdown grace period");
     }
+    // The agent hands back its regions' writer threads (and leaves the cluster).
+    if let Some(a) = agent {
+        match a.await {
+            Ok(Ok(threads)) => writer_threads.extend(threads),
+            Ok(Err(e)) => tracing::error!(error = %e, "the cluster agent failed"),
+            Err(e) => tracing::error!(error = %e, "the cluster agent panicked"),
+        }
+    }
     // Dropping the queues stops the writers: they finish their rounds, then close their regions
     // (every write made durable, compactions finished). Wait for them, within the grace period.
-    drop(writers);
+    served.write().unwrap_or_else(|e| e.into_inner()).writers.clear();
     let joined = tokio::task::spawn_blocking(move || {
         for t in writer_threads {
             let _ = t.join();
@@ -182,22 +257,31 @@ pub async fn run(
 
 /// Routes one request of a device connection: writes and atomics to their region's writer,
 /// reads to the reader pool.
-async fn dispatch(batch: Vec<Incoming>, sink: Sink, writers: &[mpsc::Sender<Job>], map: &RegionMap, reads: &ReadPool) {
+async fn dispatch(batch: Vec<Incoming>, sink: Sink, served: &SharedServed, reads: &ReadPool) {
     let mut local = Vec::new();
     for Incoming { req, charge } in batch {
         if !req.op.code().is_write() {
             local.push((req, charge));
             continue;
         }
-        let i = match map.check(&req) {
-            Ok(i) => i,
+        let writer = {
+            let s = served.read().unwrap_or_else(|e| e.into_inner());
+            s.map.check(&req).map(|i| s.writers.get(&s.map.regions()[i].id).cloned())
+        };
+        let writer = match writer {
+            Ok(Some(w)) => w,
+            Ok(None) => {
+                let r = Response::error(req.id, ErrorCode::Unavailable, "the region is opening or closing here");
+                sink.send(r, charge);
+                continue;
+            }
             Err((code, what)) => {
                 sink.send(Response::error(req.id, code, what), charge);
                 continue;
             }
         };
         let id = req.id;
-        if let Err(mpsc::error::SendError(job)) = writers[i].send(Job { req, charge, sink: sink.clone() }).await {
+        if let Err(mpsc::error::SendError(job)) = writer.send(Job { req, charge, sink: sink.clone() }).await {
             let r = Response::error(id, ErrorCode::Unavailable, "the region's writer stopped");
             job.sink.send(r, job.charge);
         }

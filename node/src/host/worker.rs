@@ -23,9 +23,12 @@ use dpukv_storage::region::{Lookup, Region, SessionEntry, WriteAck};
 use dpukv_storage::vlog::{DurabilityWaiter, Lsn};
 use tokio::sync::mpsc;
 
+use dpukv_cluster::membership::Authority;
+
 use crate::atomics::{AtomicError, ReservationStation};
 use crate::conn::{Charge, Sink};
 use crate::reads::storage_error;
+use crate::replication::{Acks, Feed};
 
 /// A write or atomic for this region, with where its response goes.
 #[derive(Debug)]
@@ -62,20 +65,41 @@ const MAINTAIN_EVERY: Duration = Duration::from_millis(50);
 /// Rounds waiting for durability before the writer waits for the releaser.
 const RELEASE_QUEUE: usize = 256;
 
+/// A primary's replication, as its writer and releaser see it: the backups' confirmations, the
+/// feed its senders follow, and the node's authority (its lease).
+#[derive(Debug, Clone)]
+pub struct Replicated {
+    /// What each backup holds.
+    pub acks: Arc<Acks>,
+    /// New log bytes and compaction exports, for the senders.
+    pub feed: Arc<Feed>,
+    /// Until when this node may acknowledge writes as a primary.
+    pub authority: Authority,
+    /// How long a write waits for its backups before its outcome is declared unknown.
+    pub timeout: Duration,
+}
+
 /// Starts the writer and releaser threads of `region`; returns the queue to send its jobs to
-/// and the writer thread (it ends, after closing the region, once the queue is dropped).
+/// and the writer thread (it ends, after closing the region, once the queue is dropped). With
+/// `repl`, every response also waits for every backup to hold its round and for the node's
+/// authority (a region of a cluster).
 pub fn start(
     id: u32,
-    region: Region,
+    mut region: Region,
     per_op_atomics: bool,
     stats: Arc<WriterStats>,
     queue: usize,
     rt: tokio::runtime::Handle,
+    repl: Option<Replicated>,
 ) -> std::io::Result<(mpsc::Sender<Job>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel(queue);
     let (rel_tx, rel_rx) = std::sync::mpsc::sync_channel::<Release>(RELEASE_QUEUE);
-    std::thread::Builder::new().name(format!("dpukv-release-{id}")).spawn(move || release(rel_rx))?;
-    let w = Worker { region, station: ReservationStation::new(), per_op_atomics, stats, release: rel_tx };
+    if repl.is_some() {
+        region.capture_exports();
+    }
+    let rel_repl = repl.clone();
+    std::thread::Builder::new().name(format!("dpukv-release-{id}")).spawn(move || release(rel_rx, rel_repl))?;
+    let w = Worker { region, station: ReservationStation::new(), per_op_atomics, stats, release: rel_tx, repl };
     let writer = std::thread::Builder::new().name(format!("dpukv-write-{id}")).spawn(move || w.run(rx, rt))?;
     Ok((tx, writer))
 }
@@ -87,16 +111,23 @@ struct Release {
     responses: Vec<(Sink, Response, Charge)>,
 }
 
-fn release(rx: std::sync::mpsc::Receiver<Release>) {
+fn release(rx: std::sync::mpsc::Receiver<Release>, repl: Option<Replicated>) {
     while let Ok(r) = rx.recv() {
-        let failed = r.waiter.wait(r.end).err();
+        let mut failed = r.waiter.wait(r.end).err().map(|e| format!("the log failed: {}", e.code()));
+        if let (None, Some(repl)) = (&failed, &repl) {
+            // Every backup of the set holds the round, and this node still leads: only then
+            // may a write be acknowledged (docs/cluster.md §4–5).
+            if let Err(e) = repl.acks.wait(r.end, repl.timeout) {
+                failed = Some(format!("replication: {e}"));
+            } else if !repl.authority.valid() {
+                failed = Some("this node's lease ran out: it may no longer lead the region".into());
+            }
+        }
         for (sink, resp, charge) in r.responses {
-            // A write whose log write or sync failed is never acknowledged: its outcome is
-            // unknown (the log repairs itself and may still make it durable).
+            // A write whose log write or sync failed, or that its backups did not confirm, is
+            // never acknowledged: its outcome is unknown (it may still survive).
             let resp = match &failed {
-                Some(e) if resp.result.is_ok() => {
-                    Response::error(resp.id, ErrorCode::OutcomeUnknown, format!("the log failed: {}", e.code()))
-                }
+                Some(why) if resp.result.is_ok() => Response::error(resp.id, ErrorCode::OutcomeUnknown, why.clone()),
                 _ => resp,
             };
             sink.send(resp, charge);
@@ -160,6 +191,7 @@ struct Worker {
     per_op_atomics: bool,
     stats: Arc<WriterStats>,
     release: std::sync::mpsc::SyncSender<Release>,
+    repl: Option<Replicated>,
 }
 
 fn is_atomic(op: &Op) -> bool {
@@ -232,6 +264,16 @@ impl Worker {
                 self.stats.gc_segments.fetch_add(m.gc.deleted, Ordering::Relaxed);
             }
             Err(e) => tracing::warn!(error = %e, "region upkeep failed; will retry"),
+        }
+        self.ship_exports();
+    }
+
+    /// Hands finished compactions' outputs to the senders (Send Index).
+    fn ship_exports(&mut self) {
+        if let Some(repl) = &self.repl {
+            for e in self.region.take_exports() {
+                repl.feed.export(e);
+            }
         }
     }
 
@@ -399,6 +441,11 @@ impl Worker {
         // Every round's responses wait for the log's end: no reply (even of a read-only atomic,
         // or a retry answered from the sessions) reveals state that is not acknowledged yet.
         let r = Release { waiter: self.region.vlog().durability(), end: self.region.vlog().end(), responses };
+        if let Some(repl) = &self.repl {
+            repl.feed.committed();
+        }
+        // A compaction installed during the round (a full L0) ships now too.
+        self.ship_exports();
         if let Err(std::sync::mpsc::SendError(r)) = self.release.send(r) {
             for (sink, resp, charge) in r.responses {
                 sink.send(resp, charge);

@@ -1,0 +1,117 @@
+//! Cluster nodes for a test: a node pod (host and device processes) that joins a cluster in a
+//! real etcd, on free loopback ports, with its logs in its directory; it can be SIGKILLed and
+//! started again on the same data.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dpukv_client::Client;
+use dpukv_proto::regionmap::RegionMap;
+
+use crate::procs::{Proc, bin_dir};
+
+/// One node of a test cluster.
+pub struct ClusterNode {
+    /// Its id.
+    pub id: u32,
+    /// Its directory (data, shared memory, logs).
+    pub dir: tempfile::TempDir,
+    /// Its device's data port.
+    pub device: String,
+    host_args: Vec<String>,
+    host: Option<Proc>,
+    dev: Option<Proc>,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl ClusterNode {
+    /// Starts node `id` of cluster `cluster` on etcd `etcd` (host flags `extra` added).
+    pub fn start(id: u32, cluster: &str, etcd: &str, extra: &[&str]) -> Result<ClusterNode> {
+        let dir = tempfile::tempdir()?;
+        let device = format!("127.0.0.1:{}", free_port()?);
+        let repl = format!("127.0.0.1:{}", free_port()?);
+        let mut host_args: Vec<String> = [
+            "--cluster",
+            cluster,
+            "--node-id",
+            &id.to_string(),
+            "--etcd",
+            etcd,
+            "--replication-listen",
+            &repl,
+            "--advertise-device",
+            &device,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        host_args.extend(extra.iter().map(|s| s.to_string()));
+        let mut n = ClusterNode { id, dir, device, host_args, host: None, dev: None };
+        n.resume()?;
+        Ok(n)
+    }
+
+    /// Starts the host and device processes (again), on the same data and ports.
+    pub fn resume(&mut self) -> Result<()> {
+        let (data, shm) = (self.dir.path().join("data"), self.dir.path().join("shm"));
+        let log = |name: &str| -> Result<std::fs::File> {
+            Ok(std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join(name))?)
+        };
+        let mut h = Command::new(bin_dir()?.join("dpukv-node"));
+        h.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm).args(&self.host_args);
+        h.env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log("host.log")?);
+        self.host = Some(Proc(h.spawn().context("starting dpukv-node")?));
+        let mut d = Command::new(bin_dir()?.join("dpukv-dpu"));
+        d.arg("--shm-dir").arg(&shm).args(["--listen", &self.device]);
+        d.env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log("device.log")?);
+        self.dev = Some(Proc(d.spawn().context("starting dpukv-dpu")?));
+        Ok(())
+    }
+
+    /// SIGKILLs the host and the device.
+    pub fn kill(&mut self) {
+        self.host = None;
+        self.dev = None;
+    }
+
+    /// Its logs (host then device), for a failing test's message.
+    pub fn logs(&self) -> String {
+        let read = |n: &str| std::fs::read_to_string(self.dir.path().join(n)).unwrap_or_default();
+        format!(
+            "--- node {} host ---\n{}\n--- node {} device ---\n{}",
+            self.id,
+            read("host.log"),
+            self.id,
+            read("device.log")
+        )
+    }
+}
+
+/// The region map as one of `nodes` answers it, once `ready` holds for it (within `timeout`).
+pub async fn wait_for_map(
+    nodes: &[&ClusterNode],
+    timeout: Duration,
+    ready: impl Fn(&RegionMap) -> bool,
+) -> Result<RegionMap> {
+    let deadline = Instant::now() + timeout;
+    let mut last = None;
+    while Instant::now() < deadline {
+        for n in nodes {
+            if let Ok(c) = Client::connect(&n.device, 1).await
+                && let Ok(m) = c.region_map().await
+            {
+                if ready(&m) {
+                    return Ok(m);
+                }
+                last = Some(m);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("no node showed the expected region map within {timeout:?}; last seen: {last:?}")
+}

@@ -1,0 +1,88 @@
+//! A cluster of real node pods (host and device processes) on a real etcd: the first layout,
+//! replication, and failover when a primary's node is SIGKILLed.
+
+use std::time::{Duration, Instant};
+
+use dpukv_client::Client;
+use dpukv_e2e::cluster::{ClusterNode, wait_for_map};
+use dpukv_e2e::etcd::Etcd;
+
+const LEASE_MS: &str = "1000";
+
+fn start(etcd: &Etcd, n: u32, extra: &[&str]) -> Vec<ClusterNode> {
+    let mut args = vec!["--lease-ttl-ms", LEASE_MS, "--replication-factor", "3", "--fsync", "always"];
+    args.extend_from_slice(extra);
+    (1..=n).map(|id| ClusterNode::start(id, "e2e", &etcd.url(), &args).expect("node")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_fails_over_to_a_backup_and_no_acknowledged_write_is_lost() {
+    let etcd = Etcd::start().expect("etcd");
+    let mut nodes = start(&etcd, 3, &[]);
+    let all: Vec<&ClusterNode> = nodes.iter().collect();
+    let laid_out = |m: &dpukv_proto::regionmap::RegionMap| {
+        m.regions.len() == 1 && m.regions[0].primary != 0 && m.regions[0].backups.len() == 2
+    };
+    let map = match wait_for_map(&all, Duration::from_secs(60), laid_out).await {
+        Ok(m) => m,
+        Err(e) => panic!("{e}\n{}", nodes.iter().map(ClusterNode::logs).collect::<String>()),
+    };
+    let region = map.regions[0].clone();
+    let primary = region.primary;
+    let device = map.node(primary).expect("the primary is registered").device.clone();
+    let c = Client::connect(&device, 2).await.expect("connect to the primary");
+    let mut acked = Vec::new();
+    for i in 0..300u32 {
+        let (k, v) = (format!("key{i:04}"), format!("value-{i}"));
+        match c.put(k.as_bytes(), v.as_bytes()).await {
+            Ok(_) => acked.push((k, v)),
+            Err(e) => panic!(
+                "write {i} failed before any fault: {e}\n{}",
+                nodes.iter().map(ClusterNode::logs).collect::<String>()
+            ),
+        }
+    }
+    let killed_at = Instant::now();
+    nodes[primary as usize - 1].kill();
+    let survivors: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != primary).collect();
+    let promoted = |m: &dpukv_proto::regionmap::RegionMap| {
+        let r = &m.regions[0];
+        r.primary != primary && r.primary != 0 && r.epoch > region.epoch
+    };
+    let after = match wait_for_map(&survivors, Duration::from_secs(30), promoted).await {
+        Ok(m) => m,
+        Err(e) => panic!("{e}\n{}", nodes.iter().map(ClusterNode::logs).collect::<String>()),
+    };
+    let new_primary = after.regions[0].primary;
+    assert!(region.backups.contains(&new_primary), "a backup was promoted: {region:?} -> {:?}", after.regions[0]);
+    let c2 = Client::connect(&after.node(new_primary).expect("registered").device, 2).await.expect("connect");
+    // The first write to the region after the kill.
+    let mut first_write = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while first_write.is_none() {
+        match c2.put(b"after-failover", b"1").await {
+            Ok(_) => first_write = Some(killed_at.elapsed()),
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("waiting for the new primary: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!(
+                "the new primary never took a write: {e}\n{}",
+                nodes.iter().map(ClusterNode::logs).collect::<String>()
+            ),
+        }
+    }
+    eprintln!("failover: first acknowledged write {:?} after the kill", first_write.expect("set"));
+    let mut lost = Vec::new();
+    for (k, v) in &acked {
+        match c2.get(k.as_bytes()).await {
+            Ok(Some(got)) if got == v.as_bytes() => {}
+            other => lost.push((k.clone(), format!("{other:?}"))),
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "acknowledged writes lost after failover: {lost:?}\n{}",
+        nodes.iter().map(ClusterNode::logs).collect::<String>()
+    );
+}

@@ -1,0 +1,405 @@
+//! The host as a member of a cluster (docs/cluster.md): it connects to etcd (retrying with
+//! backoff while etcd is unreachable), writes the cluster's configuration if it is the first,
+//! registers under a lease (keeping its authority current), runs for master, serves replication
+//! connections as a backup, and then follows the region map: it opens the regions it leads (with
+//! senders to their backups and joining nodes), backs the ones it is a backup of, hands regions
+//! over when the map moves them, reports finished catch-ups, and publishes the map for its device.
+//!
+//! What this node may do never depends on its own guesses: it serves a region only while the map
+//! in etcd names it primary *and* its lease-bound authority holds; a node that lost a region
+//! throws its copy away (its log may hold records the new primary never had) and copies again if
+//! it is given the region back.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use dpukv_cluster::keys::{ClusterConfig, Keys};
+use dpukv_cluster::master;
+use dpukv_cluster::membership::{Authority, Member, Timing, register_with};
+use dpukv_cluster::{EtcdOptions, EtcdStore, MetaError, MetaStore};
+use dpukv_proto::regionmap::{NodeInfo, RegionInfo};
+use dpukv_storage::vlog::LogTail;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::worker::{Job, Replicated};
+use super::{Opener, SharedServed};
+use crate::pod;
+use crate::regions::RegionMap;
+use crate::replication::{Acks, BackupHost, Feed, SenderConfig, SenderEnd, spawn_sender};
+
+/// How this host joins a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterArgs {
+    /// The cluster's name.
+    pub name: String,
+    /// This node's id (unique in the cluster, not 0).
+    pub node_id: u32,
+    /// etcd client URLs.
+    pub etcd: Vec<String>,
+    /// Where this host accepts replication connections.
+    pub replication_listen: SocketAddr,
+    /// The address clients reach this node's device at.
+    pub advertise_device: String,
+    /// The address primaries reach this host's replication port at.
+    pub advertise_replication: String,
+    /// The host's admin address, advertised.
+    pub advertise_admin: String,
+    /// Failure domain ("" = none).
+    pub zone: String,
+    /// Lease TTL (failover takes about this long).
+    pub lease_ttl: Duration,
+    /// The configuration to write if the cluster has none yet.
+    pub bootstrap: ClusterConfig,
+    /// How long a write waits for its backups before its outcome is declared unknown.
+    pub replication_timeout: Duration,
+}
+
+/// A region this node leads.
+struct Led {
+    epoch: u64,
+    queue: mpsc::Sender<Job>,
+    thread: std::thread::JoinHandle<()>,
+    acks: Arc<Acks>,
+    feed: Arc<Feed>,
+    tail: LogTail,
+    region_dir: std::path::PathBuf,
+    senders: Vec<(u32, Arc<AtomicBool>, std::thread::JoinHandle<SenderEnd>)>,
+    /// Joining nodes whose catch-up was reported (at this epoch).
+    reported: BTreeSet<u32>,
+}
+
+/// Runs the member until `shutdown`; returns the writer threads of the regions it still led
+/// (their queues are dropped: they close their regions).
+pub async fn run(
+    args: ClusterArgs,
+    served: SharedServed,
+    opener: Opener,
+    shutdown: CancellationToken,
+) -> Result<Vec<std::thread::JoinHandle<()>>> {
+    let keys = Keys::new(&args.name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let opts = EtcdOptions::new(args.etcd.clone());
+    let store = connect(&opts, &shutdown).await?;
+    let Some(store) = store else { return Ok(vec![]) };
+    master::bootstrap_config(&store, &keys, &args.bootstrap).await.context("writing the cluster's configuration")?;
+    let info = NodeInfo {
+        id: args.node_id,
+        device: args.advertise_device.clone(),
+        replication: args.advertise_replication.clone(),
+        admin: args.advertise_admin.clone(),
+        zone: args.zone.clone(),
+    };
+    let timing = Timing { ttl: args.lease_ttl, ..Timing::default() };
+    let authority = Authority::new();
+    // Backups: accept replication connections.
+    let backups = BackupHost::new(&args.name, opener.data_dir.clone());
+    let listener = std::net::TcpListener::bind(args.replication_listen)
+        .with_context(|| format!("binding the replication port {}", args.replication_listen))?;
+    let stop_backups = Arc::new(AtomicBool::new(false));
+    backups.serve(listener, stop_backups.clone())?;
+    let member = register_loop(&store, &keys, &info, timing, &authority, &shutdown).await;
+    let Some(mut member) = member else { return Ok(vec![]) };
+    tracing::info!(node = args.node_id, cluster = %args.name, lease = member.lease, "registered");
+    let (mut keeper, mut candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown);
+    let mut led: HashMap<u32, Led> = HashMap::new();
+    let mut announcement = None;
+    let mut published: Option<dpukv_proto::regionmap::RegionMap> = None;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        // The lease ended (etcd unreachable past the TTL, or this process was paused): register
+        // again, as a new member.
+        if keeper.is_finished() {
+            candidate.abort();
+            match register_loop(&store, &keys, &info, timing, &authority, &shutdown).await {
+                Some(m) => member = m,
+                None => break,
+            }
+            tracing::warn!(node = args.node_id, lease = member.lease, "registered again after losing the lease");
+            (keeper, candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown);
+        }
+        let snap = match master::read(&store, &keys).await {
+            Ok(s) => s,
+            // etcd unreachable: keep serving what the last map said (writes stop by themselves
+            // once the authority runs out).
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the region map failed");
+                continue;
+            }
+        };
+        if snap.map.regions.is_empty() {
+            continue;
+        }
+        let me = args.node_id;
+        // Regions this node gives up: publish first (stop serving), then close.
+        let keep = |r: &RegionInfo| r.primary == me;
+        let losing: Vec<u32> =
+            led.keys().copied().filter(|id| !snap.map.regions.iter().any(|r| r.id == *id && keep(r))).collect();
+        let mut changed = published.as_ref() != Some(&snap.map);
+        if !losing.is_empty() {
+            publish(&served, &snap.map, me, &led, &losing, &opener, &mut announcement)?;
+            for id in losing {
+                let l = led.remove(&id).expect("led");
+                close_led(l).await;
+                // Its copy may hold records the new primary never had: throw it away.
+                remove_region_files(&opener, id);
+                tracing::info!(region = id, "handed the region over");
+            }
+        }
+        for r in &snap.map.regions {
+            let backing = r.backups.contains(&me) || r.joining.contains(&me);
+            if r.primary == me {
+                if backups.backs(r.id) {
+                    // Promotion: the backup's copy becomes the region (it replays its log tail).
+                    drop(backups.release(r.id));
+                    tracing::info!(region = r.id, epoch = r.epoch, "promoted");
+                }
+                match led.get_mut(&r.id) {
+                    None => match open_led(&args, &opener, r, &snap.map, &authority) {
+                        Ok(l) => {
+                            led.insert(r.id, l);
+                            changed = true;
+                        }
+                        Err(e) => {
+                            tracing::error!(region = r.id, error = %format!("{e:#}"), "opening the region failed")
+                        }
+                    },
+                    Some(l) if l.epoch != r.epoch => {
+                        retarget(&args, l, r, &snap.map);
+                        changed = true;
+                    }
+                    Some(_) => {}
+                }
+            } else if backing {
+                backups.back(r.id, r.epoch);
+            } else if backups.backs(r.id) {
+                drop(backups.release(r.id));
+                remove_region_files(&opener, r.id);
+            }
+        }
+        if changed {
+            publish(&served, &snap.map, me, &led, &[], &opener, &mut announcement)?;
+            published = Some(snap.map.clone());
+        }
+        // Joining nodes that hold the whole index and the log to its end: report them caught up
+        // (under this node's lease: the report goes with it).
+        for r in snap.map.regions.iter().filter(|r| r.primary == me) {
+            let Some(l) = led.get_mut(&r.id) else { continue };
+            let end = l.tail.end();
+            for &j in &r.joining {
+                let held = l.acks.position(j);
+                if l.reported.contains(&j) || !l.acks.installed(j) || held.is_none_or(|h| h < end) {
+                    continue;
+                }
+                let key = keys.caught_up_of(r.id, j);
+                if store.put(&key, r.epoch.to_string().as_bytes(), Some(member.lease)).await.is_ok() {
+                    tracing::info!(region = r.id, node = j, epoch = r.epoch, "catch-up finished");
+                    l.reported.insert(j);
+                }
+            }
+        }
+    }
+    // Leaving: stop serving, stop replicating, give the lease back (the master fails over now
+    // rather than after the TTL).
+    candidate.abort();
+    keeper.abort();
+    stop_backups.store(true, Ordering::Release);
+    let mut threads = Vec::new();
+    for (_, l) in led.drain() {
+        for (_, stop, _) in &l.senders {
+            stop.store(true, Ordering::Release);
+        }
+        drop(l.queue);
+        threads.push(l.thread);
+    }
+    served.write().unwrap_or_else(|e| e.into_inner()).writers.clear();
+    let _ = store.revoke(member.lease).await;
+    Ok(threads)
+}
+
+/// Connects to etcd, retrying with backoff (and saying so) until it answers or `shutdown`.
+async fn connect(opts: &EtcdOptions, shutdown: &CancellationToken) -> Result<Option<EtcdStore>> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match EtcdStore::connect_checked(opts).await {
+            Ok(s) => return Ok(Some(s)),
+            Err(MetaError::Invalid(m)) => anyhow::bail!("etcd: {m}"),
+            Err(e) => tracing::error!(error = %e, retry_in = ?delay, "etcd is unreachable; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => return Ok(None),
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Registers, retrying while the id is still held (by this node's previous life, until its
+/// lease ends) or etcd is unreachable.
+async fn register_loop(
+    store: &EtcdStore,
+    keys: &Keys,
+    info: &NodeInfo,
+    timing: Timing,
+    authority: &Authority,
+    shutdown: &CancellationToken,
+) -> Option<Member> {
+    loop {
+        match register_with(store, keys, info, timing, authority.clone()).await {
+            Ok(m) => return Some(m),
+            Err(e) => tracing::warn!(error = %e, "registering failed; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(timing.ttl / 4) => {}
+            _ = shutdown.cancelled() => return None,
+        }
+    }
+}
+
+type Task = tokio::task::JoinHandle<()>;
+
+/// The keep-alive and the master candidacy of one registration.
+fn spawn_member(
+    store: &EtcdStore,
+    keys: &Keys,
+    info: &NodeInfo,
+    member: &Member,
+    timing: Timing,
+    shutdown: &CancellationToken,
+) -> (Task, Task) {
+    let (s1, s2, k2, info2, stop1, stop2) =
+        (store.clone(), store.clone(), keys.clone(), info.clone(), shutdown.child_token(), shutdown.child_token());
+    let lease = member.lease;
+    let m = Member { lease, authority: member.authority.clone() };
+    let keeper = tokio::spawn(async move {
+        if let Err(e) = m.keep_alive(&s1, timing, stop1).await {
+            tracing::warn!(error = %e, "the lease ended");
+        }
+    });
+    let candidate = tokio::spawn(async move {
+        if let Err(e) = master::run(&s2, &k2, lease, &info2, Duration::from_millis(500), stop2).await {
+            tracing::warn!(error = %e, "the master loop ended");
+        }
+    });
+    (keeper, candidate)
+}
+
+fn open_led(
+    args: &ClusterArgs,
+    opener: &Opener,
+    r: &RegionInfo,
+    map: &dpukv_proto::regionmap::RegionMap,
+    authority: &Authority,
+) -> Result<Led> {
+    let acks = Acks::new(r.epoch, r.backups.clone());
+    let feed = Feed::new();
+    let repl = Replicated {
+        acks: acks.clone(),
+        feed: feed.clone(),
+        authority: authority.clone(),
+        timeout: args.replication_timeout,
+    };
+    let (queue, thread, tail) = opener.open(r.id, Some(repl))?;
+    let mut l = Led {
+        epoch: r.epoch,
+        queue,
+        thread,
+        acks,
+        feed,
+        tail,
+        region_dir: opener.dir(r.id),
+        senders: Vec::new(),
+        reported: BTreeSet::new(),
+    };
+    start_senders(args, &mut l, r, map);
+    tracing::info!(region = r.id, epoch = r.epoch, backups = ?r.backups, joining = ?r.joining, "leading the region");
+    Ok(l)
+}
+
+/// A new epoch for a region this node still leads: the new backup set, senders under the new
+/// epoch.
+fn retarget(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_proto::regionmap::RegionMap) {
+    for (_, stop, _) in l.senders.drain(..) {
+        stop.store(true, Ordering::Release);
+    }
+    l.acks.set_required(r.epoch, r.backups.clone());
+    l.epoch = r.epoch;
+    l.reported.clear();
+    start_senders(args, l, r, map);
+    tracing::info!(region = r.id, epoch = r.epoch, backups = ?r.backups, joining = ?r.joining, "region changed");
+}
+
+/// A sender for every backup and joining node of `r` (those registered).
+fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_proto::regionmap::RegionMap) {
+    for &b in r.backups.iter().chain(&r.joining) {
+        let Some(addr) = map.node(b).and_then(|n| n.replication.parse().ok()) else { continue };
+        let cfg = SenderConfig {
+            cluster: args.name.clone(),
+            region: r.id,
+            epoch: r.epoch,
+            primary: args.node_id,
+            backup: b,
+            addr,
+            region_dir: l.region_dir.clone(),
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        match spawn_sender(cfg, l.tail.clone(), l.feed.clone(), l.acks.clone(), stop.clone()) {
+            Ok(h) => l.senders.push((b, stop, h)),
+            Err(e) => tracing::error!(error = %e, "starting a replication sender failed"),
+        }
+    }
+}
+
+async fn close_led(l: Led) {
+    for (_, stop, _) in &l.senders {
+        stop.store(true, Ordering::Release);
+    }
+    drop(l.queue);
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = l.thread.join();
+        for (_, _, h) in l.senders {
+            let _ = h.join();
+        }
+    })
+    .await;
+}
+
+fn remove_region_files(opener: &Opener, id: u32) {
+    let _ = std::fs::remove_dir_all(opener.dir(id));
+    let _ = std::fs::remove_dir_all(pod::region_dir(&opener.shm_dir, id));
+}
+
+/// Publishes the map for the device (and this host's dispatch): regions in `led` minus `losing`
+/// are served here.
+fn publish(
+    served: &SharedServed,
+    map: &dpukv_proto::regionmap::RegionMap,
+    me: u32,
+    led: &HashMap<u32, Led>,
+    losing: &[u32],
+    opener: &Opener,
+    announcement: &mut Option<dpukv_storage::announce::Announcement>,
+) -> Result<()> {
+    let mut view = map.clone();
+    for r in &mut view.regions {
+        // Served here only if open here; a region the map gives this node but that is not open
+        // (yet) is refused as not served, and one being given up is no longer served.
+        if r.primary == me && (!led.contains_key(&r.id) || losing.contains(&r.id)) {
+            r.primary = 0;
+        }
+    }
+    let rmap = RegionMap::new(view, me)?;
+    {
+        let mut s = served.write().unwrap_or_else(|e| e.into_inner());
+        s.writers = led.iter().filter(|(id, _)| !losing.contains(id)).map(|(id, l)| (*id, l.queue.clone())).collect();
+        s.map = rmap.clone();
+    }
+    *announcement = Some(pod::publish_map(&opener.shm_dir, &rmap)?);
+    Ok(())
+}
