@@ -623,7 +623,10 @@ impl LogTail {
         if start > stop {
             return Err(Error::Config(format!("log position {from:?} is past its segment's end")));
         }
-        let n = (stop - start).min(max.max(1) as u64) as usize;
+        // A segment's first chunk carries at least its whole header (a backup names its copy by
+        // it).
+        let least = if start == 0 { SEGMENT_HEADER as usize } else { 1 };
+        let n = (stop - start).min(max.max(least) as u64) as usize;
         let mut bytes = vec![0; n];
         file.read_exact_at(&mut bytes, start).map_err(|e| Error::io(&p, e))?;
         Ok(Some(LogChunk {
