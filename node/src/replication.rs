@@ -267,6 +267,12 @@ pub fn spawn_sender(
     std::thread::Builder::new().name(format!("dpukv-repl-{}-{}", cfg.region, cfg.backup)).spawn(move || {
         while !stop.load(Ordering::Acquire) {
             match send_session(&cfg, &tail, &feed, &acks, &stop) {
+                // The backup has not learned yet that it backs the region (its map lags this
+                // one), or it needs the stream again: try again shortly.
+                Ok(SenderEnd::Refused(ReplRefusal::WrongRegion | ReplRefusal::Gap | ReplRefusal::Failed, _, why)) => {
+                    tracing::debug!(region = cfg.region, backup = cfg.backup, why, "the backup refused for now; reconnecting");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 Ok(end) => return end,
                 Err(e) => {
                     tracing::debug!(region = cfg.region, backup = cfg.backup, error = %e, "replication stream ended; reconnecting");

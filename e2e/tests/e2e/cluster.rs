@@ -93,3 +93,94 @@ async fn a_killed_primary_fails_over_to_a_backup_and_no_acknowledged_write_is_lo
         nodes.iter().map(ClusterNode::logs).collect::<String>()
     );
 }
+
+/// A backup's node dies and comes back: the region goes on with the other backup, the returning
+/// node is given the region again as a joining node, copies it while writes go on, and becomes
+/// a backup; once the other two nodes die in turn, it is promoted and holds every acknowledged
+/// write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_node_catches_up_as_a_backup_and_can_then_be_promoted_with_every_write() {
+    let etcd = Etcd::start().expect("etcd");
+    let mut nodes = start(&etcd, 3, &[]);
+    let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
+    let full = |m: &dpukv_proto::regionmap::RegionMap| {
+        m.regions.len() == 1
+            && m.regions[0].primary != 0
+            && m.regions[0].backups.len() == 2
+            && m.regions[0].joining.is_empty()
+    };
+    let map = {
+        let all: Vec<&ClusterNode> = nodes.iter().collect();
+        wait_for_map(&all, Duration::from_secs(60), full).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)))
+    };
+    let r0 = map.regions[0].clone();
+    let (p, b1, b2) = (r0.primary, r0.backups[0], r0.backups[1]);
+    let mut acked: Vec<(String, String)> = Vec::new();
+    let write = async |nodes: &[ClusterNode], from: u32, n: u32, acked: &mut Vec<(String, String)>| {
+        let live: Vec<&ClusterNode> = nodes.iter().collect();
+        for i in from..from + n {
+            let (k, v) = (format!("key{i:05}"), format!("value-{i}"));
+            put_routed(&live, k.as_bytes(), v.as_bytes(), Duration::from_secs(30))
+                .await
+                .unwrap_or_else(|e| panic!("write {i}: {e}\n{}", logs(nodes)));
+            acked.push((k, v));
+        }
+    };
+    write(&nodes, 0, 100, &mut acked).await;
+    // b1 dies: the region drops it and goes on with b2.
+    nodes[b1 as usize - 1].kill();
+    {
+        let live: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != b1).collect();
+        let dropped =
+            |m: &dpukv_proto::regionmap::RegionMap| m.regions[0].primary == p && !m.regions[0].backups.contains(&b1);
+        wait_for_map(&live, Duration::from_secs(30), dropped).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    }
+    write(&nodes, 100, 100, &mut acked).await;
+    // b1 returns: it joins, copies, and becomes a backup again.
+    nodes[b1 as usize - 1].resume().expect("resume");
+    {
+        let all: Vec<&ClusterNode> = nodes.iter().collect();
+        let rejoined = |m: &dpukv_proto::regionmap::RegionMap| full(m) && m.regions[0].backups.contains(&b1);
+        wait_for_map(&all, Duration::from_secs(60), rejoined).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    }
+    write(&nodes, 200, 100, &mut acked).await;
+    // b2, then the primary, die: only b1 is left to promote.
+    nodes[b2 as usize - 1].kill();
+    {
+        let live: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != b2).collect();
+        let dropped = |m: &dpukv_proto::regionmap::RegionMap| !m.regions[0].backups.contains(&b2);
+        wait_for_map(&live, Duration::from_secs(30), dropped).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    }
+    nodes[p as usize - 1].kill();
+    let after = {
+        let live: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id == b1).collect();
+        let promoted = |m: &dpukv_proto::regionmap::RegionMap| m.regions[0].primary == b1;
+        wait_for_map(&live, Duration::from_secs(30), promoted).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)))
+    };
+    let c = Client::connect(&after.node(b1).expect("registered").device, 1).await.expect("connect");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.get(b"key00000").await {
+            Ok(_) => break,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("waiting for node {b1} to serve: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("node {b1} never served: {e}\n{}", logs(&nodes)),
+        }
+    }
+    let mut lost = Vec::new();
+    for (k, v) in &acked {
+        match c.get(k.as_bytes()).await {
+            Ok(Some(got)) if got == v.as_bytes() => {}
+            other => lost.push((k.clone(), format!("{other:?}"))),
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged writes lost: {:?}\n{}",
+        lost.len(),
+        &lost[..lost.len().min(5)],
+        logs(&nodes)
+    );
+}

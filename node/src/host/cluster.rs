@@ -108,6 +108,7 @@ pub async fn run(
     let mut led: HashMap<u32, Led> = HashMap::new();
     let mut announcement = None;
     let mut published: Option<dpukv_proto::regionmap::RegionMap> = None;
+    let mut first_map = true;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -137,6 +138,20 @@ pub async fn run(
             continue;
         }
         let me = args.node_id;
+        if first_map {
+            // What this node kept from an earlier life: a region it still leads is its own;
+            // a backup copy of a region it still backs goes on; anything else (a region it led
+            // before a failover, a region it no longer holds) may hold records no one else
+            // has, and goes.
+            first_map = false;
+            for r in &snap.map.regions {
+                let backing = r.backups.contains(&me) || r.joining.contains(&me);
+                let is_backup_copy = opener.dir(r.id).join("LOGMAP").exists();
+                if r.primary != me && !(backing && is_backup_copy) {
+                    remove_region_files(&opener, r.id);
+                }
+            }
+        }
         // Regions this node gives up: publish first (stop serving), then close.
         let keep = |r: &RegionInfo| r.primary == me;
         let losing: Vec<u32> =
