@@ -92,7 +92,8 @@ impl ClusterNode {
     }
 }
 
-/// The region map as one of `nodes` answers it, once `ready` holds for it (within `timeout`).
+/// The newest region map `nodes` answer (the highest metadata revision among them), once
+/// `ready` holds for it (within `timeout`).
 pub async fn wait_for_map(
     nodes: &[&ClusterNode],
     timeout: Duration,
@@ -101,15 +102,20 @@ pub async fn wait_for_map(
     let deadline = Instant::now() + timeout;
     let mut last = None;
     while Instant::now() < deadline {
+        let mut newest: Option<RegionMap> = None;
         for n in nodes {
             if let Ok(c) = Client::connect(&n.device, 1).await
                 && let Ok(m) = c.region_map().await
+                && newest.as_ref().is_none_or(|x| m.revision > x.revision)
             {
-                if ready(&m) {
-                    return Ok(m);
-                }
-                last = Some(m);
+                newest = Some(m);
             }
+        }
+        if let Some(m) = newest {
+            if ready(&m) {
+                return Ok(m);
+            }
+            last = Some(m);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

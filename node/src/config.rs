@@ -151,7 +151,7 @@ pub struct ClusterFlags {
     pub zone: String,
     /// Node lease TTL in milliseconds (failover takes about this long; etcd's minimum is 1.5 ×
     /// its election timeout).
-    #[arg(long, env = "DPUKV_LEASE_TTL_MS", default_value_t = 3000)]
+    #[arg(long, env = "DPUKV_LEASE_TTL_MS", default_value_t = 2000)]
     pub lease_ttl_ms: u64,
     /// Replicas per region, for the cluster's first configuration.
     #[arg(long, env = "DPUKV_REPLICATION_FACTOR", default_value_t = 3)]

@@ -184,3 +184,68 @@ async fn a_returning_node_catches_up_as_a_backup_and_can_then_be_promoted_with_e
         logs(&nodes)
     );
 }
+
+/// The failover-time benchmark (docs/benchmarks.md): SIGKILL of the primary's pod, then the time
+/// to the first acknowledged write to the region; `DPUKV_FAILOVER_RUNS` runs (none by default)
+/// on one cluster (the killed node comes back and catches up between runs) with leases of
+/// `DPUKV_FAILOVER_LEASE_MS` (default 2000, the production default). Prints median and max.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_time_benchmark() {
+    let runs: usize = std::env::var("DPUKV_FAILOVER_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if runs == 0 {
+        return;
+    }
+    let lease = std::env::var("DPUKV_FAILOVER_LEASE_MS").unwrap_or_else(|_| "2000".into());
+    let etcd = Etcd::start().expect("etcd");
+    let args = ["--lease-ttl-ms", &lease, "--replication-factor", "3", "--fsync", "always"];
+    let mut nodes: Vec<ClusterNode> =
+        (1..=3).map(|id| ClusterNode::start(id, "bench", &etcd.url(), &args).expect("node")).collect();
+    let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
+    let full = |m: &dpukv_proto::regionmap::RegionMap| {
+        m.regions.len() == 1
+            && m.regions[0].primary != 0
+            && m.regions[0].backups.len() == 2
+            && m.regions[0].joining.is_empty()
+    };
+    let mut times = Vec::new();
+    for run in 0..runs {
+        let map = {
+            let all: Vec<&ClusterNode> = nodes.iter().collect();
+            wait_for_map(&all, Duration::from_secs(120), full).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)))
+        };
+        let (p, epoch) = (map.regions[0].primary, map.regions[0].epoch);
+        {
+            let all: Vec<&ClusterNode> = nodes.iter().collect();
+            put_routed(&all, b"warm", b"1", Duration::from_secs(30)).await.expect("a write before the kill");
+        }
+        let killed = Instant::now();
+        nodes[p as usize - 1].kill();
+        let live: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != p).collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let m = wait_for_map(&live, Duration::from_secs(60), |m| {
+                m.regions[0].primary != p && m.regions[0].epoch > epoch
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+            let dev = &m.node(m.regions[0].primary).expect("registered").device;
+            if let Ok(c) = Client::connect(dev, 1).await
+                && c.put(b"after", format!("{run}").as_bytes()).await.is_ok()
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no write after the kill\n{}", logs(&nodes));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let t = killed.elapsed();
+        eprintln!("run {run}: first acknowledged write {t:?} after the kill");
+        times.push(t);
+        nodes[p as usize - 1].resume().expect("resume");
+    }
+    times.sort();
+    eprintln!(
+        "failover (lease {lease} ms, {runs} runs): median {:?}, max {:?}, all {times:?}",
+        times[times.len() / 2],
+        times[times.len() - 1]
+    );
+}

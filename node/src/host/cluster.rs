@@ -82,6 +82,18 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<Vec<std::thread::JoinHandle<()>>> {
     let keys = Keys::new(&args.name).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // A map this pod published in an earlier life may still name it primary: until the cluster
+    // says what this node serves now, its device serves nothing.
+    let mut announcement = None;
+    if let Ok((old, _)) = pod::open_map(&opener.shm_dir) {
+        let mut none = old.cluster().clone();
+        for r in &mut none.regions {
+            r.primary = 0;
+        }
+        let rmap = RegionMap::new(none, args.node_id)?;
+        announcement = Some(pod::publish_map(&opener.shm_dir, &rmap)?);
+        served.write().unwrap_or_else(|e| e.into_inner()).map = rmap;
+    }
     let opts = EtcdOptions::new(args.etcd.clone());
     let store = connect(&opts, &shutdown).await?;
     let Some(store) = store else { return Ok(vec![]) };
@@ -106,7 +118,6 @@ pub async fn run(
     tracing::info!(node = args.node_id, cluster = %args.name, lease = member.lease, "registered");
     let (mut keeper, mut candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown);
     let mut led: HashMap<u32, Led> = HashMap::new();
-    let mut announcement = None;
     let mut published: Option<dpukv_proto::regionmap::RegionMap> = None;
     let mut first_map = true;
     loop {
