@@ -73,6 +73,11 @@ impl ClusterNode {
         Ok(())
     }
 
+    /// SIGKILLs the host only (the device goes on).
+    pub fn kill_host(&mut self) {
+        self.host = None;
+    }
+
     /// SIGKILLs the host and the device.
     pub fn kill(&mut self) {
         self.host = None;
@@ -122,26 +127,28 @@ pub async fn wait_for_map(
     bail!("no node showed the expected region map within {timeout:?}; last seen: {last:?}")
 }
 
-/// Writes `key` = `value` at the primary of its region as `nodes` report it, retrying (after
-/// looking the primary up again) on any error until `timeout`: a test's stand-in for a
-/// cluster-aware client. A retry may repeat a put that was applied: puts of one value are
-/// idempotent. Returns the last error if it never succeeds.
+/// Writes `key` = `value` at the primary of its region as the newest map `nodes` answer names
+/// it, trying again (after looking the primary up again) on any error until `timeout`: a test's
+/// stand-in for a cluster-aware client. A retry may repeat a put that was applied: puts of one
+/// value are idempotent. Returns the last error if it never succeeds.
 pub async fn put_routed(nodes: &[&ClusterNode], key: &[u8], value: &[u8], timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let mut last = String::new();
     while Instant::now() < deadline {
-        for n in nodes {
-            let Ok(c) = Client::connect(&n.device, 1).await else { continue };
-            let Ok(m) = c.region_map().await else { continue };
-            let Some(primary) = m.region_of(key).and_then(|r| m.node(r.primary)) else { continue };
+        if let Ok(m) = wait_for_map(nodes, Duration::from_secs(1), |_| true).await
+            && let Some(primary) = m.region_of(key).and_then(|r| m.node(r.primary))
+        {
             match Client::connect(&primary.device, 1).await {
-                Ok(p) => match p.put(key, value).await {
-                    Ok(_) => return Ok(()),
-                    Err(e) => last = e.to_string(),
-                },
+                Ok(mut p) => {
+                    // A short deadline: a primary that does not answer is looked up again.
+                    p.retry.deadline = Duration::from_secs(2);
+                    match p.put(key, value).await {
+                        Ok(_) => return Ok(()),
+                        Err(e) => last = format!("at node {}: {e}", primary.id),
+                    }
+                }
                 Err(e) => last = e.to_string(),
             }
-            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

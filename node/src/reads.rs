@@ -263,6 +263,15 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
     if let Op::RegionMap = req.op {
         return ok(Reply::RegionMap(regions.map.cluster().clone()));
     }
+    if !regions.announcement.valid_now() {
+        // The host stopped vouching for the map (its lease could not be renewed, or it died):
+        // another node may lead these regions by now.
+        return Response::error(
+            req.id,
+            ErrorCode::Unavailable,
+            "this node's host is not renewing its authority: its region map may be stale",
+        );
+    }
     let i = match regions.map.check(req) {
         Ok(i) => i,
         Err((code, what)) => return Response::error(req.id, code, what),

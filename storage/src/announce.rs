@@ -1,12 +1,18 @@
 //! An announcement in shared memory: an immutable payload the host publishes for the device (the
-//! node's region map), and a state word the next host flips to *closed* so that readers of the
-//! old one know — with one atomic load, no file-system calls — to open the new one.
+//! node's region map), a state word the next host flips to *closed* so that readers of the
+//! old one know — with one atomic load, no file-system calls — to open the new one, and a
+//! *valid-until* word: the monotonic instant (`CLOCK_MONOTONIC`, nanoseconds, shared by the
+//! processes of one machine) until which the host vouches for the payload. A cluster's host
+//! keeps extending it while its lease-bound authority lasts; a host that dies stops extending
+//! it, and readers stop trusting the payload on their own (`u64::MAX`: forever, a standalone
+//! node).
 //!
 //! ```text
-//! 0    magic "DPUKVAN1"
+//! 0    magic "DPUKVAN2"
 //! 8    u64 state (atomic): 1 open, 2 closed
-//! 16   u32 payload length | u32 CRC32C of the payload
-//! 24   payload
+//! 16   u64 valid until (atomic), monotonic nanoseconds
+//! 24   u32 payload length | u32 CRC32C of the payload
+//! 32   payload
 //! ```
 
 use std::fs::OpenOptions;
@@ -18,9 +24,10 @@ use std::sync::atomic::Ordering;
 use crate::arena::Mapping;
 use crate::error::{Error, Result};
 
-const MAGIC: &[u8; 8] = b"DPUKVAN1";
+const MAGIC: &[u8; 8] = b"DPUKVAN2";
 const STATE: u64 = 8;
-const HEADER: usize = 24;
+const VALID_UNTIL: u64 = 16;
+const HEADER: usize = 32;
 const OPEN: u64 = 1;
 const CLOSED: u64 = 2;
 /// Largest payload.
@@ -53,6 +60,7 @@ impl Announcement {
         let mut b = Vec::with_capacity(HEADER + payload.len());
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&OPEN.to_le_bytes());
+        b.extend_from_slice(&u64::MAX.to_le_bytes());
         b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         b.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
         b.extend_from_slice(payload);
@@ -70,10 +78,10 @@ impl Announcement {
         if b.len() < HEADER || &b[..8] != MAGIC {
             return Err(Error::corrupt_file(path, 0, "not an announcement"));
         }
-        let len = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes")) as usize;
-        let payload = b.get(HEADER..HEADER + len).ok_or_else(|| Error::corrupt_file(path, 16, "payload truncated"))?;
-        if crc32c::crc32c(payload) != u32::from_le_bytes(b[20..24].try_into().expect("4 bytes")) {
-            return Err(Error::corrupt_file(path, 20, "announcement checksum mismatch"));
+        let len = u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")) as usize;
+        let payload = b.get(HEADER..HEADER + len).ok_or_else(|| Error::corrupt_file(path, 24, "payload truncated"))?;
+        if crc32c::crc32c(payload) != u32::from_le_bytes(b[28..32].try_into().expect("4 bytes")) {
+            return Err(Error::corrupt_file(path, 28, "announcement checksum mismatch"));
         }
         let map = Mapping::map_ro(&f, HEADER as u64, 0, 0, path)?;
         Ok(Announcement { map, path: path.to_path_buf(), payload: payload.to_vec() })
@@ -93,11 +101,48 @@ impl Announcement {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Until when (monotonic nanoseconds, [`monotonic_ns`]) the publisher vouches for the
+    /// payload; 0 if it cannot be read.
+    pub fn valid_until(&self) -> u64 {
+        self.map.load(VALID_UNTIL, Ordering::Acquire).unwrap_or(0)
+    }
+
+    /// Whether the publisher vouches for the payload now.
+    pub fn valid_now(&self) -> bool {
+        self.valid_until() > monotonic_ns()
+    }
+
+    /// Sets until when the payload is vouched for (the publisher only).
+    pub fn set_valid_until(&self, ns: u64) -> Result<()> {
+        self.map.word(VALID_UNTIL)?.store(ns, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Nanoseconds of `CLOCK_MONOTONIC`: one clock for every process of the machine (what
+/// `std::time::Instant` reads on Linux).
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn readers_trust_the_payload_only_while_the_publisher_vouches_for_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("node.ctl");
+        let a = Announcement::publish(&p, b"map").expect("publish");
+        let reader = Announcement::open(&p).expect("open");
+        assert!(reader.valid_now(), "a fresh announcement is vouched for until told otherwise");
+        a.set_valid_until(monotonic_ns() + 60_000_000_000).expect("extend");
+        assert!(reader.valid_now());
+        a.set_valid_until(monotonic_ns().saturating_sub(1)).expect("lapse");
+        assert!(!reader.valid_now(), "a lapsed announcement is not trusted");
+    }
 
     #[test]
     fn a_new_announcement_closes_the_old_one() {

@@ -249,3 +249,47 @@ async fn failover_time_benchmark() {
         times[times.len() - 1]
     );
 }
+
+/// Only the primary's host dies; its device lives on with the last map and the region's shared
+/// memory. Once another node leads and takes a newer write, the old device must not answer the
+/// old value: it stopped trusting its map when its host stopped renewing its authority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_whose_host_died_stops_serving_before_another_node_leads() {
+    let etcd = Etcd::start().expect("etcd");
+    let mut nodes = start(&etcd, 3, &[]);
+    let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
+    let map = {
+        let all: Vec<&ClusterNode> = nodes.iter().collect();
+        let ready =
+            |m: &dpukv_proto::regionmap::RegionMap| m.regions[0].primary != 0 && m.regions[0].backups.len() == 2;
+        wait_for_map(&all, Duration::from_secs(60), ready).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)))
+    };
+    let (p, epoch) = (map.regions[0].primary, map.regions[0].epoch);
+    {
+        let all: Vec<&ClusterNode> = nodes.iter().collect();
+        put_routed(&all, b"k", b"old", Duration::from_secs(30)).await.expect("put");
+    }
+    let old_device = Client::connect(&nodes[p as usize - 1].device, 1).await.expect("connect");
+    assert_eq!(old_device.get(b"k").await.expect("read").as_deref(), Some(&b"old"[..]));
+    let t = Instant::now();
+    nodes[p as usize - 1].kill_host();
+    {
+        let live: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != p).collect();
+        let promoted = |m: &dpukv_proto::regionmap::RegionMap| m.regions[0].primary != p && m.regions[0].epoch > epoch;
+        let m = wait_for_map(&live, Duration::from_secs(30), promoted)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+        eprintln!("promoted after {:?}: {:?} revision {}", t.elapsed(), m.regions[0], m.revision);
+        put_routed(&live, b"k", b"new", Duration::from_secs(30)).await.expect("put at the new primary");
+        eprintln!("new write after {:?}", t.elapsed());
+    }
+    let mut one = Client::connect(&nodes[p as usize - 1].device, 1).await.expect("connect").without_sessions();
+    one.retry.deadline = Duration::from_millis(1);
+    match one.get(b"k").await {
+        Ok(Some(v)) => {
+            panic!("the old device answered {:?} after another node took a newer write", String::from_utf8_lossy(&v))
+        }
+        Ok(None) => panic!("the old device answered absent"),
+        Err(e) => assert!(e.to_string().contains("unavailable"), "refused as unavailable: {e}"),
+    }
+}

@@ -84,14 +84,16 @@ pub async fn run(
     let keys = Keys::new(&args.name).map_err(|e| anyhow::anyhow!("{e}"))?;
     // A map this pod published in an earlier life may still name it primary: until the cluster
     // says what this node serves now, its device serves nothing.
-    let mut announcement = None;
+    let mut announcement: Option<dpukv_storage::announce::Announcement> = None;
     if let Ok((old, _)) = pod::open_map(&opener.shm_dir) {
         let mut none = old.cluster().clone();
         for r in &mut none.regions {
             r.primary = 0;
         }
         let rmap = RegionMap::new(none, args.node_id)?;
-        announcement = Some(pod::publish_map(&opener.shm_dir, &rmap)?);
+        let a = pod::publish_map(&opener.shm_dir, &rmap)?;
+        a.set_valid_until(0)?;
+        announcement = Some(a);
         served.write().unwrap_or_else(|e| e.into_inner()).map = rmap;
     }
     let opts = EtcdOptions::new(args.etcd.clone());
@@ -117,6 +119,20 @@ pub async fn run(
     let Some(mut member) = member else { return Ok(vec![]) };
     tracing::info!(node = args.node_id, cluster = %args.name, lease = member.lease, "registered");
     let (mut keeper, mut candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown);
+    // The device trusts the published map only while this node's authority lasts.
+    let vouched: Arc<std::sync::Mutex<Option<dpukv_storage::announce::Announcement>>> =
+        Arc::new(std::sync::Mutex::new(announcement.take()));
+    let voucher = {
+        let (vouched, authority, stop) = (vouched.clone(), authority.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                if let Some(a) = vouched.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    let _ = a.set_valid_until(authority_ns(&authority));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
     let mut led: HashMap<u32, Led> = HashMap::new();
     let mut published: Option<dpukv_proto::regionmap::RegionMap> = None;
     let mut first_map = true;
@@ -169,7 +185,7 @@ pub async fn run(
             led.keys().copied().filter(|id| !snap.map.regions.iter().any(|r| r.id == *id && keep(r))).collect();
         let mut changed = published.as_ref() != Some(&snap.map);
         if !losing.is_empty() {
-            publish(&served, &snap.map, me, &led, &losing, &opener, &mut announcement)?;
+            publish(&served, &snap.map, me, &led, &losing, &opener, &vouched, &authority)?;
             for id in losing {
                 let l = led.remove(&id).expect("led");
                 close_led(l).await;
@@ -210,7 +226,7 @@ pub async fn run(
             }
         }
         if changed {
-            publish(&served, &snap.map, me, &led, &[], &opener, &mut announcement)?;
+            publish(&served, &snap.map, me, &led, &[], &opener, &vouched, &authority)?;
             published = Some(snap.map.clone());
         }
         // Joining nodes that hold the whole index and the log to its end: report them caught up
@@ -235,6 +251,10 @@ pub async fn run(
     // rather than after the TTL).
     candidate.abort();
     keeper.abort();
+    voucher.abort();
+    if let Some(a) = vouched.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        let _ = a.set_valid_until(0);
+    }
     stop_backups.store(true, Ordering::Release);
     let mut threads = Vec::new();
     for (_, l) in led.drain() {
@@ -401,8 +421,18 @@ fn remove_region_files(opener: &Opener, id: u32) {
     let _ = std::fs::remove_dir_all(pod::region_dir(&opener.shm_dir, id));
 }
 
+/// The authority's end as monotonic nanoseconds (0: none).
+fn authority_ns(a: &Authority) -> u64 {
+    let now = std::time::Instant::now();
+    match a.until() {
+        Some(t) if t > now => dpukv_storage::announce::monotonic_ns().saturating_add((t - now).as_nanos() as u64),
+        _ => 0,
+    }
+}
+
 /// Publishes the map for the device (and this host's dispatch): regions in `led` minus `losing`
-/// are served here.
+/// are served here, vouched for while `authority` lasts.
+#[allow(clippy::too_many_arguments)]
 fn publish(
     served: &SharedServed,
     map: &dpukv_proto::regionmap::RegionMap,
@@ -410,7 +440,8 @@ fn publish(
     led: &HashMap<u32, Led>,
     losing: &[u32],
     opener: &Opener,
-    announcement: &mut Option<dpukv_storage::announce::Announcement>,
+    vouched: &std::sync::Mutex<Option<dpukv_storage::announce::Announcement>>,
+    authority: &Authority,
 ) -> Result<()> {
     let mut view = map.clone();
     for r in &mut view.regions {
@@ -426,6 +457,8 @@ fn publish(
         s.writers = led.iter().filter(|(id, _)| !losing.contains(id)).map(|(id, l)| (*id, l.queue.clone())).collect();
         s.map = rmap.clone();
     }
-    *announcement = Some(pod::publish_map(&opener.shm_dir, &rmap)?);
+    let a = pod::publish_map(&opener.shm_dir, &rmap)?;
+    a.set_valid_until(authority_ns(authority))?;
+    *vouched.lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
     Ok(())
 }
