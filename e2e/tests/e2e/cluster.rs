@@ -293,3 +293,40 @@ async fn a_device_whose_host_died_stops_serving_before_another_node_leads() {
         Err(e) => assert!(e.to_string().contains("unavailable"), "refused as unavailable: {e}"),
     }
 }
+
+/// etcd goes down for a while: no failover happens, nothing acknowledged is lost, and once etcd
+/// is back the same primary takes writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_outage_pauses_the_cluster_without_a_failover_and_it_resumes() {
+    let mut etcd = Etcd::start().expect("etcd");
+    let nodes = start(&etcd, 3, &[]);
+    let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
+    let all: Vec<&ClusterNode> = nodes.iter().collect();
+    let ready = |m: &dpukv_proto::regionmap::RegionMap| m.regions[0].primary != 0 && m.regions[0].backups.len() == 2;
+    let map =
+        wait_for_map(&all, Duration::from_secs(60), ready).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    let (p, epoch) = (map.regions[0].primary, map.regions[0].epoch);
+    for i in 0..50u32 {
+        put_routed(&all, format!("k{i}").as_bytes(), b"before", Duration::from_secs(30)).await.expect("put");
+    }
+    etcd.stop();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The primary's authority ran out (it could not renew its lease): it acknowledges nothing.
+    let mut c = Client::connect(&map.node(p).expect("node").device, 1).await.expect("connect");
+    c.retry.deadline = Duration::from_millis(500);
+    assert!(c.put(b"during", b"x").await.is_err(), "no write is acknowledged while the lease cannot be renewed");
+    assert!(c.get(b"k0").await.is_err(), "no read is answered either");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    etcd.resume().expect("etcd again");
+    for i in 0..50u32 {
+        put_routed(&all, format!("k{i}").as_bytes(), b"after", Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("write {i} after etcd returned: {e}\n{}", logs(&nodes)));
+    }
+    let m = wait_for_map(&all, Duration::from_secs(10), ready).await.expect("map");
+    assert_eq!((m.regions[0].primary, m.regions[0].epoch), (p, epoch), "no failover happened: {:?}", m.regions[0]);
+    let c = Client::connect(&m.node(p).expect("node").device, 1).await.expect("connect");
+    for i in 0..50u32 {
+        assert_eq!(c.get(format!("k{i}").as_bytes()).await.expect("read").as_deref(), Some(&b"after"[..]));
+    }
+}
