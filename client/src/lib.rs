@@ -6,11 +6,15 @@
 //! # Layout
 //! - `error`: [`ClientError`].
 //! - `conn`: one pipelined connection (writer and reader tasks).
+//! - `routing`: the region map and a connection pool per node: each request goes to its
+//!   region's primary, naming the region and epoch; the map is refreshed when a node says it
+//!   is stale.
 //! - `workload`: YCSB and cloud-storage workloads, key choosers, a latency histogram (bench).
 //! - this module: [`Client`], the typed operations.
 
 mod conn;
 mod error;
+mod routing;
 pub mod workload;
 
 use std::collections::BTreeSet;
@@ -19,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use dpukv_proto as proto;
-use dpukv_proto::{Cmp, Elem, Op, ReduceOp, Reply, Request, Response, ScanToken, Session, VecOp, WriteOp};
+use dpukv_proto::{Cmp, Elem, ErrorCode, Op, ReduceOp, Reply, Request, Response, ScanToken, Session, VecOp, WriteOp};
 pub use error::ClientError;
 
 /// Result alias.
@@ -132,7 +136,7 @@ impl Drop for Unfinished<'_> {
 /// [`ClientError::OutcomeUnknown`] and is never repeated.
 #[derive(Clone)]
 pub struct Client {
-    conns: Arc<Vec<conn::Connection>>,
+    router: Arc<routing::Router>,
     next: Arc<AtomicUsize>,
     session: Option<Arc<WriteSession>>,
     /// How operations are retried.
@@ -140,14 +144,16 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects `pool` connections to `addr` (host:port), with exactly-once writes.
+    /// Connects `pool` connections to `addr` (host:port), with exactly-once writes. `addr` is
+    /// any node of a cluster (or a standalone node): requests are routed to their regions'
+    /// primaries by the region map it answers (learned at the first request).
     pub async fn connect(addr: &str, pool: usize) -> Result<Client> {
         let mut conns = Vec::new();
         for _ in 0..pool.max(1) {
             conns.push(conn::Connection::open(addr).await?);
         }
         Ok(Client {
-            conns: Arc::new(conns),
+            router: Arc::new(routing::Router::new(addr, pool.max(1), Arc::new(conns))),
             next: Arc::new(AtomicUsize::new(0)),
             session: Some(Arc::new(WriteSession::new())),
             retry: RetryPolicy::default(),
@@ -171,9 +177,37 @@ impl Client {
         self.send_within(req, self.retry.attempt_timeout).await
     }
 
-    async fn send_within(&self, req: Request, timeout: Duration) -> Result<Response> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
-        self.conns[i].call(req, timeout).await
+    async fn send_within(&self, mut req: Request, timeout: Duration) -> Result<Response> {
+        let t = match self.router.target(&req, timeout).await {
+            Ok(t) => t,
+            Err(e) => {
+                // The node the map names cannot be reached (or there is no map): learn it again.
+                self.router.invalidate();
+                return Err(e);
+            }
+        };
+        if req.region == 0 {
+            (req.region, req.epoch) = (t.region, t.epoch);
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % t.pool.len();
+        let r = t.pool[i].call(req, timeout).await;
+        // A node that says the map moved on (or cannot be reached): learn it again.
+        let stale = match &r {
+            Ok(Response { result: Err(e), .. }) => {
+                matches!(e.code, ErrorCode::StaleEpoch | ErrorCode::WrongRegion | ErrorCode::Unavailable)
+            }
+            Ok(_) => false,
+            Err(_) => true,
+        };
+        if stale {
+            self.router.invalidate();
+        }
+        r
+    }
+
+    /// The region map this client routes by, as last learned (None before the first request).
+    pub fn routing_map(&self) -> Option<Arc<dpukv_proto::regionmap::RegionMap>> {
+        self.router.map()
     }
 
     /// Sends one untagged request (no retries).
@@ -215,7 +249,9 @@ impl Client {
             if write && unknown {
                 maybe_applied = true;
             }
-            let retryable = err.is_retryable() || (unknown && (!write || tag.is_some()));
+            // `wrong_region`: the request went by a stale map and was not executed.
+            let moved = err.code() == Some(ErrorCode::WrongRegion);
+            let retryable = err.is_retryable() || moved || (unknown && (!write || tag.is_some()));
             let out_of_time = started.elapsed() + delay > policy.deadline;
             if !retryable || out_of_time || (write && unknown && tag.is_none()) {
                 return Err(if write && maybe_applied { ClientError::OutcomeUnknown(Box::new(err)) } else { err });
@@ -268,25 +304,45 @@ impl Client {
         self.scan_inner(lo, hi, limit, true).await
     }
 
+    /// Pages through `[lo, hi]` region by region: each request names the region of its lower
+    /// bound (the node scans only that region), continues with the region's tokens, and moves to
+    /// the next region when a region is done; so each key is seen once, in key order, whatever
+    /// node leads each region.
     async fn scan_inner(&self, lo: &[u8], hi: &[u8], limit: usize, floor: bool) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut out = Vec::new();
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut token = Vec::new();
+        let mut from = lo.to_vec();
+        let mut first = true;
         while out.len() < limit {
             let want = (limit - out.len()).min(proto::limits::MAX_SCAN_ITEMS as usize) as u32;
-            let (lo, hi) = (lo.to_vec(), hi.to_vec());
             // The first page may be a floor scan; the rest continue after the last key.
-            let op = if floor && token.is_empty() {
-                Op::FloorScan { lo, hi, limit: want, max_bytes: 0, token: Vec::new() }
+            let op = if floor && first {
+                Op::FloorScan { lo: from.clone(), hi: hi.to_vec(), limit: want, max_bytes: 0, token: Vec::new() }
             } else {
-                Op::Scan { lo, hi, limit: want, max_bytes: 0, token: token.clone() }
+                Op::Scan { lo: from.clone(), hi: hi.to_vec(), limit: want, max_bytes: 0, token: token.clone() }
             };
+            first = false;
             match self.call(op).await?.0 {
                 Reply::Items { items, token: t } => {
                     out.extend(items);
-                    if t.is_empty() || ScanToken::decode(&t).is_none() {
-                        break;
+                    if !t.is_empty() && ScanToken::decode(&t).is_some() {
+                        token = t;
+                        continue;
                     }
-                    token = t;
+                    // This region is done: on to the next one, if the range goes on.
+                    token.clear();
+                    match self.router.region_end(&from) {
+                        Some(Some(end)) if hi.is_empty() || end.as_slice() <= hi => {
+                            // Keys from `end` on; none before it is left (the page ended).
+                            if let Some((last, _)) = out.last()
+                                && last.as_slice() >= end.as_slice()
+                            {
+                                break;
+                            }
+                            from = end;
+                        }
+                        _ => break,
+                    }
                 }
                 other => return Err(ClientError::unexpected(&other)),
             }
@@ -363,8 +419,32 @@ mod tests {
 
     use super::*;
 
+    /// A standalone node's region map: one region, led by node 1, reached at the address asked.
+    fn standalone_map() -> dpukv_proto::regionmap::RegionMap {
+        use dpukv_proto::regionmap::{NodeInfo, RegionInfo, RegionMap, RegionState};
+        let region = RegionInfo {
+            id: 1,
+            start: vec![],
+            end: None,
+            primary: 1,
+            backups: vec![],
+            joining: vec![],
+            epoch: 1,
+            state: RegionState::Serving,
+        };
+        let node = NodeInfo {
+            id: 1,
+            device: String::new(),
+            replication: String::new(),
+            admin: String::new(),
+            zone: String::new(),
+        };
+        RegionMap { revision: 0, master: 0, regions: vec![region], nodes: vec![node] }
+    }
+
     /// A server that drops each of its first `drop_first` connections after reading one request
-    /// frame, then answers every request `Done`; it records every request it read.
+    /// frame (the region map excepted), then answers every request `Done`; it records every
+    /// request it read but the region map's.
     async fn flaky_server(drop_first: usize) -> (String, Arc<Mutex<Vec<Request>>>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a local port");
         let addr = listener.local_addr().expect("bound").to_string();
@@ -384,13 +464,26 @@ mod tests {
                         }
                         buf.extend_from_slice(&chunk[..got]);
                         while let Some(reqs) = crate::conn::tests::next_frame(&mut buf) {
-                            log.lock().expect("log").extend(reqs.iter().cloned());
-                            if n < drop_first {
-                                return; // the request is "maybe applied"
+                            // The region map (a standalone node's) is always answered, and not
+                            // counted: the client asks for it before its first request.
+                            let map_only = reqs.iter().all(|r| r.op == Op::RegionMap);
+                            if !map_only {
+                                log.lock().expect("log").extend(reqs.iter().cloned());
+                                if n < drop_first {
+                                    return; // the request is "maybe applied"
+                                }
                             }
                             let resps: Vec<Response> = reqs
                                 .iter()
-                                .map(|r| Response { id: r.id, version: 1, replicated: false, result: Ok(Reply::Done) })
+                                .map(|r| {
+                                    let result = if r.op == Op::RegionMap {
+                                        let map = standalone_map();
+                                        Ok(Reply::RegionMap(map))
+                                    } else {
+                                        Ok(Reply::Done)
+                                    };
+                                    Response { id: r.id, version: 1, replicated: false, result }
+                                })
                                 .collect();
                             let mut out = Vec::new();
                             encode_responses(&resps, &mut out);
@@ -415,7 +508,7 @@ mod tests {
         assert_eq!((b.client, b.seq, b.retry), (a.client, 1, true), "the retry names the same write");
         // The next write is the next seq, and tells the server seq 1 is done.
         let (addr2, seen2) = flaky_server(0).await;
-        let c2 = Client { conns: Arc::new(vec![conn::Connection::open(&addr2).await.expect("connect")]), ..c.clone() };
+        let c2 = Client { router: Client::connect(&addr2, 1).await.expect("connect").router, ..c.clone() };
         c2.delete(b"k").await.expect("answered");
         let s = seen2.lock().expect("log")[0].session.expect("tagged");
         assert_eq!((s.seq, s.acked_below, s.retry), (2, 2, false));

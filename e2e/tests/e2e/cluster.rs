@@ -330,3 +330,63 @@ async fn an_etcd_outage_pauses_the_cluster_without_a_failover_and_it_resumes() {
         assert_eq!(c.get(format!("k{i}").as_bytes()).await.expect("read").as_deref(), Some(&b"after"[..]));
     }
 }
+
+/// The client routes by the region map: writes to three regions led by different nodes, scans
+/// across all of them (each key once, in order), and goes on through the failover of a region's
+/// primary — refreshing its map — with fetch-adds applied exactly once across the switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_routes_scans_across_regions_and_survives_a_failover_exactly_once() {
+    let etcd = Etcd::start().expect("etcd");
+    let mut nodes = start(&etcd, 3, &["--split-keys", "g,p"]);
+    let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
+    let map = {
+        let all: Vec<&ClusterNode> = nodes.iter().collect();
+        let ready = |m: &dpukv_proto::regionmap::RegionMap| {
+            m.regions.len() == 3 && m.regions.iter().all(|r| r.primary != 0 && r.backups.len() == 2)
+        };
+        wait_for_map(&all, Duration::from_secs(60), ready).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)))
+    };
+    let leaders: std::collections::BTreeSet<u32> = map.regions.iter().map(|r| r.primary).collect();
+    assert_eq!(leaders.len(), 3, "the first layout spreads the primaries: {:?}", map.regions);
+    // Connect through a node that will survive.
+    let victim = map.regions[0].primary;
+    let seed = nodes.iter().find(|n| n.id != victim).expect("a survivor").device.clone();
+    let c = Client::connect(&seed, 2).await.expect("connect");
+    let key = |i: u32| format!("{}{i:04}", ["a", "h", "q"][i as usize % 3]);
+    for i in 0..300u32 {
+        c.put(key(i).as_bytes(), format!("v{i}").as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("put {i}: {e}\n{}", logs(&nodes)));
+    }
+    let all = c.scan(b"", b"", 10_000).await.expect("scan");
+    let mut want: Vec<Vec<u8>> = (0..300).map(|i| key(i).into_bytes()).collect();
+    want.sort();
+    assert_eq!(
+        all.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        want,
+        "every key once, in order, across regions"
+    );
+    // Fetch-adds on a key of region 1 while its primary is killed.
+    let counter = b"counter";
+    let mut done = 0u64;
+    for i in 0..200u32 {
+        if i == 100 {
+            nodes[victim as usize - 1].kill();
+        }
+        match c.fetch_add(counter, 1).await {
+            Ok(_) => done += 1,
+            Err(e) => panic!("fetch_add {i}: {e}\n{}", logs(&nodes)),
+        }
+    }
+    let v = c.get(counter).await.expect("read").expect("present");
+    assert_eq!(
+        u64::from_le_bytes(v[..8].try_into().expect("8 bytes")),
+        done,
+        "each acknowledged fetch_add applied once"
+    );
+    // Still every key, after the failover.
+    let again = c.scan(b"", b"", 10_000).await.expect("scan");
+    assert_eq!(again.len(), 301, "300 keys and the counter");
+    let m = c.routing_map().expect("a map");
+    assert_ne!(m.regions[0].primary, victim, "the client follows the new primary");
+}

@@ -1,0 +1,159 @@
+//! Which node a request goes to: the cluster's region map (learned from any node with the
+//! `region_map` op, so clients need no etcd), each region's primary device, and a pool of
+//! pipelined connections per device. The one routing implementation clients and gateways use
+//! (`dpukv_proto::regionmap` routes keys; this module picks connections and refreshes the map).
+//!
+//! A standalone node's map names one node with an empty device address: requests go to the
+//! endpoint the client was given. Bounds: one pool per node of the map (at most
+//! `regionmap::MAX_NODES`), each of the client's pool size.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use dpukv_proto::regionmap::RegionMap;
+use dpukv_proto::{ErrorCode, ErrorReply, Op, Reply, Request};
+
+use crate::ClientError;
+use crate::conn::Connection;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A client's view of the cluster.
+pub(crate) struct Router {
+    seed: String,
+    pool: usize,
+    map: RwLock<Option<Arc<RegionMap>>>,
+    pools: Mutex<HashMap<String, Arc<Vec<Connection>>>>,
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// Where one request goes.
+pub(crate) struct Target {
+    pub(crate) pool: Arc<Vec<Connection>>,
+    pub(crate) region: u32,
+    pub(crate) epoch: u64,
+}
+
+fn unavailable(msg: &str) -> ClientError {
+    ClientError::Server(ErrorReply { code: ErrorCode::Unavailable, message: msg.into() })
+}
+
+impl Router {
+    pub(crate) fn new(seed: &str, pool: usize, seed_pool: Arc<Vec<Connection>>) -> Router {
+        let mut pools = HashMap::new();
+        pools.insert(seed.to_string(), seed_pool);
+        Router {
+            seed: seed.to_string(),
+            pool,
+            map: RwLock::new(None),
+            pools: Mutex::new(pools),
+            refreshing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The map in use, if one was learned.
+    pub(crate) fn map(&self) -> Option<Arc<RegionMap>> {
+        self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Forgets the map (the next request learns it again).
+    pub(crate) fn invalidate(&self) {
+        *self.map.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    fn device(&self, map: &RegionMap, node: u32) -> Option<String> {
+        let n = map.node(node)?;
+        Some(if n.device.is_empty() { self.seed.clone() } else { n.device.clone() })
+    }
+
+    async fn pool_for(&self, addr: &str) -> Result<Arc<Vec<Connection>>, ClientError> {
+        if let Some(p) = lock(&self.pools).get(addr) {
+            return Ok(p.clone());
+        }
+        let mut conns = Vec::new();
+        for _ in 0..self.pool {
+            conns.push(Connection::open(addr).await?);
+        }
+        let p = Arc::new(conns);
+        let mut pools = lock(&self.pools);
+        // Bounded by the nodes of the map (and the seed): drop pools of nodes that left.
+        if let Some(map) = self.map() {
+            let keep: Vec<String> = map.nodes.iter().filter_map(|n| self.device(&map, n.id)).collect();
+            pools.retain(|a, _| a == &self.seed || keep.contains(a));
+        }
+        Ok(pools.entry(addr.to_string()).or_insert(p).clone())
+    }
+
+    /// Learns the map: asks the seed, then every node of the last map, and keeps the newest
+    /// (highest metadata revision) answer. One refresh at a time; callers that waited for one
+    /// use its result.
+    pub(crate) async fn refresh(&self, timeout: Duration) -> Result<Arc<RegionMap>, ClientError> {
+        let _one = self.refreshing.lock().await;
+        if let Some(m) = self.map() {
+            return Ok(m);
+        }
+        // The seed first, then every node this client has talked to.
+        let mut addrs = vec![self.seed.clone()];
+        for a in lock(&self.pools).keys() {
+            if !addrs.contains(a) {
+                addrs.push(a.clone());
+            }
+        }
+        let mut newest: Option<RegionMap> = None;
+        let mut last_err = None;
+        for a in addrs {
+            let pool = match self.pool_for(&a).await {
+                Ok(p) => p,
+                Err(e) => {
+                    last_err = Some(e);
+                    continue;
+                }
+            };
+            match pool[0].call(Request::new(0, Op::RegionMap), timeout).await {
+                Ok(dpukv_proto::Response { result: Ok(Reply::RegionMap(m)), .. }) => {
+                    if newest.as_ref().is_none_or(|x| m.revision > x.revision) {
+                        newest = Some(m);
+                    }
+                }
+                Ok(dpukv_proto::Response { result: Err(e), .. }) => last_err = Some(ClientError::Server(e)),
+                Ok(_) => last_err = Some(unavailable("a node answered the region map with something else")),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        let Some(m) = newest else {
+            return Err(last_err.unwrap_or_else(|| unavailable("no node answered the region map")));
+        };
+        let m = Arc::new(m);
+        *self.map.write().unwrap_or_else(|e| e.into_inner()) = Some(m.clone());
+        Ok(m)
+    }
+
+    /// Where `req` goes: the primary device of the region holding its key, with the region and
+    /// epoch to name. `region_map` requests go to the seed.
+    pub(crate) async fn target(&self, req: &Request, timeout: Duration) -> Result<Target, ClientError> {
+        if let Op::RegionMap = req.op {
+            let pool = self.pool_for(&self.seed).await?;
+            return Ok(Target { pool, region: 0, epoch: 0 });
+        }
+        let map = match self.map() {
+            Some(m) => m,
+            None => self.refresh(timeout).await?,
+        };
+        let r = map.region_of(req.op.key()).ok_or_else(|| unavailable("the region map is empty"))?;
+        let Some(addr) = self.device(&map, r.primary) else {
+            self.invalidate();
+            return Err(unavailable("the region has no live primary yet"));
+        };
+        let pool = self.pool_for(&addr).await?;
+        Ok(Target { pool, region: r.id, epoch: r.epoch })
+    }
+
+    /// The end of the region holding `key` (None: the last region), per the map in use.
+    pub(crate) fn region_end(&self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        let map = self.map()?;
+        map.region_of(key).map(|r| r.end.clone())
+    }
+}
