@@ -76,12 +76,23 @@ enum Cmd {
         #[arg(long)]
         admin: String,
     },
-    /// Run a host and a device on DIR, serving on LISTEN, until interrupted.
+    /// Run a host and a device on DIR, serving on LISTEN, until interrupted; with `--nodes N`
+    /// (N > 1), a cluster of N node pods on an etcd (started from PATH unless `--etcd` is given),
+    /// node 1's device on LISTEN, described in DIR/cluster.json.
     Local {
         #[arg(long)]
         dir: PathBuf,
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: String,
+        /// Node pods (1: a standalone node, no etcd).
+        #[arg(long, default_value_t = 1)]
+        nodes: u32,
+        /// Replicas per region (default: 3, or the number of nodes if fewer).
+        #[arg(long)]
+        replication: Option<usize>,
+        /// An etcd to use instead of starting one (client URL).
+        #[arg(long)]
+        etcd: Option<String>,
         /// Log durability: always (acknowledged once synced), interval:MS (acknowledged once
         /// written, synced within MS) or never.
         #[arg(long, default_value = "always")]
@@ -124,8 +135,13 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<i32> {
-    if let Cmd::Local { dir, listen, fsync, split_keys, serve_reads_on_host } = &cli.cmd {
-        return local(dir, listen, fsync, split_keys, *serve_reads_on_host).await;
+    if let Cmd::Local { dir, listen, nodes, replication, etcd, fsync, split_keys, serve_reads_on_host } = &cli.cmd {
+        let cluster = (*nodes > 1).then(|| LocalCluster {
+            nodes: *nodes,
+            replication: replication.unwrap_or(3).min(*nodes as usize),
+            etcd: etcd.clone(),
+        });
+        return local(dir, listen, fsync, split_keys, *serve_reads_on_host, cluster).await;
     }
     if let Cmd::Stats { admin } = &cli.cmd {
         return stats(admin).await;
@@ -273,40 +289,170 @@ async fn stats(admin: &str) -> Result<i32> {
 /// stops both. Like a kubelet, it restarts a process that exits (with a backoff that doubles from
 /// 0.5 s to 30 s, reset once a process has run for a minute), so a crash costs a restart, not
 /// the pod; the device follows a restarted host by itself.
-async fn local(dir: &std::path::Path, listen: &str, fsync: &str, split_keys: &str, on_host: bool) -> Result<i32> {
+/// `dpukv local --nodes N`: the cluster to run.
+struct LocalCluster {
+    nodes: u32,
+    replication: usize,
+    etcd: Option<String>,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// One node pod of `dpukv local`.
+struct LocalNode {
+    id: u32,
+    device: String,
+    admin: String,
+    procs: Vec<Supervised>,
+}
+
+async fn local(
+    dir: &std::path::Path,
+    listen: &str,
+    fsync: &str,
+    split_keys: &str,
+    on_host: bool,
+    cluster: Option<LocalCluster>,
+) -> Result<i32> {
     use std::time::Duration;
 
     use tokio::signal::unix::{SignalKind, signal};
     let exe_dir = std::env::current_exe()?.parent().context("binary directory")?.to_path_buf();
-    let (data, shm) = (dir.join("data"), dir.join("shm"));
-    std::fs::create_dir_all(&data)?;
-    let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
-    host_cmd.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm);
-    host_cmd.args(["--fsync", fsync, "--split-keys", split_keys]).kill_on_drop(true);
-    // The host publishes its regions before it serves; the device waits for them.
-    let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
-    dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", listen]).kill_on_drop(true);
-    if on_host {
-        dev_cmd.arg("--serve-reads-on-host");
+    let mut etcd: Option<Supervised> = None;
+    let mut etcd_url = String::new();
+    let mut nodes: Vec<LocalNode> = Vec::new();
+    match &cluster {
+        None => {
+            let (data, shm) = (dir.join("data"), dir.join("shm"));
+            std::fs::create_dir_all(&data)?;
+            let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
+            host_cmd.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm);
+            host_cmd.args(["--fsync", fsync, "--split-keys", split_keys]).kill_on_drop(true);
+            // The host publishes its regions before it serves; the device waits for them.
+            let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
+            dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", listen]).kill_on_drop(true);
+            if on_host {
+                dev_cmd.arg("--serve-reads-on-host");
+            }
+            let procs = vec![Supervised::new("host".into(), host_cmd), Supervised::new("device".into(), dev_cmd)];
+            nodes.push(LocalNode { id: 1, device: listen.to_string(), admin: String::new(), procs });
+        }
+        Some(c) => {
+            etcd_url = match &c.etcd {
+                Some(u) => u.clone(),
+                None => {
+                    if std::process::Command::new("etcd").arg("--version").output().is_err() {
+                        bail!(
+                            "`dpukv local --nodes {}` needs etcd on PATH (Debian: apt-get install -y etcd-server), or --etcd URL",
+                            c.nodes
+                        );
+                    }
+                    let (cp, pp) = (free_port()?, free_port()?);
+                    let (client, peer) = (format!("http://127.0.0.1:{cp}"), format!("http://127.0.0.1:{pp}"));
+                    let mut cmd = tokio::process::Command::new("etcd");
+                    cmd.args(["--name", "local", "--data-dir"]).arg(dir.join("etcd"));
+                    cmd.args(["--listen-client-urls", &client, "--advertise-client-urls", &client]);
+                    cmd.args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer]);
+                    cmd.arg("--initial-cluster").arg(format!("local={peer}"));
+                    cmd.args(["--initial-cluster-state", "new"]);
+                    cmd.stdout(std::process::Stdio::null()).stderr(std::fs::File::create(dir.join("etcd.log"))?);
+                    cmd.kill_on_drop(true);
+                    std::fs::create_dir_all(dir)?;
+                    etcd = Some(Supervised::new("etcd".into(), cmd));
+                    client
+                }
+            };
+            for id in 1..=c.nodes {
+                let nd = dir.join(format!("node-{id}"));
+                let (data, shm) = (nd.join("data"), nd.join("shm"));
+                std::fs::create_dir_all(&data)?;
+                let device = if id == 1 { listen.to_string() } else { format!("127.0.0.1:{}", free_port()?) };
+                let (repl, admin) = (format!("127.0.0.1:{}", free_port()?), format!("127.0.0.1:{}", free_port()?));
+                let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
+                host_cmd.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm);
+                host_cmd.args(["--fsync", fsync, "--split-keys", split_keys, "--admin", &admin]);
+                host_cmd.args(["--cluster", "local", "--node-id", &id.to_string(), "--etcd", &etcd_url]);
+                host_cmd.args(["--replication-listen", &repl, "--advertise-device", &device]);
+                host_cmd.args(["--replication-factor", &c.replication.to_string()]).kill_on_drop(true);
+                host_cmd.stderr(std::fs::File::create(nd.join("host.log"))?);
+                let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
+                dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device]).kill_on_drop(true);
+                dev_cmd.stderr(std::fs::File::create(nd.join("device.log"))?);
+                let procs = vec![
+                    Supervised::new(format!("node {id} host"), host_cmd),
+                    Supervised::new(format!("node {id} device"), dev_cmd),
+                ];
+                nodes.push(LocalNode { id, device, admin, procs });
+            }
+        }
     }
-    let mut procs = [Supervised::new("host", host_cmd), Supervised::new("device", dev_cmd)];
-    for p in &mut procs {
+    if let Some(e) = etcd.as_mut() {
+        e.start()?;
+    }
+    for p in nodes.iter_mut().flat_map(|n| n.procs.iter_mut()) {
         p.start()?;
     }
-    eprintln!("dpukv local: serving on {listen} (data in {}); Ctrl-C to stop", dir.display());
+    let write_json = |nodes: &[LocalNode]| -> Result<()> {
+        if cluster.is_none() {
+            return Ok(());
+        }
+        let pid = |p: &Supervised| p.child.as_ref().and_then(|c| c.id()).unwrap_or(0);
+        let list: Vec<String> = nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "{{\"id\": {}, \"device\": \"{}\", \"admin\": \"{}\", \"host_pid\": {}, \"device_pid\": {}}}",
+                    n.id,
+                    n.device,
+                    n.admin,
+                    pid(&n.procs[0]),
+                    pid(&n.procs[1])
+                )
+            })
+            .collect();
+        let json = format!("{{\"etcd\": \"{etcd_url}\", \"nodes\": [\n  {}\n]}}\n", list.join(",\n  "));
+        let tmp = dir.join("cluster.json.tmp");
+        std::fs::write(&tmp, json)?;
+        std::fs::rename(&tmp, dir.join("cluster.json"))?;
+        Ok(())
+    };
+    write_json(&nodes)?;
+    match &cluster {
+        None => eprintln!("dpukv local: serving on {listen} (data in {}); Ctrl-C to stop", dir.display()),
+        Some(c) => eprintln!(
+            "dpukv local: {} nodes, replication {}, etcd {etcd_url}; node 1 serves on {listen}; {}/cluster.json describes them; Ctrl-C to stop",
+            c.nodes,
+            c.replication,
+            dir.display()
+        ),
+    }
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     loop {
-        let [host, device] = &mut procs;
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            () = host.supervise() => {}
-            () = device.supervise() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        let mut restarted = false;
+        for p in etcd.iter_mut().chain(nodes.iter_mut().flat_map(|n| n.procs.iter_mut())) {
+            restarted |= p.poll();
+        }
+        if restarted {
+            write_json(&nodes)?;
         }
     }
-    // Device first (no new requests), then the host (finishes its round and syncs the log).
-    for p in procs.iter_mut().rev() {
-        p.stop(Duration::from_secs(15)).await;
+    // Devices first (no new requests), then the hosts (they finish their rounds and sync their
+    // logs), then etcd.
+    for n in nodes.iter_mut() {
+        n.procs[1].stop(Duration::from_secs(15)).await;
+    }
+    for n in nodes.iter_mut() {
+        n.procs[0].stop(Duration::from_secs(15)).await;
+    }
+    if let Some(e) = etcd.as_mut() {
+        e.stop(Duration::from_secs(15)).await;
     }
     Ok(0)
 }
@@ -314,7 +460,7 @@ async fn local(dir: &std::path::Path, listen: &str, fsync: &str, split_keys: &st
 /// A child process kept running (see [`local`]). [`Supervised::supervise`] may be cancelled at
 /// any await (the other process's turn): its state says where it was.
 struct Supervised {
-    name: &'static str,
+    name: String,
     cmd: tokio::process::Command,
     child: Option<tokio::process::Child>,
     started: tokio::time::Instant,
@@ -329,7 +475,7 @@ impl Supervised {
     const MAX_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
     const HEALTHY_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
-    fn new(name: &'static str, cmd: tokio::process::Command) -> Supervised {
+    fn new(name: String, cmd: tokio::process::Command) -> Supervised {
         Supervised {
             name,
             cmd,
@@ -347,19 +493,35 @@ impl Supervised {
         Ok(())
     }
 
-    /// Waits until the process exits and schedules its restart, or waits for a scheduled
-    /// restart and does it (a process that cannot be started is retried, as a kubelet would).
-    async fn supervise(&mut self) {
+    /// Notices that the process exited (and schedules its restart), or restarts it when its
+    /// restart is due (a process that cannot be started is retried, as a kubelet would).
+    /// Returns whether it started a process.
+    fn poll(&mut self) -> bool {
         if let Some(child) = self.child.as_mut() {
-            let status = child.wait().await;
-            self.child = None;
-            self.exited(&status.map_or_else(|e| e.to_string(), |s| s.to_string()));
+            match child.try_wait() {
+                Ok(None) => return false,
+                Ok(Some(status)) => {
+                    self.child = None;
+                    self.exited(&status.to_string());
+                }
+                Err(e) => {
+                    self.child = None;
+                    self.exited(&e.to_string());
+                }
+            }
         }
-        let at = *self.restart_at.get_or_insert_with(tokio::time::Instant::now);
-        tokio::time::sleep_until(at).await;
-        self.restart_at = None;
-        if let Err(e) = self.start() {
-            self.exited(&format!("{e:#}"));
+        match self.restart_at {
+            Some(at) if tokio::time::Instant::now() >= at => {
+                self.restart_at = None;
+                match self.start() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        self.exited(&format!("{e:#}"));
+                        false
+                    }
+                }
+            }
+            _ => false,
         }
     }
 
