@@ -194,7 +194,11 @@ impl Client {
         // A node that says the map moved on (or cannot be reached): learn it again.
         let stale = match &r {
             Ok(Response { result: Err(e), .. }) => {
-                matches!(e.code, ErrorCode::StaleEpoch | ErrorCode::WrongRegion | ErrorCode::Unavailable)
+                // (An unknown outcome too: the node may have stopped leading the region.)
+                matches!(
+                    e.code,
+                    ErrorCode::StaleEpoch | ErrorCode::WrongRegion | ErrorCode::Unavailable | ErrorCode::OutcomeUnknown
+                )
             }
             Ok(_) => false,
             Err(_) => true,

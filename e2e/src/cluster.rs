@@ -20,6 +20,8 @@ pub struct ClusterNode {
     pub dir: tempfile::TempDir,
     /// Its device's data port.
     pub device: String,
+    /// Its host's admin endpoint.
+    pub admin: String,
     host_args: Vec<String>,
     host: Option<Proc>,
     dev: Option<Proc>,
@@ -35,7 +37,10 @@ impl ClusterNode {
         let dir = tempfile::tempdir()?;
         let device = format!("127.0.0.1:{}", free_port()?);
         let repl = format!("127.0.0.1:{}", free_port()?);
+        let admin = format!("127.0.0.1:{}", free_port()?);
         let mut host_args: Vec<String> = [
+            "--admin",
+            &admin,
             "--cluster",
             cluster,
             "--node-id",
@@ -51,7 +56,7 @@ impl ClusterNode {
         .map(|s| s.to_string())
         .collect();
         host_args.extend(extra.iter().map(|s| s.to_string()));
-        let mut n = ClusterNode { id, dir, device, host_args, host: None, dev: None };
+        let mut n = ClusterNode { id, dir, device, admin, host_args, host: None, dev: None };
         n.resume()?;
         Ok(n)
     }

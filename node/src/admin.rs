@@ -1,5 +1,7 @@
 //! The admin HTTP endpoint of a process: `/healthz` (alive), `/readyz` (serving), `/metrics`
-//! (Prometheus text format).
+//! (Prometheus text format), and on a cluster's hosts `/cluster/drain/{node}` (POST: drain the
+//! node; GET: its progress; DELETE: stop draining it) — what `dpukv cluster drain` and the
+//! operator call.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,6 +21,63 @@ pub struct Admin {
     pub ready: Arc<AtomicBool>,
     /// The metrics.
     pub registry: Arc<Registry>,
+    /// The cluster's metadata store, on a cluster's host.
+    pub cluster: Option<ClusterControl>,
+}
+
+/// Where cluster requests go: the cluster's etcd and key layout.
+#[derive(Debug, Clone)]
+pub struct ClusterControl {
+    /// How to reach etcd.
+    pub etcd: dpukv_cluster::EtcdOptions,
+    /// The cluster's keys.
+    pub keys: dpukv_cluster::keys::Keys,
+}
+
+type Answer = (StatusCode, [(&'static str, &'static str); 1], String);
+
+fn text(code: StatusCode, body: String) -> Answer {
+    (code, [("content-type", "text/plain; charset=utf-8")], body)
+}
+
+/// A node's drain: requested, and what it still holds.
+async fn drain_status(c: &ClusterControl, node: u32) -> Result<String, dpukv_cluster::MetaError> {
+    let store = dpukv_cluster::EtcdStore::connect(&c.etcd).await?;
+    let snap = dpukv_cluster::master::read(&store, &c.keys).await?;
+    let led = snap.map.regions.iter().filter(|r| r.primary == node).count();
+    let held = snap.map.regions.iter().filter(|r| r.backups.contains(&node) || r.joining.contains(&node)).count();
+    let draining = snap.facts.draining.contains(&node);
+    let done = draining && led == 0 && held == 0;
+    Ok(format!(
+        "{{\"node\": {node}, \"draining\": {draining}, \"regions_led\": {led}, \"regions_held\": {held}, \"done\": {done}}}\n"
+    ))
+}
+
+async fn drain(
+    State(a): State<Admin>,
+    axum::extract::Path(node): axum::extract::Path<u32>,
+    method: axum::http::Method,
+) -> Answer {
+    let Some(c) = a.cluster.as_ref() else {
+        return text(StatusCode::NOT_FOUND, "this process is not a cluster's host\n".into());
+    };
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code())),
+    };
+    use dpukv_cluster::MetaStore;
+    let changed = match method {
+        axum::http::Method::POST => store.put(&c.keys.drain(node), b"drain", None).await.map(|_| ()),
+        axum::http::Method::DELETE => store.delete(&c.keys.drain(node)).await.map(|_| ()),
+        _ => Ok(()),
+    };
+    if let Err(e) = changed {
+        return text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code()));
+    }
+    match drain_status(c, node).await {
+        Ok(body) => (StatusCode::OK, [("content-type", "application/json")], body),
+        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code())),
+    }
 }
 
 async fn healthz() -> &'static str {
@@ -65,6 +124,7 @@ pub async fn serve(addr: SocketAddr, admin: Admin, shutdown: CancellationToken) 
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/cluster/drain/{node}", get(drain).post(drain).delete(drain))
         .with_state(admin);
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;

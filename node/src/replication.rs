@@ -47,10 +47,15 @@ pub enum AckError {
     /// The region's epoch changed while waiting (a new backup set, or no longer primary).
     #[error("the region's epoch changed while the write waited for its backups")]
     EpochChanged,
+    /// This node stopped leading the region: nothing more is confirmed.
+    #[error("this node no longer leads the region")]
+    Closed,
 }
 
 #[derive(Debug, Default)]
 struct AckState {
+    /// Set when the node stops leading the region: every wait fails from then on.
+    closed: bool,
     epoch: u64,
     required: Vec<u32>,
     held: HashMap<u32, Lsn>,
@@ -76,6 +81,13 @@ impl Acks {
         let mut st = lock(&self.st);
         st.epoch = epoch;
         st.required = required;
+        self.cv.notify_all();
+    }
+
+    /// The node stops leading the region: waiting writes, and any later ones, are not
+    /// confirmed (their outcome is unknown to their clients).
+    pub fn close(&self) {
+        lock(&self.st).closed = true;
         self.cv.notify_all();
     }
 
@@ -116,6 +128,9 @@ impl Acks {
         let mut st = lock(&self.st);
         let epoch = st.epoch;
         loop {
+            if st.closed {
+                return Err(AckError::Closed);
+            }
             if st.epoch != epoch {
                 return Err(AckError::EpochChanged);
             }
@@ -244,6 +259,8 @@ pub struct SenderConfig {
     pub addr: SocketAddr,
     /// The region's data directory (for whole-index exports).
     pub region_dir: PathBuf,
+    /// The primary's log end when it began to lead (see `ReplMessage::Hello`).
+    pub base: Lsn,
 }
 
 /// What ended a sender (it reconnects by itself unless stopped or refused for good).
@@ -295,7 +312,9 @@ fn send_session(
     let mut s = TcpStream::connect_timeout(&cfg.addr, Duration::from_secs(2))?;
     s.set_nodelay(true)?;
     let (region, epoch) = (cfg.region, cfg.epoch);
-    write_msg(&mut s, &ReplMessage::Hello { cluster: cfg.cluster.clone(), region, epoch, primary: cfg.primary })?;
+    let hello =
+        ReplMessage::Hello { cluster: cfg.cluster.clone(), region, epoch, primary: cfg.primary, base: cfg.base.0 };
+    write_msg(&mut s, &hello)?;
     let mut pos = match read_msg(&mut s)? {
         ReplMessage::Resume { from: Some(p), .. } => Lsn(p),
         ReplMessage::Resume { from: None, .. } => tail.start()?,
@@ -400,7 +419,8 @@ pub struct BackupHost {
     cluster: String,
     data_dir: PathBuf,
     roles: Mutex<HashMap<u32, u64>>,
-    backups: Mutex<HashMap<u32, Arc<Mutex<Backup>>>>,
+    /// Open backups; `None` once released (a connection still holding it stops there).
+    backups: Mutex<HashMap<u32, Arc<Mutex<Option<Backup>>>>>,
 }
 
 impl std::fmt::Debug for BackupHost {
@@ -430,10 +450,15 @@ impl BackupHost {
         lock(&self.roles).contains_key(&region)
     }
 
-    /// Stops backing `region` and returns its backup, if open (to promote it or remove it).
-    pub fn release(&self, region: u32) -> Option<Arc<Mutex<Backup>>> {
+    /// Stops backing `region` (to promote it or remove it): no message is applied to it after
+    /// this returns — a connection in the middle of one finishes it first, later ones are
+    /// refused — so the copy's files are complete and stable for whoever opens them next.
+    pub fn release(&self, region: u32) {
         lock(&self.roles).remove(&region);
-        lock(&self.backups).remove(&region)
+        let b = lock(&self.backups).remove(&region);
+        if let Some(b) = b {
+            drop(lock(&b).take());
+        }
     }
 
     /// The region's backup directory.
@@ -441,12 +466,12 @@ impl BackupHost {
         self.data_dir.join(format!("region-{region}"))
     }
 
-    fn backup(&self, region: u32) -> dpukv_storage::Result<Arc<Mutex<Backup>>> {
+    fn backup(&self, region: u32) -> dpukv_storage::Result<Arc<Mutex<Option<Backup>>>> {
         let mut b = lock(&self.backups);
         if let Some(x) = b.get(&region) {
             return Ok(x.clone());
         }
-        let x = Arc::new(Mutex::new(Backup::open_with(self.dir(region), dpukv_storage::fs::real())?));
+        let x = Arc::new(Mutex::new(Some(Backup::open_with(self.dir(region), dpukv_storage::fs::real())?)));
         b.insert(region, x.clone());
         Ok(x)
     }
@@ -489,8 +514,8 @@ impl BackupHost {
     fn session(&self, mut s: TcpStream) -> anyhow::Result<()> {
         s.set_nonblocking(false)?;
         s.set_nodelay(true)?;
-        let (region, epoch) = match read_msg(&mut s)? {
-            ReplMessage::Hello { cluster, region, epoch, .. } => {
+        let (region, epoch, primary, base) = match read_msg(&mut s)? {
+            ReplMessage::Hello { cluster, region, epoch, primary, base } => {
                 if cluster != self.cluster {
                     return Self::refuse(
                         &mut s,
@@ -500,7 +525,7 @@ impl BackupHost {
                         format!("this node is in cluster {:?}", self.cluster),
                     );
                 }
-                (region, epoch)
+                (region, epoch, primary, base)
             }
             other => anyhow::bail!("expected hello, got {other:?}"),
         };
@@ -525,7 +550,22 @@ impl BackupHost {
         }
         self.back(region, epoch);
         let backup = self.backup(region)?;
-        let from = lock(&backup).resume_from();
+        let from = match lock(&backup).as_mut() {
+            // Copies that followed another primary lose what that one wrote past this one's base.
+            Some(b) => {
+                b.follow(u64::from(primary), Lsn(base))?;
+                b.resume_from()
+            }
+            None => {
+                return Self::refuse(
+                    &mut s,
+                    region,
+                    ReplRefusal::WrongRegion,
+                    0,
+                    "the region was just released here".into(),
+                );
+            }
+        };
         write_msg(&mut s, &ReplMessage::Resume { region, epoch, from: from.map(|l| l.0) })?;
         loop {
             let m = read_msg(&mut s)?;
@@ -552,7 +592,12 @@ impl BackupHost {
             match m {
                 ReplMessage::Append { segment, offset, segment_size, sealed, bytes, .. } => {
                     let c = dpukv_storage::vlog::LogChunk { segment, offset, bytes, segment_size, sealed };
-                    let r = lock(&backup).append_log(&c);
+                    let r = match lock(&backup).as_mut() {
+                        Some(b) => b.append_log(&c),
+                        None => {
+                            return Self::refuse(&mut s, region, ReplRefusal::WrongRegion, 0, "released here".into());
+                        }
+                    };
                     match r {
                         Ok(upto) => write_msg(&mut s, &ReplMessage::Held { region, epoch, upto: upto.0 })?,
                         Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Gap, known, e.to_string()),
@@ -561,7 +606,8 @@ impl BackupHost {
                 ReplMessage::Index { manifest, sessions, levels, .. } => {
                     let parts = (manifest, sessions, levels.into_iter().map(|l| (l.meta, l.segments)).collect());
                     let r = IndexExport::from_parts(parts).and_then(|e| {
-                        let mut b = lock(&backup);
+                        let mut g = lock(&backup);
+                        let b = g.as_mut().ok_or_else(|| dpukv_storage::Error::Config("released here".into()))?;
                         b.apply_send_index(&e)?;
                         Ok(b.manifest().generation)
                     });

@@ -78,6 +78,9 @@ pub enum ReplMessage {
         epoch: u64,
         /// The primary's node id.
         primary: u32,
+        /// The primary's log end when it began to lead (a position): a backup whose copies
+        /// followed another node drops what they hold from here on.
+        base: u64,
     },
     /// Backup -> primary: where to stream from (its log position, `None`: it has nothing and
     /// must be copied from the start).
@@ -223,11 +226,12 @@ impl ReplMessage {
         out.extend_from_slice(&[0; 4]);
         out.push(REPL_VERSION);
         match self {
-            ReplMessage::Hello { cluster, region, epoch, primary } => {
+            ReplMessage::Hello { cluster, region, epoch, primary, base } => {
                 out.push(kind::HELLO);
                 put_u32(out, *region);
                 put_u64(out, *epoch);
                 put_u32(out, *primary);
+                put_u64(out, *base);
                 put_bytes(out, cluster.as_bytes());
             }
             ReplMessage::Resume { region, epoch, from } => {
@@ -308,10 +312,10 @@ impl ReplMessage {
         }
         let m = match r.u8()? {
             kind::HELLO => {
-                let (region, epoch, primary) = (r.u32()?, r.u64()?, r.u32()?);
+                let (region, epoch, primary, base) = (r.u32()?, r.u64()?, r.u32()?, r.u64()?);
                 let cluster = String::from_utf8(r.bytes(MAX_REPL_TEXT)?)
                     .map_err(|_| ReplDecodeError::Malformed("cluster name is not UTF-8"))?;
-                ReplMessage::Hello { cluster, region, epoch, primary }
+                ReplMessage::Hello { cluster, region, epoch, primary, base }
             }
             kind::RESUME => {
                 let (region, epoch, has) = (r.u32()?, r.u64()?, r.u8()?);
@@ -438,8 +442,9 @@ mod tests {
             Just(ReplRefusal::Failed)
         ];
         prop_oneof![
-            ("[a-z-]{0,12}", any::<u32>(), any::<u64>(), any::<u32>())
-                .prop_map(|(cluster, region, epoch, primary)| ReplMessage::Hello { cluster, region, epoch, primary }),
+            ("[a-z-]{0,12}", any::<u32>(), any::<u64>(), any::<u32>(), any::<u64>()).prop_map(
+                |(cluster, region, epoch, primary, base)| ReplMessage::Hello { cluster, region, epoch, primary, base }
+            ),
             (any::<u32>(), any::<u64>(), any::<Option<u64>>()).prop_map(|(region, epoch, from)| ReplMessage::Resume {
                 region,
                 epoch,

@@ -70,6 +70,11 @@ enum Cmd {
     /// Print one line per node: `id<TAB>device<TAB>replication<TAB>admin<TAB>zone`, the master's
     /// line ending with `<TAB>master`.
     Nodes,
+    /// Cluster administration.
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+    },
     /// Print a node's metrics (from its admin endpoint).
     Stats {
         /// Admin address (host or device).
@@ -104,6 +109,75 @@ enum Cmd {
         #[arg(long)]
         serve_reads_on_host: bool,
     },
+}
+
+/// `dpukv cluster ...`.
+#[derive(Debug, clap::Subcommand)]
+enum ClusterCmd {
+    /// Drain NODE: hand its primaries over to backups, then move its copies to other nodes (no
+    /// acknowledged write is lost; clients see retryable errors at most). Prints the progress as
+    /// JSON lines until the node holds nothing (or at once with --no-wait).
+    Drain {
+        node: u32,
+        #[arg(long)]
+        no_wait: bool,
+        /// Stop draining NODE instead.
+        #[arg(long)]
+        cancel: bool,
+    },
+}
+
+/// One HTTP/1.1 request to an admin endpoint; returns the status code and the body.
+async fn admin_http(admin: &str, method: &str, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(admin).await.with_context(|| format!("connecting to {admin}"))?;
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).await?;
+    let code = resp.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("a malformed HTTP answer")?;
+    Ok((code, resp.split("\r\n\r\n").nth(1).unwrap_or("").to_string()))
+}
+
+async fn cluster_cmd(c: &Client, cmd: ClusterCmd) -> Result<i32> {
+    match cmd {
+        ClusterCmd::Drain { node, no_wait, cancel } => {
+            let map = c.region_map().await?;
+            if map.node(node).is_none() && !cancel {
+                bail!("node {node} is not registered in the cluster");
+            }
+            // Any host's admin endpoint will do; prefer one that is not being drained.
+            let admin = map
+                .nodes
+                .iter()
+                .filter(|n| !n.admin.is_empty())
+                .min_by_key(|n| n.id == node)
+                .map(|n| n.admin.clone())
+                .context("no node advertises an admin endpoint (hosts need --admin)")?;
+            let path = format!("/cluster/drain/{node}");
+            let (code, body) = admin_http(&admin, if cancel { "DELETE" } else { "POST" }, &path).await?;
+            if code != 200 {
+                bail!("{admin} answered {code}: {}", body.trim());
+            }
+            print!("{body}");
+            if no_wait || cancel {
+                return Ok(0);
+            }
+            let mut last = body;
+            while !last.contains("\"done\": true") {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                let (code, body) = admin_http(&admin, "GET", &path).await?;
+                if code != 200 {
+                    bail!("{admin} answered {code}: {}", body.trim());
+                }
+                if body != last {
+                    print!("{body}");
+                }
+                last = body;
+            }
+            Ok(0)
+        }
+    }
 }
 
 fn vec_op(s: &str) -> Result<VecOp> {
@@ -218,6 +292,7 @@ async fn run(cli: Cli) -> Result<i32> {
             writeln!(out, "{}", u64s(&c.filter(key.as_bytes(), Elem::U64, cmp, value.to_le_bytes()).await?))?;
         }
         Cmd::Load { count, prefix, value_size, .. } => load(&c, count, &prefix, value_size).await?,
+        Cmd::Cluster { cmd } => return cluster_cmd(&c, cmd).await,
         Cmd::Regions => {
             for r in c.region_map().await?.regions {
                 out.write_all(format!("{}\t", r.id).as_bytes())?;
@@ -285,10 +360,6 @@ async fn stats(admin: &str) -> Result<i32> {
     Ok(0)
 }
 
-/// Runs `dpukv-node` and `dpukv-dpu` (found next to this binary) until SIGINT/SIGTERM, then
-/// stops both. Like a kubelet, it restarts a process that exits (with a backoff that doubles from
-/// 0.5 s to 30 s, reset once a process has run for a minute), so a crash costs a restart, not
-/// the pod; the device follows a restarted host by itself.
 /// `dpukv local --nodes N`: the cluster to run.
 struct LocalCluster {
     nodes: u32,
@@ -308,6 +379,10 @@ struct LocalNode {
     procs: Vec<Supervised>,
 }
 
+/// Runs `dpukv-node` and `dpukv-dpu` (found next to this binary) until SIGINT/SIGTERM, then
+/// stops them; with a cluster, also etcd (unless given) and N pods. Like a kubelet, it restarts a process that exits (with a backoff that doubles from
+/// 0.5 s to 30 s, reset once a process has run for a minute), so a crash costs a restart, not
+/// the pod; the device follows a restarted host by itself.
 async fn local(
     dir: &std::path::Path,
     listen: &str,

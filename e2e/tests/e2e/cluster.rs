@@ -390,3 +390,69 @@ async fn the_client_routes_scans_across_regions_and_survives_a_failover_exactly_
     let m = c.routing_map().expect("a map");
     assert_ne!(m.regions[0].primary, victim, "the client follows the new primary");
 }
+
+/// `dpukv cluster drain NODE` under load: four pods, one region with three replicas; the node
+/// leading it is drained while a client writes; the region gets a copy on the spare node, the
+/// primary is handed to a backup, the drained node ends up holding nothing, the region keeps
+/// three copies, and every acknowledged write is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_the_primary_s_node_under_load_moves_everything_off_it_and_loses_nothing() {
+    let etcd = Etcd::start().expect("etcd");
+    let nodes = start(&etcd, 4, &[]);
+    let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
+    let all: Vec<&ClusterNode> = nodes.iter().collect();
+    let full = |m: &dpukv_proto::regionmap::RegionMap| {
+        m.regions.len() == 1
+            && m.regions[0].primary != 0
+            && m.regions[0].backups.len() == 2
+            && m.regions[0].joining.is_empty()
+    };
+    let map =
+        wait_for_map(&all, Duration::from_secs(60), full).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    let p = map.regions[0].primary;
+    let seed = nodes.iter().find(|n| n.id != p).expect("another node").device.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (seed, stop) = (seed.clone(), stop.clone());
+        tokio::spawn(async move {
+            let c = Client::connect(&seed, 1).await.expect("connect");
+            let mut acked = Vec::new();
+            let mut i = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (k, v) = (format!("key{i:06}"), format!("v{i}"));
+                match c.put(k.as_bytes(), v.as_bytes()).await {
+                    Ok(_) => acked.push((k, v)),
+                    Err(e) => return Err(format!("write {i} failed during the drain: {e}")),
+                }
+                i += 1;
+            }
+            Ok(acked)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = tokio::process::Command::new(dpukv_e2e::procs::bin_dir().expect("binaries").join("dpukv"))
+        .args(["--endpoint", &seed, "cluster", "drain", &p.to_string()])
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(90), out)
+        .await
+        .unwrap_or_else(|_| panic!("the drain did not finish in 90 s\n{}", logs(&nodes)))
+        .expect("run dpukv");
+    let progress = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "drain failed: {}\n{}", String::from_utf8_lossy(&out.stderr), logs(&nodes));
+    assert!(progress.lines().last().is_some_and(|l| l.contains("\"done\": true")), "progress ends done: {progress}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked = writer.await.expect("writer").unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    let m = wait_for_map(&all, Duration::from_secs(30), full).await.expect("map");
+    let r = &m.regions[0];
+    assert!(r.primary != p && !r.backups.contains(&p) && !r.joining.contains(&p), "node {p} holds nothing: {r:?}");
+    let c = Client::connect(&seed, 1).await.expect("connect");
+    let mut lost = 0;
+    for (k, v) in &acked {
+        if c.get(k.as_bytes()).await.expect("read").as_deref() != Some(v.as_bytes()) {
+            lost += 1;
+        }
+    }
+    assert!(acked.len() > 50, "the client wrote during the drain: {}", acked.len());
+    assert_eq!(lost, 0, "of {} acknowledged writes, {lost} lost\n{}", acked.len(), logs(&nodes));
+    eprintln!("drain progress:\n{progress}{} writes during the drain", acked.len());
+}

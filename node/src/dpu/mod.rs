@@ -84,9 +84,14 @@ pub async fn run(
         unavailable: links.unavailable.clone(),
     }));
     let admin_addr = match cfg.admin {
-        Some(a) => {
-            Some(admin::serve(a, Admin { ready: ready.clone(), registry: Arc::new(registry) }, shutdown.clone()).await?)
-        }
+        Some(a) => Some(
+            admin::serve(
+                a,
+                Admin { ready: ready.clone(), registry: Arc::new(registry), cluster: None },
+                shutdown.clone(),
+            )
+            .await?,
+        ),
         None => None,
     };
     let listener = TcpListener::bind(cfg.listen).await?;

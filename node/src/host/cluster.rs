@@ -67,6 +67,8 @@ struct Led {
     acks: Arc<Acks>,
     feed: Arc<Feed>,
     tail: LogTail,
+    /// The log's end when this node began to lead the region.
+    base: dpukv_storage::vlog::Lsn,
     region_dir: std::path::PathBuf,
     senders: Vec<(u32, Arc<AtomicBool>, std::thread::JoinHandle<SenderEnd>)>,
     /// Joining nodes whose catch-up was reported (at this epoch).
@@ -199,7 +201,7 @@ pub async fn run(
             if r.primary == me {
                 if backups.backs(r.id) {
                     // Promotion: the backup's copy becomes the region (it replays its log tail).
-                    drop(backups.release(r.id));
+                    backups.release(r.id);
                     tracing::info!(region = r.id, epoch = r.epoch, "promoted");
                 }
                 match led.get_mut(&r.id) {
@@ -221,7 +223,7 @@ pub async fn run(
             } else if backing {
                 backups.back(r.id, r.epoch);
             } else if backups.backs(r.id) {
-                drop(backups.release(r.id));
+                backups.release(r.id);
                 remove_region_files(&opener, r.id);
             }
         }
@@ -352,6 +354,7 @@ fn open_led(
         timeout: args.replication_timeout,
     };
     let (queue, thread, tail) = opener.open(r.id, Some(repl))?;
+    let base = tail.end();
     let mut l = Led {
         epoch: r.epoch,
         queue,
@@ -359,6 +362,7 @@ fn open_led(
         acks,
         feed,
         tail,
+        base,
         region_dir: opener.dir(r.id),
         senders: Vec::new(),
         reported: BTreeSet::new(),
@@ -393,6 +397,7 @@ fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_pr
             backup: b,
             addr,
             region_dir: l.region_dir.clone(),
+            base: l.base,
         };
         let stop = Arc::new(AtomicBool::new(false));
         match spawn_sender(cfg, l.tail.clone(), l.feed.clone(), l.acks.clone(), stop.clone()) {
@@ -403,6 +408,8 @@ fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_pr
 }
 
 async fn close_led(l: Led) {
+    // Writes waiting for backups fail now (the region is someone else's); the writer drains.
+    l.acks.close();
     for (_, stop, _) in &l.senders {
         stop.store(true, Ordering::Release);
     }

@@ -190,7 +190,15 @@ pub async fn run(
     registry.register_collector(Box::new(StatsCollector(stats.clone())));
     let admin_addr = match cfg.admin {
         Some(a) => {
-            Some(admin::serve(a, Admin { ready: ready.clone(), registry: Arc::new(registry) }, shutdown.clone()).await?)
+            let cluster = match &cfg.cluster {
+                Some(c) => Some(admin::ClusterControl {
+                    etcd: dpukv_cluster::EtcdOptions::new(c.etcd.clone()),
+                    keys: dpukv_cluster::keys::Keys::new(&c.name).map_err(|e| anyhow::anyhow!("{e}"))?,
+                }),
+                None => None,
+            };
+            let state = Admin { ready: ready.clone(), registry: Arc::new(registry), cluster };
+            Some(admin::serve(a, state, shutdown.clone()).await?)
         }
         None => None,
     };

@@ -45,6 +45,7 @@ fn sender_cfg(region_dir: &std::path::Path, epoch: u64, backup: u32, addr: Socke
         backup,
         addr,
         region_dir: region_dir.to_path_buf(),
+        base: dpukv_storage::vlog::Lsn(0),
     }
 }
 
@@ -107,7 +108,7 @@ fn every_acknowledged_write_is_on_every_backup_and_a_promoted_backup_answers_lik
         assert_eq!(s.join().expect("sender"), SenderEnd::Stopped);
     }
     let bdir = backups[0].host.dir(1);
-    drop(backups[0].host.release(1));
+    backups[0].host.release(1);
     let (promoted, rec) =
         Region::open(RegionConfig::tiny(&bdir, dir.path().join("bshm"), FsyncPolicy::Always)).expect("promote");
     let all = |r: &Region| r.scan(b"", b"\xff", usize::MAX).expect("scan");

@@ -84,12 +84,13 @@ pub struct Backup {
     dir: PathBuf,
     /// Primary log segment -> local log segment.
     log_map: HashMap<u64, u64>,
-    next_log_segment: u64,
     next_level_segment: u64,
     /// Installed levels: primary metadata -> local metadata.
     installed: Vec<(LevelMeta, LevelMeta)>,
     /// Primary log segments whose copy is complete and synced.
     sealed: BTreeSet<u64>,
+    /// The node whose log the copies follow since the last [`Backup::follow`] (0: none yet).
+    source: u64,
     /// Copies being streamed: primary segment -> (local file, bytes received).
     open_logs: HashMap<u64, (Arc<dyn FsFile>, u32)>,
     manifest: Manifest,
@@ -113,10 +114,10 @@ impl Backup {
             fs,
             dir,
             log_map: HashMap::new(),
-            next_log_segment: 1,
             next_level_segment: 1,
             installed: Vec::new(),
             sealed: BTreeSet::new(),
+            source: 0,
             open_logs: HashMap::new(),
             manifest: Manifest { next_segment: 1, ..Manifest::default() },
             bytes_written: 0,
@@ -132,12 +133,15 @@ impl Backup {
         match std::fs::read_to_string(&p) {
             Ok(text) => {
                 for (i, line) in text.lines().enumerate() {
+                    if let Some(n) = line.strip_prefix("source ") {
+                        b.source = n.parse().map_err(|_| Error::corrupt_file(&p, i as u64, "a bad source line"))?;
+                        continue;
+                    }
                     let f: Vec<u64> = line.split(' ').filter_map(|x| x.parse().ok()).collect();
                     let [primary, local, sealed] = f[..] else {
                         return Err(Error::corrupt_file(&p, i as u64, "a log map line is not three numbers"));
                     };
                     b.log_map.insert(primary, local);
-                    b.next_log_segment = b.next_log_segment.max(local + 1);
                     if sealed == 1 {
                         b.sealed.insert(primary);
                     }
@@ -173,8 +177,43 @@ impl Backup {
         }
     }
 
+    /// Follows the log of primary `node`, whose log ended at `base` when it began to lead. If
+    /// the copies followed another node, whatever they hold from `base` on may be records that
+    /// node wrote and nobody acknowledged (the new primary never had them): cut there, so the
+    /// new primary's bytes are received in their place. Copies that followed `node` already are
+    /// its own bytes and are kept.
+    pub fn follow(&mut self, node: u64, base: Lsn) -> Result<()> {
+        if self.source == node {
+            return Ok(());
+        }
+        let vdir = vlog_dir(&self.dir);
+        let ids: Vec<u64> = self.log_map.keys().copied().collect();
+        for id in ids {
+            let local = self.log_map[&id];
+            let path = crate::vlog::segment_path(&vdir, local);
+            if id > base.segment() || (id == base.segment() && base.offset() == 0) {
+                self.open_logs.remove(&id);
+                self.sealed.remove(&id);
+                self.log_map.remove(&id);
+                let _ = self.fs.remove(&path);
+            } else if id == base.segment() {
+                let file = match self.open_logs.remove(&id) {
+                    Some((f, _)) => f,
+                    None => self.fs.open(&path).map_err(|e| Error::io(&path, e))?,
+                };
+                let size = file.size().map_err(|e| Error::io(&path, e))?;
+                file.set_len(u64::from(base.offset())).map_err(|e| Error::io(&path, e))?;
+                file.set_len(size).map_err(|e| Error::io(&path, e))?;
+                self.sealed.remove(&id);
+                self.open_logs.insert(id, (file, base.offset()));
+            }
+        }
+        self.source = node;
+        self.store_log_map()
+    }
+
     fn store_log_map(&self) -> Result<()> {
-        let mut text = String::new();
+        let mut text = format!("source {}\n", self.source);
         let mut entries: Vec<(&u64, &u64)> = self.log_map.iter().collect();
         entries.sort();
         for (p, l) in entries {
@@ -206,13 +245,9 @@ impl Backup {
             if id != c.segment {
                 return Err(Error::corrupt_file(&shipped, 8, "streamed log segment carries another id"));
             }
-            let local = match self.log_map.get(&c.segment) {
-                Some(&l) => l,
-                None => {
-                    self.next_log_segment += 1;
-                    self.next_log_segment - 1
-                }
-            };
+            // Copies keep the primary's segment ids: every replica of a region numbers its log
+            // alike, so a backup promoted to primary streams positions the others understand.
+            let local = c.segment;
             let p = crate::vlog::segment_path(&vlog_dir(&self.dir), local);
             // A copy received again from its start (after a restart) starts from zeros: nothing
             // of an earlier stream may stay behind what this one writes.
@@ -278,10 +313,7 @@ impl Backup {
         if id != primary_id {
             return Err(Error::corrupt_file(&shipped, 8, "shipped log segment carries another id"));
         }
-        let local = *self.log_map.entry(primary_id).or_insert_with(|| {
-            self.next_log_segment += 1;
-            self.next_log_segment - 1
-        });
+        let local = *self.log_map.entry(primary_id).or_insert(primary_id);
         let vdir = vlog_dir(&self.dir);
         let p = crate::vlog::segment_path(&vdir, local);
         let mut out = bytes.to_vec();

@@ -288,3 +288,46 @@ fn a_resent_chunk_is_skipped_and_a_gap_is_refused() {
     let far = dpukv_storage::vlog::LogChunk { offset: 5000, ..gap };
     assert!(fresh.append_log(&far).is_err(), "a gap is refused");
 }
+
+/// A backup that followed primary A holds bytes A wrote that the new primary B (promoted from
+/// an earlier copy) never had; following B cuts them at B's base, B's own bytes take their place,
+/// and a promoted copy of the backup answers like B — never with A's unacknowledged writes.
+#[test]
+fn a_backup_following_a_new_primary_drops_what_the_old_one_wrote_past_its_base() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut a = Region::open(cfg(dir.path(), "a")).expect("a").0;
+    for i in 0..100u32 {
+        a.put(format!("k{i:03}").as_bytes(), b"from a").expect("put");
+    }
+    let stream = |from: &Region, to: &mut Backup, at: Option<Lsn>| -> Lsn {
+        let tail = from.vlog().tail();
+        let mut at = at.unwrap_or_else(|| Lsn::new(from.vlog().segments()[0], 0));
+        while let Some(c) = tail.chunk(at, 1000).expect("chunk") {
+            at = to.append_log(&c).expect("append");
+        }
+        at
+    };
+    let mut x = Backup::create(dir.path().join("x")).expect("x");
+    x.follow(1, Lsn(0)).expect("follow a");
+    stream(&a, &mut x, None);
+    // B is promoted from a copy of x as it is now.
+    copy_dir(x.dir(), &dir.path().join("b"));
+    let mut b = Region::open(cfg(dir.path(), "b")).expect("b").0;
+    let base = b.vlog().end();
+    // A goes on (it does not know yet) and x still gets its bytes; B writes other values.
+    for i in 100..150u32 {
+        a.put(format!("k{i:03}").as_bytes(), b"lost with a").expect("put");
+    }
+    stream(&a, &mut x, Some(base));
+    for i in 100..120u32 {
+        b.put(format!("k{i:03}").as_bytes(), b"from b").expect("put");
+    }
+    x.follow(2, base).expect("follow b");
+    let from = x.resume_from();
+    assert!(from.is_some_and(|f| f <= b.vlog().end()), "x resumes within b's log: {from:?}");
+    stream(&b, &mut x, from);
+    drop(x);
+    let promoted = Region::open(cfg(dir.path(), "x")).expect("promote x").0;
+    assert_eq!(promoted.scan(b"", b"\xff", usize::MAX).expect("scan"), b.scan(b"", b"\xff", usize::MAX).expect("scan"));
+    assert_eq!(promoted.get(b"k140").expect("get"), None, "a's unacknowledged write is gone");
+}
