@@ -69,7 +69,9 @@ impl ClusterNode {
         };
         let mut h = Command::new(bin_dir()?.join("dpukv-node"));
         h.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm).args(&self.host_args);
-        h.env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log("host.log")?);
+        h.env("RUST_LOG", std::env::var("DPUKV_E2E_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::null())
+            .stderr(log("host.log")?);
         self.host = Some(Proc(h.spawn().context("starting dpukv-node")?));
         let mut d = Command::new(bin_dir()?.join("dpukv-dpu"));
         d.arg("--shm-dir").arg(&shm).args(["--listen", &self.device]);

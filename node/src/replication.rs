@@ -323,6 +323,7 @@ fn send_session(
         }
         other => anyhow::bail!("expected resume, got {other:?}"),
     };
+    tracing::debug!(region, backup = cfg.backup, epoch, from = ?pos, end = ?tail.end(), "streaming to a backup");
     // The backup's answers, read on their own thread.
     let mut rs = s.try_clone()?;
     let (acks2, backup) = (acks.clone(), cfg.backup);
