@@ -324,6 +324,9 @@ fn send_session(
         other => anyhow::bail!("expected resume, got {other:?}"),
     };
     tracing::debug!(region, backup = cfg.backup, epoch, from = ?pos, end = ?tail.end(), "streaming to a backup");
+    // The backup holds everything before where it resumes: a write that adds nothing to the
+    // log (a retry answered from the sessions) must not wait for an Append that never comes.
+    acks.held(cfg.backup, pos);
     // The backup's answers, read on their own thread.
     let mut rs = s.try_clone()?;
     let (acks2, backup) = (acks.clone(), cfg.backup);
@@ -360,6 +363,15 @@ fn send_session(
             let mut sent = false;
             while let Some(c) = tail.chunk(pos, CHUNK)? {
                 let next = c.next();
+                tracing::trace!(
+                    region,
+                    backup = cfg.backup,
+                    segment = c.segment,
+                    offset = c.offset,
+                    len = c.bytes.len(),
+                    sealed = c.sealed,
+                    "append"
+                );
                 write_msg(
                     &mut s,
                     &ReplMessage::Append {
@@ -600,7 +612,10 @@ impl BackupHost {
                         }
                     };
                     match r {
-                        Ok(upto) => write_msg(&mut s, &ReplMessage::Held { region, epoch, upto: upto.0 })?,
+                        Ok(upto) => {
+                            tracing::trace!(region, epoch, upto = ?upto, "held");
+                            write_msg(&mut s, &ReplMessage::Held { region, epoch, upto: upto.0 })?
+                        }
                         Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Gap, known, e.to_string()),
                     }
                 }
