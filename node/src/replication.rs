@@ -101,6 +101,15 @@ impl Acks {
         }
     }
 
+    /// Also waits for `node` from now on (a joining node about to be reported caught up: every
+    /// write acknowledged after the report is on it too).
+    pub fn require_also(&self, node: u32) {
+        let mut st = lock(&self.st);
+        if !st.required.contains(&node) {
+            st.required.push(node);
+        }
+    }
+
     /// `node` installed the region's whole index (or there was none to install).
     pub fn set_installed(&self, node: u32, yes: bool) {
         let mut st = lock(&self.st);

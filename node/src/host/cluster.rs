@@ -235,10 +235,19 @@ pub async fn run(
         // (under this node's lease: the report goes with it).
         for r in snap.map.regions.iter().filter(|r| r.primary == me) {
             let Some(l) = led.get_mut(&r.id) else { continue };
-            let end = l.tail.end();
             for &j in &r.joining {
-                let held = l.acks.position(j);
-                if l.reported.contains(&j) || !l.acks.installed(j) || held.is_none_or(|h| h < end) {
+                let caught_up = |l: &Led| {
+                    let end = l.tail.end();
+                    l.acks.installed(j) && l.acks.position(j).is_some_and(|h| h >= end)
+                };
+                if l.reported.contains(&j) || !caught_up(l) {
+                    continue;
+                }
+                // From now on writes wait for it too; then it holds everything acknowledged
+                // before (checked again) and after — only then may the master count on it
+                // (a promotion may pick it as soon as it is a backup).
+                l.acks.require_also(j);
+                if !caught_up(l) {
                     continue;
                 }
                 let key = keys.caught_up_of(r.id, j);
