@@ -444,7 +444,8 @@ async fn local(
                 let (data, shm) = (nd.join("data"), nd.join("shm"));
                 std::fs::create_dir_all(&data)?;
                 let device = if id == 1 { listen.to_string() } else { format!("127.0.0.1:{}", free_port()?) };
-                let (repl, admin) = (format!("127.0.0.1:{}", free_port()?), format!("127.0.0.1:{}", free_port()?));
+                // Replication on any free port (the host registers the one it bound).
+                let (repl, admin) = ("127.0.0.1:0".to_string(), format!("127.0.0.1:{}", free_port()?));
                 let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
                 host_cmd.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm);
                 host_cmd.args(["--fsync", fsync, "--split-keys", split_keys, "--admin", &admin]);

@@ -102,19 +102,25 @@ pub async fn run(
     let store = connect(&opts, &shutdown).await?;
     let Some(store) = store else { return Ok(vec![]) };
     master::bootstrap_config(&store, &keys, &args.bootstrap).await.context("writing the cluster's configuration")?;
+    // Backups: accept replication connections (port 0: any free port, advertised as bound).
+    let listener = std::net::TcpListener::bind(args.replication_listen)
+        .with_context(|| format!("binding the replication port {}", args.replication_listen))?;
+    let advertise_replication =
+        if args.replication_listen.port() == 0 && args.advertise_replication == args.replication_listen.to_string() {
+            listener.local_addr()?.to_string()
+        } else {
+            args.advertise_replication.clone()
+        };
     let info = NodeInfo {
         id: args.node_id,
         device: args.advertise_device.clone(),
-        replication: args.advertise_replication.clone(),
+        replication: advertise_replication,
         admin: args.advertise_admin.clone(),
         zone: args.zone.clone(),
     };
     let timing = Timing { ttl: args.lease_ttl, ..Timing::default() };
     let authority = Authority::new();
-    // Backups: accept replication connections.
     let backups = BackupHost::new(&args.name, opener.data_dir.clone());
-    let listener = std::net::TcpListener::bind(args.replication_listen)
-        .with_context(|| format!("binding the replication port {}", args.replication_listen))?;
     let stop_backups = Arc::new(AtomicBool::new(false));
     backups.serve(listener, stop_backups.clone())?;
     let member = register_loop(&store, &keys, &info, timing, &authority, &shutdown).await;

@@ -178,7 +178,16 @@ pub async fn run(
             std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
             // The agent joins the cluster and publishes maps as regions come; until its first
             // map, the device waits.
-            agent = Some(tokio::spawn(cluster::run(c.clone(), served.clone(), opener.clone(), shutdown.clone())));
+            let (c, served, opener, stop) = (c.clone(), served.clone(), opener.clone(), shutdown.clone());
+            agent = Some(tokio::spawn(async move {
+                let r = cluster::run(c, served, opener, stop.clone()).await;
+                if let Err(e) = &r {
+                    // A host that cannot be a member must not go on serving as if it were one.
+                    tracing::error!(error = %format!("{e:#}"), "the cluster agent failed; stopping");
+                    stop.cancel();
+                }
+                r
+            }));
             None
         }
     };
@@ -241,11 +250,12 @@ pub async fn run(
         tracing::warn!("connections did not finish within the shutdown grace period");
     }
     // The agent hands back its regions' writer threads (and leaves the cluster).
+    let mut agent_failed = None;
     if let Some(a) = agent {
         match a.await {
             Ok(Ok(threads)) => writer_threads.extend(threads),
-            Ok(Err(e)) => tracing::error!(error = %e, "the cluster agent failed"),
-            Err(e) => tracing::error!(error = %e, "the cluster agent panicked"),
+            Ok(Err(e)) => agent_failed = Some(e),
+            Err(e) => agent_failed = Some(anyhow::anyhow!("the cluster agent panicked: {e}")),
         }
     }
     // Dropping the queues stops the writers: they finish their rounds, then close their regions
@@ -260,7 +270,10 @@ pub async fn run(
         tracing::warn!("region writers did not close within the shutdown grace period");
     }
     let _ = std::fs::remove_file(&socket);
-    Ok(())
+    match agent_failed {
+        Some(e) => Err(e.context("the cluster agent failed")),
+        None => Ok(()),
+    }
 }
 
 /// Routes one request of a device connection: writes and atomics to their region's writer,
