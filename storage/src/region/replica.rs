@@ -197,15 +197,23 @@ impl Backup {
                 self.log_map.remove(&id);
                 let _ = self.fs.remove(&path);
             } else if id == base.segment() {
-                let file = match self.open_logs.remove(&id) {
-                    Some((f, _)) => f,
-                    None => self.fs.open(&path).map_err(|e| Error::io(&path, e))?,
+                // Keep what the copy holds up to the base — never more than it holds: a copy
+                // behind the base is continued from its own end (a gap of zeros would count as
+                // held). A complete copy holds everything; one that was streaming when this
+                // backup restarted holds an unknown prefix and starts again.
+                let (file, held) = match self.open_logs.remove(&id) {
+                    Some((f, end)) => (f, end),
+                    None => {
+                        let f = self.fs.open(&path).map_err(|e| Error::io(&path, e))?;
+                        (f, if self.sealed.contains(&id) { u32::MAX } else { 0 })
+                    }
                 };
+                let keep = held.min(base.offset());
                 let size = file.size().map_err(|e| Error::io(&path, e))?;
-                file.set_len(u64::from(base.offset())).map_err(|e| Error::io(&path, e))?;
+                file.set_len(u64::from(keep)).map_err(|e| Error::io(&path, e))?;
                 file.set_len(size).map_err(|e| Error::io(&path, e))?;
                 self.sealed.remove(&id);
-                self.open_logs.insert(id, (file, base.offset()));
+                self.open_logs.insert(id, (file, keep));
             }
         }
         self.source = node;

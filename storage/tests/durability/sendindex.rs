@@ -310,6 +310,12 @@ fn a_backup_following_a_new_primary_drops_what_the_old_one_wrote_past_its_base()
     let mut x = Backup::create(dir.path().join("x")).expect("x");
     x.follow(1, Lsn(0)).expect("follow a");
     stream(&a, &mut x, None);
+    // y is behind: it got only the first part of a's log.
+    let mut y = Backup::create(dir.path().join("y")).expect("y");
+    y.follow(1, Lsn(0)).expect("follow a");
+    let first = Lsn::new(a.vlog().segments()[0], 0);
+    let c = a.vlog().tail().chunk(first, 500).expect("chunk").expect("bytes");
+    let y_end = y.append_log(&c).expect("append");
     // B is promoted from a copy of x as it is now.
     copy_dir(x.dir(), &dir.path().join("b"));
     let mut b = Region::open(cfg(dir.path(), "b")).expect("b").0;
@@ -330,4 +336,11 @@ fn a_backup_following_a_new_primary_drops_what_the_old_one_wrote_past_its_base()
     let promoted = Region::open(cfg(dir.path(), "x")).expect("promote x").0;
     assert_eq!(promoted.scan(b"", b"\xff", usize::MAX).expect("scan"), b.scan(b"", b"\xff", usize::MAX).expect("scan"));
     assert_eq!(promoted.get(b"k140").expect("get"), None, "a's unacknowledged write is gone");
+    // A copy behind the base goes on from its own end, not from the base (no gap of zeros).
+    y.follow(2, base).expect("follow b");
+    assert_eq!(y.resume_from(), Some(y_end), "y resumes where its copy ends");
+    stream(&b, &mut y, Some(y_end));
+    drop(y);
+    let promoted = Region::open(cfg(dir.path(), "y")).expect("promote y").0;
+    assert_eq!(promoted.scan(b"", b"\xff", usize::MAX).expect("scan"), b.scan(b"", b"\xff", usize::MAX).expect("scan"));
 }
