@@ -522,6 +522,21 @@ impl BackupHost {
         })
     }
 
+    /// The epoch fence: a connection under an older epoch than the newest known is refused
+    /// (with the current one) and closed.
+    fn fence(s: &mut TcpStream, region: u32, epoch: u64, known: u64) -> anyhow::Result<()> {
+        if epoch < known {
+            return Self::refuse(
+                s,
+                region,
+                ReplRefusal::StaleEpoch,
+                known,
+                format!("region {region} is at epoch {known}"),
+            );
+        }
+        Ok(())
+    }
+
     fn refuse(
         s: &mut TcpStream,
         region: u32,
@@ -561,15 +576,7 @@ impl BackupHost {
                 format!("this node does not back region {region}"),
             );
         };
-        if epoch < known {
-            return Self::refuse(
-                &mut s,
-                region,
-                ReplRefusal::StaleEpoch,
-                known,
-                format!("region {region} is at epoch {known}"),
-            );
-        }
+        Self::fence(&mut s, region, epoch, known)?;
         self.back(region, epoch);
         let backup = self.backup(region)?;
         let from = match lock(&backup).as_mut() {
@@ -602,15 +609,7 @@ impl BackupHost {
             }
             // The fence: once a newer primary has spoken, this connection's epoch is stale.
             let known = lock(&self.roles).get(&region).copied().unwrap_or(u64::MAX);
-            if epoch < known {
-                return Self::refuse(
-                    &mut s,
-                    region,
-                    ReplRefusal::StaleEpoch,
-                    known,
-                    format!("region {region} is at epoch {known}"),
-                );
-            }
+            Self::fence(&mut s, region, epoch, known)?;
             match m {
                 ReplMessage::Append { segment, offset, segment_size, sealed, bytes, .. } => {
                     let c = dpukv_storage::vlog::LogChunk { segment, offset, bytes, segment_size, sealed };

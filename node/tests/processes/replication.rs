@@ -36,6 +36,16 @@ impl Drop for BackupNode {
     }
 }
 
+/// The sender's end, or a panic if it does not end within 10 s (a test fails, never hangs).
+fn ended(h: std::thread::JoinHandle<SenderEnd>) -> SenderEnd {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !h.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "the sender should have ended (refused) by now");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    h.join().expect("sender")
+}
+
 fn sender_cfg(region_dir: &std::path::Path, epoch: u64, backup: u32, addr: SocketAddr) -> SenderConfig {
     SenderConfig {
         cluster: "test".into(),
@@ -131,7 +141,7 @@ fn a_deposed_primary_is_refused_with_the_current_epoch_and_its_writes_are_never_
     let old =
         spawn_sender(sender_cfg(&pdir, 4, 2, b.addr), primary.vlog().tail(), feed.clone(), acks.clone(), stop.clone())
             .expect("sender");
-    match old.join().expect("sender") {
+    match ended(old) {
         SenderEnd::Refused(ReplRefusal::StaleEpoch, 5, _) => {}
         other => panic!("expected a stale-epoch refusal naming epoch 5, got {other:?}"),
     }
@@ -148,7 +158,7 @@ fn a_deposed_primary_is_refused_with_the_current_epoch_and_its_writes_are_never_
     let late = primary.put(b"b", b"2").expect("put");
     feed.committed();
     assert!(acks.wait(late.end, Duration::from_millis(500)).is_err(), "a deposed primary's write is never confirmed");
-    match cur.join().expect("sender") {
+    match ended(cur) {
         SenderEnd::Refused(ReplRefusal::StaleEpoch, 6, _) => {}
         other => panic!("expected a stale-epoch refusal naming epoch 6, got {other:?}"),
     }
@@ -157,7 +167,7 @@ fn a_deposed_primary_is_refused_with_the_current_epoch_and_its_writes_are_never_
     foreign.cluster = "other".into();
     let f = spawn_sender(foreign, primary.vlog().tail(), feed.clone(), Acks::new(9, vec![2]), stop.clone())
         .expect("sender");
-    assert!(matches!(f.join().expect("sender"), SenderEnd::Refused(ReplRefusal::WrongCluster, ..)));
+    assert!(matches!(ended(f), SenderEnd::Refused(ReplRefusal::WrongCluster, ..)));
     // A region the node does not back (yet: its map may lag) is retried until it does.
     let mut wrong = sender_cfg(&pdir, 9, 2, b.addr);
     wrong.region = 7;
@@ -169,7 +179,7 @@ fn a_deposed_primary_is_refused_with_the_current_epoch_and_its_writes_are_never_
     let end = primary.vlog().end();
     acks7.wait(end, Duration::from_secs(10)).expect("streams once the node backs the region");
     stop.store(true, Ordering::Release);
-    assert_eq!(w.join().expect("sender"), SenderEnd::Stopped);
+    assert_eq!(ended(w), SenderEnd::Stopped);
 }
 
 #[test]
