@@ -189,36 +189,25 @@ pub fn initial(nodes: &[NodeInfo], split_keys: &[Vec<u8>], rf: usize) -> Result<
             return Err(PlacementError::NotEnoughZones { need: rf, have: zones.len() });
         }
     }
-    let mut regions: Vec<RegionInfo> = Vec::new();
-    let mut start = Vec::new();
-    for (i, end) in split_keys.iter().map(Some).chain([None]).enumerate() {
-        let mut r = RegionInfo {
-            id: i as u32 + 1,
-            start: std::mem::take(&mut start),
-            end: end.cloned(),
-            primary: 0,
-            backups: vec![],
-            joining: vec![],
-            epoch: 1,
-            state: RegionState::Serving,
-        };
-        if let Some(e) = end {
-            start = e.clone();
-        }
-        let load = Load::of(&regions, nodes);
+    let mut regions = RegionInfo::split(split_keys, 0);
+    // The load of the regions placed so far, kept up as each one is placed.
+    let mut load = Load::of(&[], nodes);
+    for r in &mut regions {
         r.primary = nodes
             .iter()
             .min_by_key(|n| (load.primaries(n.id), load.replicas(n.id), n.id))
             .map(|n| n.id)
             .expect("at least rf >= 1 nodes");
         while r.backups.len() + 1 < rf {
-            let load = Load::of(&regions, nodes);
-            match pick_new(&r, nodes, &|_| true, &load) {
+            match pick_new(r, nodes, &|_| true, &load) {
                 Some(b) => r.backups.push(b),
                 None => unreachable!("enough nodes and zones were checked"),
             }
         }
-        regions.push(r);
+        for n in r.replicas() {
+            *load.replicas.entry(n).or_default() += 1;
+        }
+        *load.primaries.entry(r.primary).or_default() += 1;
     }
     Ok(regions)
 }

@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use anyhow::{Context, Result, bail};
-use dpukv_proto::regionmap::{self, NodeInfo, RegionInfo, RegionState};
+use dpukv_proto::regionmap::{self, NodeInfo, RegionInfo};
 use dpukv_proto::{ErrorCode, Op, Request, WriteOp};
 
 /// A region's id and range (`end` None: unbounded), what a data directory is pinned to.
@@ -41,23 +41,7 @@ impl RegionMap {
         if keys.windows(2).any(|w| w[0] >= w[1]) || keys.iter().any(Vec::is_empty) {
             bail!("split keys must be non-empty and strictly ascending");
         }
-        let mut regions = Vec::new();
-        let mut start = Vec::new();
-        for (i, end) in keys.iter().map(Some).chain([None]).enumerate() {
-            regions.push(RegionInfo {
-                id: i as u32 + 1,
-                start: std::mem::take(&mut start),
-                end: end.cloned(),
-                primary: STANDALONE_NODE,
-                backups: vec![],
-                joining: vec![],
-                epoch: 1,
-                state: RegionState::Serving,
-            });
-            if let Some(e) = end {
-                start = e.clone();
-            }
-        }
+        let regions = RegionInfo::split(keys, STANDALONE_NODE);
         let node = NodeInfo {
             id: STANDALONE_NODE,
             device: String::new(),

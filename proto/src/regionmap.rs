@@ -118,6 +118,29 @@ pub struct RegionInfo {
 }
 
 impl RegionInfo {
+    /// Regions covering every key, split at `keys` (ascending): ids 1..=keys.len() + 1, led by
+    /// `primary`, no backups, epoch 1, serving.
+    pub fn split(keys: &[Vec<u8>], primary: u32) -> Vec<RegionInfo> {
+        let mut regions = Vec::with_capacity(keys.len() + 1);
+        let mut start = Vec::new();
+        for (i, end) in keys.iter().map(Some).chain([None]).enumerate() {
+            regions.push(RegionInfo {
+                id: i as u32 + 1,
+                start: std::mem::take(&mut start),
+                end: end.cloned(),
+                primary,
+                backups: vec![],
+                joining: vec![],
+                epoch: 1,
+                state: RegionState::Serving,
+            });
+            if let Some(e) = end {
+                start = e.clone();
+            }
+        }
+        regions
+    }
+
     /// Whether `key` is in the region.
     pub fn contains(&self, key: &[u8]) -> bool {
         self.start.as_slice() <= key && self.end.as_deref().is_none_or(|e| key < e)
