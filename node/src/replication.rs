@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use dpukv_proto::replication::{MAX_REPL_FRAME, ReplDecodeError, ReplMessage, ReplRefusal, ShippedLevelBytes};
-use dpukv_storage::region::{Backup, IndexExport, export_dir};
+use dpukv_storage::region::{Backup, IndexExport, ReadGate, export_dir};
 use dpukv_storage::vlog::{LogTail, Lsn};
 
 /// Largest log chunk a sender reads and sends at once.
@@ -61,6 +61,18 @@ struct AckState {
     held: HashMap<u32, Lsn>,
     /// Backups that installed the whole index on their current connection.
     installed: std::collections::HashSet<u32>,
+    /// What readers of the region may see: moved to what every required backup holds.
+    gate: Option<ReadGate>,
+}
+
+impl AckState {
+    /// Readers see what every required backup holds (everything, with none required).
+    fn show(&self) {
+        if let Some(g) = &self.gate {
+            let bound = self.required.iter().map(|n| self.held.get(n).copied().unwrap_or(Lsn(0))).min();
+            g.set_bound(bound.unwrap_or(Lsn(u64::MAX)));
+        }
+    }
 }
 
 /// What each backup of a region holds, and the set a write must reach.
@@ -81,7 +93,16 @@ impl Acks {
         let mut st = lock(&self.st);
         st.epoch = epoch;
         st.required = required;
+        st.show();
         self.cv.notify_all();
+    }
+
+    /// Gates the region's reads by what the backups hold: a write becomes visible only once
+    /// every required backup holds it, so no failover can take back what a read returned.
+    pub fn set_gate(&self, gate: ReadGate) {
+        let mut st = lock(&self.st);
+        st.gate = Some(gate);
+        st.show();
     }
 
     /// The node stops leading the region: waiting writes, and any later ones, are not
@@ -97,6 +118,7 @@ impl Acks {
         let e = st.held.entry(node).or_insert(Lsn(0));
         if upto > *e {
             *e = upto;
+            st.show();
             self.cv.notify_all();
         }
     }
@@ -107,6 +129,7 @@ impl Acks {
         let mut st = lock(&self.st);
         if !st.required.contains(&node) {
             st.required.push(node);
+            st.show();
         }
     }
 

@@ -36,7 +36,9 @@
 //! - Garbage retired at version `v` is freed only when every pinned reader slot holds `>= v`;
 //!   a file retired at table-set generation `g` is deleted only when no reader pins a set `< g`.
 //! - A write is visible to readers in other threads and processes once it may be acknowledged
-//!   under the fsync policy, not before; nothing acknowledged is lost (module `vlog`).
+//!   under the fsync policy, not before; nothing acknowledged is lost (module `vlog`). A gated
+//!   region (a cluster's primary, `Region::gate_reads`) also shows a write only once its log end
+//!   is within the bound its owner sets (what every backup holds), in L0 and in levels alike.
 //!
 //! The byte layout is specified in `docs/storage-format.md`.
 

@@ -94,8 +94,9 @@ pub fn start(
 ) -> std::io::Result<(mpsc::Sender<Job>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel(queue);
     let (rel_tx, rel_rx) = std::sync::mpsc::sync_channel::<Release>(RELEASE_QUEUE);
-    if repl.is_some() {
+    if let Some(r) = &repl {
         region.capture_exports();
+        r.acks.set_gate(region.gate_reads());
     }
     let rel_repl = repl.clone();
     std::thread::Builder::new().name(format!("dpukv-release-{id}")).spawn(move || release(rel_rx, rel_repl))?;

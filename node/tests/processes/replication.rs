@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dpukv_node::replication::{Acks, BackupHost, Feed, SenderConfig, SenderEnd, spawn_sender};
 use dpukv_proto::replication::ReplRefusal;
-use dpukv_storage::region::{Region, RegionConfig};
+use dpukv_storage::region::{Region, RegionConfig, RegionReader};
 use dpukv_storage::vlog::FsyncPolicy;
 
 struct BackupNode {
@@ -125,6 +125,76 @@ fn every_acknowledged_write_is_on_every_backup_and_a_promoted_backup_answers_lik
     assert_eq!(all(&promoted), all(&primary), "the promoted backup answers like the primary");
     assert!(promoted.manifest().levels.len() == primary.manifest().levels.len(), "Send Index shipped the levels");
     assert!(rec.replayed < 3000, "the shipped index covers most of the log: replayed {}", rec.replayed);
+}
+
+#[test]
+fn readers_see_a_write_only_once_every_backup_holds_it_even_through_a_compaction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (pdir, pshm) = (dir.path().join("primary"), dir.path().join("pshm"));
+    for fsync in [FsyncPolicy::Always, FsyncPolicy::Never] {
+        let _ = std::fs::remove_dir_all(&pdir);
+        let _ = std::fs::remove_dir_all(&pshm);
+        let mut primary = Region::open(RegionConfig::tiny(&pdir, &pshm, fsync)).expect("open").0;
+        let before = primary.put(b"before", b"0").expect("put");
+        primary.wait_durable(before.end).expect("durable");
+        primary.capture_exports();
+        let backups: Vec<BackupNode> =
+            (2..=3).map(|n| BackupNode::start(&dir.path().join(format!("{fsync:?}-node{n}")), "test")).collect();
+        for b in &backups {
+            b.host.back(1, 1);
+        }
+        let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![2, 3]), Arc::new(AtomicBool::new(false)));
+        acks.set_gate(primary.gate_reads());
+        let mut reader = RegionReader::open(&pshm).expect("reader");
+        // Only backup 2 streams: nothing written from here on may be read.
+        let first = spawn_sender(
+            sender_cfg(&pdir, 1, 2, backups[0].addr),
+            primary.vlog().tail(),
+            feed.clone(),
+            acks.clone(),
+            stop.clone(),
+        )
+        .expect("sender");
+        let ack = primary.put(b"k", b"v").expect("put");
+        feed.committed();
+        assert!(acks.wait(ack.end, Duration::from_millis(300)).is_err(), "backup 3 does not hold it");
+        assert!(acks.position(2).is_some_and(|p| p >= ack.end), "backup 2 holds it");
+        assert_eq!(reader.get(b"before").expect("get"), Some(b"0".to_vec()), "what the region held stays visible");
+        assert_eq!(reader.get(b"k").expect("get"), None, "{fsync:?}: a write one backup lacks is not read");
+        // Enough writes to freeze and compact L0 (8 KiB): the levels may not show them either.
+        for i in 0..400u32 {
+            primary.put(format!("f{i:04}").as_bytes(), &[b'x'; 40]).expect("put");
+        }
+        feed.committed();
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = primary.maintain(); // installs a compaction that finished
+        }
+        assert!(primary.stats().flushes >= 1, "L0 froze");
+        assert_eq!(reader.get(b"k").expect("get"), None, "{fsync:?}: nor once compacted");
+        assert_eq!(reader.get(b"f0000").expect("get"), None, "{fsync:?}: nor the later writes");
+        // Backup 3 catches up: everything shows.
+        let second = spawn_sender(
+            sender_cfg(&pdir, 1, 3, backups[1].addr),
+            primary.vlog().tail(),
+            feed.clone(),
+            acks.clone(),
+            stop.clone(),
+        )
+        .expect("sender");
+        let end = primary.vlog().end();
+        acks.wait(end, Duration::from_secs(10)).expect("both hold everything");
+        assert_eq!(reader.get(b"k").expect("get"), Some(b"v".to_vec()), "{fsync:?}: shown once both hold it");
+        assert_eq!(reader.get(b"f0399").expect("get"), Some(vec![b'x'; 40]));
+        // Compactions and collection go on once the backups hold what they cover.
+        primary.flush_now().expect("flush");
+        assert_eq!(reader.get(b"f0200").expect("get"), Some(vec![b'x'; 40]));
+        stop.store(true, Ordering::Release);
+        assert_eq!(ended(first), SenderEnd::Stopped);
+        assert_eq!(ended(second), SenderEnd::Stopped);
+        drop(reader);
+        primary.close().expect("close");
+    }
 }
 
 #[test]

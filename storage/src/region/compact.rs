@@ -5,8 +5,10 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::merge::{MergeCursor, Src, Stored};
+use super::publish::Publications;
 use super::replica::IndexExport;
 use super::sessions::Sessions;
 use super::{RegionConfig, levels_dir};
@@ -26,7 +28,14 @@ pub(crate) struct Compactor {
     pub(crate) durability: DurabilityWaiter,
     /// Publishes the frozen L0's last version (once durable) before it is read.
     pub(crate) publisher: ReadPublisher,
+    /// A gated region's publications: the frozen L0 is shown (and becomes levels) only once
+    /// the gate shows all of it.
+    pub(crate) gate: Option<Arc<Publications>>,
 }
+
+/// How long a compaction waits for a gated region's bound to reach the frozen L0's end before
+/// it fails (and is retried): the backups may be gone until the cluster changes the set.
+const GATE_WAIT: Duration = Duration::from_secs(5);
 
 /// A finished compaction, for the region thread to install.
 pub(crate) struct Compacted {
@@ -65,6 +74,16 @@ impl Compactor {
         // The levels will replace the log up to `log_end`: it must be on disk first (and then the
         // frozen L0 is visible to readers in whole, which the snapshot below relies on).
         self.durability.sync_to(log_end)?;
+        if let Some(g) = &self.gate {
+            // A replicated region: levels are read by everyone, so they may only hold what
+            // every backup holds.
+            if !g.wait_shown(log_end, GATE_WAIT) {
+                return Err(Error::Unavailable(format!(
+                    "the compaction waits for the backups to hold the log up to {}",
+                    log_end.0
+                )));
+            }
+        }
         self.publisher.publish(version);
         let dir = levels_dir(&self.cfg.dir);
         let mut out = Compacted {

@@ -13,8 +13,12 @@ use super::Region;
 use super::control::Retired;
 use super::merge::{self, Stored};
 use crate::btree::BatchOp;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::vlog::Lsn;
+
+/// How long collecting a segment waits for a gated region's backups before it gives up (and
+/// is retried at the next upkeep).
+const DETACH_GATE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What one garbage-collection step did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -129,6 +133,18 @@ impl Region {
 
     /// Takes segment `seg` out of the log and retires its file at the next table set.
     fn detach(&mut self, seg: u64) -> Result<()> {
+        // Readers must see the writes that made the segment's records dead (and the relocated
+        // copies) before the segment leaves their table set: synced, and shown by a gate.
+        let end = self.vlog.end();
+        self.vlog.sync_to(end)?;
+        if let Some(p) = self.publications.as_ref().filter(|p| p.gated())
+            && !p.wait_shown(end, DETACH_GATE_WAIT)
+        {
+            return Err(Error::Unavailable(format!(
+                "log segment {seg} stays until the backups hold the log up to {}",
+                end.0
+            )));
+        }
         let path = self.vlog.detach_segment(seg)?;
         self.publish_tables()?;
         self.control.retire(Retired::Durable(path));

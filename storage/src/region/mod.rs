@@ -43,6 +43,7 @@ use control::{HostControl, Retired};
 pub use gc::GcStep;
 use merge::{Src, Stored};
 use publish::Publications;
+pub use publish::ReadGate;
 pub use replica::{Backup, ExportParts, IndexExport, ShippedLevel};
 
 pub use sessions::{Lookup, SessionEntry, SessionLimits, Sessions};
@@ -503,6 +504,25 @@ impl Region {
     /// Starts capturing every compaction's output for shipping (Send Index on the primary).
     pub fn capture_exports(&mut self) {
         self.exports.get_or_insert_with(Vec::new);
+    }
+
+    /// Gates what readers see by a bound the caller moves (a cluster's primary: the log position
+    /// every backup holds), besides durability: from now on a write becomes visible only once
+    /// it ends at or before the bound. What the region holds now stays visible. Call before the
+    /// first write.
+    pub fn gate_reads(&mut self) -> ReadGate {
+        let p = match &self.publications {
+            Some(p) => p.clone(),
+            None => {
+                // Syncs do not gate under this policy: only the bound does.
+                let p = Publications::new(Lsn(u64::MAX));
+                self.active.set_deferred_publish(true);
+                self.publications = Some(p.clone());
+                p
+            }
+        };
+        p.gate(self.vlog.end());
+        ReadGate(p)
     }
 
     /// The compaction outputs captured since the last call, in order.

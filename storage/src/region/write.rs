@@ -314,7 +314,8 @@ impl Region {
     /// Before a group: installs a finished compaction, and freezes L0 once it reaches its budget —
     /// waiting for the previous compaction first if it still runs (back-pressure: L0s stay near
     /// their budget). If that compaction fails, writes go on into the active L0 (its capacity
-    /// beyond the budget absorbs them) until a retry succeeds or the arena is full.
+    /// beyond the budget absorbs them) until a retry succeeds or the arena is full. A gated region
+    /// does not wait for a compaction its backups hold back (see `publish`).
     pub(super) fn admit(&mut self) {
         let _ = self.poll_compaction(false);
         let full = self.active.stats().allocated_bytes >= self.cfg.l0_budget;
@@ -323,6 +324,14 @@ impl Region {
         }
         if self.active.version() == self.active.base_version() {
             return; // nothing to freeze
+        }
+        if let (Some(f), Some(p)) = (&self.frozen, &self.publications)
+            && p.gate_holds(f.log_end)
+        {
+            // The backups do not hold the frozen L0 yet: its compaction cannot finish, and
+            // waiting for it would stall the writer. Writes go on into the active L0 (its room
+            // beyond the budget absorbs them; past it they fail) until they do.
+            return;
         }
         if self.frozen.is_some() && self.poll_compaction(true).is_err() {
             return;
@@ -393,6 +402,7 @@ impl Region {
             capture: self.exports.is_some(),
             durability: self.vlog.durability(),
             publisher: f.writer.publisher(),
+            gate: self.publications.clone().filter(|p| p.gated()),
         };
         let (reader, version, log_end) = (f.writer.reader()?, f.version, f.log_end);
         let sessions = f.sessions.clone();
