@@ -135,6 +135,21 @@ pub async fn wait_for_map(
     bail!("no node showed the expected region map within {timeout:?}; last seen: {last:?}")
 }
 
+/// [`wait_for_map`] asked of the nodes of `all` that `ask` keeps (the live ones), panicking with
+/// every node's logs when the map does not come: a test's assertion.
+pub async fn must_see_map(
+    all: &[ClusterNode],
+    ask: impl Fn(&ClusterNode) -> bool,
+    timeout: Duration,
+    ready: impl Fn(&RegionMap) -> bool,
+) -> RegionMap {
+    let asked: Vec<&ClusterNode> = all.iter().filter(|n| ask(n)).collect();
+    match wait_for_map(&asked, timeout, ready).await {
+        Ok(m) => m,
+        Err(e) => panic!("{e}\n{}", all.iter().map(ClusterNode::logs).collect::<String>()),
+    }
+}
+
 /// Writes `key` = `value` at the primary of its region as the newest map `nodes` answer names
 /// it, trying again (after looking the primary up again) on any error until `timeout`: a test's
 /// stand-in for a cluster-aware client. A retry may repeat a put that was applied: puts of one
