@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use dpukv_client::Client;
 use dpukv_proto::regionmap::RegionMap;
+use dpukv_proto::{Request, Response, decode_responses, encode_requests, frame_header};
 
 use crate::procs::{Proc, bin_dir};
 
@@ -23,6 +24,8 @@ pub struct ClusterNode {
     /// Its host's admin endpoint.
     pub admin: String,
     host_args: Vec<String>,
+    /// Runs the processes in a namespace (`ip netns exec NS`), or nothing.
+    prefix: Vec<String>,
     host: Option<Proc>,
     dev: Option<Proc>,
 }
@@ -34,11 +37,39 @@ fn free_port() -> Result<u16> {
 impl ClusterNode {
     /// Starts node `id` of cluster `cluster` on etcd `etcd` (host flags `extra` added).
     pub fn start(id: u32, cluster: &str, etcd: &str, extra: &[&str]) -> Result<ClusterNode> {
-        let dir = tempfile::tempdir()?;
         let device = format!("127.0.0.1:{}", free_port()?);
-        // The host binds any free port for replication and registers the one it got.
-        let repl = "127.0.0.1:0".to_string();
         let admin = format!("127.0.0.1:{}", free_port()?);
+        Self::start_at(id, cluster, etcd, extra, Vec::new(), "127.0.0.1", device, admin)
+    }
+
+    /// Like [`ClusterNode::start`], in the network namespace `prefix` enters (`ip netns exec
+    /// NS`; see [`crate::netns`]) at `ip` (the namespace's ports are all free: fixed ones).
+    pub fn start_in(
+        id: u32,
+        cluster: &str,
+        etcd: &str,
+        extra: &[&str],
+        prefix: Vec<String>,
+        ip: &str,
+    ) -> Result<ClusterNode> {
+        let (device, admin) = (format!("{ip}:7070"), format!("{ip}:7071"));
+        Self::start_at(id, cluster, etcd, extra, prefix, ip, device, admin)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_at(
+        id: u32,
+        cluster: &str,
+        etcd: &str,
+        extra: &[&str],
+        prefix: Vec<String>,
+        ip: &str,
+        device: String,
+        admin: String,
+    ) -> Result<ClusterNode> {
+        let dir = tempfile::tempdir()?;
+        // The host binds any free port for replication and registers the one it got.
+        let repl = format!("{ip}:0");
         let mut host_args: Vec<String> = [
             "--admin",
             &admin,
@@ -57,7 +88,7 @@ impl ClusterNode {
         .map(|s| s.to_string())
         .collect();
         host_args.extend(extra.iter().map(|s| s.to_string()));
-        let mut n = ClusterNode { id, dir, device, admin, host_args, host: None, dev: None };
+        let mut n = ClusterNode { id, dir, device, admin, host_args, prefix, host: None, dev: None };
         n.resume()?;
         Ok(n)
     }
@@ -68,13 +99,24 @@ impl ClusterNode {
         let log = |name: &str| -> Result<std::fs::File> {
             Ok(std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join(name))?)
         };
-        let mut h = Command::new(bin_dir()?.join("dpukv-node"));
+        let command = |program: &str| -> Result<Command> {
+            let path = bin_dir()?.join(program);
+            Ok(match self.prefix.split_first() {
+                Some((first, rest)) => {
+                    let mut c = Command::new(first);
+                    c.args(rest).arg(path);
+                    c
+                }
+                None => Command::new(path),
+            })
+        };
+        let mut h = command("dpukv-node")?;
         h.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm).args(&self.host_args);
         h.env("RUST_LOG", std::env::var("DPUKV_E2E_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::null())
             .stderr(log("host.log")?);
         self.host = Some(Proc(h.spawn().context("starting dpukv-node")?));
-        let mut d = Command::new(bin_dir()?.join("dpukv-dpu"));
+        let mut d = command("dpukv-dpu")?;
         d.arg("--shm-dir").arg(&shm).args(["--listen", &self.device]);
         d.env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log("device.log")?);
         self.dev = Some(Proc(d.spawn().context("starting dpukv-dpu")?));
@@ -176,4 +218,27 @@ pub async fn put_routed(nodes: &[&ClusterNode], key: &[u8], value: &[u8], timeou
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     bail!("put never succeeded within {timeout:?}: {last}")
+}
+
+/// Sends `req` to the node at `addr` itself — not routed, not retried — and returns its answer
+/// within `timeout`: what that node (say, one cut off from the rest) answers.
+pub fn call_direct(addr: &str, req: Request, timeout: Duration) -> Result<Response> {
+    use std::io::{Read, Write};
+    let sock: std::net::SocketAddr = addr.parse().context("a node address")?;
+    let mut s = std::net::TcpStream::connect_timeout(&sock, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut buf = Vec::new();
+    encode_requests(std::slice::from_ref(&req), &mut buf);
+    s.write_all(&buf)?;
+    let mut h = [0u8; 8];
+    s.read_exact(&mut h)?;
+    let total = frame_header(&h)?.context("a complete frame header")?.total;
+    if total > 64 << 20 {
+        bail!("a response frame of {total} bytes");
+    }
+    let mut frame = h.to_vec();
+    frame.resize(total, 0);
+    s.read_exact(&mut frame[8..])?;
+    decode_responses(&frame)?.into_iter().find(|r| r.id == req.id).context("no response to the request")
 }

@@ -1,6 +1,7 @@
 //! A real etcd for a test: one member on free loopback ports with its own data directory, fast
 //! elections (heartbeat 25 ms, election timeout 250 ms) so leases as short as 375 ms are allowed,
 //! killed and removed on drop. It can be stopped and started again on the same ports and data.
+//! [`Etcd::start_in`] runs it in a network namespace instead (a partition test's host).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,6 +16,9 @@ use crate::procs::Proc;
 /// One etcd member.
 pub struct Etcd {
     dir: tempfile::TempDir,
+    ip: String,
+    /// Runs the program in a namespace (`ip netns exec NS`), or nothing.
+    prefix: Vec<String>,
     client_port: u16,
     peer_port: u16,
     proc: Option<Proc>,
@@ -25,8 +29,9 @@ fn free_port() -> Result<u16> {
 }
 
 /// Whether etcd answers `/health` with `"health":"true"` (it has a leader).
-fn healthy(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)) else {
+fn healthy(ip: &str, port: u16) -> bool {
+    let Ok(addr) = format!("{ip}:{port}").parse::<std::net::SocketAddr>() else { return false };
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
@@ -46,8 +51,14 @@ impl Etcd {
         }
         let mut last = None;
         for _ in 0..3 {
-            let mut e =
-                Etcd { dir: tempfile::tempdir()?, client_port: free_port()?, peer_port: free_port()?, proc: None };
+            let mut e = Etcd {
+                dir: tempfile::tempdir()?,
+                ip: "127.0.0.1".into(),
+                prefix: Vec::new(),
+                client_port: free_port()?,
+                peer_port: free_port()?,
+                proc: None,
+            };
             match e.resume() {
                 Ok(()) => return Ok(e),
                 Err(err) => last = Some(err),
@@ -56,9 +67,18 @@ impl Etcd {
         Err(last.expect("three attempts"))
     }
 
+    /// Starts a fresh member at `ip` (its standard ports) in the namespace `prefix` enters
+    /// (`ip netns exec NS`; see [`crate::netns`]).
+    pub fn start_in(prefix: Vec<String>, ip: &str) -> Result<Etcd> {
+        let mut e =
+            Etcd { dir: tempfile::tempdir()?, ip: ip.into(), prefix, client_port: 2379, peer_port: 2380, proc: None };
+        e.resume()?;
+        Ok(e)
+    }
+
     /// The client URL.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}:{}", self.ip, self.client_port)
     }
 
     /// Its data directory.
@@ -73,9 +93,16 @@ impl Etcd {
 
     /// Starts the member (again) on its ports and data, and waits until it has a leader.
     pub fn resume(&mut self) -> Result<()> {
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let peer = format!("http://{}:{}", self.ip, self.peer_port);
         let client = self.url();
-        let mut c = Command::new("etcd");
+        let mut c = match self.prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg("etcd");
+                c
+            }
+            None => Command::new("etcd"),
+        };
         c.arg("--name")
             .arg("t")
             .arg("--data-dir")
@@ -95,7 +122,7 @@ impl Etcd {
                 let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join("\n");
                 bail!("etcd exited ({status}): {tail}");
             }
-            if healthy(self.client_port) {
+            if healthy(&self.ip, self.client_port) {
                 self.proc = Some(proc);
                 return Ok(());
             }

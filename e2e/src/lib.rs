@@ -9,9 +9,11 @@
 //! - `procs`: building the binaries and running a node pod (host + device).
 //! - `etcd`: a real etcd member per test (free ports, fast elections), stoppable and resumable.
 //! - `cluster`: node pods that join a cluster in a real etcd; killable, resumable.
+//! - `netns`: hosts in network namespaces on a bridge, partitioned with nftables.
 
 pub mod cluster;
 pub mod etcd;
 pub mod history;
 pub mod linearizability;
+pub mod netns;
 pub mod procs;
