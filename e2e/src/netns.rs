@@ -54,8 +54,7 @@ impl Net {
         let pid = std::process::id();
         let tag = format!("dk{}", pid % 1_000_000);
         let subnet = format!("10.{}.{}", 100 + (pid / 250) % 150, pid % 250);
-        let net = Net { tag, subnet, hosts: Vec::new() };
-        let mut net = net;
+        let mut net = Net { tag, subnet, hosts: Vec::new() };
         let br = net.bridge();
         run(&["ip", "link", "add", &br, "type", "bridge"])
             .context("creating a bridge (partition tests need root and iproute2)")?;

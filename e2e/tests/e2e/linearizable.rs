@@ -517,7 +517,7 @@ fn linearizable_across_partitions_of_the_primary() {
     let host = |id: u32| 10 + id as u8;
     let etcd = dpukv_e2e::etcd::Etcd::start_in(net.exec_prefix(2), &net.addr(2)).expect("etcd");
     let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
-    let mut nodes: Vec<ClusterNode> = (1..=3)
+    let nodes: Vec<ClusterNode> = (1..=3)
         .map(|id| {
             ClusterNode::start_in(id, "part", &etcd.url(), &args, net.exec_prefix(host(id)), &net.addr(host(id)))
                 .expect("node")
