@@ -134,6 +134,33 @@ impl ClusterNode {
         self.dev = None;
     }
 
+    /// The body of `GET path` at its host's admin endpoint (HTTP/1.0, within 5 s).
+    pub fn admin_get(&self, path: &str) -> Result<String> {
+        use std::io::{Read, Write};
+        let addr: std::net::SocketAddr = self.admin.parse().context("the admin address")?;
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.admin)?;
+        let mut out = String::new();
+        s.take(16 << 20).read_to_string(&mut out)?;
+        match out.split_once("\r\n\r\n") {
+            Some((head, body)) if head.starts_with("HTTP/1.") && head.split(' ').nth(1) == Some("200") => {
+                Ok(body.to_string())
+            }
+            _ => bail!("GET {path} at node {}: {}", self.id, out.lines().next().unwrap_or("no answer")),
+        }
+    }
+
+    /// The value of the metric sample `sample` (name with its labels, as exposed) at its host's
+    /// `/metrics`, if exposed.
+    pub fn metric(&self, sample: &str) -> Result<Option<f64>> {
+        let body = self.admin_get("/metrics")?;
+        Ok(body.lines().find_map(|l| {
+            let (name, v) = l.rsplit_once(' ')?;
+            (name == sample).then(|| v.parse().ok()).flatten()
+        }))
+    }
+
     /// Its logs (host then device), for a failing test's message.
     pub fn logs(&self) -> String {
         let read = |n: &str| std::fs::read_to_string(self.dir.path().join(n)).unwrap_or_default();

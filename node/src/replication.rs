@@ -20,7 +20,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -149,6 +149,15 @@ impl Acks {
         lock(&self.st).installed.contains(&node)
     }
 
+    /// Every backup the writes wait for and every node that streamed, with what it holds.
+    pub fn positions(&self) -> Vec<(u32, Option<Lsn>)> {
+        let st = lock(&self.st);
+        let mut nodes: Vec<u32> = st.required.iter().chain(st.held.keys()).copied().collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes.into_iter().map(|n| (n, st.held.get(&n).copied())).collect()
+    }
+
     /// What `node` holds.
     pub fn position(&self, node: u32) -> Option<Lsn> {
         lock(&self.st).held.get(&node).copied()
@@ -193,6 +202,32 @@ struct FeedState {
     exports: VecDeque<Arc<IndexExport>>,
     /// Exports dropped from the front (senders behind them ship the whole index).
     dropped: u64,
+    /// (log end, records written up to it) of recent rounds, oldest first, at most
+    /// [`FEED_MARKS`]: how many records a backup at some position lacks.
+    marks: VecDeque<(Lsn, u64)>,
+    /// Records written so far.
+    records: u64,
+    /// Records up to the newest round dropped from `marks` (0: none dropped).
+    floor: u64,
+}
+
+/// Rounds whose (end, records) a feed remembers for the records lag.
+pub const FEED_MARKS: usize = 4096;
+
+/// A node's replication figures, for `/metrics` (docs/operations.md): one per node, shared by
+/// its senders (primary side) and its backup host.
+#[derive(Debug, Default)]
+pub struct ReplStats {
+    /// Log bytes sent to backups (Append frames).
+    pub log_bytes_shipped: AtomicU64,
+    /// Index bytes sent to backups (Index frames: Send Index).
+    pub index_bytes_shipped: AtomicU64,
+    /// Log bytes this node received and holds as a backup.
+    pub log_bytes_received: AtomicU64,
+    /// Index bytes this node installed as a backup.
+    pub index_bytes_installed: AtomicU64,
+    /// Connections whose whole index was shipped (a backup (re)joining the stream).
+    pub whole_index_shipments: AtomicU64,
 }
 
 impl Feed {
@@ -205,6 +240,35 @@ impl Feed {
     pub fn committed(&self) {
         lock(&self.st).commits += 1;
         self.cv.notify_all();
+    }
+
+    /// The log grew to `end` with `records` more records.
+    pub fn committed_at(&self, end: Lsn, records: u64) {
+        let mut st = lock(&self.st);
+        st.records += records;
+        let total = st.records;
+        st.marks.push_back((end, total));
+        if st.marks.len() > FEED_MARKS
+            && let Some((_, upto)) = st.marks.pop_front()
+        {
+            st.floor = upto;
+        }
+        st.commits += 1;
+        self.cv.notify_all();
+    }
+
+    /// Records written after log position `held` (a backup's lag in records). Past the oldest
+    /// remembered round, a lower bound.
+    pub fn records_after(&self, held: Lsn) -> u64 {
+        let st = lock(&self.st);
+        // The last round that ends at or before `held`: everything up to it is held.
+        let i = st.marks.partition_point(|(end, _)| *end <= held);
+        let covered = match i {
+            // Before every remembered round: at most what the dropped rounds wrote is held.
+            0 => st.floor,
+            i => st.marks[i - 1].1,
+        };
+        st.records - covered.min(st.records)
     }
 
     /// A compaction finished: its export, for every sender.
@@ -240,10 +304,12 @@ impl Feed {
     }
 }
 
-fn write_msg(s: &mut TcpStream, m: &ReplMessage) -> std::io::Result<()> {
+/// Writes one frame; its size in bytes.
+fn write_msg(s: &mut TcpStream, m: &ReplMessage) -> std::io::Result<u64> {
     let mut b = Vec::new();
     m.encode(&mut b);
-    s.write_all(&b)
+    s.write_all(&b)?;
+    Ok(b.len() as u64)
 }
 
 /// Why reading a frame failed.
@@ -274,6 +340,14 @@ fn export_msg(region: u32, epoch: u64, e: &IndexExport) -> ReplMessage {
     ReplMessage::Index { region, epoch, manifest, sessions, levels }
 }
 
+/// The level segment bytes an Index message carries (Send Index's shipped index).
+fn index_bytes(m: &ReplMessage) -> u64 {
+    match m {
+        ReplMessage::Index { levels, .. } => levels.iter().flat_map(|l| &l.segments).map(|(_, b)| b.len() as u64).sum(),
+        _ => 0,
+    }
+}
+
 /// Who a sender is and where its backup is.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
@@ -293,6 +367,8 @@ pub struct SenderConfig {
     pub region_dir: PathBuf,
     /// The primary's log end when it began to lead (see `ReplMessage::Hello`).
     pub base: Lsn,
+    /// The node's replication figures.
+    pub stats: Arc<ReplStats>,
 }
 
 /// What ended a sender (it reconnects by itself unless stopped or refused for good).
@@ -404,7 +480,7 @@ fn send_session(
                     sealed = c.sealed,
                     "append"
                 );
-                write_msg(
+                let n = write_msg(
                     &mut s,
                     &ReplMessage::Append {
                         region,
@@ -416,6 +492,7 @@ fn send_session(
                         bytes: c.bytes,
                     },
                 )?;
+                cfg.stats.log_bytes_shipped.fetch_add(n, Ordering::Relaxed);
                 pos = next;
                 sent = true;
                 if stop.load(Ordering::Acquire) {
@@ -430,7 +507,10 @@ fn send_session(
                     acks.set_installed(cfg.backup, false);
                     match export_dir(&cfg.region_dir)? {
                         Some(e) => {
-                            write_msg(&mut s, &export_msg(region, epoch, &e))?;
+                            let m = export_msg(region, epoch, &e);
+                            write_msg(&mut s, &m)?;
+                            cfg.stats.index_bytes_shipped.fetch_add(index_bytes(&m), Ordering::Relaxed);
+                            cfg.stats.whole_index_shipments.fetch_add(1, Ordering::Relaxed);
                             shipped_generation = e.manifest.generation;
                         }
                         None => acks.set_installed(cfg.backup, true),
@@ -439,7 +519,9 @@ fn send_session(
                 }
                 Some(list) => {
                     for e in list {
-                        write_msg(&mut s, &export_msg(region, epoch, &e))?;
+                        let m = export_msg(region, epoch, &e);
+                        write_msg(&mut s, &m)?;
+                        cfg.stats.index_bytes_shipped.fetch_add(index_bytes(&m), Ordering::Relaxed);
                         shipped_generation = e.manifest.generation;
                     }
                 }
@@ -466,6 +548,7 @@ pub struct BackupHost {
     roles: Mutex<HashMap<u32, u64>>,
     /// Open backups; `None` once released (a connection still holding it stops there).
     backups: Mutex<HashMap<u32, Arc<Mutex<Option<Backup>>>>>,
+    stats: Arc<ReplStats>,
 }
 
 impl std::fmt::Debug for BackupHost {
@@ -480,7 +563,28 @@ impl std::fmt::Debug for BackupHost {
 impl BackupHost {
     /// A host for `cluster` keeping backups under `data_dir/region-<id>`.
     pub fn new(cluster: &str, data_dir: PathBuf) -> Arc<BackupHost> {
-        Arc::new(BackupHost { cluster: cluster.into(), data_dir, roles: Mutex::default(), backups: Mutex::default() })
+        Self::with_stats(cluster, data_dir, Arc::default())
+    }
+
+    /// Like [`BackupHost::new`], counting into `stats`.
+    pub fn with_stats(cluster: &str, data_dir: PathBuf, stats: Arc<ReplStats>) -> Arc<BackupHost> {
+        Arc::new(BackupHost {
+            cluster: cluster.into(),
+            data_dir,
+            roles: Mutex::default(),
+            backups: Mutex::default(),
+            stats,
+        })
+    }
+
+    /// The node's replication figures (this host's, and its senders' when they share them).
+    pub fn stats(&self) -> Arc<ReplStats> {
+        self.stats.clone()
+    }
+
+    /// How many regions this node backs.
+    pub fn backed(&self) -> usize {
+        lock(&self.roles).len()
     }
 
     /// Backs `region` from `epoch` on (an older epoch is refused from now on).
@@ -633,8 +737,10 @@ impl BackupHost {
             // The fence: once a newer primary has spoken, this connection's epoch is stale.
             let known = lock(&self.roles).get(&region).copied().unwrap_or(u64::MAX);
             Self::fence(&mut s, region, epoch, known)?;
+            let size = index_bytes(&m);
             match m {
                 ReplMessage::Append { segment, offset, segment_size, sealed, bytes, .. } => {
+                    self.stats.log_bytes_received.fetch_add(bytes.len() as u64, Ordering::Relaxed);
                     let c = dpukv_storage::vlog::LogChunk { segment, offset, bytes, segment_size, sealed };
                     let r = match lock(&backup).as_mut() {
                         Some(b) => b.append_log(&c),
@@ -645,7 +751,7 @@ impl BackupHost {
                     match r {
                         Ok(upto) => {
                             tracing::trace!(region, epoch, upto = ?upto, "held");
-                            write_msg(&mut s, &ReplMessage::Held { region, epoch, upto: upto.0 })?
+                            write_msg(&mut s, &ReplMessage::Held { region, epoch, upto: upto.0 })?;
                         }
                         Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Gap, known, e.to_string()),
                     }
@@ -659,12 +765,50 @@ impl BackupHost {
                         Ok(b.manifest().generation)
                     });
                     match r {
-                        Ok(generation) => write_msg(&mut s, &ReplMessage::Installed { region, epoch, generation })?,
+                        Ok(generation) => {
+                            self.stats.index_bytes_installed.fetch_add(size, Ordering::Relaxed);
+                            write_msg(&mut s, &ReplMessage::Installed { region, epoch, generation })?;
+                        }
                         Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Failed, known, e.to_string()),
                     }
                 }
                 other => anyhow::bail!("unexpected {other:?}"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_lag_counts_the_rounds_after_a_position_and_a_lower_bound_past_the_remembered_ones() {
+        let f = Feed::new();
+        f.committed_at(Lsn(100), 2);
+        f.committed_at(Lsn(200), 3);
+        f.committed_at(Lsn(250), 0); // a round that wrote nothing
+        f.committed_at(Lsn(300), 1);
+        let lag: Vec<u64> =
+            [0, 99, 100, 150, 200, 250, 299, 300, 400].iter().map(|&p| f.records_after(Lsn(p))).collect();
+        assert_eq!(lag, [6, 6, 4, 4, 1, 1, 1, 0, 0]);
+        // Past FEED_MARKS rounds the oldest are forgotten: a position before them lags by at
+        // least what the remembered rounds wrote.
+        let f = Feed::new();
+        for i in 1..=(FEED_MARKS as u64 + 10) {
+            f.committed_at(Lsn(i * 10), 2);
+        }
+        let total = 2 * (FEED_MARKS as u64 + 10);
+        assert_eq!(f.records_after(Lsn(0)), 2 * FEED_MARKS as u64);
+        assert_eq!(f.records_after(Lsn(15 * 10)), total - 30);
+        assert_eq!(f.records_after(Lsn((FEED_MARKS as u64 + 10) * 10)), 0);
+    }
+
+    #[test]
+    fn positions_name_every_required_backup_and_every_node_that_streamed() {
+        let a = Acks::new(1, vec![2, 3]);
+        a.held(4, Lsn(10)); // a joining node
+        a.held(2, Lsn(20));
+        assert_eq!(a.positions(), vec![(2, Some(Lsn(20))), (3, None), (4, Some(Lsn(10)))]);
     }
 }

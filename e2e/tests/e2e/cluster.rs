@@ -49,6 +49,18 @@ async fn a_killed_primary_fails_over_to_a_backup_and_no_acknowledged_write_is_lo
     let map = wait_for_map(&all, Duration::from_secs(30), laid_out).await.expect("a laid out map");
     let region = map.regions[0].clone();
     let primary = region.primary;
+    // Its figures: every backup holds every acknowledged write (no lag), bytes went out and in.
+    let metric = |id: u32, sample: &str| nodes[id as usize - 1].metric(sample).expect("metrics").unwrap_or(-1.0);
+    assert_eq!(metric(primary, "dpukv_cluster_regions_led"), 1.0);
+    assert!(metric(primary, "dpukv_replication_log_bytes_shipped_total") > 0.0);
+    for &b in &region.backups {
+        let lag = |unit: &str| {
+            metric(primary, &format!("dpukv_replication_lag_{unit}{{region=\"{}\",backup=\"{b}\"}}", region.id))
+        };
+        assert_eq!((lag("bytes"), lag("records")), (0.0, 0.0), "backup {b} holds every acknowledged write");
+        assert!(metric(b, "dpukv_replication_log_bytes_received_total") > 0.0, "backup {b} received the log");
+        assert_eq!(metric(b, "dpukv_cluster_regions_backed"), 1.0);
+    }
     let killed_at = Instant::now();
     nodes[primary as usize - 1].kill();
     let survivors: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != primary).collect();
@@ -80,6 +92,8 @@ async fn a_killed_primary_fails_over_to_a_backup_and_no_acknowledged_write_is_lo
         }
     }
     eprintln!("failover: first acknowledged write {:?} after the kill", first_write.expect("set"));
+    let promoted_metric = nodes[new_primary as usize - 1].metric("dpukv_cluster_promotions_total").expect("metrics");
+    assert_eq!(promoted_metric, Some(1.0), "the new primary counts its promotion");
     let mut lost = Vec::new();
     for (k, v) in &acked {
         match c2.get(k.as_bytes()).await {

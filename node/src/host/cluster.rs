@@ -26,11 +26,12 @@ use dpukv_storage::vlog::LogTail;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::cluster_metrics::ClusterMetrics;
 use super::worker::{Job, Replicated};
 use super::{Opener, SharedServed};
 use crate::pod;
 use crate::regions::RegionMap;
-use crate::replication::{Acks, BackupHost, Feed, SenderConfig, SenderEnd, spawn_sender};
+use crate::replication::{Acks, BackupHost, Feed, ReplStats, SenderConfig, SenderEnd, spawn_sender};
 
 /// How this host joins a cluster.
 #[derive(Debug, Clone)]
@@ -71,6 +72,8 @@ struct Led {
     base: dpukv_storage::vlog::Lsn,
     region_dir: std::path::PathBuf,
     senders: Vec<(u32, Arc<AtomicBool>, std::thread::JoinHandle<SenderEnd>)>,
+    /// The node's replication figures (its senders count into them).
+    stats: Arc<ReplStats>,
     /// Joining nodes whose catch-up was reported (at this epoch).
     reported: BTreeSet<u32>,
 }
@@ -81,6 +84,7 @@ pub async fn run(
     args: ClusterArgs,
     served: SharedServed,
     opener: Opener,
+    metrics: Arc<ClusterMetrics>,
     shutdown: CancellationToken,
 ) -> Result<Vec<std::thread::JoinHandle<()>>> {
     let keys = Keys::new(&args.name).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -120,7 +124,7 @@ pub async fn run(
     };
     let timing = Timing { ttl: args.lease_ttl, ..Timing::default() };
     let authority = Authority::new();
-    let backups = BackupHost::new(&args.name, opener.data_dir.clone());
+    let backups = BackupHost::with_stats(&args.name, opener.data_dir.clone(), metrics.repl.clone());
     let stop_backups = Arc::new(AtomicBool::new(false));
     backups.serve(listener, stop_backups.clone())?;
     let member = register_loop(&store, &keys, &info, timing, &authority, &shutdown).await;
@@ -196,6 +200,7 @@ pub async fn run(
             publish(&served, &snap.map, me, &led, &losing, &opener, &vouched, &authority)?;
             for id in losing {
                 let l = led.remove(&id).expect("led");
+                metrics.unlead(id);
                 close_led(l).await;
                 // Its copy may hold records the new primary never had: throw it away.
                 remove_region_files(&opener, id);
@@ -208,11 +213,13 @@ pub async fn run(
                 if backups.backs(r.id) {
                     // Promotion: the backup's copy becomes the region (it replays its log tail).
                     backups.release(r.id);
+                    metrics.promotions.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(region = r.id, epoch = r.epoch, "promoted");
                 }
                 match led.get_mut(&r.id) {
-                    None => match open_led(&args, &opener, r, &snap.map, &authority) {
+                    None => match open_led(&args, &opener, r, &snap.map, &authority, &metrics.repl) {
                         Ok(l) => {
+                            metrics.lead(r.id, l.acks.clone(), l.feed.clone(), l.tail.clone());
                             led.insert(r.id, l);
                             changed = true;
                         }
@@ -233,6 +240,7 @@ pub async fn run(
                 remove_region_files(&opener, r.id);
             }
         }
+        metrics.regions_backed.store(backups.backed() as u64, Ordering::Relaxed);
         if changed {
             publish(&served, &snap.map, me, &led, &[], &opener, &vouched, &authority)?;
             published = Some(snap.map.clone());
@@ -258,6 +266,7 @@ pub async fn run(
                 }
                 let key = keys.caught_up_of(r.id, j);
                 if store.put(&key, r.epoch.to_string().as_bytes(), Some(member.lease)).await.is_ok() {
+                    metrics.catch_ups.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(region = r.id, node = j, epoch = r.epoch, "catch-up finished");
                     l.reported.insert(j);
                 }
@@ -274,7 +283,8 @@ pub async fn run(
     }
     stop_backups.store(true, Ordering::Release);
     let mut threads = Vec::new();
-    for (_, l) in led.drain() {
+    for (id, l) in led.drain() {
+        metrics.unlead(id);
         for (_, stop, _) in &l.senders {
             stop.store(true, Ordering::Release);
         }
@@ -359,6 +369,7 @@ fn open_led(
     r: &RegionInfo,
     map: &dpukv_proto::regionmap::RegionMap,
     authority: &Authority,
+    stats: &Arc<ReplStats>,
 ) -> Result<Led> {
     let acks = Acks::new(r.epoch, r.backups.clone());
     let feed = Feed::new();
@@ -380,6 +391,7 @@ fn open_led(
         base,
         region_dir: opener.dir(r.id),
         senders: Vec::new(),
+        stats: stats.clone(),
         reported: BTreeSet::new(),
     };
     start_senders(args, &mut l, r, map);
@@ -413,6 +425,7 @@ fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_pr
             addr,
             region_dir: l.region_dir.clone(),
             base: l.base,
+            stats: l.stats.clone(),
         };
         let stop = Arc::new(AtomicBool::new(false));
         match spawn_sender(cfg, l.tail.clone(), l.feed.clone(), l.acks.clone(), stop.clone()) {

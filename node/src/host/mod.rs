@@ -13,6 +13,7 @@
 //! - this module: [`HostConfig`], [`run`], the socket server.
 
 pub mod cluster;
+pub mod cluster_metrics;
 mod worker;
 
 use std::collections::HashMap;
@@ -163,6 +164,7 @@ pub async fn run(
     };
     let served: SharedServed = Arc::new(RwLock::new(Served { map: cfg.regions.clone(), writers: HashMap::new() }));
     let mut agent = None;
+    let cluster_metrics = Arc::new(cluster_metrics::ClusterMetrics::default());
     let _map = match &cfg.cluster {
         None => {
             cfg.regions.pin_to(&cfg.data_dir)?;
@@ -179,8 +181,9 @@ pub async fn run(
             // The agent joins the cluster and publishes maps as regions come; until its first
             // map, the device waits.
             let (c, served, opener, stop) = (c.clone(), served.clone(), opener.clone(), shutdown.clone());
+            let metrics = cluster_metrics.clone();
             agent = Some(tokio::spawn(async move {
-                let r = cluster::run(c, served, opener, stop.clone()).await;
+                let r = cluster::run(c, served, opener, metrics, stop.clone()).await;
                 if let Err(e) = &r {
                     // A host that cannot be a member must not go on serving as if it were one.
                     tracing::error!(error = %format!("{e:#}"), "the cluster agent failed; stopping");
@@ -197,6 +200,9 @@ pub async fn run(
     let ready = Arc::new(AtomicBool::new(false));
     let mut registry = Registry::default();
     registry.register_collector(Box::new(StatsCollector(stats.clone())));
+    if cfg.cluster.is_some() {
+        registry.register_collector(Box::new(cluster_metrics::ClusterCollector(cluster_metrics.clone())));
+    }
     let admin_addr = match cfg.admin {
         Some(a) => {
             let cluster = match &cfg.cluster {

@@ -407,6 +407,7 @@ impl Worker {
             let tags = round.atomic_tags.remove(k).unwrap_or_default();
             round.ops.push((vec![OwnedOp::Put(k.clone(), v.clone())], tags));
         }
+        let records: u64 = round.ops.iter().map(|(b, _)| b.len() as u64).sum();
         let borrowed: Vec<Vec<BatchOp<'_>>> =
             round.ops.iter().map(|(b, _)| b.iter().map(OwnedOp::as_batch_op).collect()).collect();
         let group: Vec<(&[BatchOp<'_>], &[SessionEntry])> =
@@ -443,7 +444,7 @@ impl Worker {
         // or a retry answered from the sessions) reveals state that is not acknowledged yet.
         let r = Release { waiter: self.region.vlog().durability(), end: self.region.vlog().end(), responses };
         if let Some(repl) = &self.repl {
-            repl.feed.committed();
+            repl.feed.committed_at(self.region.vlog().end(), records);
         }
         // A compaction installed during the round (a full L0) ships now too.
         self.ship_exports();

@@ -1,0 +1,140 @@
+//! The figures a cluster member exposes at `/metrics` (docs/operations.md): per region it leads,
+//! each backup's replication lag in log bytes and in records; the log and index (Send Index)
+//! bytes it shipped and installed; promotions and finished catch-ups; the regions it leads and
+//! backs. Read at scrape time from the leaders' [`Acks`] and [`Feed`]s; nothing is kept per scrape.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dpukv_storage::vlog::LogTail;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::admin::encode_counters;
+use crate::replication::{Acks, Feed, ReplStats};
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct ClusterMetrics {
+    /// Log and index bytes, shared with the node's senders and backup host.
+    pub repl: Arc<ReplStats>,
+    /// Regions this node began to lead from its backup copy.
+    pub promotions: AtomicU64,
+    /// Joining nodes this node, as primary, reported caught up.
+    pub catch_ups: AtomicU64,
+    /// Regions this node backs (or joins) now.
+    pub regions_backed: AtomicU64,
+    led: Mutex<BTreeMap<u32, Led>>,
+}
+
+struct Led {
+    acks: Arc<Acks>,
+    feed: Arc<Feed>,
+    tail: LogTail,
+}
+
+impl std::fmt::Debug for Led {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Led").field("end", &self.tail.end()).finish_non_exhaustive()
+    }
+}
+
+impl ClusterMetrics {
+    fn led(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, Led>> {
+        self.led.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This node leads `region` now.
+    pub fn lead(&self, region: u32, acks: Arc<Acks>, feed: Arc<Feed>, tail: LogTail) {
+        self.led().insert(region, Led { acks, feed, tail });
+    }
+
+    /// This node no longer leads `region`.
+    pub fn unlead(&self, region: u32) {
+        self.led().remove(&region);
+    }
+
+    /// (region, backup, lag in bytes, lag in records) for every backup of every led region (a
+    /// backup not connected yet lags by the whole log).
+    pub fn lags(&self) -> Vec<(u32, u32, u64, u64)> {
+        let led = self.led();
+        let mut out = Vec::new();
+        for (&region, l) in led.iter() {
+            let end = l.tail.end();
+            for (backup, held) in l.acks.positions() {
+                let held = held.unwrap_or(dpukv_storage::vlog::Lsn(0));
+                out.push((region, backup, end.0.saturating_sub(held.0), l.feed.records_after(held)));
+            }
+        }
+        out
+    }
+}
+
+/// Exposes a [`ClusterMetrics`] to Prometheus.
+#[derive(Debug)]
+pub struct ClusterCollector(pub Arc<ClusterMetrics>);
+
+fn gauge(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    values: &[(Vec<(&'static str, String)>, i64)],
+) -> std::fmt::Result {
+    let mut me = enc.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Gauge)?;
+    for (labels, v) in values {
+        ConstGauge::new(*v).encode(me.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn plain_gauge(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: i64) -> std::fmt::Result {
+    let me = enc.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Gauge)?;
+    ConstGauge::new(v).encode(me)
+}
+
+impl prometheus_client::collector::Collector for ClusterCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let m = &self.0;
+        let r = &m.repl;
+        encode_counters(
+            &mut enc,
+            &[
+                ("dpukv_replication_log_bytes_shipped", "log bytes sent to backups", &r.log_bytes_shipped),
+                (
+                    "dpukv_replication_index_bytes_shipped",
+                    "index (level segment) bytes sent to backups: Send Index",
+                    &r.index_bytes_shipped,
+                ),
+                (
+                    "dpukv_replication_whole_index_shipments",
+                    "whole indexes sent (a backup joining or rejoining the stream)",
+                    &r.whole_index_shipments,
+                ),
+                ("dpukv_replication_log_bytes_received", "log bytes received as a backup", &r.log_bytes_received),
+                (
+                    "dpukv_replication_index_bytes_installed",
+                    "index (level segment) bytes installed as a backup",
+                    &r.index_bytes_installed,
+                ),
+                ("dpukv_cluster_promotions", "regions this node began to lead from its backup copy", &m.promotions),
+                ("dpukv_cluster_catch_ups", "joining nodes reported caught up by this node", &m.catch_ups),
+            ],
+        )?;
+        let lags = m.lags();
+        let labels = |region: u32, backup: u32| vec![("region", region.to_string()), ("backup", backup.to_string())];
+        let bytes: Vec<_> = lags.iter().map(|&(r, b, lb, _)| (labels(r, b), lb as i64)).collect();
+        gauge(&mut enc, "dpukv_replication_lag_bytes", "log bytes a backup of a led region does not hold yet", &bytes)?;
+        let records: Vec<_> = lags.iter().map(|&(r, b, _, lr)| (labels(r, b), lr as i64)).collect();
+        gauge(
+            &mut enc,
+            "dpukv_replication_lag_records",
+            "records a backup of a led region does not hold yet",
+            &records,
+        )?;
+        let led = m.led().len() as i64;
+        plain_gauge(&mut enc, "dpukv_cluster_regions_led", "regions this node leads", led)?;
+        let backed = m.regions_backed.load(Ordering::Relaxed) as i64;
+        plain_gauge(&mut enc, "dpukv_cluster_regions_backed", "regions this node backs or joins", backed)
+    }
+}
