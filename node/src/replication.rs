@@ -158,6 +158,12 @@ impl Acks {
         nodes.into_iter().map(|n| (n, st.held.get(&n).copied())).collect()
     }
 
+    /// Whether every required backup holds the log up to `upto`.
+    pub fn holds(&self, upto: Lsn) -> bool {
+        let st = lock(&self.st);
+        st.required.iter().all(|n| st.held.get(n).is_some_and(|h| *h >= upto))
+    }
+
     /// What `node` holds.
     pub fn position(&self, node: u32) -> Option<Lsn> {
         lock(&self.st).held.get(&node).copied()
@@ -810,5 +816,8 @@ mod tests {
         a.held(4, Lsn(10)); // a joining node
         a.held(2, Lsn(20));
         assert_eq!(a.positions(), vec![(2, Some(Lsn(20))), (3, None), (4, Some(Lsn(10)))]);
+        assert!(!a.holds(Lsn(5)), "backup 3 holds nothing yet");
+        a.held(3, Lsn(15));
+        assert!(a.holds(Lsn(15)) && !a.holds(Lsn(16)), "the joining node does not count");
     }
 }

@@ -74,6 +74,10 @@ struct Led {
     senders: Vec<(u32, Arc<AtomicBool>, std::thread::JoinHandle<SenderEnd>)>,
     /// The node's replication figures (its senders count into them).
     stats: Arc<ReplStats>,
+    /// Whether its device serves it: once every backup holds the log up to `base`. A promoted
+    /// copy may hold a tail (written, never acknowledged) another backup lacks; serving it
+    /// before that backup holds it would let a second failover take back what a read returned.
+    serving: bool,
     /// Joining nodes whose catch-up was reported (at this epoch).
     reported: BTreeSet<u32>,
 }
@@ -241,6 +245,13 @@ pub async fn run(
             }
         }
         metrics.regions_backed.store(backups.backed() as u64, Ordering::Relaxed);
+        for (id, l) in led.iter_mut().filter(|(_, l)| !l.serving) {
+            if l.acks.holds(l.base) {
+                l.serving = true;
+                changed = true;
+                tracing::info!(region = id, base = ?l.base, "serving: every backup holds the log this node began to lead from");
+            }
+        }
         if changed {
             publish(&served, &snap.map, me, &led, &[], &opener, &vouched, &authority)?;
             published = Some(snap.map.clone());
@@ -392,6 +403,7 @@ fn open_led(
         region_dir: opener.dir(r.id),
         senders: Vec::new(),
         stats: stats.clone(),
+        serving: false,
         reported: BTreeSet::new(),
     };
     start_senders(args, &mut l, r, map);
@@ -480,9 +492,10 @@ fn publish(
 ) -> Result<()> {
     let mut view = map.clone();
     for r in &mut view.regions {
-        // Served here only if open here; a region the map gives this node but that is not open
-        // (yet) is refused as not served, and one being given up is no longer served.
-        if r.primary == me && (!led.contains_key(&r.id) || losing.contains(&r.id)) {
+        // Served here only if open here and its backups hold what it began with; a region the
+        // map gives this node but that is not open (or ready) yet is refused as not served, and
+        // one being given up is no longer served.
+        if r.primary == me && (!led.get(&r.id).is_some_and(|l| l.serving) || losing.contains(&r.id)) {
             r.primary = 0;
         }
     }
