@@ -538,3 +538,66 @@ async fn killing_the_master_s_node_elects_another_master_that_fails_its_regions_
     let all = c.scan(b"", b"", 10_000).await.expect("scan");
     assert_eq!(all.len(), 300, "every key once after the master's node returned");
 }
+
+/// Scale-out: six regions with three replicas on three pods; a fourth pod joins while a client
+/// writes. The master copies replicas to it (joining, caught up, backup; the surplus trimmed) and
+/// hands it primaries, until replica and primary counts differ by at most two; every region
+/// keeps three in-sync copies at the end, and every acknowledged write is readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_node_gets_replicas_and_primaries_while_writes_go_on_and_nothing_is_lost() {
+    let etcd = Etcd::start().expect("etcd");
+    let mut nodes = start(&etcd, 3, &["--split-keys", "b,d,f,h,j"]);
+    let settled = |n: usize| {
+        move |m: &dpukv_proto::regionmap::RegionMap| {
+            m.nodes.len() == n
+                && m.regions.len() == 6
+                && m.regions.iter().all(|r| r.primary != 0 && r.backups.len() == 2 && r.joining.is_empty())
+        }
+    };
+    must_see_map(&nodes, |_| true, Duration::from_secs(60), settled(3)).await;
+    let c = Client::connect(&nodes[0].device, 2).await.expect("connect");
+    let key = |i: u32| format!("{}{i:05}", ["a", "c", "e", "g", "i", "k"][i as usize % 6]);
+    let mut acked = Vec::new();
+    for i in 0..300u32 {
+        c.put(key(i).as_bytes(), format!("v{i}").as_bytes()).await.unwrap_or_else(|e| panic!("put {i}: {e}"));
+        acked.push(i);
+    }
+    let args = ["--lease-ttl-ms", LEASE_MS, "--replication-factor", "3", "--fsync", "always"];
+    nodes.push(ClusterNode::start(4, "e2e", &etcd.url(), &args).expect("node 4"));
+    // Writes go on while the regions move.
+    let balanced = |m: &dpukv_proto::regionmap::RegionMap| {
+        let holds = |n: u32| m.regions.iter().filter(|r| r.primary == n || r.backups.contains(&n)).count();
+        let leads = |n: u32| m.regions.iter().filter(|r| r.primary == n).count();
+        settled(4)(m) && holds(4) >= 3 && leads(4) >= 1 && (1..=4).all(|n| leads(n) >= 1)
+    };
+    let mut i = 300u32;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        for _ in 0..20 {
+            c.put(key(i).as_bytes(), format!("v{i}").as_bytes())
+                .await
+                .unwrap_or_else(|e| panic!("put {i} during the rebalance: {e}"));
+            acked.push(i);
+            i += 1;
+        }
+        let all: Vec<&ClusterNode> = nodes.iter().collect();
+        if let Ok(m) = wait_for_map(&all, Duration::from_millis(200), balanced).await {
+            eprintln!("balanced after {} writes: {:?}", i - 300, m.regions);
+            break;
+        }
+        if Instant::now() > deadline {
+            let m = wait_for_map(&all, Duration::from_secs(1), |_| true).await;
+            panic!(
+                "the new node never got its share: {m:?}\n{}",
+                nodes.iter().map(ClusterNode::logs).collect::<String>()
+            );
+        }
+    }
+    for &i in &acked {
+        let got = c.get(key(i).as_bytes()).await.unwrap_or_else(|e| panic!("get {i}: {e}"));
+        assert_eq!(got, Some(format!("v{i}").into_bytes()), "acknowledged write {i} after the rebalance");
+    }
+    // The client found the new node's primaries (the reads above went there too).
+    let m = c.routing_map().expect("a map");
+    assert!(m.regions.iter().any(|r| r.primary == 4), "the client routes to the new node");
+}
