@@ -33,6 +33,8 @@ use dpukv_storage::vlog::{LogTail, Lsn};
 pub const CHUNK: usize = 1 << 20;
 /// Exports a feed keeps for its senders.
 pub const FEED_EXPORTS: usize = 8;
+/// How often a sender looks for log segments the primary collected (and tells its backup).
+pub const SEGMENTS_EVERY: Duration = Duration::from_millis(500);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -234,6 +236,8 @@ pub struct ReplStats {
     pub index_bytes_installed: AtomicU64,
     /// Connections whose whole index was shipped (a backup (re)joining the stream).
     pub whole_index_shipments: AtomicU64,
+    /// Log segment copies this node dropped as a backup, following the primary's collection.
+    pub log_segments_dropped: AtomicU64,
 }
 
 impl Feed {
@@ -465,6 +469,7 @@ fn send_session(
     let result = (|| -> anyhow::Result<Option<SenderEnd>> {
         let mut shipped_generation = 0u64;
         let mut whole_index_due = true;
+        let (mut last_live, mut last_segments_check) = (Vec::new(), Instant::now());
         let mut seen = 0u64;
         loop {
             if stop.load(Ordering::Acquire) {
@@ -473,6 +478,15 @@ fn send_session(
             if closed.load(Ordering::Acquire) {
                 return Ok(lock(&refused).take());
             }
+            // The primary's segments are listed before the log is streamed: a segment its
+            // garbage collection took out is named gone only after the log holding the copies it
+            // relocated (written before it went) reached the backup.
+            let live = if last_segments_check.elapsed() >= SEGMENTS_EVERY {
+                last_segments_check = Instant::now();
+                Some(tail.segments()?)
+            } else {
+                None
+            };
             // The log first, as far as it is written.
             let mut sent = false;
             while let Some(c) = tail.chunk(pos, CHUNK)? {
@@ -531,6 +545,13 @@ fn send_session(
                         shipped_generation = e.manifest.generation;
                     }
                 }
+            }
+            // The primary's garbage collection, for the backup's log copies to follow: named on
+            // every change, checked at most every SEGMENTS_EVERY. (A stop above leaves it for
+            // the next connection.)
+            if let Some(live) = live.filter(|l| *l != last_live && !stop.load(Ordering::Acquire)) {
+                write_msg(&mut s, &ReplMessage::Segments { region, epoch, live: live.clone() })?;
+                last_live = live;
             }
             if !sent {
                 seen = feed.wait(seen, Duration::from_millis(5));
@@ -775,6 +796,22 @@ impl BackupHost {
                             self.stats.index_bytes_installed.fetch_add(size, Ordering::Relaxed);
                             write_msg(&mut s, &ReplMessage::Installed { region, epoch, generation })?;
                         }
+                        Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Failed, known, e.to_string()),
+                    }
+                }
+                ReplMessage::Segments { live, .. } => {
+                    let r = match lock(&backup).as_mut() {
+                        Some(b) => b.retain_log_segments(&live),
+                        None => {
+                            return Self::refuse(&mut s, region, ReplRefusal::WrongRegion, 0, "released here".into());
+                        }
+                    };
+                    match r {
+                        Ok(gone) if !gone.is_empty() => {
+                            self.stats.log_segments_dropped.fetch_add(gone.len() as u64, Ordering::Relaxed);
+                            tracing::debug!(region, ?gone, "dropped log copies the primary collected");
+                        }
+                        Ok(_) => {}
                         Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Failed, known, e.to_string()),
                     }
                 }

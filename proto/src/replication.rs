@@ -140,6 +140,19 @@ pub enum ReplMessage {
         /// The backup's manifest generation after installing.
         generation: u64,
     },
+    /// Primary -> backup: log segments the primary still has, ascending; a segment below the
+    /// last one named and not named is gone there (garbage collection). The backup drops its
+    /// copies of those once its own index no longer needs them (they lie before its manifest's
+    /// log start). A primary with more than [`MAX_LIVE_SEGMENTS`] names its lowest ones.
+    Segments {
+        /// The region.
+        region: u32,
+        /// The epoch.
+        epoch: u64,
+        /// The primary's segment ids, ascending, at most [`MAX_LIVE_SEGMENTS`] (encoding keeps the
+        /// lowest).
+        live: Vec<u64>,
+    },
     /// Backup -> primary: refused; `current` is the backup's newest epoch (for `StaleEpoch`) and
     /// `at` its log position (for `Gap`).
     Refuse {
@@ -193,7 +206,11 @@ mod kind {
     pub const INDEX: u8 = 5;
     pub const INSTALLED: u8 = 6;
     pub const REFUSE: u8 = 7;
+    pub const SEGMENTS: u8 = 8;
 }
+
+/// Most segment ids a `Segments` message names (a region's log of 1 TiB in 64 MiB segments).
+pub const MAX_LIVE_SEGMENTS: usize = 1 << 14;
 
 fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
@@ -216,6 +233,7 @@ impl ReplMessage {
             | ReplMessage::Held { region, .. }
             | ReplMessage::Index { region, .. }
             | ReplMessage::Installed { region, .. }
+            | ReplMessage::Segments { region, .. }
             | ReplMessage::Refuse { region, .. } => *region,
         }
     }
@@ -278,6 +296,16 @@ impl ReplMessage {
                 put_u32(out, *region);
                 put_u64(out, *epoch);
                 put_u64(out, *generation);
+            }
+            ReplMessage::Segments { region, epoch, live } => {
+                out.push(kind::SEGMENTS);
+                put_u32(out, *region);
+                put_u64(out, *epoch);
+                let live = &live[..live.len().min(MAX_LIVE_SEGMENTS)];
+                put_u32(out, live.len() as u32);
+                for id in live {
+                    put_u64(out, *id);
+                }
             }
             ReplMessage::Refuse { region, reason, current, at, message } => {
                 out.push(kind::REFUSE);
@@ -355,6 +383,18 @@ impl ReplMessage {
                 ReplMessage::Index { region, epoch, manifest, sessions, levels }
             }
             kind::INSTALLED => ReplMessage::Installed { region: r.u32()?, epoch: r.u64()?, generation: r.u64()? },
+            kind::SEGMENTS => {
+                let (region, epoch) = (r.u32()?, r.u64()?);
+                let n = r.count(8)?;
+                if n > MAX_LIVE_SEGMENTS {
+                    return Err(ReplDecodeError::Malformed("too many segments"));
+                }
+                let live = (0..n).map(|_| r.u64()).collect::<Result<Vec<u64>, _>>()?;
+                if live.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err(ReplDecodeError::Malformed("segments not ascending"));
+                }
+                ReplMessage::Segments { region, epoch, live }
+            }
             kind::REFUSE => {
                 let region = r.u32()?;
                 let reason = ReplRefusal::from_u8(r.u8()?).ok_or(ReplDecodeError::Malformed("unknown refusal"))?;
@@ -485,6 +525,9 @@ mod tests {
                 epoch,
                 generation
             }),
+            (any::<u32>(), any::<u64>(), prop::collection::btree_set(any::<u64>(), 0..20)).prop_map(
+                |(region, epoch, live)| ReplMessage::Segments { region, epoch, live: live.into_iter().collect() }
+            ),
             (any::<u32>(), reason, any::<u64>(), any::<u64>(), ".{0,40}").prop_map(
                 |(region, reason, current, at, message)| ReplMessage::Refuse { region, reason, current, at, message }
             ),

@@ -117,6 +117,11 @@ impl prometheus_client::collector::Collector for ClusterCollector {
                     "index (level segment) bytes installed as a backup",
                     &r.index_bytes_installed,
                 ),
+                (
+                    "dpukv_replication_log_segments_dropped",
+                    "log segment copies dropped as a backup, following the primary's garbage collection",
+                    &r.log_segments_dropped,
+                ),
                 ("dpukv_cluster_promotions", "regions this node began to lead from its backup copy", &m.promotions),
                 ("dpukv_cluster_catch_ups", "joining nodes reported caught up by this node", &m.catch_ups),
             ],

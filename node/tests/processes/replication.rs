@@ -87,7 +87,9 @@ fn every_acknowledged_write_is_on_every_backup_and_a_promoted_backup_answers_lik
             .expect("sender")
         })
         .collect();
-    // Enough writes for many segments (16 KiB each) and compactions (8 KiB L0).
+    // Enough writes for many segments (16 KiB each) and compactions (8 KiB L0); overwrites, so
+    // garbage collection takes segments out.
+    let mut collected = 0;
     for i in 0..3000u32 {
         let key = format!("key{:05}", (i * 7919) % 2000);
         let ack = primary
@@ -95,7 +97,7 @@ fn every_acknowledged_write_is_on_every_backup_and_a_promoted_backup_answers_lik
             .expect("put");
         feed.committed();
         if i % 50 == 0 {
-            primary.maintain().expect("maintain");
+            collected += primary.maintain().expect("maintain").gc.deleted;
             for e in primary.take_exports() {
                 feed.export(e);
             }
@@ -112,7 +114,25 @@ fn every_acknowledged_write_is_on_every_backup_and_a_promoted_backup_answers_lik
     let end = primary.vlog().end();
     feed.committed();
     acks.wait(end, Duration::from_secs(20)).expect("caught up");
-    // Let the last index arrive, then stop the stream and promote node 2's copy.
+    // Let the last index arrive, and the backups drop the log copies the primary collected.
+    assert!(collected > 0, "the primary collected log segments");
+    let segments = |d: &std::path::Path| -> Vec<u64> {
+        let mut v: Vec<u64> = std::fs::read_dir(d.join("vlog"))
+            .expect("vlog dir")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".vlog")?.parse().ok())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for b in &backups {
+        while b.host.stats().log_segments_dropped.load(Ordering::Relaxed) == 0 {
+            assert!(std::time::Instant::now() < deadline, "a backup drops copies of collected segments");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (kept, live) = (segments(&b.host.dir(1)), segments(&pdir));
+        assert!(kept.len() < 3 * live.len() + 4, "a backup keeps about the primary's log: {kept:?} vs {live:?}");
+    }
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Release);
     for s in senders {

@@ -302,6 +302,39 @@ impl Backup {
         Ok(c.next())
     }
 
+    /// Follows the primary's garbage collection: drops the copy of every segment below the
+    /// last of `live` (the primary's segments, ascending) that `live` does not name — the
+    /// primary collected it — provided it lies before this backup's own manifest's log start
+    /// (its installed index no longer needs it; a newer export first). The log map is stored
+    /// before files go (a crash leaves at most an unnamed old file). Returns the segments
+    /// dropped.
+    pub fn retain_log_segments(&mut self, live: &[u64]) -> Result<Vec<u64>> {
+        let (Some(&last), start) = (live.last(), Lsn(self.manifest.log_start).segment()) else {
+            return Ok(Vec::new());
+        };
+        let mut gone: Vec<u64> =
+            self.sealed.iter().copied().filter(|&s| s < last && s < start && live.binary_search(&s).is_err()).collect();
+        gone.sort_unstable();
+        if gone.is_empty() {
+            return Ok(gone);
+        }
+        let locals: Vec<u64> = gone.iter().filter_map(|s| self.log_map.remove(s)).collect();
+        for s in &gone {
+            self.sealed.remove(s);
+        }
+        self.store_log_map()?;
+        let vdir = vlog_dir(&self.dir);
+        for local in locals {
+            let p = crate::vlog::segment_path(&vdir, local);
+            match self.fs.remove(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(&p, e)),
+            }
+        }
+        Ok(gone)
+    }
+
     /// The backup's directory.
     pub fn dir(&self) -> &Path {
         &self.dir

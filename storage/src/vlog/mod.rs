@@ -606,6 +606,20 @@ impl LogTail {
         Ok(Lsn::new(first, 0))
     }
 
+    /// The log's segments as their files are now, ascending (a collected segment whose file is
+    /// not deleted yet is still named: readers may use it).
+    pub fn segments(&self) -> Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        for e in std::fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))? {
+            let e = e.map_err(|e| Error::io(&self.dir, e))?;
+            if let Some(id) = segment::parse_name(&e.file_name().to_string_lossy()) {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
     /// Up to `max` bytes from `from` (None: nothing written there yet). A sealed segment is read
     /// to its file's end, then the next chunk starts at the next segment's offset 0. An error if
     /// the segment is gone (collected: the backup must copy the region again).

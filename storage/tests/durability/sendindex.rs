@@ -344,3 +344,61 @@ fn a_backup_following_a_new_primary_drops_what_the_old_one_wrote_past_its_base()
     let promoted = Region::open(cfg(dir.path(), "y")).expect("promote y").0;
     assert_eq!(promoted.scan(b"", b"\xff", usize::MAX).expect("scan"), b.scan(b"", b"\xff", usize::MAX).expect("scan"));
 }
+
+/// A backup follows the primary's garbage collection: it drops its copy of a segment the
+/// primary collected, but only once its own installed index starts after it (before, a promotion
+/// would replay from there); a promoted copy still answers like the primary.
+#[test]
+fn a_backup_drops_collected_log_copies_only_once_its_index_no_longer_needs_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut primary = Region::open(cfg(dir.path(), "p")).expect("open").0;
+    primary.capture_exports();
+    let mut backup = Backup::create(dir.path().join("b")).expect("backup");
+    let mut pos = None;
+    // Overwrites of few keys: many segments, most of them garbage once compacted.
+    let mut collected = 0;
+    for i in 0..4000u32 {
+        primary.put(format!("k{:03}", i % 100).as_bytes(), format!("{i:0>60}").as_bytes()).expect("put");
+        if i % 100 == 99 {
+            // Stream the log (before the primary collects any of it), but hold the exports
+            // back: the backup's index stays behind.
+            let tail = primary.vlog().tail();
+            let mut at = pos.unwrap_or_else(|| Lsn::new(primary.vlog().segments()[0], 0));
+            while let Some(c) = tail.chunk(at, 4096).expect("chunk") {
+                at = backup.append_log(&c).expect("append");
+            }
+            pos = Some(at);
+            primary.flush_now().expect("flush");
+            collected += primary.maintain().expect("maintain").gc.deleted;
+        }
+    }
+    assert!(collected > 0, "the primary collected segments");
+    // As a sender does: the primary's segments first, then the log up to its end (the copies
+    // a collection relocated were written before it took a segment out), then the message.
+    let live = primary.vlog().tail().segments().expect("segments");
+    let tail = primary.vlog().tail();
+    let mut at = pos.expect("streamed");
+    while let Some(c) = tail.chunk(at, 4096).expect("chunk") {
+        at = backup.append_log(&c).expect("append");
+    }
+    assert!(
+        backup.retain_log_segments(&live).expect("retain").is_empty(),
+        "nothing goes while the backup's own index still starts before the collected segments"
+    );
+    for export in primary.take_exports() {
+        backup.apply_send_index(&export).expect("send index");
+    }
+    let gone = backup.retain_log_segments(&live).expect("retain");
+    assert!(!gone.is_empty(), "collected copies go once the index moved past them");
+    assert!(gone.iter().all(|s| live.binary_search(s).is_err()), "only collected segments go: {gone:?}");
+    // A reopened backup remembers (the log map), and a promoted copy answers like the primary.
+    let bdir = dir.path().join("b");
+    drop(backup);
+    let again = Backup::open_with(&bdir, dpukv_storage::fs::real()).expect("reopen");
+    assert!(gone.iter().all(|s| !again.log_map().contains_key(s)));
+    drop(again);
+    let promoted =
+        Region::open(RegionConfig::tiny(&bdir, dir.path().join("b-shm"), FsyncPolicy::Never)).expect("promote").0;
+    let all = |r: &Region| r.scan(b"", b"\xff", usize::MAX).expect("scan");
+    assert_eq!(all(&promoted), all(&primary));
+}
