@@ -2,7 +2,6 @@
 //! real etcd, on free loopback ports, with its logs in its directory; it can be SIGKILLed and
 //! started again on the same data.
 
-use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,7 +10,7 @@ use dpukv_client::Client;
 use dpukv_proto::regionmap::RegionMap;
 use dpukv_proto::{Request, Response, decode_responses, encode_requests, frame_header};
 
-use crate::procs::{Proc, bin_dir};
+use crate::procs::{Proc, bin_dir, free_port};
 
 /// One node of a test cluster.
 pub struct ClusterNode {
@@ -28,10 +27,6 @@ pub struct ClusterNode {
     prefix: Vec<String>,
     host: Option<Proc>,
     dev: Option<Proc>,
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl ClusterNode {

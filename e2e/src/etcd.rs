@@ -4,14 +4,14 @@
 //! [`Etcd::start_in`] runs it in a network namespace instead (a partition test's host).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::procs::Proc;
+use crate::procs::{Proc, free_port};
 
 /// One etcd member.
 pub struct Etcd {
@@ -22,10 +22,6 @@ pub struct Etcd {
     client_port: u16,
     peer_port: u16,
     proc: Option<Proc>,
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Whether etcd answers `/health` with `"health":"true"` (it has a leader).

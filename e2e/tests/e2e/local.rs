@@ -41,7 +41,7 @@ fn kill(signal: &str, pid: u32) {
 #[test]
 fn local_restarts_a_process_that_dies() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("bound").port();
+    let port = dpukv_e2e::procs::free_port().expect("a free port");
     let addr = format!("127.0.0.1:{port}");
     let mut local = Command::new(bin_dir().expect("binaries").join("dpukv"))
         .args(["local", "--listen", &addr, "--fsync", "always", "--dir"])
