@@ -44,7 +44,7 @@ pub use gc::GcStep;
 use merge::{Src, Stored};
 use publish::Publications;
 pub use publish::ReadGate;
-pub use replica::{Backup, ExportParts, IndexExport, ShippedLevel};
+pub use replica::{Backup, ExportParts, IndexExport, ShippedLevel, adopt_built_index, build_dir, build_index};
 
 pub use sessions::{Lookup, SessionEntry, SessionLimits, Sessions};
 pub use tables::RegionReader;

@@ -335,6 +335,11 @@ impl Backup {
         Ok(gone)
     }
 
+    /// Primary log segments whose copy is complete and synced, ascending.
+    pub fn sealed_segments(&self) -> Vec<u64> {
+        self.sealed.iter().copied().collect()
+    }
+
     /// The backup's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -469,4 +474,71 @@ impl Backup {
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
+}
+
+/// Where a Build Index backup builds its own index: `<backup dir>/build`, a region directory whose
+/// `vlog/` holds hard links to the backup's complete log copies.
+pub fn build_dir(backup_dir: &Path) -> PathBuf {
+    backup_dir.join("build")
+}
+
+/// **Build Index** (the baseline Send Index is measured against): indexes the backup's complete
+/// log copies `sealed` itself — links them into [`build_dir`] (complete copies never change),
+/// opens that directory as a region, which replays what its own levels do not cover yet into L0,
+/// and compacts it into its levels. `cfg` gives the geometry and the shared-memory directory
+/// (its `dir` is replaced). Returns the records replayed. Run it on one thread per region; the
+/// copies may go on streaming meanwhile.
+pub fn build_index(backup_dir: &Path, sealed: &[u64], mut cfg: super::RegionConfig) -> Result<u64> {
+    if sealed.is_empty() {
+        // (Opened empty, the region would start a log of its own where the copies go.)
+        return Ok(0);
+    }
+    let dir = build_dir(backup_dir);
+    let (from, to) = (vlog_dir(backup_dir), vlog_dir(&dir));
+    std::fs::create_dir_all(&to).map_err(|e| Error::io(&to, e))?;
+    for &id in sealed {
+        let (src, dst) = (crate::vlog::segment_path(&from, id), crate::vlog::segment_path(&to, id));
+        match std::fs::hard_link(&src, &dst) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io(&dst, e)),
+        }
+    }
+    cfg.dir = dir;
+    let (mut region, rec) = super::Region::open(cfg)?;
+    region.flush_now()?;
+    region.close()?;
+    Ok(rec.replayed)
+}
+
+/// Makes what [`build_index`] built the backup's index, for promoting it: the built manifest,
+/// sessions snapshots and level segments move into the backup's directory (where a backup of
+/// this mode has none), and the build directory goes. `Region::open` of the backup's directory
+/// then replays only the log its built levels do not cover. Nothing built: nothing changes.
+pub fn adopt_built_index(backup_dir: &Path) -> Result<()> {
+    let dir = build_dir(backup_dir);
+    if !dir.join("MANIFEST").exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
+    let (built_levels, levels) = (levels_dir(&dir), levels_dir(backup_dir));
+    std::fs::create_dir_all(&levels).map_err(|e| Error::io(&levels, e))?;
+    for e in std::fs::read_dir(&built_levels).map_err(|e| Error::io(&built_levels, e))? {
+        let e = e.map_err(|e| Error::io(&built_levels, e))?;
+        let to = levels.join(e.file_name());
+        std::fs::rename(e.path(), &to).map_err(|err| Error::io(&to, err))?;
+    }
+    // Sessions snapshots first, the manifest last: a crash in between leaves the old state.
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| Error::io(&dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n != "MANIFEST"))
+        .collect();
+    files.push(dir.join("MANIFEST"));
+    for f in files {
+        let to = backup_dir.join(f.file_name().expect("a file name"));
+        std::fs::rename(&f, &to).map_err(|e| Error::io(&to, e))?;
+    }
+    crate::fs::real().sync_dir(backup_dir).map_err(|e| Error::io(backup_dir, e))?;
+    std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))
 }

@@ -674,9 +674,17 @@ impl LogCursor {
                 let p = segment::path(&self.dir, id);
                 let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
                 let (_, salt) = segment::decode_header(&p, &bytes)?;
-                let end = if id == self.active { (self.active_end as usize).min(bytes.len()) } else { bytes.len() };
                 let pos =
                     if id == self.from.segment() { self.from.offset().max(SEGMENT_HEADER) } else { SEGMENT_HEADER };
+                let end = if id == self.active {
+                    (self.active_end as usize).min(bytes.len())
+                } else if pos > SEGMENT_HEADER {
+                    // Starting inside a sealed segment, maybe at its end (after its seal: a log
+                    // whose last segment was sealed ended there): read only its chain of records.
+                    segment::scan(&bytes, id, salt).end as usize
+                } else {
+                    bytes.len()
+                };
                 self.cur = Some((id, bytes, salt, end, pos as usize));
             }
             let (id, bytes, salt, end, pos) = self.cur.as_mut().expect("loaded above");

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use dpukv_storage::BatchOp;
-use dpukv_storage::region::{Backup, IndexExport, Region, RegionConfig};
+use dpukv_storage::region::{Backup, IndexExport, Region, RegionConfig, adopt_built_index, build_dir, build_index};
 use dpukv_storage::vlog::{FsyncPolicy, Lsn};
 use proptest::prelude::*;
 
@@ -401,4 +401,48 @@ fn a_backup_drops_collected_log_copies_only_once_its_index_no_longer_needs_them(
         Region::open(RegionConfig::tiny(&bdir, dir.path().join("b-shm"), FsyncPolicy::Never)).expect("promote").0;
     let all = |r: &Region| r.scan(b"", b"\xff", usize::MAX).expect("scan");
     assert_eq!(all(&promoted), all(&primary));
+}
+
+/// Build Index on a streamed copy: the backup indexes its complete log copies itself, while the
+/// stream goes on; promoted, it adopts what it built, replays only the rest, and answers like the
+/// primary. Building leaves the log copies as received.
+#[test]
+fn a_build_index_backup_indexes_its_copies_and_a_promoted_one_answers_like_the_primary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut primary = Region::open(cfg(dir.path(), "p")).expect("open").0;
+    let bdir = dir.path().join("b");
+    let mut backup = Backup::create(&bdir).expect("backup");
+    let mut pos = None;
+    let mut built = 0;
+    for i in 0..3000u32 {
+        primary.put(format!("k{:04}", (i * 7919) % 1500).as_bytes(), format!("v{i}").as_bytes()).expect("put");
+        if i % 100 == 99 {
+            let tail = primary.vlog().tail();
+            let mut at = pos.unwrap_or_else(|| Lsn::new(primary.vlog().segments()[0], 0));
+            while let Some(c) = tail.chunk(at, 1000).expect("chunk") {
+                at = backup.append_log(&c).expect("append");
+            }
+            pos = Some(at);
+            let geometry = cfg(dir.path(), "unused");
+            built += build_index(&bdir, &backup.sealed_segments(), geometry).expect("build");
+        }
+    }
+    assert!(built > 1000, "the backup replayed its copies itself: {built}");
+    let sealed = backup.sealed_segments();
+    for &id in &sealed {
+        let read = |d: &std::path::Path| std::fs::read(dpukv_storage::vlog::segment_path(&d.join("vlog"), id));
+        assert_eq!(
+            read(&bdir).expect("copy"),
+            read(&dir.path().join("p")).expect("primary"),
+            "segment {id} as received"
+        );
+    }
+    drop(backup);
+    adopt_built_index(&bdir).expect("adopt");
+    assert!(!build_dir(&bdir).exists());
+    let (promoted, rec) =
+        Region::open(RegionConfig::tiny(&bdir, dir.path().join("b-shm"), FsyncPolicy::Never)).expect("promote");
+    assert!(rec.replayed < 1000, "only what the built levels do not cover is replayed: {}", rec.replayed);
+    let all = |r: &Region| r.scan(b"", b"\xff", usize::MAX).expect("scan");
+    assert_eq!(all(&promoted), all(&primary), "the promoted Build Index copy answers like the primary");
 }
