@@ -159,6 +159,11 @@ pub struct ClusterFlags {
     /// How long a write waits for its backups before its outcome is declared unknown (ms).
     #[arg(long, env = "DPUKV_REPLICATION_TIMEOUT_MS", default_value_t = 5000)]
     pub replication_timeout_ms: u64,
+    /// How backups index their copies, for the cluster's first configuration: `send` (Send
+    /// Index: they install the primary's compaction outputs) or `build` (Build Index: they
+    /// replay their log copies and compact themselves — the baseline).
+    #[arg(long, env = "DPUKV_BACKUP_INDEX", default_value = "send", value_parser = ["send", "build"])]
+    pub backup_index: String,
 }
 
 impl ClusterFlags {
@@ -194,7 +199,11 @@ impl ClusterFlags {
             bootstrap: dpukv_cluster::keys::ClusterConfig {
                 replication: self.replication_factor.max(1),
                 split_keys: split_keys.to_vec(),
-                backup_index: dpukv_cluster::keys::BackupIndex::Send,
+                backup_index: if self.backup_index == "build" {
+                    dpukv_cluster::keys::BackupIndex::Build
+                } else {
+                    dpukv_cluster::keys::BackupIndex::Send
+                },
                 max_moves: 2,
             },
             replication_timeout: Duration::from_millis(self.replication_timeout_ms.max(1)),

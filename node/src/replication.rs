@@ -238,6 +238,8 @@ pub struct ReplStats {
     pub whole_index_shipments: AtomicU64,
     /// Log segment copies this node dropped as a backup, following the primary's collection.
     pub log_segments_dropped: AtomicU64,
+    /// Records this node replayed into its own index as a Build Index backup.
+    pub records_built: AtomicU64,
 }
 
 impl Feed {
@@ -379,6 +381,8 @@ pub struct SenderConfig {
     pub base: Lsn,
     /// The node's replication figures.
     pub stats: Arc<ReplStats>,
+    /// Ship the index (Send Index); false: the backup builds its own (Build Index).
+    pub send_index: bool,
 }
 
 /// What ended a sender (it reconnects by itself unless stopped or refused for good).
@@ -520,29 +524,36 @@ fn send_session(
                 }
             }
             // Then the index: whole once per connection (or when exports were missed), then
-            // each compaction's export in order.
-            let exports = if whole_index_due { None } else { feed.exports_after(shipped_generation) };
-            match exports {
-                None => {
-                    acks.set_installed(cfg.backup, false);
-                    match export_dir(&cfg.region_dir)? {
-                        Some(e) => {
+            // each compaction's export in order. (A Build Index backup builds its own.)
+            if !cfg.send_index {
+                if whole_index_due {
+                    acks.set_installed(cfg.backup, true);
+                    whole_index_due = false;
+                }
+            } else {
+                let exports = if whole_index_due { None } else { feed.exports_after(shipped_generation) };
+                match exports {
+                    None => {
+                        acks.set_installed(cfg.backup, false);
+                        match export_dir(&cfg.region_dir)? {
+                            Some(e) => {
+                                let m = export_msg(region, epoch, &e);
+                                write_msg(&mut s, &m)?;
+                                cfg.stats.index_bytes_shipped.fetch_add(index_bytes(&m), Ordering::Relaxed);
+                                cfg.stats.whole_index_shipments.fetch_add(1, Ordering::Relaxed);
+                                shipped_generation = e.manifest.generation;
+                            }
+                            None => acks.set_installed(cfg.backup, true),
+                        }
+                        whole_index_due = false;
+                    }
+                    Some(list) => {
+                        for e in list {
                             let m = export_msg(region, epoch, &e);
                             write_msg(&mut s, &m)?;
                             cfg.stats.index_bytes_shipped.fetch_add(index_bytes(&m), Ordering::Relaxed);
-                            cfg.stats.whole_index_shipments.fetch_add(1, Ordering::Relaxed);
                             shipped_generation = e.manifest.generation;
                         }
-                        None => acks.set_installed(cfg.backup, true),
-                    }
-                    whole_index_due = false;
-                }
-                Some(list) => {
-                    for e in list {
-                        let m = export_msg(region, epoch, &e);
-                        write_msg(&mut s, &m)?;
-                        cfg.stats.index_bytes_shipped.fetch_add(index_bytes(&m), Ordering::Relaxed);
-                        shipped_generation = e.manifest.generation;
                     }
                 }
             }
@@ -576,6 +587,9 @@ pub struct BackupHost {
     /// Open backups; `None` once released (a connection still holding it stops there).
     backups: Mutex<HashMap<u32, Arc<Mutex<Option<Backup>>>>>,
     stats: Arc<ReplStats>,
+    /// Build Index: each backed region's builder (its stop flag and thread).
+    build: AtomicBool,
+    builders: Mutex<HashMap<u32, (Arc<AtomicBool>, JoinHandle<()>)>>,
 }
 
 impl std::fmt::Debug for BackupHost {
@@ -601,7 +615,15 @@ impl BackupHost {
             roles: Mutex::default(),
             backups: Mutex::default(),
             stats,
+            build: AtomicBool::new(false),
+            builders: Mutex::default(),
         })
+    }
+
+    /// Build Index (`true`): backups index their complete log copies themselves, on a thread per
+    /// region, instead of installing the primary's shipped index.
+    pub fn set_build_index(&self, on: bool) {
+        self.build.store(on, Ordering::Release);
     }
 
     /// The node's replication figures (this host's, and its senders' when they share them).
@@ -635,6 +657,58 @@ impl BackupHost {
         if let Some(b) = b {
             drop(lock(&b).take());
         }
+        // A builder finishes its step first: nothing is built into the directory after this.
+        let builder = lock(&self.builders).remove(&region);
+        if let Some((stop, h)) = builder {
+            stop.store(true, Ordering::Release);
+            let _ = h.join();
+        }
+    }
+
+    /// Stops backing `region` to lead it: like [`BackupHost::release`], and what a Build Index
+    /// backup built becomes the copy's index (so opening it replays only the rest).
+    pub fn promote(&self, region: u32) -> dpukv_storage::Result<()> {
+        self.release(region);
+        dpukv_storage::region::adopt_built_index(&self.dir(region))
+    }
+
+    /// Starts `region`'s builder (Build Index): every 200 ms, if complete log copies arrived,
+    /// it indexes them (`build_index`), outside the backup's lock.
+    fn start_builder(&self, region: u32, backup: Arc<Mutex<Option<Backup>>>) {
+        let mut builders = lock(&self.builders);
+        if builders.contains_key(&region) {
+            return;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (stop2, dir, stats) = (stop.clone(), self.dir(region), self.stats.clone());
+        let spawned = std::thread::Builder::new().name(format!("dpukv-build-{region}")).spawn(move || {
+            let mut built_to = None;
+            while !stop2.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(200));
+                let sealed = match lock(&backup).as_ref() {
+                    Some(b) => b.sealed_segments(),
+                    None => return,
+                };
+                if sealed.last().copied() == built_to || stop2.load(Ordering::Acquire) {
+                    continue;
+                }
+                let build = dpukv_storage::region::build_dir(&dir);
+                let cfg = dpukv_storage::region::RegionConfig::new(&build, build.join("shm"));
+                match dpukv_storage::region::build_index(&dir, &sealed, cfg) {
+                    Ok(n) => {
+                        built_to = sealed.last().copied();
+                        stats.records_built.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::warn!(region, error = %e, "building the index failed; will retry"),
+                }
+            }
+        });
+        match spawned {
+            Ok(h) => {
+                builders.insert(region, (stop, h));
+            }
+            Err(e) => tracing::error!(region, error = %e, "starting the index builder failed"),
+        }
     }
 
     /// The region's backup directory.
@@ -649,6 +723,9 @@ impl BackupHost {
         }
         let x = Arc::new(Mutex::new(Some(Backup::open_with(self.dir(region), dpukv_storage::fs::real())?)));
         b.insert(region, x.clone());
+        if self.build.load(Ordering::Acquire) {
+            self.start_builder(region, x.clone());
+        }
         Ok(x)
     }
 

@@ -98,6 +98,10 @@ enum Cmd {
         /// An etcd to use instead of starting one (client URL).
         #[arg(long)]
         etcd: Option<String>,
+        /// How backups index their copies: send (Send Index) or build (Build Index, the
+        /// baseline).
+        #[arg(long, default_value = "send", value_parser = ["send", "build"])]
+        backup_index: String,
         /// Log durability: always (acknowledged once synced), interval:MS (acknowledged once
         /// written, synced within MS) or never.
         #[arg(long, default_value = "always")]
@@ -209,11 +213,14 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<i32> {
-    if let Cmd::Local { dir, listen, nodes, replication, etcd, fsync, split_keys, serve_reads_on_host } = &cli.cmd {
+    if let Cmd::Local { dir, listen, nodes, replication, etcd, backup_index, fsync, split_keys, serve_reads_on_host } =
+        &cli.cmd
+    {
         let cluster = (*nodes > 1).then(|| LocalCluster {
             nodes: *nodes,
             replication: replication.unwrap_or(3).min(*nodes as usize),
             etcd: etcd.clone(),
+            backup_index: backup_index.clone(),
         });
         return local(dir, listen, fsync, split_keys, *serve_reads_on_host, cluster).await;
     }
@@ -365,6 +372,7 @@ struct LocalCluster {
     nodes: u32,
     replication: usize,
     etcd: Option<String>,
+    backup_index: String,
 }
 
 /// A port free on 127.0.0.1 now, for a process to bind next. Picked outside the kernel's
@@ -464,6 +472,7 @@ async fn local(
                 host_cmd.args(["--cluster", "local", "--node-id", &id.to_string(), "--etcd", &etcd_url]);
                 host_cmd.args(["--replication-listen", &repl, "--advertise-device", &device]);
                 host_cmd.args(["--replication-factor", &c.replication.to_string()]).kill_on_drop(true);
+                host_cmd.args(["--backup-index", &c.backup_index]);
                 host_cmd.stderr(std::fs::File::create(nd.join("host.log"))?);
                 let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
                 dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device]).kill_on_drop(true);

@@ -601,3 +601,69 @@ async fn a_joining_node_gets_replicas_and_primaries_while_writes_go_on_and_nothi
     let m = c.routing_map().expect("a map");
     assert!(m.regions.iter().any(|r| r.primary == 4), "the client routes to the new node");
 }
+
+/// A cluster whose backups build their own index (`--backup-index build`): the primary ships no
+/// index, each backup replays its complete log copies and compacts them itself; when the
+/// primary's pod is killed, the promoted backup adopts what it built — it replays only the rest
+/// of its log — and holds every acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_index_backup_builds_its_own_index_and_is_promoted_with_every_write() {
+    let etcd = Etcd::start().expect("etcd");
+    let mut nodes = start(&etcd, 3, &["--backup-index", "build"]);
+    let laid_out = |m: &dpukv_proto::regionmap::RegionMap| {
+        m.regions.len() == 1 && m.regions[0].primary != 0 && m.regions[0].backups.len() == 2
+    };
+    let map = must_see_map(&nodes, |_| true, Duration::from_secs(60), laid_out).await;
+    let c = Client::connect(&map.node(map.regions[0].primary).expect("primary").device, 2).await.expect("connect");
+    // About 6 MiB of log: several complete 2 MiB segments for the backups to index.
+    let value = |i: u32| format!("{i:0>1000}").into_bytes();
+    for b in 0..60u32 {
+        let ops = (0..100u32)
+            .map(|j| {
+                let i = b * 100 + j;
+                dpukv_proto::WriteOp::Put { key: format!("k{i:05}").into_bytes(), value: value(i) }
+            })
+            .collect();
+        c.batch(ops).await.unwrap_or_else(|e| panic!("batch {b}: {e}"));
+    }
+    let map = must_see_map(&nodes, |_| true, Duration::from_secs(30), laid_out).await;
+    let r = map.regions[0].clone();
+    let built = |id: u32| nodes[id as usize - 1].metric("dpukv_replication_records_built_total").expect("metrics");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while r.backups.iter().any(|&b| built(b).unwrap_or(0.0) < 1000.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the backups index their copies: {:?}",
+            r.backups.iter().map(|&b| built(b)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        nodes[r.primary as usize - 1].metric("dpukv_replication_index_bytes_shipped_total").expect("metrics"),
+        Some(0.0),
+        "no index is shipped"
+    );
+    nodes[r.primary as usize - 1].kill();
+    let promoted =
+        |m: &dpukv_proto::regionmap::RegionMap| m.regions[0].primary != r.primary && m.regions[0].epoch > r.epoch;
+    let after = must_see_map(&nodes, |n| n.id != r.primary, Duration::from_secs(30), promoted).await;
+    let p = after.regions[0].primary;
+    let c2 = Client::connect(&after.node(p).expect("registered").device, 2).await.expect("connect");
+    for i in (0..6000u32).step_by(7) {
+        let got = c2.get(format!("k{i:05}").as_bytes()).await.unwrap_or_else(|e| panic!("get {i}: {e}"));
+        assert_eq!(got, Some(value(i)), "acknowledged write {i} on the promoted Build Index copy");
+    }
+    let n = c2.scan(b"", b"", 10_000).await.expect("scan").len();
+    assert_eq!(n, 6000, "every key");
+    // The promoted copy opened on what it built: it replayed only part of its log.
+    let log = nodes[p as usize - 1].logs();
+    let replayed: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("region open"))
+        .filter_map(|l| l.split("replayed=").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .collect();
+    assert!(
+        replayed.last().is_some_and(|&n| n < 6000),
+        "the promoted copy replays only what it did not build: {replayed:?}"
+    );
+}

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dpukv_cluster::keys::{ClusterConfig, Keys};
+use dpukv_cluster::keys::{BackupIndex, ClusterConfig, Keys};
 use dpukv_cluster::master;
 use dpukv_cluster::membership::{Authority, Member, Timing, register_with};
 use dpukv_cluster::{EtcdOptions, EtcdStore, MetaError, MetaStore};
@@ -74,6 +74,8 @@ struct Led {
     senders: Vec<(u32, Arc<AtomicBool>, std::thread::JoinHandle<SenderEnd>)>,
     /// The node's replication figures (its senders count into them).
     stats: Arc<ReplStats>,
+    /// Ship the index to backups (Send Index), or let them build their own.
+    send_index: bool,
     /// Whether its device serves it: once every backup holds the log up to `base`. A promoted
     /// copy may hold a tail (written, never acknowledged) another backup lacks; serving it
     /// before that backup holds it would let a second failover take back what a read returned.
@@ -181,6 +183,9 @@ pub async fn run(
             continue;
         }
         let me = args.node_id;
+        // How backups index their copies (the cluster's configuration; Send Index by default).
+        let send_index = snap.config.as_ref().is_none_or(|c| c.backup_index == BackupIndex::Send);
+        backups.set_build_index(!send_index);
         if first_map {
             // What this node kept from an earlier life: a region it still leads is its own;
             // a backup copy of a region it still backs goes on; anything else (a region it led
@@ -215,13 +220,16 @@ pub async fn run(
             let backing = r.backups.contains(&me) || r.joining.contains(&me);
             if r.primary == me {
                 if backups.backs(r.id) {
-                    // Promotion: the backup's copy becomes the region (it replays its log tail).
-                    backups.release(r.id);
+                    // Promotion: the backup's copy becomes the region (it replays its log tail;
+                    // a Build Index copy first adopts the index it built).
+                    if let Err(e) = backups.promote(r.id) {
+                        tracing::error!(region = r.id, error = %e, "adopting the built index failed; replaying the whole copy");
+                    }
                     metrics.promotions.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(region = r.id, epoch = r.epoch, "promoted");
                 }
                 match led.get_mut(&r.id) {
-                    None => match open_led(&args, &opener, r, &snap.map, &authority, &metrics.repl) {
+                    None => match open_led(&args, &opener, r, &snap.map, &authority, &metrics.repl, send_index) {
                         Ok(l) => {
                             metrics.lead(r.id, l.acks.clone(), l.feed.clone(), l.tail.clone());
                             led.insert(r.id, l);
@@ -381,6 +389,7 @@ fn open_led(
     map: &dpukv_proto::regionmap::RegionMap,
     authority: &Authority,
     stats: &Arc<ReplStats>,
+    send_index: bool,
 ) -> Result<Led> {
     let acks = Acks::new(r.epoch, r.backups.clone());
     let feed = Feed::new();
@@ -403,6 +412,7 @@ fn open_led(
         region_dir: opener.dir(r.id),
         senders: Vec::new(),
         stats: stats.clone(),
+        send_index,
         serving: false,
         reported: BTreeSet::new(),
     };
@@ -438,6 +448,7 @@ fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_pr
             region_dir: l.region_dir.clone(),
             base: l.base,
             stats: l.stats.clone(),
+            send_index: l.send_index,
         };
         let stop = Arc::new(AtomicBool::new(false));
         match spawn_sender(cfg, l.tail.clone(), l.feed.clone(), l.acks.clone(), stop.clone()) {

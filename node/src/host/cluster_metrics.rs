@@ -122,6 +122,11 @@ impl prometheus_client::collector::Collector for ClusterCollector {
                     "log segment copies dropped as a backup, following the primary's garbage collection",
                     &r.log_segments_dropped,
                 ),
+                (
+                    "dpukv_replication_records_built",
+                    "records replayed into this node's own index as a Build Index backup",
+                    &r.records_built,
+                ),
                 ("dpukv_cluster_promotions", "regions this node began to lead from its backup copy", &m.promotions),
                 ("dpukv_cluster_catch_ups", "joining nodes reported caught up by this node", &m.catch_ups),
             ],
