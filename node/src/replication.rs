@@ -578,6 +578,9 @@ fn send_session(
     }
 }
 
+/// A Build Index builder thread and its stop flag.
+type Builder = (Arc<AtomicBool>, JoinHandle<()>);
+
 /// The backup side of a node: the regions it backs (with the newest epoch it knows for each)
 /// and their [`Backup`]s.
 pub struct BackupHost {
@@ -589,7 +592,7 @@ pub struct BackupHost {
     stats: Arc<ReplStats>,
     /// Build Index: each backed region's builder (its stop flag and thread).
     build: AtomicBool,
-    builders: Mutex<HashMap<u32, (Arc<AtomicBool>, JoinHandle<()>)>>,
+    builders: Mutex<HashMap<u32, Builder>>,
 }
 
 impl std::fmt::Debug for BackupHost {
