@@ -164,6 +164,10 @@ pub struct ClusterFlags {
     /// replay their log copies and compact themselves — the baseline).
     #[arg(long, env = "DPUKV_BACKUP_INDEX", default_value = "send", value_parser = ["send", "build"])]
     pub backup_index: String,
+    /// Most MiB per second a primary sends to each backup that is catching up (copying the
+    /// log it missed, or the whole index); 0: no cap. Steady replication is never slowed.
+    #[arg(long, env = "DPUKV_CATCH_UP_MIB_PER_SEC", default_value_t = 128)]
+    pub catch_up_mib_per_sec: u64,
 }
 
 impl ClusterFlags {
@@ -207,6 +211,7 @@ impl ClusterFlags {
                 max_moves: 2,
             },
             replication_timeout: Duration::from_millis(self.replication_timeout_ms.max(1)),
+            catch_up_bytes_per_sec: self.catch_up_mib_per_sec.saturating_mul(1 << 20),
         }))
     }
 }

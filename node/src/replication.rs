@@ -383,6 +383,37 @@ pub struct SenderConfig {
     pub stats: Arc<ReplStats>,
     /// Ship the index (Send Index); false: the backup builds its own (Build Index).
     pub send_index: bool,
+    /// Most bytes per second sent to a backup that is catching up (more than a chunk behind, or
+    /// receiving the whole index); 0: no cap. Steady streaming is never slowed.
+    pub catch_up_bytes_per_sec: u64,
+}
+
+/// Paces a catch-up to a rate (see [`SenderConfig::catch_up_bytes_per_sec`]).
+struct Pacer {
+    rate: u64,
+    since: Instant,
+    sent: u64,
+}
+
+impl Pacer {
+    fn new(rate: u64) -> Pacer {
+        Pacer { rate, since: Instant::now(), sent: 0 }
+    }
+
+    /// `n` bytes were sent; `catching_up` says whether they count against the cap. Sleeps
+    /// until the bytes of the current catch-up fit the rate (at most 1 s at a time; the caller
+    /// checks its stop flag between calls).
+    fn sent(&mut self, n: u64, catching_up: bool) {
+        if self.rate == 0 || !catching_up {
+            (self.since, self.sent) = (Instant::now(), 0);
+            return;
+        }
+        self.sent += n;
+        let due = Duration::from_secs_f64(self.sent as f64 / self.rate as f64);
+        if let Some(wait) = due.checked_sub(self.since.elapsed()) {
+            std::thread::sleep(wait.min(Duration::from_secs(1)));
+        }
+    }
 }
 
 /// What ended a sender (it reconnects by itself unless stopped or refused for good).
@@ -474,6 +505,7 @@ fn send_session(
         let mut shipped_generation = 0u64;
         let mut whole_index_due = true;
         let (mut last_live, mut last_segments_check) = (Vec::new(), Instant::now());
+        let mut pacer = Pacer::new(cfg.catch_up_bytes_per_sec);
         let mut seen = 0u64;
         loop {
             if stop.load(Ordering::Acquire) {
@@ -504,6 +536,7 @@ fn send_session(
                     sealed = c.sealed,
                     "append"
                 );
+                let behind = tail.end().0.saturating_sub(pos.0) > CHUNK as u64;
                 let n = write_msg(
                     &mut s,
                     &ReplMessage::Append {
@@ -517,6 +550,7 @@ fn send_session(
                     },
                 )?;
                 cfg.stats.log_bytes_shipped.fetch_add(n, Ordering::Relaxed);
+                pacer.sent(n, behind);
                 pos = next;
                 sent = true;
                 if stop.load(Ordering::Acquire) {
@@ -541,6 +575,7 @@ fn send_session(
                                 write_msg(&mut s, &m)?;
                                 cfg.stats.index_bytes_shipped.fetch_add(index_bytes(&m), Ordering::Relaxed);
                                 cfg.stats.whole_index_shipments.fetch_add(1, Ordering::Relaxed);
+                                pacer.sent(index_bytes(&m), true);
                                 shipped_generation = e.manifest.generation;
                             }
                             None => acks.set_installed(cfg.backup, true),

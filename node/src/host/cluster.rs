@@ -58,6 +58,8 @@ pub struct ClusterArgs {
     pub bootstrap: ClusterConfig,
     /// How long a write waits for its backups before its outcome is declared unknown.
     pub replication_timeout: Duration,
+    /// Most bytes per second sent to a backup catching up (0: no cap).
+    pub catch_up_bytes_per_sec: u64,
 }
 
 /// A region this node leads.
@@ -449,6 +451,7 @@ fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_pr
             base: l.base,
             stats: l.stats.clone(),
             send_index: l.send_index,
+            catch_up_bytes_per_sec: args.catch_up_bytes_per_sec,
         };
         let stop = Arc::new(AtomicBool::new(false));
         match spawn_sender(cfg, l.tail.clone(), l.feed.clone(), l.acks.clone(), stop.clone()) {

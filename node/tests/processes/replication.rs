@@ -58,6 +58,7 @@ fn sender_cfg(region_dir: &std::path::Path, epoch: u64, backup: u32, addr: Socke
         base: dpukv_storage::vlog::Lsn(0),
         stats: Arc::default(),
         send_index: true,
+        catch_up_bytes_per_sec: 0,
     }
 }
 
@@ -298,4 +299,35 @@ fn malformed_replication_frames_close_the_connection_and_change_nothing() {
         }
     }
     assert!(!b.host.dir(1).join("LOGMAP").exists(), "no backup state was created by garbage");
+}
+
+#[test]
+fn a_catching_up_backup_is_sent_the_log_at_the_capped_rate_and_a_current_one_at_full_speed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pdir = dir.path().join("primary");
+    let mut primary = Region::open(RegionConfig::new(&pdir, dir.path().join("pshm"))).expect("open").0;
+    // 3 MiB of log before the backups connect: both must catch up.
+    for i in 0..3000u32 {
+        primary.put(format!("k{i:05}").as_bytes(), &[b'v'; 1024]).expect("put");
+    }
+    let end = primary.vlog().end();
+    primary.wait_durable(end).expect("durable");
+    let catch_up = |rate: u64, n: u32| {
+        let b = BackupNode::start(&dir.path().join(format!("node{n}")), "test");
+        b.host.back(1, 1);
+        let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![n]), Arc::new(AtomicBool::new(false)));
+        let mut cfg = sender_cfg(&pdir, 1, n, b.addr);
+        cfg.catch_up_bytes_per_sec = rate;
+        let started = std::time::Instant::now();
+        let h = spawn_sender(cfg, primary.vlog().tail(), feed, acks.clone(), stop.clone()).expect("sender");
+        acks.wait(end, Duration::from_secs(30)).expect("caught up");
+        let took = started.elapsed();
+        stop.store(true, Ordering::Release);
+        assert_eq!(ended(h), SenderEnd::Stopped);
+        took
+    };
+    let capped = catch_up(1 << 20, 2);
+    let free = catch_up(0, 3);
+    assert!(capped >= Duration::from_millis(1800), "3 MiB at 1 MiB/s took {capped:?}");
+    assert!(free < capped / 2, "uncapped {free:?}, capped {capped:?}");
 }
