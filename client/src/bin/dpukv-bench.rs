@@ -1,5 +1,6 @@
 //! `dpukv-bench`: YCSB A–F, Honeycomb's cloud-storage workload and a hot-counter workload against
-//! a dpukv endpoint, or the same workloads against Redis (`--target redis://HOST:PORT`). Prints
+//! a dpukv endpoint, or the same workloads against Redis (`--target redis://HOST:PORT`) or etcd
+//! (`--target etcd://HOST:PORT[,HOST:PORT...]`, with the cargo feature `etcd`). Prints
 //! throughput, p50/p99/p99.9 latency and the client's own CPU time per operation; `--json` prints
 //! one JSON object instead.
 //!
@@ -10,7 +11,9 @@
 //! every connection keeps `--depth` requests in flight. What the streams queue on a connection
 //! goes out in one write — for dpukv one frame (client-side batching, `dpukv_client`'s
 //! connection), for Redis a RESP pipeline ([`redis`]) — and replies are read in chunks of 64 KiB,
-//! every complete reply in a chunk handled before the next read. Latency is measured per
+//! every complete reply in a chunk handled before the next read; for etcd each of the
+//! `--threads` connections is one `etcd_client::Client` (one HTTP/2 connection per endpoint)
+//! whose `--depth` streams are concurrent gRPC calls multiplexed on it. Latency is measured per
 //! operation, from when a stream starts it to when its last reply arrives. Both run on the same
 //! tokio runtime: one worker thread per core, or a single thread with `--client-threads 1`
 //! (less client CPU per operation, at some throughput on a 2-core machine).
@@ -36,6 +39,26 @@
 //!   write;
 //! - fetch_add: `INCRBY key 1`;
 //! - loading: the upsert script with 64 records per call (dpukv: atomic batches of 64 puts).
+//!
+//! # etcd
+//! etcd (v3 API, through `etcd-client`; measured against etcd 3.4) is an ordered store already,
+//! so the mapping is direct and every operation but fetch_add takes one gRPC call:
+//! - read: `Range` of the key (`get(key)`), linearizable — etcd's default, like dpukv's reads,
+//!   which the primary serves; a linearizable etcd read asks the leader for a read index;
+//! - insert and update: `Put`;
+//! - scan of n records from a key: `Range [key, 0xff...)` with `limit n` (`with_range` +
+//!   `with_limit`), the same bounds as dpukv's scan;
+//! - floor scan (cloud workload): one `Txn` of two ranges, the largest key `<= key` (a range
+//!   from `\0` sorted descending with limit 1 — etcd 3.4 reads that whole range to sort it, so
+//!   this is slow on a large store) and up to n keys after it;
+//! - fetch_add: a `Range` of the key, then a compare-and-swap `Txn` (`mod_revision(key) == r`
+//!   then `Put` of the value + 1, else `Range` of the key to retry with what it returned), values
+//!   8-byte little-endian like dpukv's counters: two calls, more on a contended key;
+//! - loading: one `Txn` of 64 puts (etcd allows 128 operations per txn by default).
+//!
+//! `etcd://` takes one endpoint or a comma-separated list (the client balances requests over
+//! them). Without the `etcd` feature the binary has no etcd driver and `--target etcd://` fails
+//! saying so; `cargo build --workspace` enables it (through `dpukv-e2e`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,12 +71,13 @@ use dpukv_client::proto::WriteOp;
 use dpukv_client::workload::{Chooser, Histogram, Kind, Rng, Workload, key, value};
 
 #[derive(Parser, Clone)]
-#[command(name = "dpukv-bench", about = "YCSB and cloud-storage workloads against dpukv or Redis")]
+#[command(name = "dpukv-bench", about = "YCSB and cloud-storage workloads against dpukv, Redis or etcd")]
 struct Args {
     /// dpukv endpoint (device or gateway).
     #[arg(long, default_value = "127.0.0.1:7070")]
     endpoint: String,
-    /// Run against another system instead: redis://HOST:PORT.
+    /// Run against another system instead: redis://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]
+    /// (etcd needs the cargo feature `etcd`).
     #[arg(long)]
     target: Option<String>,
     /// Workload: a, b, c, d, e, f, cloud, counter.
@@ -97,7 +121,8 @@ struct Args {
     client_threads: usize,
 }
 
-/// Records per load request (one atomic batch for dpukv, one script call for Redis).
+/// Records per load request (one atomic batch for dpukv, one script call for Redis, one txn for
+/// etcd).
 const LOAD_BATCH: u64 = 64;
 
 /// One connection to the system under test, shared by the streams of one worker.
@@ -105,21 +130,31 @@ const LOAD_BATCH: u64 = 64;
 enum Engine {
     Dpukv(Client),
     Redis(redis::Conn),
+    Etcd(etcd::Conn),
 }
 
 impl Engine {
     async fn connect(a: &Args) -> Result<Engine> {
         Ok(match &a.target {
             None => Engine::Dpukv(Client::connect(&a.endpoint, 1).await.context("connecting to dpukv")?),
-            Some(t) => match t.strip_prefix("redis://") {
-                Some(addr) => Engine::Redis(redis::Conn::connect(addr).await?),
-                None => bail!("--target takes redis://HOST:PORT"),
-            },
+            Some(t) => {
+                if let Some(addr) = t.strip_prefix("redis://") {
+                    Engine::Redis(redis::Conn::connect(addr).await?)
+                } else if let Some(addrs) = t.strip_prefix("etcd://") {
+                    Engine::Etcd(etcd::Conn::connect(addrs).await?)
+                } else {
+                    bail!("--target takes redis://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]")
+                }
+            }
         })
     }
 
     fn name(a: &Args) -> &'static str {
-        if a.target.is_some() { "redis" } else { "dpukv" }
+        match a.target.as_deref() {
+            None => "dpukv",
+            Some(t) if t.starts_with("etcd://") => "etcd",
+            Some(_) => "redis",
+        }
     }
 
     async fn read(&self, key: Vec<u8>) -> Result<()> {
@@ -130,6 +165,7 @@ impl Engine {
             Engine::Redis(r) => {
                 r.call(redis::Cmd::Get(key)).await?;
             }
+            Engine::Etcd(e) => e.get(key).await?,
         }
         Ok(())
     }
@@ -143,6 +179,7 @@ impl Engine {
             Engine::Redis(r) => {
                 r.call(redis::Cmd::Upsert(key, value)).await?;
             }
+            Engine::Etcd(e) => e.put(key, value).await?,
         }
         Ok(())
     }
@@ -154,6 +191,8 @@ impl Engine {
             Engine::Dpukv(c) => c.scan(&start, &[0xff; 64], n as usize).await?,
             Engine::Redis(r) if floor => redis::floor_records(r.call(redis::Cmd::FloorScan(start, n)).await?, n)?,
             Engine::Redis(r) => redis::records(r.call(redis::Cmd::Scan(start, n)).await?)?,
+            Engine::Etcd(e) if floor => e.floor_scan(start, n).await?,
+            Engine::Etcd(e) => e.scan(start, n).await?,
         })
     }
 
@@ -164,6 +203,9 @@ impl Engine {
             }
             Engine::Redis(r) => {
                 r.call(redis::Cmd::IncrBy(key, 1)).await?;
+            }
+            Engine::Etcd(e) => {
+                e.fetch_add(key, 1).await?;
             }
         }
         Ok(())
@@ -178,6 +220,7 @@ impl Engine {
             Engine::Redis(r) => {
                 r.call(redis::Cmd::UpsertMany(records)).await?;
             }
+            Engine::Etcd(e) => e.put_many(records).await?,
         }
         Ok(())
     }
@@ -371,6 +414,163 @@ async fn run(a: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The etcd driver: the operations of the bench on etcd's KV service (the mapping is in the
+/// documentation at the top of this file).
+#[cfg(feature = "etcd")]
+mod etcd {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use anyhow::{Context, Result, anyhow};
+    use etcd_client::{
+        Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, SortOrder, SortTarget, Txn, TxnOp,
+        TxnOpResponse,
+    };
+
+    /// The end of every scan (exclusive), as dpukv's scans use.
+    const SCAN_END: [u8; 64] = [0xff; 64];
+    /// Deadline of one call, and of connecting.
+    const TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// One `etcd_client::Client` (an HTTP/2 connection per endpoint, shared by concurrent calls;
+    /// each call clones the KV service's handle).
+    #[derive(Clone)]
+    pub struct Conn(Arc<Inner>);
+
+    struct Inner {
+        kv: KvClient,
+        /// Keeps the client's endpoint list (the balanced channel's discovery) alive.
+        _client: Client,
+    }
+
+    fn pairs(kvs: &[etcd_client::KeyValue]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        kvs.iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())).collect()
+    }
+
+    impl Conn {
+        /// Connects to `HOST:PORT[,HOST:PORT...]` and reads once, so an unreachable etcd is an
+        /// error here.
+        pub async fn connect(addrs: &str) -> Result<Conn> {
+            let endpoints: Vec<String> = addrs.split(',').map(|a| format!("http://{}", a.trim())).collect();
+            let opts = ConnectOptions::new().with_timeout(TIMEOUT).with_connect_timeout(TIMEOUT);
+            let client = Client::connect(&endpoints, Some(opts))
+                .await
+                .with_context(|| format!("connecting to etcd at {addrs}"))?;
+            let conn = Conn(Arc::new(Inner { kv: client.kv_client(), _client: client }));
+            conn.get(b"dpukv-bench-probe".to_vec()).await.with_context(|| format!("reading from etcd at {addrs}"))?;
+            Ok(conn)
+        }
+
+        pub async fn get(&self, key: Vec<u8>) -> Result<()> {
+            self.0.kv.clone().get(key, None).await?;
+            Ok(())
+        }
+
+        pub async fn put(&self, key: Vec<u8>, value: Vec<u8>) -> Result<()> {
+            self.0.kv.clone().put(key, value, None).await?;
+            Ok(())
+        }
+
+        /// Puts every record in one txn (etcd refuses a txn that names a key twice).
+        pub async fn put_many(&self, records: Vec<(Vec<u8>, Vec<u8>)>) -> Result<()> {
+            let ops: Vec<TxnOp> = records.into_iter().map(|(k, v)| TxnOp::put(k, v, None)).collect();
+            self.0.kv.clone().txn(Txn::new().and_then(ops)).await?;
+            Ok(())
+        }
+
+        /// Up to `n` records from the first key `>= start`.
+        pub async fn scan(&self, start: Vec<u8>, n: u32) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+            let opts = GetOptions::new().with_range(SCAN_END).with_limit(i64::from(n));
+            Ok(pairs(self.0.kv.clone().get(start, Some(opts)).await?.kvs()))
+        }
+
+        /// The largest record `<= start` and up to `n` after it, at most `n` in all, in one txn.
+        pub async fn floor_scan(&self, start: Vec<u8>, n: u32) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+            let after = [&start[..], b"\0"].concat();
+            let floor = GetOptions::new().with_range(after.clone()).with_sort(SortTarget::Key, SortOrder::Descend);
+            let txn = Txn::new().and_then([
+                TxnOp::get(vec![0u8], Some(floor.with_limit(1))),
+                TxnOp::get(after, Some(GetOptions::new().with_range(SCAN_END).with_limit(i64::from(n)))),
+            ]);
+            let mut out = Vec::new();
+            for r in self.0.kv.clone().txn(txn).await?.op_responses() {
+                let TxnOpResponse::Get(g) = r else { return Err(anyhow!("etcd answered a range with {r:?}")) };
+                out.extend(pairs(g.kvs()));
+            }
+            out.truncate(n as usize);
+            Ok(out)
+        }
+
+        /// Adds `delta` to the 8-byte little-endian counter at `key` (absent: 0) by
+        /// compare-and-swap on its mod revision; returns the old value.
+        pub async fn fetch_add(&self, key: Vec<u8>, delta: u64) -> Result<u64> {
+            let mut kv = self.0.kv.clone();
+            let counter =
+                |v: &[u8]| v.try_into().map(u64::from_le_bytes).map_err(|_| anyhow!("a counter of {} bytes", v.len()));
+            // An absent key has mod revision 0 in etcd's compares.
+            let (mut old, mut rev) = match kv.get(key.clone(), None).await?.kvs().first() {
+                Some(found) => (counter(found.value())?, found.mod_revision()),
+                None => (0, 0),
+            };
+            loop {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
+                    .and_then([TxnOp::put(key.clone(), old.wrapping_add(delta).to_le_bytes(), None)])
+                    .or_else([TxnOp::get(key.clone(), None)]);
+                let r = kv.txn(txn).await?;
+                if r.succeeded() {
+                    return Ok(old);
+                }
+                (old, rev) = match r.op_responses().first() {
+                    Some(TxnOpResponse::Get(g)) => match g.kvs().first() {
+                        Some(found) => (counter(found.value())?, found.mod_revision()),
+                        None => (0, 0),
+                    },
+                    other => return Err(anyhow!("etcd answered a failed compare with {other:?}")),
+                };
+            }
+        }
+    }
+}
+
+/// Without the `etcd` feature: no driver, and connecting says why.
+#[cfg(not(feature = "etcd"))]
+mod etcd {
+    use anyhow::{Result, bail};
+
+    /// No value of this type exists.
+    #[derive(Clone)]
+    pub enum Conn {}
+
+    type Records = Vec<(Vec<u8>, Vec<u8>)>;
+
+    impl Conn {
+        pub async fn connect(_addrs: &str) -> Result<Conn> {
+            bail!(
+                "this dpukv-bench was built without the `etcd` feature; rebuild with `cargo build --release -p dpukv-client --features etcd` (or `cargo build --release --workspace`)"
+            )
+        }
+        pub async fn get(&self, _key: Vec<u8>) -> Result<()> {
+            match *self {}
+        }
+        pub async fn put(&self, _key: Vec<u8>, _value: Vec<u8>) -> Result<()> {
+            match *self {}
+        }
+        pub async fn put_many(&self, _records: Records) -> Result<()> {
+            match *self {}
+        }
+        pub async fn scan(&self, _start: Vec<u8>, _n: u32) -> Result<Records> {
+            match *self {}
+        }
+        pub async fn floor_scan(&self, _start: Vec<u8>, _n: u32) -> Result<Records> {
+            match *self {}
+        }
+        pub async fn fetch_add(&self, _key: Vec<u8>, _delta: u64) -> Result<u64> {
+            match *self {}
+        }
+    }
 }
 
 /// A pipelined RESP client with the structure of `dpukv_client`'s connection, and the commands
