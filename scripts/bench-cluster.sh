@@ -18,7 +18,7 @@ run() {
   dir=$(mktemp -d /tmp/dpukv-bench.XXXXXX)
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   ep="127.0.0.1:$port"
-  $BIN/dpukv local --dir "$dir" --listen "$ep" --nodes 3 --replication "$rf" --split-keys user3,user6 2>/dev/null &
+  $BIN/dpukv local --dir "$dir" --listen "$ep" --nodes 3 --replication "$rf" --split-keys user033,user066 2>/dev/null &
   local pid=$!
   for _ in $(seq 1 600); do
     if $BIN/dpukv --endpoint "$ep" regions 2>/dev/null | awk -F'\t' -v rf="$rf" '$4 == 0 || (rf > 1 && split($5, b, ",") != rf - 1) {bad=1} END {exit bad || NR != 3}'; then

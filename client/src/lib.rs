@@ -293,9 +293,64 @@ impl Client {
         Ok(self.call(Op::Delete { key: key.to_vec() }).await?.1)
     }
 
-    /// Writes applied atomically.
+    /// Writes applied atomically. They must all fall in one region (a node answers
+    /// `wrong_region` otherwise); [`Client::batch_across_regions`] splits them instead.
     pub async fn batch(&self, ops: Vec<WriteOp>) -> Result<u64> {
+        // Refused at once rather than retried as if the map were stale.
+        if self.regions_of(&ops).await?.len() > 1 {
+            return Err(ClientError::Server(dpukv_proto::ErrorReply {
+                code: ErrorCode::WrongRegion,
+                message: "a batch must stay within one region (batch_across_regions splits it)".into(),
+            }));
+        }
         Ok(self.call(Op::Batch { ops }).await?.1)
+    }
+
+    /// The regions (ids, by the map in use) that `ops` fall in.
+    async fn regions_of(&self, ops: &[WriteOp]) -> Result<std::collections::BTreeSet<u32>> {
+        let map = match self.router.map() {
+            Some(m) => m,
+            None => self.router.refresh(self.retry.attempt_timeout).await?,
+        };
+        Ok(ops.iter().map(|op| map.region_of(op.key()).map_or(0, |r| r.id)).collect())
+    }
+
+    /// Writes `ops` split by region: each region's share is one atomic batch (in the order
+    /// given), the shares go concurrently, and the whole is **not** atomic across regions — if
+    /// one share fails, others may have been applied (each is retried exactly once as usual).
+    /// Returns the newest version, or the first error.
+    pub async fn batch_across_regions(&self, ops: Vec<WriteOp>) -> Result<u64> {
+        if self.regions_of(&ops).await?.len() <= 1 {
+            return self.batch(ops).await;
+        }
+        let map = self.router.map().ok_or_else(|| ClientError::Io(std::io::Error::other("no region map")))?;
+        let mut shares: std::collections::BTreeMap<u32, Vec<WriteOp>> = std::collections::BTreeMap::new();
+        for op in ops {
+            let region = map.region_of(op.key()).map_or(0, |r| r.id);
+            shares.entry(region).or_default().push(op);
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for share in shares.into_values() {
+            let c = self.clone();
+            tasks.spawn(async move { c.batch(share).await });
+        }
+        let mut newest = 0;
+        let mut first_err = None;
+        while let Some(r) = tasks.join_next().await {
+            match r {
+                Ok(Ok(v)) => newest = newest.max(v),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(ClientError::Io(std::io::Error::other(e.to_string())));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(newest),
+        }
     }
 
     /// Up to `limit` items with keys in `[lo, hi]`, following continuation tokens.

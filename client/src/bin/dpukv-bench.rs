@@ -211,11 +211,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes `records` in one request.
+    /// Writes `records` in one request (dpukv: one atomic batch per region they fall in).
     async fn load(&self, records: Vec<(Vec<u8>, Vec<u8>)>) -> Result<()> {
         match self {
             Engine::Dpukv(c) => {
-                c.batch(records.into_iter().map(|(key, value)| WriteOp::Put { key, value }).collect()).await?;
+                c.batch_across_regions(records.into_iter().map(|(key, value)| WriteOp::Put { key, value }).collect())
+                    .await?;
             }
             Engine::Redis(r) => {
                 r.call(redis::Cmd::UpsertMany(records)).await?;

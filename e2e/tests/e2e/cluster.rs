@@ -372,6 +372,18 @@ async fn the_client_routes_scans_across_regions_and_survives_a_failover_exactly_
             .await
             .unwrap_or_else(|e| panic!("put {i}: {e}\n{}", logs(&nodes)));
     }
+    // A batch over all three regions: refused whole, or split into one atomic batch per region.
+    let spread: Vec<dpukv_proto::WriteOp> = ["b", "i", "r"]
+        .iter()
+        .map(|p| dpukv_proto::WriteOp::Put { key: format!("{p}-batch").into_bytes(), value: b"x".to_vec() })
+        .collect();
+    let refused = c.batch(spread.clone()).await.expect_err("a batch spans regions");
+    assert_eq!(refused.code(), Some(dpukv_proto::ErrorCode::WrongRegion), "{refused}");
+    c.batch_across_regions(spread).await.expect("split by region");
+    for p in ["b", "i", "r"] {
+        assert_eq!(c.get(format!("{p}-batch").as_bytes()).await.expect("get"), Some(b"x".to_vec()));
+        c.delete(format!("{p}-batch").as_bytes()).await.expect("delete");
+    }
     let all = c.scan(b"", b"", 10_000).await.expect("scan");
     let mut want: Vec<Vec<u8>> = (0..300).map(|i| key(i).into_bytes()).collect();
     want.sort();
