@@ -150,6 +150,30 @@ async fn client_with(addr: String, id: u64, h: History, run: Run, atomics: bool,
     }
 }
 
+/// One region with a primary and two in-sync backups (nobody joining).
+fn full(m: &dpukv_client::proto::regionmap::RegionMap) -> bool {
+    m.regions.len() == 1
+        && m.regions[0].primary != 0
+        && m.regions[0].backups.len() == 2
+        && m.regions[0].joining.is_empty()
+}
+
+/// Six clients retrying through the library (see [`client_with`]), seeded at the nodes' devices
+/// in turn, recording into `h` until `run` stops.
+fn spawn_retrying_clients(
+    rt: &tokio::runtime::Runtime,
+    nodes: &[dpukv_e2e::cluster::ClusterNode],
+    h: &History,
+    run: &Run,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..6u64)
+        .map(|i| {
+            let seed = nodes[i as usize % nodes.len()].device.clone();
+            rt.spawn(client_with(seed, i, h.clone(), run.clone(), false, true))
+        })
+        .collect()
+}
+
 fn write_op(op: &Op) -> Option<KeyOp> {
     Some(match op {
         Op::Put { value, .. } => KeyOp::Put(value.clone()),
@@ -437,7 +461,7 @@ fn scans_see_atomic_batches() {
 /// (the region's read gate, docs/cluster.md §5).
 #[test]
 fn linearizable_across_primary_failovers() {
-    use dpukv_e2e::cluster::{ClusterNode, wait_for_map};
+    use dpukv_e2e::cluster::{ClusterNode, must_see_map};
     let iterations: u64 = std::env::var("DPUKV_FAILOVER_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
     if iterations == 0 {
         return;
@@ -446,41 +470,18 @@ fn linearizable_across_primary_failovers() {
     let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
     let mut nodes: Vec<ClusterNode> =
         (1..=3).map(|id| ClusterNode::start(id, "lin", &etcd.url(), &args).expect("node")).collect();
-    let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let full = |m: &dpukv_client::proto::regionmap::RegionMap| {
-        m.regions.len() == 1
-            && m.regions[0].primary != 0
-            && m.regions[0].backups.len() == 2
-            && m.regions[0].joining.is_empty()
-    };
-    {
-        let all: Vec<&ClusterNode> = nodes.iter().collect();
-        rt.block_on(wait_for_map(&all, Duration::from_secs(60), full))
-            .unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
-    }
-    let h = History::default();
-    let run = Run::default();
-    let seeds: Vec<String> = nodes.iter().map(|n| n.device.clone()).collect();
-    let tasks: Vec<_> = (0..6u64)
-        .map(|i| rt.spawn(client_with(seeds[i as usize % 3].clone(), i, h.clone(), run.clone(), false, true)))
-        .collect();
-    for it in 0..iterations {
+    rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+    let (h, run) = (History::default(), Run::default());
+    let tasks = spawn_retrying_clients(&rt, &nodes, &h, &run);
+    for _ in 0..iterations {
         std::thread::sleep(Duration::from_millis(300));
-        let map = {
-            let all: Vec<&ClusterNode> = nodes.iter().collect();
-            rt.block_on(wait_for_map(&all, Duration::from_secs(120), full))
-                .unwrap_or_else(|e| panic!("iteration {it}: {e}\n{}", logs(&nodes)))
-        };
+        let map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), full));
         let (p, epoch) = (map.regions[0].primary, map.regions[0].epoch);
         nodes[p as usize - 1].kill();
-        {
-            let live: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != p).collect();
-            let promoted =
-                |m: &dpukv_client::proto::regionmap::RegionMap| m.regions[0].primary != p && m.regions[0].epoch > epoch;
-            rt.block_on(wait_for_map(&live, Duration::from_secs(60), promoted))
-                .unwrap_or_else(|e| panic!("iteration {it}: {e}\n{}", logs(&nodes)));
-        }
+        let promoted =
+            |m: &dpukv_client::proto::regionmap::RegionMap| m.regions[0].primary != p && m.regions[0].epoch > epoch;
+        rt.block_on(must_see_map(&nodes, |n| n.id != p, Duration::from_secs(60), promoted));
         run.restarts.fetch_add(1, Ordering::Relaxed);
         nodes[p as usize - 1].resume().expect("resume");
     }
@@ -524,19 +525,9 @@ fn linearizable_across_partitions_of_the_primary() {
         })
         .collect();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let full = |m: &dpukv_client::proto::regionmap::RegionMap| {
-        m.regions.len() == 1
-            && m.regions[0].primary != 0
-            && m.regions[0].backups.len() == 2
-            && m.regions[0].joining.is_empty()
-    };
     rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
-    let h = History::default();
-    let run = Run::default();
-    let seeds: Vec<String> = nodes.iter().map(|n| n.device.clone()).collect();
-    let tasks: Vec<_> = (0..6u64)
-        .map(|i| rt.spawn(client_with(seeds[i as usize % 3].clone(), i, h.clone(), run.clone(), false, true)))
-        .collect();
+    let (h, run) = (History::default(), Run::default());
+    let tasks = spawn_retrying_clients(&rt, &nodes, &h, &run);
     for it in 0..iterations {
         std::thread::sleep(Duration::from_millis(300));
         let map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), full));
