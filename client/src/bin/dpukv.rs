@@ -554,8 +554,8 @@ async fn local(
     Ok(0)
 }
 
-/// A child process kept running (see [`local`]). [`Supervised::supervise`] may be cancelled at
-/// any await (the other process's turn): its state says where it was.
+/// A child process kept running (see [`local`]). [`Supervised::poll`] never blocks: it looks at
+/// the process and restarts it when due; its state says where it is.
 struct Supervised {
     name: String,
     cmd: tokio::process::Command,
