@@ -296,23 +296,29 @@ impl Client {
     /// Writes applied atomically. They must all fall in one region (a node answers
     /// `wrong_region` otherwise); [`Client::batch_across_regions`] splits them instead.
     pub async fn batch(&self, ops: Vec<WriteOp>) -> Result<u64> {
-        // Refused at once rather than retried as if the map were stale.
-        if self.regions_of(&ops).await?.len() > 1 {
+        let mut shares = self.by_region(ops).await?;
+        if shares.len() > 1 {
+            // Refused at once rather than retried as if the map were stale.
             return Err(ClientError::Server(dpukv_proto::ErrorReply {
                 code: ErrorCode::WrongRegion,
                 message: "a batch must stay within one region (batch_across_regions splits it)".into(),
             }));
         }
+        let ops = shares.pop_first().map(|(_, ops)| ops).unwrap_or_default();
         Ok(self.call(Op::Batch { ops }).await?.1)
     }
 
-    /// The regions (ids, by the map in use) that `ops` fall in.
-    async fn regions_of(&self, ops: &[WriteOp]) -> Result<std::collections::BTreeSet<u32>> {
+    /// `ops` grouped by region (ids, by the map in use), each group in the order given.
+    async fn by_region(&self, ops: Vec<WriteOp>) -> Result<std::collections::BTreeMap<u32, Vec<WriteOp>>> {
         let map = match self.router.map() {
             Some(m) => m,
             None => self.router.refresh(self.retry.attempt_timeout).await?,
         };
-        Ok(ops.iter().map(|op| map.region_of(op.key()).map_or(0, |r| r.id)).collect())
+        let mut shares: std::collections::BTreeMap<u32, Vec<WriteOp>> = std::collections::BTreeMap::new();
+        for op in ops {
+            shares.entry(map.region_of(op.key()).map_or(0, |r| r.id)).or_default().push(op);
+        }
+        Ok(shares)
     }
 
     /// Writes `ops` split by region: each region's share is one atomic batch (in the order
@@ -320,19 +326,10 @@ impl Client {
     /// one share fails, others may have been applied (each is retried exactly once as usual).
     /// Returns the newest version, or the first error.
     pub async fn batch_across_regions(&self, ops: Vec<WriteOp>) -> Result<u64> {
-        if self.regions_of(&ops).await?.len() <= 1 {
-            return self.batch(ops).await;
-        }
-        let map = self.router.map().ok_or_else(|| ClientError::Io(std::io::Error::other("no region map")))?;
-        let mut shares: std::collections::BTreeMap<u32, Vec<WriteOp>> = std::collections::BTreeMap::new();
-        for op in ops {
-            let region = map.region_of(op.key()).map_or(0, |r| r.id);
-            shares.entry(region).or_default().push(op);
-        }
         let mut tasks = tokio::task::JoinSet::new();
-        for share in shares.into_values() {
+        for share in self.by_region(ops).await?.into_values() {
             let c = self.clone();
-            tasks.spawn(async move { c.batch(share).await });
+            tasks.spawn(async move { Ok::<u64, ClientError>(c.call(Op::Batch { ops: share }).await?.1) });
         }
         let mut newest = 0;
         let mut first_err = None;

@@ -71,9 +71,14 @@ impl AckState {
     /// Readers see what every required backup holds (everything, with none required).
     fn show(&self) {
         if let Some(g) = &self.gate {
-            let bound = self.required.iter().map(|n| self.held.get(n).copied().unwrap_or(Lsn(0))).min();
-            g.set_bound(bound.unwrap_or(Lsn(u64::MAX)));
+            g.set_bound(self.held_by_all().unwrap_or(Lsn(0)));
         }
+    }
+
+    /// What every required backup holds: the smallest of their positions (everything, with none
+    /// required); None while one of them has not said.
+    fn held_by_all(&self) -> Option<Lsn> {
+        self.required.iter().try_fold(Lsn(u64::MAX), |least, n| self.held.get(n).map(|h| least.min(*h)))
     }
 }
 
@@ -162,8 +167,7 @@ impl Acks {
 
     /// Whether every required backup holds the log up to `upto`.
     pub fn holds(&self, upto: Lsn) -> bool {
-        let st = lock(&self.st);
-        st.required.iter().all(|n| st.held.get(n).is_some_and(|h| *h >= upto))
+        lock(&self.st).held_by_all().is_some_and(|h| h >= upto)
     }
 
     /// What `node` holds.
@@ -183,14 +187,13 @@ impl Acks {
             if st.epoch != epoch {
                 return Err(AckError::EpochChanged);
             }
-            let missing: Vec<u32> =
-                st.required.iter().copied().filter(|n| st.held.get(n).is_none_or(|h| *h < end)).collect();
-            if missing.is_empty() {
+            if st.held_by_all().is_some_and(|h| h >= end) {
                 return Ok(());
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(AckError::Timeout(missing));
+                let missing = st.required.iter().copied().filter(|n| st.held.get(n).is_none_or(|h| *h < end));
+                return Err(AckError::Timeout(missing.collect()));
             }
             st = self.cv.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         }
@@ -573,9 +576,10 @@ fn send_session(
                             Some(e) => {
                                 let m = export_msg(region, epoch, &e);
                                 write_msg(&mut s, &m)?;
-                                cfg.stats.index_bytes_shipped.fetch_add(index_bytes(&m), Ordering::Relaxed);
+                                let n = index_bytes(&m);
+                                cfg.stats.index_bytes_shipped.fetch_add(n, Ordering::Relaxed);
                                 cfg.stats.whole_index_shipments.fetch_add(1, Ordering::Relaxed);
-                                pacer.sent(index_bytes(&m), true);
+                                pacer.sent(n, true);
                                 shipped_generation = e.manifest.generation;
                             }
                             None => acks.set_installed(cfg.backup, true),
