@@ -194,19 +194,14 @@ pub async fn must_elect_one_leader<S: MetaStore>(s: &S, name: &[u8], ttl: Durati
 /// only after the crashed node's authority had run out (the fencing rule), then a replacement
 /// is not possible (three nodes) so the region runs with two copies. `ttl` is the node lease TTL.
 pub async fn must_fail_over<S: MetaStore>(s: &S, cluster: &str, ttl: Duration) {
-    use crate::keys::{BackupIndex, ClusterConfig, Keys};
+    use crate::keys::{ClusterConfig, Keys};
     use crate::master;
     use crate::membership::{Timing, register};
     use dpukv_proto::regionmap::NodeInfo;
     use tokio_util::sync::CancellationToken;
 
     let keys = Keys::new(cluster).expect("name");
-    let config = ClusterConfig {
-        replication: 3,
-        split_keys: vec![b"g".to_vec(), b"p".to_vec()],
-        backup_index: BackupIndex::Send,
-        max_moves: 2,
-    };
+    let config = ClusterConfig::new(3, vec![b"g".to_vec(), b"p".to_vec()]);
     master::bootstrap_config(s, &keys, &config).await.expect("config");
     let timing = Timing { ttl, drift: 0.01, margin: Duration::from_millis(50) };
     let cancel = CancellationToken::new();

@@ -19,6 +19,8 @@
 //!   fenced transaction.
 //! - [`placement`]: where replicas go — the first layout, and the master's next changes after
 //!   failures, joins, drains and catch-ups (pure functions, model-tested).
+//! - [`handoff`]: splits and merges — when the master starts one and how it commits or aborts
+//!   (pure functions, tested on the map they leave).
 //! - [`conformance`]: the behaviour every store must show, run against each implementation.
 //!
 //! Invariants every implementation keeps: revisions only grow and every change has its own; a
@@ -29,6 +31,7 @@
 pub mod conformance;
 pub mod election;
 pub mod etcd;
+pub mod handoff;
 pub mod keys;
 pub mod master;
 pub mod mem;

@@ -15,9 +15,13 @@ use dpukv_proto::regionmap::{NodeInfo, RegionInfo, RegionMap};
 use tokio_util::sync::CancellationToken;
 
 use crate::election::{Leadership, campaign};
+use crate::handoff::{self, HandoffFacts, RegionLoad, Running, Step, Thresholds};
 use crate::keys::{ClusterConfig, Keys, id_of};
 use crate::meta::{Compare, KeyValue, LeaseId, MetaError, MetaStore, Result, Revision, Txn, TxnOp};
 use crate::placement::{self, Change, Facts, Policy};
+
+/// A split or merge running longer than this is aborted (its source serves the range again).
+pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The cluster as read at one revision.
 #[derive(Debug, Clone)]
@@ -30,6 +34,8 @@ pub struct Snapshot {
     pub config: Option<ClusterConfig>,
     /// Drains, catch-ups.
     pub facts: Facts,
+    /// Splits and merges: running, reported, requested; regions' loads.
+    pub handoffs: HandoffFacts,
 }
 
 fn decode_all<T>(
@@ -71,6 +77,40 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
             facts.caught_up.insert((r as u32, n as u32, epoch));
         }
     }
+    let mut handoffs = HandoffFacts::default();
+    for kv in under(keys.handoffs()) {
+        let h = dpukv_proto::regionmap::Handoff::decode(&kv.value)
+            .map_err(|e| MetaError::Invalid(format!("{}: {e}", String::from_utf8_lossy(&kv.key))))?;
+        handoffs.running.push(Running { handoff: h, create: kv.create_revision, modrev: kv.mod_revision });
+    }
+    facts.frozen = handoff::frozen(&handoffs);
+    let num = |b: &[u8]| std::str::from_utf8(b).ok().and_then(|s| s.parse::<i64>().ok());
+    for kv in under(keys.handoffs_done()) {
+        if let (Some(id), Some(create)) = (id_of(&kv.key, &keys.handoffs_done()), num(&kv.value)) {
+            handoffs.done.insert(id, create);
+        }
+    }
+    for kv in under(keys.region_stats()) {
+        if let (Some(id), Some(load)) = (id_of(&kv.key, &keys.region_stats()), RegionLoad::decode(&kv.value)) {
+            handoffs.load.insert(id, load);
+        }
+    }
+    for kv in under(keys.split_requests()) {
+        if let Some(id) = id_of(&kv.key, &keys.split_requests()) {
+            handoffs.split_requests.insert(id, kv.value.clone());
+        }
+    }
+    for kv in under(keys.merge_requests()) {
+        if let Some(id) = id_of(&kv.key, &keys.merge_requests()) {
+            handoffs.merge_requests.insert(id);
+        }
+    }
+    if let Some(kv) = kvs.iter().find(|kv| kv.key == keys.last_region_id())
+        && let Some(id) = num(&kv.value)
+    {
+        handoffs.last_region_id = Some((id as u32, kv.mod_revision));
+    }
+    facts.pinned = handoff::pinned(&regions, &handoffs);
     // The master: the election candidate with the oldest key.
     let mut candidates = keys.master();
     candidates.push(b'/');
@@ -79,7 +119,13 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
         .min_by_key(|kv| kv.create_revision)
         .and_then(|kv| NodeInfo::decode(&kv.value).ok())
         .map_or(0, |n| n.id);
-    Ok(Snapshot { map: RegionMap { revision: revision as u64, master, regions, nodes }, region_revs, config, facts })
+    Ok(Snapshot {
+        map: RegionMap { revision: revision as u64, master, regions, nodes },
+        region_revs,
+        config,
+        facts,
+        handoffs,
+    })
 }
 
 /// Writes the configuration if none is written yet; returns the one in force.
@@ -94,16 +140,32 @@ pub async fn bootstrap_config<S: MetaStore>(s: &S, keys: &Keys, config: &Cluster
     ClusterConfig::decode(&kv.value)
 }
 
-/// One round: lays the regions out if there are none (and enough nodes), else applies the
-/// planned changes. Returns the changes applied.
-pub async fn round<S: MetaStore>(s: &S, keys: &Keys, fence: &Compare) -> Result<Vec<Change>> {
+/// What a round changed.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Split and merge steps taken.
+    pub handoff_steps: usize,
+    /// Placement changes applied.
+    pub changes: Vec<Change>,
+}
+
+impl Applied {
+    /// Whether the round changed nothing.
+    pub fn is_empty(&self) -> bool {
+        self.handoff_steps == 0 && self.changes.is_empty()
+    }
+}
+
+/// One round: lays the regions out if there are none (and enough nodes), else takes the split
+/// and merge steps due and, if there were none, applies the planned placement changes.
+pub async fn round<S: MetaStore>(s: &S, keys: &Keys, fence: &Compare) -> Result<Applied> {
     let snap = read(s, keys).await?;
-    let Some(config) = snap.config else { return Ok(vec![]) };
+    let Some(config) = snap.config else { return Ok(Applied::default()) };
     if snap.map.regions.is_empty() {
         let mut nodes = snap.map.nodes.clone();
         nodes.sort_by_key(|n| n.id);
         let Ok(regions) = placement::initial(&nodes, &config.split_keys, config.replication) else {
-            return Ok(vec![]); // wait for enough nodes
+            return Ok(Applied::default()); // wait for enough nodes
         };
         let mut when = vec![fence.clone()];
         when.extend(regions.iter().map(|r| Compare::Absent(keys.region(r.id))));
@@ -113,13 +175,37 @@ pub async fn round<S: MetaStore>(s: &S, keys: &Keys, fence: &Compare) -> Result<
         if t.succeeded {
             tracing::info!(regions = regions.len(), nodes = nodes.len(), "laid out the regions");
         }
-        return Ok(vec![]);
+        return Ok(Applied::default());
+    }
+    let rev_of = |id: u32| snap.region_revs.iter().find(|(r, _)| *r == id).map(|(_, r)| *r).unwrap_or(0);
+    // Splits and merges first: an abort unfreezes a region placement must then heal.
+    let live = snap.map.nodes.iter().map(|n| n.id).collect();
+    let thresholds = Thresholds {
+        split_bytes: config.split_bytes,
+        split_writes_per_sec: config.split_writes_per_sec,
+        merge_bytes: config.merge_bytes,
+        max_running: config.max_moves.max(1),
+        timeout_ms: HANDOFF_TIMEOUT.as_millis() as u64,
+    };
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let steps = handoff::plan(&snap.map.regions, &live, &snap.handoffs, thresholds, now_ms);
+    let mut handed = false;
+    for step in steps {
+        let txn = handoff_txn(keys, fence, &step, &rev_of, &snap.handoffs);
+        if s.txn(txn).await?.succeeded {
+            tracing::info!(step = ?step, "split/merge step");
+            handed = true;
+        }
+    }
+    if handed {
+        // Placement plans from the map these steps left (the caller runs a round again at once).
+        return Ok(Applied { handoff_steps: 1, changes: vec![] });
     }
     let policy = Policy { replication: config.replication, max_moves: config.max_moves };
     let changes = placement::plan(&snap.map.regions, &snap.map.nodes, &snap.facts, policy);
     let mut applied = Vec::new();
     for c in changes {
-        let rev = snap.region_revs.iter().find(|(id, _)| *id == c.region.id).map(|(_, r)| *r).unwrap_or(0);
+        let rev = rev_of(c.region.id);
         let key = keys.region(c.region.id);
         let t = s
             .txn(Txn {
@@ -134,7 +220,77 @@ pub async fn round<S: MetaStore>(s: &S, keys: &Keys, fence: &Compare) -> Result<
             applied.push(c);
         }
     }
-    Ok(applied)
+    Ok(Applied { handoff_steps: 0, changes: applied })
+}
+
+/// The transaction of one handoff step: fenced, and compared against what the step was planned
+/// from (the regions' and the handoff's mod revisions), so a stale plan changes nothing.
+fn handoff_txn(keys: &Keys, fence: &Compare, step: &Step, rev_of: &dyn Fn(u32) -> Revision, f: &HandoffFacts) -> Txn {
+    let put = |r: &RegionInfo| TxnOp::Put { key: keys.region(r.id), value: r.encode(), lease: None };
+    let request_key = |r: &handoff::Request| match r {
+        handoff::Request::Split(id) => keys.split_request(*id),
+        handoff::Request::Merge(id) => keys.merge_request(*id),
+    };
+    let mut when = vec![fence.clone()];
+    let mut then = Vec::new();
+    match step {
+        Step::Start { handoff, source, was, request } => {
+            when.push(Compare::ModRevision(keys.region(*was), rev_of(*was)));
+            when.push(Compare::Absent(keys.handoff(handoff.source)));
+            then.push(put(source));
+            then.push(TxnOp::Put { key: keys.handoff(handoff.source), value: handoff.encode(), lease: None });
+            if handoff.kind == dpukv_proto::regionmap::HandoffKind::Split {
+                when.push(Compare::Absent(keys.region(handoff.target)));
+                when.push(match f.last_region_id {
+                    Some((_, rev)) => Compare::ModRevision(keys.last_region_id(), rev),
+                    None => Compare::Absent(keys.last_region_id()),
+                });
+                then.push(TxnOp::Put {
+                    key: keys.last_region_id(),
+                    value: handoff.target.to_string().into_bytes(),
+                    lease: None,
+                });
+            } else {
+                when.push(Compare::ModRevision(keys.region(handoff.target), rev_of(handoff.target)));
+            }
+            if let Some(r) = request {
+                then.push(TxnOp::Delete { key: request_key(r) });
+            }
+        }
+        Step::Commit { running, source, target, target_is_new } => {
+            let h = &running.handoff;
+            when.push(Compare::ModRevision(keys.handoff(h.source), running.modrev));
+            when.push(Compare::ModRevision(keys.region(h.source), rev_of(h.source)));
+            when.push(if *target_is_new {
+                Compare::Absent(keys.region(target.id))
+            } else {
+                Compare::ModRevision(keys.region(target.id), rev_of(target.id))
+            });
+            then.push(match source {
+                Some(s) => put(s),
+                None => TxnOp::Delete { key: keys.region(h.source) },
+            });
+            then.push(put(target));
+            then.push(TxnOp::Delete { key: keys.handoff(h.source) });
+            then.push(TxnOp::Delete { key: keys.handoff_done(h.source) });
+        }
+        Step::Abort { running, source, .. } => {
+            let h = &running.handoff;
+            when.push(Compare::ModRevision(keys.handoff(h.source), running.modrev));
+            if let Some(s) = source {
+                when.push(Compare::ModRevision(keys.region(s.id), rev_of(s.id)));
+                then.push(put(s));
+            }
+            then.push(TxnOp::Delete { key: keys.handoff(h.source) });
+            then.push(TxnOp::Delete { key: keys.handoff_done(h.source) });
+        }
+        Step::Align { source } => {
+            when.push(Compare::ModRevision(keys.region(source.id), rev_of(source.id)));
+            then.push(put(source));
+        }
+        Step::Refuse { request, .. } => then.push(TxnOp::Delete { key: request_key(request) }),
+    }
+    Txn { when, then, otherwise: vec![] }
 }
 
 /// Campaigns for master under `lease` (the node's own, kept alive by its membership) and, once

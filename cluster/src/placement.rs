@@ -23,6 +23,9 @@
 //!    trims the surplus). At rest, replica and primary counts differ by at most two (a primary only
 //!    moves to a node holding an in-sync copy, and a copy is only moved off a backup).
 //!
+//! Regions in a running split or merge (`Facts::frozen`) get no change: the handoff planner
+//! aborts a handoff whose replicas are not all live before anything else is done to them.
+//!
 //! Invariants of every plan (checked by the model tests): no node holds two replicas of a
 //! region, no region loses its last in-sync copy, a primary is only ever replaced by an in-sync
 //! backup, and every changed region's epoch is one more than before.
@@ -65,6 +68,10 @@ pub struct Facts {
     pub caught_up: HashSet<(u32, u32, u64)>,
     /// Nodes being drained.
     pub draining: BTreeSet<u32>,
+    /// Regions in a running split or merge: left alone until it ends (`handoff`).
+    pub frozen: BTreeSet<u32>,
+    /// Regions a merge waits for: not balanced (rule 7), or their alignment would be undone.
+    pub pinned: BTreeSet<u32>,
 }
 
 /// The placement policy.
@@ -245,6 +252,9 @@ fn decide(
     load: &Load,
     moves: &mut usize,
 ) -> Option<(RegionInfo, Reason)> {
+    if facts.frozen.contains(&r.id) {
+        return None;
+    }
     let mut next = r.clone();
     let progress = |n: u32| facts.progress.get(&(r.id, n)).copied();
     // 1. Promote.
@@ -304,7 +314,11 @@ fn decide(
         return Some((next, Reason::Trim));
     }
     // 7. Balance, a few regions at a time, only regions at rest.
-    if *moves >= policy.max_moves || !r.joining.is_empty() || facts.draining.contains(&r.primary) {
+    if *moves >= policy.max_moves
+        || !r.joining.is_empty()
+        || facts.draining.contains(&r.primary)
+        || facts.pinned.contains(&r.id)
+    {
         return None;
     }
     // A primary whose node leads at least two more regions than an in-sync backup's node.

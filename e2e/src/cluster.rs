@@ -146,6 +146,23 @@ impl ClusterNode {
         }
     }
 
+    /// POSTs to `path` at its host's admin endpoint; the body of a 200 answer.
+    pub fn admin_post(&self, path: &str) -> Result<String> {
+        use std::io::{Read, Write};
+        let addr: std::net::SocketAddr = self.admin.parse().context("the admin address")?;
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(s, "POST {path} HTTP/1.0\r\nHost: {}\r\nContent-Length: 0\r\n\r\n", self.admin)?;
+        let mut out = String::new();
+        s.take(1 << 20).read_to_string(&mut out)?;
+        match out.split_once("\r\n\r\n") {
+            Some((head, body)) if head.starts_with("HTTP/1.") && head.split(' ').nth(1) == Some("200") => {
+                Ok(body.to_string())
+            }
+            _ => bail!("POST {path} at node {}: {out}", self.id),
+        }
+    }
+
     /// The value of the metric sample `sample` (name with its labels, as exposed) at its host's
     /// `/metrics`, if exposed.
     pub fn metric(&self, sample: &str) -> Result<Option<f64>> {

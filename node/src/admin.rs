@@ -1,7 +1,9 @@
 //! The admin HTTP endpoint of a process: `/healthz` (alive), `/readyz` (serving), `/metrics`
 //! (Prometheus text format), and on a cluster's hosts `/cluster/drain/{node}` (POST: drain the
-//! node; GET: its progress; DELETE: stop draining it) — what `dpukv cluster drain` and the
-//! operator call.
+//! node; GET: its progress; DELETE: stop draining it), `/cluster/split/{region}/{hex key}` and
+//! `/cluster/merge/{region}` (POST: ask the master to split a region at a key, or to merge it
+//! into its left neighbour; checked against the current map first) — what `dpukv cluster` and
+//! the operator call.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -80,6 +82,80 @@ async fn drain(
     }
 }
 
+/// Checks a split or merge request against the current map and records it for the master.
+async fn request_handoff(a: &Admin, region: u32, split_at: Option<Vec<u8>>) -> Answer {
+    let Some(c) = a.cluster.as_ref() else {
+        return text(StatusCode::NOT_FOUND, "this process is not a cluster's host\n".into());
+    };
+    let unavailable =
+        |e: dpukv_cluster::MetaError| text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code()));
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    let snap = match dpukv_cluster::master::read(&store, &c.keys).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    let regions = &snap.map.regions;
+    let Some(i) = regions.iter().position(|r| r.id == region) else {
+        return text(StatusCode::NOT_FOUND, format!("no region {region}\n"));
+    };
+    let r = &regions[i];
+    let bad = |m: String| text(StatusCode::BAD_REQUEST, m + "\n");
+    use dpukv_cluster::MetaStore;
+    let put = match &split_at {
+        Some(k) => {
+            if !(r.start.as_slice() < k.as_slice() && r.contains(k)) {
+                return bad(format!("the key is not strictly inside region {region}"));
+            }
+            store.put(&c.keys.split_request(region), k, None).await
+        }
+        None => {
+            let Some(l) = i.checked_sub(1).map(|j| &regions[j]) else {
+                return bad(format!("region {region} is the first: it has no left neighbour to merge into"));
+            };
+            let set =
+                |r: &dpukv_proto::regionmap::RegionInfo| r.replicas().collect::<std::collections::BTreeSet<u32>>();
+            if set(l) != set(r) {
+                return bad(format!(
+                    "regions {} and {region} are on different nodes ({:?} vs {:?}): only regions on the same \
+                     nodes merge",
+                    l.id,
+                    set(l),
+                    set(r)
+                ));
+            }
+            store.put(&c.keys.merge_request(region), b"merge", None).await
+        }
+    };
+    match put {
+        Ok(_) => (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            format!("{{\"region\": {region}, \"requested\": true}}\n"),
+        ),
+        Err(e) => unavailable(e),
+    }
+}
+
+async fn split(
+    State(a): State<Admin>,
+    axum::extract::Path((region, key)): axum::extract::Path<(u32, String)>,
+) -> Answer {
+    let k: Option<Vec<u8>> = (key.len().is_multiple_of(2) && key.len() <= 2 * dpukv_proto::limits::MAX_KEY)
+        .then(|| (0..key.len()).step_by(2).map(|i| u8::from_str_radix(key.get(i..i + 2)?, 16).ok()).collect())
+        .flatten();
+    match k {
+        Some(k) if !k.is_empty() => request_handoff(&a, region, Some(k)).await,
+        _ => text(StatusCode::BAD_REQUEST, "the key must be 1 to 1024 bytes, in hex\n".into()),
+    }
+}
+
+async fn merge(State(a): State<Admin>, axum::extract::Path(region): axum::extract::Path<u32>) -> Answer {
+    request_handoff(&a, region, None).await
+}
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
@@ -125,6 +201,8 @@ pub async fn serve(addr: SocketAddr, admin: Admin, shutdown: CancellationToken) 
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/cluster/drain/{node}", get(drain).post(drain).delete(drain))
+        .route("/cluster/split/{region}/{key}", axum::routing::post(split))
+        .route("/cluster/merge/{region}", axum::routing::post(merge))
         .with_state(admin);
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;

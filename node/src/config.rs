@@ -168,6 +168,18 @@ pub struct ClusterFlags {
     /// log it missed, or the whole index); 0: no cap. Steady replication is never slowed.
     #[arg(long, env = "DPUKV_CATCH_UP_MIB_PER_SEC", default_value_t = 128)]
     pub catch_up_mib_per_sec: u64,
+    /// Split a region past this estimated size in bytes, for the cluster's first configuration
+    /// (0: never by size).
+    #[arg(long, env = "DPUKV_SPLIT_BYTES", default_value_t = dpukv_cluster::keys::DEFAULT_SPLIT_BYTES)]
+    pub split_bytes: u64,
+    /// Split a region taking more writes per second than this, for the cluster's first
+    /// configuration (0: never by load).
+    #[arg(long, env = "DPUKV_SPLIT_WRITES_PER_SEC", default_value_t = 0)]
+    pub split_writes_per_sec: u64,
+    /// Merge neighbouring regions both smaller than this many bytes (and placed alike), for the
+    /// cluster's first configuration (0: only on request, `dpukv cluster merge`).
+    #[arg(long, env = "DPUKV_MERGE_BYTES", default_value_t = 0)]
+    pub merge_bytes: u64,
 }
 
 impl ClusterFlags {
@@ -201,14 +213,15 @@ impl ClusterFlags {
             zone: self.zone.clone(),
             lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(100)),
             bootstrap: dpukv_cluster::keys::ClusterConfig {
-                replication: self.replication_factor.max(1),
-                split_keys: split_keys.to_vec(),
                 backup_index: if self.backup_index == "build" {
                     dpukv_cluster::keys::BackupIndex::Build
                 } else {
                     dpukv_cluster::keys::BackupIndex::Send
                 },
-                max_moves: 2,
+                split_bytes: self.split_bytes,
+                split_writes_per_sec: self.split_writes_per_sec,
+                merge_bytes: self.merge_bytes,
+                ..dpukv_cluster::keys::ClusterConfig::new(self.replication_factor.max(1), split_keys.to_vec())
             },
             replication_timeout: Duration::from_millis(self.replication_timeout_ms.max(1)),
             catch_up_bytes_per_sec: self.catch_up_mib_per_sec.saturating_mul(1 << 20),

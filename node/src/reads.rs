@@ -325,6 +325,15 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
     })
 }
 
+/// `key`, or region `i`'s last key if `key` is past it: a region's reads see only its own range,
+/// never keys it still holds from before a split (deleted in the background, docs/cluster.md §9).
+fn clamp(regions: &Regions, i: usize, key: &[u8]) -> Vec<u8> {
+    match regions.map.regions()[i].last_key() {
+        Some(last) if last.as_slice() < key => last,
+        _ => key.to_vec(),
+    }
+}
+
 /// A scan page across the node's regions (or only region `only`), from the token's position.
 #[allow(clippy::too_many_arguments)]
 fn scan(
@@ -358,7 +367,9 @@ fn scan(
         // (Regions another node leads are not read: their keys are found there.)
         let served: Vec<usize> = (from..=first).rev().filter(|&i| regions.map.serves(i)).collect();
         for i in served {
-            let f = regions.reader(i, shm, device)?.floor_scan(lo, lo, 1)?;
+            // Only the region's own keys (a split's source may still hold the half it gave away).
+            let at = clamp(regions, i, lo);
+            let f = regions.reader(i, shm, device)?.floor_scan(&at, &at, 1)?;
             if let Some((k, _)) = f.into_iter().next() {
                 start = k;
                 break;
@@ -383,8 +394,10 @@ fn scan(
             break;
         }
         let want = limit + 1 - items.len();
+        let hi_i = clamp(regions, i, hi);
+        let from = start.as_slice().max(regions.map.regions()[i].start.as_slice()).to_vec();
         let (page, v) =
-            regions.reader(i, shm, device)?.scan_bounded(&start, hi, want, max_bytes.saturating_sub(bytes).max(1))?;
+            regions.reader(i, shm, device)?.scan_bounded(&from, &hi_i, want, max_bytes.saturating_sub(bytes).max(1))?;
         version = version.max(v);
         for (k, v) in page {
             if items.len() == limit || (bytes + k.len() + v.len() > max_bytes && !items.is_empty()) {

@@ -685,6 +685,11 @@ impl BackupHost {
         *e = (*e).max(epoch);
     }
 
+    /// The regions this node backs.
+    pub fn backed_ids(&self) -> Vec<u32> {
+        lock(&self.roles).keys().copied().collect()
+    }
+
     /// Whether this node backs `region`.
     pub fn backs(&self, region: u32) -> bool {
         lock(&self.roles).contains_key(&region)

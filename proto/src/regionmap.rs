@@ -70,8 +70,12 @@ pub enum RegionState {
     /// Its primary is being handed to another node (drain, rebalance): writes are refused
     /// (retryable) until the new primary serves.
     Moving = 2,
-    /// Being split in two.
+    /// Handing the upper part of its range to a new region (a split, docs/cluster.md §9):
+    /// writes to that part are refused (retryable) while it is copied.
     Splitting = 3,
+    /// Handing its whole range to its left neighbour (a merge): its writes are refused
+    /// (retryable) while it is copied.
+    Merging = 4,
 }
 
 impl RegionState {
@@ -80,6 +84,7 @@ impl RegionState {
             1 => RegionState::Serving,
             2 => RegionState::Moving,
             3 => RegionState::Splitting,
+            4 => RegionState::Merging,
             _ => return Err(MapError::Invalid(format!("region state {b}"))),
         })
     }
@@ -90,6 +95,7 @@ impl RegionState {
             RegionState::Serving => "serving",
             RegionState::Moving => "moving",
             RegionState::Splitting => "splitting",
+            RegionState::Merging => "merging",
         }
     }
 }
@@ -146,9 +152,110 @@ impl RegionInfo {
         self.start.as_slice() <= key && self.end.as_deref().is_none_or(|e| key < e)
     }
 
+    /// The largest key in the region (None: unbounded above), for inclusive scan bounds.
+    pub fn last_key(&self) -> Option<Vec<u8>> {
+        self.end.as_deref().map(key_before)
+    }
+
     /// Every node holding the region or copying it, primary first.
     pub fn replicas(&self) -> impl Iterator<Item = u32> + '_ {
         std::iter::once(self.primary).chain(self.backups.iter().copied()).chain(self.joining.iter().copied())
+    }
+}
+
+/// The largest key strictly before `end` (keys are at most [`MAX_KEY`](crate::limits::MAX_KEY)
+/// bytes, so there is one): `end` without its last byte if that byte is 0, else `end` with its
+/// last byte decremented and filled up with 0xff. Empty for an empty `end` (nothing is before it;
+/// callers bound with it only after checking `end` is not empty).
+pub fn key_before(end: &[u8]) -> Vec<u8> {
+    let Some((&last, head)) = end.split_last() else { return Vec::new() };
+    let mut k = head.to_vec();
+    if last > 0 {
+        k.push(last - 1);
+        k.resize(crate::limits::MAX_KEY.max(k.len()), 0xff);
+    }
+    k
+}
+
+/// What a handoff does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandoffKind {
+    /// The source's upper part goes to a new region.
+    Split = 1,
+    /// The whole source goes to its left neighbour.
+    Merge = 2,
+}
+
+/// A range moving from one region to another while it runs (stored under `handoffs/<source>`,
+/// docs/cluster.md §9): the source's primary refuses writes to `[start, end)`, copies it and the
+/// source's exactly-once sessions into `target` (a new region, or the left neighbour), and
+/// reports; the master then narrows (or removes) the source and widens (or creates) the target
+/// in one transaction — or aborts, and the source serves the range again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handoff {
+    /// The region giving the range.
+    pub source: u32,
+    /// The region receiving it.
+    pub target: u32,
+    /// First key moving.
+    pub start: Vec<u8>,
+    /// First key after it (None: unbounded).
+    pub end: Option<Vec<u8>>,
+    /// Split or merge.
+    pub kind: HandoffKind,
+    /// When the master started it (ms since the Unix epoch; it aborts one that takes too long).
+    pub started_ms: u64,
+}
+
+impl Handoff {
+    /// Whether `key` is in the moving range.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.start.as_slice() <= key && self.end.as_deref().is_none_or(|e| key < e)
+    }
+
+    /// Encodes the record.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![MAP_FORMAT];
+        out.extend_from_slice(&self.source.to_le_bytes());
+        out.extend_from_slice(&self.target.to_le_bytes());
+        out.push(self.kind as u8);
+        out.extend_from_slice(&self.started_ms.to_le_bytes());
+        put_bytes(&mut out, &self.start);
+        match &self.end {
+            None => out.push(0),
+            Some(e) => {
+                out.push(1);
+                put_bytes(&mut out, e);
+            }
+        }
+        out
+    }
+
+    /// Decodes and checks a record.
+    pub fn decode(b: &[u8]) -> Result<Handoff> {
+        let mut r = Reader::new(b)?;
+        let (source, target) = (r.u32()?, r.u32()?);
+        let kind = match r.u8()? {
+            1 => HandoffKind::Split,
+            2 => HandoffKind::Merge,
+            k => return Err(MapError::Invalid(format!("handoff kind {k}"))),
+        };
+        let started_ms = r.u64()?;
+        let start = r.bytes(crate::limits::MAX_KEY)?;
+        let end = match r.u8()? {
+            0 => None,
+            1 => Some(r.bytes(crate::limits::MAX_KEY)?),
+            b => return Err(MapError::Invalid(format!("end marker {b}"))),
+        };
+        r.done()?;
+        let h = Handoff { source, target, start, end, kind, started_ms };
+        if source == 0 || target == 0 || source == target {
+            return Err(MapError::Invalid(format!("handoff from region {source} to region {target}")));
+        }
+        if h.end.as_ref().is_some_and(|e| e.as_slice() <= h.start.as_slice()) {
+            return Err(MapError::Invalid("a handoff's end is not after its start".into()));
+        }
+        Ok(h)
     }
 }
 
@@ -481,7 +588,12 @@ mod tests {
                         backups,
                         joining,
                         epoch: seed % 1000 + 1,
-                        state: [RegionState::Serving, RegionState::Moving, RegionState::Splitting][i % 3],
+                        state: [
+                            RegionState::Serving,
+                            RegionState::Moving,
+                            RegionState::Splitting,
+                            RegionState::Merging,
+                        ][i % 4],
                     }
                 })
                 .collect();
@@ -489,7 +601,41 @@ mod tests {
         })
     }
 
+    #[test]
+    fn key_before_is_the_largest_key_before() {
+        use crate::limits::MAX_KEY;
+        assert_eq!(key_before(b"b\x00"), b"b".to_vec());
+        let k = key_before(b"b");
+        assert_eq!(k.len(), MAX_KEY);
+        assert_eq!(k[0], b'a');
+        assert!(k[1..].iter().all(|&x| x == 0xff));
+        assert!(k.as_slice() < b"b".as_slice() && b"a\xff\xff".as_slice() <= k.as_slice());
+        assert!(key_before(b"").is_empty());
+    }
+
     proptest! {
+        /// Handoff records round-trip; damaged ones are typed errors.
+        #[test]
+        fn handoffs_round_trip(source in 1u32..100, target in 1u32..100, start in prop::collection::vec(any::<u8>(), 0..6),
+                               tail in prop::option::of(prop::collection::vec(any::<u8>(), 1..4)), merge in any::<bool>(),
+                               started_ms in any::<u64>(), cut in any::<prop::sample::Index>()) {
+            prop_assume!(source != target);
+            let end = tail.map(|t| [start.clone(), t].concat());
+            let kind = if merge { HandoffKind::Merge } else { HandoffKind::Split };
+            let h = Handoff { source, target, start, end, kind, started_ms };
+            let b = h.encode();
+            prop_assert_eq!(Handoff::decode(&b).expect("decodes"), h);
+            prop_assert!(Handoff::decode(&b[..cut.index(b.len())]).is_err());
+        }
+
+        /// `key_before(e)` is below `e`, and no key of at most MAX_KEY bytes lies between them.
+        #[test]
+        fn nothing_lies_between_key_before_and_its_end(e in prop::collection::vec(any::<u8>(), 1..5), k in prop::collection::vec(any::<u8>(), 0..6)) {
+            let b = key_before(&e);
+            prop_assert!(b < e);
+            prop_assert!(!(b < k && k < e), "{:?} lies between {:?} and {:?}", k, b, e);
+        }
+
         #[test]
         fn maps_round_trip(map in arb_map()) {
             map.validate().expect("generated maps are valid");

@@ -129,6 +129,50 @@ enum ClusterCmd {
         #[arg(long)]
         cancel: bool,
     },
+    /// Split REGION at KEY: the keys from KEY on go to a new region on the same nodes (writes to
+    /// them are refused, retryable, while they are copied). Waits until the map shows it.
+    Split {
+        region: u32,
+        key: String,
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Merge REGION into its left neighbour (both must be on the same nodes; if another node
+    /// leads REGION, its primary moves to the neighbour's first). Waits until the map shows it.
+    Merge {
+        region: u32,
+        #[arg(long)]
+        no_wait: bool,
+    },
+}
+
+/// Any host's admin endpoint.
+fn any_admin(map: &dpukv_client::proto::regionmap::RegionMap) -> Result<String> {
+    map.nodes
+        .iter()
+        .find(|n| !n.admin.is_empty())
+        .map(|n| n.admin.clone())
+        .context("no node advertises an admin endpoint (hosts need --admin)")
+}
+
+/// Waits (up to the master's handoff timeout and a margin) until `done` holds for the map.
+async fn wait_for_map(
+    c: &Client,
+    what: &str,
+    done: impl Fn(&dpukv_client::proto::regionmap::RegionMap) -> bool,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    loop {
+        if let Ok(m) = c.region_map().await
+            && done(&m)
+        {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("{what} did not happen within 180 s (the master aborts a split or merge that cannot finish)");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 /// One HTTP/1.1 request to an admin endpoint; returns the status code and the body.
@@ -145,6 +189,32 @@ async fn admin_http(admin: &str, method: &str, path: &str) -> Result<(u16, Strin
 
 async fn cluster_cmd(c: &Client, cmd: ClusterCmd) -> Result<i32> {
     match cmd {
+        ClusterCmd::Split { region, key, no_wait } => {
+            let admin = any_admin(&c.region_map().await?)?;
+            let hex: String = key.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+            let (code, body) = admin_http(&admin, "POST", &format!("/cluster/split/{region}/{hex}")).await?;
+            if code != 200 {
+                bail!("{admin} answered {code}: {}", body.trim());
+            }
+            if !no_wait {
+                let k = key.as_bytes().to_vec();
+                wait_for_map(c, "the split", |m| m.regions.iter().any(|r| r.start == k)).await?;
+                println!("split region {region} at {key}");
+            }
+            Ok(0)
+        }
+        ClusterCmd::Merge { region, no_wait } => {
+            let admin = any_admin(&c.region_map().await?)?;
+            let (code, body) = admin_http(&admin, "POST", &format!("/cluster/merge/{region}")).await?;
+            if code != 200 {
+                bail!("{admin} answered {code}: {}", body.trim());
+            }
+            if !no_wait {
+                wait_for_map(c, "the merge", |m| m.region(region).is_none()).await?;
+                println!("merged region {region} into its left neighbour");
+            }
+            Ok(0)
+        }
         ClusterCmd::Drain { node, no_wait, cancel } => {
             let map = c.region_map().await?;
             if map.node(node).is_none() && !cancel {

@@ -679,3 +679,217 @@ async fn a_build_index_backup_builds_its_own_index_and_is_promoted_with_every_wr
         "the promoted copy replays only what it did not build: {replayed:?}"
     );
 }
+
+/// Runs `dpukv --endpoint SEED ARGS...`, panicking (with the nodes' logs) unless it succeeds
+/// within `timeout`; returns its standard output.
+async fn dpukv_cli(seed: &str, args: &[&str], timeout: Duration, nodes: &[ClusterNode]) -> String {
+    let out = tokio::process::Command::new(dpukv_e2e::procs::bin_dir().expect("binaries").join("dpukv"))
+        .args(["--endpoint", seed])
+        .args(args)
+        .output();
+    let logs = || nodes.iter().map(ClusterNode::logs).collect::<String>();
+    let out = tokio::time::timeout(timeout, out)
+        .await
+        .unwrap_or_else(|_| panic!("dpukv {args:?} did not finish in {timeout:?}\n{}", logs()))
+        .expect("run dpukv");
+    assert!(out.status.success(), "dpukv {args:?} failed: {}\n{}", String::from_utf8_lossy(&out.stderr), logs());
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// `dpukv cluster split` and `dpukv cluster merge` under load: one region of 2000 keys on three
+/// nodes; two clients keep overwriting every key (through the library: writes refused while
+/// their range is copied are retried with their exactly-once tag) and a third scans the whole
+/// key range again and again. The region splits at the middle (a new region on the same nodes,
+/// the old one narrowed, both epochs moved), then the new region merges back. Every scan sees
+/// each key exactly once, in order, with a value written to that key; every acknowledged write
+/// is there at the end. (Placement may balance the new region's primary to another node first:
+/// the merge then moves it back before copying.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_and_a_merge_under_load_lose_no_write_and_scans_see_each_key_once() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const N: usize = 2000;
+    let etcd = Etcd::start().expect("etcd");
+    let nodes = start(&etcd, 3, &[]);
+    let one = |m: &dpukv_proto::regionmap::RegionMap| {
+        m.regions.len() == 1 && m.regions[0].backups.len() == 2 && m.regions[0].joining.is_empty()
+    };
+    let map = must_see_map(&nodes, |_| true, Duration::from_secs(60), one).await;
+    let (source, epoch) = (map.regions[0].id, map.regions[0].epoch);
+    let seed = nodes[0].device.clone();
+    let key = |i: usize| format!("key{i:05}").into_bytes();
+    let c = Client::connect(&seed, 1).await.expect("connect");
+    for chunk in (0..N).collect::<Vec<_>>().chunks(200) {
+        let ops = chunk
+            .iter()
+            .map(|&i| dpukv_client::proto::WriteOp::Put { key: key(i), value: format!("v0-{i}").into_bytes() })
+            .collect();
+        c.batch(ops).await.expect("load");
+    }
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    // Writers: writer w owns the keys i with i % 2 == w; per key, the values it may hold.
+    let writers: Vec<_> = (0..2usize)
+        .map(|w| {
+            let (seed, stop) = (seed.clone(), stop.clone());
+            tokio::spawn(async move {
+                let c = Client::connect(&seed, 1).await.expect("connect");
+                let mut may_hold: HashMap<usize, Vec<String>> = HashMap::new();
+                // Keys written once each (between the others): a write lost to the copy is never
+                // overwritten, so it shows.
+                let mut once: Vec<Vec<u8>> = Vec::new();
+                let (mut round, mut acked, mut failed) = (1u64, 0u64, 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    for i in (w..N).step_by(2 * 7) {
+                        let v = format!("v{round}-{i}");
+                        match c.put(&key(i), v.as_bytes()).await {
+                            Ok(_) => {
+                                may_hold.insert(i, vec![v]);
+                                acked += 1;
+                            }
+                            Err(_) => {
+                                may_hold.entry(i).or_insert_with(|| vec![format!("v0-{i}")]).push(v);
+                                failed += 1;
+                            }
+                        }
+                        let k = [key((i * 7919 + round as usize) % N), format!("-{w}-{round}").into_bytes()].concat();
+                        if c.put(&k, b"once").await.is_ok() {
+                            once.push(k);
+                        }
+                    }
+                    round += 1;
+                }
+                (may_hold, once, acked, failed)
+            })
+        })
+        .collect();
+    // The scanner: every scan sees each key once, in order, with a value of that key.
+    let scans = std::sync::Arc::new(AtomicU64::new(0));
+    let scanner = {
+        let (seed, stop, scans) = (seed.clone(), stop.clone(), scans.clone());
+        tokio::spawn(async move {
+            let c = Client::connect(&seed, 1).await.expect("connect");
+            while !stop.load(Ordering::Relaxed) {
+                let items = match c.scan(b"key", b"key~", 1 << 20).await {
+                    Ok(items) => items,
+                    Err(e) => return Err(format!("a scan failed: {e}")),
+                };
+                if items.windows(2).any(|w| w[0].0 >= w[1].0) {
+                    return Err("a scan's keys are not strictly ascending".into());
+                }
+                let items: Vec<_> = items.into_iter().filter(|(k, _)| k.len() == 8).collect();
+                if items.len() != N {
+                    return Err(format!("a scan saw {} of the {N} keys", items.len()));
+                }
+                for (i, (k, v)) in items.iter().enumerate() {
+                    if *k != key(i) || !String::from_utf8_lossy(v).ends_with(&format!("-{i}")) {
+                        return Err(format!(
+                            "item {i} of a scan: {:?} = {:?}",
+                            String::from_utf8_lossy(k),
+                            String::from_utf8_lossy(v)
+                        ));
+                    }
+                }
+                scans.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let split_started = Instant::now();
+    dpukv_cli(&seed, &["cluster", "split", &source.to_string(), "key01000"], Duration::from_secs(120), &nodes).await;
+    let split_took = split_started.elapsed();
+    let two = must_see_map(&nodes, |_| true, Duration::from_secs(30), |m| m.regions.len() == 2).await;
+    let (left, right) = (&two.regions[0], &two.regions[1]);
+    assert_eq!((left.id, left.end.as_deref()), (source, Some(&b"key01000"[..])), "{two:?}");
+    assert!(left.epoch > epoch && right.id > source && right.start == b"key01000" && right.end.is_none(), "{two:?}");
+    let nodes_of = |r: &dpukv_proto::regionmap::RegionInfo| r.replicas().collect::<std::collections::BTreeSet<u32>>();
+    assert_eq!(nodes_of(right), nodes_of(left), "on its source's nodes (placement may then move its primary)");
+    let scans_after_split = scans.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let merge_started = Instant::now();
+    dpukv_cli(&seed, &["cluster", "merge", &right.id.to_string()], Duration::from_secs(120), &nodes).await;
+    let merge_took = merge_started.elapsed();
+    let merged = must_see_map(&nodes, |_| true, Duration::from_secs(30), |m| m.regions.len() == 1).await;
+    assert_eq!((merged.regions[0].id, merged.regions[0].end.clone()), (source, None), "{merged:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    scanner
+        .await
+        .expect("scanner")
+        .unwrap_or_else(|e| panic!("{e}\n{}", nodes.iter().map(ClusterNode::logs).collect::<String>()));
+    let total_scans = scans.load(Ordering::Relaxed);
+    let mut may_hold = HashMap::new();
+    let mut once = Vec::new();
+    let (mut acked, mut failed) = (0, 0);
+    for w in writers {
+        let (m, o, a, f) = w.await.expect("writer");
+        may_hold.extend(m);
+        once.extend(o);
+        acked += a;
+        failed += f;
+    }
+    let mut lost_once = 0;
+    for k in &once {
+        if c.get(k).await.expect("read").as_deref() != Some(&b"once"[..]) {
+            lost_once += 1;
+        }
+    }
+    assert_eq!(lost_once, 0, "of {} acknowledged inserts, {lost_once} lost", once.len());
+    let mut wrong = Vec::new();
+    for i in 0..N {
+        let got = c.get(&key(i)).await.expect("read").map(|v| String::from_utf8_lossy(&v).to_string());
+        let ok = match may_hold.get(&i) {
+            Some(vals) => got.as_ref().is_some_and(|g| vals.contains(g)),
+            None => got == Some(format!("v0-{i}")),
+        };
+        if !ok {
+            wrong.push((i, got));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} keys lost their last acknowledged write: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+    assert!(
+        acked > 100 && scans_after_split > 0 && total_scans > scans_after_split,
+        "load ran throughout: {acked} writes, {total_scans} scans"
+    );
+    let logs: String = nodes.iter().map(ClusterNode::logs).collect();
+    assert!(logs.contains("handoff copied"), "the copy was reported");
+    eprintln!(
+        "split took {split_took:?}, merge {merge_took:?}; {acked} writes acknowledged, {failed} failed; {total_scans} scans"
+    );
+}
+
+/// A region past the configured size splits by itself: its primary reports its size and middle
+/// key, the master splits it there, and every key is still readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_past_its_size_splits_by_itself_at_its_middle() {
+    let etcd = Etcd::start().expect("etcd");
+    let nodes = start(&etcd, 3, &["--split-bytes", "262144"]);
+    let one = |m: &dpukv_proto::regionmap::RegionMap| m.regions.len() == 1 && m.regions[0].backups.len() == 2;
+    must_see_map(&nodes, |_| true, Duration::from_secs(60), one).await;
+    let c = Client::connect(&nodes[0].device, 1).await.expect("connect");
+    let value = vec![b'x'; 1000];
+    for chunk in (0..1000u32).collect::<Vec<_>>().chunks(100) {
+        let ops = chunk
+            .iter()
+            .map(|i| dpukv_client::proto::WriteOp::Put { key: format!("k{i:04}").into_bytes(), value: value.clone() })
+            .collect();
+        c.batch_across_regions(ops).await.expect("load");
+    }
+    let split = must_see_map(&nodes, |_| true, Duration::from_secs(60), |m| m.regions.len() >= 2).await;
+    // Split near the middle of the keys (by bytes), not at an edge.
+    let at = split.regions[1].start.clone();
+    assert!(
+        at.as_slice() > b"k0200".as_slice() && at.as_slice() < b"k0800".as_slice(),
+        "split at {:?}",
+        String::from_utf8_lossy(&at)
+    );
+    for i in 0..1000u32 {
+        assert_eq!(c.get(format!("k{i:04}").as_bytes()).await.expect("read").as_deref(), Some(&value[..]), "key {i}");
+    }
+    eprintln!("split at {:?} into {} regions", String::from_utf8_lossy(&at), split.regions.len());
+}

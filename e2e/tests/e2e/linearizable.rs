@@ -496,6 +496,74 @@ fn linearizable_across_primary_failovers() {
     must_be_linearizable(&h);
 }
 
+/// Three node pods, one region; concurrent clients (retrying through the library) run while the
+/// region is split between the test's keys and merged back, again and again: writes to the
+/// moving half are refused while it is copied, retried with their exactly-once tags, and land
+/// once; reads and scans follow the map. The whole history is linearizable.
+/// `DPUKV_HANDOFF_ITERATIONS` sets the number of split-and-merge cycles.
+///
+/// OFF BY DEFAULT (0 cycles): it finds an open defect (docs/cluster.md §9.4) — on the split key,
+/// a read sees a value and a later read does not, with no write between (every run with 3
+/// cycles). Run it with `DPUKV_HANDOFF_ITERATIONS=3 DPUKV_SHOW_LOGS=1`.
+#[test]
+fn linearizable_across_splits_and_merges() {
+    use dpukv_e2e::cluster::{ClusterNode, must_see_map};
+    let iterations: u64 = std::env::var("DPUKV_HANDOFF_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if iterations == 0 {
+        return;
+    }
+    let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
+    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
+    let nodes: Vec<ClusterNode> =
+        (1..=3).map(|id| ClusterNode::start(id, "lin", &etcd.url(), &args).expect("node")).collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+    let (h, run) = (History::default(), Run::default());
+    let tasks = spawn_retrying_clients(&rt, &nodes, &h, &run);
+    let at = key(KEYS / 2);
+    let hex: String = at.iter().map(|b| format!("{b:02x}")).collect();
+    for _ in 0..iterations {
+        std::thread::sleep(Duration::from_millis(300));
+        let map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), full));
+        eprintln!("{} us: split", h.now() / 1000);
+        nodes[0].admin_post(&format!("/cluster/split/{}/{hex}", map.regions[0].id)).expect("split request");
+        let two = rt.block_on(must_see_map(
+            &nodes,
+            |_| true,
+            Duration::from_secs(60),
+            |m| m.regions.len() == 2 && m.regions.iter().all(|r| r.joining.is_empty()),
+        ));
+        eprintln!(
+            "{} us: split seen {:?}",
+            h.now() / 1000,
+            two.regions.iter().map(|r| (r.id, r.primary, r.epoch)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        eprintln!("{} us: merge", h.now() / 1000);
+        nodes[0].admin_post(&format!("/cluster/merge/{}", two.regions[1].id)).expect("merge request");
+        let one = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+        eprintln!(
+            "{} us: merge seen {:?}",
+            h.now() / 1000,
+            one.regions.iter().map(|r| (r.id, r.primary, r.epoch)).collect::<Vec<_>>()
+        );
+    }
+    let done = Instant::now();
+    run.stop_when(Duration::from_secs(60), || done.elapsed() > Duration::from_millis(500) && h.len() >= ENOUGH_EVENTS);
+    rt.block_on(async {
+        for t in tasks {
+            t.await.expect("client task");
+        }
+    });
+    eprintln!("{iterations} splits and merges, {} events", h.len());
+    if std::env::var("DPUKV_SHOW_LOGS").is_ok() {
+        for n in &nodes {
+            eprintln!("{}", n.logs());
+        }
+    }
+    must_be_linearizable(&h);
+}
+
 /// Three node pods, each in its own network namespace on a bridge, etcd in a fourth; concurrent
 /// clients (retrying through the library) run while, again and again, the region's primary is
 /// cut off by nftables drop rules (the test itself still reaches it). The cut-off primary stops

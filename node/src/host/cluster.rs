@@ -4,6 +4,9 @@
 //! connections as a backup, and then follows the region map: it opens the regions it leads (with
 //! senders to their backups and joining nodes), backs the ones it is a backup of, hands regions
 //! over when the map moves them, reports finished catch-ups, and publishes the map for its device.
+//! For splits and merges (docs/cluster.md §9) it leads a split's new region before the map has
+//! it, drives the copy of the regions it leads (module `handoff`), tells each writer the ranges
+//! its region keeps, and reports its regions' sizes.
 //!
 //! What this node may do never depends on its own guesses: it serves a region only while the map
 //! in etcd names it primary *and* its lease-bound authority holds; a node that lost a region
@@ -21,13 +24,14 @@ use dpukv_cluster::keys::{BackupIndex, ClusterConfig, Keys};
 use dpukv_cluster::master;
 use dpukv_cluster::membership::{Authority, Member, Timing, register_with};
 use dpukv_cluster::{EtcdOptions, EtcdStore, MetaError, MetaStore};
-use dpukv_proto::regionmap::{NodeInfo, RegionInfo};
+use dpukv_proto::regionmap::{HandoffKind, NodeInfo, RegionInfo, RegionState};
 use dpukv_storage::vlog::LogTail;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster_metrics::ClusterMetrics;
-use super::worker::{Job, Replicated};
+use super::handoff::{self, ReportThresholds};
+use super::worker::{Control, Job, KeyRange, Replicated};
 use super::{Opener, SharedServed};
 use crate::pod;
 use crate::regions::RegionMap;
@@ -66,6 +70,10 @@ pub struct ClusterArgs {
 struct Led {
     epoch: u64,
     queue: mpsc::Sender<Job>,
+    /// Its writer's controls (splits, merges).
+    control: mpsc::Sender<Control>,
+    /// The ranges last told to keep.
+    keep: Option<Vec<KeyRange>>,
     thread: std::thread::JoinHandle<()>,
     acks: Arc<Acks>,
     feed: Arc<Feed>,
@@ -154,6 +162,11 @@ pub async fn run(
         })
     };
     let mut led: HashMap<u32, Led> = HashMap::new();
+    // Handoffs this node drives, by source region: (the handoff's create revision, the task).
+    let mut driving: HashMap<u32, (i64, tokio::task::JoinHandle<()>)> = HashMap::new();
+    let mut reporting: Option<tokio::task::JoinHandle<()>> = None;
+    let mut last_report = std::time::Instant::now();
+    let reported_loads = Arc::new(std::sync::Mutex::new(HashMap::new()));
     let mut published: Option<dpukv_proto::regionmap::RegionMap> = None;
     let mut first_map = true;
     loop {
@@ -202,10 +215,35 @@ pub async fn run(
                 }
             }
         }
+        // A split's new region exists before the map has it: placed like its source, led and
+        // backed while the range is copied into it.
+        let split_targets: Vec<RegionInfo> = snap
+            .handoffs
+            .running
+            .iter()
+            .filter(|run| run.handoff.kind == HandoffKind::Split)
+            .filter_map(|run| {
+                let h = &run.handoff;
+                let s = snap.map.region(h.source)?;
+                Some(RegionInfo {
+                    id: h.target,
+                    start: h.start.clone(),
+                    end: h.end.clone(),
+                    primary: s.primary,
+                    backups: s.backups.clone(),
+                    joining: vec![],
+                    epoch: 1,
+                    state: RegionState::Serving,
+                })
+            })
+            .collect();
         // Regions this node gives up: publish first (stop serving), then close.
         let keep = |r: &RegionInfo| r.primary == me;
-        let losing: Vec<u32> =
-            led.keys().copied().filter(|id| !snap.map.regions.iter().any(|r| r.id == *id && keep(r))).collect();
+        let losing: Vec<u32> = led
+            .keys()
+            .copied()
+            .filter(|id| !snap.map.regions.iter().chain(&split_targets).any(|r| r.id == *id && keep(r)))
+            .collect();
         let mut changed = published.as_ref() != Some(&snap.map);
         if !losing.is_empty() {
             publish(&served, &snap.map, me, &led, &losing, &opener, &vouched, &authority)?;
@@ -218,7 +256,7 @@ pub async fn run(
                 tracing::info!(region = id, "handed the region over");
             }
         }
-        for r in &snap.map.regions {
+        for r in snap.map.regions.iter().chain(&split_targets) {
             let backing = r.backups.contains(&me) || r.joining.contains(&me);
             if r.primary == me {
                 if backups.backs(r.id) {
@@ -254,6 +292,32 @@ pub async fn run(
                 remove_region_files(&opener, r.id);
             }
         }
+        // Copies of regions that are gone (a merge's source, an aborted split's new region).
+        for id in backups.backed_ids() {
+            if !snap.map.regions.iter().chain(&split_targets).any(|r| r.id == id) {
+                backups.release(id);
+                remove_region_files(&opener, id);
+                tracing::info!(region = id, "dropped the copy of a region that is gone");
+            }
+        }
+        if last_report.elapsed() >= handoff::REPORT_EVERY && reporting.as_ref().is_none_or(|t| t.is_finished()) {
+            let t = ReportThresholds {
+                split_bytes: snap.config.as_ref().map_or(0, |c| c.split_bytes),
+                split_writes_per_sec: snap.config.as_ref().map_or(0, |c| c.split_writes_per_sec),
+            };
+            // Regions at rest this node serves (not those in a handoff: their figures move).
+            let regions: Vec<(u32, mpsc::Sender<Control>)> = snap
+                .map
+                .regions
+                .iter()
+                .filter(|r| r.primary == me && r.state == RegionState::Serving)
+                .filter_map(|r| led.get(&r.id).filter(|l| l.serving).map(|l| (r.id, l.control.clone())))
+                .collect();
+            let elapsed = last_report.elapsed();
+            last_report = std::time::Instant::now();
+            let (store, keys, lease, last) = (store.clone(), keys.clone(), member.lease, reported_loads.clone());
+            reporting = Some(tokio::spawn(handoff::report(regions, t, elapsed, store, keys, lease, last)));
+        }
         metrics.regions_backed.store(backups.backed() as u64, Ordering::Relaxed);
         for (id, l) in led.iter_mut().filter(|(_, l)| !l.serving) {
             if l.acks.holds(l.base) {
@@ -266,6 +330,10 @@ pub async fn run(
             publish(&served, &snap.map, me, &led, &[], &opener, &vouched, &authority)?;
             published = Some(snap.map.clone());
         }
+        // Only once the device and the dispatch route by this map: a source may take writes to
+        // a range again (and trim what it gave away) only when no request can reach it by the
+        // map it had before the handoff ended.
+        steer_handoffs(&snap, me, &mut led, &mut driving, &split_targets, &store, &keys, member.lease);
         // Joining nodes that hold the whole index and the log to its end: report them caught up
         // (under this node's lease: the report goes with it).
         for r in snap.map.regions.iter().filter(|r| r.primary == me) {
@@ -299,6 +367,12 @@ pub async fn run(
     candidate.abort();
     keeper.abort();
     voucher.abort();
+    for (_, (_, task)) in driving.drain() {
+        task.abort();
+    }
+    if let Some(t) = reporting {
+        t.abort();
+    }
     if let Some(a) = vouched.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
         let _ = a.set_valid_until(0);
     }
@@ -401,12 +475,14 @@ fn open_led(
         authority: authority.clone(),
         timeout: args.replication_timeout,
     };
-    let (queue, thread, tail) = opener.open(r.id, Some(repl))?;
+    let (started, tail) = opener.open(r.id, Some(repl))?;
     let base = tail.end();
     let mut l = Led {
         epoch: r.epoch,
-        queue,
-        thread,
+        queue: started.queue,
+        control: started.control,
+        keep: None,
+        thread: started.thread,
         acks,
         feed,
         tail,
@@ -475,6 +551,75 @@ async fn close_led(l: Led) {
         }
     })
     .await;
+}
+
+/// Splits and merges, on this node's side: tells every led region's writer the ranges it keeps
+/// (its own, plus a merge's incoming range while it is copied), starts driving the handoffs whose
+/// source this node leads, and lifts the fence of those that ended.
+#[allow(clippy::too_many_arguments)]
+fn steer_handoffs(
+    snap: &master::Snapshot,
+    me: u32,
+    led: &mut HashMap<u32, Led>,
+    driving: &mut HashMap<u32, (i64, tokio::task::JoinHandle<()>)>,
+    split_targets: &[RegionInfo],
+    store: &EtcdStore,
+    keys: &Keys,
+    lease: dpukv_cluster::LeaseId,
+) {
+    let running = &snap.handoffs.running;
+    for (id, l) in led.iter_mut() {
+        let Some(r) = snap.map.regions.iter().chain(split_targets).find(|r| r.id == *id) else { continue };
+        let mut ranges = vec![KeyRange { start: r.start.clone(), end: r.end.clone() }];
+        for run in running.iter().filter(|run| run.handoff.target == *id && run.handoff.kind == HandoffKind::Merge) {
+            ranges.push(KeyRange { start: run.handoff.start.clone(), end: run.handoff.end.clone() });
+        }
+        if l.keep.as_ref() != Some(&ranges) && l.control.try_send(Control::Keep(Some(ranges.clone()))).is_ok() {
+            l.keep = Some(ranges);
+        }
+    }
+    // Handoffs that ended (or were replaced): stop driving, lift the fence. The map read shows
+    // the handoff gone, so it can no longer commit: the source's writer may take the range's
+    // writes again (if the range is still its own).
+    driving.retain(|source, (create, task)| {
+        let current = running.iter().any(|run| run.handoff.source == *source && run.create == *create);
+        if !current {
+            task.abort();
+            if let Some(l) = led.get(source) {
+                handoff::unfence(&l.control);
+            }
+            tracing::info!(region = source, "handoff ended");
+        }
+        current
+    });
+    for run in running {
+        let h = &run.handoff;
+        if driving.contains_key(&h.source) {
+            continue;
+        }
+        let (Some(s), Some(t)) = (led.get(&h.source), led.get(&h.target)) else { continue };
+        if snap.map.region(h.source).is_none_or(|r| r.primary != me) || !s.serving {
+            continue;
+        }
+        let (hc, create, sc, tc) = (h.clone(), run.create, s.control.clone(), t.control.clone());
+        let (store, keys) = (store.clone(), keys.clone());
+        let task = tokio::spawn(async move {
+            // Retried until it succeeds or the handoff ends (the master aborts one that takes
+            // too long).
+            loop {
+                match handoff::drive(hc.clone(), create, sc.clone(), tc.clone(), store.clone(), keys.clone(), lease)
+                    .await
+                {
+                    Ok(_) => return,
+                    Err(e) => {
+                        tracing::warn!(source = hc.source, error = %format!("{e:#}"), "copying a handoff failed; retrying")
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        driving.insert(h.source, (run.create, task));
+    }
 }
 
 fn remove_region_files(opener: &Opener, id: u32) {

@@ -14,6 +14,7 @@
 
 pub mod cluster;
 pub mod cluster_metrics;
+mod handoff;
 mod worker;
 
 use std::collections::HashMap;
@@ -102,12 +103,12 @@ impl Opener {
     }
 
     /// Opens region `id` (creating it if new; replaying its log tail) and starts its writer;
-    /// returns its queue, its writer thread and a reader of its log's bytes (for replication).
+    /// returns the started writer and a reader of its log's bytes (for replication).
     pub fn open(
         &self,
         id: u32,
         repl: Option<worker::Replicated>,
-    ) -> Result<(mpsc::Sender<Job>, std::thread::JoinHandle<()>, dpukv_storage::vlog::LogTail)> {
+    ) -> Result<(worker::Started, dpukv_storage::vlog::LogTail)> {
         let mut rc = RegionConfig::new(self.dir(id), pod::region_dir(&self.shm_dir, id));
         rc.vlog.fsync = self.fsync;
         rc.l0_budget = self.l0_budget;
@@ -118,9 +119,9 @@ impl Opener {
         let (region, rec) = Region::open(rc).with_context(|| format!("opening region {id}"))?;
         tracing::info!(region = id, replayed = rec.replayed, dropped = rec.dropped, "region open");
         let tail = region.vlog().tail();
-        let (queue, thread) =
+        let started =
             start_writer(id, region, self.per_op_atomics, self.stats.clone(), WRITER_QUEUE, self.rt.clone(), repl)?;
-        Ok((queue, thread, tail))
+        Ok((started, tail))
     }
 }
 
@@ -169,7 +170,7 @@ pub async fn run(
         None => {
             cfg.regions.pin_to(&cfg.data_dir)?;
             for spec in cfg.regions.regions() {
-                let (queue, thread, _) = opener.open(spec.id, None)?;
+                let (worker::Started { queue, thread, .. }, _) = opener.open(spec.id, None)?;
                 served.write().unwrap_or_else(|e| e.into_inner()).writers.insert(spec.id, queue);
                 writer_threads.push(thread);
             }

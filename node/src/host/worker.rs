@@ -11,6 +11,13 @@
 //! the value log's flusher syncs — so one sync serves every write that arrived during the last.
 //! Between rounds, and when idle, the writer runs the region's upkeep (`Region::maintain`:
 //! compactions, garbage collection, file retirement).
+//!
+//! A cluster's agent also sends [`Control`]s, handled between rounds, for splits and merges
+//! (docs/cluster.md §9): fence a range (its writes are refused, retryable), export a range and
+//! the exactly-once sessions, import them into another region (acknowledged like a write: durable
+//! and held by every backup), report the region's size, and the ranges the region keeps — keys
+//! outside them (the half a split gave away, an aborted merge's copy) are deleted in bounded
+//! steps of the upkeep.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -21,7 +28,7 @@ use dpukv_proto::{ErrorCode, Op, Reply, Request, Response, Session, WriteOp};
 use dpukv_storage::BatchOp;
 use dpukv_storage::region::{Lookup, Region, SessionEntry, WriteAck};
 use dpukv_storage::vlog::{DurabilityWaiter, Lsn};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use dpukv_cluster::membership::Authority;
 
@@ -40,6 +47,90 @@ pub struct Job {
     /// Its connection.
     pub sink: Sink,
 }
+
+/// A key range `[start, end)` (end None: unbounded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRange {
+    /// First key.
+    pub start: Vec<u8>,
+    /// First key after it.
+    pub end: Option<Vec<u8>>,
+}
+
+impl KeyRange {
+    /// Whether `key` is in it.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.start.as_slice() <= key && self.end.as_deref().is_none_or(|e| key < e)
+    }
+
+    /// Its largest key (for inclusive scan bounds).
+    pub fn last_key(&self) -> Vec<u8> {
+        match &self.end {
+            Some(e) => dpukv_proto::regionmap::key_before(e),
+            None => vec![0xff; dpukv_proto::limits::MAX_KEY],
+        }
+    }
+}
+
+/// What a region's size report holds: estimated bytes, writes since the last report, and a
+/// middle key (if asked for and the region has two keys or more).
+pub type LoadReport = (u64, u64, Option<Vec<u8>>);
+
+/// Exported items: keys and values, ascending.
+pub type Items = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// An item to import: a key and its value (None: delete it).
+pub type ImportItem = (Vec<u8>, Option<Vec<u8>>);
+
+/// Work for a region's writer besides client writes (see the module documentation).
+#[derive(Debug)]
+pub enum Control {
+    /// From the next round on, refuse writes touching `range` (None: refuse none); answered once
+    /// in force (every write before it applied).
+    Fence {
+        /// The range.
+        range: Option<KeyRange>,
+        /// Answered once in force.
+        done: oneshot::Sender<()>,
+    },
+    /// The ranges the region keeps (None: everything); others are deleted in the upkeep.
+    Keep(Option<Vec<KeyRange>>),
+    /// Up to `limit` items (and about `max_bytes`) of `[from, end)`, ascending.
+    Export {
+        /// First key.
+        from: Vec<u8>,
+        /// Where to stop.
+        end: Option<Vec<u8>>,
+        /// Most items.
+        limit: usize,
+        /// About the most bytes.
+        max_bytes: usize,
+        /// The items, or why not.
+        done: oneshot::Sender<Result<Items, String>>,
+    },
+    /// The exactly-once sessions' entries.
+    Sessions(oneshot::Sender<Vec<SessionEntry>>),
+    /// Writes `items` as one batch carrying `entries`; answered once it may be acknowledged
+    /// (durable, held by every backup, this node still leading).
+    Import {
+        /// Keys and values (None: delete).
+        items: Vec<ImportItem>,
+        /// Exactly-once entries to record with it.
+        entries: Vec<SessionEntry>,
+        /// Done, or why not.
+        done: oneshot::Sender<Result<(), String>>,
+    },
+    /// The region's size report (`middle`: find a middle key too; it walks the keys).
+    Load {
+        /// Whether to find a middle key.
+        middle: bool,
+        /// The report.
+        done: oneshot::Sender<Result<LoadReport, String>>,
+    },
+}
+
+/// Keys deleted per upkeep step when the region holds keys outside its ranges.
+const TRIM_STEP: usize = 512;
 
 /// Counters the writers publish.
 #[derive(Debug, Default)]
@@ -79,10 +170,22 @@ pub struct Replicated {
     pub timeout: Duration,
 }
 
-/// Starts the writer and releaser threads of `region`; returns the queue to send its jobs to
-/// and the writer thread (it ends, after closing the region, once the queue is dropped). With
-/// `repl`, every response also waits for every backup to hold its round and for the node's
-/// authority (a region of a cluster).
+/// A started writer: its job queue, its control queue and its thread (it ends, after closing
+/// the region, once the job queue is dropped).
+pub struct Started {
+    /// Client writes.
+    pub queue: mpsc::Sender<Job>,
+    /// Splits' and merges' work.
+    pub control: mpsc::Sender<Control>,
+    /// The writer thread.
+    pub thread: std::thread::JoinHandle<()>,
+}
+
+/// Controls queued per writer.
+const CONTROL_QUEUE: usize = 16;
+
+/// Starts the writer and releaser threads of `region`. With `repl`, every response also waits
+/// for every backup to hold its round and for the node's authority (a region of a cluster).
 pub fn start(
     id: u32,
     mut region: Region,
@@ -91,8 +194,9 @@ pub fn start(
     queue: usize,
     rt: tokio::runtime::Handle,
     repl: Option<Replicated>,
-) -> std::io::Result<(mpsc::Sender<Job>, std::thread::JoinHandle<()>)> {
+) -> std::io::Result<Started> {
     let (tx, rx) = mpsc::channel(queue);
+    let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
     let (rel_tx, rel_rx) = std::sync::mpsc::sync_channel::<Release>(RELEASE_QUEUE);
     if let Some(r) = &repl {
         region.capture_exports();
@@ -100,9 +204,20 @@ pub fn start(
     }
     let rel_repl = repl.clone();
     std::thread::Builder::new().name(format!("dpukv-release-{id}")).spawn(move || release(rel_rx, rel_repl))?;
-    let w = Worker { region, station: ReservationStation::new(), per_op_atomics, stats, release: rel_tx, repl };
-    let writer = std::thread::Builder::new().name(format!("dpukv-write-{id}")).spawn(move || w.run(rx, rt))?;
-    Ok((tx, writer))
+    let w = Worker {
+        region,
+        station: ReservationStation::new(),
+        per_op_atomics,
+        stats,
+        release: rel_tx,
+        repl,
+        fence: None,
+        keep: None,
+        trimmed: true,
+        writes_since: 0,
+    };
+    let thread = std::thread::Builder::new().name(format!("dpukv-write-{id}")).spawn(move || w.run(rx, ctl_rx, rt))?;
+    Ok(Started { queue: tx, control: ctl_tx, thread })
 }
 
 /// Responses released once the log is durable up to `end`.
@@ -110,6 +225,8 @@ struct Release {
     waiter: DurabilityWaiter,
     end: Lsn,
     responses: Vec<(Sink, Response, Charge)>,
+    /// An import's answer.
+    done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
 fn release(rx: std::sync::mpsc::Receiver<Release>, repl: Option<Replicated>) {
@@ -123,6 +240,9 @@ fn release(rx: std::sync::mpsc::Receiver<Release>, repl: Option<Replicated>) {
             } else if !repl.authority.valid() {
                 failed = Some("this node's lease ran out: it may no longer lead the region".into());
             }
+        }
+        if let Some(done) = r.done {
+            let _ = done.send(failed.clone().map_or(Ok(()), Err));
         }
         for (sink, resp, charge) in r.responses {
             // A write whose log write or sync failed, or that its backups did not confirm, is
@@ -193,6 +313,14 @@ struct Worker {
     stats: Arc<WriterStats>,
     release: std::sync::mpsc::SyncSender<Release>,
     repl: Option<Replicated>,
+    /// Writes touching it are refused (a split or merge copies it).
+    fence: Option<KeyRange>,
+    /// The ranges the region keeps (None: all).
+    keep: Option<Vec<KeyRange>>,
+    /// Whether no key outside `keep` is left.
+    trimmed: bool,
+    /// Writes since the last load report.
+    writes_since: u64,
 }
 
 fn is_atomic(op: &Op) -> bool {
@@ -222,18 +350,29 @@ fn decode_reply(b: &[u8], op: &Op) -> Reply {
 }
 
 impl Worker {
-    fn run(mut self, mut rx: mpsc::Receiver<Job>, rt: tokio::runtime::Handle) {
+    fn run(mut self, mut rx: mpsc::Receiver<Job>, mut ctl: mpsc::Receiver<Control>, rt: tokio::runtime::Handle) {
         let mut last_upkeep = Instant::now();
+        let mut ctl_open = true;
         loop {
-            let first = rt.block_on(async { tokio::time::timeout(MAINTAIN_EVERY, rx.recv()).await });
+            let first = rt.block_on(async {
+                tokio::time::timeout(MAINTAIN_EVERY, async {
+                    tokio::select! {
+                        j = rx.recv() => Ok(j),
+                        c = ctl.recv(), if ctl_open => Err(c),
+                    }
+                })
+                .await
+            });
             match first {
-                Ok(None) => break,
+                Ok(Ok(None)) => break,
+                Ok(Err(None)) => ctl_open = false,
+                Ok(Err(Some(c))) => self.control(c),
                 Err(_) => {
                     self.upkeep();
                     last_upkeep = Instant::now();
                     continue;
                 }
-                Ok(Some(job)) => {
+                Ok(Ok(Some(job))) => {
                     let mut jobs = vec![job];
                     while jobs.len() < MAX_ROUND_JOBS {
                         match rx.try_recv() {
@@ -243,6 +382,9 @@ impl Worker {
                     }
                     self.round(jobs);
                     self.stats.rounds.fetch_add(1, Ordering::Relaxed);
+                    while let Ok(c) = ctl.try_recv() {
+                        self.control(c);
+                    }
                 }
             }
             if last_upkeep.elapsed() >= MAINTAIN_EVERY {
@@ -259,7 +401,101 @@ impl Worker {
         }
     }
 
+    /// Handles one control (between rounds: every write before it is applied).
+    fn control(&mut self, c: Control) {
+        match c {
+            Control::Fence { range, done } => {
+                self.fence = range;
+                let _ = done.send(());
+            }
+            Control::Keep(ranges) => {
+                self.keep = ranges;
+                self.trimmed = self.keep.is_none();
+            }
+            Control::Export { from, end, limit, max_bytes, done } => {
+                let hi = KeyRange { start: from.clone(), end }.last_key();
+                let r = self.region.scan_bytes(&from, &hi, limit, max_bytes).map_err(|e| e.to_string());
+                let _ = done.send(r);
+            }
+            Control::Sessions(done) => {
+                let _ = done.send(self.region.sessions().entries());
+            }
+            Control::Import { items, entries, done } => {
+                let ops: Vec<BatchOp<'_>> = items
+                    .iter()
+                    .map(|(k, v)| match v {
+                        Some(v) => BatchOp::Put(k, v),
+                        None => BatchOp::Delete(k),
+                    })
+                    .collect();
+                let n = ops.len() as u64;
+                // An import may land outside the kept ranges (a merge aborted under it): look again.
+                self.trimmed = self.keep.is_none();
+                let r = self.region.write_group_tagged(&[(&ops, &entries)]).pop();
+                match r {
+                    Some(Ok(_)) => self.release_round(Vec::new(), n, Some(done)),
+                    Some(Err(e)) => drop(done.send(Err(e.to_string()))),
+                    None => drop(done.send(Err("the import wrote nothing".into()))),
+                }
+            }
+            Control::Load { middle, done } => {
+                let writes = std::mem::take(&mut self.writes_since);
+                let m = if middle { self.region.middle_key() } else { Ok(None) };
+                let _ = done.send(m.map(|m| (self.region.estimated_bytes(), writes, m)).map_err(|e| e.to_string()));
+            }
+        }
+    }
+
+    /// Deletes up to [`TRIM_STEP`] keys outside the ranges the region keeps.
+    fn trim(&mut self) {
+        let Some(keep) = self.keep.as_ref().filter(|_| !self.trimmed) else { return };
+        let mut keep = keep.clone();
+        keep.sort_by(|a, b| a.start.cmp(&b.start));
+        // The gaps between the kept ranges: [from, next start) (None: to the end of the keys).
+        let mut gaps: Vec<KeyRange> = Vec::new();
+        let mut from: Option<Vec<u8>> = Some(Vec::new());
+        for r in &keep {
+            if let Some(f) = from.take()
+                && f < r.start
+            {
+                gaps.push(KeyRange { start: f, end: Some(r.start.clone()) });
+            }
+            from = r.end.clone();
+        }
+        if let Some(f) = from {
+            gaps.push(KeyRange { start: f, end: None });
+        }
+        let mut stale = Vec::new();
+        for g in &gaps {
+            match self.region.scan_keys(&g.start, &g.last_key(), TRIM_STEP - stale.len()) {
+                Ok(keys) => stale.extend(keys.into_iter().filter(|k| !keep.iter().any(|r| r.contains(k)))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading keys outside the region failed; will retry");
+                    return;
+                }
+            }
+            if stale.len() >= TRIM_STEP {
+                break;
+            }
+        }
+        if stale.is_empty() {
+            self.trimmed = true;
+            return;
+        }
+        let ops: Vec<BatchOp<'_>> = stale.iter().map(|k| BatchOp::Delete(k)).collect();
+        let n = ops.len() as u64;
+        match self.region.write_group_tagged(&[(&ops, &[])]).pop() {
+            Some(Ok(_)) => {
+                tracing::info!(keys = n, "deleted keys outside the region's range");
+                self.release_round(Vec::new(), n, None);
+            }
+            Some(Err(e)) => tracing::warn!(error = %e, "deleting keys outside the region failed; will retry"),
+            None => {}
+        }
+    }
+
     fn upkeep(&mut self) {
+        self.trim();
         match self.region.maintain() {
             Ok(m) => {
                 self.stats.gc_segments.fetch_add(m.gc.deleted, Ordering::Relaxed);
@@ -290,6 +526,22 @@ impl Worker {
     /// by the other kind of operation.
     fn stage(&mut self, round: &mut Round, job: Job) {
         let Job { req, charge, sink } = job;
+        if let Some(f) = &self.fence {
+            let touches = match &req.op {
+                Op::Batch { ops } => ops.iter().any(|o| f.contains(WriteOp::key(o))),
+                op => f.contains(op.key()),
+            };
+            if touches {
+                let r = Response::error(
+                    req.id,
+                    ErrorCode::Unavailable,
+                    "the key's range is moving to another region (a split or merge): retry",
+                );
+                round.pending.push((sink, req.id, charge, Pending::Ready(r), None));
+                return;
+            }
+        }
+        self.writes_since += 1;
         if let Some(s) = req.session {
             self.region.session_acknowledge(s.client, s.acked_below);
             if let Some(&first) = round.tagged.get(&(s.client, s.seq)) {
@@ -442,13 +694,27 @@ impl Worker {
         }
         // Every round's responses wait for the log's end: no reply (even of a read-only atomic,
         // or a retry answered from the sessions) reveals state that is not acknowledged yet.
-        let r = Release { waiter: self.region.vlog().durability(), end: self.region.vlog().end(), responses };
+        self.release_round(responses, records, None);
+    }
+
+    /// Hands a round's responses (and an import's answer) to the releaser, waiting for the log's
+    /// end; tells the senders of the round's records.
+    fn release_round(
+        &mut self,
+        responses: Vec<(Sink, Response, Charge)>,
+        records: u64,
+        done: Option<oneshot::Sender<Result<(), String>>>,
+    ) {
+        let r = Release { waiter: self.region.vlog().durability(), end: self.region.vlog().end(), responses, done };
         if let Some(repl) = &self.repl {
             repl.feed.committed_at(self.region.vlog().end(), records);
         }
         // A compaction installed during the round (a full L0) ships now too.
         self.ship_exports();
         if let Err(std::sync::mpsc::SendError(r)) = self.release.send(r) {
+            if let Some(done) = r.done {
+                let _ = done.send(Err("the region is closing".into()));
+            }
             for (sink, resp, charge) in r.responses {
                 sink.send(resp, charge);
             }

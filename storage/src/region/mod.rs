@@ -241,6 +241,8 @@ pub struct Region {
     exports: Option<Vec<IndexExport>>,
     /// The L0 being compacted, if any (at most one at a time).
     frozen: Option<Frozen>,
+    /// Bytes of the log values the active L0 points at (for size estimates).
+    active_log_bytes: u64,
     /// The compaction in progress (or finished, waiting to be installed).
     compaction: Option<Pending>,
     /// The last compaction failed: why, and when to try again.
@@ -343,6 +345,7 @@ impl Region {
             stats: RegionStats::default(),
             exports: None,
             frozen: None,
+            active_log_bytes: 0,
             compaction: None,
             compaction_failed: None,
             poisoned: None,
@@ -488,6 +491,77 @@ impl Region {
     /// Up to `limit` items with keys in `[lo, hi]`, ascending.
     pub fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         merge::scan(&self.srcs(), &self.vreader, lo, hi, limit, usize::MAX)
+    }
+
+    /// Like [`Region::scan`], stopping once keys and values reach `max_bytes` (the item that
+    /// reaches it is included).
+    pub fn scan_bytes(&self, lo: &[u8], hi: &[u8], limit: usize, max_bytes: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        merge::scan(&self.srcs(), &self.vreader, lo, hi, limit, max_bytes)
+    }
+
+    /// Up to `limit` live keys in `[lo, hi]`, ascending, without reading values.
+    pub fn scan_keys(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<Vec<u8>>> {
+        let srcs = self.srcs();
+        let mut out = Vec::new();
+        if lo > hi {
+            return Ok(out);
+        }
+        let mut cur = merge::MergeCursor::new(&srcs, lo, hi);
+        while out.len() < limit
+            && let Some((k, _, s, _)) = cur.next()?
+        {
+            if s != Stored::Tombstone {
+                out.push(k);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Estimated bytes of the region's data: its levels (their segments and the log bytes their
+    /// pointers keep alive) and its L0 trees (keys, small values, nodes, and the log bytes of the
+    /// values they point at). Overwritten versions count until compactions drop them.
+    pub fn estimated_bytes(&self) -> u64 {
+        let levels: u64 = self
+            .levels
+            .iter()
+            .flatten()
+            .map(|l| l.meta().bytes + l.meta().log_refs.iter().map(|(_, b)| b).sum::<u64>())
+            .sum();
+        let l0: u64 = std::iter::once(&self.active)
+            .chain(self.frozen.iter().map(|f| &f.writer))
+            .map(|w| w.stats().allocated_bytes)
+            .sum();
+        let l0_log = self.active_log_bytes + self.frozen.as_ref().map_or(0, |f| f.log_bytes);
+        levels + l0 + l0_log
+    }
+
+    /// A key near the middle of the region's live data by bytes (keys plus stored value
+    /// lengths), never its first key: where a split leaves two halves of about equal size. None
+    /// with fewer than two live keys. Walks the keys twice without reading values from the log.
+    pub fn middle_key(&self) -> Result<Option<Vec<u8>>> {
+        let srcs = self.srcs();
+        let size = |s: &Stored, k: &[u8]| match s {
+            Stored::Value(v) => Some(k.len() + v.len()),
+            Stored::Pointer { len, .. } => Some(k.len() + *len as usize),
+            Stored::Tombstone => None,
+        };
+        let hi = [0xffu8; crate::config::MAX_KEY_LEN + 1];
+        let mut total = 0usize;
+        let mut cur = merge::MergeCursor::new(&srcs, &[], &hi);
+        while let Some((k, _, s, _)) = cur.next()? {
+            total += size(&s, &k).unwrap_or(0);
+        }
+        let (mut seen, mut first) = (0usize, true);
+        let mut cur = merge::MergeCursor::new(&srcs, &[], &hi);
+        while let Some((k, _, s, _)) = cur.next()? {
+            let Some(n) = size(&s, &k) else { continue };
+            if !first && seen >= total / 2 {
+                return Ok(Some(k));
+            }
+            first = false;
+            seen += n;
+        }
+        Ok(None)
     }
 
     /// Like [`Region::scan`] from the largest key `<= lo`.

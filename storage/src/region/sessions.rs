@@ -197,6 +197,21 @@ impl Sessions {
         self.clients.values().map(|s| s.entries.len()).sum()
     }
 
+    /// Every remembered entry (for a split or merge: the range's new region must answer retries
+    /// of writes this one applied). Recorded again elsewhere, an entry gets the version of the
+    /// batch that carries it; the reply is the same.
+    pub fn entries(&self) -> Vec<SessionEntry> {
+        let mut out: Vec<SessionEntry> = self
+            .clients
+            .iter()
+            .flat_map(|(&client, s)| {
+                s.entries.iter().map(move |(&seq, (_, reply))| SessionEntry { client, seq, reply: reply.clone() })
+            })
+            .collect();
+        out.sort_by_key(|e| (e.client, e.seq));
+        out
+    }
+
     /// Whether nothing is remembered.
     pub fn is_empty(&self) -> bool {
         self.clients.values().all(|s| s.entries.is_empty())

@@ -32,6 +32,8 @@ pub(super) struct Frozen {
     pub(super) log_end: Lsn,
     /// The exactly-once sessions as of `log_end` (stored with the compaction's manifest).
     pub(super) sessions: Sessions,
+    /// Bytes of the values it points at in the log (for size estimates).
+    pub(super) log_bytes: u64,
 }
 
 /// A batch of a group and its exactly-once entries (empty: none).
@@ -269,6 +271,7 @@ impl Region {
         end: Lsn,
     ) -> Result<()> {
         let inline = self.cfg.arena.inline_threshold as usize;
+        let mut log_bytes = 0u64;
         let ops: Vec<BatchOp<'k>> = items
             .map(|(k, tomb, v, at)| {
                 if tomb {
@@ -276,6 +279,7 @@ impl Region {
                 } else if v.len() <= inline {
                     BatchOp::Put(k, v)
                 } else {
+                    log_bytes += v.len() as u64;
                     BatchOp::PutPointer(k, at.0, v.len() as u32)
                 }
             })
@@ -291,6 +295,7 @@ impl Region {
             Err(e) => return Err(e),
         }
         self.l0_end = self.l0_end.max(end);
+        self.active_log_bytes += log_bytes;
         Ok(())
     }
 
@@ -384,7 +389,8 @@ impl Region {
         }
         let frozen = std::mem::replace(&mut self.active, next);
         let sessions = self.sessions.clone();
-        self.frozen = Some(Frozen { writer: frozen, version, log_end: self.l0_end, sessions });
+        let log_bytes = std::mem::take(&mut self.active_log_bytes);
+        self.frozen = Some(Frozen { writer: frozen, version, log_end: self.l0_end, sessions, log_bytes });
         self.publish_tables()?;
         if let Some(f) = &self.frozen {
             f.writer.set_tables_generation(self.tables_gen, true);

@@ -406,3 +406,61 @@ fn a_region_has_one_owner() {
     let r = Region::open(cfg).expect("reopen once closed").0;
     assert_eq!(r.get(b"k2").expect("get"), Some(b"v2".to_vec()));
 }
+
+/// What a split needs from a region: a middle key that halves its data by bytes (never its first
+/// key; none with one key), a size estimate that follows the data through flushes and
+/// compactions (small values in L0, large ones in the log, both in levels), key-only scans that
+/// skip deleted keys, and every exactly-once entry for the new region.
+#[test]
+fn a_region_tells_its_middle_key_its_size_and_its_sessions() {
+    use dpukv_storage::region::SessionEntry;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = RegionConfig::tiny(dir.path().join("r"), dir.path().join("shm"), FsyncPolicy::Never);
+    cfg.l0_budget = 1 << 20; // everything stays in L0 first
+    let (mut r, _) = Region::open(cfg).expect("open");
+    assert_eq!(r.middle_key().expect("middle"), None, "empty");
+    r.put(b"a", b"1").expect("put");
+    assert_eq!(r.middle_key().expect("middle"), None, "one key cannot split");
+    let small = r.estimated_bytes();
+    // 100 keys of 600-byte values (above the inline threshold: their bytes are in the log).
+    for i in 0..100u32 {
+        r.put(format!("k{i:03}").as_bytes(), &[b'v'; 600]).expect("put");
+    }
+    let l0 = r.estimated_bytes();
+    assert!(l0 >= small + 100 * 600, "L0's log values count: {small} -> {l0}");
+    let m = r.middle_key().expect("middle").expect("a middle key");
+    assert!(
+        m.as_slice() >= b"k045".as_slice() && m.as_slice() <= b"k055".as_slice(),
+        "{:?}",
+        String::from_utf8_lossy(&m)
+    );
+    // Deleted keys are skipped by key scans and do not pull the middle.
+    r.write_batch(
+        &(0..50u32)
+            .map(|i| format!("k{i:03}").into_bytes())
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|k| BatchOp::Delete(k))
+            .collect::<Vec<_>>(),
+    )
+    .expect("deletes");
+    let keys = r.scan_keys(b"k", b"k~", 1000).expect("keys");
+    assert_eq!(keys.len(), 50);
+    assert_eq!(keys[0], b"k050".to_vec());
+    let m = r.middle_key().expect("middle").expect("a middle key");
+    assert!(
+        m.as_slice() >= b"k070".as_slice() && m.as_slice() <= b"k080".as_slice(),
+        "{:?}",
+        String::from_utf8_lossy(&m)
+    );
+    // Through flushes and compactions, the estimate stays in the data's order of magnitude.
+    r.flush_now().expect("flush");
+    let levels = r.estimated_bytes();
+    assert!((50 * 600..20 * 100 * 600).contains(&levels), "after a flush: {levels}");
+    // Sessions: every entry, for every client.
+    let entries = |c: u64, s: u64| SessionEntry { client: c, seq: s, reply: vec![c as u8] };
+    let ops = [BatchOp::Put(b"x", b"1")];
+    r.write_group_tagged(&[(&ops, &[entries(7, 1), entries(9, 4)])]).pop().expect("one").expect("write");
+    r.write_group_tagged(&[(&ops, &[entries(7, 2)])]).pop().expect("one").expect("write");
+    assert_eq!(r.sessions().entries(), vec![entries(7, 1), entries(7, 2), entries(9, 4)]);
+}
