@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use dpukv_proto::regionmap::{Handoff, HandoffKind, RegionInfo, RegionState};
 
+use crate::keys::{hex, unhex};
 use crate::meta::Revision;
 
 /// A handoff as stored, with the revisions that name it.
@@ -51,17 +52,6 @@ pub struct RegionLoad {
     pub writes_per_sec: u64,
     /// A key near the middle of its data (where it would split), if it has two keys or more.
     pub middle: Option<Vec<u8>>,
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
 impl RegionLoad {

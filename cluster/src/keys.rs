@@ -207,11 +207,13 @@ impl ClusterConfig {
 /// writes) is fixed. Splits by size are on with `--split-bytes N`.
 pub const DEFAULT_SPLIT_BYTES: u64 = 0;
 
-fn hex(b: &[u8]) -> String {
+/// Bytes as lowercase hex (how keys are written in the text values of the layout).
+pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn unhex(s: &str) -> Option<Vec<u8>> {
+/// Hex back to bytes (None if malformed).
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
     }

@@ -143,9 +143,7 @@ async fn split(
     State(a): State<Admin>,
     axum::extract::Path((region, key)): axum::extract::Path<(u32, String)>,
 ) -> Answer {
-    let k: Option<Vec<u8>> = (key.len().is_multiple_of(2) && key.len() <= 2 * dpukv_proto::limits::MAX_KEY)
-        .then(|| (0..key.len()).step_by(2).map(|i| u8::from_str_radix(key.get(i..i + 2)?, 16).ok()).collect())
-        .flatten();
+    let k = dpukv_cluster::keys::unhex(&key).filter(|k| k.len() <= dpukv_proto::limits::MAX_KEY);
     match k {
         Some(k) if !k.is_empty() => request_handoff(&a, region, Some(k)).await,
         _ => text(StatusCode::BAD_REQUEST, "the key must be 1 to 1024 bytes, in hex\n".into()),
