@@ -208,16 +208,7 @@ pub fn plan(regions: &[RegionInfo], live: &BTreeSet<u32>, f: &HandoffFacts, t: T
                 None => Step::Commit {
                     running: run.clone(),
                     source: Some(RegionInfo { end: Some(h.start.clone()), ..serving.clone() }),
-                    target: RegionInfo {
-                        id: h.target,
-                        start: h.start.clone(),
-                        end: h.end.clone(),
-                        primary: s.primary,
-                        backups: s.backups.clone(),
-                        joining: vec![],
-                        epoch: 1,
-                        state: RegionState::Serving,
-                    },
+                    target: h.new_region(s),
                     target_is_new: true,
                 },
                 Some(l) => Step::Commit {

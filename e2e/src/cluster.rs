@@ -131,35 +131,29 @@ impl ClusterNode {
 
     /// The body of `GET path` at its host's admin endpoint (HTTP/1.0, within 5 s).
     pub fn admin_get(&self, path: &str) -> Result<String> {
+        self.admin_call("GET", path, Duration::from_secs(5))
+    }
+
+    /// POSTs to `path` at its host's admin endpoint; the body of a 200 answer (within 10 s).
+    pub fn admin_post(&self, path: &str) -> Result<String> {
+        self.admin_call("POST", path, Duration::from_secs(10))
+    }
+
+    /// One HTTP/1.0 request without a body to its host's admin endpoint; the body of a 200
+    /// answer, else an error with the status line.
+    fn admin_call(&self, method: &str, path: &str, timeout: Duration) -> Result<String> {
         use std::io::{Read, Write};
         let addr: std::net::SocketAddr = self.admin.parse().context("the admin address")?;
         let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.admin)?;
+        s.set_read_timeout(Some(timeout))?;
+        write!(s, "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Length: 0\r\n\r\n", self.admin)?;
         let mut out = String::new();
         s.take(16 << 20).read_to_string(&mut out)?;
         match out.split_once("\r\n\r\n") {
             Some((head, body)) if head.starts_with("HTTP/1.") && head.split(' ').nth(1) == Some("200") => {
                 Ok(body.to_string())
             }
-            _ => bail!("GET {path} at node {}: {}", self.id, out.lines().next().unwrap_or("no answer")),
-        }
-    }
-
-    /// POSTs to `path` at its host's admin endpoint; the body of a 200 answer.
-    pub fn admin_post(&self, path: &str) -> Result<String> {
-        use std::io::{Read, Write};
-        let addr: std::net::SocketAddr = self.admin.parse().context("the admin address")?;
-        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(s, "POST {path} HTTP/1.0\r\nHost: {}\r\nContent-Length: 0\r\n\r\n", self.admin)?;
-        let mut out = String::new();
-        s.take(1 << 20).read_to_string(&mut out)?;
-        match out.split_once("\r\n\r\n") {
-            Some((head, body)) if head.starts_with("HTTP/1.") && head.split(' ').nth(1) == Some("200") => {
-                Ok(body.to_string())
-            }
-            _ => bail!("POST {path} at node {}: {out}", self.id),
+            _ => bail!("{method} {path} at node {}: {}", self.id, out.lines().next().unwrap_or("no answer")),
         }
     }
 

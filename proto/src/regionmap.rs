@@ -213,6 +213,21 @@ impl Handoff {
         self.start.as_slice() <= key && self.end.as_deref().is_none_or(|e| key < e)
     }
 
+    /// The region a split creates from `source`: the moving range, placed like the source,
+    /// epoch 1, serving (what its primary leads while copying and what the commit writes).
+    pub fn new_region(&self, source: &RegionInfo) -> RegionInfo {
+        RegionInfo {
+            id: self.target,
+            start: self.start.clone(),
+            end: self.end.clone(),
+            primary: source.primary,
+            backups: source.backups.clone(),
+            joining: vec![],
+            epoch: 1,
+            state: RegionState::Serving,
+        }
+    }
+
     /// Encodes the record.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![MAP_FORMAT];

@@ -222,20 +222,7 @@ pub async fn run(
             .running
             .iter()
             .filter(|run| run.handoff.kind == HandoffKind::Split)
-            .filter_map(|run| {
-                let h = &run.handoff;
-                let s = snap.map.region(h.source)?;
-                Some(RegionInfo {
-                    id: h.target,
-                    start: h.start.clone(),
-                    end: h.end.clone(),
-                    primary: s.primary,
-                    backups: s.backups.clone(),
-                    joining: vec![],
-                    epoch: 1,
-                    state: RegionState::Serving,
-                })
-            })
+            .filter_map(|run| Some(run.handoff.new_region(snap.map.region(run.handoff.source)?)))
             .collect();
         // Regions this node gives up: publish first (stop serving), then close.
         let keep = |r: &RegionInfo| r.primary == me;
