@@ -184,6 +184,24 @@ impl Sink {
     }
 }
 
+/// A sink whose responses a test reads back one by one.
+#[cfg(test)]
+pub(crate) fn test_sink() -> (Sink, impl FnMut(Duration) -> Option<Response>) {
+    let (tx, mut rx) = mpsc::channel(64);
+    let next = move |within: Duration| {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            match rx.try_recv() {
+                Ok(Outgoing::One(r, _)) => return Some(r),
+                Ok(Outgoing::Encoded { .. }) => panic!("test sinks get one response at a time"),
+                Err(_) if std::time::Instant::now() >= deadline => return None,
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    };
+    (Sink(tx), next)
+}
+
 /// One request read from a connection, with its charge.
 #[derive(Debug)]
 pub struct Incoming {

@@ -246,13 +246,26 @@ fn release(rx: std::sync::mpsc::Receiver<Release>, repl: Option<Replicated>) {
         }
         for (sink, resp, charge) in r.responses {
             // A write whose log write or sync failed, or that its backups did not confirm, is
-            // never acknowledged: its outcome is unknown (it may still survive).
+            // never acknowledged: its outcome is unknown (it may still survive). Nor is any other
+            // answer that reveals the region's state — a failed insert, update, or atomic found
+            // what unacknowledged writes left, which a failover may take back.
             let resp = match &failed {
-                Some(why) if resp.result.is_ok() => Response::error(resp.id, ErrorCode::OutcomeUnknown, why.clone()),
+                Some(why) if reveals_state(&resp) => Response::error(resp.id, ErrorCode::OutcomeUnknown, why.clone()),
                 _ => resp,
             };
             sink.send(resp, charge);
         }
+    }
+}
+
+/// Whether a write's response says something about the region's state (and so may be sent only
+/// once everything before it in the log is acknowledged): success, and the errors a write gets
+/// from what it found. Errors about the request itself (sizes, a moving range, an expired
+/// session) hold whatever the log holds.
+fn reveals_state(resp: &Response) -> bool {
+    match &resp.result {
+        Ok(_) => true,
+        Err(e) => matches!(e.code, ErrorCode::KeyExists | ErrorCode::KeyNotFound | ErrorCode::TypeMismatch),
     }
 }
 
@@ -719,5 +732,72 @@ impl Worker {
                 sink.send(resp, charge);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A write the backups never confirmed was answered as a failure *found* by a later write
+    //! (an update of a key "not found" because of a delete no backup held): a failover took the
+    //! delete back, and the history was not linearizable (found by
+    //! `linearizable_across_partitions_of_the_primary`). Such answers are now outcome unknown.
+
+    use super::*;
+    use crate::conn::test_sink;
+    use dpukv_cluster::keys::Keys;
+    use dpukv_cluster::mem::MemStore;
+    use dpukv_cluster::membership::{Timing, register};
+    use dpukv_proto::regionmap::NodeInfo;
+    use dpukv_storage::region::RegionConfig;
+    use dpukv_storage::vlog::FsyncPolicy;
+
+    #[test]
+    fn answers_that_reveal_unconfirmed_writes_are_outcome_unknown() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let region = Region::open(RegionConfig::tiny(dir.path().join("r"), dir.path().join("shm"), FsyncPolicy::Never))
+            .expect("open")
+            .0;
+        let store = rt.block_on(async { MemStore::new() });
+        let keys = Keys::new("t").expect("keys");
+        let info = NodeInfo { id: 1, device: "d".into(), replication: "r".into(), admin: "a".into(), zone: "".into() };
+        let timing = Timing { ttl: Duration::from_secs(30), ..Timing::default() };
+        let member = rt.block_on(register(&store, &keys, &info, timing)).expect("register");
+        let (acks, feed) = (Acks::new(1, vec![2]), Feed::new());
+        // Backup 2 holds everything: the first write is acknowledged.
+        acks.held(2, dpukv_storage::vlog::Lsn(u64::MAX));
+        let repl = Replicated {
+            acks: acks.clone(),
+            feed,
+            authority: member.authority.clone(),
+            timeout: Duration::from_millis(200),
+        };
+        let w = start(1, region, false, Arc::default(), 64, rt.handle().clone(), Some(repl)).expect("start");
+        let (sink, mut next) = test_sink();
+        let send = |id: u64, op: Op| {
+            let job = Job { req: Request::new(id, op), charge: Charge::default(), sink: sink.clone() };
+            w.queue.blocking_send(job).expect("queue");
+        };
+        let wait = Duration::from_secs(5);
+        send(1, Op::Put { key: b"k".to_vec(), value: b"v".to_vec() });
+        assert_eq!(next(wait).expect("answer").result, Ok(Reply::Done), "backup 2 holds the put");
+        // A new backup set that never confirms anything: the delete is not acknowledged ...
+        acks.set_required(2, vec![3]);
+        send(2, Op::Delete { key: b"k".to_vec() });
+        let r = next(wait).expect("answer");
+        assert_eq!(r.result.map_err(|e| e.code), Err(ErrorCode::OutcomeUnknown), "the delete is not confirmed");
+        // ... and writes that find its effect may not reveal it.
+        send(3, Op::Update { key: b"k".to_vec(), value: b"w".to_vec() });
+        let r = next(wait).expect("answer");
+        assert_eq!(r.result.map_err(|e| e.code), Err(ErrorCode::OutcomeUnknown), "the update found the delete");
+        send(4, Op::FetchAdd { key: b"k".to_vec(), delta: 1 });
+        let r = next(wait).expect("answer");
+        assert_eq!(r.result.map_err(|e| e.code), Err(ErrorCode::OutcomeUnknown), "the atomic found the delete");
+        // Errors about the request itself are sent as they are.
+        send(5, Op::Put { key: Vec::new(), value: b"v".to_vec() });
+        let r = next(wait).expect("answer");
+        assert_eq!(r.result.map_err(|e| e.code), Err(ErrorCode::KeySize), "an empty key is refused as such");
+        drop(w.queue);
+        w.thread.join().expect("writer");
     }
 }
