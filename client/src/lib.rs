@@ -221,6 +221,10 @@ impl Client {
 
     /// Sends `op`, retrying what is safe to retry (see [`Client`]) with backoff until
     /// [`RetryPolicy::deadline`]; returns the reply and the version, or the final error.
+    ///
+    /// A scan or floor scan sent this way reads one page of the region holding its `lo`: the
+    /// reply's token is empty at that region's end even when `hi` lies beyond it (docs/protocol.md
+    /// §6). Use [`Client::scan`] to read a range across regions.
     pub async fn call(&self, op: Op) -> Result<(Reply, u64)> {
         let write = op.code().is_write();
         let session = self.session.as_ref().filter(|_| write);

@@ -187,8 +187,8 @@ pub struct ClusterConfig {
 
 impl ClusterConfig {
     /// A configuration with this replication factor and split keys, and the defaults otherwise
-    /// (Send Index, 2 moves at once, no splits by size or load, no merges: see
-    /// [`DEFAULT_SPLIT_BYTES`]).
+    /// (Send Index, 2 moves at once, splits past [`DEFAULT_SPLIT_BYTES`], none by load, no
+    /// merges by themselves).
     pub fn new(replication: usize, split_keys: Vec<Vec<u8>>) -> ClusterConfig {
         ClusterConfig {
             replication,
@@ -202,10 +202,10 @@ impl ClusterConfig {
     }
 }
 
-/// Regions split past this estimated size by default: 0, never, until the open defect of
-/// docs/cluster.md §9.4 (a split's boundary key can read non-linearizably under concurrent
-/// writes) is fixed. Splits by size are on with `--split-bytes N`.
-pub const DEFAULT_SPLIT_BYTES: u64 = 0;
+/// Regions split past this estimated size by default: 64 MiB. A split copies the upper half
+/// through the write path while writes to it are refused (retryable), so the size bounds that
+/// pause: about 1.3 s for a 46 MB half on the development machine (docs/benchmarks.md).
+pub const DEFAULT_SPLIT_BYTES: u64 = 64 << 20;
 
 /// Bytes as lowercase hex (how keys are written in the text values of the layout).
 pub fn hex(b: &[u8]) -> String {

@@ -646,13 +646,15 @@ fn publish(
         }
     }
     let rmap = RegionMap::new(view, me)?;
-    {
-        let mut s = served.write().unwrap_or_else(|e| e.into_inner());
-        s.writers = led.iter().filter(|(id, _)| !losing.contains(id)).map(|(id, l)| (*id, l.queue.clone())).collect();
-        s.map = rmap.clone();
-    }
+    // The device first, then this host's dispatch of writes: once a write is taken by the new
+    // map, no read starts by the old one. (After a split's commit, a write to the new region must
+    // not be acknowledged while the device still reads the moved keys from the source, whose
+    // copy of them is final.)
     let a = pod::publish_map(&opener.shm_dir, &rmap)?;
     a.set_valid_until(authority_ns(authority))?;
     *vouched.lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
+    let mut s = served.write().unwrap_or_else(|e| e.into_inner());
+    s.writers = led.iter().filter(|(id, _)| !losing.contains(id)).map(|(id, l)| (*id, l.queue.clone())).collect();
+    s.map = rmap;
     Ok(())
 }
