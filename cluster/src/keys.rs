@@ -89,6 +89,21 @@ impl Keys {
         self.under("caught-up/")
     }
 
+    /// Prefix of backups' log positions (`positions/<region>/<node>`, value `<epoch> <position>`:
+    /// how far the node's copy of the region's log reaches, written once the region's primary is
+    /// gone, bound to the reporting node's lease); the master promotes the furthest.
+    pub fn positions(&self) -> Vec<u8> {
+        self.under("positions/")
+    }
+
+    /// A backup's position report for a region.
+    pub fn position_of(&self, region: u32, node: u32) -> Vec<u8> {
+        let mut k = id_key(&self.positions(), region);
+        k.push(b'/');
+        k.extend_from_slice(format!("{node:010}").as_bytes());
+        k
+    }
+
     /// Prefix of running handoffs (`handoffs/<source region>`: a split or merge, docs/cluster.md §9).
     pub fn handoffs(&self) -> Vec<u8> {
         self.under("handoffs/")
@@ -294,6 +309,7 @@ mod tests {
         assert!(k.node(9) < k.node(10), "zero-padded ids sort numerically");
         assert_eq!(id_of(&k.region(42), &k.regions()), Some(42));
         assert_eq!(k.caught_up_of(3, 7), b"/dpukv/prod-1/caught-up/0000000003/0000000007".to_vec());
+        assert_eq!(k.position_of(3, 7), b"/dpukv/prod-1/positions/0000000003/0000000007".to_vec());
         assert!(Keys::new("a/b").is_err() && Keys::new("").is_err());
     }
 

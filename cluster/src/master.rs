@@ -47,6 +47,49 @@ fn decode_all<T>(
         .collect()
 }
 
+/// `<prefix><region>/<node>` -> (region, node).
+fn region_node(key: &[u8], prefix: &[u8]) -> Option<(u32, u32)> {
+    let rest = std::str::from_utf8(key.strip_prefix(prefix)?).ok()?;
+    let (r, n) = rest.split_once('/')?;
+    Some((r.parse().ok()?, n.parse().ok()?))
+}
+
+/// How long a promotion waits for the dead primary's live backups to report how far their logs
+/// reach (they report within a map poll, about 50 ms); past it, the backups that did not report
+/// rank last.
+pub const PROMOTION_WAIT: Duration = Duration::from_millis(500);
+
+/// What the master remembers between rounds: since when (on its own clock) each region's
+/// primary has been seen dead, by (region, epoch).
+#[derive(Debug, Default)]
+pub struct Waits {
+    dead_since: std::collections::HashMap<(u32, u64), std::time::Instant>,
+}
+
+impl Waits {
+    /// Regions whose promotion waits for position reports, and when to look again.
+    fn awaiting(&mut self, snap: &Snapshot) -> (std::collections::BTreeSet<u32>, Option<Duration>) {
+        let live: std::collections::HashSet<u32> = snap.map.nodes.iter().map(|n| n.id).collect();
+        let now = std::time::Instant::now();
+        let mut waiting = std::collections::BTreeSet::new();
+        let mut recheck: Option<Duration> = None;
+        let mut seen = std::collections::HashSet::new();
+        for r in snap.map.regions.iter().filter(|r| !live.contains(&r.primary)) {
+            seen.insert((r.id, r.epoch));
+            let since = *self.dead_since.entry((r.id, r.epoch)).or_insert(now);
+            let unreported =
+                r.backups.iter().any(|b| live.contains(b) && !snap.facts.progress.contains_key(&(r.id, *b)));
+            let left = PROMOTION_WAIT.saturating_sub(now - since);
+            if unreported && !left.is_zero() {
+                waiting.insert(r.id);
+                recheck = Some(recheck.map_or(left, |x| x.min(left)));
+            }
+        }
+        self.dead_since.retain(|k, _| seen.contains(k));
+        (waiting, recheck)
+    }
+}
+
 /// Reads the cluster's state (one range over its root, so everything is at one revision).
 pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
     let (kvs, revision) = s.range(keys.root()).await?;
@@ -66,15 +109,20 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
             facts.draining.insert(id);
         }
     }
-    let cu = keys.caught_up();
-    for kv in under(cu.clone()) {
-        let rest = &kv.key[cu.len()..];
-        let parts: Vec<&[u8]> = rest.split(|&b| b == b'/').collect();
-        let num = |b: &[u8]| std::str::from_utf8(b).ok().and_then(|s| s.parse().ok());
-        if let ([r, n], Some(epoch)) = (parts.as_slice(), num(&kv.value))
-            && let (Some(r), Some(n)) = (num(r), num(n))
+    for kv in under(keys.caught_up()) {
+        let epoch = std::str::from_utf8(&kv.value).ok().and_then(|s| s.parse().ok());
+        if let (Some((r, n)), Some(epoch)) = (region_node(&kv.key, &keys.caught_up()), epoch) {
+            facts.caught_up.insert((r, n, epoch));
+        }
+    }
+    // Backups' positions, counted only under the epoch they were reported at.
+    for kv in under(keys.positions()) {
+        let value = std::str::from_utf8(&kv.value).ok().and_then(|s| s.split_once(' '));
+        let parsed = value.and_then(|(e, p)| Some((e.parse::<u64>().ok()?, p.parse::<u64>().ok()?)));
+        if let (Some((r, n)), Some((epoch, position))) = (region_node(&kv.key, &keys.positions()), parsed)
+            && regions.iter().any(|x| x.id == r && x.epoch == epoch)
         {
-            facts.caught_up.insert((r as u32, n as u32, epoch));
+            facts.progress.insert((r, n), position);
         }
     }
     let mut handoffs = HandoffFacts::default();
@@ -147,6 +195,8 @@ pub struct Applied {
     pub handoff_steps: usize,
     /// Placement changes applied.
     pub changes: Vec<Change>,
+    /// Look again after this even if nothing changes (a promotion waiting for reports).
+    pub recheck: Option<Duration>,
 }
 
 impl Applied {
@@ -158,9 +208,9 @@ impl Applied {
 
 /// One round: lays the regions out if there are none (and enough nodes), else takes the split
 /// and merge steps due and, if there were none, applies the planned placement changes.
-pub async fn round<S: MetaStore>(s: &S, keys: &Keys, fence: &Compare) -> Result<Applied> {
-    let snap = read(s, keys).await?;
-    let Some(config) = snap.config else { return Ok(Applied::default()) };
+pub async fn round<S: MetaStore>(s: &S, keys: &Keys, fence: &Compare, waits: &mut Waits) -> Result<Applied> {
+    let mut snap = read(s, keys).await?;
+    let Some(config) = snap.config.clone() else { return Ok(Applied::default()) };
     if snap.map.regions.is_empty() {
         let mut nodes = snap.map.nodes.clone();
         nodes.sort_by_key(|n| n.id);
@@ -199,28 +249,32 @@ pub async fn round<S: MetaStore>(s: &S, keys: &Keys, fence: &Compare) -> Result<
     }
     if handed {
         // Placement plans from the map these steps left (the caller runs a round again at once).
-        return Ok(Applied { handoff_steps: 1, changes: vec![] });
+        return Ok(Applied { handoff_steps: 1, ..Applied::default() });
     }
     let policy = Policy { replication: config.replication, max_moves: config.max_moves };
+    let (awaiting, recheck) = waits.awaiting(&snap);
+    snap.facts.awaiting = awaiting;
     let changes = placement::plan(&snap.map.regions, &snap.map.nodes, &snap.facts, policy);
     let mut applied = Vec::new();
     for c in changes {
         let rev = rev_of(c.region.id);
         let key = keys.region(c.region.id);
-        let t = s
-            .txn(Txn {
-                when: vec![fence.clone(), Compare::ModRevision(key.clone(), rev)],
-                then: vec![TxnOp::Put { key, value: c.region.encode(), lease: None }],
-                otherwise: vec![],
-            })
-            .await?;
+        let mut then = vec![TxnOp::Put { key: key.clone(), value: c.region.encode(), lease: None }];
+        if c.reason == placement::Reason::Promote
+            && let Some(old) = snap.map.region(c.region.id)
+        {
+            // The reports served this promotion.
+            then.extend(old.backups.iter().map(|&b| TxnOp::Delete { key: keys.position_of(old.id, b) }));
+        }
+        let t =
+            s.txn(Txn { when: vec![fence.clone(), Compare::ModRevision(key, rev)], then, otherwise: vec![] }).await?;
         if t.succeeded {
             tracing::info!(region = c.region.id, reason = ?c.reason, epoch = c.region.epoch, primary = c.region.primary,
                 backups = ?c.region.backups, joining = ?c.region.joining, "region changed");
             applied.push(c);
         }
     }
-    Ok(Applied { handoff_steps: 0, changes: applied })
+    Ok(Applied { handoff_steps: 0, changes: applied, recheck })
 }
 
 /// The transaction of one handoff step: fenced, and compared against what the step was planned
@@ -311,14 +365,16 @@ pub async fn run<S: MetaStore>(
     };
     tracing::info!(node = me.id, "elected master");
     let fence = leadership.fence();
+    let mut waits = Waits::default();
     loop {
         let (_, rev) = s.range(&keys.master()).await?;
         if !s.txn(Txn { when: vec![fence.clone()], ..Txn::default() }).await?.succeeded {
             return Err(MetaError::LeaseNotFound(lease));
         }
-        match round(s, keys, &fence).await {
+        let mut wait = tick;
+        match round(s, keys, &fence, &mut waits).await {
             Ok(applied) if !applied.is_empty() => continue, // plan again at once
-            Ok(_) => {}
+            Ok(applied) => wait = applied.recheck.map_or(tick, |r| r.min(tick)),
             Err(e) => tracing::warn!(error = %e, "master round failed"),
         }
         // Wait for any change under the cluster's root, or the tick.
@@ -326,7 +382,7 @@ pub async fn run<S: MetaStore>(
         let mut w = s.watch(keys.root(), rev + 1).await.ok();
         tokio::select! {
             _ = async { if let Some(w) = w.as_mut() { w.next().await } else { std::future::pending().await } } => {}
-            _ = tokio::time::sleep(tick) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = cancel.cancelled() => return Ok(()),
         }
     }

@@ -72,6 +72,9 @@ pub struct Facts {
     pub frozen: BTreeSet<u32>,
     /// Regions a merge waits for: not balanced (rule 7), or their alignment would be undone.
     pub pinned: BTreeSet<u32>,
+    /// Regions whose dead primary's backups have not all reported their positions: promotion
+    /// waits (the master bounds the wait, `master::PROMOTION_WAIT`).
+    pub awaiting: BTreeSet<u32>,
 }
 
 /// The placement policy.
@@ -257,8 +260,11 @@ fn decide(
     }
     let mut next = r.clone();
     let progress = |n: u32| facts.progress.get(&(r.id, n)).copied();
-    // 1. Promote.
+    // 1. Promote (once the backups said how far their logs reach, or the wait ran out).
     if !live.contains(&r.primary) {
+        if facts.awaiting.contains(&r.id) {
+            return None;
+        }
         let best = r.backups.iter().copied().filter(|b| live.contains(b)).max_by_key(|&b| {
             (progress(b).map_or(0, |p| p + 1), std::cmp::Reverse(load.primaries(b)), std::cmp::Reverse(b))
         })?;
@@ -409,6 +415,10 @@ mod tests {
         let mut facts = Facts::default();
         facts.progress.insert((r.id, b1), 10);
         facts.progress.insert((r.id, b2), 20);
+        // While the master waits for the backups' reports, nothing is done to the region.
+        facts.awaiting.insert(r.id);
+        assert_eq!(plan(&regions, &live, &facts, Policy { replication: 3, max_moves: 2 }), vec![]);
+        facts.awaiting.clear();
         let changes = plan(&regions, &live, &facts, Policy { replication: 3, max_moves: 2 });
         assert_eq!(changes.len(), 1);
         let c = &changes[0];

@@ -118,6 +118,18 @@ impl ClusterNode {
         Ok(())
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the host, and with `device` to the device too.
+    pub fn signal(&self, signal: &str, device: bool) -> Result<()> {
+        let procs = self.host.iter().chain(self.dev.iter().filter(|_| device));
+        for p in procs {
+            let status = Command::new("kill").arg(format!("-{signal}")).arg(p.0.id().to_string()).status()?;
+            if !status.success() {
+                bail!("kill -{signal} {} failed", p.0.id());
+            }
+        }
+        Ok(())
+    }
+
     /// SIGKILLs the host only (the device goes on).
     pub fn kill_host(&mut self) {
         self.host = None;

@@ -758,6 +758,16 @@ impl BackupHost {
         }
     }
 
+    /// How far this node's copies of `region`'s log reach (None: not backed here, or nothing
+    /// copied yet).
+    pub fn held(&self, region: u32) -> Option<dpukv_storage::vlog::Lsn> {
+        if !self.backs(region) || !self.dir(region).join("LOGMAP").exists() {
+            return None;
+        }
+        let b = self.backup(region).ok()?;
+        lock(&b).as_ref().and_then(Backup::held_end)
+    }
+
     /// The region's backup directory.
     pub fn dir(&self, region: u32) -> PathBuf {
         self.data_dir.join(format!("region-{region}"))

@@ -108,6 +108,71 @@ async fn a_killed_primary_fails_over_to_a_backup_and_no_acknowledged_write_is_lo
     );
 }
 
+/// The backup whose copy of the log reaches furthest is promoted: one backup's host is paused
+/// (SIGSTOP, well within its lease) while 20 MiB of writes go on — they reach the other backup,
+/// more than the paused one's socket buffers take, and are never acknowledged (outcome unknown)
+/// — then the primary's pod is killed and the paused host resumes. Both backups report how far their logs reach; the master promotes the one holding
+/// the writes, which are then read back. Without the reports the master would pick the backup
+/// with the lower id, the paused one, and the writes would be gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backup_whose_log_reaches_furthest_is_promoted() {
+    use dpukv_client::proto::{ErrorCode, Op};
+    const TAIL: u32 = 40;
+    let big = |i: u32| vec![b'a' + (i % 26) as u8; 512 << 10];
+    let etcd = Etcd::start().expect("etcd");
+    // A lease long enough that the paused host keeps its registration (then both backups are
+    // candidates for the promotion).
+    let args = ["--lease-ttl-ms", "8000", "--replication-factor", "3", "--replication-timeout-ms", "300"];
+    let mut nodes: Vec<ClusterNode> =
+        (1..=3).map(|id| ClusterNode::start(id, "e2e", &etcd.url(), &args).expect("node")).collect();
+    let full = |m: &dpukv_proto::regionmap::RegionMap| {
+        m.regions.len() == 1 && m.regions[0].primary != 0 && m.regions[0].backups.len() == 2
+    };
+    let map = must_see_map(&nodes, |_| true, Duration::from_secs(60), full).await;
+    let region = map.regions[0].clone();
+    let (p, behind, ahead) = (
+        region.primary,
+        *region.backups.iter().min().expect("two backups"),
+        *region.backups.iter().max().expect("two backups"),
+    );
+    let c = Client::connect(&map.node(p).expect("registered").device, 1).await.expect("connect");
+    for i in 0..50u32 {
+        c.put(format!("acked{i:03}").as_bytes(), b"v").await.expect("an acknowledged write");
+    }
+    nodes[behind as usize - 1].signal("STOP", false).expect("pause the backup's host");
+    let paused = Instant::now();
+    // Sent once each, untagged: the primary waits for the paused backup and gives up.
+    let tail: Vec<_> = (0..TAIL)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(
+                async move { c.send(Op::Put { key: format!("tail{i:03}").into_bytes(), value: big(i) }).await },
+            )
+        })
+        .collect();
+    for t in tail {
+        let code = t.await.expect("task").expect("an answer").result.err().map(|e| e.code);
+        assert_eq!(code, Some(ErrorCode::OutcomeUnknown), "a write the paused backup lacks is not acknowledged");
+    }
+    nodes[p as usize - 1].kill();
+    nodes[behind as usize - 1].signal("CONT", false).expect("resume the backup's host");
+    eprintln!("the backup's host was paused for {:?}", paused.elapsed());
+    let promoted = |m: &dpukv_proto::regionmap::RegionMap| m.regions[0].primary != p && m.regions[0].primary != 0;
+    let after = must_see_map(&nodes, |n| n.id != p, Duration::from_secs(30), promoted).await;
+    let logs = || nodes.iter().map(ClusterNode::logs).collect::<String>();
+    assert_eq!(after.regions[0].epoch, region.epoch + 1, "the promotion is the region's only change\n{}", logs());
+    assert_eq!(after.regions[0].primary, ahead, "the backup that holds more is promoted\n{}", logs());
+    let survivors: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != p).collect();
+    let c2 = Client::connect(&survivors[0].device, 1).await.expect("connect");
+    for i in 0..TAIL {
+        let got = c2.get(format!("tail{i:03}").as_bytes()).await.expect("read");
+        assert!(got == Some(big(i)), "write tail{i:03} survived on the promoted backup");
+    }
+    for i in 0..50u32 {
+        assert!(c2.get(format!("acked{i:03}").as_bytes()).await.expect("read").is_some(), "acked{i:03}");
+    }
+}
+
 /// A backup's node dies and comes back: the region goes on with the other backup, the returning
 /// node is given the region again as a joining node, copies it while writes go on, and becomes
 /// a backup; once the other two nodes die in turn, it is promoted and holds every acknowledged

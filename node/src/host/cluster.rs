@@ -169,6 +169,8 @@ pub async fn run(
     let reported_loads = Arc::new(std::sync::Mutex::new(HashMap::new()));
     let mut published: Option<dpukv_proto::regionmap::RegionMap> = None;
     let mut first_map = true;
+    // (region, epoch) whose position this node reported (its primary gone).
+    let mut reported_positions: BTreeSet<(u32, u64)> = BTreeSet::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -279,6 +281,7 @@ pub async fn run(
                 remove_region_files(&opener, r.id);
             }
         }
+        report_positions(&snap, me, &backups, &store, &keys, member.lease, &mut reported_positions).await;
         // Copies of regions that are gone (a merge's source, an aborted split's new region).
         for id in backups.backed_ids() {
             if !snap.map.regions.iter().chain(&split_targets).any(|r| r.id == id) {
@@ -376,6 +379,46 @@ pub async fn run(
     served.write().unwrap_or_else(|e| e.into_inner()).writers.clear();
     let _ = store.revoke(member.lease).await;
     Ok(threads)
+}
+
+/// Position reports per transaction (etcd allows 128 operations in one by default).
+const REPORTS_PER_TXN: usize = 100;
+
+/// For every region this node backs whose primary is gone (its registration ended), says once
+/// per epoch how far this node's copy of the log reaches (`positions/<region>/<node>`, under its
+/// lease): the master promotes the backup that reaches furthest (docs/cluster.md §3a).
+async fn report_positions(
+    snap: &master::Snapshot,
+    me: u32,
+    backups: &BackupHost,
+    store: &EtcdStore,
+    keys: &Keys,
+    lease: dpukv_cluster::LeaseId,
+    reported: &mut BTreeSet<(u32, u64)>,
+) {
+    reported.retain(|(id, epoch)| snap.map.region(*id).is_some_and(|r| r.epoch == *epoch));
+    let due: Vec<(u32, u64, u64)> = snap
+        .map
+        .regions
+        .iter()
+        .filter(|r| r.backups.contains(&me) && snap.map.node(r.primary).is_none())
+        .filter(|r| !reported.contains(&(r.id, r.epoch)))
+        .filter_map(|r| Some((r.id, r.epoch, backups.held(r.id)?.0)))
+        .collect();
+    for chunk in due.chunks(REPORTS_PER_TXN) {
+        let then = chunk
+            .iter()
+            .map(|&(id, epoch, held)| dpukv_cluster::TxnOp::Put {
+                key: keys.position_of(id, me),
+                value: format!("{epoch} {held}").into_bytes(),
+                lease: Some(lease),
+            })
+            .collect();
+        match store.txn(dpukv_cluster::Txn { when: vec![], then, otherwise: vec![] }).await {
+            Ok(_) => reported.extend(chunk.iter().map(|&(id, epoch, _)| (id, epoch))),
+            Err(e) => tracing::debug!(error = %e, "reporting log positions failed; will retry"),
+        }
+    }
 }
 
 /// Connects to etcd, retrying with backoff (and saying so) until it answers or `shutdown`.

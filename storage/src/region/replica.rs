@@ -177,6 +177,16 @@ impl Backup {
         }
     }
 
+    /// How far the copies reach: the end of the furthest copy being streamed, or the start of
+    /// the segment after the last complete one (None: nothing yet). A copy that was streaming
+    /// when the backup restarted counts from its start (what it holds is received again). The
+    /// master promotes the backup whose copies reach furthest (docs/cluster.md §3a).
+    pub fn held_end(&self) -> Option<Lsn> {
+        let open = self.open_logs.iter().map(|(&p, (_, end))| Lsn::new(p, *end)).max();
+        let sealed = self.sealed.iter().max().map(|&p| Lsn::new(p + 1, 0));
+        open.max(sealed)
+    }
+
     /// Follows the log of primary `node`, whose log ended at `base` when it began to lead. If
     /// the copies followed another node, whatever they hold from `base` on may be records that
     /// node wrote and nobody acknowledged (the new primary never had them): cut there, so the
