@@ -170,3 +170,80 @@ impl Member {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The authority must count from when a keep-alive was *sent*: counted from its answer, a
+    //! slow link to the store (an answer arriving late) would let a node believe it leads after
+    //! the store ended its lease and the master promoted a backup.
+
+    use super::*;
+    use crate::mem::MemStore;
+    use crate::meta::{KeyValue, Revision, TxnResult, Watch};
+
+    /// A store whose keep-alives are answered `delay` after the store applied them.
+    #[derive(Clone)]
+    struct SlowAnswers {
+        inner: MemStore,
+        delay: Duration,
+        applied: Arc<std::sync::Mutex<Vec<Instant>>>,
+    }
+
+    impl MetaStore for SlowAnswers {
+        async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+            self.inner.get(key).await
+        }
+        async fn range(&self, prefix: &[u8]) -> Result<(Vec<KeyValue>, Revision)> {
+            self.inner.range(prefix).await
+        }
+        async fn txn(&self, txn: Txn) -> Result<TxnResult> {
+            self.inner.txn(txn).await
+        }
+        async fn grant(&self, ttl: Duration) -> Result<LeaseId> {
+            self.inner.grant(ttl).await
+        }
+        async fn keep_alive(&self, lease: LeaseId) -> Result<()> {
+            let r = self.inner.keep_alive(lease).await;
+            self.applied.lock().expect("lock").push(Instant::now());
+            tokio::time::sleep(self.delay).await;
+            r
+        }
+        async fn revoke(&self, lease: LeaseId) -> Result<()> {
+            self.inner.revoke(lease).await
+        }
+        async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch> {
+            self.inner.watch(prefix, from).await
+        }
+    }
+
+    #[tokio::test]
+    async fn the_authority_ends_before_the_lease_however_late_the_answer() {
+        let timing = Timing { ttl: Duration::from_millis(900), drift: 0.01, margin: Duration::from_millis(50) };
+        let applied = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = SlowAnswers { inner: MemStore::new(), delay: Duration::from_millis(500), applied: applied.clone() };
+        let keys = Keys::new("t").expect("keys");
+        let info = NodeInfo { id: 1, device: "d".into(), replication: "r".into(), admin: "a".into(), zone: "".into() };
+        let m = register(&s, &keys, &info, timing).await.expect("register");
+        let registered = Instant::now();
+        let cancel = CancellationToken::new();
+        let keeper = {
+            let (m, c) = (Member { lease: m.lease, authority: m.authority.clone() }, cancel.clone());
+            tokio::spawn(async move { m.keep_alive(&s, timing, c).await })
+        };
+        // Whenever the node has authority, the store's lease must outlast it: the lease runs
+        // `ttl` past the last keep-alive the store applied (or the registration).
+        let mut checked = 0;
+        while registered.elapsed() < Duration::from_secs(3) {
+            let lease_end = applied.lock().expect("lock").last().copied().unwrap_or(registered) + timing.ttl;
+            if let Some(until) = m.authority.until() {
+                assert!(until <= lease_end, "the authority outlives the lease by {:?}", until - lease_end);
+                checked += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cancel.cancel();
+        keeper.await.expect("keeper").expect("keep-alive");
+        assert!(applied.lock().expect("lock").len() >= 2 && checked > 10, "keep-alives were applied and checked");
+        assert!(m.authority.until().is_none(), "revoked at the end");
+    }
+}

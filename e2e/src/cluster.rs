@@ -151,6 +151,11 @@ impl ClusterNode {
         self.admin_call("POST", path, Duration::from_secs(10))
     }
 
+    /// DELETEs `path` at its host's admin endpoint; the body of a 200 answer (within 10 s).
+    pub fn admin_delete(&self, path: &str) -> Result<String> {
+        self.admin_call("DELETE", path, Duration::from_secs(10))
+    }
+
     /// One HTTP/1.0 request without a body to its host's admin endpoint; the body of a 200
     /// answer, else an error with the status line.
     fn admin_call(&self, method: &str, path: &str, timeout: Duration) -> Result<String> {

@@ -10,8 +10,10 @@
 //! - `etcd`: a real etcd member per test (free ports, fast elections), stoppable and resumable.
 //! - `cluster`: node pods that join a cluster in a real etcd; killable, resumable.
 //! - `netns`: hosts in network namespaces on a bridge, partitioned with nftables.
+//! - `delay`: a TCP proxy adding an adjustable delay (a slow link to etcd).
 
 pub mod cluster;
+pub mod delay;
 pub mod etcd;
 pub mod history;
 pub mod linearizability;
