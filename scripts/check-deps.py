@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks the workspace's dependency direction (docs/architecture.md §1.2) over `cargo metadata`.
 
-storage and proto at the bottom; cluster on proto; node on storage, proto, cluster; gateway on
-proto, cluster; client on proto; only operator depends on kube; nothing depends on e2e; the
+storage and proto at the bottom; net (server connections) on proto; cluster on proto; node on
+storage, proto, net, cluster; gateway on proto, net, cluster, client; client on proto; only operator depends on kube; nothing depends on e2e; the
 storage engine has no tokio, no sockets framework and no Kubernetes.
 """
 import json
@@ -12,9 +12,10 @@ import sys
 ALLOWED = {
     "dpukv-storage": set(),
     "dpukv-proto": set(),
+    "dpukv-net": {"dpukv-proto"},
     "dpukv-cluster": {"dpukv-proto"},
-    "dpukv-node": {"dpukv-storage", "dpukv-proto", "dpukv-cluster"},
-    "dpukv-gateway": {"dpukv-proto", "dpukv-cluster"},
+    "dpukv-node": {"dpukv-storage", "dpukv-proto", "dpukv-net", "dpukv-cluster"},
+    "dpukv-gateway": {"dpukv-proto", "dpukv-net", "dpukv-cluster", "dpukv-client"},
     "dpukv-client": {"dpukv-proto"},
     "dpukv-operator": {"dpukv-proto", "dpukv-cluster"},
     "dpukv-device-plugin": {"dpukv-proto"},

@@ -63,6 +63,24 @@ impl ClientError {
         }
     }
 
+    /// The error as a protocol error reply (what a gateway answers its own client): the
+    /// server's reply as it is; for a `write`, a failure that may have left it applied is
+    /// `outcome_unknown`; anything else that kept the request from the cluster is
+    /// `unavailable` (retryable: nothing was applied).
+    pub fn into_reply(self, write: bool) -> ErrorReply {
+        let code = match &self {
+            ClientError::Server(e) => return e.clone(),
+            ClientError::Invalid(c) => *c,
+            ClientError::Protocol(_) | ClientError::Unexpected(_) => ErrorCode::Internal,
+            e if write && e.outcome_unknown() => ErrorCode::OutcomeUnknown,
+            _ => ErrorCode::Unavailable,
+        };
+        match dpukv_proto::Response::error(0, code, self.to_string()).result {
+            Err(e) => e,
+            Ok(_) => ErrorReply { code, message: String::new() },
+        }
+    }
+
     pub(crate) fn unexpected(r: &Reply) -> ClientError {
         ClientError::Unexpected(format!("{r:?}").chars().take(100).collect())
     }

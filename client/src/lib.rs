@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use dpukv_proto as proto;
-use dpukv_proto::{Cmp, Elem, ErrorCode, Op, ReduceOp, Reply, Request, Response, ScanToken, Session, VecOp, WriteOp};
+use dpukv_proto::{Cmp, Elem, ErrorCode, Op, ReduceOp, Reply, Request, Response, Session, VecOp, WriteOp};
 pub use error::ClientError;
 
 /// Result alias.
@@ -117,6 +117,31 @@ impl WriteSession {
     }
 }
 
+/// A part of a range scan ([`Client::scan_part`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScanPart {
+    /// Keys and values, ascending.
+    pub items: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The part stopped at a limit before the range's end (the rest may hold more items).
+    pub more: bool,
+}
+
+/// The key right after `k` in byte order.
+pub fn successor(k: &[u8]) -> Vec<u8> {
+    let mut s = k.to_vec();
+    s.push(0);
+    s
+}
+
+/// Where a write's exactly-once tag comes from.
+#[derive(Clone, Copy)]
+enum Tag<'a> {
+    /// This client's session and the write's sequence number.
+    Own(&'a Arc<WriteSession>, u64),
+    /// The tag another client gave the request (a gateway forwards it).
+    Forwarded(Session),
+}
+
 /// A write's sequence number, finished when dropped.
 struct Unfinished<'a>(&'a Arc<WriteSession>, u64);
 
@@ -174,10 +199,12 @@ impl Client {
     /// Sends one request on the next connection and waits for its response (no retries, no
     /// session tag unless `req` has one), at most [`RetryPolicy::attempt_timeout`].
     pub async fn send_request(&self, req: Request) -> Result<Response> {
-        self.send_within(req, self.retry.attempt_timeout).await
+        self.send_within(req, self.retry.attempt_timeout, true).await
     }
 
-    async fn send_within(&self, mut req: Request, timeout: Duration) -> Result<Response> {
+    /// Sends `req` to the primary of its key's region; `name`: name the region and its epoch
+    /// (if `req` names none), so that a node leading it no more refuses it.
+    async fn send_within(&self, mut req: Request, timeout: Duration, name: bool) -> Result<Response> {
         let t = match self.router.target(&req, timeout).await {
             Ok(t) => t,
             Err(e) => {
@@ -186,7 +213,7 @@ impl Client {
                 return Err(e);
             }
         };
-        if req.region == 0 {
+        if name && req.region == 0 {
             (req.region, req.epoch) = (t.region, t.epoch);
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % t.pool.len();
@@ -214,6 +241,22 @@ impl Client {
         self.router.map()
     }
 
+    /// The region map requests are routed by, learned first if this client has none (from its
+    /// seed and every node it has talked to; the newest answer wins).
+    pub async fn current_map(&self) -> Result<Arc<dpukv_proto::regionmap::RegionMap>> {
+        match self.router.map() {
+            Some(m) => Ok(m),
+            None => self.router.refresh(self.retry.attempt_timeout).await,
+        }
+    }
+
+    /// Forgets the region map: the next request learns it again. (A node says when a request
+    /// went by a stale map; a process that wants changes sooner — a gateway — forgets it now
+    /// and then.)
+    pub fn forget_map(&self) {
+        self.router.invalidate();
+    }
+
     /// Sends one untagged request (no retries).
     pub async fn send(&self, op: Op) -> Result<Response> {
         self.send_request(Request::new(0, op)).await
@@ -233,22 +276,44 @@ impl Client {
             None => None,
         };
         // `seq` finishes when dropped: also when this future is dropped mid-call.
-        self.call_inner(op, write, seq.as_ref().map(|u| (u.0, u.1))).await
+        let tag = seq.as_ref().map(|u| Tag::Own(u.0, u.1));
+        self.call_inner(Request::new(0, op), write, tag).await
     }
 
-    async fn call_inner(&self, op: Op, write: bool, tag: Option<(&Arc<WriteSession>, u64)>) -> Result<(Reply, u64)> {
+    /// Sends a request another client sent to this process (a gateway's front end): routed by
+    /// its key and retried like [`Client::call`], except that a write keeps the sender's
+    /// exactly-once tag (`req.session`, retried under it) and an untagged write whose outcome is
+    /// unknown is never repeated (its sender chose not to tag it). The request's own region,
+    /// epoch and id are replaced. Every outcome comes back as a response: a failure to reach the
+    /// cluster is `unavailable` (nothing was applied) or `outcome_unknown` (a write may have
+    /// been).
+    pub async fn forward(&self, mut req: Request) -> Response {
+        let id = req.id;
+        let write = req.op.code().is_write();
+        let tag = req.session.take().filter(|_| write).map(Tag::Forwarded);
+        (req.id, req.region, req.epoch) = (0, 0, 0);
+        match self.call_inner(req, write, tag).await {
+            Ok((reply, version)) => Response { id, version, replicated: false, result: Ok(reply) },
+            Err(e) => Response { id, version: 0, replicated: false, result: Err(e.into_reply(write)) },
+        }
+    }
+
+    async fn call_inner(&self, mut req: Request, write: bool, tag: Option<Tag<'_>>) -> Result<(Reply, u64)> {
         let policy = self.retry;
         let started = tokio::time::Instant::now();
-        let mut req = Request::new(0, op);
         let mut delay = policy.first_backoff;
         // Whether an earlier attempt may have been applied.
         let mut maybe_applied = false;
         loop {
-            if let Some((s, seq)) = tag {
-                req.session =
-                    Some(Session { client: s.client, seq, acked_below: s.acked_below(), retry: maybe_applied });
+            match tag {
+                Some(Tag::Own(s, seq)) => {
+                    req.session =
+                        Some(Session { client: s.client, seq, acked_below: s.acked_below(), retry: maybe_applied })
+                }
+                Some(Tag::Forwarded(s)) => req.session = Some(Session { retry: s.retry || maybe_applied, ..s }),
+                None => {}
             }
-            let err = match self.send_within(req.clone(), policy.attempt_timeout).await {
+            let err = match self.send_within(req.clone(), policy.attempt_timeout, true).await {
                 Ok(Response { result: Ok(reply), version, .. }) => return Ok((reply, version)),
                 Ok(Response { result: Err(e), .. }) => ClientError::Server(e),
                 Err(e) => e,
@@ -354,60 +419,115 @@ impl Client {
         }
     }
 
-    /// Up to `limit` items with keys in `[lo, hi]`, following continuation tokens.
+    /// Up to `limit` items with keys in `[lo, hi]` (an empty `hi`: to the end of the key
+    /// space), in key order, across regions (see [`Client::scan_part`]).
     pub async fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.scan_inner(lo, hi, limit, false).await
+        Ok(self.scan_part(lo, hi, limit, 0).await?.items)
     }
 
-    /// Like [`Client::scan`] from the largest key `<= lo`.
+    /// Like [`Client::scan`] from the largest key `<= lo` (from `lo` if there is none).
     pub async fn floor_scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.scan_inner(lo, hi, limit, true).await
+        let from = self.floor_key(lo).await?.unwrap_or_else(|| lo.to_vec());
+        self.scan(&from, hi, limit).await
     }
 
-    /// Pages through `[lo, hi]` region by region: each request names the region of its lower
-    /// bound (the node scans only that region), continues with the region's tokens, and moves to
-    /// the next region when a region is done; so each key is seen once, in key order, whatever
-    /// node leads each region.
-    async fn scan_inner(&self, lo: &[u8], hi: &[u8], limit: usize, floor: bool) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        let mut token = Vec::new();
-        let mut from = lo.to_vec();
-        let mut first = true;
-        while out.len() < limit {
-            let want = (limit - out.len()).min(proto::limits::MAX_SCAN_ITEMS as usize) as u32;
-            // The first page may be a floor scan; the rest continue after the last key.
-            let op = if floor && first {
-                Op::FloorScan { lo: from.clone(), hi: hi.to_vec(), limit: want, max_bytes: 0, token: Vec::new() }
-            } else {
-                Op::Scan { lo: from.clone(), hi: hi.to_vec(), limit: want, max_bytes: 0, token: token.clone() }
-            };
-            first = false;
+    /// The largest key `<= key`, if there is one: asked region by region, backwards from
+    /// `key`'s, each request naming its region (so a node answers only for a region it leads).
+    pub async fn floor_key(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let map = self.current_map().await?;
+        let first = map.route(key);
+        for i in (0..map.regions.len().min(first + 1)).rev() {
+            let at = if i == first { key.to_vec() } else { map.regions[i].last_key().unwrap_or_default() };
+            let op = Op::FloorScan { lo: at.clone(), hi: at.clone(), limit: 1, max_bytes: 0, token: Vec::new() };
             match self.call(op).await?.0 {
-                Reply::Items { items, token: t } => {
-                    out.extend(items);
-                    if !t.is_empty() && ScanToken::decode(&t).is_some() {
-                        token = t;
-                        continue;
-                    }
-                    // This region is done: on to the next one, if the range goes on.
-                    token.clear();
-                    match self.router.region_end(&from) {
-                        Some(Some(end)) if hi.is_empty() || end.as_slice() <= hi => {
-                            // Keys from `end` on; none before it is left (the page ended).
-                            if let Some((last, _)) = out.last()
-                                && last.as_slice() >= end.as_slice()
-                            {
-                                break;
-                            }
-                            from = end;
-                        }
-                        _ => break,
+                Reply::Items { items, .. } => {
+                    if let Some((k, _)) = items.into_iter().next().filter(|(k, _)| k.as_slice() <= at.as_slice()) {
+                        return Ok(Some(k));
                     }
                 }
                 other => return Err(ClientError::unexpected(&other)),
             }
         }
-        out.truncate(limit);
+        Ok(None)
+    }
+
+    /// A part of the scan of `[lo, hi]` (an empty `hi`: to the end of the key space): up to
+    /// `limit` items in key order, with at most about `max_bytes` of keys and values (0: no
+    /// bound; a part always holds its first item). `more` says the part stopped at a limit
+    /// before the range's end: the rest begins after its last key.
+    ///
+    /// Pages through the regions by the region map. Each page goes to the primary of its first
+    /// key's region without naming the region, its upper bound cut at that region's end: the
+    /// node reads on through regions it leads (a region split off from the one the map names)
+    /// and answers `wrong_region` if the range runs into one it does not lead — then the map is
+    /// learned again and the page planned again, from where the last one stopped. So an empty
+    /// token means the page's range is done, and every key is seen once whatever the map did
+    /// meanwhile. Each page is read at its own snapshot (per region).
+    pub async fn scan_part(&self, lo: &[u8], hi: &[u8], limit: usize, max_bytes: usize) -> Result<ScanPart> {
+        let mut out = ScanPart::default();
+        let mut bytes = 0usize;
+        let mut from = lo.to_vec();
+        let policy = self.retry;
+        let started = tokio::time::Instant::now();
+        let mut delay = policy.first_backoff;
+        let full = |n: usize, b: usize| n >= limit || (max_bytes != 0 && b >= max_bytes);
+        while !full(out.items.len(), bytes) {
+            if !hi.is_empty() && from.as_slice() > hi {
+                return Ok(out);
+            }
+            let map = self.current_map().await?;
+            let region = map.region_of(&from).cloned();
+            let Some(region) = region else {
+                return Err(ClientError::Server(dpukv_proto::ErrorReply {
+                    code: ErrorCode::Unavailable,
+                    message: "the region map is empty".into(),
+                }));
+            };
+            // The page ends at the range's end, or at its region's.
+            let (page_hi, last_page) = match region.last_key() {
+                None => (hi.to_vec(), true),
+                Some(r) if hi.is_empty() || r.as_slice() < hi => (r, false),
+                Some(_) => (hi.to_vec(), true),
+            };
+            let want = (limit - out.items.len()).min(proto::limits::MAX_SCAN_ITEMS as usize) as u32;
+            let want_bytes = if max_bytes == 0 {
+                0
+            } else {
+                (max_bytes - bytes).clamp(1, proto::limits::MAX_SCAN_BYTES as usize) as u32
+            };
+            let op = Op::Scan { lo: from.clone(), hi: page_hi, limit: want, max_bytes: want_bytes, token: Vec::new() };
+            let err = match self.send_within(Request::new(0, op), policy.attempt_timeout, false).await {
+                Ok(Response { result: Ok(Reply::Items { items, token }), .. }) => {
+                    delay = policy.first_backoff;
+                    bytes += items.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+                    out.items.extend(items);
+                    if !token.is_empty() {
+                        // Cut by a limit: the rest of the page's range begins after its last key.
+                        match out.items.last() {
+                            Some((k, _)) => from = successor(k),
+                            None => return Err(ClientError::Unexpected("a page with a token and no item".into())),
+                        }
+                    } else if last_page {
+                        return Ok(out);
+                    } else {
+                        from = region.end.clone().unwrap_or_default();
+                    }
+                    continue;
+                }
+                Ok(Response { result: Ok(other), .. }) => return Err(ClientError::unexpected(&other)),
+                Ok(Response { result: Err(e), .. }) => ClientError::Server(e),
+                Err(e) => e,
+            };
+            // A read: retried on anything transient (the map is learned again where it moved).
+            let moved = matches!(err.code(), Some(ErrorCode::WrongRegion | ErrorCode::StaleEpoch));
+            let transient = err.is_retryable() || err.outcome_unknown() || moved;
+            if !transient || started.elapsed() + delay > policy.deadline {
+                return Err(err);
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(policy.max_backoff);
+        }
+        out.more = true;
         Ok(out)
     }
 

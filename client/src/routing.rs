@@ -150,10 +150,4 @@ impl Router {
         let pool = self.pool_for(&addr).await?;
         Ok(Target { pool, region: r.id, epoch: r.epoch })
     }
-
-    /// The end of the region holding `key` (None: the last region), per the map in use.
-    pub(crate) fn region_end(&self, key: &[u8]) -> Option<Option<Vec<u8>>> {
-        let map = self.map()?;
-        map.region_of(key).map(|r| r.end.clone())
-    }
 }

@@ -9,12 +9,14 @@
 //! - `procs`: building the binaries and running a node pod (host + device).
 //! - `etcd`: a real etcd member per test (free ports, fast elections), stoppable and resumable.
 //! - `cluster`: node pods that join a cluster in a real etcd; killable, resumable.
+//! - `gateway`: a gateway process in front of a cluster.
 //! - `netns`: hosts in network namespaces on a bridge, partitioned with nftables.
 //! - `delay`: a TCP proxy adding an adjustable delay (a slow link to etcd).
 
 pub mod cluster;
 pub mod delay;
 pub mod etcd;
+pub mod gateway;
 pub mod history;
 pub mod linearizability;
 pub mod netns;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 /// The directory holding this build's binaries, after building them once per test process
-/// (`cargo build --bins` for the node and client packages, same profile).
+/// (`cargo build --bins` for the node, client and gateway packages, same profile).
 pub fn bin_dir() -> Result<PathBuf> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
@@ -20,7 +20,7 @@ pub fn bin_dir() -> Result<PathBuf> {
             let release = dir.file_name().is_some_and(|n| n == "release");
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let mut cmd = Command::new(cargo);
-            cmd.args(["build", "--bins", "-p", "dpukv-node", "-p", "dpukv-client"]);
+            cmd.args(["build", "--bins", "-p", "dpukv-node", "-p", "dpukv-client", "-p", "dpukv-gateway"]);
             if release {
                 cmd.arg("--release");
             }
@@ -44,7 +44,9 @@ impl Drop for Proc {
     }
 }
 
-fn wait_for(child: &mut Child, what: &str) -> Result<String> {
+/// Waits (30 s at most) for `child` to log a line containing `what` on stderr; returns the line
+/// (the rest of its stderr is read and dropped).
+pub fn wait_for(child: &mut Child, what: &str) -> Result<String> {
     let stderr = child.stderr.take().context("stderr")?;
     let mut lines = BufReader::new(stderr).lines();
     let deadline = Instant::now() + Duration::from_secs(30);

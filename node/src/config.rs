@@ -13,53 +13,7 @@ use crate::dpu::DeviceConfig;
 use crate::host::HostConfig;
 use crate::regions::RegionMap;
 
-/// Limits every process applies to its connections (flags shared by both binaries).
-#[derive(Debug, Clone, clap::Args)]
-pub struct ConnArgs {
-    /// Bytes all connections together may hold (frames, requests in flight, responses not yet
-    /// written); a connection waits, without reading, while it is spent.
-    #[arg(long, env = "DPUKV_MEMORY_BUDGET", default_value_t = 1 << 30)]
-    pub memory_budget: usize,
-    /// Bytes one connection may hold (at least 32 MiB: two maximal frames).
-    #[arg(long, default_value_t = 64 << 20)]
-    pub conn_memory: usize,
-    /// Requests one connection may have in flight.
-    #[arg(long, default_value_t = 4096)]
-    pub max_in_flight: usize,
-    /// Seconds a connection may stay idle (no frame) before it is closed.
-    #[arg(long, default_value_t = 300)]
-    pub idle_timeout: u64,
-    /// Seconds a frame's bytes may take to arrive once its header did.
-    #[arg(long, default_value_t = 30)]
-    pub frame_timeout: u64,
-    /// Seconds a response write may take before the connection is closed.
-    #[arg(long, default_value_t = 30)]
-    pub write_timeout: u64,
-    /// Seconds a shutdown waits for requests in flight.
-    #[arg(long, default_value_t = 10)]
-    pub shutdown_grace: u64,
-}
-
-impl ConnArgs {
-    fn config(&self) -> Result<ConnConfig> {
-        if self.conn_memory < 2 * dpukv_proto::limits::MAX_FRAME {
-            bail!("--conn-memory must be at least {} bytes (two maximal frames)", 2 * dpukv_proto::limits::MAX_FRAME);
-        }
-        if self.memory_budget < self.conn_memory {
-            bail!("--memory-budget must be at least --conn-memory");
-        }
-        if self.max_in_flight == 0 || self.idle_timeout == 0 || self.frame_timeout == 0 || self.write_timeout == 0 {
-            bail!("limits and timeouts must be positive");
-        }
-        Ok(ConnConfig {
-            max_in_flight: self.max_in_flight,
-            conn_bytes: self.conn_memory,
-            frame_timeout: Duration::from_secs(self.frame_timeout),
-            idle_timeout: Duration::from_secs(self.idle_timeout),
-            write_timeout: Duration::from_secs(self.write_timeout),
-        })
-    }
-}
+pub use dpukv_net::conn::ConnArgs;
 
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()).min(MAX_READ_THREADS)
@@ -251,7 +205,10 @@ impl HostArgs {
             per_op_atomics: self.no_reservation_station,
             // The host's peers are the device's few long-lived links: an idle link is not a
             // client to shed, and closing one races with a write being forwarded on it.
-            conn: ConnConfig { idle_timeout: Duration::from_secs(365 * 24 * 3600), ..self.conn.config()? },
+            conn: ConnConfig {
+                idle_timeout: Duration::from_secs(365 * 24 * 3600),
+                ..self.conn.config().map_err(anyhow::Error::msg)?
+            },
             memory_budget: self.conn.memory_budget,
             read_threads: read_threads(self.read_threads)?,
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
@@ -306,7 +263,7 @@ impl DeviceArgs {
             serve_reads_on_host: self.serve_reads_on_host,
             admin: self.admin,
             max_connections: self.max_connections.max(1),
-            conn: self.conn.config()?,
+            conn: self.conn.config().map_err(anyhow::Error::msg)?,
             memory_budget: self.conn.memory_budget,
             read_threads: read_threads(self.read_threads)?,
             host_links: self.host_links.max(1),
@@ -316,28 +273,4 @@ impl DeviceArgs {
     }
 }
 
-/// Starts logging (RUST_LOG, default info) to stderr.
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
-}
-
-/// A token cancelled on SIGINT or SIGTERM.
-pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
-    let token = tokio_util::sync::CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        t.cancel();
-    });
-    token
-}
+pub use dpukv_net::process::{init_tracing, shutdown_on_signals};

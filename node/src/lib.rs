@@ -6,7 +6,8 @@
 //! # Layout
 //! - `pod`: the pod's shared directory — what the host publishes for the device, and where.
 //! - `regions`: the static region map both halves route and check requests by.
-//! - `conn`: serving one protocol connection within byte budgets and timeouts.
+//! - `conn`: serving one protocol connection within byte budgets and timeouts (from
+//!   `dpukv-net`, shared with the gateway).
 //! - `reads`: the read engine: a fixed pool of reader threads over the shared memory.
 //! - `atomics`: vector operations and the reservation station.
 //! - `replication`: Tebis over TCP — a primary's senders (log bytes, shipped index), the
@@ -23,7 +24,7 @@
 pub mod admin;
 pub mod atomics;
 pub mod config;
-pub mod conn;
+pub use dpukv_net::conn;
 pub mod dpu;
 pub mod host;
 pub mod pod;

@@ -363,10 +363,14 @@ fn scan(
     let first = only.unwrap_or_else(|| regions.map.route(&start));
     if floor && token.is_empty() {
         // Honeycomb's SCAN starts at the largest key <= lo, which may sit in an earlier region.
+        // Searched backwards through the regions this node leads; one it does not lead may
+        // hold it, so the search stops there: `wrong_region` (a client finds floors across
+        // nodes region by region, naming each).
         let from = only.map_or(0, |i| i);
-        // (Regions another node leads are not read: their keys are found there.)
-        let served: Vec<usize> = (from..=first).rev().filter(|&i| regions.map.serves(i)).collect();
-        for i in served {
+        for i in (from..=first).rev() {
+            if !regions.map.serves(i) {
+                return Ok(Err(ErrorCode::WrongRegion));
+            }
             // Only the region's own keys (a split's source may still hold the half it gave away).
             let at = clamp(regions, i, lo);
             let f = regions.reader(i, shm, device)?.floor_scan(&at, &at, 1)?;

@@ -63,6 +63,28 @@ impl OpCode {
         })
     }
 
+    /// The operation's stable name (as in docs/protocol.md; metrics label by it).
+    pub fn name(self) -> &'static str {
+        use OpCode::*;
+        match self {
+            Get => "get",
+            Put => "put",
+            Insert => "insert",
+            Update => "update",
+            Delete => "delete",
+            Scan => "scan",
+            FloorScan => "floor_scan",
+            FetchAdd => "fetch_add",
+            CompareAndSwap => "compare_and_swap",
+            VectorScalar => "vector_scalar",
+            VectorVector => "vector_vector",
+            Reduce => "reduce",
+            Filter => "filter",
+            Batch => "batch",
+            RegionMap => "region_map",
+        }
+    }
+
     /// Whether the operation changes data (it goes to the host's write pipeline).
     pub fn is_write(self) -> bool {
         !matches!(

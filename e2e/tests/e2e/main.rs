@@ -2,6 +2,7 @@
 //! and `dpukv local`'s supervision.
 
 mod cluster;
+mod gateway;
 mod linearizable;
 mod local;
 mod meta;

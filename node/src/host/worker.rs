@@ -743,7 +743,7 @@ mod tests {
     //! `linearizable_across_partitions_of_the_primary`). Such answers are now outcome unknown.
 
     use super::*;
-    use crate::conn::test_sink;
+    use crate::conn::collecting_sink;
     use dpukv_cluster::keys::Keys;
     use dpukv_cluster::mem::MemStore;
     use dpukv_cluster::membership::{Timing, register};
@@ -773,7 +773,7 @@ mod tests {
             timeout: Duration::from_millis(200),
         };
         let w = start(1, region, false, Arc::default(), 64, rt.handle().clone(), Some(repl)).expect("start");
-        let (sink, mut next) = test_sink();
+        let (sink, mut next) = collecting_sink();
         let send = |id: u64, op: Op| {
             let job = Job { req: Request::new(id, op), charge: Charge::default(), sink: sink.clone() };
             w.queue.blocking_send(job).expect("queue");

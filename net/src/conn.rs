@@ -55,6 +55,59 @@ impl Default for ConnConfig {
     }
 }
 
+/// Limits every server applies to its connections (flags shared by the node's binaries and the
+/// gateway).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConnArgs {
+    /// Bytes all connections together may hold (frames, requests in flight, responses not yet
+    /// written); a connection waits, without reading, while it is spent.
+    #[arg(long, env = "DPUKV_MEMORY_BUDGET", default_value_t = 1 << 30)]
+    pub memory_budget: usize,
+    /// Bytes one connection may hold (at least 32 MiB: two maximal frames).
+    #[arg(long, default_value_t = 64 << 20)]
+    pub conn_memory: usize,
+    /// Requests one connection may have in flight.
+    #[arg(long, default_value_t = 4096)]
+    pub max_in_flight: usize,
+    /// Seconds a connection may stay idle (no frame) before it is closed.
+    #[arg(long, default_value_t = 300)]
+    pub idle_timeout: u64,
+    /// Seconds a frame's bytes may take to arrive once its header did.
+    #[arg(long, default_value_t = 30)]
+    pub frame_timeout: u64,
+    /// Seconds a response write may take before the connection is closed.
+    #[arg(long, default_value_t = 30)]
+    pub write_timeout: u64,
+    /// Seconds a shutdown waits for requests in flight.
+    #[arg(long, default_value_t = 10)]
+    pub shutdown_grace: u64,
+}
+
+impl ConnArgs {
+    /// The per-connection limits these flags give (checked).
+    pub fn config(&self) -> Result<ConnConfig, String> {
+        if self.conn_memory < 2 * dpukv_proto::limits::MAX_FRAME {
+            return Err(format!(
+                "--conn-memory must be at least {} bytes (two maximal frames)",
+                2 * dpukv_proto::limits::MAX_FRAME
+            ));
+        }
+        if self.memory_budget < self.conn_memory {
+            return Err("--memory-budget must be at least --conn-memory".into());
+        }
+        if self.max_in_flight == 0 || self.idle_timeout == 0 || self.frame_timeout == 0 || self.write_timeout == 0 {
+            return Err("limits and timeouts must be positive".into());
+        }
+        Ok(ConnConfig {
+            max_in_flight: self.max_in_flight,
+            conn_bytes: self.conn_memory,
+            frame_timeout: Duration::from_secs(self.frame_timeout),
+            idle_timeout: Duration::from_secs(self.idle_timeout),
+            write_timeout: Duration::from_secs(self.write_timeout),
+        })
+    }
+}
+
 /// The process's byte budget, shared by all its connections.
 #[derive(Clone)]
 pub struct Budget {
@@ -72,6 +125,19 @@ impl Budget {
     /// Bytes charged now.
     pub fn used(&self) -> usize {
         self.total - self.sem.available_permits()
+    }
+
+    /// Its size.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Takes `n` bytes (at most the whole budget), waiting while they are spent; they are
+    /// given back when the permit is dropped. For servers of other protocols sharing the
+    /// process's budget (the gateway's RESP and HTTP front ends).
+    pub async fn hold(&self, n: usize) -> OwnedSemaphorePermit {
+        let n = n.min(self.total).min(u32::MAX as usize) as u32;
+        self.sem.clone().acquire_many_owned(n).await.expect("the budget's semaphore is never closed")
     }
 }
 
@@ -184,16 +250,18 @@ impl Sink {
     }
 }
 
-/// A sink whose responses a test reads back one by one.
-#[cfg(test)]
-pub(crate) fn test_sink() -> (Sink, impl FnMut(Duration) -> Option<Response>) {
+/// A sink whose responses the caller reads back one at a time (`next(within)`: the next
+/// response, or None if none came within), for tests of code that answers through sinks. It
+/// holds up to 64 responses; each must be sent alone ([`Sink::send`]).
+pub fn collecting_sink() -> (Sink, impl FnMut(Duration) -> Option<Response>) {
     let (tx, mut rx) = mpsc::channel(64);
     let next = move |within: Duration| {
         let deadline = std::time::Instant::now() + within;
         loop {
             match rx.try_recv() {
                 Ok(Outgoing::One(r, _)) => return Some(r),
-                Ok(Outgoing::Encoded { .. }) => panic!("test sinks get one response at a time"),
+                // Responses sent together are decoded no further here.
+                Ok(Outgoing::Encoded { .. }) => continue,
                 Err(_) if std::time::Instant::now() >= deadline => return None,
                 Err(_) => std::thread::sleep(Duration::from_millis(5)),
             }

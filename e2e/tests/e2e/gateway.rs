@@ -1,0 +1,254 @@
+//! The gateway in front of a real cluster (three node pods on etcd, two regions): every HTTP
+//! route and error through `curl`, the Redis protocol through `redis-cli` (Debian's
+//! `redis-tools`), and the binary protocol through the client library.
+
+use std::process::Command;
+use std::time::Duration;
+
+use dpukv_e2e::cluster::{ClusterNode, must_see_map};
+use dpukv_e2e::etcd::Etcd;
+use dpukv_e2e::gateway::Gateway;
+
+/// Three pods with regions split at `m`, each with a primary and two backups; and a gateway.
+fn cluster(etcd: &Etcd) -> (Vec<ClusterNode>, Gateway) {
+    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--split-keys", "m"];
+    let nodes: Vec<ClusterNode> =
+        (1..=3).map(|id| ClusterNode::start(id, "gw", &etcd.url(), &args).expect("node")).collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(60),
+        |m| m.regions.len() == 2 && m.regions.iter().all(|r| r.primary != 0 && r.backups.len() == 2),
+    ));
+    let seeds: Vec<&str> = nodes.iter().map(|n| n.device.as_str()).collect();
+    let gw = Gateway::start(&seeds, &["--http-max-body", "4194304"]).expect("gateway");
+    (nodes, gw)
+}
+
+/// `curl` (a real HTTP client): the status and the body.
+fn http(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
+    use std::io::Write;
+    let mut c = Command::new("curl");
+    c.args(["-s", "-S", "-X", method, "-o", "-", "-w", "\n%{http_code}", "--max-time", "30", url]);
+    if body.is_some() {
+        // The body from standard input (it may be larger than an argument may be).
+        c.args(["-H", "content-type: application/json", "--data-binary", "@-"]);
+    }
+    let mut child = c
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl (Debian's curl package) runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let payload = body.unwrap_or_default().as_bytes().to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&payload);
+    });
+    let out = child.wait_with_output().expect("curl");
+    let _ = writer.join();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// Asserts an error answer: the status and the stable code.
+fn must_fail(r: (u16, String), status: u16, code: &str) {
+    assert_eq!(r.0, status, "status of {}", r.1);
+    assert_eq!(json(&r.1)["code"], code, "code of {}", r.1);
+}
+
+#[test]
+fn every_http_route_and_error_through_a_real_gateway() {
+    let etcd = Etcd::start().expect("etcd");
+    let (_nodes, gw) = cluster(&etcd);
+    let u = |p: &str| gw.url(p);
+    // Values: write, read, conditional writes, delete.
+    let (s, b) = http("PUT", &u("/v1/kv/apple"), Some(r#"{"value": "red"}"#));
+    assert_eq!(s, 200, "{b}");
+    assert!(json(&b)["version"].as_u64().is_some_and(|v| v > 0));
+    let (s, b) = http("GET", &u("/v1/kv/apple"), None);
+    assert_eq!((s, json(&b)["value"].as_str()), (200, Some("red")), "{b}");
+    must_fail(http("GET", &u("/v1/kv/pear"), None), 404, "key_not_found");
+    must_fail(http("PUT", &u("/v1/kv/apple"), Some(r#"{"value": "x", "mode": "insert"}"#)), 409, "key_exists");
+    must_fail(http("PUT", &u("/v1/kv/pear"), Some(r#"{"value": "x", "mode": "update"}"#)), 404, "key_not_found");
+    assert_eq!(http("PUT", &u("/v1/kv/apple"), Some(r#"{"value": "green", "mode": "update"}"#)).0, 200);
+    assert_eq!(http("DELETE", &u("/v1/kv/apple"), None).0, 200);
+    must_fail(http("GET", &u("/v1/kv/apple"), None), 404, "key_not_found");
+    // Keys with slashes and spaces travel percent-encoded.
+    assert_eq!(http("PUT", &u("/v1/kv/a%2Fb%20c"), Some(r#"{"value": "v"}"#)).0, 200);
+    assert_eq!(json(&http("GET", &u("/v1/kv/a%2Fb%20c"), None).1)["key"], "a/b c");
+    // Base64 keys and values; a value that is not UTF-8 cannot be read as UTF-8.
+    assert_eq!(http("PUT", &u("/v1/kv/AAEC?encoding=base64"), Some(r#"{"value": "/w=="}"#)).0, 200);
+    let (s, b) = http("GET", &u("/v1/kv/AAEC?encoding=base64"), None);
+    assert_eq!((s, json(&b)["value"].as_str(), json(&b)["key"].as_str()), (200, Some("/w=="), Some("AAEC")), "{b}");
+    must_fail(http("GET", &u("/v1/kv/%00%01%02"), None), 400, "bad_encoding");
+    must_fail(http("GET", &u("/v1/kv/!!!?encoding=base64"), None), 400, "bad_encoding");
+    must_fail(http("PUT", &u("/v1/kv/k"), Some(r#"{"value": "*", "encoding": "base64"}"#)), 400, "bad_encoding");
+    // Sizes.
+    let long_key = "k".repeat(1025);
+    must_fail(http("PUT", &u(&format!("/v1/kv/{long_key}")), Some(r#"{"value": "v"}"#)), 400, "key_size");
+    let big = format!(r#"{{"value": "{}"}}"#, "v".repeat((1 << 20) + 1));
+    must_fail(http("PUT", &u("/v1/kv/big"), Some(&big)), 413, "value_too_large");
+    let huge = format!(r#"{{"value": "{}"}}"#, "v".repeat(5 << 20));
+    must_fail(http("PUT", &u("/v1/kv/huge"), Some(&huge)), 413, "frame_too_large");
+    // Malformed requests.
+    must_fail(http("PUT", &u("/v1/kv/k"), Some("{not json")), 400, "bad_request");
+    must_fail(http("PUT", &u("/v1/kv/k"), Some(r#"{"value": "v", "ttl": 5}"#)), 400, "bad_request");
+    must_fail(http("PUT", &u("/v1/kv/k"), Some(r#"{"mode": "put"}"#)), 400, "bad_request");
+    must_fail(http("GET", &u("/v1/kv/k?encoding=hex"), None), 400, "bad_request");
+    must_fail(http("GET", &u("/v1/kv/k?colour=red"), None), 400, "bad_request");
+    must_fail(http("POST", &u("/v1/kv/k"), None), 405, "method_not_allowed");
+    must_fail(http("GET", &u("/v2/nothing"), None), 404, "not_found");
+    // Scans across both regions (split at "m"), page by page with tokens.
+    let keys: Vec<String> = (0..60).map(|i| format!("{}{i:02}", if i < 30 { "f" } else { "t" })).collect();
+    for k in &keys {
+        assert_eq!(http("PUT", &u(&format!("/v1/kv/{k}")), Some(r#"{"value": "s"}"#)).0, 200);
+    }
+    let mut seen = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let t = token.as_ref().map(|t| format!("&token={t}")).unwrap_or_default();
+        let (s, b) = http("GET", &u(&format!("/v1/scan?start=f&end=u&limit=17{t}")), None);
+        assert_eq!(s, 200, "{b}");
+        let page = json(&b);
+        seen.extend(
+            page["items"].as_array().expect("items").iter().map(|i| i["key"].as_str().expect("key").to_string()),
+        );
+        match page["token"].as_str() {
+            Some(t) => token = Some(t.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, keys, "every key once, in order, across the two regions");
+    must_fail(http("GET", &u("/v1/scan?token=AAAA"), None), 400, "bad_token");
+    must_fail(http("GET", &u("/v1/scan?limit=10001"), None), 400, "too_many_ops");
+    must_fail(http("GET", &u("/v1/scan?limit=0"), None), 400, "bad_request");
+    // Batches: atomic within a region; across regions only when asked not to be.
+    let one = r#"{"ops": [{"op": "put", "key": "b1", "value": "1"}, {"op": "delete", "key": "f00"}]}"#;
+    assert_eq!(http("POST", &u("/v1/batch"), Some(one)).0, 200);
+    must_fail(http("GET", &u("/v1/kv/f00"), None), 404, "key_not_found");
+    let across = r#"{"ops": [{"op": "put", "key": "b2", "value": "1"}, {"op": "put", "key": "z2", "value": "1"}]}"#;
+    must_fail(http("POST", &u("/v1/batch"), Some(across)), 400, "unsupported");
+    must_fail(http("GET", &u("/v1/kv/b2"), None), 404, "key_not_found");
+    let split = r#"{"ops": [{"op": "put", "key": "b2", "value": "1"}, {"op": "put", "key": "z2", "value": "1"}], "atomic": false}"#;
+    assert_eq!(http("POST", &u("/v1/batch"), Some(split)).0, 200);
+    assert_eq!(http("GET", &u("/v1/kv/z2"), None).0, 200);
+    must_fail(http("POST", &u("/v1/batch"), Some(r#"{"ops": []}"#)), 400, "too_many_ops");
+    must_fail(http("POST", &u("/v1/batch"), Some(r#"{"ops": [{"op": "put", "key": "x"}]}"#)), 400, "bad_request");
+    let insert_existing =
+        r#"{"ops": [{"op": "put", "key": "b3", "value": "1"}, {"op": "insert", "key": "b1", "value": "2"}]}"#;
+    must_fail(http("POST", &u("/v1/batch"), Some(insert_existing)), 409, "key_exists");
+    must_fail(http("GET", &u("/v1/kv/b3"), None), 404, "key_not_found");
+    // Atomics.
+    let add = r#"{"op": "fetch_add", "key": "n", "delta": 5}"#;
+    assert_eq!(json(&http("POST", &u("/v1/atomic"), Some(add)).1)["old"], 0);
+    assert_eq!(json(&http("POST", &u("/v1/atomic"), Some(add)).1)["old"], 5);
+    let cas = r#"{"op": "compare_and_swap", "key": "c", "expected": null, "new": "one"}"#;
+    let b = json(&http("POST", &u("/v1/atomic"), Some(cas)).1);
+    assert_eq!((b["swapped"].as_bool(), b["current"].is_null()), (Some(true), true), "{b}");
+    let b = json(&http("POST", &u("/v1/atomic"), Some(cas)).1);
+    assert_eq!((b["swapped"].as_bool(), b["current"].as_str()), (Some(false), Some("one")), "{b}");
+    must_fail(
+        http("POST", &u("/v1/atomic"), Some(r#"{"op": "fetch_add", "key": "c", "delta": 1}"#)),
+        409,
+        "type_mismatch",
+    );
+    must_fail(http("POST", &u("/v1/atomic"), Some(r#"{"op": "fetch_add", "key": "n"}"#)), 400, "bad_request");
+    must_fail(http("POST", &u("/v1/atomic"), Some(r#"{"op": "explode", "key": "n"}"#)), 400, "bad_request");
+    // Health, metrics and the OpenAPI document.
+    assert_eq!(http("GET", &u("/healthz"), None).0, 200);
+    assert_eq!(http("GET", &u("/readyz"), None).0, 200);
+    let (s, m) = http("GET", &u("/metrics"), None);
+    assert!(s == 200 && m.contains("dpukv_gateway_request_duration_seconds_bucket"), "{m}");
+    assert!(m.contains("frontend=\"http\"") && m.contains("op=\"scan\""), "{m}");
+    let (s, doc) = http("GET", &u("/v1/openapi.json"), None);
+    let doc = json(&doc);
+    assert_eq!(s, 200);
+    for p in ["/v1/kv/{key}", "/v1/scan", "/v1/batch", "/v1/atomic"] {
+        assert!(doc["paths"][p].is_object(), "the OpenAPI document has {p}");
+    }
+    assert!(doc["components"]["schemas"]["ErrorBody"].is_object());
+}
+
+/// `redis-cli`, with the arguments given, at the gateway; its output.
+fn redis(gw: &Gateway, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", gw.resp_port()])
+        .args(args)
+        .output()
+        .expect("redis-cli runs (Debian's redis-tools; scripts/test.sh installs it)");
+    assert!(out.status.success(), "redis-cli {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+}
+
+/// `redis-cli` reading commands from its input (one connection, in order).
+fn redis_script(gw: &Gateway, script: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", gw.resp_port()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("redis-cli runs");
+    child.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+}
+
+#[test]
+fn redis_cli_works_against_the_gateway() {
+    let etcd = Etcd::start().expect("etcd");
+    let (_nodes, gw) = cluster(&etcd);
+    assert_eq!(redis(&gw, &["PING"]), "PONG");
+    assert_eq!(redis(&gw, &["SET", "greeting", "hello"]), "OK");
+    assert_eq!(redis(&gw, &["GET", "greeting"]), "hello");
+    assert_eq!(redis(&gw, &["SET", "greeting", "other", "NX"]), "");
+    assert_eq!(redis(&gw, &["SET", "absent", "v", "XX"]), "");
+    assert_eq!(redis(&gw, &["GET", "absent"]), "");
+    assert_eq!(redis(&gw, &["SET", "greeting", "hi", "GET"]), "hello");
+    assert_eq!(redis(&gw, &["GETSET", "greeting", "hey"]), "hi");
+    assert_eq!(redis(&gw, &["SETNX", "greeting", "x"]), "0");
+    assert_eq!(redis(&gw, &["EXISTS", "greeting", "absent", "greeting"]), "2");
+    assert_eq!(redis(&gw, &["MSET", "a", "1", "zz", "2"]), "OK");
+    assert_eq!(redis(&gw, &["MGET", "a", "nothing", "zz"]), "1\n\n2");
+    assert_eq!(redis(&gw, &["DEL", "a", "zz", "nothing"]), "2");
+    assert_eq!(redis(&gw, &["INCR", "counter"]), "1");
+    assert_eq!(redis(&gw, &["INCRBY", "counter", "41"]), "42");
+    assert_eq!(redis(&gw, &["DECRBY", "counter", "2"]), "40");
+    assert_eq!(redis(&gw, &["DECR", "counter"]), "39");
+    assert_eq!(redis(&gw, &["GET", "counter"]), "39", "counters are decimal text, as in Redis");
+    assert!(redis(&gw, &["INCR", "greeting"]).contains("not an integer"));
+    assert_eq!(redis(&gw, &["TYPE", "greeting"]), "string");
+    assert_eq!(redis(&gw, &["STRLEN", "greeting"]), "3");
+    assert!(redis(&gw, &["SET", "k", "v", "EX", "10"]).contains("not supported"));
+    assert!(redis(&gw, &["GET"]).contains("wrong number of arguments for 'get'"));
+    // An unknown command is an error and the connection goes on.
+    let out = redis_script(&gw, "FLUBBER x y\nPING\nGET greeting\n");
+    assert!(out.starts_with("ERR unknown command 'FLUBBER', with args beginning with: 'x' 'y'"), "{out}");
+    assert!(out.ends_with("PONG\nhey"), "{out}");
+    // What redis-cli and redis-benchmark ask at start.
+    assert!(redis(&gw, &["INFO"]).contains("redis_version:"));
+    assert_eq!(redis(&gw, &["CONFIG", "GET", "appendonly"]), "appendonly\nno");
+    assert!(redis(&gw, &["HELLO", "2"]).contains("dpukv"));
+    // SCAN to the end: every key of the pattern once, in key order, across both regions.
+    let keys: Vec<String> = (0..300).map(|i| format!("s:{}{i:03}", if i % 2 == 0 { "a" } else { "x" })).collect();
+    let mut mset = vec!["MSET"];
+    for k in &keys {
+        mset.push(k);
+        mset.push("v");
+    }
+    assert_eq!(redis(&gw, &mset), "OK");
+    let listed = redis(&gw, &["--scan", "--pattern", "s:*"]);
+    let mut want = keys.clone();
+    want.sort();
+    assert_eq!(listed.lines().collect::<Vec<_>>(), want, "redis-cli --scan lists every key once, in order");
+    let odd = redis(&gw, &["--scan", "--pattern", "s:x*"]);
+    assert_eq!(odd.lines().count(), 150);
+    // A cursor the gateway never gave is refused.
+    assert!(redis(&gw, &["SCAN", "12345"]).contains("invalid cursor"));
+}

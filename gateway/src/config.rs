@@ -1,0 +1,122 @@
+//! The `dpukv-gateway` binary's flags (with environment fallbacks), checked into a
+//! [`GatewayConfig`].
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use dpukv_net::conn::ConnArgs;
+
+use crate::GatewayConfig;
+use crate::binary::BinaryLimits;
+use crate::http::HttpLimits;
+use crate::resp::RespLimits;
+
+/// `dpukv-gateway` flags.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "dpukv-gateway",
+    version,
+    about = "dpukv gateway: one endpoint for a whole cluster (binary protocol, HTTP/JSON, Redis protocol)"
+)]
+pub struct GatewayArgs {
+    /// Node devices to learn the cluster from (comma separated; the first that answers).
+    #[arg(long, env = "DPUKV_SEEDS", value_delimiter = ',', required = true)]
+    pub seeds: Vec<String>,
+    /// The binary protocol's port (existing clients point here unchanged).
+    #[arg(long, env = "DPUKV_GATEWAY_LISTEN", default_value = "127.0.0.1:7080")]
+    pub listen: SocketAddr,
+    /// The HTTP/JSON port (also serves /metrics, /healthz, /readyz).
+    #[arg(long, env = "DPUKV_GATEWAY_HTTP")]
+    pub http: Option<SocketAddr>,
+    /// The Redis protocol port.
+    #[arg(long, env = "DPUKV_GATEWAY_RESP")]
+    pub resp: Option<SocketAddr>,
+    /// Connections to each node device.
+    #[arg(long, default_value_t = 4)]
+    pub pool: usize,
+    /// Most connections per front end (more are closed at once).
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Parts of a scan read ahead in parallel.
+    #[arg(long, default_value_t = 4)]
+    pub scan_parallelism: usize,
+    /// Scan parts all scans together may hold (each up to 4 MiB).
+    #[arg(long, default_value_t = 64)]
+    pub scan_parts: usize,
+    /// Commands taken from a RESP connection at a time (a pipeline longer than this is run in
+    /// turns).
+    #[arg(long, default_value_t = 256)]
+    pub resp_pipeline: usize,
+    /// Most bytes of an HTTP request body.
+    #[arg(long, default_value_t = 16 << 20)]
+    pub http_max_body: usize,
+    /// Seconds an HTTP request may take.
+    #[arg(long, default_value_t = 60)]
+    pub request_timeout: u64,
+    /// Seconds between forced refreshes of the region map.
+    #[arg(long, default_value_t = 5)]
+    pub map_refresh: u64,
+    /// SCAN cursors kept (the oldest go first) and for how many seconds.
+    #[arg(long, default_value_t = 65536)]
+    pub scan_cursors: usize,
+    /// Seconds a SCAN cursor stays valid.
+    #[arg(long, default_value_t = 600)]
+    pub scan_cursor_ttl: u64,
+    /// Connection limits (binary front end; the memory budget is the whole process's).
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+impl GatewayArgs {
+    /// The validated configuration.
+    pub fn config(&self) -> Result<GatewayConfig> {
+        if self.seeds.iter().all(|s| s.trim().is_empty()) {
+            bail!("--seeds needs at least one node device address");
+        }
+        for (flag, v) in [
+            ("--pool", self.pool),
+            ("--max-connections", self.max_connections),
+            ("--scan-parallelism", self.scan_parallelism),
+            ("--scan-parts", self.scan_parts),
+            ("--resp-pipeline", self.resp_pipeline),
+            ("--scan-cursors", self.scan_cursors),
+        ] {
+            if v == 0 {
+                bail!("{flag} must be positive");
+            }
+        }
+        if self.http_max_body < 1024 || self.request_timeout == 0 || self.map_refresh == 0 || self.scan_cursor_ttl == 0
+        {
+            bail!("--http-max-body must be at least 1024, and timeouts positive");
+        }
+        let conn = self.conn.config().map_err(anyhow::Error::msg)?;
+        Ok(GatewayConfig {
+            seeds: self.seeds.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+            listen: self.listen,
+            http: self.http,
+            resp: self.resp,
+            pool: self.pool,
+            binary: BinaryLimits { max_connections: self.max_connections, conn },
+            http_limits: HttpLimits {
+                max_connections: self.max_connections,
+                max_body: self.http_max_body,
+                request_timeout: Duration::from_secs(self.request_timeout),
+            },
+            resp_limits: RespLimits {
+                max_connections: self.max_connections,
+                max_pipeline: self.resp_pipeline,
+                idle_timeout: conn.idle_timeout,
+                write_timeout: conn.write_timeout,
+                command: crate::resp::frame::Limits::default(),
+            },
+            memory_budget: self.conn.memory_budget,
+            scan_parallelism: self.scan_parallelism,
+            scan_parts: self.scan_parts,
+            map_refresh: Duration::from_secs(self.map_refresh),
+            scan_cursors: self.scan_cursors,
+            scan_cursor_ttl: Duration::from_secs(self.scan_cursor_ttl),
+            shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
+        })
+    }
+}

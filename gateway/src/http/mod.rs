@@ -1,0 +1,569 @@
+//! The HTTP/JSON front end (axum): `GET/PUT/DELETE /v1/kv/{key}`, `GET /v1/scan`, `POST
+//! /v1/batch`, `POST /v1/atomic`, `/healthz`, `/readyz`, `/metrics` and `/v1/openapi.json`
+//! (generated from the handlers and the types of `api`). Errors are JSON `{"code", "message"}`
+//! with the status their code implies (docs/gateway.md).
+//!
+//! Bounds: connections are capped (more are closed at once); a request body may hold at most
+//! `max_body` bytes; every request reserves its body and its largest reply from the gateway's
+//! memory budget before it is read, and each request must be answered within
+//! `request_timeout`.
+//!
+//! # Layout
+//! - `api`: the JSON types.
+//! - this module: routes, handlers, errors, limits.
+
+pub mod api;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use dpukv_client::ClientError;
+use dpukv_net::conn::Budget;
+use dpukv_proto::{ErrorCode, Reply, WriteOp};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+
+use crate::metrics::Metrics;
+use crate::scan::ScanRequest;
+use crate::upstream::Upstream;
+use api::*;
+
+/// The front end's limits.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    /// Connections open at once (more are closed at once).
+    pub max_connections: usize,
+    /// Most bytes of a request body.
+    pub max_body: usize,
+    /// A request must be answered within this.
+    pub request_timeout: Duration,
+}
+
+/// What every request shares.
+#[derive(Clone)]
+pub struct HttpState {
+    /// The cluster.
+    pub up: Arc<Upstream>,
+    /// Limits.
+    pub limits: HttpLimits,
+    /// The process's memory budget.
+    pub budget: Budget,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// An error answer: a status and a JSON body with a stable code.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+        ApiError { status, body: ErrorBody { code: code.into(), message: message.into() } }
+    }
+
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    fn bad_encoding(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_encoding", message)
+    }
+}
+
+/// The HTTP status of a protocol error code.
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    use ErrorCode::*;
+    match code {
+        BadRequest | UnknownOp | KeySize | TooManyOps | BadToken => StatusCode::BAD_REQUEST,
+        ValueTooLarge | FrameTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        KeyExists | TypeMismatch | SessionExpired => StatusCode::CONFLICT,
+        KeyNotFound => StatusCode::NOT_FOUND,
+        StaleEpoch | WrongRegion | Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Overloaded => StatusCode::TOO_MANY_REQUESTS,
+        Unsupported => StatusCode::BAD_REQUEST,
+        OutcomeUnknown => StatusCode::GATEWAY_TIMEOUT,
+        Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl From<ClientError> for ApiError {
+    fn from(e: ClientError) -> ApiError {
+        // A write's failure that may have left it applied is outcome_unknown; the client
+        // library says so whatever the operation, and reads never are.
+        let r = e.into_reply(true);
+        ApiError { status: status_of(r.code), body: ErrorBody { code: r.code.name().into(), message: r.message } }
+    }
+}
+
+impl From<dpukv_proto::ErrorReply> for ApiError {
+    fn from(r: dpukv_proto::ErrorReply) -> ApiError {
+        ApiError { status: status_of(r.code), body: ErrorBody { code: r.code.name().into(), message: r.message } }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> ApiError {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "frame_too_large", r.body_text());
+        }
+        ApiError::bad_request(r.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> ApiError {
+        ApiError::bad_request(r.body_text())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body)).into_response();
+        resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        resp
+    }
+}
+
+type ApiResult<T> = Result<axum::Json<T>, ApiError>;
+
+fn key_of(encoding: Encoding, key: &str) -> Result<Vec<u8>, ApiError> {
+    encoding.decode(key).map_err(|e| ApiError::bad_encoding(format!("key: {e}")))
+}
+
+fn text_of(encoding: Encoding, b: &[u8], what: &str) -> Result<String, ApiError> {
+    encoding
+        .encode(b)
+        .ok_or_else(|| ApiError::bad_encoding(format!("the {what} is not UTF-8: ask with encoding=base64")))
+}
+
+/// Reads a value.
+#[utoipa::path(get, path = "/v1/kv/{key}", params(("key" = String, Path, description = "The key, in `encoding`"), KeyQuery),
+    responses((status = 200, body = ValueReply), (status = 404, body = ErrorBody, description = "`key_not_found`"),
+              (status = 400, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn get_kv(
+    State(s): State<HttpState>,
+    Path(key): Path<String>,
+    q: Result<Query<KeyQuery>, QueryRejection>,
+) -> ApiResult<ValueReply> {
+    let enc = q?.0.encoding.unwrap_or_default();
+    let k = key_of(enc, &key)?;
+    let (reply, version) = s.up.client().call(dpukv_proto::Op::Get { key: k.clone() }).await?;
+    match reply {
+        Reply::Value(Some(v)) => Ok(axum::Json(ValueReply {
+            key: text_of(enc, &k, "key")?,
+            value: text_of(enc, &v, "value")?,
+            encoding: enc,
+            version,
+        })),
+        Reply::Value(None) => Err(ApiError::new(StatusCode::NOT_FOUND, "key_not_found", "no value for the key")),
+        _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
+    }
+}
+
+/// Writes a value.
+#[utoipa::path(put, path = "/v1/kv/{key}", params(("key" = String, Path, description = "The key, in `encoding`"), KeyQuery),
+    request_body = PutBody,
+    responses((status = 200, body = WriteReply), (status = 409, body = ErrorBody, description = "`key_exists` (insert)"),
+              (status = 404, body = ErrorBody, description = "`key_not_found` (update)"), (status = 400, body = ErrorBody),
+              (status = 413, body = ErrorBody), (status = 503, body = ErrorBody), (status = 504, body = ErrorBody)))]
+async fn put_kv(
+    State(s): State<HttpState>,
+    Path(key): Path<String>,
+    q: Result<Query<KeyQuery>, QueryRejection>,
+    body: Result<axum::Json<PutBody>, JsonRejection>,
+) -> ApiResult<WriteReply> {
+    let enc = q?.0.encoding.unwrap_or_default();
+    let body = body?.0;
+    let k = key_of(enc, &key)?;
+    let v =
+        body.encoding.unwrap_or(enc).decode(&body.value).map_err(|e| ApiError::bad_encoding(format!("value: {e}")))?;
+    let c = s.up.client();
+    let version = match body.mode.unwrap_or_default() {
+        PutMode::Put => c.put(&k, &v).await?,
+        PutMode::Insert => c.insert(&k, &v).await?,
+        PutMode::Update => c.update(&k, &v).await?,
+    };
+    Ok(axum::Json(WriteReply { version }))
+}
+
+/// Deletes a key (deleting an absent key succeeds).
+#[utoipa::path(delete, path = "/v1/kv/{key}", params(("key" = String, Path, description = "The key, in `encoding`"), KeyQuery),
+    responses((status = 200, body = WriteReply), (status = 400, body = ErrorBody), (status = 503, body = ErrorBody),
+              (status = 504, body = ErrorBody)))]
+async fn delete_kv(
+    State(s): State<HttpState>,
+    Path(key): Path<String>,
+    q: Result<Query<KeyQuery>, QueryRejection>,
+) -> ApiResult<WriteReply> {
+    let enc = q?.0.encoding.unwrap_or_default();
+    let k = key_of(enc, &key)?;
+    Ok(axum::Json(WriteReply { version: s.up.client().delete(&k).await? }))
+}
+
+/// A page of the keys in `[start, end]`, in key order, across regions.
+#[utoipa::path(get, path = "/v1/scan", params(ScanQuery),
+    responses((status = 200, body = ScanReply), (status = 400, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn scan(State(s): State<HttpState>, q: Result<Query<ScanQuery>, QueryRejection>) -> ApiResult<ScanReply> {
+    let q = q?.0;
+    let enc = q.encoding.unwrap_or_default();
+    let bound = |b: &Option<String>, what: &str| -> Result<Vec<u8>, ApiError> {
+        b.as_deref()
+            .map_or(Ok(Vec::new()), |b| enc.decode(b).map_err(|e| ApiError::bad_encoding(format!("{what}: {e}"))))
+    };
+    let token = match &q.token {
+        None => Vec::new(),
+        Some(t) => Encoding::Base64
+            .decode(t)
+            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_token", "malformed token"))?,
+    };
+    let limit = q.limit.unwrap_or(1000);
+    if limit == 0 {
+        return Err(ApiError::bad_request("limit must be 1 to 10000"));
+    }
+    let req = ScanRequest {
+        lo: bound(&q.start, "start")?,
+        hi: bound(&q.end, "end")?,
+        limit,
+        max_bytes: q.max_bytes.unwrap_or(0),
+        token,
+        floor: false,
+    };
+    match crate::scan::run(&s.up, req).await? {
+        Reply::Items { items, token } => {
+            let items = items
+                .iter()
+                .map(|(k, v)| Ok(Item { key: text_of(enc, k, "key")?, value: text_of(enc, v, "value")? }))
+                .collect::<Result<Vec<_>, ApiError>>()?;
+            let token = (!token.is_empty()).then(|| {
+                use base64::Engine;
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&token)
+            });
+            Ok(axum::Json(ScanReply { items, token, encoding: enc }))
+        }
+        _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
+    }
+}
+
+/// Writes several keys: atomically within one region (the default), or split by region.
+#[utoipa::path(post, path = "/v1/batch", request_body = BatchBody,
+    responses((status = 200, body = WriteReply), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody),
+              (status = 504, body = ErrorBody)))]
+async fn batch(
+    State(s): State<HttpState>,
+    body: Result<axum::Json<BatchBody>, JsonRejection>,
+) -> ApiResult<WriteReply> {
+    let body = body?.0;
+    let enc = body.encoding.unwrap_or_default();
+    if body.ops.is_empty() || body.ops.len() > dpukv_proto::limits::MAX_BATCH_OPS {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "too_many_ops", "a batch holds 1 to 1024 writes"));
+    }
+    let mut ops = Vec::with_capacity(body.ops.len());
+    for (i, op) in body.ops.iter().enumerate() {
+        let key = key_of(enc, &op.key)?;
+        let value = |v: &Option<String>| -> Result<Vec<u8>, ApiError> {
+            let v = v.as_deref().ok_or_else(|| ApiError::bad_request(format!("ops[{i}]: a value is needed")))?;
+            enc.decode(v).map_err(|e| ApiError::bad_encoding(format!("ops[{i}].value: {e}")))
+        };
+        ops.push(match op.op {
+            BatchKind::Put => WriteOp::Put { key, value: value(&op.value)? },
+            BatchKind::Insert => WriteOp::Insert { key, value: value(&op.value)? },
+            BatchKind::Update => WriteOp::Update { key, value: value(&op.value)? },
+            BatchKind::Delete if op.value.is_some() => {
+                return Err(ApiError::bad_request(format!("ops[{i}]: a delete takes no value")));
+            }
+            BatchKind::Delete => WriteOp::Delete { key },
+        });
+    }
+    let c = s.up.client();
+    let version = if body.atomic.unwrap_or(true) {
+        match c.batch(ops).await {
+            Err(e) if e.code() == Some(ErrorCode::WrongRegion) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "unsupported",
+                    "an atomic batch must stay within one region, and these keys span regions: send \"atomic\": false",
+                ));
+            }
+            r => r?,
+        }
+    } else {
+        c.batch_across_regions(ops).await?
+    };
+    Ok(axum::Json(WriteReply { version }))
+}
+
+/// `fetch_add` or `compare_and_swap`.
+#[utoipa::path(post, path = "/v1/atomic", request_body = AtomicBody,
+    responses((status = 200, body = AtomicReply), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 503, body = ErrorBody), (status = 504, body = ErrorBody)))]
+async fn atomic(
+    State(s): State<HttpState>,
+    body: Result<axum::Json<AtomicBody>, JsonRejection>,
+) -> ApiResult<AtomicReply> {
+    let b = body?.0;
+    let enc = b.encoding.unwrap_or_default();
+    let key = key_of(enc, &b.key)?;
+    let c = s.up.client();
+    match b.op {
+        AtomicKind::FetchAdd => {
+            if b.expected.is_some() || b.new.is_some() {
+                return Err(ApiError::bad_request("fetch_add takes a delta, not expected or new"));
+            }
+            let delta = b.delta.ok_or_else(|| ApiError::bad_request("fetch_add needs a delta"))?;
+            let (reply, version) = c.call(dpukv_proto::Op::FetchAdd { key, delta }).await?;
+            match reply {
+                Reply::Scalar(old) => Ok(axum::Json(AtomicReply {
+                    old: Some(u64::from_le_bytes(old)),
+                    swapped: None,
+                    current: None,
+                    version,
+                })),
+                _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
+            }
+        }
+        AtomicKind::CompareAndSwap => {
+            if b.delta.is_some() {
+                return Err(ApiError::bad_request("compare_and_swap takes expected and new, not a delta"));
+            }
+            let new = b.new.as_deref().ok_or_else(|| ApiError::bad_request("compare_and_swap needs new"))?;
+            let new = enc.decode(new).map_err(|e| ApiError::bad_encoding(format!("new: {e}")))?;
+            let expected = b
+                .expected
+                .as_deref()
+                .map(|e| enc.decode(e).map_err(|e| ApiError::bad_encoding(format!("expected: {e}"))))
+                .transpose()?;
+            let op = dpukv_proto::Op::CompareAndSwap { key, expected, new };
+            let (reply, version) = c.call(op).await?;
+            match reply {
+                Reply::Cas { swapped, current } => {
+                    let current = current.map(|v| text_of(enc, &v, "value")).transpose()?;
+                    Ok(axum::Json(AtomicReply { old: None, swapped: Some(swapped), current: Some(current), version }))
+                }
+                _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
+            }
+        }
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "dpukv HTTP API", description = "The gateway's HTTP/JSON front end (docs/gateway.md)"),
+    paths(get_kv, put_kv, delete_kv, scan, batch, atomic),
+    components(schemas(
+        Encoding,
+        ValueReply,
+        PutMode,
+        PutBody,
+        WriteReply,
+        Item,
+        ScanReply,
+        BatchOp,
+        BatchKind,
+        BatchBody,
+        AtomicKind,
+        AtomicBody,
+        AtomicReply,
+        ErrorBody
+    ))
+)]
+struct ApiDoc;
+
+/// The OpenAPI document of the API (JSON).
+pub fn openapi_json() -> String {
+    ApiDoc::openapi().to_pretty_json().unwrap_or_else(|_| "{}".into())
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<HttpState>) -> Response {
+    match s.up.client().current_map().await {
+        Ok(m) if !m.regions.is_empty() => (StatusCode::OK, "ready\n").into_response(),
+        Ok(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the cluster has no regions yet")
+            .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+async fn metrics(State(s): State<HttpState>) -> Response {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
+        .into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route (see /v1/openapi.json)")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+}
+
+/// The metric label of a request.
+fn op_of(req: &Request) -> &'static str {
+    let path = req.uri().path();
+    match (req.method().as_str(), path) {
+        ("GET", p) if p.starts_with("/v1/kv/") => "get",
+        ("PUT", p) if p.starts_with("/v1/kv/") => "put",
+        ("DELETE", p) if p.starts_with("/v1/kv/") => "delete",
+        (_, "/v1/scan") => "scan",
+        (_, "/v1/batch") => "batch",
+        (_, "/v1/atomic") => "atomic",
+        _ => "other",
+    }
+}
+
+/// Reserves the request's body and largest reply from the budget, bounds its time, and
+/// counts it.
+async fn bounded(State(s): State<HttpState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let op = op_of(&req);
+    let body = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(s.limits.max_body)
+        .min(s.limits.max_body);
+    let reply = match op {
+        "scan" => 3 * dpukv_proto::limits::MAX_SCAN_BYTES as usize,
+        "get" => 2 * dpukv_proto::limits::MAX_VALUE,
+        _ => 4096,
+    };
+    let _held = s.budget.hold(body + reply).await;
+    let resp = match tokio::time::timeout(s.limits.request_timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", "the request took too long").into_response(),
+    };
+    if !resp.status().is_success() && op != "other" {
+        let code = match resp.status() {
+            StatusCode::NOT_FOUND => "key_not_found",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            StatusCode::GATEWAY_TIMEOUT => "outcome_unknown",
+            StatusCode::CONFLICT => "conflict",
+            _ => "bad_request",
+        };
+        s.metrics.error("http", code);
+    }
+    s.metrics.observe("http", op, started);
+    resp
+}
+
+/// The router.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/v1/kv/{key}", get(get_kv).put(put_kv).delete(delete_kv))
+        .route("/v1/scan", get(scan))
+        .route("/v1/batch", post(batch))
+        .route("/v1/atomic", post(atomic))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), bounded))
+        .layer(DefaultBodyLimit::max(state.limits.max_body))
+        .with_state(state)
+}
+
+/// A listener that keeps at most `max` connections open (more are closed at once).
+struct Limited {
+    inner: tokio::net::TcpListener,
+    open: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+}
+
+/// A connection holding its place under the limit.
+struct Counted {
+    stream: tokio::net::TcpStream,
+    _permit: OwnedSemaphorePermit,
+    _guard: crate::metrics::ConnectionGuard,
+}
+
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl axum::serve::Listener for Limited {
+    type Io = Counted;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Counted, SocketAddr) {
+        loop {
+            let Ok((stream, addr)) = self.inner.accept().await else {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            };
+            let Ok(permit) = self.open.clone().try_acquire_owned() else {
+                drop(stream);
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            return (Counted { stream, _permit: permit, _guard: self.metrics.connection("http") }, addr);
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// Serves `listener` until `stop` (then finishes the requests in progress).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: HttpState,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let limited = Limited {
+        inner: listener,
+        open: Arc::new(Semaphore::new(state.limits.max_connections)),
+        metrics: state.metrics.clone(),
+    };
+    axum::serve(limited, router(state)).with_graceful_shutdown(async move { stop.cancelled().await }).await
+}

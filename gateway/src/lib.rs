@@ -1,0 +1,188 @@
+//! dpukv-gateway: one endpoint for a whole cluster (docs/gateway.md, docs/architecture.md §8).
+//! Users and their tools talk to the gateway, not to regions: it routes each operation to its
+//! region's primary device with the client library's router (the one routing implementation),
+//! fans scans out across regions in parallel, and speaks three protocols — the binary protocol
+//! (existing clients point at it unchanged), HTTP/JSON and the Redis protocol (RESP 2).
+//!
+//! It sits on `dpukv-client` (routing, exactly-once writes), `dpukv-net` (bounded binary
+//! connections) and `dpukv-proto`; nothing depends on it.
+//!
+//! # Layout
+//! - `config`: the binary's flags.
+//! - `upstream`: the cluster as the gateway sees it; forwarding binary requests with their
+//!   senders' exactly-once tags; the one-region map binary clients are shown.
+//! - `scan`: scans across regions, read in parallel and taken in key order.
+//! - `binary`: the binary protocol front end.
+//! - `resp`: the Redis protocol front end.
+//! - `http`: the HTTP/JSON front end (and `/metrics`, health, OpenAPI).
+//! - `metrics`: latency histograms per front end and operation, errors, connections.
+//!
+//! # Invariants
+//! - The gateway holds no durable state: any number of them may serve one cluster, and one may
+//!   be restarted at any time (only `SCAN` cursors of the RESP front end are its own, in a
+//!   bounded table).
+//! - A write is applied once: a binary client's exactly-once tag is kept end to end; the other
+//!   front ends' writes carry the gateway's own tag, so its retries after a failover are
+//!   answered from the node's session table.
+//! - Every front end is bounded: connections, bytes held (the process's memory budget, from
+//!   which requests reserve their largest reply) and time.
+
+pub mod binary;
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod resp;
+pub mod scan;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use dpukv_net::conn::Budget;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::binary::BinaryLimits;
+use crate::http::HttpLimits;
+use crate::metrics::Metrics;
+use crate::resp::RespLimits;
+use crate::scan::ScanLimits;
+use crate::upstream::Upstream;
+
+/// A gateway's configuration (see `config` for what each means).
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Node devices to learn the cluster from.
+    pub seeds: Vec<String>,
+    /// The binary front end.
+    pub listen: SocketAddr,
+    /// The HTTP front end, if any.
+    pub http: Option<SocketAddr>,
+    /// The RESP front end, if any.
+    pub resp: Option<SocketAddr>,
+    /// Connections per node device.
+    pub pool: usize,
+    /// The binary front end's limits.
+    pub binary: BinaryLimits,
+    /// The HTTP front end's limits.
+    pub http_limits: HttpLimits,
+    /// The RESP front end's limits.
+    pub resp_limits: RespLimits,
+    /// Bytes all requests together may hold.
+    pub memory_budget: usize,
+    /// Parts one scan reads ahead.
+    pub scan_parallelism: usize,
+    /// Parts all scans may hold.
+    pub scan_parts: usize,
+    /// How often the region map is refreshed even if no node said it moved.
+    pub map_refresh: Duration,
+    /// SCAN cursors kept.
+    pub scan_cursors: usize,
+    /// How long a SCAN cursor stays valid.
+    pub scan_cursor_ttl: Duration,
+    /// How long a shutdown waits for connections.
+    pub shutdown_grace: Duration,
+}
+
+/// Where a started gateway listens.
+#[derive(Debug, Clone)]
+pub struct GatewayInfo {
+    /// The binary front end.
+    pub binary: SocketAddr,
+    /// The HTTP front end.
+    pub http: Option<SocketAddr>,
+    /// The RESP front end.
+    pub resp: Option<SocketAddr>,
+}
+
+/// Runs a gateway until `shutdown`; tells `started` where it listens once it serves.
+pub async fn run(
+    cfg: GatewayConfig,
+    shutdown: CancellationToken,
+    started: Option<tokio::sync::oneshot::Sender<GatewayInfo>>,
+) -> Result<()> {
+    let metrics = Metrics::new();
+    let binary_listener = TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
+    let http_listener = match cfg.http {
+        Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding {a}"))?),
+        None => None,
+    };
+    let resp_listener = match cfg.resp {
+        Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding {a}"))?),
+        None => None,
+    };
+    let scans = ScanLimits {
+        parallelism: cfg.scan_parallelism,
+        part_permits: Arc::new(Semaphore::new(cfg.scan_parts)),
+        metrics: metrics.clone(),
+    };
+    // The cluster may not be up yet: keep trying (a gateway is started beside its cluster).
+    let mut delay = Duration::from_millis(100);
+    let up = loop {
+        match Upstream::connect(&cfg.seeds, cfg.pool, scans.clone()).await {
+            Ok(u) => break Arc::new(u),
+            Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "the cluster does not answer yet"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(2));
+    };
+    up.refresh_map_every(cfg.map_refresh, shutdown.clone());
+    let budget = Budget::new(cfg.memory_budget);
+    let tracker = TaskTracker::new();
+    let info = GatewayInfo {
+        binary: binary_listener.local_addr()?,
+        http: http_listener.as_ref().map(TcpListener::local_addr).transpose()?,
+        resp: resp_listener.as_ref().map(TcpListener::local_addr).transpose()?,
+    };
+    tracker.spawn(binary::serve(
+        binary_listener,
+        up.clone(),
+        cfg.binary,
+        budget.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+        tracker.clone(),
+    ));
+    if let Some(l) = http_listener {
+        let state = http::HttpState {
+            up: up.clone(),
+            limits: cfg.http_limits,
+            budget: budget.clone(),
+            metrics: metrics.clone(),
+        };
+        let stop = shutdown.clone();
+        tracker.spawn(async move {
+            if let Err(e) = http::serve(l, state, stop).await {
+                tracing::error!(error = %e, "the HTTP front end failed");
+            }
+        });
+    }
+    if let Some(l) = resp_listener {
+        let shared = Arc::new(resp::Shared {
+            up: up.clone(),
+            limits: cfg.resp_limits,
+            budget: budget.clone(),
+            cursors: resp::cursors::Cursors::new(cfg.scan_cursors, cfg.scan_cursor_ttl),
+            metrics: metrics.clone(),
+            port: info.resp.map_or(0, |a| a.port()),
+        });
+        tracker.spawn(resp::serve(l, shared, shutdown.clone(), tracker.clone()));
+    }
+    tracing::info!(binary = %info.binary, http = ?info.http, resp = ?info.resp, "gateway serving");
+    if let Some(tx) = started {
+        let _ = tx.send(info);
+    }
+    shutdown.cancelled().await;
+    tracker.close();
+    if tokio::time::timeout(cfg.shutdown_grace, tracker.wait()).await.is_err() {
+        tracing::warn!("connections did not finish within the shutdown grace period");
+    }
+    Ok(())
+}

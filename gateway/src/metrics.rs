@@ -1,0 +1,118 @@
+//! The gateway's metrics (their names are an interface: docs/operations.md): request latency per
+//! front end and operation (a histogram, seconds), errors per front end and stable error code,
+//! connections open per front end, and the scans' sub-range reads.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// A front end and an operation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct OpLabels {
+    /// `binary`, `http` or `resp`.
+    pub frontend: &'static str,
+    /// The operation's stable name (the protocol's op names; RESP and HTTP map onto them).
+    pub op: &'static str,
+}
+
+/// A front end and an error code.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// `binary`, `http` or `resp`.
+    pub frontend: &'static str,
+    /// The stable error code (docs/protocol.md §8, plus `unauthorized` and `forbidden`).
+    pub code: &'static str,
+}
+
+/// A front end.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct FrontendLabels {
+    /// `binary`, `http` or `resp`.
+    pub frontend: &'static str,
+}
+
+type LatencyFamily = Family<OpLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 20 µs to about 21 s.
+    Histogram::new(exponential_buckets(0.000_02, 2.0, 21))
+}
+
+/// The gateway's metrics and the registry that exposes them.
+pub struct Metrics {
+    /// Every metric, for `/metrics`.
+    pub registry: Registry,
+    latency: LatencyFamily,
+    errors: Family<ErrorLabels, Counter>,
+    connections: Family<FrontendLabels, Gauge<i64, AtomicI64>>,
+    /// Sub-range reads started by scans.
+    pub scan_parts: Counter,
+}
+
+impl Metrics {
+    /// Registered, all at zero.
+    pub fn new() -> Arc<Metrics> {
+        let mut registry = Registry::default();
+        let latency: LatencyFamily = Family::new_with_constructor(latency_histogram);
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let connections = Family::<FrontendLabels, Gauge<i64, AtomicI64>>::default();
+        let scan_parts = Counter::default();
+        registry.register(
+            "dpukv_gateway_request_duration_seconds",
+            "Time from a request's arrival to its answer, by front end and operation",
+            latency.clone(),
+        );
+        registry.register(
+            "dpukv_gateway_errors",
+            "Requests answered with an error, by front end and code",
+            errors.clone(),
+        );
+        registry.register("dpukv_gateway_connections", "Connections open, by front end", connections.clone());
+        registry.register("dpukv_gateway_scan_parts", "Sub-range reads started by scans", scan_parts.clone());
+        Arc::new(Metrics { registry, latency, errors, connections, scan_parts })
+    }
+
+    /// Records one request's latency since `started`.
+    pub fn observe(&self, frontend: &'static str, op: &'static str, started: Instant) {
+        self.latency.get_or_create(&OpLabels { frontend, op }).observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Counts an error answer.
+    pub fn error(&self, frontend: &'static str, code: &'static str) {
+        self.errors.get_or_create(&ErrorLabels { frontend, code }).inc();
+    }
+
+    /// Counts a connection until the guard is dropped.
+    pub fn connection(self: &Arc<Self>, frontend: &'static str) -> ConnectionGuard {
+        self.connections.get_or_create(&FrontendLabels { frontend }).inc();
+        ConnectionGuard { metrics: self.clone(), frontend }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// An open connection (counted while it lives).
+pub struct ConnectionGuard {
+    metrics: Arc<Metrics>,
+    frontend: &'static str,
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.metrics.connections.get_or_create(&FrontendLabels { frontend: self.frontend }).dec();
+    }
+}

@@ -1,0 +1,389 @@
+//! The Redis commands the gateway answers, mapped onto dpukv's operations (docs/gateway.md has
+//! the table): strings (`GET`, `SET` with `NX`/`XX`/`GET`, `SETNX`, `GETSET`, `MGET`, `MSET`,
+//! `DEL`, `EXISTS`, `TYPE`, `STRLEN`), counters (`INCR`, `INCRBY`, `DECR`, `DECRBY`, on decimal
+//! text as in Redis), `SCAN` in key order, and what `redis-cli` and `redis-benchmark` ask at
+//! start (`PING`, `ECHO`, `INFO`, `COMMAND`, `CONFIG GET`, `TIME`). Connection commands (`AUTH`,
+//! `HELLO`, `QUIT`, `SELECT`, `CLIENT`) are the server loop's.
+
+use dpukv_client::ClientError;
+use dpukv_proto::{ErrorCode, WriteOp};
+
+use super::cursors::{Cursors, Position};
+use super::frame::Reply;
+use super::pattern;
+use crate::scan::ScanRequest;
+use crate::upstream::Upstream;
+
+/// What a command touches, for running a pipeline's commands concurrently: commands on disjoint
+/// keys run together; a command on a key already touched in the group waits for the group.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Touches {
+    /// Nothing stored (PING, INFO, ...).
+    Nothing,
+    /// These keys.
+    Keys(Vec<Vec<u8>>),
+    /// Any key (SCAN): runs alone.
+    Everything,
+    /// The connection's state (AUTH, HELLO, ...): runs alone, in the server loop.
+    Connection,
+}
+
+/// The command's name, lowercased.
+pub fn name(args: &[Vec<u8>]) -> String {
+    args.first().map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).unwrap_or_default()
+}
+
+/// What `args` touches.
+pub fn touches(args: &[Vec<u8>]) -> Touches {
+    let rest = || args[1..].to_vec();
+    match name(args).as_str() {
+        "get" | "set" | "setnx" | "getset" | "incr" | "decr" | "incrby" | "decrby" | "type" | "strlen" => {
+            Touches::Keys(args.get(1).cloned().into_iter().collect())
+        }
+        "mget" | "del" | "exists" | "unlink" => Touches::Keys(rest()),
+        "mset" => Touches::Keys(args[1..].iter().step_by(2).cloned().collect()),
+        "scan" => Touches::Everything,
+        "auth" | "hello" | "quit" | "select" | "client" | "reset" => Touches::Connection,
+        _ => Touches::Nothing,
+    }
+}
+
+/// The largest reply `args` can produce, reserved from the gateway's memory budget before it
+/// runs (like the binary protocol's requests).
+pub fn reply_bound(args: &[Vec<u8>]) -> usize {
+    let value = dpukv_proto::limits::MAX_VALUE + 64;
+    match name(args).as_str() {
+        "get" | "getset" | "set" => value,
+        "mget" => value * args.len().saturating_sub(1),
+        "scan" => dpukv_proto::limits::MAX_SCAN_BYTES as usize + 64 * 1024,
+        _ => 4096 + args.iter().map(Vec::len).sum::<usize>(),
+    }
+}
+
+fn wrong_arity(cmd: &str) -> Reply {
+    Reply::err(format!("wrong number of arguments for '{cmd}' command"))
+}
+
+/// A dpukv error as a Redis error reply.
+pub fn error_reply(e: ClientError) -> Reply {
+    match e.code() {
+        Some(ErrorCode::KeySize) => Reply::err("key is empty or longer than 1024 bytes"),
+        Some(ErrorCode::ValueTooLarge) => Reply::err("value is larger than 1 MiB (1048576 bytes)"),
+        Some(ErrorCode::TypeMismatch) => {
+            Reply::Error("WRONGTYPE Operation against a key holding the wrong kind of value".into())
+        }
+        Some(c) if c.is_retryable() || c == ErrorCode::WrongRegion => {
+            Reply::Error(format!("TRYAGAIN the cluster cannot answer now ({}): retry", c.name()))
+        }
+        _ if e.outcome_unknown() => {
+            Reply::err(format!("outcome unknown: the write may or may not have been applied ({e})"))
+        }
+        _ if e.is_retryable() => Reply::Error(format!("TRYAGAIN the cluster cannot be reached now ({e}): retry")),
+        _ => Reply::err(e),
+    }
+}
+
+fn bulk_or_nil(v: Option<Vec<u8>>) -> Reply {
+    v.map_or(Reply::Nil, Reply::Bulk)
+}
+
+/// Runs a command that is not a connection command.
+pub async fn run(up: &Upstream, cursors: &Cursors, info: &str, args: Vec<Vec<u8>>) -> Reply {
+    let cmd = name(&args);
+    let n = args.len();
+    let c = up.client();
+    match cmd.as_str() {
+        "ping" => match n {
+            1 => Reply::Simple("PONG"),
+            2 => Reply::Bulk(args[1].clone()),
+            _ => wrong_arity(&cmd),
+        },
+        "echo" if n == 2 => Reply::Bulk(args[1].clone()),
+        "get" if n == 2 => c.get(&args[1]).await.map_or_else(error_reply, bulk_or_nil),
+        "set" if n >= 3 => set(up, &args).await,
+        "setnx" if n == 3 => match c.insert(&args[1], &args[2]).await {
+            Ok(_) => Reply::Integer(1),
+            Err(e) if e.code() == Some(ErrorCode::KeyExists) => Reply::Integer(0),
+            Err(e) => error_reply(e),
+        },
+        "getset" if n == 3 => swap(up, &args[1], &args[2], None).await,
+        "mget" if n >= 2 => {
+            let tasks: Vec<_> = args[1..]
+                .iter()
+                .map(|k| {
+                    let (c, k) = (c.clone(), k.clone());
+                    tokio::spawn(async move { c.get(&k).await })
+                })
+                .collect();
+            let mut out = Vec::with_capacity(tasks.len());
+            for t in tasks {
+                match t.await {
+                    Ok(Ok(v)) => out.push(bulk_or_nil(v)),
+                    Ok(Err(e)) => return error_reply(e),
+                    Err(_) => return Reply::err("a read failed"),
+                }
+            }
+            Reply::Array(out)
+        }
+        "mset" if n >= 3 && n % 2 == 1 => {
+            let ops = args[1..].chunks(2).map(|kv| WriteOp::Put { key: kv[0].clone(), value: kv[1].clone() }).collect();
+            match c.batch_across_regions(ops).await {
+                Ok(_) => Reply::Simple("OK"),
+                Err(e) => error_reply(e),
+            }
+        }
+        "del" | "unlink" if n >= 2 => {
+            // The count is of keys that existed when read just before their delete.
+            let mut deleted = 0;
+            for k in &args[1..] {
+                match c.get(k).await {
+                    Ok(None) => {}
+                    Ok(Some(_)) => match c.delete(k).await {
+                        Ok(_) => deleted += 1,
+                        Err(e) => return error_reply(e),
+                    },
+                    Err(e) => return error_reply(e),
+                }
+            }
+            Reply::Integer(deleted)
+        }
+        "exists" if n >= 2 => {
+            let mut found = 0;
+            for k in &args[1..] {
+                match c.get(k).await {
+                    Ok(v) => found += i64::from(v.is_some()),
+                    Err(e) => return error_reply(e),
+                }
+            }
+            Reply::Integer(found)
+        }
+        "type" if n == 2 => match c.get(&args[1]).await {
+            Ok(Some(_)) => Reply::Simple("string"),
+            Ok(None) => Reply::Simple("none"),
+            Err(e) => error_reply(e),
+        },
+        "strlen" if n == 2 => match c.get(&args[1]).await {
+            Ok(v) => Reply::Integer(v.map_or(0, |v| v.len() as i64)),
+            Err(e) => error_reply(e),
+        },
+        "incr" if n == 2 => add(up, &args[1], 1).await,
+        "decr" if n == 2 => add(up, &args[1], -1).await,
+        "incrby" | "decrby" if n == 3 => match std::str::from_utf8(&args[2]).ok().and_then(|s| s.parse::<i64>().ok()) {
+            Some(d) if cmd == "incrby" => add(up, &args[1], d).await,
+            Some(d) => match d.checked_neg() {
+                Some(d) => add(up, &args[1], d).await,
+                None => Reply::err("decrement would overflow"),
+            },
+            None => Reply::err("value is not an integer or out of range"),
+        },
+        "scan" if n >= 2 => scan(up, cursors, &args).await,
+        "info" => Reply::Bulk(info.as_bytes().to_vec()),
+        "command" => match args.get(1).map(|a| a.to_ascii_lowercase()).as_deref() {
+            Some(b"count") => Reply::Integer(COMMANDS.len() as i64),
+            Some(b"info") => Reply::Array(args[2..].iter().map(|_| Reply::Nil).collect()),
+            _ => Reply::Array(Vec::new()),
+        },
+        "config" => match args.get(1).map(|a| a.to_ascii_lowercase()).as_deref() {
+            Some(b"get") if n == 3 => {
+                let want = args[2].to_ascii_lowercase();
+                let mut out = Vec::new();
+                for (k, v) in CONFIG {
+                    if pattern::matches(&want, k.as_bytes()) {
+                        out.push(Reply::Bulk(k.as_bytes().to_vec()));
+                        out.push(Reply::Bulk(v.as_bytes().to_vec()));
+                    }
+                }
+                Reply::Array(out)
+            }
+            _ => Reply::err("only CONFIG GET is supported by dpukv"),
+        },
+        "time" if n == 1 => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            Reply::Array(vec![
+                Reply::Bulk(now.as_secs().to_string().into_bytes()),
+                Reply::Bulk(now.subsec_micros().to_string().into_bytes()),
+            ])
+        }
+        c if COMMANDS.contains(&c) => wrong_arity(c),
+        _ => {
+            let shown: Vec<String> = args[1..]
+                .iter()
+                .take(8)
+                .map(|a| format!("'{}'", String::from_utf8_lossy(&a[..a.len().min(64)])))
+                .collect();
+            Reply::err(format!(
+                "unknown command '{}', with args beginning with: {}",
+                String::from_utf8_lossy(&args[0][..args[0].len().min(64)]),
+                shown.join(" ")
+            ))
+        }
+    }
+}
+
+/// The commands answered (for arity errors and `COMMAND COUNT`).
+pub const COMMANDS: &[&str] = &[
+    "ping", "echo", "get", "set", "setnx", "getset", "mget", "mset", "del", "unlink", "exists", "type", "strlen",
+    "incr", "decr", "incrby", "decrby", "scan", "info", "command", "config", "time", "auth", "hello", "quit", "select",
+    "client", "reset",
+];
+
+/// What `CONFIG GET` reports (what clients and `redis-benchmark` ask about).
+const CONFIG: &[(&str, &str)] =
+    &[("save", ""), ("appendonly", "no"), ("databases", "1"), ("maxmemory", "0"), ("maxmemory-policy", "noeviction")];
+
+/// Compare-and-swap attempts before a contended read-modify-write gives up.
+const CAS_ATTEMPTS: usize = 64;
+
+/// `SET key value [NX|XX] [GET]` (expiry options are refused: dpukv keeps keys until deleted).
+async fn set(up: &Upstream, args: &[Vec<u8>]) -> Reply {
+    let (mut nx, mut xx, mut get) = (false, false, false);
+    for opt in &args[3..] {
+        match opt.to_ascii_lowercase().as_slice() {
+            b"nx" => nx = true,
+            b"xx" => xx = true,
+            b"get" => get = true,
+            b"ex" | b"px" | b"exat" | b"pxat" | b"keepttl" => {
+                return Reply::err("expiry (EX, PX, EXAT, PXAT, KEEPTTL) is not supported by dpukv");
+            }
+            _ => return Reply::err("syntax error"),
+        }
+    }
+    if nx && xx {
+        return Reply::err("syntax error");
+    }
+    let (key, value) = (&args[1], &args[2]);
+    let c = up.client();
+    if get {
+        return swap(
+            up,
+            key,
+            value,
+            if nx {
+                Some(false)
+            } else if xx {
+                Some(true)
+            } else {
+                None
+            },
+        )
+        .await;
+    }
+    let r = if nx {
+        c.insert(key, value).await
+    } else if xx {
+        c.update(key, value).await
+    } else {
+        c.put(key, value).await
+    };
+    match r {
+        Ok(_) => Reply::Simple("OK"),
+        Err(e) if matches!(e.code(), Some(ErrorCode::KeyExists | ErrorCode::KeyNotFound)) => Reply::Nil,
+        Err(e) => error_reply(e),
+    }
+}
+
+/// Sets `key` to `value` and answers the value it replaced (a compare-and-swap loop);
+/// `must_exist`: only if the key exists (`Some(true)`) or does not (`Some(false)`).
+async fn swap(up: &Upstream, key: &[u8], value: &[u8], must_exist: Option<bool>) -> Reply {
+    let c = up.client();
+    let mut seen = match c.get(key).await {
+        Ok(v) => v,
+        Err(e) => return error_reply(e),
+    };
+    for _ in 0..CAS_ATTEMPTS {
+        if must_exist.is_some_and(|m| m != seen.is_some()) {
+            return bulk_or_nil(seen);
+        }
+        match c.compare_and_swap(key, seen.as_deref(), value).await {
+            Ok((true, _)) => return bulk_or_nil(seen),
+            Ok((false, now)) => seen = now,
+            Err(e) => return error_reply(e),
+        }
+    }
+    Reply::err("too much contention on the key: retry")
+}
+
+/// `INCRBY key delta` on the decimal text Redis keeps counters as (an absent key counts as 0):
+/// a compare-and-swap loop, so concurrent increments all count.
+async fn add(up: &Upstream, key: &[u8], delta: i64) -> Reply {
+    let c = up.client();
+    let mut seen = match c.get(key).await {
+        Ok(v) => v,
+        Err(e) => return error_reply(e),
+    };
+    for _ in 0..CAS_ATTEMPTS {
+        let old = match &seen {
+            None => 0,
+            Some(v) => match std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()) {
+                Some(n) if v.len() <= 20 => n,
+                _ => return Reply::err("value is not an integer or out of range"),
+            },
+        };
+        let Some(new) = old.checked_add(delta) else { return Reply::err("increment or decrement would overflow") };
+        match c.compare_and_swap(key, seen.as_deref(), new.to_string().as_bytes()).await {
+            Ok((true, _)) => return Reply::Integer(new),
+            Ok((false, now)) => seen = now,
+            Err(e) => return error_reply(e),
+        }
+    }
+    Reply::err("too much contention on the key: retry")
+}
+
+/// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE string]`: keys in key order; see `cursors`.
+async fn scan(up: &Upstream, cursors: &Cursors, args: &[Vec<u8>]) -> Reply {
+    let Some(cursor) = std::str::from_utf8(&args[1]).ok().and_then(|s| s.parse::<u64>().ok()) else {
+        return Reply::err("invalid cursor");
+    };
+    let (mut pattern_arg, mut count) = (None, 10usize);
+    let mut i = 2;
+    while i < args.len() {
+        let opt = args[i].to_ascii_lowercase();
+        let Some(v) = args.get(i + 1) else { return Reply::err("syntax error") };
+        match opt.as_slice() {
+            b"match" => pattern_arg = Some(v.clone()),
+            b"count" => match std::str::from_utf8(v).ok().and_then(|s| s.parse::<usize>().ok()) {
+                Some(n) if n >= 1 => count = n.min(dpukv_proto::limits::MAX_SCAN_ITEMS as usize),
+                _ => return Reply::err("value is not an integer or out of range"),
+            },
+            // Every dpukv value is a string.
+            b"type" if v.eq_ignore_ascii_case(b"string") => {}
+            b"type" => return Reply::Array(vec![Reply::Bulk(b"0".to_vec()), Reply::Array(Vec::new())]),
+            _ => return Reply::err("syntax error"),
+        }
+        i += 2;
+    }
+    let pos = if cursor == 0 {
+        let pattern = pattern_arg.clone().unwrap_or_default();
+        let (lo, hi) = pattern::prefix_range(&pattern::literal_prefix(&pattern));
+        Position { from: lo, hi, pattern }
+    } else {
+        match cursors.get(cursor) {
+            // A MATCH given again must be the same one (as Redis requires).
+            Some(p) if pattern_arg.as_ref().is_none_or(|m| *m == p.pattern) => p,
+            _ => return Reply::err("invalid cursor"),
+        }
+    };
+    let req = ScanRequest {
+        lo: pos.from.clone(),
+        hi: pos.hi.clone(),
+        limit: count as u32,
+        max_bytes: 0,
+        token: Vec::new(),
+        floor: false,
+    };
+    let (items, token) = match crate::scan::run(up, req).await {
+        Ok(dpukv_proto::Reply::Items { items, token }) => (items, token),
+        Ok(_) => return Reply::err("unexpected scan reply"),
+        Err(e) => return error_reply(ClientError::Server(e)),
+    };
+    let next = match dpukv_proto::ScanToken::decode(&token) {
+        Some(t) => cursors.put(Position { from: dpukv_client::successor(&t.after), ..pos.clone() }),
+        None => 0,
+    };
+    let keys = items
+        .into_iter()
+        .filter(|(k, _)| pos.pattern.is_empty() || pattern::matches(&pos.pattern, k))
+        .map(|(k, _)| Reply::Bulk(k))
+        .collect();
+    Reply::Array(vec![Reply::Bulk(next.to_string().into_bytes()), Reply::Array(keys)])
+}

@@ -1,0 +1,263 @@
+//! RESP 2 on the wire: commands in (arrays of bulk strings, or inline lines as `redis-cli` and
+//! `telnet` send them), replies out. Like mini-redis's `frame.rs`, a command is checked to be
+//! complete before anything of it is taken, so a partial read costs nothing but waiting; every
+//! length is checked against the limits before a byte is kept.
+
+/// Bounds on what a command may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Most arguments (command name included).
+    pub max_args: usize,
+    /// Most bytes of one argument.
+    pub max_arg: usize,
+    /// Most bytes of one command on the wire.
+    pub max_command: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_args: 4096,
+            max_arg: dpukv_proto::limits::MAX_VALUE + 1024,
+            max_command: dpukv_proto::limits::MAX_FRAME,
+        }
+    }
+}
+
+/// Why bytes are not a command (yet).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// More bytes are needed.
+    #[error("incomplete")]
+    Incomplete,
+    /// Not RESP: the connection cannot be trusted past this (answered, then closed).
+    #[error("Protocol error: {0}")]
+    Invalid(&'static str),
+    /// Over a limit (answered, then closed: the rest of the command is not read).
+    #[error("Protocol error: {0}")]
+    TooLarge(&'static str),
+}
+
+/// The length line at `at` (after its type byte): the number and where the next line starts.
+fn number_line(buf: &[u8], at: usize, max_line: usize) -> Result<(i64, usize), ParseError> {
+    let rest = &buf[at.min(buf.len())..];
+    let Some(end) = rest.windows(2).position(|w| w == b"\r\n") else {
+        return if rest.len() > max_line {
+            Err(ParseError::Invalid("length line too long"))
+        } else {
+            Err(ParseError::Incomplete)
+        };
+    };
+    let text = std::str::from_utf8(&rest[..end]).map_err(|_| ParseError::Invalid("length is not a number"))?;
+    let n: i64 = text.parse().map_err(|_| ParseError::Invalid("length is not a number"))?;
+    Ok((n, at + end + 2))
+}
+
+/// Parses the command at the front of `buf`: its arguments and the bytes it took.
+pub fn parse_command(buf: &[u8], limits: &Limits) -> Result<(Vec<Vec<u8>>, usize), ParseError> {
+    match buf.first() {
+        None => Err(ParseError::Incomplete),
+        Some(b'*') => parse_array(buf, limits),
+        Some(_) => parse_inline(buf, limits),
+    }
+}
+
+fn parse_array(buf: &[u8], limits: &Limits) -> Result<(Vec<Vec<u8>>, usize), ParseError> {
+    let (n, mut at) = number_line(buf, 1, 32)?;
+    if n < 0 {
+        // A null array is no command: nothing to do.
+        return Ok((Vec::new(), at));
+    }
+    let n = n as usize;
+    if n > limits.max_args {
+        return Err(ParseError::TooLarge("too many arguments"));
+    }
+    // Check the whole command is here before allocating for it.
+    let mut spans = Vec::with_capacity(n.min(64));
+    for _ in 0..n {
+        match buf.get(at) {
+            None => return Err(ParseError::Incomplete),
+            Some(b'$') => {}
+            Some(_) => return Err(ParseError::Invalid("expected '$', got something else")),
+        }
+        let (len, start) = number_line(buf, at + 1, 32)?;
+        if len < 0 {
+            return Err(ParseError::Invalid("a command argument cannot be null"));
+        }
+        let len = len as usize;
+        if len > limits.max_arg {
+            return Err(ParseError::TooLarge("invalid bulk length"));
+        }
+        let end = start + len;
+        if end + 2 > limits.max_command {
+            return Err(ParseError::TooLarge("command too large"));
+        }
+        if buf.len() < end + 2 {
+            return Err(ParseError::Incomplete);
+        }
+        if &buf[end..end + 2] != b"\r\n" {
+            return Err(ParseError::Invalid("bulk string not terminated by CRLF"));
+        }
+        spans.push((start, end));
+        at = end + 2;
+    }
+    Ok((spans.into_iter().map(|(s, e)| buf[s..e].to_vec()).collect(), at))
+}
+
+/// A line of words separated by spaces (a plain `\n` ends it too); empty lines are skipped.
+fn parse_inline(buf: &[u8], limits: &Limits) -> Result<(Vec<Vec<u8>>, usize), ParseError> {
+    let max_line = 64 << 10;
+    let Some(end) = buf.iter().position(|&b| b == b'\n') else {
+        return if buf.len() > max_line {
+            Err(ParseError::TooLarge("too big inline request"))
+        } else {
+            Err(ParseError::Incomplete)
+        };
+    };
+    if end > max_line {
+        return Err(ParseError::TooLarge("too big inline request"));
+    }
+    let line = buf[..end].strip_suffix(b"\r").unwrap_or(&buf[..end]);
+    let args: Vec<Vec<u8>> =
+        line.split(|b| *b == b' ' || *b == b'\t').filter(|w| !w.is_empty()).map(<[u8]>::to_vec).collect();
+    if args.len() > limits.max_args {
+        return Err(ParseError::TooLarge("too many arguments"));
+    }
+    Ok((args, end + 1))
+}
+
+/// A reply, encoded into `out`.
+pub enum Reply {
+    /// `+text`
+    Simple(&'static str),
+    /// `-text` (the text starts with its error kind, `ERR ...`)
+    Error(String),
+    /// `:n`
+    Integer(i64),
+    /// `$len` bytes
+    Bulk(Vec<u8>),
+    /// `$-1`
+    Nil,
+    /// `*n` replies
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    /// `-ERR text`
+    pub fn err(text: impl std::fmt::Display) -> Reply {
+        Reply::Error(format!("ERR {text}"))
+    }
+
+    /// Appends the encoding.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Reply::Simple(s) => {
+                out.push(b'+');
+                out.extend_from_slice(s.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Error(s) => {
+                out.push(b'-');
+                // An error line must not break the framing.
+                out.extend(s.bytes().map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Integer(n) => {
+                out.push(b':');
+                out.extend_from_slice(n.to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Bulk(b) => {
+                out.push(b'$');
+                out.extend_from_slice(b.len().to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Reply::Array(items) => {
+                out.push(b'*');
+                out.extend_from_slice(items.len().to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+                for i in items {
+                    i.encode(out);
+                }
+            }
+        }
+    }
+
+    /// Bytes its encoding takes (about).
+    pub fn size(&self) -> usize {
+        match self {
+            Reply::Simple(s) => s.len() + 3,
+            Reply::Error(s) => s.len() + 3,
+            Reply::Integer(_) | Reply::Nil => 24,
+            Reply::Bulk(b) => b.len() + 16,
+            Reply::Array(items) => 16 + items.iter().map(Reply::size).sum::<usize>(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn encode_command(args: &[&[u8]]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+
+    #[test]
+    fn commands_parse_whole_or_not_at_all() {
+        let l = Limits::default();
+        let cmd = encode_command(&[b"SET", b"k", b"v\r\nwith CRLF"]);
+        for cut in 0..cmd.len() {
+            assert_eq!(parse_command(&cmd[..cut], &l), Err(ParseError::Incomplete), "cut at {cut}");
+        }
+        let mut two = cmd.clone();
+        two.extend_from_slice(b"PING\r\n");
+        let (args, used) = parse_command(&two, &l).expect("a command");
+        assert_eq!(args, vec![b"SET".to_vec(), b"k".to_vec(), b"v\r\nwith CRLF".to_vec()]);
+        assert_eq!(used, cmd.len());
+        assert_eq!(parse_command(&two[used..], &l), Ok((vec![b"PING".to_vec()], 6)));
+        assert_eq!(parse_command(b"get  k\n", &l), Ok((vec![b"get".to_vec(), b"k".to_vec()], 7)));
+    }
+
+    #[test]
+    fn limits_and_garbage_are_errors() {
+        let l = Limits { max_args: 3, max_arg: 8, max_command: 64 };
+        assert!(matches!(parse_command(b"*4\r\n", &l), Err(ParseError::TooLarge(_))));
+        assert!(matches!(parse_command(b"*1\r\n$9\r\n", &l), Err(ParseError::TooLarge(_))));
+        assert!(matches!(parse_command(b"*1\r\n$-1\r\n", &l), Err(ParseError::Invalid(_))));
+        assert!(matches!(parse_command(b"*1\r\n:5\r\n", &l), Err(ParseError::Invalid(_))));
+        assert!(matches!(parse_command(b"*x\r\n", &l), Err(ParseError::Invalid(_))));
+        assert!(matches!(parse_command(b"*1\r\n$3\r\nabcXY", &l), Err(ParseError::Invalid(_))));
+        let l = Limits { max_args: 3, max_arg: 8, max_command: 10 };
+        assert!(matches!(parse_command(b"*1\r\n$8\r\n", &l), Err(ParseError::TooLarge(_))));
+    }
+
+    proptest! {
+        /// Whatever the bytes, parsing answers (never panics) and never claims more bytes than
+        /// it was given.
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Ok((_, used)) = parse_command(&bytes, &Limits::default()) {
+                prop_assert!(used <= bytes.len());
+            }
+        }
+
+        /// Encoded commands parse back to their arguments.
+        #[test]
+        fn commands_round_trip(args in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..8)) {
+            let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            let cmd = encode_command(&refs);
+            prop_assert_eq!(parse_command(&cmd, &Limits::default()), Ok((args.clone(), cmd.len())));
+        }
+    }
+}

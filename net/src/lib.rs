@@ -1,0 +1,18 @@
+//! dpukv-net: how dpukv's servers hold their connections (docs/architecture.md). It sits on
+//! `dpukv-proto` (the wire format) and under every process that accepts binary-protocol
+//! connections — the device's data port, the host's link, the gateway's binary front end — so
+//! that each one bounds what a peer can make it hold in the same way.
+//!
+//! # Layout
+//! - `conn`: serving one binary-protocol connection within byte budgets, an in-flight cap and
+//!   timeouts; responses go back through a [`conn::Sink`] from any thread; the flags that set
+//!   those limits.
+//! - `process`: logging and shutdown on signals, as every server binary starts.
+//!
+//! # Invariants
+//! - Bytes are charged to the connection's and the process's budgets before they are allocated;
+//!   every queue behind a connection is bounded by its in-flight cap.
+//! - A request id is unique among a connection's requests in flight.
+
+pub mod conn;
+pub mod process;
