@@ -875,3 +875,57 @@ fn linearizable_across_drains() {
     eprintln!("{iterations} drains, {} events", h.len());
     must_be_linearizable(&h);
 }
+
+/// Clients through the gateway: three node pods with two regions (split between the test's
+/// keys), a gateway in front of them, six clients speaking the binary protocol to the gateway
+/// (which shows them one region), while the primary of each region in turn is SIGKILLed and
+/// comes back. Writes keep their clients' exactly-once tags through the gateway; scans cover
+/// both regions (the gateway reads them in parallel and merges them). The whole history is
+/// linearizable. `DPUKV_GATEWAY_FAILOVER_ITERATIONS` (default 4).
+#[test]
+fn linearizable_through_the_gateway_across_failovers() {
+    use dpukv_e2e::cluster::{ClusterNode, must_see_map};
+    let iterations: u64 =
+        std::env::var("DPUKV_GATEWAY_FAILOVER_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
+    if iterations == 0 {
+        return;
+    }
+    let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
+    let split = String::from_utf8(key(KEYS / 2)).expect("utf-8 key");
+    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always", "--split-keys", &split];
+    let mut nodes: Vec<ClusterNode> =
+        (1..=3).map(|id| ClusterNode::start(id, "lin", &etcd.url(), &args).expect("node")).collect();
+    let both = |m: &dpukv_client::proto::regionmap::RegionMap| {
+        m.regions.len() == 2 && m.regions.iter().all(|r| r.primary != 0 && r.backups.len() == 2 && r.joining.is_empty())
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), both));
+    let seeds: Vec<&str> = nodes.iter().map(|n| n.device.as_str()).collect();
+    let gw = dpukv_e2e::gateway::Gateway::start(&seeds, &[]).expect("gateway");
+    let (h, run) = (History::default(), Run::default());
+    let tasks: Vec<_> =
+        (0..6u64).map(|i| rt.spawn(client_with(gw.binary.clone(), i, h.clone(), run.clone(), false, true))).collect();
+    for it in 0..iterations {
+        std::thread::sleep(Duration::from_millis(300));
+        let map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), both));
+        let r = map.regions[it as usize % 2].clone();
+        let p = r.primary;
+        eprintln!("{} us: kill node {p}, primary of region {}", h.now() / 1000, r.id);
+        nodes[p as usize - 1].kill();
+        let promoted = |m: &dpukv_client::proto::regionmap::RegionMap| {
+            m.region(r.id).is_some_and(|x| x.primary != p && x.primary != 0 && x.epoch > r.epoch)
+        };
+        rt.block_on(must_see_map(&nodes, |n| n.id != p, Duration::from_secs(60), promoted));
+        run.restarts.fetch_add(1, Ordering::Relaxed);
+        nodes[p as usize - 1].resume().expect("resume");
+    }
+    let done = Instant::now();
+    run.stop_when(Duration::from_secs(60), || done.elapsed() > Duration::from_millis(500) && h.len() >= ENOUGH_EVENTS);
+    rt.block_on(async {
+        for t in tasks {
+            t.await.expect("client task");
+        }
+    });
+    eprintln!("{iterations} failovers through the gateway, {} events", h.len());
+    must_be_linearizable(&h);
+}
