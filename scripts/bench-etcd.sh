@@ -142,6 +142,9 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 [ -n "$ready" ] || { echo "bench-etcd: the dpukv cluster did not become ready" >&2; cat "$TMP/dpukv-local.log" >&2; exit 1; }
+# The benchmark talks to node 1's device (the client routes to each region's primary device), not
+# through the gateway dpukv local starts on the --listen address.
+DPUKV_EP=$(python3 -c "import json; print(json.load(open('$TMP/dpukv/cluster.json'))['nodes'][0]['device'])")
 echo "dpukv: 3 nodes, replication 3, entry point $DPUKV_EP; pods (id device host_pid device_pid):"
 python3 -c '
 import json, sys

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo build --release --bin dpukv --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu
+cargo build --release --bin dpukv --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu --bin dpukv-gateway
 BIN=target/release
 RECORDS=${RECORDS:-200000}
 SECONDS_RUN=${SECONDS_RUN:-20}
@@ -53,6 +53,9 @@ run() {
     fi
     sleep 0.1
   done
+  # The benchmark talks to node 1's device (the client routes to each region's primary device),
+  # not through the gateway dpukv local starts on the --listen address.
+  ep=$(python3 -c "import json; print(json.load(open('$dir/cluster.json'))['nodes'][0]['device'])")
   $BIN/dpukv --endpoint "$ep" regions > "$dir/regions.txt"
   $BIN/dpukv-bench --endpoint "$ep" --records "$RECORDS" --value-size "$VALUE_SIZE" --load-only --threads 4 >/dev/null
   sleep "$SETTLE"

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo build --release --bin dpukv --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu
+cargo build --release --bin dpukv --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu --bin dpukv-gateway
 BIN=target/release
 RECORDS=${RECORDS:-400000}
 VALUE_SIZE=${VALUE_SIZE:-100}
@@ -27,6 +27,9 @@ for _ in $(seq 1 600); do
   fi
   sleep 0.1
 done
+# The benchmark talks to node 1's device (the client routes to each region's primary device),
+# not through the gateway dpukv local starts on the --listen address.
+EP=$(python3 -c "import json; print(json.load(open('$DIR/cluster.json'))['nodes'][0]['device'])")
 $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --value-size "$VALUE_SIZE" --load-only --threads 4 >/dev/null
 bench() { $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --value-size "$VALUE_SIZE" --workload a --duration "$SECONDS_RUN"; }
 echo "no split:    $(bench)"

@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: build dpukv, start a local 3-node cluster with replication
-# factor 3 on etcd (`dpukv local --nodes 3`: an etcd and three node pods, each a host and a
-# device process), run a few CLI operations, load records, run short YCSB workloads, then SIGKILL
-# the pod that leads the data and show the cluster healing: a backup is promoted, writes go on,
-# every record is still there, and the killed pod comes back as a backup.
+# factor 3 on etcd (`dpukv local --nodes 3`: an etcd, three node pods — each a host and a device
+# process — and a gateway in front of them), talk to it with the dpukv CLI, curl (HTTP/JSON) and
+# redis-cli (the Redis protocol), load records and run short YCSB workloads through the gateway,
+# then SIGKILL the pod that leads a region and show the cluster healing: a backup is promoted,
+# writes go on, every record is still there, and the killed pod comes back as a backup.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-cargo build --release --bin dpukv --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu
+bash scripts/setup.sh redis-cli=redis-tools curl=curl
+cargo build --release --bin dpukv --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu --bin dpukv-gateway
 BIN=target/release
 DIR=$(mktemp -d /tmp/dpukv-demo.XXXXXX)
 PORT=${DPUKV_DEMO_PORT:-7070}
+HTTP_PORT=${DPUKV_DEMO_HTTP_PORT:-8080}
+RESP_PORT=${DPUKV_DEMO_RESP_PORT:-6380}
 RECORDS=${DPUKV_DEMO_RECORDS:-100000}
 SECONDS_RUN=${DPUKV_DEMO_SECONDS:-5}
 EP="127.0.0.1:$PORT"
-$BIN/dpukv local --dir "$DIR" --listen "$EP" --nodes 3 --replication 3 --split-keys user5 &
+HTTP="http://127.0.0.1:$HTTP_PORT"
+$BIN/dpukv local --dir "$DIR" --listen "$EP" --http "127.0.0.1:$HTTP_PORT" --resp "127.0.0.1:$RESP_PORT" \
+  --nodes 3 --replication 3 --split-keys user05 &
 LOCAL=$!
 cleanup() { kill -INT "$LOCAL" 2>/dev/null || true; wait "$LOCAL" 2>/dev/null || true; rm -rf "$DIR"; }
 trap cleanup EXIT
@@ -25,33 +30,36 @@ for _ in $(seq 1 300); do
   fi
   sleep 0.1
 done
+NODE1=$(python3 -c "import json; print(json.load(open('$DIR/cluster.json'))['nodes'][0]['device'])")
 echo "== the cluster: nodes (id, device, replication, admin, zone) and regions (id, start, end, primary, backups, epoch)"
-$BIN/dpukv --endpoint "$EP" nodes
+$BIN/dpukv --endpoint "$NODE1" nodes
 $BIN/dpukv --endpoint "$EP" regions
-echo "== a few operations (the client routes each key to its region's primary)"
+echo "== one endpoint, three protocols: the dpukv CLI (binary protocol), curl (HTTP/JSON), redis-cli"
 $BIN/dpukv --endpoint "$EP" put greeting "hello from dpukv"
-$BIN/dpukv --endpoint "$EP" get greeting
-$BIN/dpukv --endpoint "$EP" fetch-add visits 1 >/dev/null
-$BIN/dpukv --endpoint "$EP" fetch-add visits 1
-echo "== load $RECORDS records, then YCSB-C and YCSB-A for ${SECONDS_RUN}s each (every write on 3 nodes before it is acknowledged)"
+curl -s "$HTTP/v1/kv/greeting"; echo
+curl -s -X PUT "$HTTP/v1/kv/fruit" -d '{"value": "apple"}'; echo
+redis-cli -p "$RESP_PORT" GET fruit
+redis-cli -p "$RESP_PORT" INCR visits >/dev/null
+redis-cli -p "$RESP_PORT" INCR visits
+curl -s "$HTTP/v1/scan?start=f&end=h"; echo
+echo "== load $RECORDS records, then YCSB-C and YCSB-A for ${SECONDS_RUN}s each through the gateway (every write on 3 nodes before it is acknowledged)"
 $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --load-only --threads 4
 $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --workload c --duration "$SECONDS_RUN"
 $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --workload a --duration "$SECONDS_RUN"
-# The pod leading region 1 (keys before "user5"), from the region map and DIR/cluster.json.
+# The pod leading region 1 (keys before "user05"), from the region map and DIR/cluster.json.
 LEADER=$($BIN/dpukv --endpoint "$EP" regions | awk -F'\t' '$1 == 1 {print $4}')
 PIDS=$(python3 -c "import json,sys; n=[n for n in json.load(open('$DIR/cluster.json'))['nodes'] if n['id']==$LEADER][0]; print(n['host_pid'], n['device_pid'])")
-OTHER=$(python3 -c "import json; print([n['device'] for n in json.load(open('$DIR/cluster.json'))['nodes'] if n['id']!=$LEADER][0])")
 echo "== SIGKILL node $LEADER (host and device: pids $PIDS), which leads region 1"
 START=$(date +%s.%N)
 kill -9 $PIDS
-until $BIN/dpukv --endpoint "$OTHER" put user0000000001 after-failover >/dev/null 2>&1; do sleep 0.05; done
-echo "first acknowledged write to region 1 after $(python3 -c "print(round($(date +%s.%N) - $START, 2))") s"
-$BIN/dpukv --endpoint "$OTHER" regions
+until $BIN/dpukv --endpoint "$EP" put user0000000001 after-failover >/dev/null 2>&1; do sleep 0.05; done
+echo "first acknowledged write to region 1 (through the gateway) after $(python3 -c "print(round($(date +%s.%N) - $START, 2))") s"
+$BIN/dpukv --endpoint "$EP" regions
 echo "== every record is still there (count of keys in the whole key space):"
-$BIN/dpukv --endpoint "$OTHER" scan "" "" --limit 10000000 | wc -l
+$BIN/dpukv --endpoint "$EP" scan "" "" --limit 10000000 | wc -l
 echo "== the killed pod came back (dpukv local restarts it); once it has caught up it is a backup again:"
 for _ in $(seq 1 300); do
-  $BIN/dpukv --endpoint "$OTHER" regions | awk -F'\t' -v n="$LEADER" '$5 !~ n {bad=1} END {exit bad}' && break
+  $BIN/dpukv --endpoint "$EP" regions | awk -F'\t' -v n="$LEADER" '$5 !~ n {bad=1} END {exit bad}' && break
   sleep 0.1
 done
-$BIN/dpukv --endpoint "$OTHER" regions
+$BIN/dpukv --endpoint "$EP" regions

@@ -32,6 +32,9 @@ pub struct GatewayArgs {
     /// The Redis protocol port.
     #[arg(long, env = "DPUKV_GATEWAY_RESP")]
     pub resp: Option<SocketAddr>,
+    /// The admin endpoint (`/healthz`, `/readyz`, `/metrics`).
+    #[arg(long, env = "DPUKV_GATEWAY_ADMIN")]
+    pub admin: Option<SocketAddr>,
     /// Connections to each node device.
     #[arg(long, default_value_t = 4)]
     pub pool: usize,
@@ -96,6 +99,7 @@ impl GatewayArgs {
             listen: self.listen,
             http: self.http,
             resp: self.resp,
+            admin: self.admin,
             pool: self.pool,
             binary: BinaryLimits { max_connections: self.max_connections, conn },
             http_limits: HttpLimits {

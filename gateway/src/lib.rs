@@ -64,6 +64,8 @@ pub struct GatewayConfig {
     pub http: Option<SocketAddr>,
     /// The RESP front end, if any.
     pub resp: Option<SocketAddr>,
+    /// The admin endpoint (`/healthz`, `/readyz`, `/metrics`), if any.
+    pub admin: Option<SocketAddr>,
     /// Connections per node device.
     pub pool: usize,
     /// The binary front end's limits.
@@ -97,6 +99,8 @@ pub struct GatewayInfo {
     pub http: Option<SocketAddr>,
     /// The RESP front end.
     pub resp: Option<SocketAddr>,
+    /// The admin endpoint.
+    pub admin: Option<SocketAddr>,
 }
 
 /// Runs a gateway until `shutdown`; tells `started` where it listens once it serves.
@@ -108,6 +112,10 @@ pub async fn run(
     let metrics = Metrics::new();
     let binary_listener = TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
     let http_listener = match cfg.http {
+        Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding {a}"))?),
+        None => None,
+    };
+    let admin_listener = match cfg.admin {
         Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding {a}"))?),
         None => None,
     };
@@ -140,6 +148,7 @@ pub async fn run(
         binary: binary_listener.local_addr()?,
         http: http_listener.as_ref().map(TcpListener::local_addr).transpose()?,
         resp: resp_listener.as_ref().map(TcpListener::local_addr).transpose()?,
+        admin: admin_listener.as_ref().map(TcpListener::local_addr).transpose()?,
     };
     tracker.spawn(binary::serve(
         binary_listener,
@@ -150,17 +159,17 @@ pub async fn run(
         shutdown.clone(),
         tracker.clone(),
     ));
-    if let Some(l) = http_listener {
-        let state = http::HttpState {
-            up: up.clone(),
-            limits: cfg.http_limits,
-            budget: budget.clone(),
-            metrics: metrics.clone(),
-        };
-        let stop = shutdown.clone();
+    let state =
+        http::HttpState { up: up.clone(), limits: cfg.http_limits, budget: budget.clone(), metrics: metrics.clone() };
+    for (l, router, what) in [
+        (http_listener, http::router(state.clone()), "HTTP front end"),
+        (admin_listener, http::admin_router(state.clone()), "admin endpoint"),
+    ] {
+        let Some(l) = l else { continue };
+        let (stop, state) = (shutdown.clone(), state.clone());
         tracker.spawn(async move {
-            if let Err(e) = http::serve(l, state, stop).await {
-                tracing::error!(error = %e, "the HTTP front end failed");
+            if let Err(e) = http::serve(l, router, &state, stop).await {
+                tracing::error!(error = %e, "the {what} failed");
             }
         });
     }
@@ -175,7 +184,7 @@ pub async fn run(
         });
         tracker.spawn(resp::serve(l, shared, shutdown.clone(), tracker.clone()));
     }
-    tracing::info!(binary = %info.binary, http = ?info.http, resp = ?info.resp, "gateway serving");
+    tracing::info!(binary = %info.binary, http = ?info.http, resp = ?info.resp, admin = ?info.admin, "gateway serving");
     if let Some(tx) = started {
         let _ = tx.send(info);
     }

@@ -9,24 +9,21 @@
 //! - the HTTP and RESP front ends call the typed operations, tagged with the gateway's own
 //!   session.
 //!
-//! To its binary clients the gateway is a standalone node: one region covering every key, on
-//! one node reached at the address they dialled ([`Upstream::virtual_map`]); existing clients
-//! need no change. The map is also forgotten now and then (every `map_refresh`), so changes no
-//! request tripped over still reach the gateway.
+//! To its binary clients the gateway shows the cluster's map with every node reached at the
+//! address they dialled ([`Upstream::client_map`]): existing clients need no change, send
+//! everything to the gateway, and still see the real regions. The gateway routes each request
+//! by its own map (which it forgets now and then, every `map_refresh`, so changes no request
+//! tripped over still reach it).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use dpukv_client::{Client, ClientError};
-use dpukv_proto::regionmap::{NodeInfo, RegionInfo, RegionMap, RegionState};
+use dpukv_proto::regionmap::RegionMap;
 use dpukv_proto::{ErrorCode, Op, Reply, Request, Response};
 use tokio_util::sync::CancellationToken;
 
 use crate::scan::{ScanLimits, ScanRequest};
-
-/// The id and epoch of the one region the gateway shows its binary clients.
-pub const VIRTUAL_REGION: u32 = 1;
-const VIRTUAL_EPOCH: u64 = 1;
 
 /// See the module documentation.
 pub struct Upstream {
@@ -76,46 +73,28 @@ impl Upstream {
         });
     }
 
-    /// The map binary clients see: one region covering every key, led by node 1, whose device
-    /// address is empty ("the address you dialled").
-    pub fn virtual_map() -> RegionMap {
-        RegionMap {
-            revision: 0,
-            master: 0,
-            regions: vec![RegionInfo {
-                id: VIRTUAL_REGION,
-                start: Vec::new(),
-                end: None,
-                primary: 1,
-                backups: Vec::new(),
-                joining: Vec::new(),
-                epoch: VIRTUAL_EPOCH,
-                state: RegionState::Serving,
-            }],
-            nodes: vec![NodeInfo {
-                id: 1,
-                device: String::new(),
-                replication: String::new(),
-                admin: String::new(),
-                zone: String::new(),
-            }],
+    /// The map binary clients are shown: the cluster's, with every node's device address empty
+    /// ("the address you dialled"), so they send everything to the gateway while seeing the
+    /// real regions (a client splitting a batch by region splits it where the nodes will).
+    pub async fn client_map(&self) -> Result<RegionMap, ClientError> {
+        let mut map = (*self.client.current_map().await?).clone();
+        for n in &mut map.nodes {
+            n.device.clear();
         }
+        Ok(map)
     }
 
-    /// Answers one request of the binary front end (see the module documentation). Requests
-    /// naming a region must name the virtual one (a client with another map is told to learn
-    /// this one).
+    /// Answers one request of the binary front end (see the module documentation). The region
+    /// and epoch a request names are the client's view of the map; the gateway routes by its
+    /// own (the newer), so they are not checked here.
     pub async fn handle(&self, req: Request) -> Response {
         let id = req.id;
-        if req.region != 0 && req.region != VIRTUAL_REGION {
-            return Response::error(id, ErrorCode::WrongRegion, "a gateway serves one region (id 1): learn its map");
-        }
-        if req.epoch != 0 && req.epoch != VIRTUAL_EPOCH {
-            return Response::error(id, ErrorCode::StaleEpoch, "a gateway's region has epoch 1: learn its map");
-        }
         let ok = |reply| Response { id, version: 0, replicated: false, result: Ok(reply) };
         match &req.op {
-            Op::RegionMap => ok(Reply::RegionMap(Self::virtual_map())),
+            Op::RegionMap => match self.client_map().await {
+                Ok(m) => ok(Reply::RegionMap(m)),
+                Err(e) => Response { id, version: 0, replicated: false, result: Err(e.into_reply(false)) },
+            },
             Op::Scan { lo, hi, limit, max_bytes, token } | Op::FloorScan { lo, hi, limit, max_bytes, token } => {
                 if req.read_version != 0 {
                     return Response::error(
@@ -124,9 +103,27 @@ impl Upstream {
                         "reads at a chosen version are not supported; send 0",
                     );
                 }
+                // A scan naming a region reads only that region (docs/protocol.md §6).
+                let mut hi = hi.clone();
+                if req.region != 0 {
+                    let map = match self.client.current_map().await {
+                        Ok(m) => m,
+                        Err(e) => {
+                            return Response { id, version: 0, replicated: false, result: Err(e.into_reply(false)) };
+                        }
+                    };
+                    let Some(r) = map.region(req.region) else {
+                        return Response::error(id, ErrorCode::WrongRegion, "no such region: refresh the region map");
+                    };
+                    if let Some(last) = r.last_key()
+                        && (hi.is_empty() || last < hi)
+                    {
+                        hi = last;
+                    }
+                }
                 let scan = ScanRequest {
                     lo: lo.clone(),
-                    hi: hi.clone(),
+                    hi,
                     limit: *limit,
                     max_bytes: *max_bytes,
                     token: token.clone(),

@@ -81,14 +81,22 @@ enum Cmd {
         #[arg(long)]
         admin: String,
     },
-    /// Run a host and a device on DIR, serving on LISTEN, until interrupted; with `--nodes N`
-    /// (N > 1), a cluster of N node pods on an etcd (started from PATH unless `--etcd` is given),
-    /// node 1's device on LISTEN, described in DIR/cluster.json.
+    /// Run a node pod (a host and a device) on DIR and a gateway in front of it, serving the
+    /// binary protocol on LISTEN, until interrupted; with `--nodes N` (N > 1), a cluster of N
+    /// node pods on an etcd (started from PATH unless `--etcd` is given). DIR/cluster.json
+    /// describes what runs where.
     Local {
         #[arg(long)]
         dir: PathBuf,
+        /// The gateway's binary protocol port.
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: String,
+        /// The gateway's HTTP/JSON port (none by default).
+        #[arg(long)]
+        http: Option<String>,
+        /// The gateway's Redis protocol port (none by default).
+        #[arg(long)]
+        resp: Option<String>,
         /// Node pods (1: a standalone node, no etcd).
         #[arg(long, default_value_t = 1)]
         nodes: u32,
@@ -283,8 +291,19 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> Result<i32> {
-    if let Cmd::Local { dir, listen, nodes, replication, etcd, backup_index, fsync, split_keys, serve_reads_on_host } =
-        &cli.cmd
+    if let Cmd::Local {
+        dir,
+        listen,
+        http,
+        resp,
+        nodes,
+        replication,
+        etcd,
+        backup_index,
+        fsync,
+        split_keys,
+        serve_reads_on_host,
+    } = &cli.cmd
     {
         let cluster = (*nodes > 1).then(|| LocalCluster {
             nodes: *nodes,
@@ -292,7 +311,8 @@ async fn run(cli: Cli) -> Result<i32> {
             etcd: etcd.clone(),
             backup_index: backup_index.clone(),
         });
-        return local(dir, listen, fsync, split_keys, *serve_reads_on_host, cluster).await;
+        let gateway = LocalGateway { binary: listen.clone(), http: http.clone(), resp: resp.clone() };
+        return local(dir, &gateway, fsync, split_keys, *serve_reads_on_host, cluster).await;
     }
     if let Cmd::Stats { admin } = &cli.cmd {
         return stats(admin).await;
@@ -445,6 +465,13 @@ struct LocalCluster {
     backup_index: String,
 }
 
+/// Where `dpukv local`'s gateway listens.
+struct LocalGateway {
+    binary: String,
+    http: Option<String>,
+    resp: Option<String>,
+}
+
 /// A port free on 127.0.0.1 now, for a process to bind next. Picked outside the kernel's
 /// ephemeral range (32768–60999 on Linux), where the kernel never hands out ports by itself: a
 /// port from there could be taken by any outgoing connection before the process binds it.
@@ -469,13 +496,14 @@ struct LocalNode {
     procs: Vec<Supervised>,
 }
 
-/// Runs `dpukv-node` and `dpukv-dpu` (found next to this binary) until SIGINT/SIGTERM, then
-/// stops them; with a cluster, also etcd (unless given) and N pods. Like a kubelet, it restarts a process that exits (with a backoff that doubles from
-/// 0.5 s to 30 s, reset once a process has run for a minute), so a crash costs a restart, not
-/// the pod; the device follows a restarted host by itself.
+/// Runs `dpukv-node`, `dpukv-dpu` and `dpukv-gateway` (found next to this binary) until
+/// SIGINT/SIGTERM, then stops them; with a cluster, also etcd (unless given) and N pods. Like a
+/// kubelet, it restarts a process that exits (with a backoff that doubles from 0.5 s to 30 s,
+/// reset once a process has run for a minute), so a crash costs a restart, not the pod; the
+/// device follows a restarted host by itself, and the gateway a restarted device.
 async fn local(
     dir: &std::path::Path,
-    listen: &str,
+    gw: &LocalGateway,
     fsync: &str,
     split_keys: &str,
     on_host: bool,
@@ -492,17 +520,18 @@ async fn local(
         None => {
             let (data, shm) = (dir.join("data"), dir.join("shm"));
             std::fs::create_dir_all(&data)?;
+            let (device, admin) = (format!("127.0.0.1:{}", free_port()?), format!("127.0.0.1:{}", free_port()?));
             let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
             host_cmd.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm);
-            host_cmd.args(["--fsync", fsync, "--split-keys", split_keys]).kill_on_drop(true);
+            host_cmd.args(["--fsync", fsync, "--split-keys", split_keys, "--admin", &admin]).kill_on_drop(true);
             // The host publishes its regions before it serves; the device waits for them.
             let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
-            dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", listen]).kill_on_drop(true);
+            dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device]).kill_on_drop(true);
             if on_host {
                 dev_cmd.arg("--serve-reads-on-host");
             }
             let procs = vec![Supervised::new("host".into(), host_cmd), Supervised::new("device".into(), dev_cmd)];
-            nodes.push(LocalNode { id: 1, device: listen.to_string(), admin: String::new(), procs });
+            nodes.push(LocalNode { id: 1, device, admin, procs });
         }
         Some(c) => {
             etcd_url = match &c.etcd {
@@ -533,7 +562,7 @@ async fn local(
                 let nd = dir.join(format!("node-{id}"));
                 let (data, shm) = (nd.join("data"), nd.join("shm"));
                 std::fs::create_dir_all(&data)?;
-                let device = if id == 1 { listen.to_string() } else { format!("127.0.0.1:{}", free_port()?) };
+                let device = format!("127.0.0.1:{}", free_port()?);
                 // Replication on any free port (the host registers the one it bound).
                 let (repl, admin) = ("127.0.0.1:0".to_string(), format!("127.0.0.1:{}", free_port()?));
                 let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
@@ -555,16 +584,27 @@ async fn local(
             }
         }
     }
+    // The gateway in front of the pods: clients, curl and redis-cli talk to it.
+    let gw_admin = format!("127.0.0.1:{}", free_port()?);
+    let seeds: Vec<&str> = nodes.iter().map(|n| n.device.as_str()).collect();
+    let mut gw_cmd = tokio::process::Command::new(exe_dir.join("dpukv-gateway"));
+    gw_cmd.args(["--seeds", &seeds.join(","), "--listen", &gw.binary, "--admin", &gw_admin]);
+    if let Some(h) = &gw.http {
+        gw_cmd.args(["--http", h]);
+    }
+    if let Some(r) = &gw.resp {
+        gw_cmd.args(["--resp", r]);
+    }
+    gw_cmd.stderr(std::fs::File::create(dir.join("gateway.log"))?).kill_on_drop(true);
+    let mut gateway = Supervised::new("gateway".into(), gw_cmd);
     if let Some(e) = etcd.as_mut() {
         e.start()?;
     }
     for p in nodes.iter_mut().flat_map(|n| n.procs.iter_mut()) {
         p.start()?;
     }
-    let write_json = |nodes: &[LocalNode]| -> Result<()> {
-        if cluster.is_none() {
-            return Ok(());
-        }
+    gateway.start()?;
+    let write_json = |nodes: &[LocalNode], gateway: &Supervised| -> Result<()> {
         let pid = |p: &Supervised| p.child.as_ref().and_then(|c| c.id()).unwrap_or(0);
         let list: Vec<String> = nodes
             .iter()
@@ -579,19 +619,38 @@ async fn local(
                 )
             })
             .collect();
-        let json = format!("{{\"etcd\": \"{etcd_url}\", \"nodes\": [\n  {}\n]}}\n", list.join(",\n  "));
+        let opt = |a: &Option<String>| a.as_deref().unwrap_or_default().to_string();
+        let json = format!(
+            "{{\"etcd\": \"{etcd_url}\", \"nodes\": [\n  {}\n],\n \"gateway\": {{\"binary\": \"{}\", \"http\": \"{}\", \"resp\": \"{}\", \"admin\": \"{gw_admin}\", \"pid\": {}}}}}\n",
+            list.join(",\n  "),
+            gw.binary,
+            opt(&gw.http),
+            opt(&gw.resp),
+            pid(gateway)
+        );
         let tmp = dir.join("cluster.json.tmp");
         std::fs::write(&tmp, json)?;
         std::fs::rename(&tmp, dir.join("cluster.json"))?;
         Ok(())
     };
-    write_json(&nodes)?;
+    write_json(&nodes, &gateway)?;
+    let fronts = format!(
+        "{}{}",
+        gw.http.as_ref().map(|h| format!(", HTTP on {h}")).unwrap_or_default(),
+        gw.resp.as_ref().map(|r| format!(", Redis protocol on {r}")).unwrap_or_default()
+    );
     match &cluster {
-        None => eprintln!("dpukv local: serving on {listen} (data in {}); Ctrl-C to stop", dir.display()),
+        None => eprintln!(
+            "dpukv local: one node pod (data in {}); the gateway serves on {}{fronts}; {}/cluster.json describes them; Ctrl-C to stop",
+            dir.display(),
+            gw.binary,
+            dir.display()
+        ),
         Some(c) => eprintln!(
-            "dpukv local: {} nodes, replication {}, etcd {etcd_url}; node 1 serves on {listen}; {}/cluster.json describes them; Ctrl-C to stop",
+            "dpukv local: {} nodes, replication {}, etcd {etcd_url}; the gateway serves on {}{fronts}; {}/cluster.json describes them; Ctrl-C to stop",
             c.nodes,
             c.replication,
+            gw.binary,
             dir.display()
         ),
     }
@@ -606,12 +665,14 @@ async fn local(
         for p in etcd.iter_mut().chain(nodes.iter_mut().flat_map(|n| n.procs.iter_mut())) {
             restarted |= p.poll();
         }
+        restarted |= gateway.poll();
         if restarted {
-            write_json(&nodes)?;
+            write_json(&nodes, &gateway)?;
         }
     }
-    // Devices first (no new requests), then the hosts (they finish their rounds and sync their
-    // logs), then etcd.
+    // The gateway first, then the devices (no new requests), then the hosts (they finish their
+    // rounds and sync their logs), then etcd.
+    gateway.stop(Duration::from_secs(15)).await;
     for n in nodes.iter_mut() {
         n.procs[1].stop(Duration::from_secs(15)).await;
     }

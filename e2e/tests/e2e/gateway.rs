@@ -77,6 +77,13 @@ fn every_http_route_and_error_through_a_real_gateway() {
     must_fail(http("PUT", &u("/v1/kv/apple"), Some(r#"{"value": "x", "mode": "insert"}"#)), 409, "key_exists");
     must_fail(http("PUT", &u("/v1/kv/pear"), Some(r#"{"value": "x", "mode": "update"}"#)), 404, "key_not_found");
     assert_eq!(http("PUT", &u("/v1/kv/apple"), Some(r#"{"value": "green", "mode": "update"}"#)).0, 200);
+    // `curl -d` (a form content type) works too: the body is JSON whatever the header says.
+    let out = Command::new("curl")
+        .args(["-s", "-X", "PUT", &u("/v1/kv/curl"), "-d", r#"{"value": "curl -d"}"#])
+        .output()
+        .expect("curl");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("version"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(json(&http("GET", &u("/v1/kv/curl"), None).1)["value"], "curl -d");
     assert_eq!(http("DELETE", &u("/v1/kv/apple"), None).0, 200);
     must_fail(http("GET", &u("/v1/kv/apple"), None), 404, "key_not_found");
     // Keys with slashes and spaces travel percent-encoded.

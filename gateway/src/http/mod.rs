@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -113,15 +113,6 @@ impl From<dpukv_proto::ErrorReply> for ApiError {
     }
 }
 
-impl From<JsonRejection> for ApiError {
-    fn from(r: JsonRejection) -> ApiError {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "frame_too_large", r.body_text());
-        }
-        ApiError::bad_request(r.body_text())
-    }
-}
-
 impl From<QueryRejection> for ApiError {
     fn from(r: QueryRejection) -> ApiError {
         ApiError::bad_request(r.body_text())
@@ -137,6 +128,25 @@ impl IntoResponse for ApiError {
 }
 
 type ApiResult<T> = Result<axum::Json<T>, ApiError>;
+
+/// A JSON request body, whatever its `Content-Type` says (`curl -d` sends a form type): read
+/// within the body limit, parsed strictly (unknown fields refused).
+pub struct JsonBody<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "frame_too_large", "the request body is too large")
+            } else {
+                ApiError::bad_request(e.body_text())
+            }
+        })?;
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::bad_request(format!("the JSON body: {e}")))
+    }
+}
 
 fn key_of(encoding: Encoding, key: &str) -> Result<Vec<u8>, ApiError> {
     encoding.decode(key).map_err(|e| ApiError::bad_encoding(format!("key: {e}")))
@@ -182,7 +192,7 @@ async fn put_kv(
     State(s): State<HttpState>,
     Path(key): Path<String>,
     q: Result<Query<KeyQuery>, QueryRejection>,
-    body: Result<axum::Json<PutBody>, JsonRejection>,
+    body: Result<JsonBody<PutBody>, ApiError>,
 ) -> ApiResult<WriteReply> {
     let enc = q?.0.encoding.unwrap_or_default();
     let body = body?.0;
@@ -261,10 +271,7 @@ async fn scan(State(s): State<HttpState>, q: Result<Query<ScanQuery>, QueryRejec
     responses((status = 200, body = WriteReply), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
               (status = 404, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody),
               (status = 504, body = ErrorBody)))]
-async fn batch(
-    State(s): State<HttpState>,
-    body: Result<axum::Json<BatchBody>, JsonRejection>,
-) -> ApiResult<WriteReply> {
+async fn batch(State(s): State<HttpState>, body: Result<JsonBody<BatchBody>, ApiError>) -> ApiResult<WriteReply> {
     let body = body?.0;
     let enc = body.encoding.unwrap_or_default();
     if body.ops.is_empty() || body.ops.len() > dpukv_proto::limits::MAX_BATCH_OPS {
@@ -309,10 +316,7 @@ async fn batch(
 #[utoipa::path(post, path = "/v1/atomic", request_body = AtomicBody,
     responses((status = 200, body = AtomicReply), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
               (status = 503, body = ErrorBody), (status = 504, body = ErrorBody)))]
-async fn atomic(
-    State(s): State<HttpState>,
-    body: Result<axum::Json<AtomicBody>, JsonRejection>,
-) -> ApiResult<AtomicReply> {
+async fn atomic(State(s): State<HttpState>, body: Result<JsonBody<AtomicBody>, ApiError>) -> ApiResult<AtomicReply> {
     let b = body?.0;
     let enc = b.encoding.unwrap_or_default();
     let key = key_of(enc, &b.key)?;
@@ -484,6 +488,16 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
+/// The admin endpoint's router: `/healthz`, `/readyz`, `/metrics` (also on the HTTP front end).
+pub fn admin_router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
 /// A listener that keeps at most `max` connections open (more are closed at once).
 struct Limited {
     inner: tokio::net::TcpListener,
@@ -554,10 +568,11 @@ impl axum::serve::Listener for Limited {
     }
 }
 
-/// Serves `listener` until `stop` (then finishes the requests in progress).
+/// Serves `router` on `listener` until `stop` (then finishes the requests in progress).
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    state: HttpState,
+    router: Router,
+    state: &HttpState,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let limited = Limited {
@@ -565,5 +580,5 @@ pub async fn serve(
         open: Arc::new(Semaphore::new(state.limits.max_connections)),
         metrics: state.metrics.clone(),
     };
-    axum::serve(limited, router(state)).with_graceful_shutdown(async move { stop.cancelled().await }).await
+    axum::serve(limited, router).with_graceful_shutdown(async move { stop.cancelled().await }).await
 }
