@@ -199,12 +199,19 @@ impl Client {
     /// Sends one request on the next connection and waits for its response (no retries, no
     /// session tag unless `req` has one), at most [`RetryPolicy::attempt_timeout`].
     pub async fn send_request(&self, req: Request) -> Result<Response> {
-        self.send_within(req, self.retry.attempt_timeout, true).await
+        self.send_within(req, self.retry.attempt_timeout, true, None).await
     }
 
     /// Sends `req` to the primary of its key's region; `name`: name the region and its epoch
-    /// (if `req` names none), so that a node leading it no more refuses it.
-    async fn send_within(&self, mut req: Request, timeout: Duration, name: bool) -> Result<Response> {
+    /// (if `req` names none), so that a node leading it no more refuses it; `pin`: which of the
+    /// device's connections to use (None: the next in turn).
+    async fn send_within(
+        &self,
+        mut req: Request,
+        timeout: Duration,
+        name: bool,
+        pin: Option<usize>,
+    ) -> Result<Response> {
         let t = match self.router.target(&req, timeout).await {
             Ok(t) => t,
             Err(e) => {
@@ -216,7 +223,7 @@ impl Client {
         if name && req.region == 0 {
             (req.region, req.epoch) = (t.region, t.epoch);
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % t.pool.len();
+        let i = pin.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed)) % t.pool.len();
         let r = t.pool[i].call(req, timeout).await;
         // A node that says the map moved on (or cannot be reached): learn it again.
         let stale = match &r {
@@ -277,7 +284,7 @@ impl Client {
         };
         // `seq` finishes when dropped: also when this future is dropped mid-call.
         let tag = seq.as_ref().map(|u| Tag::Own(u.0, u.1));
-        self.call_inner(Request::new(0, op), write, tag).await
+        self.call_inner(Request::new(0, op), write, tag, None).await
     }
 
     /// Sends a request another client sent to this process (a gateway's front end): routed by
@@ -287,18 +294,36 @@ impl Client {
     /// epoch and id are replaced. Every outcome comes back as a response: a failure to reach the
     /// cluster is `unavailable` (nothing was applied) or `outcome_unknown` (a write may have
     /// been).
-    pub async fn forward(&self, mut req: Request) -> Response {
+    pub async fn forward(&self, req: Request) -> Response {
+        self.forward_on(req, None).await
+    }
+
+    /// Like [`Client::forward`]; the first attempt goes on the device's connection number
+    /// `pin` (modulo the pool): requests forwarded together with one `pin` leave together, in
+    /// one frame, and their answers come back together.
+    pub async fn forward_on(&self, mut req: Request, pin: Option<usize>) -> Response {
         let id = req.id;
         let write = req.op.code().is_write();
         let tag = req.session.take().filter(|_| write).map(Tag::Forwarded);
         (req.id, req.region, req.epoch) = (0, 0, 0);
-        match self.call_inner(req, write, tag).await {
+        match self.call_inner(req, write, tag, pin).await {
             Ok((reply, version)) => Response { id, version, replicated: false, result: Ok(reply) },
             Err(e) => Response { id, version: 0, replicated: false, result: Err(e.into_reply(write)) },
         }
     }
 
-    async fn call_inner(&self, mut req: Request, write: bool, tag: Option<Tag<'_>>) -> Result<(Reply, u64)> {
+    /// A pin for [`Client::forward_on`]: the next connection in turn.
+    pub fn next_pin(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    async fn call_inner(
+        &self,
+        mut req: Request,
+        write: bool,
+        tag: Option<Tag<'_>>,
+        mut pin: Option<usize>,
+    ) -> Result<(Reply, u64)> {
         let policy = self.retry;
         let started = tokio::time::Instant::now();
         let mut delay = policy.first_backoff;
@@ -313,7 +338,8 @@ impl Client {
                 Some(Tag::Forwarded(s)) => req.session = Some(Session { retry: s.retry || maybe_applied, ..s }),
                 None => {}
             }
-            let err = match self.send_within(req.clone(), policy.attempt_timeout, true).await {
+            // Only the first attempt is pinned: a retry goes on the next connection in turn.
+            let err = match self.send_within(req.clone(), policy.attempt_timeout, true, pin.take()).await {
                 Ok(Response { result: Ok(reply), version, .. }) => return Ok((reply, version)),
                 Ok(Response { result: Err(e), .. }) => ClientError::Server(e),
                 Err(e) => e,
@@ -496,7 +522,7 @@ impl Client {
                 (max_bytes - bytes).clamp(1, proto::limits::MAX_SCAN_BYTES as usize) as u32
             };
             let op = Op::Scan { lo: from.clone(), hi: page_hi, limit: want, max_bytes: want_bytes, token: Vec::new() };
-            let err = match self.send_within(Request::new(0, op), policy.attempt_timeout, false).await {
+            let err = match self.send_within(Request::new(0, op), policy.attempt_timeout, false, None).await {
                 Ok(Response { result: Ok(Reply::Items { items, token }), .. }) => {
                     delay = policy.first_backoff;
                     bytes += items.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dpukv_net::conn::{self, Budget, ConnConfig, Incoming, Sink};
+use dpukv_proto::Op;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -51,18 +52,15 @@ pub async fn serve(
         tracker.spawn(async move {
             let _counted = metrics.connection("binary");
             let dispatch = |batch: Vec<Incoming>, sink: Sink| {
-                for Incoming { req, charge } in batch {
-                    let (up, sink, metrics) = (up.clone(), sink.clone(), metrics.clone());
-                    tokio::spawn(async move {
-                        let started = Instant::now();
-                        let op = req.op.code().name();
-                        let resp = up.handle(req).await;
-                        if let Err(e) = &resp.result {
-                            metrics.error("binary", e.code.name());
-                        }
-                        metrics.observe("binary", op, started);
-                        sink.send(resp, charge);
-                    });
+                // A frame's point operations are answered together, by one task (see `join`);
+                // a scan (which may take long) is answered on its own.
+                let (scans, points): (Vec<Incoming>, Vec<Incoming>) =
+                    batch.into_iter().partition(|i| matches!(i.req.op, Op::Scan { .. } | Op::FloorScan { .. }));
+                for one in scans {
+                    tokio::spawn(answer(up.clone(), vec![one], sink.clone(), metrics.clone()));
+                }
+                if !points.is_empty() {
+                    tokio::spawn(answer(up.clone(), points, sink, metrics.clone()));
                 }
                 std::future::ready(())
             };
@@ -72,4 +70,30 @@ pub async fn serve(
             drop(permit);
         });
     }
+}
+
+/// Answers `batch` through `sink`, all together once the last is answered.
+async fn answer(up: Arc<Upstream>, batch: Vec<Incoming>, sink: Sink, metrics: Arc<Metrics>) {
+    let started = Instant::now();
+    let (reqs, charges): (Vec<_>, Vec<_>) = batch.into_iter().map(|i| (i.req, i.charge)).unzip();
+    let ops: Vec<&'static str> = reqs.iter().map(|r| r.op.code().name()).collect();
+    // One connection to each device for the whole frame: its requests leave as one frame.
+    let pin = Some(up.client().next_pin());
+    let resps = crate::join::join_all(reqs.into_iter().map(|r| up.handle_on(r, pin)).collect()).await;
+    for (resp, op) in resps.iter().zip(&ops) {
+        if let Err(e) = &resp.result {
+            metrics.error("binary", e.code.name());
+        }
+        metrics.observe("binary", op, started);
+    }
+    let out = resps
+        .into_iter()
+        .zip(charges)
+        .map(|(resp, mut charge)| {
+            // What was reserved for the largest answer and not used goes back now.
+            charge.shrink_to(conn::response_size(&resp));
+            (resp, charge)
+        })
+        .collect();
+    sink.send_many(out);
 }

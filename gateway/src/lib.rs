@@ -16,6 +16,7 @@
 //! - `resp`: the Redis protocol front end.
 //! - `http`: the HTTP/JSON front end (and `/metrics`, health, OpenAPI).
 //! - `metrics`: latency histograms per front end and operation, errors, connections.
+//! - `join`: polling many futures in one task (a frame's requests go upstream together).
 //!
 //! # Invariants
 //! - The gateway holds no durable state: any number of them may serve one cluster, and one may
@@ -30,6 +31,7 @@
 pub mod binary;
 pub mod config;
 pub mod http;
+pub mod join;
 pub mod metrics;
 pub mod resp;
 pub mod scan;

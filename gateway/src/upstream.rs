@@ -88,6 +88,12 @@ impl Upstream {
     /// and epoch a request names are the client's view of the map; the gateway routes by its
     /// own (the newer), so they are not checked here.
     pub async fn handle(&self, req: Request) -> Response {
+        self.handle_on(req, None).await
+    }
+
+    /// Like [`Upstream::handle`], forwarding on the device connections `pin` names (requests
+    /// handled together with one pin leave together: `Client::forward_on`).
+    pub async fn handle_on(&self, req: Request, pin: Option<usize>) -> Response {
         let id = req.id;
         let ok = |reply| Response { id, version: 0, replicated: false, result: Ok(reply) };
         match &req.op {
@@ -135,7 +141,7 @@ impl Upstream {
                 }
             }
             Op::Batch { ops } => match self.regions_of(ops.iter().map(dpukv_proto::WriteOp::key)).await {
-                Ok(1) => self.client.forward(req).await,
+                Ok(1) => self.client.forward_on(req, pin).await,
                 Ok(_) => Response::error(
                     id,
                     ErrorCode::Unsupported,
@@ -144,7 +150,7 @@ impl Upstream {
                 ),
                 Err(e) => Response { id, version: 0, replicated: false, result: Err(e.into_reply(true)) },
             },
-            _ => self.client.forward(req).await,
+            _ => self.client.forward_on(req, pin).await,
         }
     }
 

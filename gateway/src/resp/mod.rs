@@ -266,31 +266,11 @@ async fn run_group(shared: &Shared, group: Vec<Vec<Vec<u8>>>, out: &mut Vec<u8>,
             async move { (command::run(&shared.up, &shared.cursors, info, args.clone()).await, started) }
         })
         .collect();
-    let results = join_all(futs).await;
+    let results = crate::join::join_all(futs).await;
     for ((r, started), args) in results.into_iter().zip(&group) {
         record(shared, &command::name(args), &r, started);
         r.encode(out);
     }
-}
-
-/// Polls `futs` together; their outputs in order.
-async fn join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
-    let mut futs: Vec<std::pin::Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
-    let mut done: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, slot) in futs.iter_mut().zip(done.iter_mut()) {
-            if slot.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *slot = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
-    })
-    .await;
-    done.into_iter().map(|o| o.expect("every future finished")).collect()
 }
 
 /// `INFO`'s text.
