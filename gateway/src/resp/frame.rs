@@ -106,7 +106,7 @@ fn parse_array(buf: &[u8], limits: &Limits) -> Result<(Vec<Vec<u8>>, usize), Par
 
 /// A line of words separated by spaces (a plain `\n` ends it too); empty lines are skipped.
 fn parse_inline(buf: &[u8], limits: &Limits) -> Result<(Vec<Vec<u8>>, usize), ParseError> {
-    let max_line = 64 << 10;
+    let max_line = (64 << 10).min(limits.max_command);
     let Some(end) = buf.iter().position(|&b| b == b'\n') else {
         return if buf.len() > max_line {
             Err(ParseError::TooLarge("too big inline request"))
@@ -122,6 +122,9 @@ fn parse_inline(buf: &[u8], limits: &Limits) -> Result<(Vec<Vec<u8>>, usize), Pa
         line.split(|b| *b == b' ' || *b == b'\t').filter(|w| !w.is_empty()).map(<[u8]>::to_vec).collect();
     if args.len() > limits.max_args {
         return Err(ParseError::TooLarge("too many arguments"));
+    }
+    if args.iter().any(|a| a.len() > limits.max_arg) {
+        return Err(ParseError::TooLarge("invalid bulk length"));
     }
     Ok((args, end + 1))
 }
@@ -240,6 +243,10 @@ mod tests {
         assert!(matches!(parse_command(b"*1\r\n$3\r\nabcXY", &l), Err(ParseError::Invalid(_))));
         let l = Limits { max_args: 3, max_arg: 8, max_command: 10 };
         assert!(matches!(parse_command(b"*1\r\n$8\r\n", &l), Err(ParseError::TooLarge(_))));
+        // Inline commands honour the same limits (found by the fuzz target `resp_command`).
+        let l = Limits { max_args: 3, max_arg: 4, max_command: 64 };
+        assert!(matches!(parse_command(b"get abcdefgh\n", &l), Err(ParseError::TooLarge(_))));
+        assert!(matches!(parse_command(&[b'x'; 100], &l), Err(ParseError::TooLarge(_))));
     }
 
     proptest! {
