@@ -41,6 +41,8 @@ type Queued = (Request, Waiter);
 /// See the module documentation.
 pub(crate) struct Connection {
     addr: String,
+    /// Presented (`auth`) on every dial, if given.
+    token: Option<Arc<[u8]>>,
     /// The live connection.
     live: Mutex<Live>,
     /// Held while re-dialling, so concurrent callers dial once.
@@ -61,8 +63,9 @@ const KEEP_BUFFER: usize = 4 << 20;
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 impl Connection {
-    pub(crate) async fn open(addr: &str) -> Result<Connection, ClientError> {
-        Ok(Connection { addr: addr.to_string(), live: Mutex::new(dial(addr).await?), dialing: Default::default() })
+    pub(crate) async fn open(addr: &str, token: Option<Arc<[u8]>>) -> Result<Connection, ClientError> {
+        let live = dial(addr, token.as_deref()).await?;
+        Ok(Connection { addr: addr.to_string(), token, live: Mutex::new(live), dialing: Default::default() })
     }
 
     /// Sends `req` and waits for its response, at most `timeout` (then `TimedOut`: the request
@@ -87,7 +90,7 @@ impl Connection {
         if let Some(tx) = lock(&self.live).sender() {
             return Ok(tx); // another caller re-dialled
         }
-        let live = dial(&self.addr).await?;
+        let live = dial(&self.addr, self.token.as_deref()).await?;
         let tx = live.tx.clone();
         *lock(&self.live) = live;
         Ok(tx)
@@ -107,9 +110,18 @@ impl Live {
     }
 }
 
-async fn dial(addr: &str) -> Result<Live, ClientError> {
-    let stream = TcpStream::connect(addr).await?;
+/// How long presenting a token on a new connection may take.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn dial(addr: &str, token: Option<&[u8]>) -> Result<Live, ClientError> {
+    let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
+    if let Some(t) = token {
+        match tokio::time::timeout(AUTH_TIMEOUT, authenticate(&mut stream, t)).await {
+            Ok(r) => r?,
+            Err(_) => return Err(ClientError::TimedOut),
+        }
+    }
     let (r, w) = stream.into_split();
     let waiters: Waiters = Arc::new(Mutex::new(HashMap::with_capacity(256)));
     // Set by the reader when the connection is gone, before it drops the waiters; the writer
@@ -129,6 +141,37 @@ async fn dial(addr: &str) -> Result<Live, ClientError> {
         room.notify_one();
     });
     Ok(live)
+}
+
+/// Presents `token` (an `auth` request alone in the connection's first frame) and waits for the
+/// answer, before the connection carries anything else.
+async fn authenticate(stream: &mut TcpStream, token: &[u8]) -> Result<(), ClientError> {
+    let req = Request::new(u64::MAX, dpukv_proto::Op::Auth { token: token.to_vec() });
+    if let Err(c) = req.op.validate() {
+        return Err(ClientError::Invalid(c));
+    }
+    let mut buf = Vec::new();
+    encode_requests(std::slice::from_ref(&req), &mut buf);
+    stream.write_all(&buf).await?;
+    let mut got = Vec::with_capacity(256);
+    loop {
+        if let Some(h) = frame_header(&got).map_err(ClientError::Protocol)? {
+            if h.requests || h.total > 64 << 10 {
+                return Err(ClientError::Protocol(DecodeError::Malformed("not an answer to auth")));
+            }
+            if got.len() >= h.total {
+                let resps = decode_responses(&got[..h.total]).map_err(ClientError::Protocol)?;
+                return match resps.into_iter().next() {
+                    Some(Response { result: Ok(_), .. }) => Ok(()),
+                    Some(Response { result: Err(e), .. }) => Err(ClientError::Server(e)),
+                    None => Err(ClientError::Protocol(DecodeError::Malformed("no answer to auth"))),
+                };
+            }
+        }
+        if stream.read_buf(&mut got).await? == 0 {
+            return Err(ClientError::Disconnected);
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -340,7 +383,7 @@ pub(crate) mod tests {
                 }
             }
         });
-        let conn = Arc::new(Connection::open(&addr).await.expect("connect"));
+        let conn = Arc::new(Connection::open(&addr, None).await.expect("connect"));
         let mut calls = tokio::task::JoinSet::new();
         for i in 0..200u32 {
             let conn = conn.clone();
@@ -387,7 +430,7 @@ pub(crate) mod tests {
                 }
             }
         });
-        let conn = Arc::new(Connection::open(&addr).await.expect("connect"));
+        let conn = Arc::new(Connection::open(&addr, None).await.expect("connect"));
         let mut calls = tokio::task::JoinSet::new();
         for i in 0..(MAX_IN_FLIGHT * 2 + 100) {
             let conn = conn.clone();
@@ -435,7 +478,7 @@ pub(crate) mod tests {
                 }
             }
         });
-        let conn = Connection::open(&addr).await.expect("connect");
+        let conn = Connection::open(&addr, None).await.expect("connect");
         let get = || Request::new(0, Op::Get { key: b"k".to_vec() });
         assert!(matches!(conn.call(get(), Duration::from_secs(10)).await, Err(ClientError::Disconnected)));
         let answered = conn.call(get(), Duration::from_secs(10)).await.expect("answered after re-dialling");
@@ -453,7 +496,7 @@ pub(crate) mod tests {
             let mut chunk = [0u8; 4096];
             while s.read(&mut chunk).await.is_ok_and(|n| n > 0) {}
         });
-        let conn = Connection::open(&addr).await.expect("connect");
+        let conn = Connection::open(&addr, None).await.expect("connect");
         let started = std::time::Instant::now();
         let got = conn.call(Request::new(0, Op::Get { key: b"k".to_vec() }), Duration::from_millis(300)).await;
         assert!(matches!(got, Err(ClientError::TimedOut)), "{got:?}");

@@ -173,12 +173,22 @@ impl Client {
     /// any node of a cluster (or a standalone node): requests are routed to their regions'
     /// primaries by the region map it answers (learned at the first request).
     pub async fn connect(addr: &str, pool: usize) -> Result<Client> {
+        Self::connect_with(addr, pool, None).await
+    }
+
+    /// Like [`Client::connect`], presenting `token` on every connection (a gateway with tokens
+    /// configured needs one: docs/gateway.md; devices accept any).
+    pub async fn connect_with_token(addr: &str, pool: usize, token: &[u8]) -> Result<Client> {
+        Self::connect_with(addr, pool, Some(Arc::from(token))).await
+    }
+
+    async fn connect_with(addr: &str, pool: usize, token: Option<Arc<[u8]>>) -> Result<Client> {
         let mut conns = Vec::new();
         for _ in 0..pool.max(1) {
-            conns.push(conn::Connection::open(addr).await?);
+            conns.push(conn::Connection::open(addr, token.clone()).await?);
         }
         Ok(Client {
-            router: Arc::new(routing::Router::new(addr, pool.max(1), Arc::new(conns))),
+            router: Arc::new(routing::Router::new(addr, pool.max(1), Arc::new(conns), token)),
             next: Arc::new(AtomicUsize::new(0)),
             session: Some(Arc::new(WriteSession::new())),
             retry: RetryPolicy::default(),

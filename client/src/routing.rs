@@ -25,6 +25,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) struct Router {
     seed: String,
     pool: usize,
+    /// Presented on every connection, if given.
+    token: Option<Arc<[u8]>>,
     map: RwLock<Option<Arc<RegionMap>>>,
     pools: Mutex<HashMap<String, Arc<Vec<Connection>>>>,
     refreshing: tokio::sync::Mutex<()>,
@@ -42,12 +44,13 @@ fn unavailable(msg: &str) -> ClientError {
 }
 
 impl Router {
-    pub(crate) fn new(seed: &str, pool: usize, seed_pool: Arc<Vec<Connection>>) -> Router {
+    pub(crate) fn new(seed: &str, pool: usize, seed_pool: Arc<Vec<Connection>>, token: Option<Arc<[u8]>>) -> Router {
         let mut pools = HashMap::new();
         pools.insert(seed.to_string(), seed_pool);
         Router {
             seed: seed.to_string(),
             pool,
+            token,
             map: RwLock::new(None),
             pools: Mutex::new(pools),
             refreshing: tokio::sync::Mutex::new(()),
@@ -75,7 +78,7 @@ impl Router {
         }
         let mut conns = Vec::new();
         for _ in 0..self.pool {
-            conns.push(Connection::open(addr).await?);
+            conns.push(Connection::open(addr, self.token.clone()).await?);
         }
         let p = Arc::new(conns);
         let mut pools = lock(&self.pools);

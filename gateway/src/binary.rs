@@ -1,18 +1,20 @@
 //! The binary protocol front end: the device's protocol v1 (docs/protocol.md), served with the
 //! same bounded connection handling as a device (`dpukv_net::conn`: byte budgets, an in-flight
-//! cap, timeouts). Each request is answered by [`Upstream::handle`] on a task of its own, so
-//! requests of one connection run concurrently and are answered as they finish, matched by id.
+//! cap, timeouts). A frame's point operations are answered together (one frame back); scans
+//! each on their own. With tokens configured (`auth`), a connection's `auth` request sets the
+//! token its later requests run with, and each request is checked before it is forwarded.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use dpukv_net::conn::{self, Budget, ConnConfig, Incoming, Sink};
-use dpukv_proto::Op;
+use dpukv_proto::{Op, Reply, Response};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::{self, Access, Perm, Principal};
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 
@@ -26,9 +28,11 @@ pub struct BinaryLimits {
 }
 
 /// Serves `listener` until `stop`; connections are tracked by `tracker`.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: TcpListener,
     up: Arc<Upstream>,
+    access: Access,
     limits: BinaryLimits,
     budget: Budget,
     metrics: Arc<Metrics>,
@@ -48,14 +52,55 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (up, budget, metrics, stop) = (up.clone(), budget.clone(), metrics.clone(), stop.clone());
+        let (up, budget, metrics, stop, access) =
+            (up.clone(), budget.clone(), metrics.clone(), stop.clone(), access.clone());
         tracker.spawn(async move {
             let _counted = metrics.connection("binary");
+            // Who the connection's token belongs to (set by its `auth` request).
+            let mut caller: Option<Arc<Principal>> = None;
             let dispatch = |batch: Vec<Incoming>, sink: Sink| {
+                // Tokens first, in the frame's order; then each request is checked against the
+                // token in force before anything is read or written for it.
+                let mut allowed: Vec<(Incoming, Vec<u8>)> = Vec::with_capacity(batch.len());
+                for inc in batch {
+                    let refuse = |inc: Incoming, e: dpukv_proto::ErrorReply| {
+                        metrics.error("binary", e.code.name());
+                        let resp = Response { id: inc.req.id, version: 0, replicated: false, result: Err(e) };
+                        sink.send(resp, inc.charge);
+                    };
+                    if let Op::Auth { token } = &inc.req.op {
+                        match access.authenticate(token) {
+                            Some(p) => caller = Some(p),
+                            None if access.required() => {
+                                caller = None;
+                                refuse(inc, auth::unauthorized());
+                                continue;
+                            }
+                            None => {}
+                        }
+                        let done = Response { id: inc.req.id, version: 0, replicated: false, result: Ok(Reply::Done) };
+                        sink.send(done, inc.charge);
+                        continue;
+                    }
+                    let floor_min = if access.required() {
+                        let Some(p) = caller.as_ref() else {
+                            refuse(inc, auth::unauthorized());
+                            continue;
+                        };
+                        if let Err(e) = p.check(&inc.req.op) {
+                            refuse(inc, e);
+                            continue;
+                        }
+                        p.granted_prefix(Perm::Read, inc.req.op.key()).map(<[u8]>::to_vec).unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    allowed.push((inc, floor_min));
+                }
                 // A frame's point operations are answered together, by one task (see `join`);
                 // a scan (which may take long) is answered on its own.
-                let (scans, points): (Vec<Incoming>, Vec<Incoming>) =
-                    batch.into_iter().partition(|i| matches!(i.req.op, Op::Scan { .. } | Op::FloorScan { .. }));
+                let (scans, points): (Vec<_>, Vec<_>) =
+                    allowed.into_iter().partition(|(i, _)| matches!(i.req.op, Op::Scan { .. } | Op::FloorScan { .. }));
                 for one in scans {
                     tokio::spawn(answer(up.clone(), vec![one], sink.clone(), metrics.clone()));
                 }
@@ -73,13 +118,13 @@ pub async fn serve(
 }
 
 /// Answers `batch` through `sink`, all together once the last is answered.
-async fn answer(up: Arc<Upstream>, batch: Vec<Incoming>, sink: Sink, metrics: Arc<Metrics>) {
+async fn answer(up: Arc<Upstream>, batch: Vec<(Incoming, Vec<u8>)>, sink: Sink, metrics: Arc<Metrics>) {
     let started = Instant::now();
-    let (reqs, charges): (Vec<_>, Vec<_>) = batch.into_iter().map(|i| (i.req, i.charge)).unzip();
-    let ops: Vec<&'static str> = reqs.iter().map(|r| r.op.code().name()).collect();
+    let (reqs, charges): (Vec<_>, Vec<_>) = batch.into_iter().map(|(i, f)| ((i.req, f), i.charge)).unzip();
+    let ops: Vec<&'static str> = reqs.iter().map(|(r, _)| r.op.code().name()).collect();
     // One connection to each device for the whole frame: its requests leave as one frame.
     let pin = Some(up.client().next_pin());
-    let resps = crate::join::join_all(reqs.into_iter().map(|r| up.handle_on(r, pin)).collect()).await;
+    let resps = crate::join::join_all(reqs.into_iter().map(|(r, f)| up.handle_on(r, pin, f)).collect()).await;
     for (resp, op) in resps.iter().zip(&ops) {
         if let Err(e) = &resp.result {
             metrics.error("binary", e.code.name());

@@ -66,6 +66,10 @@ pub struct GatewayArgs {
     /// Seconds a SCAN cursor stays valid.
     #[arg(long, default_value_t = 600)]
     pub scan_cursor_ttl: u64,
+    /// A JSON file of bearer tokens and their grants (docs/gateway.md); re-read when it changes.
+    /// Without it (and without DPUKV_TOKENS) the gateway is open.
+    #[arg(long, env = "DPUKV_TOKENS_FILE")]
+    pub tokens: Option<std::path::PathBuf>,
     /// Connection limits (binary front end; the memory budget is the whole process's).
     #[command(flatten)]
     pub conn: ConnArgs,
@@ -121,6 +125,14 @@ impl GatewayArgs {
             scan_cursors: self.scan_cursors,
             scan_cursor_ttl: Duration::from_secs(self.scan_cursor_ttl),
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
+            // The document itself may come in DPUKV_TOKENS (a Kubernetes secret as an
+            // environment variable); it is read here, never logged.
+            tokens: match (&self.tokens, std::env::var("DPUKV_TOKENS").ok().filter(|t| !t.trim().is_empty())) {
+                (Some(_), Some(_)) => bail!("give --tokens (DPUKV_TOKENS_FILE) or DPUKV_TOKENS, not both"),
+                (Some(p), None) => crate::auth::TokenSource::File(p.clone()),
+                (None, Some(doc)) => crate::auth::TokenSource::Inline(doc),
+                (None, None) => crate::auth::TokenSource::None,
+            },
         })
     }
 }

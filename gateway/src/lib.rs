@@ -9,6 +9,7 @@
 //!
 //! # Layout
 //! - `config`: the binary's flags.
+//! - `auth`: bearer tokens and their per-prefix grants.
 //! - `upstream`: the cluster as the gateway sees it; forwarding binary requests with their
 //!   senders' exactly-once tags; the one-region map binary clients are shown.
 //! - `scan`: scans across regions, read in parallel and taken in key order.
@@ -28,6 +29,7 @@
 //! - Every front end is bounded: connections, bytes held (the process's memory budget, from
 //!   which requests reserve their largest reply) and time.
 
+pub mod auth;
 pub mod binary;
 pub mod config;
 pub mod http;
@@ -90,6 +92,8 @@ pub struct GatewayConfig {
     pub scan_cursor_ttl: Duration,
     /// How long a shutdown waits for connections.
     pub shutdown_grace: Duration,
+    /// Where the bearer tokens come from (none: the gateway is open).
+    pub tokens: auth::TokenSource,
 }
 
 /// Where a started gateway listens.
@@ -112,6 +116,8 @@ pub async fn run(
     started: Option<tokio::sync::oneshot::Sender<GatewayInfo>>,
 ) -> Result<()> {
     let metrics = Metrics::new();
+    // A bad token document stops the start, before anything listens.
+    auth::Access::load(&cfg.tokens).map_err(anyhow::Error::msg)?;
     let binary_listener = TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
     let http_listener = match cfg.http {
         Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding {a}"))?),
@@ -152,17 +158,27 @@ pub async fn run(
         resp: resp_listener.as_ref().map(TcpListener::local_addr).transpose()?,
         admin: admin_listener.as_ref().map(TcpListener::local_addr).transpose()?,
     };
+    let access = auth::Access::load(&cfg.tokens).map_err(anyhow::Error::msg)?;
+    if let auth::TokenSource::File(p) = &cfg.tokens {
+        access.reload_every(p.clone(), Duration::from_secs(2), shutdown.clone());
+    }
     tracker.spawn(binary::serve(
         binary_listener,
         up.clone(),
+        access.clone(),
         cfg.binary,
         budget.clone(),
         metrics.clone(),
         shutdown.clone(),
         tracker.clone(),
     ));
-    let state =
-        http::HttpState { up: up.clone(), limits: cfg.http_limits, budget: budget.clone(), metrics: metrics.clone() };
+    let state = http::HttpState {
+        up: up.clone(),
+        access: access.clone(),
+        limits: cfg.http_limits,
+        budget: budget.clone(),
+        metrics: metrics.clone(),
+    };
     for (l, router, what) in [
         (http_listener, http::router(state.clone()), "HTTP front end"),
         (admin_listener, http::admin_router(state.clone()), "admin endpoint"),
@@ -178,6 +194,7 @@ pub async fn run(
     if let Some(l) = resp_listener {
         let shared = Arc::new(resp::Shared {
             up: up.clone(),
+            access: access.clone(),
             limits: cfg.resp_limits,
             budget: budget.clone(),
             cursors: resp::cursors::Cursors::new(cfg.scan_cursors, cfg.scan_cursor_ttl),

@@ -52,6 +52,9 @@ pub struct ScanRequest {
     pub token: Vec<u8>,
     /// Start at the largest key `<= lo` (without a token).
     pub floor: bool,
+    /// A floor below this is not used (the scan starts at `lo`): the caller may read only from
+    /// here on (its token's grant).
+    pub floor_min: Vec<u8>,
 }
 
 fn error(code: ErrorCode, message: &str) -> ErrorReply {
@@ -94,6 +97,7 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
         from = successor(&t.after).max(s.lo.clone());
     } else if s.floor
         && let Some(k) = client.floor_key(&s.lo).await.map_err(|e| e.into_reply(false))?
+        && k >= s.floor_min
     {
         from = k;
     }

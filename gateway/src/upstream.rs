@@ -88,12 +88,13 @@ impl Upstream {
     /// and epoch a request names are the client's view of the map; the gateway routes by its
     /// own (the newer), so they are not checked here.
     pub async fn handle(&self, req: Request) -> Response {
-        self.handle_on(req, None).await
+        self.handle_on(req, None, Vec::new()).await
     }
 
     /// Like [`Upstream::handle`], forwarding on the device connections `pin` names (requests
-    /// handled together with one pin leave together: `Client::forward_on`).
-    pub async fn handle_on(&self, req: Request, pin: Option<usize>) -> Response {
+    /// handled together with one pin leave together: `Client::forward_on`); a floor scan's
+    /// floor below `floor_min` is not used (the caller's grant starts there).
+    pub async fn handle_on(&self, req: Request, pin: Option<usize>, floor_min: Vec<u8>) -> Response {
         let id = req.id;
         let ok = |reply| Response { id, version: 0, replicated: false, result: Ok(reply) };
         match &req.op {
@@ -134,6 +135,7 @@ impl Upstream {
                     max_bytes: *max_bytes,
                     token: token.clone(),
                     floor: matches!(req.op, Op::FloorScan { .. }),
+                    floor_min,
                 };
                 match crate::scan::run(self, scan).await {
                     Ok(reply) => ok(reply),

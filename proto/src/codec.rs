@@ -204,6 +204,7 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
                 }
             }
             Op::RegionMap => {}
+            Op::Auth { token } => w.bytes(token),
         }
         end_entry(out, body);
     }
@@ -528,6 +529,13 @@ fn decode_request(e: &[u8]) -> RequestEntry {
                 Op::Batch { ops }
             }
             OpCode::RegionMap => Op::RegionMap,
+            OpCode::Auth => {
+                let token = r.bytes(crate::limits::MAX_AUTH_TOKEN, ErrorCode::BadRequest)?;
+                if token.is_empty() {
+                    return Err((ErrorCode::BadRequest, "an empty token"));
+                }
+                Op::Auth { token }
+            }
         };
         r.done()?;
         if session.is_some() && !req_is_write(&op) {

@@ -42,6 +42,10 @@ pub enum ErrorCode {
     /// The write was sent on (to the host) but no reply came back (the host died, or its log
     /// failed): it may or may not be applied. Retry only with the same exactly-once session tag.
     OutcomeUnknown = 18,
+    /// The request needs a valid bearer token first (`auth`; a gateway with tokens configured).
+    Unauthorized = 19,
+    /// The token does not grant this operation on this key or range.
+    Forbidden = 20,
 }
 
 impl ErrorCode {
@@ -67,6 +71,8 @@ impl ErrorCode {
             16 => FrameTooLarge,
             17 => SessionExpired,
             18 => OutcomeUnknown,
+            19 => Unauthorized,
+            20 => Forbidden,
             _ => return None,
         })
     }
@@ -99,6 +105,8 @@ impl ErrorCode {
             FrameTooLarge => "frame_too_large",
             SessionExpired => "session_expired",
             OutcomeUnknown => "outcome_unknown",
+            Unauthorized => "unauthorized",
+            Forbidden => "forbidden",
         }
     }
 }

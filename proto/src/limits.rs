@@ -21,3 +21,6 @@ pub const MAX_TOKEN: usize = MAX_KEY + 64;
 pub const MAX_MESSAGE: usize = 1024;
 /// Largest vector operand of an atomic (the value limit).
 pub const MAX_VECTOR: usize = MAX_VALUE;
+
+/// Longest bearer token an `auth` request may carry.
+pub const MAX_AUTH_TOKEN: usize = 256;

@@ -37,6 +37,8 @@ pub enum OpCode {
     Batch = 14,
     /// [`Op::RegionMap`]
     RegionMap = 15,
+    /// [`Op::Auth`]
+    Auth = 16,
 }
 
 impl OpCode {
@@ -59,6 +61,7 @@ impl OpCode {
             13 => Filter,
             14 => Batch,
             15 => RegionMap,
+            16 => Auth,
             _ => return None,
         })
     }
@@ -82,6 +85,7 @@ impl OpCode {
             Filter => "filter",
             Batch => "batch",
             RegionMap => "region_map",
+            Auth => "auth",
         }
     }
 
@@ -89,7 +93,13 @@ impl OpCode {
     pub fn is_write(self) -> bool {
         !matches!(
             self,
-            OpCode::Get | OpCode::Scan | OpCode::FloorScan | OpCode::Reduce | OpCode::Filter | OpCode::RegionMap
+            OpCode::Get
+                | OpCode::Scan
+                | OpCode::FloorScan
+                | OpCode::Reduce
+                | OpCode::Filter
+                | OpCode::RegionMap
+                | OpCode::Auth
         )
     }
 }
@@ -294,6 +304,9 @@ pub enum Op {
     /// The cluster's region map as the node knows it (nodes, regions, primaries, epochs): how
     /// clients route without access to the metadata store.
     RegionMap,
+    /// Presents a bearer token for the connection (a gateway with tokens configured checks it;
+    /// its later requests run with the token's permissions). Devices accept any token.
+    Auth { token: Vec<u8> },
 }
 
 impl Op {
@@ -315,6 +328,7 @@ impl Op {
             Op::Filter { .. } => OpCode::Filter,
             Op::Batch { .. } => OpCode::Batch,
             Op::RegionMap => OpCode::RegionMap,
+            Op::Auth { .. } => OpCode::Auth,
         }
     }
 
@@ -334,7 +348,7 @@ impl Op {
             | Op::Filter { key, .. } => key,
             Op::Scan { lo, .. } | Op::FloorScan { lo, .. } => lo,
             Op::Batch { ops } => ops.first().map_or(&[], |o| o.key()),
-            Op::RegionMap => &[],
+            Op::RegionMap | Op::Auth { .. } => &[],
         }
     }
 
@@ -375,6 +389,12 @@ impl Op {
                 Ok(())
             }
             Op::RegionMap => Ok(()),
+            Op::Auth { token } => {
+                if token.is_empty() || token.len() > crate::limits::MAX_AUTH_TOKEN {
+                    return Err(ErrorCode::BadRequest);
+                }
+                Ok(())
+            }
             Op::Batch { ops } => {
                 if ops.is_empty() || ops.len() > MAX_BATCH_OPS {
                     return Err(ErrorCode::TooManyOps);

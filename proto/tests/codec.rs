@@ -75,6 +75,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(key, elem, cmp, operand)| Op::Filter { key, elem, cmp, operand }),
         proptest::collection::vec(write_op(), 1..8).prop_map(|ops| Op::Batch { ops }),
         Just(Op::RegionMap),
+        proptest::collection::vec(any::<u8>(), 1..=256).prop_map(|token| Op::Auth { token }),
     ]
 }
 
@@ -149,7 +150,7 @@ fn response() -> impl Strategy<Value = Response> {
         bytes(64).prop_map(Reply::Vector),
         region_map().prop_map(Reply::RegionMap),
     ];
-    let code = (1u8..=18).prop_map(|b| ErrorCode::from_u8(b).expect("known code"));
+    let code = (1u8..=20).prop_map(|b| ErrorCode::from_u8(b).expect("known code"));
     let result = prop_oneof![
         3 => reply.prop_map(Ok),
         1 => (code, "[a-z ]{0,40}").prop_map(|(code, message)| Err(ErrorReply { code, message })),

@@ -76,6 +76,9 @@ struct Args {
     /// dpukv endpoint (device or gateway).
     #[arg(long, default_value = "127.0.0.1:7070")]
     endpoint: String,
+    /// A bearer token for a gateway that asks for one.
+    #[arg(long, env = "DPUKV_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Run against another system instead: redis://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]
     /// (etcd needs the cargo feature `etcd`).
     #[arg(long)]
@@ -136,7 +139,13 @@ enum Engine {
 impl Engine {
     async fn connect(a: &Args) -> Result<Engine> {
         Ok(match &a.target {
-            None => Engine::Dpukv(Client::connect(&a.endpoint, 1).await.context("connecting to dpukv")?),
+            None => Engine::Dpukv(
+                match &a.token {
+                    Some(t) => Client::connect_with_token(&a.endpoint, 1, t.as_bytes()).await,
+                    None => Client::connect(&a.endpoint, 1).await,
+                }
+                .context("connecting to dpukv")?,
+            ),
             Some(t) => {
                 if let Some(addr) = t.strip_prefix("redis://") {
                     Engine::Redis(redis::Conn::connect(addr).await?)

@@ -15,6 +15,10 @@ struct Cli {
     /// The device (or gateway) to talk to.
     #[arg(long, env = "DPUKV_ENDPOINT", default_value = "127.0.0.1:7070", global = true)]
     endpoint: String,
+    /// A bearer token for a gateway that asks for one (prefer the environment variable: a flag
+    /// shows in the process list).
+    #[arg(long, env = "DPUKV_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -318,8 +322,11 @@ async fn run(cli: Cli) -> Result<i32> {
         return stats(admin).await;
     }
     let connections = if let Cmd::Load { connections, .. } = &cli.cmd { *connections } else { 1 };
-    let c =
-        Client::connect(&cli.endpoint, connections).await.with_context(|| format!("connecting to {}", cli.endpoint))?;
+    let c = match &cli.token {
+        Some(t) => Client::connect_with_token(&cli.endpoint, connections, t.as_bytes()).await,
+        None => Client::connect(&cli.endpoint, connections).await,
+    }
+    .with_context(|| format!("connecting to {}", cli.endpoint))?;
     let mut out = std::io::stdout().lock();
     match cli.cmd {
         Cmd::Get { key } => match c.get(key.as_bytes()).await? {

@@ -28,9 +28,17 @@ fn cluster(etcd: &Etcd) -> (Vec<ClusterNode>, Gateway) {
 
 /// `curl` (a real HTTP client): the status and the body.
 fn http(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
+    http_with(method, url, body, &[])
+}
+
+/// Like [`http`], with extra headers (`name: value`); the headers of the answer are dropped.
+fn http_with(method: &str, url: &str, body: Option<&str>, headers: &[&str]) -> (u16, String) {
     use std::io::Write;
     let mut c = Command::new("curl");
     c.args(["-s", "-S", "-X", method, "-o", "-", "-w", "\n%{http_code}", "--max-time", "30", url]);
+    for h in headers {
+        c.args(["-H", h]);
+    }
     if body.is_some() {
         // The body from standard input (it may be larger than an argument may be).
         c.args(["-H", "content-type: application/json", "--data-binary", "@-"]);
@@ -258,4 +266,109 @@ fn redis_cli_works_against_the_gateway() {
     assert_eq!(odd.lines().count(), 150);
     // A cursor the gateway never gave is refused.
     assert!(redis(&gw, &["SCAN", "12345"]).contains("invalid cursor"));
+}
+
+/// `redis-cli` with extra flags before the command.
+fn redis_as(gw: &Gateway, flags: &[&str], args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", gw.resp_port()])
+        .args(flags)
+        .args(args)
+        .env_remove("REDISCLI_AUTH") // no password unless given by a flag
+        .output()
+        .expect("redis-cli runs");
+    // (redis-cli reports a failed AUTH on stderr.)
+    let err = String::from_utf8_lossy(&out.stderr);
+    format!(
+        "{}{}",
+        err.lines().filter(|l| !l.contains("Using a password")).collect::<Vec<_>>().join("\n"),
+        String::from_utf8_lossy(&out.stdout)
+    )
+    .trim()
+    .to_string()
+}
+
+/// `dpukv` (the binary protocol) at the gateway; its output and whether it succeeded.
+fn cli(gw: &Gateway, token: Option<&str>, args: &[&str]) -> (bool, String) {
+    let mut c = Command::new(dpukv_e2e::procs::bin_dir().expect("binaries").join("dpukv"));
+    c.args(["--endpoint", &gw.binary]).args(args).env_remove("DPUKV_TOKEN");
+    if let Some(t) = token {
+        c.env("DPUKV_TOKEN", t);
+    }
+    let out = c.output().expect("dpukv runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+const TOKENS: &str = r#"{"tokens": [
+    {"name": "app", "token": "app-secret", "grants": [{"prefix": "app/", "allow": ["read", "write"]}]},
+    {"name": "reader", "token": "reader-secret", "grants": [{"prefix": "", "allow": ["read"]}]},
+    {"name": "admin", "token": "admin-secret", "grants": [{"prefix": "", "allow": ["admin"]}]}
+]}"#;
+
+/// Tokens with per-prefix grants, through all three front ends: a request without a valid token
+/// is refused (401, NOAUTH, `unauthorized`), one the token does not cover is refused (403,
+/// NOPERM, `forbidden`) and changes nothing, and the token file is re-read when it changes.
+#[test]
+fn tokens_grant_per_prefix_through_every_front_end() {
+    let etcd = Etcd::start().expect("etcd");
+    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--split-keys", "m"];
+    let nodes: Vec<ClusterNode> =
+        (1..=3).map(|id| ClusterNode::start(id, "gw", &etcd.url(), &args).expect("node")).collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(60),
+        |m| m.regions.len() == 2 && m.regions.iter().all(|r| r.primary != 0 && r.backups.len() == 2),
+    ));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("tokens.json");
+    std::fs::write(&file, TOKENS).expect("write tokens");
+    let seeds: Vec<&str> = nodes.iter().map(|n| n.device.as_str()).collect();
+    let gw = Gateway::start(&seeds, &["--tokens", file.to_str().expect("utf-8 path")]).expect("gateway");
+    let u = |p: &str| gw.url(p);
+    let bearer = |t: &str| format!("authorization: Bearer {t}");
+    let put = r#"{"value": "v"}"#;
+    // HTTP: no token, a wrong token, a token lacking the grant; health and the API document are open.
+    let (s, b) = http("PUT", &u("/v1/kv/app/a"), Some(put));
+    assert_eq!((s, json(&b)["code"].as_str()), (401, Some("unauthorized")), "{b}");
+    must_fail(http_with("GET", &u("/v1/kv/app/a"), None, &[&bearer("nope")]), 401, "unauthorized");
+    must_fail(http_with("PUT", &u("/v1/kv/app/a"), Some(put), &[&bearer("reader-secret")]), 403, "forbidden");
+    assert_eq!(http_with("PUT", &u("/v1/kv/app/a"), Some(put), &[&bearer("app-secret")]).0, 200);
+    must_fail(http_with("PUT", &u("/v1/kv/zoo"), Some(put), &[&bearer("app-secret")]), 403, "forbidden");
+    must_fail(http_with("GET", &u("/v1/kv/zoo"), None, &[&bearer("admin-secret")]), 404, "key_not_found");
+    must_fail(http_with("GET", &u("/v1/scan?start=app/&end=b"), None, &[&bearer("app-secret")]), 403, "forbidden");
+    assert_eq!(http_with("GET", &u("/v1/scan?start=app/&end=app/z"), None, &[&bearer("app-secret")]).0, 200);
+    let batch = r#"{"ops": [{"op": "put", "key": "app/b", "value": "1"}, {"op": "put", "key": "x", "value": "1"}], "atomic": false}"#;
+    must_fail(http_with("POST", &u("/v1/batch"), Some(batch), &[&bearer("app-secret")]), 403, "forbidden");
+    must_fail(http_with("GET", &u("/v1/kv/app/b"), None, &[&bearer("reader-secret")]), 404, "key_not_found");
+    assert_eq!(http("GET", &u("/healthz"), None).0, 200);
+    assert_eq!(http("GET", &u("/v1/openapi.json"), None).0, 200);
+    // RESP.
+    assert!(redis_as(&gw, &[], &["GET", "app/a"]).contains("NOAUTH"));
+    assert!(redis_as(&gw, &["--user", "app", "--pass", "wrong"], &["GET", "app/a"]).contains("WRONGPASS"));
+    assert_eq!(redis_as(&gw, &["--user", "app", "--pass", "app-secret"], &["GET", "app/a"]), "v");
+    assert!(redis_as(&gw, &["--user", "app", "--pass", "app-secret"], &["SET", "zoo", "1"]).contains("NOPERM"));
+    assert!(redis_as(&gw, &["--pass", "reader-secret"], &["INCR", "app/n"]).contains("NOPERM"));
+    assert_eq!(redis_as(&gw, &["--pass", "admin-secret"], &["GET", "zoo"]), "", "nothing was written");
+    assert_eq!(redis_as(&gw, &["--pass", "app-secret"], &["--scan", "--pattern", "app/*"]), "app/a");
+    // The binary protocol: an auth request on each connection's first frame.
+    let (ok, out) = cli(&gw, None, &["get", "app/a"]);
+    assert!(!ok && out.contains("unauthorized"), "{out}");
+    let (ok, out) = cli(&gw, Some("reader-secret"), &["put", "app/c", "x"]);
+    assert!(!ok && out.contains("forbidden"), "{out}");
+    assert!(cli(&gw, Some("app-secret"), &["put", "app/c", "x"]).0);
+    assert_eq!(cli(&gw, Some("reader-secret"), &["get", "app/c"]).1.trim(), "x");
+    let (ok, out) = cli(&gw, Some("app-secret"), &["scan", "a", "z"]);
+    assert!(!ok && out.contains("forbidden"), "{out}");
+    // The token file is re-read when it changes: a new token works within a few seconds, a
+    // removed one stops working.
+    std::fs::write(&file, TOKENS.replace("app-secret", "app-secret-2")).expect("rewrite tokens");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while http_with("GET", &u("/v1/kv/app/a"), None, &[&bearer("app-secret-2")]).0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "the new token never took effect");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    must_fail(http_with("GET", &u("/v1/kv/app/a"), None, &[&bearer("app-secret")]), 401, "unauthorized");
 }

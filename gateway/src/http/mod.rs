@@ -32,6 +32,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use utoipa::OpenApi;
 
+use crate::auth::{self, Access, Principal};
 use crate::metrics::Metrics;
 use crate::scan::ScanRequest;
 use crate::upstream::Upstream;
@@ -53,6 +54,8 @@ pub struct HttpLimits {
 pub struct HttpState {
     /// The cluster.
     pub up: Arc<Upstream>,
+    /// Who may do what.
+    pub access: Access,
     /// Limits.
     pub limits: HttpLimits,
     /// The process's memory budget.
@@ -95,6 +98,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         Unsupported => StatusCode::BAD_REQUEST,
         OutcomeUnknown => StatusCode::GATEWAY_TIMEOUT,
         Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        Unauthorized => StatusCode::UNAUTHORIZED,
+        Forbidden => StatusCode::FORBIDDEN,
     }
 }
 
@@ -128,6 +133,53 @@ impl IntoResponse for ApiError {
 }
 
 type ApiResult<T> = Result<axum::Json<T>, ApiError>;
+
+/// Who made the request (set by `authenticate`; `None` when the gateway is open).
+#[derive(Clone, Default)]
+pub struct Caller(Option<Arc<Principal>>);
+
+impl Caller {
+    /// `Ok` if the caller may run `op` (everyone may on an open gateway); else `403 forbidden`.
+    fn check(&self, op: &dpukv_proto::Op) -> Result<(), ApiError> {
+        match &self.0 {
+            Some(p) => p.check(op).map_err(ApiError::from),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Caller, Self::Rejection> {
+        Ok(parts.extensions.get::<Caller>().cloned().unwrap_or_default())
+    }
+}
+
+/// Checks the bearer token of every `/v1/` request but the OpenAPI document (`401
+/// unauthorized` when one is needed and missing or unknown) and records who made it.
+async fn authenticate(State(s): State<HttpState>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    if s.access.required() && path.starts_with("/v1/") && path != "/v1/openapi.json" {
+        let token = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        match token.and_then(|t| s.access.authenticate(t.as_bytes())) {
+            Some(p) => {
+                req.extensions_mut().insert(Caller(Some(p)));
+            }
+            None => {
+                let mut resp = ApiError::from(auth::unauthorized()).into_response();
+                resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return resp;
+            }
+        }
+    }
+    next.run(req).await
+}
 
 /// A JSON request body, whatever its `Content-Type` says (`curl -d` sends a form type): read
 /// within the body limit, parsed strictly (unknown fields refused).
@@ -164,11 +216,13 @@ fn text_of(encoding: Encoding, b: &[u8], what: &str) -> Result<String, ApiError>
               (status = 400, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn get_kv(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(key): Path<String>,
     q: Result<Query<KeyQuery>, QueryRejection>,
 ) -> ApiResult<ValueReply> {
     let enc = q?.0.encoding.unwrap_or_default();
     let k = key_of(enc, &key)?;
+    caller.check(&dpukv_proto::Op::Get { key: k.clone() })?;
     let (reply, version) = s.up.client().call(dpukv_proto::Op::Get { key: k.clone() }).await?;
     match reply {
         Reply::Value(Some(v)) => Ok(axum::Json(ValueReply {
@@ -190,6 +244,7 @@ async fn get_kv(
               (status = 413, body = ErrorBody), (status = 503, body = ErrorBody), (status = 504, body = ErrorBody)))]
 async fn put_kv(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(key): Path<String>,
     q: Result<Query<KeyQuery>, QueryRejection>,
     body: Result<JsonBody<PutBody>, ApiError>,
@@ -199,8 +254,14 @@ async fn put_kv(
     let k = key_of(enc, &key)?;
     let v =
         body.encoding.unwrap_or(enc).decode(&body.value).map_err(|e| ApiError::bad_encoding(format!("value: {e}")))?;
+    let mode = body.mode.unwrap_or_default();
+    caller.check(&dpukv_proto::Op::Put { key: k.clone(), value: Vec::new() })?;
+    if mode != PutMode::Put {
+        // Insert and update answer whether the key existed: reading too.
+        caller.check(&dpukv_proto::Op::Get { key: k.clone() })?;
+    }
     let c = s.up.client();
-    let version = match body.mode.unwrap_or_default() {
+    let version = match mode {
         PutMode::Put => c.put(&k, &v).await?,
         PutMode::Insert => c.insert(&k, &v).await?,
         PutMode::Update => c.update(&k, &v).await?,
@@ -214,18 +275,24 @@ async fn put_kv(
               (status = 504, body = ErrorBody)))]
 async fn delete_kv(
     State(s): State<HttpState>,
+    caller: Caller,
     Path(key): Path<String>,
     q: Result<Query<KeyQuery>, QueryRejection>,
 ) -> ApiResult<WriteReply> {
     let enc = q?.0.encoding.unwrap_or_default();
     let k = key_of(enc, &key)?;
+    caller.check(&dpukv_proto::Op::Delete { key: k.clone() })?;
     Ok(axum::Json(WriteReply { version: s.up.client().delete(&k).await? }))
 }
 
 /// A page of the keys in `[start, end]`, in key order, across regions.
 #[utoipa::path(get, path = "/v1/scan", params(ScanQuery),
     responses((status = 200, body = ScanReply), (status = 400, body = ErrorBody), (status = 503, body = ErrorBody)))]
-async fn scan(State(s): State<HttpState>, q: Result<Query<ScanQuery>, QueryRejection>) -> ApiResult<ScanReply> {
+async fn scan(
+    State(s): State<HttpState>,
+    caller: Caller,
+    q: Result<Query<ScanQuery>, QueryRejection>,
+) -> ApiResult<ScanReply> {
     let q = q?.0;
     let enc = q.encoding.unwrap_or_default();
     let bound = |b: &Option<String>, what: &str| -> Result<Vec<u8>, ApiError> {
@@ -249,7 +316,15 @@ async fn scan(State(s): State<HttpState>, q: Result<Query<ScanQuery>, QueryRejec
         max_bytes: q.max_bytes.unwrap_or(0),
         token,
         floor: false,
+        floor_min: Vec::new(),
     };
+    caller.check(&dpukv_proto::Op::Scan {
+        lo: req.lo.clone(),
+        hi: req.hi.clone(),
+        limit: 0,
+        max_bytes: 0,
+        token: Vec::new(),
+    })?;
     match crate::scan::run(&s.up, req).await? {
         Reply::Items { items, token } => {
             let items = items
@@ -271,7 +346,11 @@ async fn scan(State(s): State<HttpState>, q: Result<Query<ScanQuery>, QueryRejec
     responses((status = 200, body = WriteReply), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
               (status = 404, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody),
               (status = 504, body = ErrorBody)))]
-async fn batch(State(s): State<HttpState>, body: Result<JsonBody<BatchBody>, ApiError>) -> ApiResult<WriteReply> {
+async fn batch(
+    State(s): State<HttpState>,
+    caller: Caller,
+    body: Result<JsonBody<BatchBody>, ApiError>,
+) -> ApiResult<WriteReply> {
     let body = body?.0;
     let enc = body.encoding.unwrap_or_default();
     if body.ops.is_empty() || body.ops.len() > dpukv_proto::limits::MAX_BATCH_OPS {
@@ -294,6 +373,9 @@ async fn batch(State(s): State<HttpState>, body: Result<JsonBody<BatchBody>, Api
             BatchKind::Delete => WriteOp::Delete { key },
         });
     }
+    let checked = dpukv_proto::Op::Batch { ops };
+    caller.check(&checked)?;
+    let dpukv_proto::Op::Batch { ops } = checked else { unreachable!("built above") };
     let c = s.up.client();
     let version = if body.atomic.unwrap_or(true) {
         match c.batch(ops).await {
@@ -316,7 +398,11 @@ async fn batch(State(s): State<HttpState>, body: Result<JsonBody<BatchBody>, Api
 #[utoipa::path(post, path = "/v1/atomic", request_body = AtomicBody,
     responses((status = 200, body = AtomicReply), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
               (status = 503, body = ErrorBody), (status = 504, body = ErrorBody)))]
-async fn atomic(State(s): State<HttpState>, body: Result<JsonBody<AtomicBody>, ApiError>) -> ApiResult<AtomicReply> {
+async fn atomic(
+    State(s): State<HttpState>,
+    caller: Caller,
+    body: Result<JsonBody<AtomicBody>, ApiError>,
+) -> ApiResult<AtomicReply> {
     let b = body?.0;
     let enc = b.encoding.unwrap_or_default();
     let key = key_of(enc, &b.key)?;
@@ -327,7 +413,9 @@ async fn atomic(State(s): State<HttpState>, body: Result<JsonBody<AtomicBody>, A
                 return Err(ApiError::bad_request("fetch_add takes a delta, not expected or new"));
             }
             let delta = b.delta.ok_or_else(|| ApiError::bad_request("fetch_add needs a delta"))?;
-            let (reply, version) = c.call(dpukv_proto::Op::FetchAdd { key, delta }).await?;
+            let op = dpukv_proto::Op::FetchAdd { key, delta };
+            caller.check(&op)?;
+            let (reply, version) = c.call(op).await?;
             match reply {
                 Reply::Scalar(old) => Ok(axum::Json(AtomicReply {
                     old: Some(u64::from_le_bytes(old)),
@@ -350,6 +438,7 @@ async fn atomic(State(s): State<HttpState>, body: Result<JsonBody<AtomicBody>, A
                 .map(|e| enc.decode(e).map_err(|e| ApiError::bad_encoding(format!("expected: {e}"))))
                 .transpose()?;
             let op = dpukv_proto::Op::CompareAndSwap { key, expected, new };
+            caller.check(&op)?;
             let (reply, version) = c.call(op).await?;
             match reply {
                 Reply::Cas { swapped, current } => {
@@ -462,6 +551,8 @@ async fn bounded(State(s): State<HttpState>, req: Request, next: Next) -> Respon
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
             StatusCode::GATEWAY_TIMEOUT => "outcome_unknown",
             StatusCode::CONFLICT => "conflict",
+            StatusCode::UNAUTHORIZED => "unauthorized",
+            StatusCode::FORBIDDEN => "forbidden",
             _ => "bad_request",
         };
         s.metrics.error("http", code);
@@ -473,7 +564,8 @@ async fn bounded(State(s): State<HttpState>, req: Request, next: Next) -> Respon
 /// The router.
 pub fn router(state: HttpState) -> Router {
     Router::new()
-        .route("/v1/kv/{key}", get(get_kv).put(put_kv).delete(delete_kv))
+        // The rest of the path is the key: keys may hold slashes (`/v1/kv/app/a` is `app/a`).
+        .route("/v1/kv/{*key}", get(get_kv).put(put_kv).delete(delete_kv))
         .route("/v1/scan", get(scan))
         .route("/v1/batch", post(batch))
         .route("/v1/atomic", post(atomic))
@@ -483,6 +575,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(axum::middleware::from_fn_with_state(state.clone(), bounded))
         .layer(DefaultBodyLimit::max(state.limits.max_body))
         .with_state(state)

@@ -48,6 +48,44 @@ pub fn touches(args: &[Vec<u8>]) -> Touches {
     }
 }
 
+/// Whether `caller` may run `args` (connection commands are not asked here): reads need `read`
+/// on every key, writes `write`, and commands that answer what they found (`SETNX`, `GETSET`,
+/// `DEL`'s count, counters, `SET` with `NX`/`XX`/`GET`) both; `SCAN` needs `read` on its whole
+/// range (its `MATCH` prefix's).
+pub fn permitted(caller: &crate::auth::Principal, args: &[Vec<u8>]) -> bool {
+    use crate::auth::Perm::{Read, Write};
+    let all =
+        |keys: &[Vec<u8>], perms: &[crate::auth::Perm]| keys.iter().all(|k| perms.iter().all(|p| caller.may(*p, k)));
+    let rest = &args[1.min(args.len())..];
+    match name(args).as_str() {
+        "get" | "mget" | "exists" | "type" | "strlen" => all(rest, &[Read]),
+        "mset" => all(&rest.iter().step_by(2).cloned().collect::<Vec<_>>(), &[Write]),
+        "set" => {
+            let answers_found = args.iter().skip(3).any(|o| {
+                let o = o.to_ascii_lowercase();
+                o == b"nx" || o == b"xx" || o == b"get"
+            });
+            let key = &rest[..1.min(rest.len())];
+            if answers_found { all(key, &[Read, Write]) } else { all(key, &[Write]) }
+        }
+        "setnx" | "getset" | "incr" | "decr" | "incrby" | "decrby" => all(&rest[..1.min(rest.len())], &[Read, Write]),
+        "del" | "unlink" => all(rest, &[Read, Write]),
+        "scan" => {
+            let mut pattern = Vec::new();
+            let mut i = 2;
+            while i + 1 < args.len() {
+                if args[i].eq_ignore_ascii_case(b"match") {
+                    pattern = args[i + 1].clone();
+                }
+                i += 2;
+            }
+            let (lo, hi) = pattern::prefix_range(&pattern::literal_prefix(&pattern));
+            caller.may_range(Read, &lo, &hi)
+        }
+        _ => true,
+    }
+}
+
 /// The largest reply `args` can produce, reserved from the gateway's memory budget before it
 /// runs (like the binary protocol's requests).
 pub fn reply_bound(args: &[Vec<u8>]) -> usize {
@@ -370,6 +408,7 @@ async fn scan(up: &Upstream, cursors: &Cursors, args: &[Vec<u8>]) -> Reply {
         max_bytes: 0,
         token: Vec::new(),
         floor: false,
+        floor_min: Vec::new(),
     };
     let (items, token) = match crate::scan::run(up, req).await {
         Ok(dpukv_proto::Reply::Items { items, token }) => (items, token),

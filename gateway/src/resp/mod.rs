@@ -34,6 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::{Access, Principal};
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 use command::Touches;
@@ -59,6 +60,8 @@ pub struct RespLimits {
 pub struct Shared {
     /// The cluster.
     pub up: Arc<Upstream>,
+    /// Who may do what.
+    pub access: Access,
     /// Limits.
     pub limits: RespLimits,
     /// The process's memory budget (replies reserve from it).
@@ -104,6 +107,8 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Cancellatio
 #[derive(Default)]
 struct ConnState {
     quit: bool,
+    /// Who authenticated (`AUTH`), if anyone.
+    caller: Option<Arc<Principal>>,
 }
 
 const READ_CHUNK: usize = 16 << 10;
@@ -203,14 +208,14 @@ async fn run_pipeline(
             Touches::Everything | Touches::Connection => !group.is_empty(),
         };
         if conflicts {
-            run_group(shared, std::mem::take(&mut group), out, held).await;
+            run_group(shared, state.caller.as_deref(), std::mem::take(&mut group), out, held).await;
             touched.clear();
         }
         match t {
             Touches::Connection => {
                 let started = Instant::now();
                 let name = command::name(&args);
-                let r = connection_command(state, &args);
+                let r = connection_command(shared, state, &args);
                 record(shared, &name, &r, started);
                 r.encode(out);
                 if state.quit {
@@ -219,7 +224,7 @@ async fn run_pipeline(
             }
             Touches::Everything => {
                 group.push(args);
-                run_group(shared, std::mem::take(&mut group), out, held).await;
+                run_group(shared, state.caller.as_deref(), std::mem::take(&mut group), out, held).await;
             }
             Touches::Keys(keys) => {
                 touched.extend(keys);
@@ -228,7 +233,7 @@ async fn run_pipeline(
             Touches::Nothing => group.push(args),
         }
     }
-    run_group(shared, group, out, held).await;
+    run_group(shared, state.caller.as_deref(), group, out, held).await;
 }
 
 /// The metric label of a command (a fixed set: unknown names are `other`).
@@ -242,6 +247,8 @@ fn record(shared: &Shared, name: &str, r: &Reply, started: Instant) {
         let code = match e.split(' ').next() {
             Some("TRYAGAIN") => "unavailable",
             Some("WRONGTYPE") => "type_mismatch",
+            Some("NOAUTH") | Some("WRONGPASS") => "unauthorized",
+            Some("NOPERM") => "forbidden",
             _ => "error",
         };
         shared.metrics.error("resp", code);
@@ -251,7 +258,13 @@ fn record(shared: &Shared, name: &str, r: &Reply, started: Instant) {
 
 /// Runs commands concurrently, each after reserving its largest reply from the budget; appends
 /// their replies in order.
-async fn run_group(shared: &Shared, group: Vec<Vec<Vec<u8>>>, out: &mut Vec<u8>, held: &mut Vec<OwnedSemaphorePermit>) {
+async fn run_group(
+    shared: &Shared,
+    caller: Option<&Principal>,
+    group: Vec<Vec<Vec<u8>>>,
+    out: &mut Vec<u8>,
+    held: &mut Vec<OwnedSemaphorePermit>,
+) {
     if group.is_empty() {
         return;
     }
@@ -259,11 +272,26 @@ async fn run_group(shared: &Shared, group: Vec<Vec<Vec<u8>>>, out: &mut Vec<u8>,
     for args in &group {
         held.push(shared.budget.hold(command::reply_bound(args)).await);
     }
+    let required = shared.access.required();
     let futs: Vec<_> = group
         .iter()
         .map(|args| {
             let (started, info) = (Instant::now(), info.as_str());
-            async move { (command::run(&shared.up, &shared.cursors, info, args.clone()).await, started) }
+            // Checked before anything is read or written for the command.
+            let refusal = match caller {
+                None if required => Some(noauth()),
+                Some(p) if required && !command::permitted(p, args) => Some(Reply::Error(
+                    "NOPERM this user has no permissions to access one of the keys used as arguments".into(),
+                )),
+                _ => None,
+            };
+            async move {
+                let r = match refusal {
+                    Some(r) => r,
+                    None => command::run(&shared.up, &shared.cursors, info, args.clone()).await,
+                };
+                (r, started)
+            }
         })
         .collect();
     let results = crate::join::join_all(futs).await;
@@ -286,10 +314,37 @@ fn info(shared: &Shared) -> String {
     )
 }
 
+fn noauth() -> Reply {
+    Reply::Error("NOAUTH Authentication required.".into())
+}
+
+/// `AUTH [user] token`: the user, if given, must be the token's name (or `default`).
+fn authenticate(shared: &Shared, state: &mut ConnState, user: Option<&Vec<u8>>, token: &[u8]) -> Reply {
+    if !shared.access.required() {
+        return Reply::err(
+            "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+        );
+    }
+    match shared.access.authenticate(token) {
+        Some(p) if user.is_none_or(|u| u.as_slice() == b"default" || u.as_slice() == p.name.as_bytes()) => {
+            state.caller = Some(p);
+            Reply::Simple("OK")
+        }
+        _ => Reply::Error("WRONGPASS invalid username-password pair or user is disabled.".into()),
+    }
+}
+
 /// `AUTH`, `HELLO`, `QUIT`, `SELECT`, `CLIENT`, `RESET`.
-fn connection_command(state: &mut ConnState, args: &[Vec<u8>]) -> Reply {
+fn connection_command(shared: &Shared, state: &mut ConnState, args: &[Vec<u8>]) -> Reply {
     let n = args.len();
-    match command::name(args).as_str() {
+    let name = command::name(args);
+    if shared.access.required()
+        && state.caller.is_none()
+        && !matches!(name.as_str(), "auth" | "hello" | "quit" | "reset")
+    {
+        return noauth();
+    }
+    match name.as_str() {
         "quit" => {
             state.quit = true;
             Reply::Simple("OK")
@@ -302,14 +357,23 @@ fn connection_command(state: &mut ConnState, args: &[Vec<u8>]) -> Reply {
             b"0" => Reply::Simple("OK"),
             _ => Reply::err("DB index is out of range"),
         },
-        "auth" if n == 2 || n == 3 => Reply::err(
-            "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-        ),
+        "auth" if n == 2 || n == 3 => authenticate(shared, state, args.get(n - 2).filter(|_| n == 3), &args[n - 1]),
         "hello" => {
             if let Some(v) = args.get(1)
                 && v.as_slice() != b"2"
             {
                 return Reply::Error("NOPROTO sorry, this protocol version is not supported".into());
+            }
+            // HELLO 2 AUTH user password [SETNAME name]
+            if let Some(i) = args.iter().position(|a| a.eq_ignore_ascii_case(b"auth")) {
+                let (Some(user), Some(password)) = (args.get(i + 1), args.get(i + 2)) else {
+                    return Reply::err("syntax error in HELLO option 'auth'");
+                };
+                if let r @ Reply::Error(_) = authenticate(shared, state, Some(user), password) {
+                    return r;
+                }
+            } else if shared.access.required() && state.caller.is_none() {
+                return noauth();
             }
             let s = |x: &str| Reply::Bulk(x.as_bytes().to_vec());
             Reply::Array(vec![

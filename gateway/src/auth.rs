@@ -1,0 +1,396 @@
+//! Bearer tokens and what they grant (docs/gateway.md, "Tokens"). With no tokens configured the
+//! gateway is open; with tokens, every request needs one — the binary protocol's `auth` request
+//! on the connection's first frame, HTTP's `Authorization: Bearer`, RESP's `AUTH` — and runs with
+//! its grants: per key prefix, `read`, `write` or `admin` (both). A request is checked before
+//! anything is read or written for it, and a scan's whole range must be granted.
+//!
+//! Tokens come from a JSON document (a file, re-read when it changes, or the `DPUKV_TOKENS`
+//! environment variable). Secrets are kept only as SHA-256 digests and looked up by digest (no
+//! comparison of secrets, so no timing to measure); a token is never logged or printed — only
+//! its name.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use dpukv_proto::{ErrorCode, ErrorReply, Op, WriteOp};
+use serde::Deserialize;
+
+/// What a grant allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Perm {
+    /// Reads: get, scan, reduce, filter.
+    Read,
+    /// Writes: put, insert, update, delete, batches, vector updates.
+    Write,
+    /// Both (and administrative requests, as they come).
+    Admin,
+}
+
+/// The token document.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    tokens: Vec<TokenSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenSpec {
+    /// Who holds it (logged instead of the token).
+    name: String,
+    /// The secret, in clear.
+    token: Option<String>,
+    /// Or its SHA-256 digest, in hex.
+    token_sha256: Option<String>,
+    grants: Vec<GrantSpec>,
+}
+
+impl std::fmt::Debug for TokenSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenSpec").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantSpec {
+    /// Keys starting with this (UTF-8; `prefix_base64` for other bytes). Empty: every key.
+    #[serde(default)]
+    prefix: String,
+    /// The prefix in base64 instead.
+    prefix_base64: Option<String>,
+    allow: Vec<Perm>,
+}
+
+/// Permissions on the keys starting with a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The prefix.
+    pub prefix: Vec<u8>,
+    read: bool,
+    write: bool,
+}
+
+impl Grant {
+    fn allows(&self, p: Perm) -> bool {
+        match p {
+            Perm::Read => self.read,
+            Perm::Write => self.write,
+            Perm::Admin => self.read && self.write,
+        }
+    }
+
+    /// Whether every key of `[lo, hi]` (empty `hi`: to the end of the key space) starts with
+    /// the prefix.
+    fn covers_range(&self, lo: &[u8], hi: &[u8]) -> bool {
+        if self.prefix.is_empty() {
+            return true;
+        }
+        lo.starts_with(&self.prefix) && !hi.is_empty() && hi.starts_with(&self.prefix)
+    }
+}
+
+/// Who a token belongs to, and what it may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The token's name.
+    pub name: String,
+    /// Its grants.
+    pub grants: Vec<Grant>,
+}
+
+fn forbidden(what: &str) -> ErrorReply {
+    ErrorReply { code: ErrorCode::Forbidden, message: format!("this token may not {what}") }
+}
+
+impl Principal {
+    /// Whether it may `p` on `key`.
+    pub fn may(&self, p: Perm, key: &[u8]) -> bool {
+        self.grants.iter().any(|g| key.starts_with(&g.prefix) && g.allows(p))
+    }
+
+    /// Whether it may `p` on every key of `[lo, hi]`.
+    pub fn may_range(&self, p: Perm, lo: &[u8], hi: &[u8]) -> bool {
+        self.grants.iter().any(|g| g.allows(p) && g.covers_range(lo, hi))
+    }
+
+    /// The prefix of a grant covering `key` for `p` (the shortest), if any.
+    pub fn granted_prefix(&self, p: Perm, key: &[u8]) -> Option<&[u8]> {
+        self.grants
+            .iter()
+            .filter(|g| key.starts_with(&g.prefix) && g.allows(p))
+            .map(|g| g.prefix.as_slice())
+            .min_by_key(|p| p.len())
+    }
+
+    /// Checks a binary-protocol operation: `Ok` or a `forbidden` answer.
+    pub fn check(&self, op: &Op) -> Result<(), ErrorReply> {
+        let key = |p: Perm, k: &[u8], what: &str| if self.may(p, k) { Ok(()) } else { Err(forbidden(what)) };
+        match op {
+            Op::Get { key: k } | Op::Reduce { key: k, .. } | Op::Filter { key: k, .. } => {
+                key(Perm::Read, k, "read this key")
+            }
+            Op::Put { key: k, .. }
+            | Op::Insert { key: k, .. }
+            | Op::Update { key: k, .. }
+            | Op::Delete { key: k }
+            | Op::VectorScalar { key: k, .. }
+            | Op::VectorVector { key: k, .. } => key(Perm::Write, k, "write this key"),
+            // These answer what they found: reading too.
+            Op::FetchAdd { key: k, .. } | Op::CompareAndSwap { key: k, .. } => {
+                key(Perm::Write, k, "write this key")?;
+                key(Perm::Read, k, "read this key")
+            }
+            Op::Batch { ops } => {
+                ops.iter().try_for_each(|o| key(Perm::Write, WriteOp::key(o), "write every key of this batch"))
+            }
+            Op::Scan { lo, hi, .. } | Op::FloorScan { lo, hi, .. } => {
+                if self.may_range(Perm::Read, lo, hi) {
+                    Ok(())
+                } else {
+                    Err(forbidden("read the whole range (a scan must stay within a granted prefix)"))
+                }
+            }
+            Op::RegionMap | Op::Auth { .. } => Ok(()),
+        }
+    }
+}
+
+/// SHA-256 of a secret.
+fn digest(secret: &[u8]) -> [u8; 32] {
+    ring::digest::digest(&ring::digest::SHA256, secret).as_ref().try_into().expect("SHA-256 is 32 bytes")
+}
+
+fn unhex32(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The tokens in force, by the digest of their secret.
+#[derive(Debug, Default)]
+pub struct Tokens {
+    by_digest: HashMap<[u8; 32], Arc<Principal>>,
+}
+
+impl Tokens {
+    /// Parses a token document (JSON; see docs/gateway.md).
+    pub fn parse(text: &str) -> Result<Tokens, String> {
+        use base64::Engine;
+        let doc: Document = serde_json::from_str(text).map_err(|e| format!("the token document: {e}"))?;
+        let mut by_digest = HashMap::new();
+        for t in doc.tokens {
+            let d = match (&t.token, &t.token_sha256) {
+                (Some(secret), None) if !secret.is_empty() && secret.len() <= dpukv_proto::limits::MAX_AUTH_TOKEN => {
+                    digest(secret.as_bytes())
+                }
+                (None, Some(hex)) => {
+                    unhex32(hex).ok_or_else(|| format!("token {:?}: token_sha256 is not 64 hex digits", t.name))?
+                }
+                _ => {
+                    return Err(format!(
+                        "token {:?}: give exactly one of token (1 to 256 bytes) and token_sha256",
+                        t.name
+                    ));
+                }
+            };
+            let mut grants = Vec::new();
+            for g in t.grants {
+                let prefix = match g.prefix_base64 {
+                    Some(b) if g.prefix.is_empty() => base64::engine::general_purpose::STANDARD
+                        .decode(b)
+                        .map_err(|e| format!("token {:?}: prefix_base64: {e}", t.name))?,
+                    Some(_) => return Err(format!("token {:?}: give prefix or prefix_base64, not both", t.name)),
+                    None => g.prefix.into_bytes(),
+                };
+                let has = |p: Perm| g.allow.contains(&p) || g.allow.contains(&Perm::Admin);
+                grants.push(Grant { prefix, read: has(Perm::Read), write: has(Perm::Write) });
+            }
+            if by_digest.insert(d, Arc::new(Principal { name: t.name.clone(), grants })).is_some() {
+                return Err(format!("token {:?}: the same secret is given twice", t.name));
+            }
+        }
+        Ok(Tokens { by_digest })
+    }
+
+    /// Who `secret` belongs to, if anyone.
+    pub fn authenticate(&self, secret: &[u8]) -> Option<Arc<Principal>> {
+        self.by_digest.get(&digest(secret)).cloned()
+    }
+
+    /// How many tokens.
+    pub fn len(&self) -> usize {
+        self.by_digest.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
+    }
+}
+
+/// Where the gateway's tokens come from.
+#[derive(Clone)]
+pub enum TokenSource {
+    /// No tokens: the gateway is open.
+    None,
+    /// A file, re-read when its modification time changes.
+    File(PathBuf),
+    /// A document given at start (the `DPUKV_TOKENS` environment variable).
+    Inline(String),
+}
+
+impl std::fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenSource::None => f.write_str("None"),
+            TokenSource::File(p) => f.debug_tuple("File").field(p).finish(),
+            // The document holds secrets: never printed.
+            TokenSource::Inline(_) => f.write_str("Inline(..)"),
+        }
+    }
+}
+
+/// The access rule in force (shared by the front ends; swapped when the token file changes).
+#[derive(Debug, Clone)]
+pub struct Access {
+    tokens: Option<Arc<RwLock<Arc<Tokens>>>>,
+}
+
+impl Access {
+    /// No tokens: everything is allowed.
+    pub fn open() -> Access {
+        Access { tokens: None }
+    }
+
+    /// Loads the tokens of `source`.
+    pub fn load(source: &TokenSource) -> Result<Access, String> {
+        let tokens = match source {
+            TokenSource::None => return Ok(Access::open()),
+            TokenSource::File(p) => read_file(p)?,
+            TokenSource::Inline(text) => Tokens::parse(text)?,
+        };
+        Ok(Access { tokens: Some(Arc::new(RwLock::new(Arc::new(tokens)))) })
+    }
+
+    /// Whether requests need a token.
+    pub fn required(&self) -> bool {
+        self.tokens.is_some()
+    }
+
+    /// Who `secret` belongs to (with no tokens configured: nobody, and nobody is needed).
+    pub fn authenticate(&self, secret: &[u8]) -> Option<Arc<Principal>> {
+        let t = self.tokens.as_ref()?;
+        t.read().unwrap_or_else(|e| e.into_inner()).authenticate(secret)
+    }
+
+    /// Re-reads `path` every `every` while it changes (a bad new document is logged and the
+    /// tokens in force are kept), until `stop`.
+    pub fn reload_every(&self, path: PathBuf, every: Duration, stop: tokio_util::sync::CancellationToken) {
+        let Some(slot) = self.tokens.clone() else { return };
+        tokio::spawn(async move {
+            let mut seen = modified(&path);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let now = modified(&path);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                match read_file(&path) {
+                    Ok(t) => {
+                        tracing::info!(tokens = t.len(), path = %path.display(), "reloaded the tokens");
+                        *slot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(t);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "the token file changed but is not valid; keeping the tokens in force")
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn modified(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+fn read_file(p: &Path) -> Result<Tokens, String> {
+    let text = std::fs::read_to_string(p).map_err(|e| format!("reading the token file {}: {e}", p.display()))?;
+    Tokens::parse(&text)
+}
+
+/// The answer to a request made without a valid token.
+pub fn unauthorized() -> ErrorReply {
+    ErrorReply {
+        code: ErrorCode::Unauthorized,
+        message: "a valid bearer token is needed (the binary protocol's auth request, HTTP's Authorization: Bearer, RESP's AUTH)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOC: &str = r#"{"tokens": [
+        {"name": "app", "token": "s3cret", "grants": [{"prefix": "app/", "allow": ["read", "write"]}]},
+        {"name": "reader", "token_sha256": "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b",
+         "grants": [{"prefix": "", "allow": ["read"]}]},
+        {"name": "ops", "token": "root", "grants": [{"prefix_base64": "AAE=", "allow": ["admin"]}]}
+    ]}"#;
+
+    #[test]
+    fn tokens_grant_what_they_say_and_nothing_more() {
+        let t = Tokens::parse(DOC).expect("valid");
+        assert!(t.authenticate(b"nope").is_none());
+        let app = t.authenticate(b"s3cret").expect("app");
+        assert_eq!(app.name, "app");
+        assert!(app.check(&Op::Put { key: b"app/x".to_vec(), value: vec![] }).is_ok());
+        assert!(app.check(&Op::Get { key: b"app/x".to_vec() }).is_ok());
+        let e = app.check(&Op::Put { key: b"other".to_vec(), value: vec![] }).expect_err("outside the prefix");
+        assert_eq!(e.code, ErrorCode::Forbidden);
+        let scan =
+            |lo: &[u8], hi: &[u8]| Op::Scan { lo: lo.to_vec(), hi: hi.to_vec(), limit: 0, max_bytes: 0, token: vec![] };
+        assert!(app.check(&scan(b"app/a", b"app/z")).is_ok());
+        assert!(app.check(&scan(b"app/a", b"b")).is_err(), "a range reaching past the prefix");
+        assert!(app.check(&scan(b"app/a", b"")).is_err(), "an unbounded range");
+        let batch = Op::Batch {
+            ops: vec![WriteOp::Put { key: b"app/1".to_vec(), value: vec![] }, WriteOp::Delete { key: b"x".to_vec() }],
+        };
+        assert!(app.check(&batch).is_err(), "every key of a batch");
+        // secret "secret" (its digest is given, not the secret)
+        let reader = t.authenticate(b"secret").expect("reader by digest");
+        assert!(reader.check(&scan(b"", b"")).is_ok());
+        assert!(reader.check(&Op::Delete { key: b"k".to_vec() }).is_err());
+        assert!(reader.check(&Op::FetchAdd { key: b"k".to_vec(), delta: 1 }).is_err(), "an atomic also writes");
+        let ops = t.authenticate(b"root").expect("ops");
+        assert!(ops.check(&Op::FetchAdd { key: vec![0, 1, 2], delta: 1 }).is_ok(), "admin is read and write");
+        assert!(ops.check(&Op::Get { key: vec![0, 2] }).is_err());
+        assert!(!format!("{:?}", Tokens::parse(DOC).expect("valid")).contains("s3cret"), "secrets are never printed");
+    }
+
+    #[test]
+    fn bad_documents_are_refused_with_reasons() {
+        for bad in [
+            r#"{"tokens": [{"name": "a", "grants": []}]}"#,
+            r#"{"tokens": [{"name": "a", "token": "x", "token_sha256": "00", "grants": []}]}"#,
+            r#"{"tokens": [{"name": "a", "token": "x", "grants": [{"allow": ["fly"]}]}]}"#,
+            r#"{"tokens": [{"name": "a", "token": "x", "grants": [], "extra": 1}]}"#,
+            r#"{"tokens": [{"name": "a", "token": "x", "grants": []}, {"name": "b", "token": "x", "grants": []}]}"#,
+            "not json",
+        ] {
+            assert!(Tokens::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
