@@ -520,6 +520,7 @@ async fn local(
 
     use tokio::signal::unix::{SignalKind, signal};
     let exe_dir = std::env::current_exe()?.parent().context("binary directory")?.to_path_buf();
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut etcd: Option<Supervised> = None;
     let mut etcd_url = String::new();
     let mut nodes: Vec<LocalNode> = Vec::new();

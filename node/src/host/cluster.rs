@@ -213,7 +213,7 @@ pub async fn run(
                 let backing = r.backups.contains(&me) || r.joining.contains(&me);
                 let is_backup_copy = opener.dir(r.id).join("LOGMAP").exists();
                 if r.primary != me && !(backing && is_backup_copy) {
-                    remove_region_files(&opener, r.id);
+                    remove_region_files(&opener, r.id).await;
                 }
             }
         }
@@ -241,7 +241,7 @@ pub async fn run(
                 metrics.unlead(id);
                 close_led(l).await;
                 // Its copy may hold records the new primary never had: throw it away.
-                remove_region_files(&opener, id);
+                remove_region_files(&opener, id).await;
                 tracing::info!(region = id, "handed the region over");
             }
         }
@@ -251,23 +251,31 @@ pub async fn run(
                 if backups.backs(r.id) {
                     // Promotion: the backup's copy becomes the region (it replays its log tail;
                     // a Build Index copy first adopts the index it built).
-                    if let Err(e) = backups.promote(r.id) {
+                    let (b, id) = (backups.clone(), r.id);
+                    if let Err(e) = blocking(move || b.promote(id)).await {
                         tracing::error!(region = r.id, error = %e, "adopting the built index failed; replaying the whole copy");
                     }
                     metrics.promotions.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(region = r.id, epoch = r.epoch, "promoted");
                 }
                 match led.get_mut(&r.id) {
-                    None => match open_led(&args, &opener, r, &snap.map, &authority, &metrics.repl, send_index) {
-                        Ok(l) => {
-                            metrics.lead(r.id, l.acks.clone(), l.feed.clone(), l.tail.clone());
-                            led.insert(r.id, l);
-                            changed = true;
+                    None => {
+                        // Opening replays the region's log tail: seconds for a large one, off the
+                        // async runtime (its threads keep the lease alive meanwhile).
+                        let (a, o, rr, m) = (args.clone(), opener.clone(), r.clone(), snap.map.clone());
+                        let (au, st) = (authority.clone(), metrics.repl.clone());
+                        let opened = blocking(move || open_led(&a, &o, &rr, &m, &au, &st, send_index)).await;
+                        match opened {
+                            Ok(l) => {
+                                metrics.lead(r.id, l.acks.clone(), l.feed.clone(), l.tail.clone());
+                                led.insert(r.id, l);
+                                changed = true;
+                            }
+                            Err(e) => {
+                                tracing::error!(region = r.id, error = %format!("{e:#}"), "opening the region failed")
+                            }
                         }
-                        Err(e) => {
-                            tracing::error!(region = r.id, error = %format!("{e:#}"), "opening the region failed")
-                        }
-                    },
+                    }
                     Some(l) if l.epoch != r.epoch => {
                         retarget(&args, l, r, &snap.map);
                         changed = true;
@@ -277,16 +285,18 @@ pub async fn run(
             } else if backing {
                 backups.back(r.id, r.epoch);
             } else if backups.backs(r.id) {
-                backups.release(r.id);
-                remove_region_files(&opener, r.id);
+                let (b, id) = (backups.clone(), r.id);
+                blocking(move || b.release(id)).await;
+                remove_region_files(&opener, r.id).await;
             }
         }
         report_positions(&snap, me, &backups, &store, &keys, member.lease, &mut reported_positions).await;
         // Copies of regions that are gone (a merge's source, an aborted split's new region).
         for id in backups.backed_ids() {
             if !snap.map.regions.iter().chain(&split_targets).any(|r| r.id == id) {
-                backups.release(id);
-                remove_region_files(&opener, id);
+                let b = backups.clone();
+                blocking(move || b.release(id)).await;
+                remove_region_files(&opener, id).await;
                 tracing::info!(region = id, "dropped the copy of a region that is gone");
             }
         }
@@ -652,9 +662,24 @@ fn steer_handoffs(
     }
 }
 
-fn remove_region_files(opener: &Opener, id: u32) {
-    let _ = std::fs::remove_dir_all(opener.dir(id));
-    let _ = std::fs::remove_dir_all(pod::region_dir(&opener.shm_dir, id));
+/// Removes a region's files (off the async runtime: a large region takes a while).
+async fn remove_region_files(opener: &Opener, id: u32) {
+    let (dir, shm) = (opener.dir(id), pod::region_dir(&opener.shm_dir, id));
+    blocking(move || {
+        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(shm);
+    })
+    .await;
+}
+
+/// Runs `f` on tokio's blocking threads and waits for it: opening, promoting and removing
+/// regions touch files and join threads, and the runtime's own threads must stay free — among
+/// other things they keep the node's lease alive, and a late keep-alive ends its authority.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
 }
 
 /// The authority's end as monotonic nanoseconds (0: none).

@@ -157,13 +157,19 @@ pub async fn report(
         let writes_per_sec = (writes as f64 / elapsed.as_secs_f64().max(0.001)) as u64;
         let due = (t.split_bytes > 0 && bytes >= t.split_bytes)
             || (t.split_writes_per_sec > 0 && writes_per_sec >= t.split_writes_per_sec);
-        let middle = if due {
+        // Past a threshold by the estimate: the live bytes of its own range decide (dead
+        // versions, tombstones and keys it gave away do not make a region big).
+        let (bytes, middle) = if due {
             match ask(&ctl, |done| Control::Load { middle: true, done }).await {
-                Ok(Ok((_, _, m))) => m,
-                _ => None,
+                Ok(Ok((live, _, m))) => {
+                    let still = (t.split_bytes > 0 && live >= t.split_bytes)
+                        || (t.split_writes_per_sec > 0 && writes_per_sec >= t.split_writes_per_sec);
+                    (live, m.filter(|_| still))
+                }
+                _ => (bytes, None),
             }
         } else {
-            None
+            (bytes, None)
         };
         let load = RegionLoad { bytes, writes_per_sec, middle };
         let prev = last.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned();

@@ -72,8 +72,9 @@ impl KeyRange {
     }
 }
 
-/// What a region's size report holds: estimated bytes, writes since the last report, and a
-/// middle key (if asked for and the region has two keys or more).
+/// What a region's size report holds: bytes (estimated from the files; the live bytes of its own
+/// range when a middle key was asked for), writes since the last report, and a middle key (if
+/// asked for, the region holds no keys outside its ranges, and it has two keys or more).
 pub type LoadReport = (u64, u64, Option<Vec<u8>>);
 
 /// Exported items: keys and values, ascending.
@@ -453,8 +454,23 @@ impl Worker {
             }
             Control::Load { middle, done } => {
                 let writes = std::mem::take(&mut self.writes_since);
-                let m = if middle { self.region.middle_key() } else { Ok(None) };
-                let _ = done.send(m.map(|m| (self.region.estimated_bytes(), writes, m)).map_err(|e| e.to_string()));
+                let estimate = self.region.estimated_bytes();
+                let r = if !middle {
+                    Ok((estimate, writes, None))
+                } else if !self.trimmed {
+                    // Still deleting the keys it gave away (or an aborted merge's): its size
+                    // says nothing yet, and it is not split.
+                    Ok((estimate, writes, None))
+                } else {
+                    // Its own range: the first it keeps.
+                    let own = self.keep.as_ref().and_then(|k| k.first()).cloned();
+                    let (lo, hi) = own.map_or((Vec::new(), Vec::new()), |r| {
+                        let hi = if r.end.is_some() { r.last_key() } else { Vec::new() };
+                        (r.start, hi)
+                    });
+                    self.region.middle_key(&lo, &hi).map(|(live, m)| (live, writes, m))
+                };
+                let _ = done.send(r.map_err(|e| e.to_string()));
             }
         }
     }

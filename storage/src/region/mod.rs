@@ -535,33 +535,36 @@ impl Region {
         levels + l0 + l0_log
     }
 
-    /// A key near the middle of the region's live data by bytes (keys plus stored value
-    /// lengths), never its first key: where a split leaves two halves of about equal size. None
-    /// with fewer than two live keys. Walks the keys twice without reading values from the log.
-    pub fn middle_key(&self) -> Result<Option<Vec<u8>>> {
+    /// The live data of `[lo, hi]` (inclusive; an empty `hi`: to the end of the key space) by
+    /// bytes (keys plus stored value lengths; dead versions and tombstones excluded), and a key
+    /// near its middle, never its first key: where a split leaves two halves of about equal size
+    /// (None with fewer than two live keys). Walks the keys twice without reading values from the
+    /// log.
+    pub fn middle_key(&self, lo: &[u8], hi: &[u8]) -> Result<(u64, Option<Vec<u8>>)> {
         let srcs = self.srcs();
         let size = |s: &Stored, k: &[u8]| match s {
             Stored::Value(v) => Some(k.len() + v.len()),
             Stored::Pointer { len, .. } => Some(k.len() + *len as usize),
             Stored::Tombstone => None,
         };
-        let hi = [0xffu8; crate::config::MAX_KEY_LEN + 1];
+        let all = [0xffu8; crate::config::MAX_KEY_LEN + 1];
+        let hi = if hi.is_empty() { &all[..] } else { hi };
         let mut total = 0usize;
-        let mut cur = merge::MergeCursor::new(&srcs, &[], &hi);
+        let mut cur = merge::MergeCursor::new(&srcs, lo, hi);
         while let Some((k, _, s, _)) = cur.next()? {
             total += size(&s, &k).unwrap_or(0);
         }
         let (mut seen, mut first) = (0usize, true);
-        let mut cur = merge::MergeCursor::new(&srcs, &[], &hi);
+        let mut cur = merge::MergeCursor::new(&srcs, lo, hi);
         while let Some((k, _, s, _)) = cur.next()? {
             let Some(n) = size(&s, &k) else { continue };
             if !first && seen >= total / 2 {
-                return Ok(Some(k));
+                return Ok((total as u64, Some(k)));
             }
             first = false;
             seen += n;
         }
-        Ok(None)
+        Ok((total as u64, None))
     }
 
     /// Like [`Region::scan`] from the largest key `<= lo`.

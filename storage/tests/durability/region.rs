@@ -418,9 +418,9 @@ fn a_region_tells_its_middle_key_its_size_and_its_sessions() {
     let mut cfg = RegionConfig::tiny(dir.path().join("r"), dir.path().join("shm"), FsyncPolicy::Never);
     cfg.l0_budget = 1 << 20; // everything stays in L0 first
     let (mut r, _) = Region::open(cfg).expect("open");
-    assert_eq!(r.middle_key().expect("middle"), None, "empty");
+    assert_eq!(r.middle_key(b"", b"").expect("middle"), (0, None), "empty");
     r.put(b"a", b"1").expect("put");
-    assert_eq!(r.middle_key().expect("middle"), None, "one key cannot split");
+    assert_eq!(r.middle_key(b"", b"").expect("middle"), (2, None), "one key cannot split");
     let small = r.estimated_bytes();
     // 100 keys of 600-byte values (above the inline threshold: their bytes are in the log).
     for i in 0..100u32 {
@@ -428,9 +428,20 @@ fn a_region_tells_its_middle_key_its_size_and_its_sessions() {
     }
     let l0 = r.estimated_bytes();
     assert!(l0 >= small + 100 * 600, "L0's log values count: {small} -> {l0}");
-    let m = r.middle_key().expect("middle").expect("a middle key");
+    let (live, m) = r.middle_key(b"", b"").expect("middle");
+    let m = m.expect("a middle key");
+    assert_eq!(live, 2 + 100 * (4 + 600), "live bytes: keys and values");
     assert!(
         m.as_slice() >= b"k045".as_slice() && m.as_slice() <= b"k055".as_slice(),
+        "{:?}",
+        String::from_utf8_lossy(&m)
+    );
+    // Within a range: only its keys count (a split's source still holding the half it gave away).
+    let (live, m) = r.middle_key(b"k", b"k049").expect("middle");
+    assert_eq!(live, 50 * (4 + 600));
+    let m = m.expect("a middle key in the range");
+    assert!(
+        m.as_slice() >= b"k020".as_slice() && m.as_slice() <= b"k030".as_slice(),
         "{:?}",
         String::from_utf8_lossy(&m)
     );
@@ -447,7 +458,9 @@ fn a_region_tells_its_middle_key_its_size_and_its_sessions() {
     let keys = r.scan_keys(b"k", b"k~", 1000).expect("keys");
     assert_eq!(keys.len(), 50);
     assert_eq!(keys[0], b"k050".to_vec());
-    let m = r.middle_key().expect("middle").expect("a middle key");
+    let (live, m) = r.middle_key(b"", b"").expect("middle");
+    assert_eq!(live, 2 + 50 * (4 + 600), "deleted keys are not live");
+    let m = m.expect("a middle key");
     assert!(
         m.as_slice() >= b"k070".as_slice() && m.as_slice() <= b"k080".as_slice(),
         "{:?}",

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# The gateway against its peers, same clients, same machine (docs/benchmarks.md):
+#  1. redis-benchmark, unchanged, against the gateway's Redis port (1-node and 3-node dpukv,
+#     `--fsync always` and `--fsync interval:1000`) and against redis-server (no persistence, then
+#     `appendfsync everysec`): `-t get,set,incr -r 1000000 -n N -d 64` with `-c 50 -P 1` and
+#     `-c 4 -P 16`; one CSV line per test;
+#  2. wrk against `GET /v1/kv/{key}` (random keys of a loaded set) vs etcd's HTTP gateway
+#     (`POST /v3/kv/range`, the same keys) — same threads and connections;
+#  3. dpukv-bench YCSB-C and E through the gateway vs straight to the devices.
+# Knobs: N (redis-benchmark requests per test, 2,000,000), WRK_SECONDS (10), RECORDS (100,000),
+# SECONDS_RUN (8), PARTS (which parts to run: "1 2 3").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh redis-server=redis-server redis-benchmark=redis-tools wrk=wrk
+cargo build --release --bin dpukv --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu --bin dpukv-gateway
+BIN=target/release
+N=${N:-2000000}
+WRK_SECONDS=${WRK_SECONDS:-10}
+RECORDS=${RECORDS:-100000}
+SECONDS_RUN=${SECONDS_RUN:-8}
+PARTS=${PARTS:-"1 2 3"}
+TMP=$(mktemp -d /tmp/dpukv-bench-gateway.XXXXXX)
+LOCAL=
+cleanup() {
+  set +e
+  [ -n "$LOCAL" ] && { kill -INT "$LOCAL"; wait "$LOCAL"; }
+  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1
+  [ -n "${ETCD_PID:-}" ] && { kill "$ETCD_PID"; wait "$ETCD_PID"; }
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+read -r REDIS_PORT RESP_PORT BIN_PORT HTTP_PORT ETCD_C ETCD_P < <(python3 - <<'EOF'
+import random, socket
+ports = []
+while len(ports) < 6:
+    p = random.randint(20000, 31999)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p)); ports.append(p)
+    except OSError:
+        pass
+    finally:
+        s.close()
+print(*ports)
+EOF
+)
+
+rb() { # label port
+  for conf in "-c 50 -P 1" "-c 4 -P 16"; do
+    redis-benchmark -h 127.0.0.1 -p "$2" -t get,set,incr -r 1000000 -n "$N" -d 64 $conf --csv 2>/dev/null |
+      tail -n +2 | sed "s/^/\"$1\",\"$conf\",/"
+  done
+}
+
+start_dpukv() { # nodes fsync
+  local dir="$TMP/dpukv-$1-${2//:/}"
+  $BIN/dpukv local --dir "$dir" --listen "127.0.0.1:$BIN_PORT" --http "127.0.0.1:$HTTP_PORT" \
+    --resp "127.0.0.1:$RESP_PORT" --nodes "$1" --fsync "$2" 2>"$TMP/local.log" &
+  LOCAL=$!
+  for _ in $(seq 1 600); do
+    $BIN/dpukv --endpoint "127.0.0.1:$BIN_PORT" put bench:probe ok >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  DEVICE=$(python3 -c "import json; print(json.load(open('$dir/cluster.json'))['nodes'][0]['device'])")
+}
+
+stop_dpukv() {
+  kill -INT "$LOCAL"; wait "$LOCAL" 2>/dev/null || true; LOCAL=
+}
+
+if [[ " $PARTS " == *" 1 "* ]]; then
+  echo '"system","clients","test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"'
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --dir "$TMP" >/dev/null
+  sleep 0.5
+  rb "redis (no persistence)" "$REDIS_PORT"
+  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
+  sleep 0.5
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly yes --appendfsync everysec \
+    --daemonize yes --dir "$TMP" >/dev/null
+  sleep 0.5
+  rb "redis (appendfsync everysec)" "$REDIS_PORT"
+  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
+  for nodes in 1 3; do
+    for fsync in always interval:1000; do
+      start_dpukv "$nodes" "$fsync"
+      rb "dpukv $nodes node(s), fsync $fsync" "$RESP_PORT"
+      stop_dpukv
+    done
+  done
+fi
+
+if [[ " $PARTS " == *" 2 "* ]]; then
+  # etcd 3.4 and its HTTP gateway (POST /v3/kv/range, keys in base64).
+  etcd --name b --data-dir "$TMP/etcd" --listen-client-urls "http://127.0.0.1:$ETCD_C" \
+    --advertise-client-urls "http://127.0.0.1:$ETCD_C" --listen-peer-urls "http://127.0.0.1:$ETCD_P" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_P" --initial-cluster "b=http://127.0.0.1:$ETCD_P" \
+    --initial-cluster-state new >"$TMP/etcd.log" 2>&1 &
+  ETCD_PID=$!
+  start_dpukv 1 always
+  python3 - "$ETCD_C" "$HTTP_PORT" <<'EOF'
+import base64, json, sys, urllib.request
+etcd, http = sys.argv[1], sys.argv[2]
+for i in range(1000):
+    k, v = f"key{i:04d}", f"value-{i}"
+    body = json.dumps({"key": base64.b64encode(k.encode()).decode(), "value": base64.b64encode(v.encode()).decode()})
+    for _ in range(50):
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{etcd}/v3/kv/put", body.encode(), method="POST"))
+            break
+        except Exception:
+            import time; time.sleep(0.1)
+    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{http}/v1/kv/{k}", json.dumps({"value": v}).encode(), method="PUT"))
+EOF
+  cat > "$TMP/dpukv.lua" <<'EOF'
+request = function()
+  return wrk.format("GET", string.format("/v1/kv/key%04d", math.random(0, 999)))
+end
+EOF
+  cat > "$TMP/etcd.lua" <<'EOF'
+local keys = {}
+local b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+local function enc(s)
+  return ((s:gsub('.', function(x)
+    local r, b = '', x:byte()
+    for i = 8, 1, -1 do r = r .. (b % 2 ^ i - b % 2 ^ (i - 1) > 0 and '1' or '0') end
+    return r
+  end) .. '0000'):gsub('%d%d%d?%d?%d?%d?', function(x)
+    if #x < 6 then return '' end
+    local c = 0
+    for i = 1, 6 do c = c + (x:sub(i, i) == '1' and 2 ^ (6 - i) or 0) end
+    return b64:sub(c + 1, c + 1)
+  end) .. ({ '', '==', '=' })[#s % 3 + 1])
+end
+for i = 0, 999 do keys[i] = '{"key":"' .. enc(string.format("key%04d", i)) .. '"}' end
+request = function()
+  return wrk.format("POST", "/v3/kv/range", nil, keys[math.random(0, 999)])
+end
+EOF
+  echo "== wrk -t2 -c50 -d${WRK_SECONDS}s: dpukv GET /v1/kv/{key} (1 node, fsync always)"
+  wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/dpukv.lua" "http://127.0.0.1:$HTTP_PORT" | grep -E "Requests/sec|Latency|Non-2xx"
+  echo "== wrk -t2 -c50 -d${WRK_SECONDS}s: etcd POST /v3/kv/range (1 member)"
+  wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/etcd.lua" "http://127.0.0.1:$ETCD_C" | grep -E "Requests/sec|Latency|Non-2xx"
+  stop_dpukv
+  kill "$ETCD_PID"; wait "$ETCD_PID" 2>/dev/null || true; ETCD_PID=
+fi
+
+if [[ " $PARTS " == *" 3 "* ]]; then
+  start_dpukv 3 always
+  $BIN/dpukv-bench --endpoint "127.0.0.1:$BIN_PORT" --records "$RECORDS" --load-only --threads 4 >/dev/null
+  for w in c e; do
+    echo "through the gateway: $($BIN/dpukv-bench --endpoint "127.0.0.1:$BIN_PORT" --records "$RECORDS" --workload $w --duration "$SECONDS_RUN")"
+    echo "to the devices:      $($BIN/dpukv-bench --endpoint "$DEVICE" --records "$RECORDS" --workload $w --duration "$SECONDS_RUN")"
+  done
+  stop_dpukv
+fi
