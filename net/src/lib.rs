@@ -8,6 +8,8 @@
 //!   timeouts; responses go back through a [`conn::Sink`] from any thread; the flags that set
 //!   those limits.
 //! - `process`: logging and shutdown on signals, as every server binary starts.
+//! - `tls`: TLS for async and blocking connections, mutual TLS, certificates re-read when
+//!   their files change.
 //!
 //! # Invariants
 //! - Bytes are charged to the connection's and the process's budgets before they are allocated;
@@ -16,3 +18,4 @@
 
 pub mod conn;
 pub mod process;
+pub mod tls;

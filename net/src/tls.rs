@@ -1,0 +1,698 @@
+//! TLS on dpukv's connections (rustls, the `ring` provider): certificates and keys from PEM
+//! files, **re-read when they change** — new handshakes use the new files, connections already
+//! open keep going — and, with a CA given to a server and `client_auth`, mutual TLS (a peer must
+//! present a certificate the CA signed).
+//!
+//! - Async servers take a [`ServerTls`] and [`ServerTls::accept`] each TCP connection; async
+//!   clients a [`ClientTls`] and [`ClientTls::connect`]. Both yield a [`Stream`] (plain or TLS,
+//!   one type for the code above).
+//! - Blocking code (replication runs on threads with `std::net`) uses
+//!   [`ServerTls::accept_blocking`] and [`ClientTls::connect_blocking`]: they return one end of a
+//!   local socket pair whose other end two threads pump through the TLS session, so the code
+//!   above keeps reading and writing a plain stream, with its own threads and timeouts.
+//!
+//! Reloading: a thread per loaded configuration looks at the files' modification times every
+//! [`RELOAD_EVERY`]; when one changed and the files load, the configuration is swapped; when they
+//! do not load (a half-written file), the one in force stays and the error is logged. The thread
+//! ends once its configuration is dropped.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, RwLock, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// How often certificate files are checked for changes.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
+
+/// How long a handshake may take.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file holds no usable PEM item of the kind needed.
+    #[error("{path}: {what}")]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// rustls refused the configuration (a key that does not match its certificate, ...).
+    #[error("TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+/// Where a process's certificate, key and CA are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain (PEM), leaf first.
+    pub cert: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// The CA (PEM) that signs the peers' certificates: what clients trust, and what servers
+    /// check client certificates against.
+    pub ca: Option<PathBuf>,
+}
+
+/// TLS flags every process takes (`--tls-cert`, `--tls-key`, `--tls-ca`, `--tls-client-auth`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// This process's certificate chain (PEM). With `--tls-key`, its listeners speak TLS only
+    /// (and it presents this certificate to the peers it connects to).
+    #[arg(long, env = "DPUKV_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "DPUKV_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// The CA (PEM) that signs the cluster's certificates: trusted when connecting to peers, and
+    /// the one client certificates must chain to with `--tls-client-auth`.
+    #[arg(long, env = "DPUKV_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Require a client certificate signed by `--tls-ca` on this process's listeners (mutual TLS).
+    #[arg(long, env = "DPUKV_TLS_CLIENT_AUTH")]
+    pub tls_client_auth: bool,
+}
+
+impl TlsArgs {
+    /// The files, if TLS is on (both a certificate and a key); checks the flags go together.
+    pub fn files(&self) -> Result<Option<TlsFiles>, String> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                if self.tls_client_auth && self.tls_ca.is_none() {
+                    return Err("--tls-client-auth needs --tls-ca (the CA client certificates must chain to)".into());
+                }
+                Ok(Some(TlsFiles { cert: cert.clone(), key: key.clone(), ca: self.tls_ca.clone() }))
+            }
+            (None, None) if !self.tls_client_auth => Ok(None),
+            (None, None) => Err("--tls-client-auth needs --tls-cert and --tls-key".into()),
+            _ => Err("--tls-cert and --tls-key go together".into()),
+        }
+    }
+
+    /// The server side, if TLS is on.
+    pub fn server(&self) -> Result<Option<Arc<ServerTls>>, String> {
+        match self.files()? {
+            Some(f) => ServerTls::load(&f, self.tls_client_auth).map(Some).map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
+    }
+
+    /// The client side (to connect to peers), if TLS is on: trusting `--tls-ca`, presenting this
+    /// process's certificate.
+    pub fn client(&self) -> Result<Option<Arc<ClientTls>>, String> {
+        match self.files()? {
+            Some(f) => {
+                let Some(ca) = f.ca.clone() else {
+                    return Err("TLS to peers needs --tls-ca (the CA that signs their certificates)".into());
+                };
+                ClientTls::load(&ca, Some((&f.cert, &f.key))).map(Some).map_err(|e| e.to_string())
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_path_buf(), source })
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path)?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Pem { path: path.to_path_buf(), what: format!("not PEM certificates: {e}") })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem { path: path.to_path_buf(), what: "no certificate in the file".into() });
+    }
+    Ok(certs)
+}
+
+fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = read(path)?;
+    PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|e| TlsError::Pem { path: path.to_path_buf(), what: format!("no usable private key: {e}") })
+}
+
+fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut store = RootCertStore::empty();
+    for c in certs(path)? {
+        store.add(c).map_err(|e| TlsError::Pem {
+            path: path.to_path_buf(),
+            what: format!("not a usable CA certificate: {e}"),
+        })?;
+    }
+    Ok(store)
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The latest modification time among `paths` (None if one cannot be read).
+fn stamp(paths: &[PathBuf]) -> Option<Vec<SystemTime>> {
+    paths.iter().map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()).collect()
+}
+
+/// Re-loads with `load` whenever one of `paths` changes, into `slot`, until it is dropped.
+fn watch<T: Send + Sync + 'static>(
+    slot: Weak<RwLock<Arc<T>>>,
+    paths: Vec<PathBuf>,
+    load: impl Fn() -> Result<T, TlsError> + Send + 'static,
+) {
+    let spawned = std::thread::Builder::new().name("dpukv-tls-reload".into()).spawn(move || {
+        let mut seen = stamp(&paths);
+        loop {
+            std::thread::sleep(RELOAD_EVERY);
+            let Some(slot) = slot.upgrade() else { return };
+            let now = stamp(&paths);
+            if now == seen {
+                continue;
+            }
+            match load() {
+                Ok(c) => {
+                    *slot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(c);
+                    seen = now;
+                    tracing::info!(files = ?paths, "reloaded the TLS certificates");
+                }
+                // Maybe a file half written: try again at the next look (seen is not updated).
+                Err(e) => {
+                    tracing::error!(error = %e, "the TLS files changed but do not load; keeping the ones in force")
+                }
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "starting the TLS reload thread failed: certificates will not be re-read");
+    }
+}
+
+/// A server's TLS configuration, kept current (see the module documentation).
+#[derive(Debug)]
+pub struct ServerTls {
+    current: Arc<RwLock<Arc<ServerConfig>>>,
+}
+
+impl ServerTls {
+    /// Loads `files`; with `client_auth`, clients must present a certificate signed by `files.ca`.
+    pub fn load(files: &TlsFiles, client_auth: bool) -> Result<Arc<ServerTls>, TlsError> {
+        let build = {
+            let files = files.clone();
+            move || -> Result<ServerConfig, TlsError> {
+                let builder = ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+                let builder = match (&files.ca, client_auth) {
+                    (Some(ca), true) => {
+                        let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots(ca)?))
+                            .build()
+                            .map_err(|e| TlsError::Pem { path: ca.clone(), what: format!("client verifier: {e}") })?;
+                        builder.with_client_cert_verifier(verifier)
+                    }
+                    _ => builder.with_no_client_auth(),
+                };
+                Ok(builder.with_single_cert(certs(&files.cert)?, key(&files.key)?)?)
+            }
+        };
+        let current = Arc::new(RwLock::new(Arc::new(build()?)));
+        let mut paths = vec![files.cert.clone(), files.key.clone()];
+        paths.extend(files.ca.clone());
+        watch(Arc::downgrade(&current), paths, build);
+        Ok(Arc::new(ServerTls { current }))
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<ServerConfig> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Runs the handshake on an accepted connection (within [`HANDSHAKE_TIMEOUT`]).
+    pub async fn accept(&self, tcp: TcpStream) -> std::io::Result<Stream> {
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.config());
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            Ok(Ok(s)) => Ok(Stream::Server(Box::new(s))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+
+    /// [`ServerTls::accept`] for blocking code: the handshake runs here; the plain end of a
+    /// local socket pair comes back (see the module documentation).
+    pub fn accept_blocking(&self, tcp: std::net::TcpStream) -> std::io::Result<UnixStream> {
+        let conn = rustls::ServerConnection::new(self.config()).map_err(std::io::Error::other)?;
+        bridge(rustls::Connection::Server(conn), tcp)
+    }
+}
+
+/// A client's TLS configuration, kept current (see the module documentation).
+#[derive(Debug)]
+pub struct ClientTls {
+    current: Arc<RwLock<Arc<ClientConfig>>>,
+}
+
+impl ClientTls {
+    /// Trusts the certificates `ca` signs; presents `identity` (certificate chain, key) if given
+    /// (for servers that ask: mutual TLS).
+    pub fn load(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<Arc<ClientTls>, TlsError> {
+        let (ca, identity) = (ca.to_path_buf(), identity.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())));
+        let build = {
+            let (ca, identity) = (ca.clone(), identity.clone());
+            move || -> Result<ClientConfig, TlsError> {
+                let builder = ClientConfig::builder_with_provider(provider())
+                    .with_safe_default_protocol_versions()?
+                    .with_root_certificates(roots(&ca)?);
+                Ok(match &identity {
+                    Some((c, k)) => builder.with_client_auth_cert(certs(c)?, key(k)?)?,
+                    None => builder.with_no_client_auth(),
+                })
+            }
+        };
+        let current = Arc::new(RwLock::new(Arc::new(build()?)));
+        let mut paths = vec![ca];
+        if let Some((c, k)) = identity {
+            paths.extend([c, k]);
+        }
+        watch(Arc::downgrade(&current), paths, build);
+        Ok(Arc::new(ClientTls { current }))
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<ClientConfig> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Runs the handshake on a connection to `addr` (`host:port`: the certificate must name the
+    /// host, an IP address or a DNS name), within [`HANDSHAKE_TIMEOUT`].
+    pub async fn connect(&self, tcp: TcpStream, addr: &str) -> std::io::Result<Stream> {
+        let name = server_name(addr)?;
+        let connector = tokio_rustls::TlsConnector::from(self.config());
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp)).await {
+            Ok(Ok(s)) => Ok(Stream::Client(Box::new(s))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+
+    /// [`ClientTls::connect`] for blocking code: the plain end of a local socket pair comes back
+    /// once the handshake is done (see the module documentation).
+    pub fn connect_blocking(&self, tcp: std::net::TcpStream, addr: &SocketAddr) -> std::io::Result<UnixStream> {
+        let name = ServerName::IpAddress(addr.ip().into());
+        let conn = rustls::ClientConnection::new(self.config(), name).map_err(std::io::Error::other)?;
+        bridge(rustls::Connection::Client(conn), tcp)
+    }
+}
+
+/// The name a certificate must carry for `addr` (`host:port`).
+fn server_name(addr: &str) -> std::io::Result<ServerName<'static>> {
+    let host = match addr.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+        None => addr,
+    };
+    ServerName::try_from(host.to_string()).map_err(|e| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{host:?} as a TLS server name: {e}"))
+    })
+}
+
+/// Completes the handshake of `conn` on `tcp` (blocking, within [`HANDSHAKE_TIMEOUT`]), then
+/// pumps between the TLS session and a new local socket pair; returns the pair's other end. Two
+/// threads pump: one reads the network and hands the plaintext on, one reads the plaintext and
+/// sends it encrypted. The session is locked only while records are processed or produced; the
+/// socket's write side has a lock of its own, taken before the session's is let go, so records
+/// leave in the order they were sealed, and no lock is held across a blocking read. Either side
+/// closing closes the other.
+fn bridge(mut conn: rustls::Connection, mut tcp: std::net::TcpStream) -> std::io::Result<UnixStream> {
+    use std::sync::Mutex;
+    tcp.set_nodelay(true)?;
+    tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp)?;
+    }
+    tcp.set_read_timeout(None)?;
+    let (local, remote) = UnixStream::pair()?;
+    let conn = Arc::new(Mutex::new(conn));
+    let wire = Arc::new(Mutex::new(tcp.try_clone()?));
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Seals what the session wants to send and writes it, in order (see above).
+    fn flush(conn: &Mutex<rustls::Connection>, wire: &Mutex<std::net::TcpStream>, plain: &[u8]) -> std::io::Result<()> {
+        let mut sealed = Vec::with_capacity(plain.len() + 64);
+        let mut c = lock(conn);
+        if !plain.is_empty() {
+            c.writer().write_all(plain)?;
+        }
+        while c.wants_write() {
+            c.write_tls(&mut sealed)?;
+        }
+        let mut w = lock(wire);
+        drop(c);
+        w.write_all(&sealed)
+    }
+    // Network -> plaintext.
+    let (mut net_in, mut out, c1, w1) = (tcp.try_clone()?, remote.try_clone()?, conn.clone(), wire.clone());
+    std::thread::Builder::new().name("dpukv-tls-in".into()).spawn(move || {
+        let mut buf = vec![0u8; 64 << 10];
+        let mut plain = vec![0u8; 64 << 10];
+        'pump: loop {
+            let n = match net_in.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut chunks: Vec<Vec<u8>> = Vec::new();
+            let owed = {
+                let mut c = lock(&c1);
+                let mut rd = &buf[..n];
+                while !rd.is_empty() {
+                    if c.read_tls(&mut rd).is_err() || c.process_new_packets().is_err() {
+                        break 'pump;
+                    }
+                    // Take the plaintext out before feeding more: rustls holds a bounded amount.
+                    loop {
+                        match c.reader().read(&mut plain) {
+                            Ok(0) => break,
+                            Ok(m) => chunks.push(plain[..m].to_vec()),
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                            Err(_) => break 'pump,
+                        }
+                    }
+                }
+                c.wants_write()
+            };
+            // Alerts or session tickets the peer is owed.
+            if owed && flush(&c1, &w1, &[]).is_err() {
+                break;
+            }
+            for ch in chunks {
+                if out.write_all(&ch).is_err() {
+                    break 'pump;
+                }
+            }
+        }
+        // The peer stopped sending (or the connection broke): the local side reads its end.
+        let _ = out.shutdown(std::net::Shutdown::Write);
+        let _ = net_in.shutdown(std::net::Shutdown::Read);
+    })?;
+    // Plaintext -> network.
+    let (mut inp, c2, w2) = (remote, conn, wire);
+    std::thread::Builder::new().name("dpukv-tls-out".into()).spawn(move || {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = match inp.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if flush(&c2, &w2, &buf[..n]).is_err() {
+                break;
+            }
+        }
+        // The local side stopped sending: so does the session (the other direction goes on
+        // until the peer closes it).
+        lock(&c2).send_close_notify();
+        let _ = flush(&c2, &w2, &[]);
+        let _ = lock(&w2).shutdown(std::net::Shutdown::Write);
+    })?;
+    drop(tcp);
+    Ok(local)
+}
+
+/// A connection, plain or TLS (one type for the code above).
+pub enum Stream {
+    /// No TLS.
+    Plain(TcpStream),
+    /// A server's end of a TLS session.
+    Server(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// A client's end of a TLS session.
+    Client(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    /// The underlying TCP connection.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Server(s) => s.get_ref().0,
+            Stream::Client(s) => s.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Server(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Client(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Server(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::Client(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Server(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Client(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Server(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::Client(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Accepts with TLS when `tls` is given (else plainly): what every async listener does.
+pub async fn accept(tls: Option<&ServerTls>, tcp: TcpStream) -> std::io::Result<Stream> {
+    match tls {
+        Some(t) => t.accept(tcp).await,
+        None => Ok(Stream::Plain(tcp)),
+    }
+}
+
+/// Makes a CA and one certificate signed by it for `hosts` (IP addresses or DNS names; the
+/// certificate serves as a server's and as a client's, for mutual TLS), written to `dir` as
+/// `ca.pem`, `cert.pem` and `key.pem` (the key readable by its owner only): what `dpukv local
+/// --tls` runs a cluster with. Not for production: use your own CA there.
+#[cfg(any(test, feature = "local-ca"))]
+pub fn make_local_ca(dir: &Path, hosts: &[&str]) -> Result<TlsFiles, String> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
+    let e = |e: rcgen::Error| e.to_string();
+    let ca_key = KeyPair::generate().map_err(e)?;
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(e)?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca.distinguished_name.push(DnType::CommonName, "dpukv local CA");
+    let ca_cert = ca.self_signed(&ca_key).map_err(e)?;
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let files = TlsFiles { cert: dir.join("cert.pem"), key: dir.join("key.pem"), ca: Some(dir.join("ca.pem")) };
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    write_leaf(&issuer, hosts, &files)?;
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).map_err(|e| e.to_string())?;
+    let _ = (ExtendedKeyUsagePurpose::ServerAuth, DnType::CommonName);
+    Ok(files)
+}
+
+/// Writes a new certificate and key signed by `issuer` for `hosts` into `files` (replacing them
+/// atomically: a reloading process never reads half a file).
+#[cfg(any(test, feature = "local-ca"))]
+pub fn write_leaf(issuer: &rcgen::Issuer<'_, rcgen::KeyPair>, hosts: &[&str], files: &TlsFiles) -> Result<(), String> {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+    let e = |e: rcgen::Error| e.to_string();
+    let key = KeyPair::generate().map_err(e)?;
+    let mut leaf = CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>()).map_err(e)?;
+    leaf.distinguished_name.push(DnType::CommonName, hosts.first().copied().unwrap_or("dpukv"));
+    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = leaf.signed_by(&key, issuer).map_err(e)?;
+    let write = |path: &Path, text: &str, private: bool| -> Result<(), String> {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
+        if private {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
+        }
+        std::fs::rename(&tmp, path).map_err(|e| e.to_string())
+    };
+    write(&files.key, &key.serialize_pem(), true)?;
+    write(&files.cert, &cert.pem(), false)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener as StdListener;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A server that echoes what it reads, with `tls`; its address.
+    async fn echo_server(tls: Arc<ServerTls>) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = l.accept().await else { return };
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    let Ok(mut s) = tls.accept(tcp).await else { return };
+                    let mut buf = vec![0u8; 4096];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                        let _ = s.flush().await;
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(s: &mut Stream, msg: &[u8]) -> std::io::Result<Vec<u8>> {
+        s.write_all(msg).await?;
+        s.flush().await?;
+        let mut got = vec![0u8; msg.len()];
+        s.read_exact(&mut got).await?;
+        Ok(got)
+    }
+
+    fn peer_cert(s: &Stream) -> Vec<u8> {
+        match s {
+            Stream::Client(t) => t.get_ref().1.peer_certificates().expect("a peer certificate")[0].to_vec(),
+            _ => panic!("a client stream"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mutual_tls_holds_and_refuses_strangers_and_plaintext() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = make_local_ca(&dir.path().join("a"), &["127.0.0.1"]).expect("CA a");
+        let other = make_local_ca(&dir.path().join("b"), &["127.0.0.1"]).expect("CA b");
+        let server = ServerTls::load(&files, true).expect("server");
+        let addr = echo_server(server).await;
+        let ca = files.ca.clone().expect("ca");
+        // A client of the same CA, with its certificate: served.
+        let ok = ClientTls::load(&ca, Some((&files.cert, &files.key))).expect("client");
+        let mut s = ok.connect(TcpStream::connect(&addr).await.expect("tcp"), &addr).await.expect("handshake");
+        assert_eq!(round_trip(&mut s, b"hello").await.expect("echo"), b"hello");
+        // Trusting another CA: the server's certificate is refused.
+        let stranger = ClientTls::load(other.ca.as_deref().expect("ca"), None).expect("client");
+        assert!(stranger.connect(TcpStream::connect(&addr).await.expect("tcp"), &addr).await.is_err());
+        // Without a client certificate (mutual TLS asked): refused — at the handshake or at the
+        // first read (TLS 1.3 servers judge the certificate after the client's Finished).
+        let anon = ClientTls::load(&ca, None).expect("client");
+        match anon.connect(TcpStream::connect(&addr).await.expect("tcp"), &addr).await {
+            Err(_) => {}
+            Ok(mut s) => assert!(round_trip(&mut s, b"x").await.is_err(), "a client without a certificate"),
+        }
+        // A certificate from another CA: refused likewise.
+        let forged = ClientTls::load(&ca, Some((&other.cert, &other.key))).expect("client");
+        match forged.connect(TcpStream::connect(&addr).await.expect("tcp"), &addr).await {
+            Err(_) => {}
+            Ok(mut s) => assert!(round_trip(&mut s, b"x").await.is_err(), "a client certificate of another CA"),
+        }
+        // Plaintext: the server closes the connection; nothing is echoed.
+        let mut plain = TcpStream::connect(&addr).await.expect("tcp");
+        plain.write_all(b"GET / HTTP/1.0\r\n\r\n").await.expect("write");
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut got)).await;
+        assert!(!got.windows(3).any(|w| w == b"GET"), "plaintext is never served");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn certificates_rotate_without_dropping_open_connections() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = make_local_ca(dir.path(), &["127.0.0.1"]).expect("CA");
+        let server = ServerTls::load(&files, false).expect("server");
+        let addr = echo_server(server).await;
+        let client = ClientTls::load(files.ca.as_deref().expect("ca"), None).expect("client");
+        let mut open = client.connect(TcpStream::connect(&addr).await.expect("tcp"), &addr).await.expect("handshake");
+        let first = peer_cert(&open);
+        // A new certificate from the same CA (its key is gone: re-sign with a new CA key would
+        // need clients to trust it; here the CA is made again from the same files' issuer).
+        let ca_dir = dir.path().join("ca2");
+        let rotated = make_local_ca(&ca_dir, &["127.0.0.1"]).expect("new CA");
+        std::fs::copy(&rotated.cert, &files.cert).expect("cert");
+        std::fs::copy(&rotated.key, &files.key).expect("key");
+        std::fs::copy(rotated.ca.as_deref().expect("ca"), files.ca.as_deref().expect("ca")).expect("ca");
+        let new_client = ClientTls::load(files.ca.as_deref().expect("ca"), None).expect("client");
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        let fresh = loop {
+            if let Ok(s) = new_client.connect(TcpStream::connect(&addr).await.expect("tcp"), &addr).await {
+                break s;
+            }
+            assert!(std::time::Instant::now() < deadline, "the new certificate was never served");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert_ne!(peer_cert(&fresh), first, "new handshakes get the new certificate");
+        // The connection opened before still works.
+        assert_eq!(round_trip(&mut open, b"still here").await.expect("echo"), b"still here");
+    }
+
+    #[test]
+    fn the_blocking_bridge_carries_both_directions_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = make_local_ca(dir.path(), &["127.0.0.1"]).expect("CA");
+        let server = ServerTls::load(&files, true).expect("server");
+        let client =
+            ClientTls::load(files.ca.as_deref().expect("ca"), Some((&files.cert, &files.key))).expect("client");
+        let l = StdListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let srv = std::thread::spawn(move || {
+            let (tcp, _) = l.accept().expect("accept");
+            let mut s = server.accept_blocking(tcp).expect("handshake");
+            // Echo everything back while the client is still writing.
+            let mut r = s.try_clone().expect("clone");
+            let mut buf = vec![0u8; 8192];
+            loop {
+                let n = r.read(&mut buf).expect("read");
+                if n == 0 {
+                    break;
+                }
+                s.write_all(&buf[..n]).expect("write");
+            }
+        });
+        let tcp = std::net::TcpStream::connect(addr).expect("tcp");
+        let mut s = client.connect_blocking(tcp, &addr).expect("handshake");
+        let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
+        let mut w = s.try_clone().expect("clone");
+        let sent = data.clone();
+        let writer = std::thread::spawn(move || {
+            w.write_all(&sent).expect("write");
+            w.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        });
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).expect("read");
+        writer.join().expect("writer");
+        assert!(got == data, "8 MiB echoed through two bridges, in order");
+        drop(s);
+        srv.join().expect("server");
+    }
+}
