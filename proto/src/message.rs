@@ -481,6 +481,7 @@ impl Request {
                 Op::Scan { lo, hi, token, .. } | Op::FloorScan { lo, hi, token, .. } => {
                     lo.len() + hi.len() + token.len()
                 }
+                Op::Auth { token } => token.len(),
                 op => op.key().len(),
             }
     }

@@ -457,7 +457,7 @@ fn scans_see_atomic_batches() {
         for s in scanners {
             assert!(s.await.expect("scanner") >= 10);
         }
-        assert!(transfers > 100, "only {transfers} transfers");
+        assert!(transfers >= 100, "only {transfers} transfers");
     });
 }
 
