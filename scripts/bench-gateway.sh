@@ -6,9 +6,11 @@
 #     `-c 4 -P 16`; one CSV line per test;
 #  2. wrk against `GET /v1/kv/{key}` (random keys of a loaded set) vs etcd's HTTP gateway
 #     (`POST /v3/kv/range`, the same keys) — same threads and connections;
-#  3. dpukv-bench YCSB-C and E through the gateway vs straight to the devices.
+#  3. dpukv-bench YCSB-C and E through the gateway vs straight to the devices;
+#  4. TLS's cost: dpukv-bench YCSB-C and A through the gateway of `dpukv local --nodes 3` with and
+#     without `--tls` (TLS on the client's hop, the gateway's hops to the devices and replication).
 # Knobs: N (redis-benchmark requests per test, 2,000,000), WRK_SECONDS (10), RECORDS (100,000),
-# SECONDS_RUN (8), PARTS (which parts to run: "1 2 3").
+# SECONDS_RUN (8), PARTS (which parts to run: "1 2 3 4").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh redis-server=redis-server redis-benchmark=redis-tools wrk=wrk
@@ -18,7 +20,7 @@ N=${N:-2000000}
 WRK_SECONDS=${WRK_SECONDS:-10}
 RECORDS=${RECORDS:-100000}
 SECONDS_RUN=${SECONDS_RUN:-8}
-PARTS=${PARTS:-"1 2 3"}
+PARTS=${PARTS:-"1 2 3 4"}
 TMP=$(mktemp -d /tmp/dpukv-bench-gateway.XXXXXX)
 LOCAL=
 cleanup() {
@@ -52,13 +54,15 @@ rb() { # label port
   done
 }
 
-start_dpukv() { # nodes fsync
-  local dir="$TMP/dpukv-$1-${2//:/}"
+start_dpukv() { # nodes fsync [--tls]
+  local dir="$TMP/dpukv-$1-${2//:/}${3:-}"
   $BIN/dpukv local --dir "$dir" --listen "127.0.0.1:$BIN_PORT" --http "127.0.0.1:$HTTP_PORT" \
-    --resp "127.0.0.1:$RESP_PORT" --nodes "$1" --fsync "$2" 2>"$TMP/local.log" &
+    --resp "127.0.0.1:$RESP_PORT" --nodes "$1" --fsync "$2" ${3:-} 2>"$TMP/local.log" &
   LOCAL=$!
+  CLIENT_TLS=()
+  [ -n "${3:-}" ] && CLIENT_TLS=(--tls-ca "$dir/tls/ca.pem")
   for _ in $(seq 1 600); do
-    $BIN/dpukv --endpoint "127.0.0.1:$BIN_PORT" put bench:probe ok >/dev/null 2>&1 && break
+    $BIN/dpukv --endpoint "127.0.0.1:$BIN_PORT" "${CLIENT_TLS[@]}" put bench:probe ok >/dev/null 2>&1 && break
     sleep 0.1
   done
   DEVICE=$(python3 -c "import json; print(json.load(open('$dir/cluster.json'))['nodes'][0]['device'])")
@@ -152,4 +156,15 @@ if [[ " $PARTS " == *" 3 "* ]]; then
     echo "to the devices:      $($BIN/dpukv-bench --endpoint "$DEVICE" --records "$RECORDS" --workload $w --duration "$SECONDS_RUN")"
   done
   stop_dpukv
+fi
+
+if [[ " $PARTS " == *" 4 "* ]]; then
+  for tls in "" --tls; do
+    start_dpukv 3 always $tls
+    $BIN/dpukv-bench --endpoint "127.0.0.1:$BIN_PORT" "${CLIENT_TLS[@]}" --records "$RECORDS" --load-only --threads 4 >/dev/null
+    for w in c a; do
+      echo "3 nodes, ${tls:-plain}, YCSB-$w through the gateway: $($BIN/dpukv-bench --endpoint "127.0.0.1:$BIN_PORT" "${CLIENT_TLS[@]}" --records "$RECORDS" --workload $w --duration "$SECONDS_RUN")"
+    done
+    stop_dpukv
+  done
 fi

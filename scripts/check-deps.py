@@ -2,7 +2,7 @@
 """Checks the workspace's dependency direction (docs/architecture.md §1.2) over `cargo metadata`.
 
 storage and proto at the bottom; net (server connections) on proto; cluster on proto; node on
-storage, proto, net, cluster; gateway on proto, net, cluster, client; client on proto; only operator depends on kube; nothing depends on e2e; the
+storage, proto, net, cluster; gateway on proto, net, cluster, client; client on proto and net (TLS); only operator depends on kube; nothing depends on e2e; the
 storage engine has no tokio, no sockets framework and no Kubernetes.
 """
 import json
@@ -16,7 +16,7 @@ ALLOWED = {
     "dpukv-cluster": {"dpukv-proto"},
     "dpukv-node": {"dpukv-storage", "dpukv-proto", "dpukv-net", "dpukv-cluster"},
     "dpukv-gateway": {"dpukv-proto", "dpukv-net", "dpukv-cluster", "dpukv-client"},
-    "dpukv-client": {"dpukv-proto"},
+    "dpukv-client": {"dpukv-proto", "dpukv-net"},
     "dpukv-operator": {"dpukv-proto", "dpukv-cluster"},
     "dpukv-device-plugin": {"dpukv-proto"},
     "dpukv-e2e": None,  # may depend on anything; nothing may depend on it

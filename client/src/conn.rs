@@ -21,10 +21,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use dpukv_net::tls::{ClientTls, Stream};
 use dpukv_proto::{DecodeError, Request, Response, decode_responses, encode_requests, frame_header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::error::ClientError;
@@ -43,6 +44,8 @@ pub(crate) struct Connection {
     addr: String,
     /// Presented (`auth`) on every dial, if given.
     token: Option<Arc<[u8]>>,
+    /// TLS on every dial, if given.
+    tls: Option<Arc<ClientTls>>,
     /// The live connection.
     live: Mutex<Live>,
     /// Held while re-dialling, so concurrent callers dial once.
@@ -63,9 +66,13 @@ const KEEP_BUFFER: usize = 4 << 20;
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 impl Connection {
-    pub(crate) async fn open(addr: &str, token: Option<Arc<[u8]>>) -> Result<Connection, ClientError> {
-        let live = dial(addr, token.as_deref()).await?;
-        Ok(Connection { addr: addr.to_string(), token, live: Mutex::new(live), dialing: Default::default() })
+    pub(crate) async fn open(
+        addr: &str,
+        token: Option<Arc<[u8]>>,
+        tls: Option<Arc<ClientTls>>,
+    ) -> Result<Connection, ClientError> {
+        let live = dial(addr, token.as_deref(), tls.as_deref()).await?;
+        Ok(Connection { addr: addr.to_string(), token, tls, live: Mutex::new(live), dialing: Default::default() })
     }
 
     /// Sends `req` and waits for its response, at most `timeout` (then `TimedOut`: the request
@@ -90,7 +97,7 @@ impl Connection {
         if let Some(tx) = lock(&self.live).sender() {
             return Ok(tx); // another caller re-dialled
         }
-        let live = dial(&self.addr, self.token.as_deref()).await?;
+        let live = dial(&self.addr, self.token.as_deref(), self.tls.as_deref()).await?;
         let tx = live.tx.clone();
         *lock(&self.live) = live;
         Ok(tx)
@@ -113,16 +120,23 @@ impl Live {
 /// How long presenting a token on a new connection may take.
 const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn dial(addr: &str, token: Option<&[u8]>) -> Result<Live, ClientError> {
-    let mut stream = TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
+async fn dial(addr: &str, token: Option<&[u8]>, tls: Option<&ClientTls>) -> Result<Live, ClientError> {
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let mut stream = match tls {
+        Some(t) => t.connect(tcp, addr).await.map_err(|e| match dpukv_net::tls::refusal(&e) {
+            Some(why) => ClientError::Tls(format!("{addr}: {why}")),
+            None => ClientError::Io(e),
+        })?,
+        None => Stream::Plain(tcp),
+    };
     if let Some(t) = token {
         match tokio::time::timeout(AUTH_TIMEOUT, authenticate(&mut stream, t)).await {
             Ok(r) => r?,
             Err(_) => return Err(ClientError::TimedOut),
         }
     }
-    let (r, w) = stream.into_split();
+    let (r, w) = tokio::io::split(stream);
     let waiters: Waiters = Arc::new(Mutex::new(HashMap::with_capacity(256)));
     // Set by the reader when the connection is gone, before it drops the waiters; the writer
     // checks it after registering new ones, so none is left waiting forever.
@@ -134,10 +148,17 @@ async fn dial(addr: &str, token: Option<&[u8]>) -> Result<Live, ClientError> {
     let live = Live { tx, closed: closed.clone() };
     tokio::spawn(async move {
         // Any error ends the connection; dropping the senders fails every request in flight with
-        // Disconnected.
-        read_loop(r, &waiters, &room).await;
+        // Disconnected (they may have executed), or with why the server refused the connection.
+        let refused = read_loop(r, &waiters, &room).await;
         closed.store(true, Ordering::Release);
-        lock(&waiters).clear();
+        let mut w = lock(&waiters);
+        if let Some(why) = refused {
+            for (_, x) in w.drain() {
+                let _ = x.done.send(Err(ClientError::Tls(why.clone())));
+            }
+        }
+        w.clear();
+        drop(w);
         room.notify_one();
     });
     Ok(live)
@@ -145,7 +166,7 @@ async fn dial(addr: &str, token: Option<&[u8]>) -> Result<Live, ClientError> {
 
 /// Presents `token` (an `auth` request alone in the connection's first frame) and waits for the
 /// answer, before the connection carries anything else.
-async fn authenticate(stream: &mut TcpStream, token: &[u8]) -> Result<(), ClientError> {
+async fn authenticate(stream: &mut Stream, token: &[u8]) -> Result<(), ClientError> {
     let req = Request::new(u64::MAX, dpukv_proto::Op::Auth { token: token.to_vec() });
     if let Err(c) = req.op.validate() {
         return Err(ClientError::Invalid(c));
@@ -179,7 +200,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 async fn write_loop(
-    mut w: OwnedWriteHalf,
+    mut w: WriteHalf<Stream>,
     mut rx: mpsc::Receiver<Queued>,
     waiters: Waiters,
     closed: Arc<AtomicBool>,
@@ -225,10 +246,17 @@ async fn write_loop(
         }
     }
     lock(&waiters).clear();
+    // Tell the server we are done (TLS: close_notify; then FIN): it closes its end, and the
+    // reader, which shares the stream, sees the end and stops. Dropping this half alone would
+    // not close the socket.
+    let _ = tokio::time::timeout(Duration::from_secs(5), w.shutdown()).await;
 }
 
-/// Reads until the connection closes, fails or sends bytes that are not protocol v1.
-async fn read_loop(mut r: OwnedReadHalf, waiters: &Waiters, room: &Notify) {
+/// Reads until the connection closes, fails or sends bytes that are not protocol v1. Returns why
+/// the server refused the connection if it did so before answering anything (a TLS alert, or
+/// TLS spoken to a plain client): nothing sent on it was executed.
+async fn read_loop(mut r: ReadHalf<Stream>, waiters: &Waiters, room: &Notify) -> Option<String> {
+    let mut answered = false;
     let mut buf = Vec::with_capacity(2 * READ_CHUNK);
     let mut resps = Vec::with_capacity(256);
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
@@ -237,7 +265,8 @@ async fn read_loop(mut r: OwnedReadHalf, waiters: &Waiters, room: &Notify) {
         buf.reserve(READ_CHUNK);
         tokio::select! {
             got = r.read_buf(&mut buf) => match got {
-                Ok(0) | Err(_) => return,
+                Ok(0) => return (!answered && dpukv_net::tls::looks_like_tls(&buf)).then(tls_spoken),
+                Err(e) => return if answered { None } else { dpukv_net::tls::refusal(&e) },
                 Ok(_) => {}
             },
             _ = sweep.tick() => {
@@ -245,8 +274,11 @@ async fn read_loop(mut r: OwnedReadHalf, waiters: &Waiters, room: &Notify) {
                 continue;
             }
         }
-        let Ok(used) = take_frames(&buf, &mut resps) else { return };
+        let Ok(used) = take_frames(&buf, &mut resps) else {
+            return (!answered && dpukv_net::tls::looks_like_tls(&buf)).then(tls_spoken);
+        };
         if !resps.is_empty() {
+            answered = true;
             let mut w = lock(waiters);
             for resp in resps.drain(..) {
                 if let Some(waiter) = w.remove(&resp.id) {
@@ -264,6 +296,10 @@ async fn read_loop(mut r: OwnedReadHalf, waiters: &Waiters, room: &Notify) {
             buf.reserve(h.total.saturating_sub(buf.len()));
         }
     }
+}
+
+fn tls_spoken() -> String {
+    "the server speaks TLS and this client does not (give it the CA to trust)".to_string()
 }
 
 /// Fails the callers whose deadline passed with `TimedOut` (their ids stay unused: a late
@@ -383,7 +419,7 @@ pub(crate) mod tests {
                 }
             }
         });
-        let conn = Arc::new(Connection::open(&addr, None).await.expect("connect"));
+        let conn = Arc::new(Connection::open(&addr, None, None).await.expect("connect"));
         let mut calls = tokio::task::JoinSet::new();
         for i in 0..200u32 {
             let conn = conn.clone();
@@ -430,7 +466,7 @@ pub(crate) mod tests {
                 }
             }
         });
-        let conn = Arc::new(Connection::open(&addr, None).await.expect("connect"));
+        let conn = Arc::new(Connection::open(&addr, None, None).await.expect("connect"));
         let mut calls = tokio::task::JoinSet::new();
         for i in 0..(MAX_IN_FLIGHT * 2 + 100) {
             let conn = conn.clone();
@@ -478,7 +514,7 @@ pub(crate) mod tests {
                 }
             }
         });
-        let conn = Connection::open(&addr, None).await.expect("connect");
+        let conn = Connection::open(&addr, None, None).await.expect("connect");
         let get = || Request::new(0, Op::Get { key: b"k".to_vec() });
         assert!(matches!(conn.call(get(), Duration::from_secs(10)).await, Err(ClientError::Disconnected)));
         let answered = conn.call(get(), Duration::from_secs(10)).await.expect("answered after re-dialling");
@@ -496,7 +532,7 @@ pub(crate) mod tests {
             let mut chunk = [0u8; 4096];
             while s.read(&mut chunk).await.is_ok_and(|n| n > 0) {}
         });
-        let conn = Connection::open(&addr, None).await.expect("connect");
+        let conn = Connection::open(&addr, None, None).await.expect("connect");
         let started = std::time::Instant::now();
         let got = conn.call(Request::new(0, Op::Get { key: b"k".to_vec() }), Duration::from_millis(300)).await;
         assert!(matches!(got, Err(ClientError::TimedOut)), "{got:?}");

@@ -11,6 +11,11 @@ pub enum ClientError {
     /// The connection closed with the request in flight (it may or may not have executed).
     #[error("connection closed with the request in flight")]
     Disconnected,
+    /// TLS failed in a way retrying will not fix: the server did not trust this client's
+    /// certificate (or wanted one), this client did not trust the server's, or one end speaks
+    /// TLS and the other does not. Nothing was executed.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The server sent bytes that are not protocol v1.
     #[error("protocol: {0}")]
     Protocol(DecodeError),

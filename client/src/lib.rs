@@ -117,6 +117,18 @@ impl WriteSession {
     }
 }
 
+/// How a [`Client`] connects.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// Connections per node (at least 1).
+    pub pool: usize,
+    /// A bearer token presented on every connection (docs/gateway.md).
+    pub token: Option<Arc<[u8]>>,
+    /// TLS on every connection (`dpukv_net::tls::ClientTls::load`: the CA to trust, and a
+    /// certificate to present to servers that ask for one).
+    pub tls: Option<Arc<dpukv_net::tls::ClientTls>>,
+}
+
 /// A part of a range scan ([`Client::scan_part`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScanPart {
@@ -173,22 +185,24 @@ impl Client {
     /// any node of a cluster (or a standalone node): requests are routed to their regions'
     /// primaries by the region map it answers (learned at the first request).
     pub async fn connect(addr: &str, pool: usize) -> Result<Client> {
-        Self::connect_with(addr, pool, None).await
+        Self::connect_with(addr, Options { pool, ..Options::default() }).await
     }
 
     /// Like [`Client::connect`], presenting `token` on every connection (a gateway with tokens
     /// configured needs one: docs/gateway.md; devices accept any).
     pub async fn connect_with_token(addr: &str, pool: usize, token: &[u8]) -> Result<Client> {
-        Self::connect_with(addr, pool, Some(Arc::from(token))).await
+        Self::connect_with(addr, Options { pool, token: Some(Arc::from(token)), ..Options::default() }).await
     }
 
-    async fn connect_with(addr: &str, pool: usize, token: Option<Arc<[u8]>>) -> Result<Client> {
+    /// Connects with `opts` (pool size, token, TLS).
+    pub async fn connect_with(addr: &str, opts: Options) -> Result<Client> {
+        let (pool, token, tls) = (opts.pool.max(1), opts.token, opts.tls);
         let mut conns = Vec::new();
-        for _ in 0..pool.max(1) {
-            conns.push(conn::Connection::open(addr, token.clone()).await?);
+        for _ in 0..pool {
+            conns.push(conn::Connection::open(addr, token.clone(), tls.clone()).await?);
         }
         Ok(Client {
-            router: Arc::new(routing::Router::new(addr, pool.max(1), Arc::new(conns), token)),
+            router: Arc::new(routing::Router::new(addr, pool, Arc::new(conns), token, tls)),
             next: Arc::new(AtomicUsize::new(0)),
             session: Some(Arc::new(WriteSession::new())),
             retry: RetryPolicy::default(),

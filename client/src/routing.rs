@@ -27,6 +27,8 @@ pub(crate) struct Router {
     pool: usize,
     /// Presented on every connection, if given.
     token: Option<Arc<[u8]>>,
+    /// TLS on every connection, if given.
+    tls: Option<Arc<dpukv_net::tls::ClientTls>>,
     map: RwLock<Option<Arc<RegionMap>>>,
     pools: Mutex<HashMap<String, Arc<Vec<Connection>>>>,
     refreshing: tokio::sync::Mutex<()>,
@@ -44,13 +46,20 @@ fn unavailable(msg: &str) -> ClientError {
 }
 
 impl Router {
-    pub(crate) fn new(seed: &str, pool: usize, seed_pool: Arc<Vec<Connection>>, token: Option<Arc<[u8]>>) -> Router {
+    pub(crate) fn new(
+        seed: &str,
+        pool: usize,
+        seed_pool: Arc<Vec<Connection>>,
+        token: Option<Arc<[u8]>>,
+        tls: Option<Arc<dpukv_net::tls::ClientTls>>,
+    ) -> Router {
         let mut pools = HashMap::new();
         pools.insert(seed.to_string(), seed_pool);
         Router {
             seed: seed.to_string(),
             pool,
             token,
+            tls,
             map: RwLock::new(None),
             pools: Mutex::new(pools),
             refreshing: tokio::sync::Mutex::new(()),
@@ -78,7 +87,7 @@ impl Router {
         }
         let mut conns = Vec::new();
         for _ in 0..self.pool {
-            conns.push(Connection::open(addr, self.token.clone()).await?);
+            conns.push(Connection::open(addr, self.token.clone(), self.tls.clone()).await?);
         }
         let p = Arc::new(conns);
         let mut pools = lock(&self.pools);

@@ -23,6 +23,7 @@ pub struct ClusterNode {
     /// Its host's admin endpoint.
     pub admin: String,
     host_args: Vec<String>,
+    device_args: Vec<String>,
     /// Runs the processes in a namespace (`ip netns exec NS`), or nothing.
     prefix: Vec<String>,
     host: Option<Proc>,
@@ -34,7 +35,15 @@ impl ClusterNode {
     pub fn start(id: u32, cluster: &str, etcd: &str, extra: &[&str]) -> Result<ClusterNode> {
         let device = format!("127.0.0.1:{}", free_port()?);
         let admin = format!("127.0.0.1:{}", free_port()?);
-        Self::start_at(id, cluster, etcd, extra, Vec::new(), "127.0.0.1", device, admin)
+        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), "127.0.0.1", device, admin)
+    }
+
+    /// Like [`ClusterNode::start`], with flags `both` given to the host and the device alike
+    /// (TLS, say).
+    pub fn start_with(id: u32, cluster: &str, etcd: &str, extra: &[&str], both: &[&str]) -> Result<ClusterNode> {
+        let device = format!("127.0.0.1:{}", free_port()?);
+        let admin = format!("127.0.0.1:{}", free_port()?);
+        Self::start_at(id, cluster, etcd, extra, both, Vec::new(), "127.0.0.1", device, admin)
     }
 
     /// Like [`ClusterNode::start`], in the network namespace `prefix` enters (`ip netns exec
@@ -48,7 +57,7 @@ impl ClusterNode {
         ip: &str,
     ) -> Result<ClusterNode> {
         let (device, admin) = (format!("{ip}:7070"), format!("{ip}:7071"));
-        Self::start_at(id, cluster, etcd, extra, prefix, ip, device, admin)
+        Self::start_at(id, cluster, etcd, extra, &[], prefix, ip, device, admin)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -57,6 +66,7 @@ impl ClusterNode {
         cluster: &str,
         etcd: &str,
         extra: &[&str],
+        both: &[&str],
         prefix: Vec<String>,
         ip: &str,
         device: String,
@@ -82,8 +92,9 @@ impl ClusterNode {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        host_args.extend(extra.iter().map(|s| s.to_string()));
-        let mut n = ClusterNode { id, dir, device, admin, host_args, prefix, host: None, dev: None };
+        host_args.extend(extra.iter().chain(both).map(|s| s.to_string()));
+        let device_args = both.iter().map(|s| s.to_string()).collect();
+        let mut n = ClusterNode { id, dir, device, admin, host_args, device_args, prefix, host: None, dev: None };
         n.resume()?;
         Ok(n)
     }
@@ -111,9 +122,23 @@ impl ClusterNode {
             .stdout(Stdio::null())
             .stderr(log("host.log")?);
         self.host = Some(Proc(h.spawn().context("starting dpukv-node")?));
-        let mut d = command("dpukv-dpu")?;
-        d.arg("--shm-dir").arg(&shm).args(["--listen", &self.device]);
-        d.env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log("device.log")?);
+        self.start_device()
+    }
+
+    fn start_device(&mut self) -> Result<()> {
+        let shm = self.dir.path().join("shm");
+        let path = bin_dir()?.join("dpukv-dpu");
+        let mut d = match self.prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(path);
+                c
+            }
+            None => Command::new(path),
+        };
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("device.log"))?;
+        d.arg("--shm-dir").arg(&shm).args(["--listen", &self.device]).args(&self.device_args);
+        d.env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log);
         self.dev = Some(Proc(d.spawn().context("starting dpukv-dpu")?));
         Ok(())
     }

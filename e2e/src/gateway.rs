@@ -3,9 +3,11 @@
 
 use std::process::{Command, Stdio};
 
-use anyhow::{Context, Result};
+use std::time::{Duration, Instant};
 
-use crate::procs::{Proc, bin_dir, free_port, wait_for};
+use anyhow::{Context, Result, bail};
+
+use crate::procs::{Proc, bin_dir, free_port};
 
 /// A running gateway.
 pub struct Gateway {
@@ -15,6 +17,7 @@ pub struct Gateway {
     pub http: String,
     /// The RESP front end's address.
     pub resp: String,
+    log: tempfile::NamedTempFile,
     _proc: Proc,
 }
 
@@ -24,15 +27,30 @@ impl Gateway {
     pub fn start(seeds: &[&str], extra: &[&str]) -> Result<Gateway> {
         let addr = || -> Result<String> { Ok(format!("127.0.0.1:{}", free_port()?)) };
         let (binary, http, resp) = (addr()?, addr()?, addr()?);
+        let log = tempfile::NamedTempFile::new()?;
         let mut c = Command::new(bin_dir()?.join("dpukv-gateway"));
         c.args(["--seeds", &seeds.join(","), "--listen", &binary, "--http", &http, "--resp", &resp])
             .args(extra)
             .env("RUST_LOG", std::env::var("DPUKV_E2E_LOG").unwrap_or_else(|_| "info".into()))
-            .stderr(Stdio::piped())
+            .stderr(log.reopen()?)
             .stdout(Stdio::null());
-        let mut child = c.spawn().context("starting dpukv-gateway")?;
-        wait_for(&mut child, "gateway serving")?;
-        Ok(Gateway { binary, http, resp, _proc: Proc(child) })
+        let mut child = Proc(c.spawn().context("starting dpukv-gateway")?);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_to_string(log.path())?.contains("gateway serving") {
+            if let Some(status) = child.0.try_wait()? {
+                bail!("dpukv-gateway exited ({status}):\n{}", std::fs::read_to_string(log.path())?);
+            }
+            if Instant::now() > deadline {
+                bail!("dpukv-gateway did not serve within 30 s:\n{}", std::fs::read_to_string(log.path())?);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Gateway { binary, http, resp, log, _proc: child })
+    }
+
+    /// What the gateway logged so far.
+    pub fn logs(&self) -> String {
+        format!("--- gateway ---\n{}", std::fs::read_to_string(self.log.path()).unwrap_or_default())
     }
 
     /// The HTTP front end's URL for `path`.

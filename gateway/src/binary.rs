@@ -33,6 +33,7 @@ pub async fn serve(
     listener: TcpListener,
     up: Arc<Upstream>,
     access: Access,
+    tls: Option<Arc<dpukv_net::tls::ServerTls>>,
     limits: BinaryLimits,
     budget: Budget,
     metrics: Arc<Metrics>,
@@ -52,9 +53,16 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (up, budget, metrics, stop, access) =
-            (up.clone(), budget.clone(), metrics.clone(), stop.clone(), access.clone());
+        let (up, budget, metrics, stop, access, tls) =
+            (up.clone(), budget.clone(), metrics.clone(), stop.clone(), access.clone(), tls.clone());
         tracker.spawn(async move {
+            let stream = match dpukv_net::tls::accept(tls.as_deref(), stream).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a binary client failed the TLS handshake");
+                    return;
+                }
+            };
             let _counted = metrics.connection("binary");
             // Who the connection's token belongs to (set by its `auth` request).
             let mut caller: Option<Arc<Principal>> = None;
@@ -109,7 +117,7 @@ pub async fn serve(
                 }
                 std::future::ready(())
             };
-            if let Err(e) = conn::serve(stream, limits.conn, budget, stop, dispatch).await {
+            if let Err(e) = conn::serve(stream, limits.conn, budget, None, stop, dispatch).await {
                 tracing::debug!(error = %e, "binary connection ended");
             }
             drop(permit);

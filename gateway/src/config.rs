@@ -70,6 +70,10 @@ pub struct GatewayArgs {
     /// Without it (and without DPUKV_TOKENS) the gateway is open.
     #[arg(long, env = "DPUKV_TOKENS_FILE")]
     pub tokens: Option<std::path::PathBuf>,
+    /// TLS on every front end (and, presenting this certificate, to the devices: with
+    /// `--tls-ca` the devices' certificates are checked against it).
+    #[command(flatten)]
+    pub tls: dpukv_net::tls::TlsArgs,
     /// Connection limits (binary front end; the memory budget is the whole process's).
     #[command(flatten)]
     pub conn: ConnArgs,
@@ -127,6 +131,8 @@ impl GatewayArgs {
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
             // The document itself may come in DPUKV_TOKENS (a Kubernetes secret as an
             // environment variable); it is read here, never logged.
+            tls_server: self.tls.server().map_err(anyhow::Error::msg)?,
+            tls_client: self.tls.client().map_err(anyhow::Error::msg)?,
             tokens: match (&self.tokens, std::env::var("DPUKV_TOKENS").ok().filter(|t| !t.trim().is_empty())) {
                 (Some(_), Some(_)) => bail!("give --tokens (DPUKV_TOKENS_FILE) or DPUKV_TOKENS, not both"),
                 (Some(p), None) => crate::auth::TokenSource::File(p.clone()),

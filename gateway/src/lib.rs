@@ -94,6 +94,10 @@ pub struct GatewayConfig {
     pub shutdown_grace: Duration,
     /// Where the bearer tokens come from (none: the gateway is open).
     pub tokens: auth::TokenSource,
+    /// TLS on the front ends (the admin endpoint stays plain).
+    pub tls_server: Option<Arc<dpukv_net::tls::ServerTls>>,
+    /// TLS to the devices.
+    pub tls_client: Option<Arc<dpukv_net::tls::ClientTls>>,
 }
 
 /// Where a started gateway listens.
@@ -139,7 +143,7 @@ pub async fn run(
     // The cluster may not be up yet: keep trying (a gateway is started beside its cluster).
     let mut delay = Duration::from_millis(100);
     let up = loop {
-        match Upstream::connect(&cfg.seeds, cfg.pool, scans.clone()).await {
+        match Upstream::connect(&cfg.seeds, cfg.pool, cfg.tls_client.clone(), scans.clone()).await {
             Ok(u) => break Arc::new(u),
             Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "the cluster does not answer yet"),
         }
@@ -166,6 +170,7 @@ pub async fn run(
         binary_listener,
         up.clone(),
         access.clone(),
+        cfg.tls_server.clone(),
         cfg.binary,
         budget.clone(),
         metrics.clone(),
@@ -179,14 +184,14 @@ pub async fn run(
         budget: budget.clone(),
         metrics: metrics.clone(),
     };
-    for (l, router, what) in [
-        (http_listener, http::router(state.clone()), "HTTP front end"),
-        (admin_listener, http::admin_router(state.clone()), "admin endpoint"),
+    for (l, router, what, tls) in [
+        (http_listener, http::router(state.clone()), "HTTP front end", cfg.tls_server.clone()),
+        (admin_listener, http::admin_router(state.clone()), "admin endpoint", None),
     ] {
         let Some(l) = l else { continue };
         let (stop, state) = (shutdown.clone(), state.clone());
         tracker.spawn(async move {
-            if let Err(e) = http::serve(l, router, &state, stop).await {
+            if let Err(e) = http::serve(l, router, &state, tls, stop).await {
                 tracing::error!(error = %e, "the {what} failed");
             }
         });
@@ -200,6 +205,7 @@ pub async fn run(
             cursors: resp::cursors::Cursors::new(cfg.scan_cursors, cfg.scan_cursor_ttl),
             metrics: metrics.clone(),
             port: info.resp.map_or(0, |a| a.port()),
+            tls: cfg.tls_server.clone(),
         });
         tracker.spawn(resp::serve(l, shared, shutdown.clone(), tracker.clone()));
     }

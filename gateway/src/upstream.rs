@@ -33,10 +33,16 @@ pub struct Upstream {
 
 impl Upstream {
     /// Connects `pool` connections to the first of `seeds` (node devices) that answers.
-    pub async fn connect(seeds: &[String], pool: usize, scans: ScanLimits) -> Result<Upstream, ClientError> {
+    pub async fn connect(
+        seeds: &[String],
+        pool: usize,
+        tls: Option<std::sync::Arc<dpukv_net::tls::ClientTls>>,
+        scans: ScanLimits,
+    ) -> Result<Upstream, ClientError> {
         let mut last = None;
         for seed in seeds {
-            match Client::connect(seed, pool).await {
+            let opts = dpukv_client::Options { pool, token: None, tls: tls.clone() };
+            match Client::connect_with(seed, opts).await {
                 Ok(client) => {
                     // Learn the map now: a gateway that cannot see the cluster is not ready.
                     client.current_map().await?;

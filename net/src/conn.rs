@@ -20,13 +20,17 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dpukv_proto::limits::{MAX_OPS_PER_FRAME, MAX_SCAN_BYTES, MAX_VALUE};
-use dpukv_proto::{DecodeError, ErrorCode, Op, Reply, Request, Response, ResponseFrame, decode_requests, frame_header};
+use dpukv_proto::{
+    DecodeError, ErrorCode, Op, OpCode, Reply, Request, Response, ResponseFrame, decode_requests, frame_header,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
+
+use crate::latency::OpLatency;
 
 /// Per-connection limits.
 #[derive(Debug, Clone, Copy)]
@@ -151,6 +155,9 @@ pub struct Charge {
     /// The request id this charge registered as in flight (released just before the response is
     /// written); None for responses to requests that never registered (errors, duplicates).
     id: Option<u64>,
+    /// The request's operation and when its frame arrived: its latency is recorded once the
+    /// response is written.
+    timing: Option<(OpCode, Instant)>,
 }
 
 impl Charge {
@@ -175,6 +182,7 @@ impl Charge {
             global: self.global.as_mut().and_then(|p| p.split(n)),
             slot: None,
             id: None,
+            timing: None,
         }
     }
 
@@ -189,6 +197,7 @@ impl Charge {
             }
         }
         self.id = self.id.or(other.id);
+        self.timing = self.timing.or(other.timing);
     }
 }
 
@@ -344,6 +353,7 @@ pub async fn serve<S, D, F>(
     stream: S,
     cfg: ConnConfig,
     budget: Budget,
+    latency: Option<OpLatency>,
     stop: CancellationToken,
     mut dispatch: D,
 ) -> Result<(), ConnError>
@@ -360,7 +370,7 @@ where
     let slots = Arc::new(Semaphore::new(cfg.max_in_flight));
     let ids: Arc<Mutex<HashSet<u64>>> = Arc::new(Mutex::new(HashSet::new()));
     let gone = stop.child_token();
-    let (sink, writer) = spawn_writer(w, &cfg, ids.clone(), gone.clone());
+    let (sink, writer) = spawn_writer(w, &cfg, ids.clone(), latency, gone.clone());
     let out = 'frames: loop {
         let mut head = [0u8; 8];
         let got = tokio::select! {
@@ -428,6 +438,7 @@ where
             Ok(e) => e,
             Err(e) => break Err(bad_frame(&sink, e)),
         };
+        let arrived = Instant::now();
         drop(buf);
         let mut batch: Vec<Incoming> = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -460,6 +471,7 @@ where
                         break 'frames Err(ConnError::DuplicateId(req.id));
                     }
                     charge.id = Some(req.id);
+                    charge.timing = Some((req.op.code(), arrived));
                     let need = reserve(&req);
                     let have = frame.bytes().min(need);
                     charge.merge(frame.split_off(have));
@@ -522,7 +534,7 @@ fn try_take(conn: &Arc<Semaphore>, budget: &Budget, n: usize) -> Option<Charge> 
     let n32 = n.min(u32::MAX as usize) as u32;
     let c = conn.clone().try_acquire_many_owned(n32).ok()?;
     let g = budget.sem.clone().try_acquire_many_owned(n32).ok()?;
-    Some(Charge { conn: Some(c), global: Some(g), slot: None, id: None })
+    Some(Charge { conn: Some(c), global: Some(g), ..Charge::default() })
 }
 
 /// Takes `n` bytes from the connection's and the process's budgets (waiting while either is
@@ -531,7 +543,7 @@ async fn take(conn: &Arc<Semaphore>, budget: &Budget, n: usize) -> Charge {
     let n32 = n.min(u32::MAX as usize) as u32;
     let c = conn.clone().acquire_many_owned(n32).await.ok();
     let g = budget.sem.clone().acquire_many_owned(n32).await.ok();
-    Charge { conn: c, global: g, slot: None, id: None }
+    Charge { conn: c, global: g, ..Charge::default() }
 }
 
 /// Bytes each connection reads ahead (a fixed cost per connection, outside the budgets:
@@ -554,10 +566,21 @@ fn free_ids(ids: &Mutex<HashSet<u64>>, charges: &[Charge]) {
     }
 }
 
+/// Records the latency of the requests whose responses were just written.
+fn record(latency: Option<&OpLatency>, charges: &[Charge]) {
+    if let Some(l) = latency {
+        let now = Instant::now();
+        for (op, arrived) in charges.iter().filter_map(|c| c.timing) {
+            l.observe(op, now.saturating_duration_since(arrived));
+        }
+    }
+}
+
 fn spawn_writer<W: AsyncWrite + Send + 'static>(
     w: tokio::io::WriteHalf<W>,
     cfg: &ConnConfig,
     ids: Arc<Mutex<HashSet<u64>>>,
+    latency: Option<OpLatency>,
     gone: CancellationToken,
 ) -> (Sink, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::channel::<Outgoing>(cfg.max_in_flight + 16);
@@ -590,6 +613,9 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
                     w.write_all(&entries).await
                 };
                 let ok = matches!(tokio::time::timeout(timeout, write).await, Ok(Ok(())));
+                if ok {
+                    record(latency.as_ref(), &c);
+                }
                 drop((entries, c)); // written: their bytes and slots go back
                 if !ok {
                     gone.cancel();
@@ -623,6 +649,9 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
             frame.finish(&mut buf);
             free_ids(&ids, &charges);
             let ok = matches!(tokio::time::timeout(timeout, w.write_all(&buf)).await, Ok(Ok(())));
+            if ok {
+                record(latency.as_ref(), &charges);
+            }
             charges.clear(); // written: their bytes and slots go back
             if buf.capacity() > 4 * WRITE_CHUNK {
                 buf = Vec::with_capacity(64 << 10);

@@ -7,7 +7,9 @@
 //! - `conn`: serving one binary-protocol connection within byte budgets, an in-flight cap and
 //!   timeouts; responses go back through a [`conn::Sink`] from any thread; the flags that set
 //!   those limits.
-//! - `process`: logging and shutdown on signals, as every server binary starts.
+//! - `latency`: request latency per operation as a Prometheus histogram, recorded by `conn`.
+//! - `process`: logging and shutdown on signals, as every server binary starts; children that
+//!   die with their supervisor (`dpukv local`).
 //! - `tls`: TLS for async and blocking connections, mutual TLS, certificates re-read when
 //!   their files change.
 //!
@@ -15,7 +17,10 @@
 //! - Bytes are charged to the connection's and the process's budgets before they are allocated;
 //!   every queue behind a connection is bounded by its in-flight cap.
 //! - A request id is unique among a connection's requests in flight.
+//! - A TLS listener never serves a plain connection, and a listener with client authentication
+//!   never one without a certificate its CA signed.
 
 pub mod conn;
+pub mod latency;
 pub mod process;
 pub mod tls;

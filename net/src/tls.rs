@@ -131,6 +131,34 @@ impl TlsArgs {
     }
 }
 
+/// TLS flags of a client (`dpukv`, `dpukv-bench`): the CA to trust, and a certificate to present
+/// to servers that ask for one.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClientTlsArgs {
+    /// Speak TLS, trusting this CA (PEM).
+    #[arg(id = "tls_ca", long = "tls-ca", env = "DPUKV_TLS_CA", global = true)]
+    pub ca: Option<PathBuf>,
+    /// A certificate chain (PEM) to present (servers with client authentication ask).
+    #[arg(id = "tls_cert", long = "tls-cert", env = "DPUKV_TLS_CERT", global = true, requires = "tls_key")]
+    pub cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(id = "tls_key", long = "tls-key", env = "DPUKV_TLS_KEY", global = true, requires = "tls_cert")]
+    pub key: Option<PathBuf>,
+}
+
+impl ClientTlsArgs {
+    /// The client side, if TLS is asked for.
+    pub fn client(&self) -> Result<Option<Arc<ClientTls>>, String> {
+        match (&self.ca, &self.cert, &self.key) {
+            (Some(ca), Some(c), Some(k)) => ClientTls::load(ca, Some((c, k))).map(Some).map_err(|e| e.to_string()),
+            (Some(ca), None, None) => ClientTls::load(ca, None).map(Some).map_err(|e| e.to_string()),
+            (None, None, None) => Ok(None),
+            (None, _, _) => Err("--tls-cert and --tls-key need --tls-ca (the CA to trust)".into()),
+            _ => Err("--tls-cert and --tls-key go together".into()),
+        }
+    }
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_path_buf(), source })
 }
@@ -344,6 +372,22 @@ fn bridge(mut conn: rustls::Connection, mut tcp: std::net::TcpStream) -> std::io
         conn.complete_io(&mut tcp)?;
     }
     tcp.set_read_timeout(None)?;
+    // Plaintext the handshake's last read brought along: a peer may send data right behind its
+    // Finished, in the same segment. It is handed on first — else it would sit in the session
+    // while the pump waits for bytes the peer will not send until it is answered.
+    let (mut early, mut early_eof) = (Vec::new(), false);
+    let mut chunk = [0u8; 16 << 10];
+    loop {
+        match conn.reader().read(&mut chunk) {
+            Ok(0) => {
+                early_eof = true;
+                break;
+            }
+            Ok(m) => early.extend_from_slice(&chunk[..m]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
     let (local, remote) = UnixStream::pair()?;
     let conn = Arc::new(Mutex::new(conn));
     let wire = Arc::new(Mutex::new(tcp.try_clone()?));
@@ -369,7 +413,11 @@ fn bridge(mut conn: rustls::Connection, mut tcp: std::net::TcpStream) -> std::io
     std::thread::Builder::new().name("dpukv-tls-in".into()).spawn(move || {
         let mut buf = vec![0u8; 64 << 10];
         let mut plain = vec![0u8; 64 << 10];
+        let go_on = out.write_all(&early).is_ok() && !early_eof;
         'pump: loop {
+            if !go_on {
+                break;
+            }
             let n = match net_in.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
@@ -488,6 +536,25 @@ impl AsyncWrite for Stream {
     }
 }
 
+/// Why a TLS peer refused this end, if `e` says it did: a fatal alert it sent (a certificate it
+/// wanted and did not get, or did not trust) or a certificate this end did not trust. Such a
+/// connection never carried a request, and trying again will not help.
+pub fn refusal(e: &std::io::Error) -> Option<String> {
+    let inner = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+    match inner {
+        rustls::Error::AlertReceived(a) => Some(format!("the server refused the TLS session ({a:?})")),
+        rustls::Error::InvalidCertificate(c) => Some(format!("the server's certificate is not trusted ({c:?})")),
+        rustls::Error::NoCertificatesPresented => Some("the server presented no certificate".into()),
+        _ => None,
+    }
+}
+
+/// Whether `bytes` (what a server sent first) look like a TLS record: a plain client reached a
+/// TLS listener.
+pub fn looks_like_tls(bytes: &[u8]) -> bool {
+    matches!(bytes, [0x14..=0x17, 0x03, 0x00..=0x04, ..])
+}
+
 /// Accepts with TLS when `tls` is given (else plainly): what every async listener does.
 pub async fn accept(tls: Option<&ServerTls>, tcp: TcpStream) -> std::io::Result<Stream> {
     match tls {
@@ -502,46 +569,65 @@ pub async fn accept(tls: Option<&ServerTls>, tcp: TcpStream) -> std::io::Result<
 /// --tls` runs a cluster with. Not for production: use your own CA there.
 #[cfg(any(test, feature = "local-ca"))]
 pub fn make_local_ca(dir: &Path, hosts: &[&str]) -> Result<TlsFiles, String> {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
-    let e = |e: rcgen::Error| e.to_string();
-    let ca_key = KeyPair::generate().map_err(e)?;
-    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(e)?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    ca.distinguished_name.push(DnType::CommonName, "dpukv local CA");
-    let ca_cert = ca.self_signed(&ca_key).map_err(e)?;
-    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let ca = LocalCa::new()?;
     let files = TlsFiles { cert: dir.join("cert.pem"), key: dir.join("key.pem"), ca: Some(dir.join("ca.pem")) };
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    write_leaf(&issuer, hosts, &files)?;
-    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).map_err(|e| e.to_string())?;
-    let _ = (ExtendedKeyUsagePurpose::ServerAuth, DnType::CommonName);
+    ca.issue(hosts, &files)?;
+    ca.write_ca(&dir.join("ca.pem"))?;
     Ok(files)
 }
 
-/// Writes a new certificate and key signed by `issuer` for `hosts` into `files` (replacing them
-/// atomically: a reloading process never reads half a file).
+/// A CA held in memory (its key is never written): issues certificates for local clusters and
+/// tests (see [`make_local_ca`]).
 #[cfg(any(test, feature = "local-ca"))]
-pub fn write_leaf(issuer: &rcgen::Issuer<'_, rcgen::KeyPair>, hosts: &[&str], files: &TlsFiles) -> Result<(), String> {
-    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
-    let e = |e: rcgen::Error| e.to_string();
-    let key = KeyPair::generate().map_err(e)?;
-    let mut leaf = CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>()).map_err(e)?;
-    leaf.distinguished_name.push(DnType::CommonName, hosts.first().copied().unwrap_or("dpukv"));
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-    let cert = leaf.signed_by(&key, issuer).map_err(e)?;
-    let write = |path: &Path, text: &str, private: bool| -> Result<(), String> {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
-        if private {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
-        }
-        std::fs::rename(&tmp, path).map_err(|e| e.to_string())
-    };
-    write(&files.key, &key.serialize_pem(), true)?;
-    write(&files.cert, &cert.pem(), false)
+pub struct LocalCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+#[cfg(any(test, feature = "local-ca"))]
+impl LocalCa {
+    /// A new CA with a new key.
+    pub fn new() -> Result<LocalCa, String> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        let e = |e: rcgen::Error| e.to_string();
+        let key = KeyPair::generate().map_err(e)?;
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(e)?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        ca.distinguished_name.push(DnType::CommonName, "dpukv local CA");
+        let pem = ca.self_signed(&key).map_err(e)?.pem();
+        Ok(LocalCa { issuer: rcgen::Issuer::new(ca, key), pem })
+    }
+
+    /// Writes the CA's certificate (PEM) to `path`.
+    pub fn write_ca(&self, path: &Path) -> Result<(), String> {
+        std::fs::write(path, &self.pem).map_err(|e| e.to_string())
+    }
+
+    /// Writes a new certificate and key signed by this CA for `hosts` into `files` (replacing
+    /// them atomically: a reloading process never reads half a file).
+    pub fn issue(&self, hosts: &[&str], files: &TlsFiles) -> Result<(), String> {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+        let e = |e: rcgen::Error| e.to_string();
+        let key = KeyPair::generate().map_err(e)?;
+        let mut leaf = CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>()).map_err(e)?;
+        leaf.distinguished_name.push(DnType::CommonName, hosts.first().copied().unwrap_or("dpukv"));
+        leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = leaf.signed_by(&key, &self.issuer).map_err(e)?;
+        let write = |path: &Path, text: &str, private: bool| -> Result<(), String> {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
+            if private {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
+            }
+            std::fs::rename(&tmp, path).map_err(|e| e.to_string())
+        };
+        write(&files.key, &key.serialize_pem(), true)?;
+        write(&files.cert, &cert.pem(), false)
+    }
 }
 
 #[cfg(test)]
@@ -694,5 +780,37 @@ mod tests {
         assert!(got == data, "8 MiB echoed through two bridges, in order");
         drop(s);
         srv.join().expect("server");
+    }
+
+    /// A client that writes right behind its Finished (rustls sends data queued during the
+    /// handshake in the same flight): the server's bridge must hand it on although it arrived
+    /// with the handshake's last read. Without that, the data sits in the session and both sides
+    /// wait for each other (what a replication Hello did under load).
+    #[test]
+    fn data_arriving_with_the_handshake_is_handed_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = make_local_ca(dir.path(), &["127.0.0.1"]).expect("CA");
+        let server = ServerTls::load(&files, false).expect("server");
+        let client = ClientTls::load(files.ca.as_deref().expect("ca"), None).expect("client");
+        let l = StdListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let srv = std::thread::spawn(move || {
+            let (tcp, _) = l.accept().expect("accept");
+            // The client's Finished and its data are both here before the handshake reads.
+            std::thread::sleep(Duration::from_millis(300));
+            let mut s = server.accept_blocking(tcp).expect("handshake");
+            s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            let mut got = [0u8; 5];
+            s.read_exact(&mut got).map(|_| got)
+        });
+        let mut tcp = std::net::TcpStream::connect(addr).expect("tcp");
+        let name = ServerName::IpAddress(addr.ip().into());
+        let mut conn = rustls::ClientConnection::new(client.config(), name).expect("client session");
+        conn.writer().write_all(b"hello").expect("queue early data");
+        while conn.is_handshaking() || conn.wants_write() {
+            conn.complete_io(&mut tcp).expect("handshake");
+        }
+        let got = srv.join().expect("server").expect("the early data reaches the server's reader");
+        assert_eq!(&got, b"hello");
     }
 }

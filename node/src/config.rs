@@ -14,6 +14,7 @@ use crate::host::HostConfig;
 use crate::regions::RegionMap;
 
 pub use dpukv_net::conn::ConnArgs;
+pub use dpukv_net::tls::TlsArgs;
 
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()).min(MAX_READ_THREADS)
@@ -75,6 +76,9 @@ pub struct HostArgs {
     /// Cluster membership (without `--cluster`: a standalone node).
     #[command(flatten)]
     pub cluster: ClusterFlags,
+    /// TLS on the replication links (the host's listener, and its connections to backups).
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 /// Flags of a host that is a member of a cluster.
@@ -141,6 +145,7 @@ impl ClusterFlags {
         &self,
         split_keys: &[Vec<u8>],
         admin: Option<SocketAddr>,
+        tls: &TlsArgs,
     ) -> Result<Option<crate::host::cluster::ClusterArgs>> {
         let Some(name) = &self.cluster else { return Ok(None) };
         let Some(node_id) = self.node_id.filter(|&n| n != 0) else {
@@ -179,6 +184,8 @@ impl ClusterFlags {
             },
             replication_timeout: Duration::from_millis(self.replication_timeout_ms.max(1)),
             catch_up_bytes_per_sec: self.catch_up_mib_per_sec.saturating_mul(1 << 20),
+            tls_server: tls.server().map_err(anyhow::Error::msg)?,
+            tls_client: tls.client().map_err(anyhow::Error::msg)?,
         }))
     }
 }
@@ -212,7 +219,7 @@ impl HostArgs {
             memory_budget: self.conn.memory_budget,
             read_threads: read_threads(self.read_threads)?,
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
-            cluster: self.cluster.config(&keys, self.admin)?,
+            cluster: self.cluster.config(&keys, self.admin, &self.tls)?,
         })
     }
 }
@@ -249,6 +256,10 @@ pub struct DeviceArgs {
     /// Connection limits.
     #[command(flatten)]
     pub conn: ConnArgs,
+    /// TLS on the data port (with `--tls-client-auth`, only clients with a certificate of the
+    /// cluster's CA — the gateway — are served).
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 impl DeviceArgs {
@@ -269,6 +280,7 @@ impl DeviceArgs {
             host_links: self.host_links.max(1),
             host_timeout: Duration::from_secs(self.host_timeout),
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
+            tls: self.tls.server().map_err(anyhow::Error::msg)?,
         })
     }
 }

@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use dpukv_net::tls::{ClientTls, ServerTls};
 use dpukv_proto::replication::{MAX_REPL_FRAME, ReplDecodeError, ReplMessage, ReplRefusal, ShippedLevelBytes};
 use dpukv_storage::region::{Backup, IndexExport, ReadGate, export_dir};
 use dpukv_storage::vlog::{LogTail, Lsn};
@@ -319,8 +320,82 @@ impl Feed {
     }
 }
 
+/// A replication connection: TCP, or the plain end of a TLS session's bridge
+/// (`dpukv_net::tls`: the session runs on two threads of its own).
+enum Link {
+    Tcp(TcpStream),
+    Tls(std::os::unix::net::UnixStream),
+}
+
+impl Link {
+    /// Connects to `addr`, with TLS when `tls` is given.
+    fn connect(addr: &SocketAddr, tls: Option<&ClientTls>) -> std::io::Result<Link> {
+        let tcp = TcpStream::connect_timeout(addr, Duration::from_secs(2))?;
+        tcp.set_nodelay(true)?;
+        match tls {
+            Some(t) => Ok(Link::Tls(t.connect_blocking(tcp, addr)?)),
+            None => Ok(Link::Tcp(tcp)),
+        }
+    }
+
+    /// Accepts `tcp`, with TLS when `tls` is given.
+    fn accept(tcp: TcpStream, tls: Option<&ServerTls>) -> std::io::Result<Link> {
+        tcp.set_nonblocking(false)?;
+        tcp.set_nodelay(true)?;
+        match tls {
+            Some(t) => Ok(Link::Tls(t.accept_blocking(tcp)?)),
+            None => Ok(Link::Tcp(tcp)),
+        }
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Link::Tcp(s) => s.set_read_timeout(t),
+            Link::Tls(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn try_clone(&self) -> std::io::Result<Link> {
+        Ok(match self {
+            Link::Tcp(s) => Link::Tcp(s.try_clone()?),
+            Link::Tls(s) => Link::Tls(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Link::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+            Link::Tls(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Link {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Link::Tcp(s) => s.read(b),
+            Link::Tls(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for Link {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Link::Tcp(s) => s.write(b),
+            Link::Tls(s) => s.write(b),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Link::Tcp(s) => s.flush(),
+            Link::Tls(s) => s.flush(),
+        }
+    }
+}
+
 /// Writes one frame; its size in bytes.
-fn write_msg(s: &mut TcpStream, m: &ReplMessage) -> std::io::Result<u64> {
+fn write_msg(s: &mut impl Write, m: &ReplMessage) -> std::io::Result<u64> {
     let mut b = Vec::new();
     m.encode(&mut b);
     s.write_all(&b)?;
@@ -336,7 +411,7 @@ enum ReadError {
     Decode(#[from] ReplDecodeError),
 }
 
-fn read_msg(s: &mut TcpStream) -> Result<ReplMessage, ReadError> {
+fn read_msg(s: &mut impl Read) -> Result<ReplMessage, ReadError> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len)?;
     let n = u32::from_le_bytes(len) as usize;
@@ -389,6 +464,8 @@ pub struct SenderConfig {
     /// Most bytes per second sent to a backup that is catching up (more than a chunk behind, or
     /// receiving the whole index); 0: no cap. Steady streaming is never slowed.
     pub catch_up_bytes_per_sec: u64,
+    /// TLS to the backup (presenting this node's certificate), if the cluster uses it.
+    pub tls: Option<Arc<ClientTls>>,
 }
 
 /// Paces a catch-up to a rate (see [`SenderConfig::catch_up_bytes_per_sec`]).
@@ -457,6 +534,9 @@ pub fn spawn_sender(
     })
 }
 
+/// How long a sender waits for the backup's answer to its Hello (opening a large copy included).
+const RESUME_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// One connection's life: Ok(end) when it must not reconnect.
 fn send_session(
     cfg: &SenderConfig,
@@ -465,13 +545,16 @@ fn send_session(
     acks: &Arc<Acks>,
     stop: &AtomicBool,
 ) -> anyhow::Result<SenderEnd> {
-    let mut s = TcpStream::connect_timeout(&cfg.addr, Duration::from_secs(2))?;
-    s.set_nodelay(true)?;
+    let mut s = Link::connect(&cfg.addr, cfg.tls.as_deref())?;
     let (region, epoch) = (cfg.region, cfg.epoch);
     let hello =
         ReplMessage::Hello { cluster: cfg.cluster.clone(), region, epoch, primary: cfg.primary, base: cfg.base.0 };
     write_msg(&mut s, &hello)?;
-    let mut pos = match read_msg(&mut s)? {
+    // A backup that does not answer its Hello is tried again, not waited for forever.
+    s.set_read_timeout(Some(RESUME_TIMEOUT))?;
+    let resume = read_msg(&mut s)?;
+    s.set_read_timeout(None)?;
+    let mut pos = match resume {
         ReplMessage::Resume { from: Some(p), .. } => Lsn(p),
         ReplMessage::Resume { from: None, .. } => tail.start()?,
         ReplMessage::Refuse { reason, current, message, .. } => {
@@ -608,7 +691,7 @@ fn send_session(
             }
         }
     })();
-    let _ = s.shutdown(std::net::Shutdown::Both);
+    s.shutdown();
     let _ = reader.join();
     match result {
         Ok(Some(end)) => Ok(end),
@@ -787,16 +870,30 @@ impl BackupHost {
     }
 
     /// Accepts replication connections on `listener` until `stop`, a thread per connection.
-    pub fn serve(self: &Arc<Self>, listener: TcpListener, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+    /// With `tls`, connections speak TLS only (and, if it asks for client certificates, only
+    /// primaries with a certificate of the cluster's CA are served).
+    pub fn serve(
+        self: &Arc<Self>,
+        listener: TcpListener,
+        tls: Option<Arc<ServerTls>>,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<JoinHandle<()>> {
         listener.set_nonblocking(true)?;
         let host = self.clone();
         std::thread::Builder::new().name("dpukv-repl-accept".into()).spawn(move || {
             while !stop.load(Ordering::Acquire) {
                 match listener.accept() {
                     Ok((s, peer)) => {
-                        let host = host.clone();
+                        let (host, tls) = (host.clone(), tls.clone());
                         let _ = std::thread::Builder::new().name("dpukv-repl-backup".into()).spawn(move || {
-                            if let Err(e) = host.session(s) {
+                            let link = match Link::accept(s, tls.as_deref()) {
+                                Ok(l) => l,
+                                Err(e) => {
+                                    tracing::warn!(%peer, error = %e, "a replication connection failed its TLS handshake");
+                                    return;
+                                }
+                            };
+                            if let Err(e) = host.session(link) {
                                 tracing::debug!(%peer, error = %e, "replication connection ended");
                             }
                         });
@@ -812,7 +909,7 @@ impl BackupHost {
 
     /// The epoch fence: a connection under an older epoch than the newest known is refused
     /// (with the current one) and closed.
-    fn fence(s: &mut TcpStream, region: u32, epoch: u64, known: u64) -> anyhow::Result<()> {
+    fn fence(s: &mut impl Write, region: u32, epoch: u64, known: u64) -> anyhow::Result<()> {
         if epoch < known {
             return Self::refuse(
                 s,
@@ -826,7 +923,7 @@ impl BackupHost {
     }
 
     fn refuse(
-        s: &mut TcpStream,
+        s: &mut impl Write,
         region: u32,
         reason: ReplRefusal,
         current: u64,
@@ -836,9 +933,7 @@ impl BackupHost {
         anyhow::bail!("refused: {}: {message}", reason.code())
     }
 
-    fn session(&self, mut s: TcpStream) -> anyhow::Result<()> {
-        s.set_nonblocking(false)?;
-        s.set_nodelay(true)?;
+    fn session(&self, mut s: Link) -> anyhow::Result<()> {
         let (region, epoch, primary, base) = match read_msg(&mut s)? {
             ReplMessage::Hello { cluster, region, epoch, primary, base } => {
                 if cluster != self.cluster {

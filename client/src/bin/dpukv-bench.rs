@@ -79,6 +79,9 @@ struct Args {
     /// A bearer token for a gateway that asks for one.
     #[arg(long, env = "DPUKV_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// TLS to the endpoint.
+    #[command(flatten)]
+    tls: dpukv_net::tls::ClientTlsArgs,
     /// Run against another system instead: redis://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]
     /// (etcd needs the cargo feature `etcd`).
     #[arg(long)]
@@ -139,13 +142,14 @@ enum Engine {
 impl Engine {
     async fn connect(a: &Args) -> Result<Engine> {
         Ok(match &a.target {
-            None => Engine::Dpukv(
-                match &a.token {
-                    Some(t) => Client::connect_with_token(&a.endpoint, 1, t.as_bytes()).await,
-                    None => Client::connect(&a.endpoint, 1).await,
-                }
-                .context("connecting to dpukv")?,
-            ),
+            None => {
+                let opts = dpukv_client::Options {
+                    pool: 1,
+                    token: a.token.as_deref().map(|t| std::sync::Arc::from(t.as_bytes())),
+                    tls: a.tls.client().map_err(anyhow::Error::msg)?,
+                };
+                Engine::Dpukv(Client::connect_with(&a.endpoint, opts).await.context("connecting to dpukv")?)
+            }
             Some(t) => {
                 if let Some(addr) = t.strip_prefix("redis://") {
                     Engine::Redis(redis::Conn::connect(addr).await?)

@@ -19,6 +19,9 @@ struct Cli {
     /// shows in the process list).
     #[arg(long, env = "DPUKV_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
+    /// TLS to the endpoint.
+    #[command(flatten)]
+    tls: dpukv_net::tls::ClientTlsArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -124,6 +127,11 @@ enum Cmd {
         /// Forward reads to the host (the benchmark baseline).
         #[arg(long)]
         serve_reads_on_host: bool,
+        /// TLS everywhere: makes a local CA and a certificate for 127.0.0.1 in DIR/tls (kept
+        /// across runs), runs the devices and the replication links with mutual TLS and the
+        /// gateway's front ends with TLS; clients then trust DIR/tls/ca.pem (`--tls-ca`).
+        #[arg(long)]
+        tls: bool,
     },
 }
 
@@ -307,6 +315,7 @@ async fn run(cli: Cli) -> Result<i32> {
         fsync,
         split_keys,
         serve_reads_on_host,
+        tls,
     } = &cli.cmd
     {
         let cluster = (*nodes > 1).then(|| LocalCluster {
@@ -316,17 +325,19 @@ async fn run(cli: Cli) -> Result<i32> {
             backup_index: backup_index.clone(),
         });
         let gateway = LocalGateway { binary: listen.clone(), http: http.clone(), resp: resp.clone() };
-        return local(dir, &gateway, fsync, split_keys, *serve_reads_on_host, cluster).await;
+        return local(dir, &gateway, fsync, split_keys, *serve_reads_on_host, *tls, cluster).await;
     }
     if let Cmd::Stats { admin } = &cli.cmd {
         return stats(admin).await;
     }
     let connections = if let Cmd::Load { connections, .. } = &cli.cmd { *connections } else { 1 };
-    let c = match &cli.token {
-        Some(t) => Client::connect_with_token(&cli.endpoint, connections, t.as_bytes()).await,
-        None => Client::connect(&cli.endpoint, connections).await,
-    }
-    .with_context(|| format!("connecting to {}", cli.endpoint))?;
+    let opts = dpukv_client::Options {
+        pool: connections,
+        token: cli.token.as_deref().map(|t| std::sync::Arc::from(t.as_bytes())),
+        tls: cli.tls.client().map_err(anyhow::Error::msg)?,
+    };
+    let c =
+        Client::connect_with(&cli.endpoint, opts).await.with_context(|| format!("connecting to {}", cli.endpoint))?;
     let mut out = std::io::stdout().lock();
     match cli.cmd {
         Cmd::Get { key } => match c.get(key.as_bytes()).await? {
@@ -514,6 +525,7 @@ async fn local(
     fsync: &str,
     split_keys: &str,
     on_host: bool,
+    tls: bool,
     cluster: Option<LocalCluster>,
 ) -> Result<i32> {
     use std::time::Duration;
@@ -521,6 +533,21 @@ async fn local(
     use tokio::signal::unix::{SignalKind, signal};
     let exe_dir = std::env::current_exe()?.parent().context("binary directory")?.to_path_buf();
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tls = if tls { Some(local_tls(&dir.join("tls"))?) } else { None };
+    // TLS flags for a process: the certificate, its key and the CA; `mutual` asks peers for
+    // theirs. The processes' environment holds no DPUKV_TLS_* of this shell: TLS is as given here.
+    let with_tls = |cmd: &mut tokio::process::Command, mutual: bool| {
+        for var in ["DPUKV_TLS_CERT", "DPUKV_TLS_KEY", "DPUKV_TLS_CA", "DPUKV_TLS_CLIENT_AUTH"] {
+            cmd.env_remove(var);
+        }
+        if let Some(f) = &tls {
+            cmd.arg("--tls-cert").arg(&f.cert).arg("--tls-key").arg(&f.key);
+            cmd.arg("--tls-ca").arg(f.ca.as_ref().expect("a local CA"));
+            if mutual {
+                cmd.arg("--tls-client-auth");
+            }
+        }
+    };
     let mut etcd: Option<Supervised> = None;
     let mut etcd_url = String::new();
     let mut nodes: Vec<LocalNode> = Vec::new();
@@ -532,9 +559,11 @@ async fn local(
             let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
             host_cmd.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm);
             host_cmd.args(["--fsync", fsync, "--split-keys", split_keys, "--admin", &admin]).kill_on_drop(true);
+            with_tls(&mut host_cmd, true);
             // The host publishes its regions before it serves; the device waits for them.
             let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
             dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device]).kill_on_drop(true);
+            with_tls(&mut dev_cmd, true);
             if on_host {
                 dev_cmd.arg("--serve-reads-on-host");
             }
@@ -581,8 +610,10 @@ async fn local(
                 host_cmd.args(["--replication-factor", &c.replication.to_string()]).kill_on_drop(true);
                 host_cmd.args(["--backup-index", &c.backup_index]);
                 host_cmd.stderr(std::fs::File::create(nd.join("host.log"))?);
+                with_tls(&mut host_cmd, true);
                 let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
                 dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device]).kill_on_drop(true);
+                with_tls(&mut dev_cmd, true);
                 dev_cmd.stderr(std::fs::File::create(nd.join("device.log"))?);
                 let procs = vec![
                     Supervised::new(format!("node {id} host"), host_cmd),
@@ -604,6 +635,9 @@ async fn local(
         gw_cmd.args(["--resp", r]);
     }
     gw_cmd.stderr(std::fs::File::create(dir.join("gateway.log"))?).kill_on_drop(true);
+    // Clients of the front ends prove themselves with tokens, not certificates; the gateway
+    // presents its certificate to the devices.
+    with_tls(&mut gw_cmd, false);
     let mut gateway = Supervised::new("gateway".into(), gw_cmd);
     if let Some(e) = etcd.as_mut() {
         e.start()?;
@@ -628,8 +662,9 @@ async fn local(
             })
             .collect();
         let opt = |a: &Option<String>| a.as_deref().unwrap_or_default().to_string();
+        let ca = tls.as_ref().and_then(|f| f.ca.as_ref()).map(|p| p.display().to_string()).unwrap_or_default();
         let json = format!(
-            "{{\"etcd\": \"{etcd_url}\", \"nodes\": [\n  {}\n],\n \"gateway\": {{\"binary\": \"{}\", \"http\": \"{}\", \"resp\": \"{}\", \"admin\": \"{gw_admin}\", \"pid\": {}}}}}\n",
+            "{{\"etcd\": \"{etcd_url}\", \"tls_ca\": {ca:?}, \"nodes\": [\n  {}\n],\n \"gateway\": {{\"binary\": \"{}\", \"http\": \"{}\", \"resp\": \"{}\", \"admin\": \"{gw_admin}\", \"pid\": {}}}}}\n",
             list.join(",\n  "),
             gw.binary,
             opt(&gw.http),
@@ -643,9 +678,13 @@ async fn local(
     };
     write_json(&nodes, &gateway)?;
     let fronts = format!(
-        "{}{}",
+        "{}{}{}",
         gw.http.as_ref().map(|h| format!(", HTTP on {h}")).unwrap_or_default(),
-        gw.resp.as_ref().map(|r| format!(", Redis protocol on {r}")).unwrap_or_default()
+        gw.resp.as_ref().map(|r| format!(", Redis protocol on {r}")).unwrap_or_default(),
+        tls.as_ref()
+            .and_then(|f| f.ca.as_ref())
+            .map(|ca| format!(", all with TLS (trust {})", ca.display()))
+            .unwrap_or_default()
     );
     match &cluster {
         None => eprintln!(
@@ -693,6 +732,17 @@ async fn local(
     Ok(0)
 }
 
+/// `dpukv local --tls`'s certificates in `dir`: the ones there from an earlier run, else a new
+/// local CA and a certificate for 127.0.0.1 and localhost signed by it.
+fn local_tls(dir: &std::path::Path) -> Result<dpukv_net::tls::TlsFiles> {
+    let files =
+        dpukv_net::tls::TlsFiles { cert: dir.join("cert.pem"), key: dir.join("key.pem"), ca: Some(dir.join("ca.pem")) };
+    if files.cert.exists() && files.key.exists() && dir.join("ca.pem").exists() {
+        return Ok(files);
+    }
+    dpukv_net::tls::make_local_ca(dir, &["127.0.0.1", "localhost"]).map_err(anyhow::Error::msg)
+}
+
 /// A child process kept running (see [`local`]). [`Supervised::poll`] never blocks: it looks at
 /// the process and restarts it when due; its state says where it is.
 struct Supervised {
@@ -711,7 +761,10 @@ impl Supervised {
     const MAX_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
     const HEALTHY_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
-    fn new(name: String, cmd: tokio::process::Command) -> Supervised {
+    /// Supervises what `cmd` runs; the process dies with this one (spawned from the main
+    /// thread, where [`local`] runs: see `die_with_parent`).
+    fn new(name: String, mut cmd: tokio::process::Command) -> Supervised {
+        dpukv_net::process::die_with_parent(&mut cmd);
         Supervised {
             name,
             cmd,

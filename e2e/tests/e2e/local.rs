@@ -108,3 +108,80 @@ fn regions_and_nodes_print_the_map_a_node_serves_by() {
     assert_eq!(cli("regions"), "1\t\tg\t1\t\t1\n2\tg\tp\t1\t\t1\n3\tp\t\t1\t\t1\n");
     assert_eq!(cli("nodes"), "1\t\t\t\t\n");
 }
+
+/// `dpukv local --tls`: its own CA in DIR/tls, named in cluster.json; the CLI trusting it works
+/// through the gateway, without it is refused; the device wants a client certificate. And
+/// `dpukv local` killed with SIGKILL takes its processes with it.
+#[test]
+fn local_tls_serves_only_clients_that_trust_its_ca() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = dpukv_e2e::procs::free_port().expect("a free port");
+    let addr = format!("127.0.0.1:{port}");
+    let local = Command::new(bin_dir().expect("binaries").join("dpukv"))
+        .args(["local", "--tls", "--listen", &addr, "--dir"])
+        .arg(dir.path())
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start dpukv local");
+    let _local = Proc(local);
+    let json = dir.path().join("cluster.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !json.exists() {
+        assert!(Instant::now() < deadline, "no cluster.json");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("read")).expect("cluster.json is JSON");
+    let ca = info["tls_ca"].as_str().expect("tls_ca").to_string();
+    assert_eq!(std::path::Path::new(&ca), dir.path().join("tls/ca.pem"));
+    let device = info["nodes"][0]["device"].as_str().expect("device").to_string();
+    let cli = |endpoint: &str, tls: &[&str], args: &[&str]| {
+        Command::new(bin_dir().expect("binaries").join("dpukv"))
+            .args(["--endpoint", endpoint])
+            .args(tls)
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .expect("run dpukv")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = cli(&addr, &["--tls-ca", &ca], &["put", "k", "v"]);
+        if out.status.success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never served: {}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = cli(&addr, &["--tls-ca", &ca], &["get", "k"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "v\n");
+    let out = cli(&addr, &[], &["get", "k"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("speaks TLS"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = cli(&device, &["--tls-ca", &ca], &["get", "k"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("CertificateRequired"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cert = dir.path().join("tls/cert.pem");
+    let key = dir.path().join("tls/key.pem");
+    let (cert, key) = (cert.to_str().expect("utf-8"), key.to_str().expect("utf-8"));
+    let out = cli(&device, &["--tls-ca", &ca, "--tls-cert", cert, "--tls-key", key], &["get", "k"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "v\n", "{}", String::from_utf8_lossy(&out.stderr));
+    // Killed outright, dpukv local leaves none of its processes behind.
+    let pid = _local.0.id();
+    let children: Vec<u32> =
+        ["dpukv-node", "dpukv-dpu", "dpukv-gateway"].iter().flat_map(|b| children_running(pid, b)).collect();
+    assert_eq!(children.len(), 3, "host, device and gateway under dpukv local");
+    kill("-9", pid);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for c in children {
+        while std::fs::read_to_string(format!("/proc/{c}/stat")).is_ok_and(|s| !s.contains(") Z")) {
+            assert!(Instant::now() < deadline, "process {c} outlived dpukv local's SIGKILL");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

@@ -6,3 +6,4 @@ mod gateway;
 mod linearizable;
 mod local;
 mod meta;
+mod tls;

@@ -591,16 +591,17 @@ pub fn admin_router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-/// A listener that keeps at most `max` connections open (more are closed at once).
+/// A listener that keeps at most `max` connections open (more are closed at once). Handshakes
+/// (TLS) run in their own tasks, so one slow client cannot hold up the others' accepts; finished
+/// connections reach axum through a bounded channel.
 struct Limited {
-    inner: tokio::net::TcpListener,
-    open: Arc<Semaphore>,
-    metrics: Arc<Metrics>,
+    ready: tokio::sync::mpsc::Receiver<(Counted, SocketAddr)>,
+    local: SocketAddr,
 }
 
 /// A connection holding its place under the limit.
 struct Counted {
-    stream: tokio::net::TcpStream,
+    stream: dpukv_net::tls::Stream,
     _permit: OwnedSemaphorePermit,
     _guard: crate::metrics::ConnectionGuard,
 }
@@ -642,36 +643,72 @@ impl axum::serve::Listener for Limited {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Counted, SocketAddr) {
-        loop {
-            let Ok((stream, addr)) = self.inner.accept().await else {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                continue;
-            };
-            let Ok(permit) = self.open.clone().try_acquire_owned() else {
-                drop(stream);
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            return (Counted { stream, _permit: permit, _guard: self.metrics.connection("http") }, addr);
+        match self.ready.recv().await {
+            Some(c) => c,
+            // The accepting task ended (shutdown): wait for axum's graceful stop.
+            None => std::future::pending().await,
         }
     }
 
     fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.inner.local_addr()
+        Ok(self.local)
     }
 }
 
-/// Serves `router` on `listener` until `stop` (then finishes the requests in progress).
+/// Accepts connections up to the limit, runs each one's handshake in a task of its own and
+/// hands the finished ones on.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<dpukv_net::tls::ServerTls>>,
+    open: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+    ready: tokio::sync::mpsc::Sender<(Counted, SocketAddr)>,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let Ok((stream, addr)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (tls, metrics, ready) = (tls.clone(), metrics.clone(), ready.clone());
+        tokio::spawn(async move {
+            let stream = match dpukv_net::tls::accept(tls.as_deref(), stream).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "an HTTP client failed the TLS handshake");
+                    return;
+                }
+            };
+            let conn = Counted { stream, _permit: permit, _guard: metrics.connection("http") };
+            let _ = ready.send((conn, addr)).await;
+        });
+    }
+}
+
+/// Serves `router` on `listener` (with TLS when `tls` is given) until `stop` (then finishes the
+/// requests in progress).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     state: &HttpState,
+    tls: Option<Arc<dpukv_net::tls::ServerTls>>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    let limited = Limited {
-        inner: listener,
-        open: Arc::new(Semaphore::new(state.limits.max_connections)),
-        metrics: state.metrics.clone(),
-    };
+    let local = listener.local_addr()?;
+    // Connections whose handshake is done but that axum has not taken yet (each holds a place
+    // under the connection limit meanwhile).
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let open = Arc::new(Semaphore::new(state.limits.max_connections));
+    tokio::spawn(accept_loop(listener, tls, open, state.metrics.clone(), tx, stop.clone()));
+    let limited = Limited { ready: rx, local };
     axum::serve(limited, router).with_graceful_shutdown(async move { stop.cancelled().await }).await
 }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use dpukv_net::conn::Budget;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -72,6 +72,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// This front end's address (for `INFO`).
     pub port: u16,
+    /// TLS, if the front end speaks it.
+    pub tls: Option<Arc<dpukv_net::tls::ServerTls>>,
 }
 
 /// Serves `listener` until `stop`.
@@ -95,6 +97,13 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Cancellatio
         let (shared, stop) = (shared.clone(), stop.clone());
         tracker.spawn(async move {
             let _counted = shared.metrics.connection("resp");
+            let stream = match dpukv_net::tls::accept(shared.tls.as_deref(), stream).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a RESP client failed the TLS handshake");
+                    return;
+                }
+            };
             if let Err(e) = connection(stream, &shared, stop).await {
                 tracing::debug!(error = %e, "RESP connection ended");
             }
@@ -113,7 +122,11 @@ struct ConnState {
 
 const READ_CHUNK: usize = 16 << 10;
 
-async fn connection(mut stream: TcpStream, shared: &Shared, stop: CancellationToken) -> std::io::Result<()> {
+async fn connection(
+    mut stream: dpukv_net::tls::Stream,
+    shared: &Shared,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
     let limits = shared.limits;
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut state = ConnState::default();

@@ -57,6 +57,8 @@ pub struct DeviceConfig {
     pub host_timeout: Duration,
     /// How long a shutdown waits for requests in flight.
     pub shutdown_grace: Duration,
+    /// TLS on the data port.
+    pub tls: Option<Arc<dpukv_net::tls::ServerTls>>,
 }
 
 /// Where the device serves.
@@ -83,6 +85,11 @@ pub async fn run(
         forwarded: links.forwarded.clone(),
         unavailable: links.unavailable.clone(),
     }));
+    let latency = dpukv_net::latency::OpLatency::register(
+        &mut registry,
+        "dpukv_device_request_duration_seconds",
+        "Time from a request's arrival at the device to its answer written, by operation",
+    );
     let admin_addr = match cfg.admin {
         Some(a) => Some(
             admin::serve(
@@ -124,10 +131,18 @@ pub async fn run(
                 };
                 let _ = stream.set_nodelay(true);
                 let (reads, links, budget, stop) = (reads.clone(), links.clone(), budget.clone(), shutdown.clone());
-                let (conn_cfg, on_host) = (cfg.conn, cfg.serve_reads_on_host);
+                let (conn_cfg, on_host, tls, latency) =
+                    (cfg.conn, cfg.serve_reads_on_host, cfg.tls.clone(), latency.clone());
                 tracker.spawn(async move {
+                    let stream = match dpukv_net::tls::accept(tls.as_deref(), stream).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "a client failed the TLS handshake");
+                            return;
+                        }
+                    };
                     let dispatch = |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &reads, &links, on_host);
-                    if let Err(e) = conn::serve(stream, conn_cfg, budget, stop, dispatch).await {
+                    if let Err(e) = conn::serve(stream, conn_cfg, budget, Some(latency), stop, dispatch).await {
                         tracing::debug!(error = %e, "client connection ended");
                     }
                     drop(permit);

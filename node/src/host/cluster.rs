@@ -64,6 +64,10 @@ pub struct ClusterArgs {
     pub replication_timeout: Duration,
     /// Most bytes per second sent to a backup catching up (0: no cap).
     pub catch_up_bytes_per_sec: u64,
+    /// TLS on this host's replication listener.
+    pub tls_server: Option<Arc<dpukv_net::tls::ServerTls>>,
+    /// TLS to the backups this host streams to.
+    pub tls_client: Option<Arc<dpukv_net::tls::ClientTls>>,
 }
 
 /// A region this node leads.
@@ -142,7 +146,7 @@ pub async fn run(
     let authority = Authority::new();
     let backups = BackupHost::with_stats(&args.name, opener.data_dir.clone(), metrics.repl.clone());
     let stop_backups = Arc::new(AtomicBool::new(false));
-    backups.serve(listener, stop_backups.clone())?;
+    backups.serve(listener, args.tls_server.clone(), stop_backups.clone())?;
     let member = register_loop(&store, &keys, &info, timing, &authority, &shutdown).await;
     let Some(mut member) = member else { return Ok(vec![]) };
     tracing::info!(node = args.node_id, cluster = %args.name, lease = member.lease, "registered");
@@ -568,6 +572,7 @@ fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_pr
             stats: l.stats.clone(),
             send_index: l.send_index,
             catch_up_bytes_per_sec: args.catch_up_bytes_per_sec,
+            tls: args.tls_client.clone(),
         };
         let stop = Arc::new(AtomicBool::new(false));
         match spawn_sender(cfg, l.tail.clone(), l.feed.clone(), l.acks.clone(), stop.clone()) {

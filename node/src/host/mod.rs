@@ -201,6 +201,11 @@ pub async fn run(
     let ready = Arc::new(AtomicBool::new(false));
     let mut registry = Registry::default();
     registry.register_collector(Box::new(StatsCollector(stats.clone())));
+    let latency = dpukv_net::latency::OpLatency::register(
+        &mut registry,
+        "dpukv_host_request_duration_seconds",
+        "Time from a request's arrival from the device to its answer written back, by operation",
+    );
     if cfg.cluster.is_some() {
         registry.register_collector(Box::new(cluster_metrics::ClusterCollector(cluster_metrics.clone())));
     }
@@ -240,10 +245,10 @@ pub async fn run(
                     continue;
                 };
                 let (served, reads, budget, stop) = (served.clone(), reads.clone(), budget.clone(), shutdown.clone());
-                let conn_cfg = cfg.conn;
+                let (conn_cfg, latency) = (cfg.conn, latency.clone());
                 tracker.spawn(async move {
                     let dispatch = |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &served, &reads);
-                    if let Err(e) = conn::serve(stream, conn_cfg, budget, stop, dispatch).await {
+                    if let Err(e) = conn::serve(stream, conn_cfg, budget, Some(latency), stop, dispatch).await {
                         tracing::debug!(error = %e, "device connection ended");
                     }
                     drop(permit);

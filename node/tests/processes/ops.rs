@@ -121,3 +121,54 @@ fn operations_through_the_device() {
         Err(ErrorCode::ValueTooLarge)
     );
 }
+
+/// `GET /metrics` at `addr` (HTTP/1.0): the body, once the endpoint answers (within 10 s).
+fn metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+            let mut text = String::new();
+            if s.read_to_string(&mut text).is_ok() && text.starts_with("HTTP/1.") {
+                return text;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "no metrics at {addr}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The value of the sample named exactly `sample` (name and labels) in `text`.
+fn sample(text: &str, sample: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.rsplit_once(' ').filter(|(n, _)| *n == sample).and_then(|(_, v)| v.parse().ok()))
+}
+
+/// Both processes export a latency histogram per operation: the device from a request's arrival
+/// to its answer, the host for what the device forwards to it (writes, not reads).
+#[test]
+fn latency_histograms_count_each_operation_on_device_and_host() {
+    let port = || std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").to_string();
+    let (host_admin, device_admin) = (port(), port());
+    let pod = Pod::start(&["--admin", &host_admin], &["--admin", &device_admin]);
+    let mut c = pod.connect();
+    for i in 0..5 {
+        let r = c.one(Op::Put { key: format!("k{i}").into_bytes(), value: b"v".to_vec() });
+        assert_eq!(r.result, Ok(Reply::Done));
+    }
+    for i in 0..7 {
+        assert_eq!(value(&c.one(Op::Get { key: format!("k{i}").into_bytes() })).is_some(), i < 5);
+    }
+    let device = metrics(&device_admin);
+    let host = metrics(&host_admin);
+    assert_eq!(sample(&device, "dpukv_device_request_duration_seconds_count{op=\"put\"}"), Some(5.0), "{device}");
+    assert_eq!(sample(&device, "dpukv_device_request_duration_seconds_count{op=\"get\"}"), Some(7.0), "{device}");
+    assert_eq!(sample(&device, "dpukv_device_request_duration_seconds_count{op=\"scan\"}"), Some(0.0), "{device}");
+    assert_eq!(sample(&host, "dpukv_host_request_duration_seconds_count{op=\"put\"}"), Some(5.0), "{host}");
+    assert_eq!(sample(&host, "dpukv_host_request_duration_seconds_count{op=\"get\"}"), Some(0.0), "{host}");
+    // Every request took some time, and less than the largest bucket.
+    let sum = sample(&device, "dpukv_device_request_duration_seconds_sum{op=\"put\"}").expect("sum");
+    assert!(sum > 0.0 && sum < 5.0 * 20.0, "{sum}");
+    let inf = "dpukv_device_request_duration_seconds_bucket{le=\"+Inf\",op=\"get\"}";
+    assert_eq!(sample(&device, inf), Some(7.0), "{device}");
+}

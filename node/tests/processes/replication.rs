@@ -25,7 +25,7 @@ impl BackupNode {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let stop = Arc::new(AtomicBool::new(false));
-        host.serve(listener, stop.clone()).expect("serve");
+        host.serve(listener, None, stop.clone()).expect("serve");
         BackupNode { host, addr, stop }
     }
 }
@@ -59,6 +59,7 @@ fn sender_cfg(region_dir: &std::path::Path, epoch: u64, backup: u32, addr: Socke
         stats: Arc::default(),
         send_index: true,
         catch_up_bytes_per_sec: 0,
+        tls: None,
     }
 }
 
@@ -330,4 +331,50 @@ fn a_catching_up_backup_is_sent_the_log_at_the_capped_rate_and_a_current_one_at_
     let free = catch_up(0, 3);
     assert!(capped >= Duration::from_millis(1800), "3 MiB at 1 MiB/s took {capped:?}");
     assert!(free < capped / 2, "uncapped {free:?}, capped {capped:?}");
+}
+
+/// Replication over mutual TLS: a backup serving TLS (client certificates of the cluster's CA
+/// required) holds every write a primary with such a certificate streams; a primary with a
+/// certificate of another CA is never served.
+#[test]
+fn replication_runs_over_mutual_tls_and_refuses_strangers() {
+    use dpukv_net::tls::{ClientTls, ServerTls, make_local_ca};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ours = make_local_ca(&dir.path().join("ours"), &["127.0.0.1"]).expect("CA");
+    let theirs = make_local_ca(&dir.path().join("theirs"), &["127.0.0.1"]).expect("other CA");
+    let pdir = dir.path().join("primary");
+    let mut primary =
+        Region::open(RegionConfig::tiny(&pdir, dir.path().join("pshm"), FsyncPolicy::Always)).expect("open").0;
+    let host = BackupHost::new("test", dir.path().join("node2"));
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = ServerTls::load(&ours, true).expect("server TLS");
+    host.serve(listener, Some(server), stop.clone()).expect("serve");
+    host.back(1, 1);
+    let ca = ours.ca.clone().expect("ca");
+    // A stranger first: its certificate is refused, nothing is held.
+    let stranger = ClientTls::load(&ca, Some((&theirs.cert, &theirs.key))).expect("client TLS");
+    let (feed, acks) = (Feed::new(), Acks::new(1, vec![2]));
+    let mut cfg = sender_cfg(&pdir, 1, 2, addr);
+    cfg.tls = Some(stranger);
+    let s = spawn_sender(cfg, primary.vlog().tail(), feed.clone(), acks.clone(), stop.clone()).expect("sender");
+    let ack = primary.put(b"k0", b"v").expect("put");
+    feed.committed();
+    assert!(acks.wait(ack.end, Duration::from_millis(1500)).is_err(), "a primary of another CA is not served");
+    // One of ours streams: every write is held.
+    let member = ClientTls::load(&ca, Some((&ours.cert, &ours.key))).expect("client TLS");
+    let (feed, acks) = (Feed::new(), Acks::new(1, vec![2]));
+    let mut cfg = sender_cfg(&pdir, 1, 2, addr);
+    cfg.tls = Some(member);
+    let ours_sender =
+        spawn_sender(cfg, primary.vlog().tail(), feed.clone(), acks.clone(), stop.clone()).expect("sender");
+    for i in 0..500u32 {
+        let ack = primary.put(format!("k{i:04}").as_bytes(), &[b'x'; 200]).expect("put");
+        feed.committed();
+        acks.wait(ack.end, Duration::from_secs(20)).expect("held by the backup over TLS");
+    }
+    stop.store(true, Ordering::Release);
+    assert_eq!(ended(ours_sender), SenderEnd::Stopped);
+    let _ = ended(s);
 }
