@@ -9,12 +9,14 @@
 //! - `routing`: the region map and a connection pool per node: each request goes to its
 //!   region's primary, naming the region and epoch; the map is refreshed when a node says it
 //!   is stale.
+//! - `trace`: the trace context a caller's requests carry (a task-local scope).
 //! - `workload`: YCSB and cloud-storage workloads, key choosers, a latency histogram (bench).
 //! - this module: [`Client`], the typed operations.
 
 mod conn;
 mod error;
 mod routing;
+pub mod trace;
 pub mod workload;
 
 use std::collections::BTreeSet;
@@ -236,6 +238,9 @@ impl Client {
         name: bool,
         pin: Option<usize>,
     ) -> Result<Response> {
+        if req.trace.is_none() {
+            req.trace = trace::current();
+        }
         let t = match self.router.target(&req, timeout).await {
             Ok(t) => t,
             Err(e) => {
@@ -447,8 +452,9 @@ impl Client {
     pub async fn batch_across_regions(&self, ops: Vec<WriteOp>) -> Result<u64> {
         let mut tasks = tokio::task::JoinSet::new();
         for share in self.by_region(ops).await?.into_values() {
-            let c = self.clone();
-            tasks.spawn(async move { Ok::<u64, ClientError>(c.call(Op::Batch { ops: share }).await?.1) });
+            let (c, trace) = (self.clone(), trace::current());
+            let share = async move { Ok::<u64, ClientError>(c.call(Op::Batch { ops: share }).await?.1) };
+            tasks.spawn(trace::scope(trace, share));
         }
         let mut newest = 0;
         let mut first_err = None;

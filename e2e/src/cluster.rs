@@ -24,6 +24,8 @@ pub struct ClusterNode {
     pub admin: String,
     host_args: Vec<String>,
     device_args: Vec<String>,
+    /// Environment variables of both processes.
+    env: Vec<(String, String)>,
     /// Runs the processes in a namespace (`ip netns exec NS`), or nothing.
     prefix: Vec<String>,
     host: Option<Proc>,
@@ -35,15 +37,23 @@ impl ClusterNode {
     pub fn start(id: u32, cluster: &str, etcd: &str, extra: &[&str]) -> Result<ClusterNode> {
         let device = format!("127.0.0.1:{}", free_port()?);
         let admin = format!("127.0.0.1:{}", free_port()?);
-        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), "127.0.0.1", device, admin)
+        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), Vec::new(), "127.0.0.1", device, admin)
     }
 
     /// Like [`ClusterNode::start`], with flags `both` given to the host and the device alike
-    /// (TLS, say).
-    pub fn start_with(id: u32, cluster: &str, etcd: &str, extra: &[&str], both: &[&str]) -> Result<ClusterNode> {
+    /// (TLS, say), and environment variables `env` set for both.
+    pub fn start_with(
+        id: u32,
+        cluster: &str,
+        etcd: &str,
+        extra: &[&str],
+        both: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<ClusterNode> {
         let device = format!("127.0.0.1:{}", free_port()?);
         let admin = format!("127.0.0.1:{}", free_port()?);
-        Self::start_at(id, cluster, etcd, extra, both, Vec::new(), "127.0.0.1", device, admin)
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Self::start_at(id, cluster, etcd, extra, both, env, Vec::new(), "127.0.0.1", device, admin)
     }
 
     /// Like [`ClusterNode::start`], in the network namespace `prefix` enters (`ip netns exec
@@ -57,7 +67,7 @@ impl ClusterNode {
         ip: &str,
     ) -> Result<ClusterNode> {
         let (device, admin) = (format!("{ip}:7070"), format!("{ip}:7071"));
-        Self::start_at(id, cluster, etcd, extra, &[], prefix, ip, device, admin)
+        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), prefix, ip, device, admin)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -67,6 +77,7 @@ impl ClusterNode {
         etcd: &str,
         extra: &[&str],
         both: &[&str],
+        env: Vec<(String, String)>,
         prefix: Vec<String>,
         ip: &str,
         device: String,
@@ -94,7 +105,7 @@ impl ClusterNode {
         .collect();
         host_args.extend(extra.iter().chain(both).map(|s| s.to_string()));
         let device_args = both.iter().map(|s| s.to_string()).collect();
-        let mut n = ClusterNode { id, dir, device, admin, host_args, device_args, prefix, host: None, dev: None };
+        let mut n = ClusterNode { id, dir, device, admin, host_args, device_args, env, prefix, host: None, dev: None };
         n.resume()?;
         Ok(n)
     }
@@ -118,6 +129,7 @@ impl ClusterNode {
         };
         let mut h = command("dpukv-node")?;
         h.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm).args(&self.host_args);
+        h.envs(self.env.iter().map(|(k, v)| (k, v)));
         h.env("RUST_LOG", std::env::var("DPUKV_E2E_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::null())
             .stderr(log("host.log")?);
@@ -138,6 +150,7 @@ impl ClusterNode {
         };
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("device.log"))?;
         d.arg("--shm-dir").arg(&shm).args(["--listen", &self.device]).args(&self.device_args);
+        d.envs(self.env.iter().map(|(k, v)| (k, v)));
         d.env("RUST_LOG", "info").stdout(Stdio::null()).stderr(log);
         self.dev = Some(Proc(d.spawn().context("starting dpukv-dpu")?));
         Ok(())

@@ -25,12 +25,18 @@ impl Gateway {
     /// Starts a gateway learning the cluster from `seeds` (node devices), with `extra` flags;
     /// returns once it serves.
     pub fn start(seeds: &[&str], extra: &[&str]) -> Result<Gateway> {
+        Self::start_env(seeds, extra, &[])
+    }
+
+    /// Like [`Gateway::start`], with environment variables `env` set.
+    pub fn start_env(seeds: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Result<Gateway> {
         let addr = || -> Result<String> { Ok(format!("127.0.0.1:{}", free_port()?)) };
         let (binary, http, resp) = (addr()?, addr()?, addr()?);
         let log = tempfile::NamedTempFile::new()?;
         let mut c = Command::new(bin_dir()?.join("dpukv-gateway"));
         c.args(["--seeds", &seeds.join(","), "--listen", &binary, "--http", &http, "--resp", &resp])
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", std::env::var("DPUKV_E2E_LOG").unwrap_or_else(|_| "info".into()))
             .stderr(log.reopen()?)
             .stdout(Stdio::null());

@@ -12,6 +12,7 @@
 //! - `gateway`: a gateway process in front of a cluster.
 //! - `netns`: hosts in network namespaces on a bridge, partitioned with nftables.
 //! - `delay`: a TCP proxy adding an adjustable delay (a slow link to etcd).
+//! - `otlp`: an OTLP/gRPC trace receiver that keeps the spans processes export.
 
 pub mod cluster;
 pub mod delay;
@@ -20,4 +21,5 @@ pub mod gateway;
 pub mod history;
 pub mod linearizability;
 pub mod netns;
+pub mod otlp;
 pub mod procs;

@@ -110,14 +110,20 @@ pub async fn serve(
                 let (scans, points): (Vec<_>, Vec<_>) =
                     allowed.into_iter().partition(|(i, _)| matches!(i.req.op, Op::Scan { .. } | Op::FloorScan { .. }));
                 for one in scans {
-                    tokio::spawn(answer(up.clone(), vec![one], sink.clone(), metrics.clone()));
+                    // A scan's reads are new requests: they carry its trace through the scope.
+                    let trace = one.0.req.trace;
+                    let answer = answer(up.clone(), vec![one], sink.clone(), metrics.clone());
+                    tokio::spawn(dpukv_client::trace::scope(trace, answer));
                 }
                 if !points.is_empty() {
                     tokio::spawn(answer(up.clone(), points, sink, metrics.clone()));
                 }
                 std::future::ready(())
             };
-            if let Err(e) = conn::serve(stream, limits.conn, budget, None, stop, dispatch).await {
+            // Requests get spans (a new trace unless the client sent one) when traces are
+            // exported; forwarded, they carry the gateway's span.
+            let obs = conn::Observer { latency: None, component: Some("gateway"), root: true };
+            if let Err(e) = conn::serve(stream, limits.conn, budget, obs, stop, dispatch).await {
                 tracing::debug!(error = %e, "binary connection ended");
             }
             drop(permit);

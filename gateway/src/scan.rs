@@ -128,7 +128,12 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
     let start_part = |(a, b): (Vec<u8>, Vec<u8>), permit: OwnedSemaphorePermit| {
         limits.metrics.scan_parts.inc();
         let c = client.clone();
-        tokio::spawn(async move { (c.scan_part(&a, &b, want, max_bytes).await, permit) })
+        // The part's reads carry the scan's trace (a spawned task starts outside its scope).
+        let trace = dpukv_client::trace::current();
+        tokio::spawn(dpukv_client::trace::scope(
+            trace,
+            async move { (c.scan_part(&a, &b, want, max_bytes).await, permit) },
+        ))
     };
     let mut running = Running(VecDeque::new());
     let mut ends: VecDeque<Vec<u8>> = VecDeque::new(); // each started part's upper bound

@@ -31,6 +31,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::latency::OpLatency;
+use crate::telemetry;
 
 /// Per-connection limits.
 #[derive(Debug, Clone, Copy)]
@@ -158,6 +159,8 @@ pub struct Charge {
     /// The request's operation and when its frame arrived: its latency is recorded once the
     /// response is written.
     timing: Option<(OpCode, Instant)>,
+    /// The request's span, if it is traced: it ends when the response is written.
+    span: Option<tracing::Span>,
 }
 
 impl Charge {
@@ -183,6 +186,7 @@ impl Charge {
             slot: None,
             id: None,
             timing: None,
+            span: None,
         }
     }
 
@@ -198,6 +202,7 @@ impl Charge {
         }
         self.id = self.id.or(other.id);
         self.timing = self.timing.or(other.timing);
+        self.span = self.span.take().or(other.span);
     }
 }
 
@@ -345,6 +350,18 @@ pub enum ConnError {
     DuplicateId(u64),
 }
 
+/// What a connection records of its requests.
+#[derive(Debug, Clone, Default)]
+pub struct Observer {
+    /// Latency per operation, recorded when a response has been written.
+    pub latency: Option<OpLatency>,
+    /// Make a span for each traced request, named after this component (`device`, `host`,
+    /// `gateway`); None: no spans.
+    pub component: Option<&'static str>,
+    /// Also start a trace for requests that carry none (a front end).
+    pub root: bool,
+}
+
 /// Serves one connection until it ends, the peer misbehaves, or `stop`: the requests read are
 /// handed to `dispatch` with their charges, a frame's together (earlier if taking a charge must
 /// wait, so nothing taken waits on what is not yet dispatched); `dispatch` answers each through
@@ -353,7 +370,7 @@ pub async fn serve<S, D, F>(
     stream: S,
     cfg: ConnConfig,
     budget: Budget,
-    latency: Option<OpLatency>,
+    obs: Observer,
     stop: CancellationToken,
     mut dispatch: D,
 ) -> Result<(), ConnError>
@@ -370,7 +387,7 @@ where
     let slots = Arc::new(Semaphore::new(cfg.max_in_flight));
     let ids: Arc<Mutex<HashSet<u64>>> = Arc::new(Mutex::new(HashSet::new()));
     let gone = stop.child_token();
-    let (sink, writer) = spawn_writer(w, &cfg, ids.clone(), latency, gone.clone());
+    let (sink, writer) = spawn_writer(w, &cfg, ids.clone(), obs.latency.clone(), gone.clone());
     let out = 'frames: loop {
         let mut head = [0u8; 8];
         let got = tokio::select! {
@@ -461,7 +478,7 @@ where
                     charge.merge(frame.split_off(64));
                     sink.send(Response::error(id, code, what), charge);
                 }
-                Ok(req) => {
+                Ok(mut req) => {
                     if !ids.lock().unwrap_or_else(|e| e.into_inner()).insert(req.id) {
                         // An answer under the duplicated id would be taken for the original's:
                         // a protocol error, so the connection ends (requests in flight on it
@@ -472,6 +489,15 @@ where
                     }
                     charge.id = Some(req.id);
                     charge.timing = Some((req.op.code(), arrived));
+                    // A traced request gets a span here; what it sends on carries the span.
+                    if let Some(component) = obs.component
+                        && (req.trace.is_some() || obs.root)
+                        && let Some((span, ctx)) =
+                            telemetry::op_span(component, req.op.code(), req.trace.as_ref(), obs.root)
+                    {
+                        charge.span = Some(span);
+                        req.trace = Some(ctx);
+                    }
                     let need = reserve(&req);
                     let have = frame.bytes().min(need);
                     charge.merge(frame.split_off(have));

@@ -8,8 +8,10 @@
 //!   timeouts; responses go back through a [`conn::Sink`] from any thread; the flags that set
 //!   those limits.
 //! - `latency`: request latency per operation as a Prometheus histogram, recorded by `conn`.
-//! - `process`: logging and shutdown on signals, as every server binary starts; children that
-//!   die with their supervisor (`dpukv local`).
+//! - `process`: shutdown on signals, as every server binary starts; children that die with
+//!   their supervisor (`dpukv local`).
+//! - `telemetry`: logs, and traces exported over OTLP (feature `otel`): a span per traced
+//!   request, joined to the trace its request carries.
 //! - `tls`: TLS for async and blocking connections, mutual TLS, certificates re-read when
 //!   their files change.
 //!
@@ -23,4 +25,5 @@
 pub mod conn;
 pub mod latency;
 pub mod process;
+pub mod telemetry;
 pub mod tls;

@@ -285,4 +285,5 @@ impl DeviceArgs {
     }
 }
 
-pub use dpukv_net::process::{init_tracing, shutdown_on_signals};
+pub use dpukv_net::process::shutdown_on_signals;
+pub use dpukv_net::telemetry;

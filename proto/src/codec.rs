@@ -12,6 +12,8 @@ use crate::message::*;
 const F_SESSION: u16 = 1;
 /// Request flag: the write is a retry (only with a session).
 const F_RETRY: u16 = 2;
+/// Request flag: a trace context block follows (after the session block, if any).
+const F_TRACE: u16 = 4;
 const KIND_REQUESTS: u8 = 1;
 const KIND_RESPONSES: u8 = 2;
 /// Bytes of the frame header.
@@ -140,7 +142,7 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
         let flags = match r.session {
             None => 0,
             Some(s) => F_SESSION | if s.retry { F_RETRY } else { 0 },
-        };
+        } | if r.trace.is_some() { F_TRACE } else { 0 };
         w.u16(flags);
         w.u32(bound);
         w.u64(r.read_version);
@@ -150,6 +152,11 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
             w.u64(s.client);
             w.u64(s.seq);
             w.u64(s.acked_below);
+        }
+        if let Some(t) = &r.trace {
+            w.0.extend_from_slice(&t.trace_id);
+            w.0.extend_from_slice(&t.span_id);
+            w.u8(t.flags);
         }
         match &r.op {
             Op::Get { key } | Op::Delete { key } => w.bytes(key),
@@ -446,7 +453,7 @@ fn decode_request(e: &[u8]) -> RequestEntry {
             }
             _ => return Err((ErrorCode::BadRequest, "unknown consistency")),
         };
-        if flags & !(F_SESSION | F_RETRY) != 0 || (flags & F_RETRY != 0 && flags & F_SESSION == 0) {
+        if flags & !(F_SESSION | F_RETRY | F_TRACE) != 0 || (flags & F_RETRY != 0 && flags & F_SESSION == 0) {
             return Err((ErrorCode::BadRequest, "reserved request flags set"));
         }
         let (read_version, region, epoch) = (r.u64()?, r.u32()?, r.u64()?);
@@ -459,6 +466,18 @@ fn decode_request(e: &[u8]) -> RequestEntry {
                 return Err((ErrorCode::BadRequest, "session seq must be >= 1 and not below acked_below"));
             }
             Some(Session { client, seq, acked_below, retry: flags & F_RETRY != 0 })
+        } else {
+            None
+        };
+        let trace = if flags & F_TRACE != 0 {
+            let (mut trace_id, mut span_id) = ([0u8; 16], [0u8; 8]);
+            trace_id.copy_from_slice(r.take(16)?);
+            span_id.copy_from_slice(r.take(8)?);
+            let t = TraceContext { trace_id, span_id, flags: r.u8()? };
+            if !t.is_valid() {
+                return Err((ErrorCode::BadRequest, "an all-zero trace or span id"));
+            }
+            Some(t)
         } else {
             None
         };
@@ -544,7 +563,7 @@ fn decode_request(e: &[u8]) -> RequestEntry {
         if read_version != 0 && req_is_write(&op) {
             return Err((ErrorCode::BadRequest, "a read version on a write"));
         }
-        let req = Request { id, consistency, read_version, region, epoch, session, op };
+        let req = Request { id, consistency, read_version, region, epoch, session, trace, op };
         req.op.validate().map_err(|c| (c, "request outside the protocol's limits"))?;
         Ok(req)
     };

@@ -427,6 +427,63 @@ pub struct Session {
     pub retry: bool,
 }
 
+/// A W3C trace context (www.w3.org/TR/trace-context): the trace a request belongs to and the
+/// span that sent it, so a server's spans join the caller's trace (docs/protocol.md §4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceContext {
+    /// The trace (not all zero).
+    pub trace_id: [u8; 16],
+    /// The calling span (not all zero).
+    pub span_id: [u8; 8],
+    /// The trace flags (bit 0: sampled).
+    pub flags: u8,
+}
+
+impl TraceContext {
+    /// Whether the caller records this trace (the sampled flag).
+    pub fn sampled(&self) -> bool {
+        self.flags & 1 != 0
+    }
+
+    /// Parses a `traceparent` header (`00-<32 hex>-<16 hex>-<2 hex>`); None if it is not one
+    /// (as the W3C specification asks, an invalid header is ignored, not refused).
+    pub fn from_traceparent(header: &str) -> Option<TraceContext> {
+        let mut parts = header.trim().split('-');
+        let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        // Version 00 has exactly four fields; later versions may add more after these.
+        if version.len() != 2 || version == "ff" || (version == "00" && parts.next().is_some()) {
+            return None;
+        }
+        let hex = |s: &str, out: &mut [u8]| -> Option<()> {
+            if s.len() != out.len() * 2 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return None;
+            }
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+            }
+            Some(())
+        };
+        let (mut trace_id, mut span_id, mut f) = ([0u8; 16], [0u8; 8], [0u8; 1]);
+        hex(version, &mut [0u8; 1])?;
+        hex(trace, &mut trace_id)?;
+        hex(span, &mut span_id)?;
+        hex(flags, &mut f)?;
+        let ctx = TraceContext { trace_id, span_id, flags: f[0] };
+        ctx.is_valid().then_some(ctx)
+    }
+
+    /// The `traceparent` header for this context.
+    pub fn traceparent(&self) -> String {
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        format!("00-{}-{}-{:02x}", hex(&self.trace_id), hex(&self.span_id), self.flags)
+    }
+
+    /// Neither id is all zero (what the specification calls invalid).
+    pub fn is_valid(&self) -> bool {
+        self.trace_id != [0; 16] && self.span_id != [0; 8]
+    }
+}
+
 /// A request: an operation with its id and read options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -443,6 +500,8 @@ pub struct Request {
     pub epoch: u64,
     /// A write's exactly-once tag (None: the write is not retried safely).
     pub session: Option<Session>,
+    /// The trace the request belongs to, if the caller traces it.
+    pub trace: Option<TraceContext>,
     /// The operation.
     pub op: Op,
 }
@@ -450,15 +509,24 @@ pub struct Request {
 impl Request {
     /// A request with default options.
     pub fn new(id: u64, op: Op) -> Request {
-        Request { id, consistency: Consistency::Linearizable, read_version: 0, region: 0, epoch: 0, session: None, op }
+        Request {
+            id,
+            consistency: Consistency::Linearizable,
+            read_version: 0,
+            region: 0,
+            epoch: 0,
+            session: None,
+            trace: None,
+            op,
+        }
     }
 
     /// An upper bound on the bytes the request takes encoded (its variable-length fields plus a
     /// fixed allowance for the entry header, session block and length prefixes), for budgets.
     pub fn size_hint(&self) -> usize {
-        // Entry length and header (36 bytes), the session block (24), length prefixes and
-        // fixed fields of any operation (at most 24 more).
-        const OVERHEAD: usize = 96;
+        // Entry length and header (36 bytes), the session block (24), the trace block (25),
+        // length prefixes and fixed fields of any operation (at most 24 more).
+        const OVERHEAD: usize = 128;
         const PER_BATCH_OP: usize = 16;
         OVERHEAD
             + match &self.op {

@@ -125,8 +125,16 @@ fn request() -> impl Strategy<Value = Request> {
             retry,
         }),
     );
-    (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), session, op()).prop_map(
-        |(id, consistency, read_version, region, epoch, session, op)| Request {
+    let trace = proptest::option::of((any::<[u8; 16]>(), any::<[u8; 8]>(), any::<u8>()).prop_map(
+        |(mut trace_id, mut span_id, flags)| {
+            trace_id[0] |= 1;
+            span_id[7] |= 1;
+            TraceContext { trace_id, span_id, flags }
+        },
+    ));
+    (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), (session, trace), op()).prop_map(
+        |(id, consistency, read_version, region, epoch, (session, trace), op)| Request {
+            trace,
             id,
             consistency,
             // Read versions and sessions go with reads and writes respectively.
@@ -344,4 +352,42 @@ fn scan_tokens_round_trip() {
     assert_eq!(ScanToken::decode(&t.encode()), Some(t));
     assert_eq!(ScanToken::decode(b"\x02xxxxxxxxx"), None);
     assert_eq!(ScanToken::decode(b""), None);
+}
+
+#[test]
+fn traceparent_headers_round_trip_and_bad_ones_are_ignored() {
+    let t = TraceContext::from_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").expect("valid");
+    assert_eq!(t.trace_id[0], 0x4b);
+    assert_eq!(t.span_id[7], 0xb7);
+    assert!(t.sampled());
+    assert_eq!(t.traceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    for bad in [
+        "",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+    ] {
+        assert_eq!(TraceContext::from_traceparent(bad), None, "{bad:?}");
+    }
+    // A later version may carry more fields after the four it shares with 00.
+    assert!(TraceContext::from_traceparent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-x").is_some());
+}
+
+#[test]
+fn an_all_zero_trace_id_is_a_bad_request() {
+    let mut r = Request::new(7, Op::Get { key: b"k".to_vec() });
+    r.trace = Some(TraceContext { trace_id: [1; 16], span_id: [2; 8], flags: 1 });
+    let mut buf = Vec::new();
+    encode_requests(std::slice::from_ref(&r), &mut buf);
+    // The trace block follows the 36-byte entry header (after the 4-byte entry length and the
+    // 8-byte frame header): zero its trace id.
+    let at = 8 + 4 + 36;
+    assert_eq!(&buf[at..at + 16], &[1; 16]);
+    buf[at..at + 16].fill(0);
+    let got = decode_requests(&buf).expect("a well-formed frame");
+    assert!(matches!(got[0], Err((7, ErrorCode::BadRequest, _))), "{got:?}");
 }

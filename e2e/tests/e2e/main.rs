@@ -7,3 +7,4 @@ mod linearizable;
 mod local;
 mod meta;
 mod tls;
+mod traces;

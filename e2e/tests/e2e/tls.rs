@@ -130,8 +130,9 @@ fn tls_everywhere_refuses_strangers_and_survives_failover_and_rotation() {
     let node_flags: Vec<&str> = node_flags.iter().map(String::as_str).collect();
     let etcd = Etcd::start().expect("etcd");
     let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--split-keys", "m"];
-    let mut nodes: Vec<ClusterNode> =
-        (1..=3).map(|id| ClusterNode::start_with(id, "tls", &etcd.url(), &args, &node_flags).expect("node")).collect();
+    let mut nodes: Vec<ClusterNode> = (1..=3)
+        .map(|id| ClusterNode::start_with(id, "tls", &etcd.url(), &args, &node_flags, &[]).expect("node"))
+        .collect();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let member = ClientTls::load(&ca_pem, Some((&node_tls.cert, &node_tls.key))).expect("member TLS");
     rt.block_on(tls_map(&nodes, &member, |m| {

@@ -2,7 +2,8 @@
 
 use clap::Parser;
 use dpukv_gateway::config::GatewayArgs;
-use dpukv_net::process::{init_tracing, shutdown_on_signals};
+use dpukv_net::process::shutdown_on_signals;
+use dpukv_net::telemetry;
 
 /// Many small buffers are allocated across threads (frames, replies): mimalloc's per-thread
 /// heaps serve them cheaper than glibc's allocator.
@@ -11,7 +12,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    init_tracing();
+    let telemetry = telemetry::init("dpukv-gateway");
     let cfg = GatewayArgs::parse().config()?;
-    dpukv_gateway::run(cfg, shutdown_on_signals(), None).await
+    let out = dpukv_gateway::run(cfg, shutdown_on_signals(), None).await;
+    telemetry.shutdown();
+    out
 }

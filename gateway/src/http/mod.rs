@@ -541,10 +541,31 @@ async fn bounded(State(s): State<HttpState>, req: Request, next: Next) -> Respon
         _ => 4096,
     };
     let _held = s.budget.hold(body + reply).await;
-    let resp = match tokio::time::timeout(s.limits.request_timeout, next.run(req)).await {
+    // A span joined to the caller's trace (`traceparent`), or a new trace; the cluster's
+    // requests for it carry it.
+    let parent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(dpukv_proto::TraceContext::from_traceparent);
+    let traced = if op == "other" {
+        None
+    } else {
+        dpukv_net::telemetry::request_span("gateway http", op, parent.as_ref(), true)
+    };
+    let (span, ctx) = traced.map_or((None, None), |(s, c)| (Some(s), Some(c)));
+    let run = dpukv_client::trace::scope(ctx, next.run(req));
+    let mut resp = match tokio::time::timeout(s.limits.request_timeout, run).await {
         Ok(r) => r,
         Err(_) => ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", "the request took too long").into_response(),
     };
+    drop(span);
+    // The caller learns the trace it belongs to.
+    if let Some(c) = ctx
+        && let Ok(v) = header::HeaderValue::from_str(&c.traceparent())
+    {
+        resp.headers_mut().insert("traceresponse", v);
+    }
     if !resp.status().is_success() && op != "other" {
         let code = match resp.status() {
             StatusCode::NOT_FOUND => "key_not_found",

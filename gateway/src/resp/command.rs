@@ -149,8 +149,8 @@ pub async fn run(up: &Upstream, cursors: &Cursors, info: &str, args: Vec<Vec<u8>
             let tasks: Vec<_> = args[1..]
                 .iter()
                 .map(|k| {
-                    let (c, k) = (c.clone(), k.clone());
-                    tokio::spawn(async move { c.get(&k).await })
+                    let (c, k, trace) = (c.clone(), k.clone(), dpukv_client::trace::current());
+                    tokio::spawn(dpukv_client::trace::scope(trace, async move { c.get(&k).await }))
                 })
                 .collect();
             let mut out = Vec::with_capacity(tasks.len());

@@ -301,7 +301,14 @@ async fn run_group(
             async move {
                 let r = match refusal {
                     Some(r) => r,
-                    None => command::run(&shared.up, &shared.cursors, info, args.clone()).await,
+                    None => {
+                        // Each command starts a trace (sampled as the exporter's sampler says).
+                        let op = op_label(&command::name(args));
+                        let traced = dpukv_net::telemetry::request_span("gateway redis", op, None, true);
+                        let (_span, ctx) = traced.map_or((None, None), |(s, c)| (Some(s), Some(c)));
+                        let run = command::run(&shared.up, &shared.cursors, info, args.clone());
+                        dpukv_client::trace::scope(ctx, run).await
+                    }
                 };
                 (r, started)
             }

@@ -1,7 +1,7 @@
 //! `dpukv-node`: the host half of a node pod.
 
 use clap::Parser;
-use dpukv_node::config::{HostArgs, init_tracing, shutdown_on_signals};
+use dpukv_node::config::{HostArgs, shutdown_on_signals, telemetry};
 
 /// Scans and frames allocate many small buffers across threads: mimalloc's per-thread heaps
 /// serve them far cheaper than glibc's allocator (measured in docs/benchmarks.md).
@@ -10,7 +10,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    init_tracing();
+    let telemetry = telemetry::init("dpukv-node");
     let cfg = HostArgs::parse().config()?;
-    dpukv_node::host::run(cfg, shutdown_on_signals(), None).await
+    let out = dpukv_node::host::run(cfg, shutdown_on_signals(), None).await;
+    telemetry.shutdown();
+    out
 }

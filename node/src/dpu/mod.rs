@@ -131,8 +131,8 @@ pub async fn run(
                 };
                 let _ = stream.set_nodelay(true);
                 let (reads, links, budget, stop) = (reads.clone(), links.clone(), budget.clone(), shutdown.clone());
-                let (conn_cfg, on_host, tls, latency) =
-                    (cfg.conn, cfg.serve_reads_on_host, cfg.tls.clone(), latency.clone());
+                let (conn_cfg, on_host, tls) = (cfg.conn, cfg.serve_reads_on_host, cfg.tls.clone());
+                let obs = conn::Observer { latency: Some(latency.clone()), component: Some("device"), root: false };
                 tracker.spawn(async move {
                     let stream = match dpukv_net::tls::accept(tls.as_deref(), stream).await {
                         Ok(s) => s,
@@ -142,7 +142,7 @@ pub async fn run(
                         }
                     };
                     let dispatch = |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &reads, &links, on_host);
-                    if let Err(e) = conn::serve(stream, conn_cfg, budget, Some(latency), stop, dispatch).await {
+                    if let Err(e) = conn::serve(stream, conn_cfg, budget, obs, stop, dispatch).await {
                         tracing::debug!(error = %e, "client connection ended");
                     }
                     drop(permit);

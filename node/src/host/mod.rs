@@ -245,10 +245,11 @@ pub async fn run(
                     continue;
                 };
                 let (served, reads, budget, stop) = (served.clone(), reads.clone(), budget.clone(), shutdown.clone());
-                let (conn_cfg, latency) = (cfg.conn, latency.clone());
+                let conn_cfg = cfg.conn;
+                let obs = conn::Observer { latency: Some(latency.clone()), component: Some("host"), root: false };
                 tracker.spawn(async move {
                     let dispatch = |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &served, &reads);
-                    if let Err(e) = conn::serve(stream, conn_cfg, budget, Some(latency), stop, dispatch).await {
+                    if let Err(e) = conn::serve(stream, conn_cfg, budget, obs, stop, dispatch).await {
                         tracing::debug!(error = %e, "device connection ended");
                     }
                     drop(permit);
