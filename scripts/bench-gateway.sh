@@ -8,9 +8,12 @@
 #     (`POST /v3/kv/range`, the same keys) — same threads and connections;
 #  3. dpukv-bench YCSB-C and E through the gateway vs straight to the devices;
 #  4. TLS's cost: dpukv-bench YCSB-C and A through the gateway of `dpukv local --nodes 3` with and
-#     without `--tls` (TLS on the client's hop, the gateway's hops to the devices and replication).
+#     without `--tls` (TLS on the client's hop, the gateway's hops to the devices and replication);
+#  5. scans of 10,000 records inside one region: the gateway cutting them at the region's pivots
+#     and reading the pieces in parallel vs a gateway reading them whole (`--scan-split-min 0`),
+#     one scan at a time and four at once.
 # Knobs: N (redis-benchmark requests per test, 2,000,000), WRK_SECONDS (10), RECORDS (100,000),
-# SECONDS_RUN (8), PARTS (which parts to run: "1 2 3 4").
+# SECONDS_RUN (8), PARTS (which parts to run: "1 2 3 4 5").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh redis-server=redis-server redis-benchmark=redis-tools wrk=wrk
@@ -20,21 +23,22 @@ N=${N:-2000000}
 WRK_SECONDS=${WRK_SECONDS:-10}
 RECORDS=${RECORDS:-100000}
 SECONDS_RUN=${SECONDS_RUN:-8}
-PARTS=${PARTS:-"1 2 3 4"}
+PARTS=${PARTS:-"1 2 3 4 5"}
 TMP=$(mktemp -d /tmp/dpukv-bench-gateway.XXXXXX)
 LOCAL=
 cleanup() {
   set +e
   [ -n "$LOCAL" ] && { kill -INT "$LOCAL"; wait "$LOCAL"; }
+  [ -n "${GW2_PID:-}" ] && { kill "$GW2_PID"; wait "$GW2_PID"; }
   redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1
   [ -n "${ETCD_PID:-}" ] && { kill "$ETCD_PID"; wait "$ETCD_PID"; }
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-read -r REDIS_PORT RESP_PORT BIN_PORT HTTP_PORT ETCD_C ETCD_P < <(python3 - <<'EOF'
+read -r REDIS_PORT RESP_PORT BIN_PORT HTTP_PORT ETCD_C ETCD_P GW2_PORT < <(python3 - <<'EOF'
 import random, socket
 ports = []
-while len(ports) < 6:
+while len(ports) < 7:
     p = random.randint(20000, 31999)
     s = socket.socket()
     try:
@@ -167,4 +171,22 @@ if [[ " $PARTS " == *" 4 "* ]]; then
     done
     stop_dpukv
   done
+fi
+
+if [[ " $PARTS " == *" 5 "* ]]; then
+  start_dpukv 1 always
+  $BIN/dpukv-bench --endpoint "127.0.0.1:$BIN_PORT" --records 200000 --load-only --threads 4 >/dev/null
+  $BIN/dpukv-gateway --seeds "$DEVICE" --listen "127.0.0.1:$GW2_PORT" --scan-split-min 0 2>"$TMP/gw2.log" &
+  GW2_PID=$!
+  for _ in $(seq 1 100); do
+    $BIN/dpukv --endpoint "127.0.0.1:$GW2_PORT" get bench:probe >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  for threads in 1 4; do
+    for gw in "cut at pivots:$BIN_PORT" "read whole:$GW2_PORT"; do
+      echo "scans of 10,000 records, $threads at a time, ${gw%%:*}: $($BIN/dpukv-bench --endpoint "127.0.0.1:${gw##*:}" --records 200000 --workload scan --scan-length 10000 --threads "$threads" --depth 1 --duration "$SECONDS_RUN")"
+    done
+  done
+  kill "$GW2_PID"; wait "$GW2_PID" 2>/dev/null || true; GW2_PID=
+  stop_dpukv
 fi

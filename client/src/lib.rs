@@ -507,6 +507,17 @@ impl Client {
         Ok(None)
     }
 
+    /// Up to `max` keys inside `(lo, hi)` that cut it into parts holding similar shares of the
+    /// data, from the index of `lo`'s region (only that region's part of the range): where a long
+    /// scan can be split to be read in parallel. An estimate; none for a small range.
+    pub async fn pivots(&self, lo: &[u8], hi: &[u8], max: u16) -> Result<Vec<Vec<u8>>> {
+        let op = Op::Pivots { lo: lo.to_vec(), hi: hi.to_vec(), max: max.min(proto::limits::MAX_PIVOTS) };
+        match self.call(op).await?.0 {
+            Reply::Keys(keys) => Ok(keys),
+            other => Err(ClientError::unexpected(&other)),
+        }
+    }
+
     /// A part of the scan of `[lo, hi]` (an empty `hi`: to the end of the key space): up to
     /// `limit` items in key order, with at most about `max_bytes` of keys and values (0: no
     /// bound; a part always holds its first item). `more` says the part stopped at a limit

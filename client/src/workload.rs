@@ -130,10 +130,12 @@ pub enum Workload {
     Cloud,
     /// 100% fetch_add on `hot` keys (the atomics benchmark).
     Counter,
+    /// 100% scans of exactly this many records (long scans: the gateway's sub-range reads).
+    Scans(u32),
 }
 
 impl Workload {
-    /// Parses a, b, c, d, e, f, cloud, counter.
+    /// Parses a, b, c, d, e, f, cloud, counter, scan (of 10,000 records).
     pub fn parse(s: &str) -> Option<Workload> {
         Some(match s.to_ascii_lowercase().as_str() {
             "a" => Workload::A,
@@ -144,6 +146,7 @@ impl Workload {
             "f" => Workload::F,
             "cloud" => Workload::Cloud,
             "counter" => Workload::Counter,
+            "scan" => Workload::Scans(10_000),
             _ => return None,
         })
     }
@@ -198,6 +201,7 @@ impl Workload {
                 }
             }
             Workload::Counter => Kind::FetchAdd,
+            Workload::Scans(n) => Kind::Scan(n),
         }
     }
 }

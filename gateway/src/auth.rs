@@ -147,7 +147,7 @@ impl Principal {
             Op::Batch { ops } => {
                 ops.iter().try_for_each(|o| key(Perm::Write, WriteOp::key(o), "write every key of this batch"))
             }
-            Op::Scan { lo, hi, .. } | Op::FloorScan { lo, hi, .. } => {
+            Op::Scan { lo, hi, .. } | Op::FloorScan { lo, hi, .. } | Op::Pivots { lo, hi, .. } => {
                 if self.may_range(Perm::Read, lo, hi) {
                     Ok(())
                 } else {

@@ -47,6 +47,10 @@ pub struct GatewayArgs {
     /// Scan parts all scans together may hold (each up to 4 MiB).
     #[arg(long, default_value_t = 64)]
     pub scan_parts: usize,
+    /// Scans asking for at least this many items are split inside a region, at keys from the
+    /// region's index, and the pieces read in parallel (0: never).
+    #[arg(long, default_value_t = 1000)]
+    pub scan_split_min: usize,
     /// Commands taken from a RESP connection at a time (a pipeline longer than this is run in
     /// turns).
     #[arg(long, default_value_t = 256)]
@@ -125,6 +129,7 @@ impl GatewayArgs {
             memory_budget: self.conn.memory_budget,
             scan_parallelism: self.scan_parallelism,
             scan_parts: self.scan_parts,
+            scan_split_min: self.scan_split_min,
             map_refresh: Duration::from_secs(self.map_refresh),
             scan_cursors: self.scan_cursors,
             scan_cursor_ttl: Duration::from_secs(self.scan_cursor_ttl),

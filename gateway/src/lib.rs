@@ -84,6 +84,8 @@ pub struct GatewayConfig {
     pub scan_parallelism: usize,
     /// Parts all scans may hold.
     pub scan_parts: usize,
+    /// Scans of at least this many items are split inside regions (0: never).
+    pub scan_split_min: usize,
     /// How often the region map is refreshed even if no node said it moved.
     pub map_refresh: Duration,
     /// SCAN cursors kept.
@@ -138,6 +140,7 @@ pub async fn run(
     let scans = ScanLimits {
         parallelism: cfg.scan_parallelism,
         part_permits: Arc::new(Semaphore::new(cfg.scan_parts)),
+        split_min: cfg.scan_split_min,
         metrics: metrics.clone(),
     };
     // The cluster may not be up yet: keep trying (a gateway is started beside its cluster).

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use dpukv_client::{ClientError, ScanPart, successor};
 use dpukv_proto::limits::{MAX_KEY, MAX_SCAN_BYTES, MAX_SCAN_ITEMS};
+use dpukv_proto::regionmap::key_before;
 use dpukv_proto::{ErrorCode, ErrorReply, Reply, ScanToken};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -33,6 +34,9 @@ pub struct ScanLimits {
     pub parallelism: usize,
     /// Parts all scans may hold at once (see the module documentation).
     pub part_permits: Arc<Semaphore>,
+    /// Scans asking for at least this many items cut each region's part at keys from the
+    /// region's index (`pivots`) into pieces read in parallel (0: never).
+    pub split_min: usize,
     /// Where parts are counted.
     pub metrics: Arc<Metrics>,
 }
@@ -74,6 +78,53 @@ impl Drop for Running {
     }
 }
 
+/// A piece of a cut region reads at least this many items at first.
+const MIN_PIECE_ITEMS: usize = 256;
+
+/// Most pieces one region's part is cut into.
+const MAX_PIECES: usize = 64;
+
+/// A part of a scan's range: `[lo, hi]` (an empty `hi`: to the end of the key space), inside one
+/// region when planned; `cut`: already cut by pivots (or not to be).
+struct Part {
+    lo: Vec<u8>,
+    hi: Vec<u8>,
+    cut: bool,
+}
+
+/// Cuts the first part, if not yet, at its region's pivots (about four pieces per part read in
+/// parallel): pieces of similar size, so a long scan inside one region is read by several
+/// device threads at once. Pivots are an optimization: if asking fails, the part stays whole.
+async fn cut_front(client: &dpukv_client::Client, parts: &mut VecDeque<Part>, parallelism: usize) {
+    let Some(front) = parts.front_mut() else { return };
+    if front.cut {
+        return;
+    }
+    front.cut = true;
+    let n = (4 * parallelism.max(1)).min(MAX_PIECES) as u16;
+    let Ok(pivots) = client.pivots(&front.lo, &front.hi, n).await else { return };
+    // Only keys strictly inside the part (what a node answers; checked: a piece is never empty).
+    let pivots: Vec<Vec<u8>> =
+        pivots.into_iter().filter(|p| *p > front.lo && (front.hi.is_empty() || *p <= front.hi)).collect();
+    if pivots.is_empty() {
+        return;
+    }
+    let Part { lo, hi, .. } = parts.pop_front().expect("a front part");
+    let mut pieces = Vec::with_capacity(pivots.len() + 1);
+    let mut a = lo;
+    for p in pivots {
+        if p <= a {
+            continue;
+        }
+        pieces.push(Part { lo: a, hi: key_before(&p), cut: true });
+        a = p;
+    }
+    pieces.push(Part { lo: a, hi, cut: true });
+    for p in pieces.into_iter().rev() {
+        parts.push_front(p);
+    }
+}
+
 /// One page of the scan `s` (see the module documentation).
 pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
     let limit = match s.limit {
@@ -109,25 +160,32 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
     // The parts: the range cut at the regions' ends (by the map now; each part re-plans itself
     // if the map moves under it).
     let map = client.current_map().await.map_err(|e| e.into_reply(false))?;
-    let mut parts: VecDeque<(Vec<u8>, Vec<u8>)> = VecDeque::new();
+    let limits = up.scan_limits();
+    // A long scan also cuts each region's part where the region's index does (see `split`).
+    let split = limits.split_min > 0 && limit >= limits.split_min;
+    let mut parts: VecDeque<Part> = VecDeque::new();
     let mut a = from;
     for r in &map.regions[map.route(&a)..] {
         match r.last_key() {
             Some(last) if hi.is_empty() || last < hi => {
-                parts.push_back((a, last));
+                parts.push_back(Part { lo: a, hi: last, cut: !split });
                 a = r.end.clone().unwrap_or_default();
             }
             _ => {
-                parts.push_back((a, hi.clone()));
+                parts.push_back(Part { lo: a, hi: hi.clone(), cut: !split });
                 break;
             }
         }
     }
-    let limits = up.scan_limits();
     let want = limit + 1; // one more than the page takes: whether a next item exists
-    let start_part = |(a, b): (Vec<u8>, Vec<u8>), permit: OwnedSemaphorePermit| {
+    // A piece of a cut region reads at most its share of the page at first (and reads on only
+    // if the page needs it), so pieces read ahead beyond the page waste little.
+    let piece_want = (limit / limits.parallelism.max(1)).max(MIN_PIECE_ITEMS).min(limit) + 1;
+    let start_part = |p: Part, permit: OwnedSemaphorePermit| {
         limits.metrics.scan_parts.inc();
         let c = client.clone();
+        let (a, b) = (p.lo, p.hi);
+        let want = if split { piece_want } else { want };
         // The part's reads carry the scan's trace (a spawned task starts outside its scope).
         let trace = dpukv_client::trace::current();
         tokio::spawn(dpukv_client::trace::scope(
@@ -146,6 +204,9 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
         // The next part must run (waiting for a permit if need be); read ahead while permits
         // are free, up to the window.
         if running.0.is_empty() {
+            if split {
+                cut_front(client, &mut parts, limits.parallelism).await;
+            }
             let Some(p) = parts.pop_front() else { break };
             let permit = limits
                 .part_permits
@@ -153,13 +214,16 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
                 .acquire_owned()
                 .await
                 .map_err(|_| error(ErrorCode::Unavailable, "the gateway is shutting down"))?;
-            ends.push_back(p.1.clone());
+            ends.push_back(p.hi.clone());
             running.0.push_back(start_part(p, permit));
         }
         while running.0.len() < limits.parallelism.max(1) && !parts.is_empty() {
+            if split {
+                cut_front(client, &mut parts, limits.parallelism).await;
+            }
             let Ok(permit) = limits.part_permits.clone().try_acquire_owned() else { break };
             let p = parts.pop_front().expect("checked");
-            ends.push_back(p.1.clone());
+            ends.push_back(p.hi.clone());
             running.0.push_back(start_part(p, permit));
         }
         let handle = running.0.pop_front().expect("one runs");

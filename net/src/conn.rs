@@ -22,7 +22,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dpukv_proto::limits::{MAX_OPS_PER_FRAME, MAX_SCAN_BYTES, MAX_VALUE};
+use dpukv_proto::limits::{MAX_KEY, MAX_OPS_PER_FRAME, MAX_SCAN_BYTES, MAX_VALUE};
 use dpukv_proto::{
     DecodeError, ErrorCode, Op, OpCode, Reply, Request, Response, ResponseFrame, decode_requests, frame_header,
 };
@@ -312,6 +312,7 @@ fn response_reserve(req: &Request) -> usize {
             // The page may overshoot by one item, and each item costs its framing.
             bytes + MAX_VALUE + 16 * (*limit as usize).min(10_000) + 4096
         }
+        Op::Pivots { max, .. } => (*max).min(dpukv_proto::limits::MAX_PIVOTS) as usize * (MAX_KEY + 4) + 64,
         _ => 0,
     }
 }
@@ -324,6 +325,7 @@ pub fn response_size(r: &Response) -> usize {
             token.len() + items.iter().map(|(k, v)| k.len() + v.len() + 8).sum::<usize>()
         }
         Ok(Reply::Cas { current, .. }) => current.as_ref().map_or(0, Vec::len),
+        Ok(Reply::Keys(keys)) => keys.iter().map(|k| k.len() + 4).sum::<usize>(),
         Ok(Reply::RegionMap(m)) => m.regions.iter().map(|r| r.start.len() + 64).sum::<usize>() + m.nodes.len() * 1100,
         Err(e) => e.message.len(),
         _ => 0,

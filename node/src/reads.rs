@@ -300,6 +300,20 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
                 Err(e) => Err(e),
             }
         }
+        Op::Pivots { lo, hi, max } => {
+            // Within the region's own range (a split's source may still hold the half it gave
+            // away).
+            let r = &regions.map.regions()[i];
+            let from = lo.as_slice().max(r.start.as_slice()).to_vec();
+            let to = match &r.end {
+                Some(end) if hi.is_empty() || end < hi => end.clone(),
+                _ => hi.clone(),
+            };
+            regions
+                .reader(i, shm, device)
+                .and_then(|r| r.pivots(&from, &to, *max as usize))
+                .map(|keys| ok(Reply::Keys(keys)))
+        }
         Op::Reduce { key, elem, op } => regions.reader(i, shm, device).and_then(|r| r.get(key)).map(|v| match v {
             Some(v) => match crate::atomics::vector::reduce(&v, *elem, *op) {
                 Ok(s) => ok(Reply::Scalar(s)),

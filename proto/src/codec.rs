@@ -212,6 +212,11 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
             }
             Op::RegionMap => {}
             Op::Auth { token } => w.bytes(token),
+            Op::Pivots { lo, hi, max } => {
+                w.bytes(lo);
+                w.bytes(hi);
+                w.u16(*max);
+            }
         }
         end_entry(out, body);
     }
@@ -226,6 +231,7 @@ const R_CAS: u8 = 4;
 const R_SCALAR: u8 = 5;
 const R_VECTOR: u8 = 6;
 const R_REGION_MAP: u8 = 7;
+const R_KEYS: u8 = 8;
 
 /// Appends one frame carrying `resps` (at most [`MAX_OPS_PER_FRAME`]) to `out`.
 pub fn encode_responses(resps: &[Response], out: &mut Vec<u8>) {
@@ -306,6 +312,7 @@ pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
             Ok(Reply::Scalar(_)) => R_SCALAR,
             Ok(Reply::Vector(_)) => R_VECTOR,
             Ok(Reply::RegionMap(_)) => R_REGION_MAP,
+            Ok(Reply::Keys(_)) => R_KEYS,
         };
         w.u8(kind);
         w.u8(0);
@@ -336,6 +343,12 @@ pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
                 let mut b = Vec::new();
                 m.encode(&mut b);
                 w.bytes(&b);
+            }
+            Ok(Reply::Keys(keys)) => {
+                w.u16(keys.len() as u16);
+                for k in keys {
+                    w.bytes(k);
+                }
             }
         }
         end_entry(out, body);
@@ -548,6 +561,11 @@ fn decode_request(e: &[u8]) -> RequestEntry {
                 Op::Batch { ops }
             }
             OpCode::RegionMap => Op::RegionMap,
+            OpCode::Pivots => {
+                let lo = r.bytes(MAX_KEY, ErrorCode::KeySize)?;
+                let hi = r.bytes(MAX_KEY, ErrorCode::KeySize)?;
+                Op::Pivots { lo, hi, max: r.u16()? }
+            }
             OpCode::Auth => {
                 let token = r.bytes(crate::limits::MAX_AUTH_TOKEN, ErrorCode::BadRequest)?;
                 if token.is_empty() {
@@ -628,6 +646,17 @@ fn decode_response(e: &[u8]) -> Result<Response, DecodeError> {
                     crate::regionmap::RegionMap::decode(&b)
                         .map_err(|_| DecodeError::Malformed("invalid region map"))?,
                 )
+            }
+            R_KEYS => {
+                let n = r.u16().map_err(bad)?;
+                if n > crate::limits::MAX_PIVOTS {
+                    return Err(DecodeError::Malformed("a keys reply with too many keys"));
+                }
+                let mut keys = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    keys.push(r.bytes(MAX_KEY, ErrorCode::KeySize).map_err(bad)?);
+                }
+                Reply::Keys(keys)
             }
             _ => return Err(DecodeError::Malformed("unknown reply kind")),
         })

@@ -24,3 +24,5 @@ pub const MAX_VECTOR: usize = MAX_VALUE;
 
 /// Longest bearer token an `auth` request may carry.
 pub const MAX_AUTH_TOKEN: usize = 256;
+/// Most keys one `pivots` request may ask for.
+pub const MAX_PIVOTS: u16 = 256;

@@ -39,6 +39,8 @@ pub enum OpCode {
     RegionMap = 15,
     /// [`Op::Auth`]
     Auth = 16,
+    /// [`Op::Pivots`]
+    Pivots = 17,
 }
 
 impl OpCode {
@@ -62,6 +64,7 @@ impl OpCode {
             14 => Batch,
             15 => RegionMap,
             16 => Auth,
+            17 => Pivots,
             _ => return None,
         })
     }
@@ -86,6 +89,7 @@ impl OpCode {
             Batch => "batch",
             RegionMap => "region_map",
             Auth => "auth",
+            Pivots => "pivots",
         }
     }
 
@@ -100,6 +104,7 @@ impl OpCode {
                 | OpCode::Filter
                 | OpCode::RegionMap
                 | OpCode::Auth
+                | OpCode::Pivots
         )
     }
 }
@@ -307,6 +312,11 @@ pub enum Op {
     /// Presents a bearer token for the connection (a gateway with tokens configured checks it;
     /// its later requests run with the token's permissions). Devices accept any token.
     Auth { token: Vec<u8> },
+    /// Up to `max` keys inside `(lo, hi)` (an empty `hi`: unbounded), within the region of `lo`,
+    /// that cut the range into parts holding similar shares of the region's data: where a long
+    /// scan can be split to be read in parallel. From the region's index (interior nodes): an
+    /// estimate, fewer or none in a small region.
+    Pivots { lo: Vec<u8>, hi: Vec<u8>, max: u16 },
 }
 
 impl Op {
@@ -329,6 +339,7 @@ impl Op {
             Op::Batch { .. } => OpCode::Batch,
             Op::RegionMap => OpCode::RegionMap,
             Op::Auth { .. } => OpCode::Auth,
+            Op::Pivots { .. } => OpCode::Pivots,
         }
     }
 
@@ -346,7 +357,7 @@ impl Op {
             | Op::VectorVector { key, .. }
             | Op::Reduce { key, .. }
             | Op::Filter { key, .. } => key,
-            Op::Scan { lo, .. } | Op::FloorScan { lo, .. } => lo,
+            Op::Scan { lo, .. } | Op::FloorScan { lo, .. } | Op::Pivots { lo, .. } => lo,
             Op::Batch { ops } => ops.first().map_or(&[], |o| o.key()),
             Op::RegionMap | Op::Auth { .. } => &[],
         }
@@ -389,6 +400,15 @@ impl Op {
                 Ok(())
             }
             Op::RegionMap => Ok(()),
+            Op::Pivots { lo, hi, max } => {
+                if lo.len() > MAX_KEY || hi.len() > MAX_KEY {
+                    return Err(ErrorCode::KeySize);
+                }
+                if *max > crate::limits::MAX_PIVOTS {
+                    return Err(ErrorCode::TooManyOps);
+                }
+                Ok(())
+            }
             Op::Auth { token } => {
                 if token.is_empty() || token.len() > crate::limits::MAX_AUTH_TOKEN {
                     return Err(ErrorCode::BadRequest);
@@ -549,6 +569,7 @@ impl Request {
                 Op::Scan { lo, hi, token, .. } | Op::FloorScan { lo, hi, token, .. } => {
                     lo.len() + hi.len() + token.len()
                 }
+                Op::Pivots { lo, hi, .. } => lo.len() + hi.len(),
                 Op::Auth { token } => token.len(),
                 op => op.key().len(),
             }
@@ -573,6 +594,8 @@ pub enum Reply {
     Vector(Vec<u8>),
     /// The region map (validated when decoded).
     RegionMap(crate::regionmap::RegionMap),
+    /// Keys: `pivots`' answer, ascending.
+    Keys(Vec<Vec<u8>>),
 }
 
 /// A failed request.

@@ -86,9 +86,12 @@ struct Args {
     /// (etcd needs the cargo feature `etcd`).
     #[arg(long)]
     target: Option<String>,
-    /// Workload: a, b, c, d, e, f, cloud, counter.
+    /// Workload: a, b, c, d, e, f, cloud, counter, scan (100% scans of --scan-length records).
     #[arg(long, default_value = "c")]
     workload: String,
+    /// Records per scan of the scan workload (1..=10000).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    scan_length: u32,
     /// Key distribution: uniform or zipf (theta 0.99).
     #[arg(long, default_value = "uniform")]
     distribution: String,
@@ -334,7 +337,11 @@ fn main() -> Result<()> {
 }
 
 async fn run(a: Args) -> Result<()> {
-    let workload = Workload::parse(&a.workload).context("--workload must be a, b, c, d, e, f, cloud or counter")?;
+    let workload =
+        match Workload::parse(&a.workload).context("--workload must be a, b, c, d, e, f, cloud, counter or scan")? {
+            Workload::Scans(_) => Workload::Scans(a.scan_length),
+            w => w,
+        };
     let chooser = match a.distribution.as_str() {
         "uniform" => Chooser::Uniform(a.records),
         "zipf" => Chooser::zipf(a.records, 0.99),

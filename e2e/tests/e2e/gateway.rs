@@ -372,3 +372,55 @@ fn tokens_grant_per_prefix_through_every_front_end() {
     }
     must_fail(http_with("GET", &u("/v1/kv/app/a"), None, &[&bearer("app-secret")]), 401, "unauthorized");
 }
+
+/// The `dpukv_gateway_scan_parts_total` a gateway reports on its HTTP front end.
+fn scan_parts(gw: &Gateway) -> f64 {
+    let (s, body) = http("GET", &gw.url("/metrics"), None);
+    assert_eq!(s, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix("dpukv_gateway_scan_parts_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no scan_parts metric in {body}"))
+}
+
+/// A scan of 10,000 items inside one region is cut at the region's pivots and read in pieces
+/// in parallel: the same items as a gateway that reads it whole and as the device itself, over
+/// many pieces, and pages continue with tokens as before.
+#[test]
+fn long_scans_are_cut_inside_a_region_and_read_the_same() {
+    use dpukv_client::Client;
+    use dpukv_proto::WriteOp;
+    let pod = dpukv_e2e::procs::Pod::start(&["--fsync", "never"]).expect("pod");
+    let split = Gateway::start(&[&pod.addr], &[]).expect("gateway");
+    let whole = Gateway::start(&[&pod.addr], &["--scan-split-min", "0"]).expect("gateway");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let direct = Client::connect(&pod.addr, 1).await.expect("connect");
+        for chunk in (0..30_000u32).collect::<Vec<_>>().chunks(500) {
+            let ops = chunk
+                .iter()
+                .map(|i| WriteOp::Put { key: format!("item{i:06}").into_bytes(), value: format!("v{i}").into_bytes() })
+                .collect();
+            direct.batch(ops).await.expect("load");
+        }
+        let (lo, hi) = (b"item005000".as_slice(), b"item024999".as_slice());
+        let expected = direct.scan(lo, hi, 10_000).await.expect("direct scan");
+        assert_eq!(expected.len(), 10_000);
+        let before = (scan_parts(&split), scan_parts(&whole));
+        let via_split = Client::connect(&split.binary, 1).await.expect("connect");
+        let via_whole = Client::connect(&whole.binary, 1).await.expect("connect");
+        assert_eq!(via_split.scan(lo, hi, 10_000).await.expect("scan"), expected, "cut into pieces");
+        assert_eq!(via_whole.scan(lo, hi, 10_000).await.expect("scan"), expected, "whole");
+        let pieces = scan_parts(&split) - before.0;
+        assert!(pieces >= 4.0, "the long scan was read in {pieces} parts");
+        assert_eq!(scan_parts(&whole) - before.1, 1.0, "read whole: one part");
+        // The second page, through the token, and a bounded range of fewer items.
+        let all = via_split.scan(lo, hi, 20_000).await.expect("two pages");
+        assert_eq!(all, direct.scan(lo, hi, 20_000).await.expect("direct"));
+        assert_eq!(all.len(), 20_000);
+        // HTTP too.
+        let (s, body) = http("GET", &split.url("/v1/scan?start=item000100&end=item002100&limit=2000"), None);
+        assert_eq!(s, 200, "{body}");
+        assert_eq!(json(&body)["items"].as_array().map(Vec::len), Some(2000));
+    });
+}

@@ -172,3 +172,39 @@ fn latency_histograms_count_each_operation_on_device_and_host() {
     let inf = "dpukv_device_request_duration_seconds_bucket{le=\"+Inf\",op=\"get\"}";
     assert_eq!(sample(&device, inf), Some(7.0), "{device}");
 }
+
+/// `pivots` at a device: keys from the region's index that cut a range into similar parts,
+/// only inside the range and the region of `lo`; none in a tiny range; a `max` above the limit
+/// is refused.
+#[test]
+fn pivots_come_from_the_regions_index_within_its_range() {
+    let pod = Pod::start(&["--fsync", "never", "--split-keys", "m"], &[]);
+    let mut c = pod.connect();
+    for chunk in (0..20_000u32).collect::<Vec<_>>().chunks(1000) {
+        let ops: Vec<Op> =
+            chunk.iter().map(|i| Op::Put { key: format!("k{i:06}").into_bytes(), value: vec![b'v'; 40] }).collect();
+        for r in c.call(ops) {
+            assert_eq!(r.result, Ok(Reply::Done));
+        }
+    }
+    let keys = |r: &dpukv_proto::Response| match &r.result {
+        Ok(Reply::Keys(k)) => k.clone(),
+        other => panic!("{other:?}"),
+    };
+    let p = keys(&c.one(Op::Pivots { lo: b"k001000".to_vec(), hi: b"k019000".to_vec(), max: 16 }));
+    assert!(p.len() >= 8 && p.len() <= 16, "{} pivots", p.len());
+    assert!(p.windows(2).all(|w| w[0] < w[1]));
+    assert!(p.iter().all(|k| k.as_slice() > b"k001000".as_slice() && k.as_slice() < b"k019000".as_slice()));
+    // Roughly even: no part between consecutive pivots holds more than a third of the range.
+    let mut cuts = vec![1000u32];
+    cuts.extend(p.iter().map(|k| String::from_utf8_lossy(&k[1..7]).parse::<u32>().unwrap_or(0)));
+    cuts.push(19_000);
+    assert!(cuts.windows(2).all(|w| w[1] - w[0] <= 6000), "{cuts:?}");
+    // Within the region of lo: a range from "a" to "z" gets pivots below "m" only.
+    let p = keys(&c.one(Op::Pivots { lo: b"a".to_vec(), hi: b"z".to_vec(), max: 16 }));
+    assert!(!p.is_empty() && p.iter().all(|k| k.as_slice() < b"m".as_slice()), "{p:?}");
+    // A tiny range: nothing to cut.
+    assert!(keys(&c.one(Op::Pivots { lo: b"k000001".to_vec(), hi: b"k000003".to_vec(), max: 16 })).is_empty());
+    let r = c.one(Op::Pivots { lo: b"a".to_vec(), hi: b"z".to_vec(), max: 257 });
+    assert_eq!(r.result.expect_err("refused").code, ErrorCode::TooManyOps);
+}

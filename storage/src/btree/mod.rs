@@ -323,6 +323,12 @@ impl Snapshot<'_> {
         self.checked(self.tree.scan(lo, hi, limit))
     }
 
+    /// Separator keys inside `(lo, hi)` that cut it into parts of similar size (see
+    /// `Tree::pivots`): about `want` of them, or fewer in a small tree.
+    pub fn pivots<'s>(&'s self, lo: &[u8], hi: &[u8], want: usize) -> Result<Vec<&'s [u8]>> {
+        self.checked(self.tree.pivots(lo, hi, want))
+    }
+
     /// Calls `f` for up to `limit` items with keys in `[lo, hi]`, ascending; returns the count.
     pub fn scan_with<'s>(
         &'s self,

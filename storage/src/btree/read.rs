@@ -183,6 +183,51 @@ impl<'a> Tree<'a> {
         Err(Error::corrupt(node.h.off, "tree deeper than 64 levels"))
     }
 
+    /// Separator keys strictly inside `(lo, hi)` (`hi` empty: no upper bound), ascending, from
+    /// the shallowest interior layer that holds at least `want` of them (or the deepest one):
+    /// keys that cut the range into parts holding similar shares of the tree. Visits at most
+    /// `want + 2` nodes per layer: only nodes whose ranges meet the range, and a layer is left
+    /// as soon as it has enough keys.
+    pub(crate) fn pivots(&self, lo: &[u8], hi: &[u8], want: usize) -> Result<Vec<&'a [u8]>> {
+        let inside = |k: &[u8]| cmp_keys(k, lo).is_gt() && (hi.is_empty() || cmp_keys(k, hi).is_lt());
+        let mut layer = vec![self.resolve(self.root_lid())?];
+        for _ in 0..MAX_HEIGHT {
+            if layer.iter().all(|n| n.h.is_leaf()) {
+                return Ok(Vec::new());
+            }
+            let (mut keys, mut below) = (Vec::new(), Vec::new());
+            for node in &layer {
+                // The child left of the first separator covers everything below it.
+                let mut child = node.h.leftmost;
+                let mut pos = node.h.sorted_start;
+                while pos < node.h.sorted_end {
+                    let (k, c, next) = node.interior_item(pos)?;
+                    // `child` covers [previous separator, k): wanted if k > lo.
+                    if cmp_keys(k, lo).is_gt() {
+                        below.push(child);
+                    }
+                    if !hi.is_empty() && !cmp_keys(k, hi).is_lt() {
+                        child = 0; // past the range: nothing right of here is wanted
+                        break;
+                    }
+                    if inside(k) {
+                        keys.push(k);
+                    }
+                    child = c;
+                    pos = next;
+                }
+                if child != 0 {
+                    below.push(child);
+                }
+            }
+            if keys.len() >= want || layer.iter().any(|n| n.h.level == 1) || below.len() > want + 2 {
+                return Ok(keys);
+            }
+            layer = below.into_iter().map(|c| self.resolve(c)).collect::<Result<_>>()?;
+        }
+        Err(Error::corrupt(0, "tree deeper than 64 levels"))
+    }
+
     /// The newest visible entry of `key` in `leaf`: None when absent, `Tombstone` when deleted
     /// with a kept tombstone (or a delete marker still in the log).
     #[inline]

@@ -139,6 +139,54 @@ impl Level {
         Err(Error::corrupt_file(&self.dir, p, "level deeper than its recorded height"))
     }
 
+    /// Separator keys inside `(lo, hi)` (`hi` empty: no upper bound), ascending, from the
+    /// shallowest interior layer holding at least `want` of them (or the deepest one): keys that
+    /// cut the range into parts of similar size. Visits at most `want + 2` nodes per layer.
+    pub fn pivots(&self, lo: &[u8], hi: &[u8], want: usize) -> Result<Vec<&[u8]>> {
+        if self.meta.root == 0 {
+            return Ok(Vec::new());
+        }
+        let mut layer = vec![self.meta.root];
+        for _ in 0..self.meta.height.max(1) {
+            let nodes: Vec<(LNode<'_>, u64)> =
+                layer.iter().map(|&p| self.node(p).map(|n| (n, p))).collect::<Result<_>>()?;
+            if nodes.iter().any(|(n, _)| n.kind == NODE_LEAF) {
+                return Ok(Vec::new());
+            }
+            let (mut keys, mut below) = (Vec::new(), Vec::new());
+            let mut deepest = false;
+            for (n, p) in &nodes {
+                let e = self.err(ptr_parts(*p).0);
+                let mut child = n.link; // left of the first separator
+                let mut past = false;
+                for i in 0..n.count {
+                    let k = n.key(i, &e)?;
+                    if k > lo {
+                        below.push(child);
+                    }
+                    if !hi.is_empty() && k >= hi {
+                        past = true;
+                        break;
+                    }
+                    if k > lo {
+                        keys.push(k);
+                    }
+                    child = n.child(i, &e)?;
+                }
+                if !past {
+                    below.push(child);
+                }
+                // Children of this layer are leaves when its node's first child is one.
+                deepest |= self.node(n.link)?.kind == NODE_LEAF;
+            }
+            if keys.len() >= want || deepest || below.len() > want + 2 {
+                return Ok(keys);
+            }
+            layer = below;
+        }
+        Err(Error::corrupt_file(&self.dir, self.meta.root, "level deeper than its recorded height"))
+    }
+
     /// The entry for `key`: (version, value).
     pub fn get(&self, key: &[u8]) -> Result<Option<(u64, Entry<'_>)>> {
         let Some((leaf, p)) = self.leaf_for(key, false)? else { return Ok(None) };

@@ -246,6 +246,33 @@ pub(crate) fn scan(
     Ok(out)
 }
 
+/// About `want` keys inside `(lo, hi)` (`hi` empty: unbounded), ascending, that cut the range
+/// into parts holding similar shares of the region: the tables' separator keys (`pivots` of
+/// each tree and level), merged and thinned evenly. Fewer, or none, in a small region. Reads
+/// interior nodes only.
+pub(crate) fn pivots(srcs: &[Src<'_>], lo: &[u8], hi: &[u8], want: usize) -> Result<Vec<Vec<u8>>> {
+    if want == 0 {
+        return Ok(Vec::new());
+    }
+    let mut all: Vec<Vec<u8>> = Vec::new();
+    for src in srcs {
+        let keys = match src {
+            Src::Writer(w) => w.pivots(lo, hi, want)?,
+            Src::Snap(s) => s.pivots(lo, hi, want)?,
+            Src::Level(l) => l.pivots(lo, hi, want)?,
+        };
+        all.extend(keys.into_iter().map(<[u8]>::to_vec));
+    }
+    all.sort_unstable();
+    all.dedup();
+    if all.len() <= want {
+        return Ok(all);
+    }
+    // Every (len / want)-th key, from the middle of each stride.
+    let n = all.len();
+    Ok((0..want).map(|i| std::mem::take(&mut all[(2 * i + 1) * n / (2 * want)])).collect())
+}
+
 /// The largest live key `<= key`.
 pub(crate) fn floor_key(srcs: &[Src<'_>], key: &[u8]) -> Result<Option<Vec<u8>>> {
     let (mut target, mut strict) = (key.to_vec(), false);

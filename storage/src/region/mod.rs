@@ -567,6 +567,12 @@ impl Region {
         Ok((total as u64, None))
     }
 
+    /// About `want` keys cutting `(lo, hi)` into parts of similar size (see
+    /// [`RegionReader::pivots`]).
+    pub fn pivots(&self, lo: &[u8], hi: &[u8], want: usize) -> Result<Vec<Vec<u8>>> {
+        merge::pivots(&self.srcs(), lo, hi, want)
+    }
+
     /// Like [`Region::scan`] from the largest key `<= lo`.
     pub fn floor_scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let srcs = self.srcs();

@@ -305,6 +305,12 @@ impl RegionReader {
         })
     }
 
+    /// About `want` keys cutting `(lo, hi)` into parts of similar size, from one snapshot (see
+    /// `merge::pivots`): where a long scan can be split to run in parallel.
+    pub fn pivots(&mut self, lo: &[u8], hi: &[u8], want: usize) -> Result<Vec<Vec<u8>>> {
+        self.with_srcs(|srcs, _| merge::pivots(srcs, lo, hi, want))
+    }
+
     /// The table-set generation in use.
     pub fn generation(&self) -> u64 {
         self.set.generation

@@ -477,3 +477,58 @@ fn a_region_tells_its_middle_key_its_size_and_its_sessions() {
     r.write_group_tagged(&[(&ops, &[entries(7, 2)])]).pop().expect("one").expect("write");
     assert_eq!(r.sessions().entries(), vec![entries(7, 1), entries(7, 2), entries(9, 4)]);
 }
+
+/// Checks pivots of `(lo, hi)`: ascending, unique, strictly inside, at most `want`, and cutting
+/// the keys of `keys` in range into parts none of which holds more than `slack` times its share.
+fn check_pivots(pivots: &[Vec<u8>], keys: &[Vec<u8>], lo: &[u8], hi: &[u8], want: usize, slack: usize) {
+    assert!(pivots.len() <= want, "{} pivots for {want}", pivots.len());
+    assert!(pivots.windows(2).all(|w| w[0] < w[1]), "ascending and unique");
+    assert!(pivots.iter().all(|p| p.as_slice() > lo && p.as_slice() < hi), "inside the range");
+    let inside: Vec<&Vec<u8>> = keys.iter().filter(|k| k.as_slice() >= lo && k.as_slice() < hi).collect();
+    let mut parts = vec![0usize; pivots.len() + 1];
+    for k in &inside {
+        parts[pivots.partition_point(|p| p <= *k)] += 1;
+    }
+    let share = inside.len() / parts.len();
+    assert!(parts.iter().all(|&n| n <= slack * share.max(1)), "parts {parts:?} for {} keys", inside.len());
+}
+
+/// Pivots cut a range into parts of similar size from interior nodes only: in L0 (a tree of
+/// 512-byte nodes) and once the keys were compacted into levels, through the region and through
+/// a reader of its shared memory (what the device asks); a small range gets few or none.
+#[test]
+fn pivots_cut_a_range_into_similar_parts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = small_config(dir.path());
+    cfg.l0_budget = 4 << 20; // all in L0 first
+    let mut r = Region::open(cfg.clone()).expect("open").0;
+    let keys: Vec<Vec<u8>> = (0..20_000u32).map(|i| format!("key{i:06}").into_bytes()).collect();
+    for k in &keys {
+        r.put(k, b"value-of-twenty-bytes").expect("put");
+    }
+    let (lo, hi) = (b"key002000".as_slice(), b"key018000".as_slice());
+    let p = r.pivots(lo, hi, 16).expect("pivots");
+    assert!(p.len() >= 8, "a 16,000-key range of a 20,000-key tree has pivots: {}", p.len());
+    check_pivots(&p, &keys, lo, hi, 16, 3);
+    assert!(r.pivots(b"key000010", b"key000012", 16).expect("pivots").is_empty(), "two keys: nothing to cut");
+    assert!(r.pivots(lo, hi, 0).expect("pivots").is_empty());
+    let mut reader = RegionReader::open(&cfg.shm_dir).expect("reader");
+    check_pivots(&reader.pivots(lo, hi, 16).expect("pivots"), &keys, lo, hi, 16, 3);
+    // Unbounded above.
+    check_pivots(&r.pivots(b"key010000", b"", 8).expect("pivots"), &keys, b"key010000", b"\xff", 8, 3);
+    drop(reader);
+    drop(r);
+    // The same keys in levels (small L0: flushes and compactions).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = small_config(dir.path());
+    let mut r = Region::open(cfg.clone()).expect("open").0;
+    for k in &keys {
+        r.put(k, b"value-of-twenty-bytes").expect("put");
+    }
+    assert!(!r.manifest().levels.is_empty(), "compacted into levels");
+    let p = r.pivots(lo, hi, 16).expect("pivots");
+    assert!(p.len() >= 8, "{}", p.len());
+    check_pivots(&p, &keys, lo, hi, 16, 3);
+    let mut reader = RegionReader::open_device(&cfg.shm_dir).expect("device reader");
+    check_pivots(&reader.pivots(lo, hi, 16).expect("pivots"), &keys, lo, hi, 16, 3);
+}

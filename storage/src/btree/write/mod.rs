@@ -195,6 +195,12 @@ impl Writer {
         self.tree().floor_entry(key, strict)
     }
 
+    /// Separator keys inside `(lo, hi)` that cut it into parts of similar size (see
+    /// [`crate::btree::Snapshot::pivots`]).
+    pub fn pivots(&self, lo: &[u8], hi: &[u8], want: usize) -> Result<Vec<&[u8]>> {
+        self.tree().pivots(lo, hi, want)
+    }
+
     /// Items with keys in `[lo, hi]`, ascending, at most `limit`.
     pub fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(&[u8], &[u8])>> {
         self.tree().scan(lo, hi, limit)
