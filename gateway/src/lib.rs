@@ -35,6 +35,7 @@ pub mod config;
 pub mod http;
 pub mod join;
 pub mod metrics;
+pub mod pivots;
 pub mod resp;
 pub mod scan;
 pub mod upstream;
@@ -142,6 +143,7 @@ pub async fn run(
         part_permits: Arc::new(Semaphore::new(cfg.scan_parts)),
         split_min: cfg.scan_split_min,
         metrics: metrics.clone(),
+        pivots: Default::default(),
     };
     // The cluster may not be up yet: keep trying (a gateway is started beside its cluster).
     let mut delay = Duration::from_millis(100);

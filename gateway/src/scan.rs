@@ -20,11 +20,11 @@ use std::sync::Arc;
 
 use dpukv_client::{ClientError, ScanPart, successor};
 use dpukv_proto::limits::{MAX_KEY, MAX_SCAN_BYTES, MAX_SCAN_ITEMS};
-use dpukv_proto::regionmap::key_before;
 use dpukv_proto::{ErrorCode, ErrorReply, Reply, ScanToken};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::Metrics;
+use crate::pivots::{self, PivotCache};
 use crate::upstream::Upstream;
 
 /// How scans may use the cluster.
@@ -39,6 +39,8 @@ pub struct ScanLimits {
     pub split_min: usize,
     /// Where parts are counted.
     pub metrics: Arc<Metrics>,
+    /// The regions' pivots and gap sizes long scans are cut by.
+    pub pivots: Arc<PivotCache>,
 }
 
 /// A scan as a front end asks for it (the binary protocol's fields).
@@ -81,47 +83,60 @@ impl Drop for Running {
 /// A piece of a cut region reads at least this many items at first.
 const MIN_PIECE_ITEMS: usize = 256;
 
-/// Most pieces one region's part is cut into.
-const MAX_PIECES: usize = 64;
+/// The region a part was planned in.
+#[derive(Clone)]
+struct RegionRef {
+    id: u32,
+    epoch: u64,
+    start: Vec<u8>,
+    /// Its last key (empty: the end of the key space).
+    last: Vec<u8>,
+}
 
 /// A part of a scan's range: `[lo, hi]` (an empty `hi`: to the end of the key space), inside one
-/// region when planned; `cut`: already cut by pivots (or not to be).
+/// region when planned; `cut`: already cut by pivots (or not to be); `gaps`: the whole gaps
+/// between pivots it spans (0: unknown), for learning their size; `spare`: the rest of a cut
+/// region after the pieces planned to hold the page, started only when the page still needs it
+/// (never read ahead).
 struct Part {
     lo: Vec<u8>,
     hi: Vec<u8>,
     cut: bool,
+    region: RegionRef,
+    gaps: u32,
+    spare: bool,
 }
 
-/// Cuts the first part, if not yet, at its region's pivots (about four pieces per part read in
-/// parallel): pieces of similar size, so a long scan inside one region is read by several
-/// device threads at once. Pivots are an optimization: if asking fails, the part stays whole.
-async fn cut_front(client: &dpukv_client::Client, parts: &mut VecDeque<Part>, parallelism: usize) {
+/// Cuts the first part, if not yet, at its region's pivots into pieces of about
+/// `limit / parallelism` items (see [`pivots`]), so a long scan inside one region is read by
+/// several device threads at once. Pivots are an optimization: if asking fails, the part stays
+/// whole.
+async fn cut_front(
+    client: &dpukv_client::Client,
+    cache: &PivotCache,
+    parts: &mut VecDeque<Part>,
+    limit: usize,
+    parallelism: usize,
+) {
     let Some(front) = parts.front_mut() else { return };
     if front.cut {
         return;
     }
     front.cut = true;
-    let n = (4 * parallelism.max(1)).min(MAX_PIECES) as u16;
-    let Ok(pivots) = client.pivots(&front.lo, &front.hi, n).await else { return };
-    // Only keys strictly inside the part (what a node answers; checked: a piece is never empty).
-    let pivots: Vec<Vec<u8>> =
-        pivots.into_iter().filter(|p| *p > front.lo && (front.hi.is_empty() || *p <= front.hi)).collect();
-    if pivots.is_empty() {
-        return;
-    }
-    let Part { lo, hi, .. } = parts.pop_front().expect("a front part");
-    let mut pieces = Vec::with_capacity(pivots.len() + 1);
-    let mut a = lo;
-    for p in pivots {
-        if p <= a {
-            continue;
-        }
-        pieces.push(Part { lo: a, hi: key_before(&p), cut: true });
-        a = p;
-    }
-    pieces.push(Part { lo: a, hi, cut: true });
-    for p in pieces.into_iter().rev() {
-        parts.push_front(p);
+    let r = &front.region;
+    let entry = match cache.get(r.id, r.epoch) {
+        Some(e) => e,
+        None => match client.pivots(&r.start, &r.last, pivots::ASK).await {
+            Ok(keys) => cache.put(r.id, r.epoch, keys),
+            Err(_) => return,
+        },
+    };
+    let Part { lo, hi, region, .. } = parts.pop_front().expect("a front part");
+    let pieces = pivots::plan(&entry.keys, entry.per_gap, &lo, &hi, limit, parallelism, MIN_PIECE_ITEMS);
+    let n = pieces.len();
+    for (i, p) in pieces.into_iter().enumerate().rev() {
+        let spare = n > 1 && i == n - 1;
+        parts.push_front(Part { lo: p.lo, hi: p.hi, cut: true, region: region.clone(), gaps: p.gaps, spare });
     }
 }
 
@@ -166,13 +181,15 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
     let mut parts: VecDeque<Part> = VecDeque::new();
     let mut a = from;
     for r in &map.regions[map.route(&a)..] {
+        let region =
+            RegionRef { id: r.id, epoch: r.epoch, start: r.start.clone(), last: r.last_key().unwrap_or_default() };
         match r.last_key() {
             Some(last) if hi.is_empty() || last < hi => {
-                parts.push_back(Part { lo: a, hi: last, cut: !split });
+                parts.push_back(Part { lo: a, hi: last, cut: !split, region, gaps: 0, spare: false });
                 a = r.end.clone().unwrap_or_default();
             }
             _ => {
-                parts.push_back(Part { lo: a, hi: hi.clone(), cut: !split });
+                parts.push_back(Part { lo: a, hi: hi.clone(), cut: !split, region, gaps: 0, spare: false });
                 break;
             }
         }
@@ -194,7 +211,8 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
         ))
     };
     let mut running = Running(VecDeque::new());
-    let mut ends: VecDeque<Vec<u8>> = VecDeque::new(); // each started part's upper bound
+    // Each started part's upper bound, region and whole gaps.
+    let mut ends: VecDeque<(Vec<u8>, RegionRef, u32)> = VecDeque::new();
     let mut items: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut bytes = 0usize;
     let token = |items: &[(Vec<u8>, Vec<u8>)]| {
@@ -205,7 +223,7 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
         // are free, up to the window.
         if running.0.is_empty() {
             if split {
-                cut_front(client, &mut parts, limits.parallelism).await;
+                cut_front(client, &limits.pivots, &mut parts, limit, limits.parallelism).await;
             }
             let Some(p) = parts.pop_front() else { break };
             let permit = limits
@@ -214,20 +232,24 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
                 .acquire_owned()
                 .await
                 .map_err(|_| error(ErrorCode::Unavailable, "the gateway is shutting down"))?;
-            ends.push_back(p.hi.clone());
+            ends.push_back((p.hi.clone(), p.region.clone(), p.gaps));
             running.0.push_back(start_part(p, permit));
         }
         while running.0.len() < limits.parallelism.max(1) && !parts.is_empty() {
             if split {
-                cut_front(client, &mut parts, limits.parallelism).await;
+                cut_front(client, &limits.pivots, &mut parts, limit, limits.parallelism).await;
+            }
+            if parts.front().is_some_and(|p| p.spare) {
+                break;
             }
             let Ok(permit) = limits.part_permits.clone().try_acquire_owned() else { break };
             let p = parts.pop_front().expect("checked");
-            ends.push_back(p.hi.clone());
+            ends.push_back((p.hi.clone(), p.region.clone(), p.gaps));
             running.0.push_back(start_part(p, permit));
         }
         let handle = running.0.pop_front().expect("one runs");
-        let end = ends.pop_front().expect("one per part");
+        let (end, region, gaps) = ends.pop_front().expect("one per part");
+        let before = items.len();
         let (part, permit) = handle.await.map_err(|_| error(ErrorCode::Internal, "a scan part's task failed"))?;
         let mut part = part.map_err(|e| e.into_reply(false))?;
         loop {
@@ -253,6 +275,7 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
             let room = want - items.len();
             part = client.scan_part(&after, &end, room, max_bytes).await.map_err(|e| e.into_reply(false))?;
         }
+        limits.pivots.learn(region.id, region.epoch, items.len() - before, gaps, false);
         drop(permit);
     }
     Ok(Reply::Items { items, token: Vec::new() })

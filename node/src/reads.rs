@@ -98,7 +98,22 @@ impl ReadPool {
 
     /// Queues reads (of one connection) for one reader thread, which answers them together
     /// through `sink` (waits while that thread's queue is full).
-    pub async fn submit(&self, reqs: Vec<(Request, Charge)>, sink: Sink) {
+    /// A frame holding several scans (a gateway reading a long scan's pieces in parallel batches
+    /// them into one frame) has each scan read by the next thread, so they run in parallel; the
+    /// frame's point reads stay together.
+    pub async fn submit(&self, mut reqs: Vec<(Request, Charge)>, sink: Sink) {
+        let is_scan = |r: &Request| matches!(r.op, Op::Scan { .. } | Op::FloorScan { .. });
+        if self.queues.len() > 1 && reqs.iter().filter(|(r, _)| is_scan(r)).count() > 1 {
+            let (scans, points): (Vec<_>, Vec<_>) = reqs.into_iter().partition(|(r, _)| is_scan(r));
+            for scan in scans {
+                self.submit_job(vec![scan], sink.clone()).await;
+            }
+            reqs = points;
+        }
+        self.submit_job(reqs, sink).await
+    }
+
+    async fn submit_job(&self, reqs: Vec<(Request, Charge)>, sink: Sink) {
         if reqs.is_empty() {
             return;
         }

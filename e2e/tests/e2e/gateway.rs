@@ -418,6 +418,16 @@ fn long_scans_are_cut_inside_a_region_and_read_the_same() {
         let all = via_split.scan(lo, hi, 20_000).await.expect("two pages");
         assert_eq!(all, direct.scan(lo, hi, 20_000).await.expect("direct"));
         assert_eq!(all.len(), 20_000);
+        // Open-ended pages: the gateway learns what a gap between pivots holds and cuts a page
+        // into about four pieces of its share — not the rest of the region into pieces, nor
+        // reading ahead past the page.
+        let before = scan_parts(&split);
+        for start in ["item001000", "item007000", "item012000", "item015000"] {
+            let page = via_split.scan(start.as_bytes(), b"", 10_000).await.expect("scan");
+            assert_eq!(page, direct.scan(start.as_bytes(), b"", 10_000).await.expect("direct"));
+        }
+        let per_page = (scan_parts(&split) - before) / 4.0;
+        assert!((4.0..=5.5).contains(&per_page), "{per_page} parts per 10,000-item page");
         // HTTP too.
         let (s, body) = http("GET", &split.url("/v1/scan?start=item000100&end=item002100&limit=2000"), None);
         assert_eq!(s, 200, "{body}");
