@@ -13,6 +13,7 @@
 //! - `upstream`: the cluster as the gateway sees it; forwarding binary requests with their
 //!   senders' exactly-once tags; the one-region map binary clients are shown.
 //! - `scan`: scans across regions, read in parallel and taken in key order.
+//! - `pivots`: where long scans inside one region are cut (cached pivots, learned gap sizes).
 //! - `binary`: the binary protocol front end.
 //! - `resp`: the Redis protocol front end.
 //! - `http`: the HTTP/JSON front end (and `/metrics`, health, OpenAPI).
