@@ -17,3 +17,5 @@ if command -v cargo-nextest >/dev/null || cargo nextest --version >/dev/null 2>&
 else
   cargo test --workspace --locked --no-fail-fast
 fi
+echo "== container image (umoci, offline)"
+PROFILE=debug OUT=target/oci-ci bash scripts/image.sh

@@ -143,6 +143,7 @@ pub async fn run(
         parallelism: cfg.scan_parallelism,
         part_permits: Arc::new(Semaphore::new(cfg.scan_parts)),
         split_min: cfg.scan_split_min,
+        parts_total: cfg.scan_parts,
         metrics: metrics.clone(),
         pivots: Default::default(),
     };

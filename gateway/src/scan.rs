@@ -35,8 +35,12 @@ pub struct ScanLimits {
     /// Parts all scans may hold at once (see the module documentation).
     pub part_permits: Arc<Semaphore>,
     /// Scans asking for at least this many items cut each region's part at keys from the
-    /// region's index (`pivots`) into pieces read in parallel (0: never).
+    /// region's index (`pivots`) into pieces read in parallel (0: never) — while the gateway's
+    /// scans hold fewer than `parallelism` parts: when several scans run at once, they already
+    /// keep the devices' reader threads busy, and cutting would only add requests and merging.
     pub split_min: usize,
+    /// The permits `part_permits` started with.
+    pub parts_total: usize,
     /// Where parts are counted.
     pub metrics: Arc<Metrics>,
     /// The regions' pivots and gap sizes long scans are cut by.
@@ -177,7 +181,8 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
     let map = client.current_map().await.map_err(|e| e.into_reply(false))?;
     let limits = up.scan_limits();
     // A long scan also cuts each region's part where the region's index does (see `split`).
-    let split = limits.split_min > 0 && limit >= limits.split_min;
+    let parts_in_use = limits.parts_total.saturating_sub(limits.part_permits.available_permits());
+    let split = limits.split_min > 0 && limit >= limits.split_min && parts_in_use < limits.parallelism;
     let mut parts: VecDeque<Part> = VecDeque::new();
     let mut a = from;
     for r in &map.regions[map.route(&a)..] {

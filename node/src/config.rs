@@ -38,7 +38,7 @@ pub fn parse_fsync(s: &str) -> Result<FsyncPolicy> {
 
 /// `dpukv-node` flags.
 #[derive(Debug, clap::Parser)]
-#[command(name = "dpukv-node", about = "dpukv host: regions, writes, atomics")]
+#[command(name = "dpukv-node", version, about = "dpukv host: regions, writes, atomics")]
 pub struct HostArgs {
     /// Durable data directory.
     #[arg(long, env = "DPUKV_DATA_DIR")]
@@ -226,7 +226,7 @@ impl HostArgs {
 
 /// `dpukv-dpu` flags.
 #[derive(Debug, clap::Parser)]
-#[command(name = "dpukv-dpu", about = "dpukv device: the data port; reads from host memory")]
+#[command(name = "dpukv-dpu", version, about = "dpukv device: the data port; reads from host memory")]
 pub struct DeviceArgs {
     /// Shared memory directory the host publishes into.
     #[arg(long, env = "DPUKV_SHM_DIR")]

@@ -71,7 +71,7 @@ use dpukv_client::proto::WriteOp;
 use dpukv_client::workload::{Chooser, Histogram, Kind, Rng, Workload, key, value};
 
 #[derive(Parser, Clone)]
-#[command(name = "dpukv-bench", about = "YCSB and cloud-storage workloads against dpukv, Redis or etcd")]
+#[command(name = "dpukv-bench", version, about = "YCSB and cloud-storage workloads against dpukv, Redis or etcd")]
 struct Args {
     /// dpukv endpoint (device or gateway).
     #[arg(long, default_value = "127.0.0.1:7070")]

@@ -10,7 +10,7 @@ use dpukv_client::Client;
 use dpukv_client::proto::{Cmp, Elem, ReduceOp, VecOp};
 
 #[derive(Parser)]
-#[command(name = "dpukv", about = "dpukv client")]
+#[command(name = "dpukv", version, about = "dpukv client")]
 struct Cli {
     /// The device (or gateway) to talk to.
     #[arg(long, env = "DPUKV_ENDPOINT", default_value = "127.0.0.1:7070", global = true)]
