@@ -10,6 +10,8 @@
 //!   `dpukv-net`, shared with the gateway).
 //! - `reads`: the read engine: a fixed pool of reader threads over the shared memory.
 //! - `atomics`: vector operations and the reservation station.
+//! - `popular`: which keys are popular (hKVS: moving-window admission, LRU-bounded set) — the
+//!   data structure of hot-key replication (issue 11; not wired to reads yet).
 //! - `replication`: Tebis over TCP — a primary's senders (log bytes, shipped index), the
 //!   backups' server, and the acknowledgement rule (every backup of the set holds the write).
 //! - `host`: the host process (`host::run`): per-region writers and releasers.
@@ -28,6 +30,7 @@ pub use dpukv_net::conn;
 pub mod dpu;
 pub mod host;
 pub mod pod;
+pub mod popular;
 pub mod reads;
 pub mod regions;
 pub mod replication;

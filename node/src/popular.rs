@@ -1,0 +1,357 @@
+//! Which keys are popular (hKVS §4.5): a **moving-window admission** — a key becomes popular only
+//! after it was read at least `K` times in the last `N` reads — in front of an **LRU-bounded
+//! popular set** of at most `capacity` keys. A read of a popular key refreshes its recency; a
+//! read that admits a key may evict the least recently read one. Each admission and eviction is
+//! reported as an [`Event`] (what becomes a sync request or an invalidation for the keys'
+//! replicas, issue 11).
+//!
+//! Memory is bounded: the window holds `N` 64-bit key hashes and a count per distinct hash in it
+//! (at most `N`), the set at most `capacity` keys. Counting by hash can only make a key popular
+//! early when two keys' 64-bit hashes collide in one window — harmless (a replica of a key read
+//! less often than `K`), and vanishingly rare.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+
+/// The admission rule and the set's bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PopularityConfig {
+    /// Reads of a key within the window that make it popular (the paper's K = 4).
+    pub k: u32,
+    /// Reads the window spans (N).
+    pub window: usize,
+    /// Most popular keys.
+    pub capacity: usize,
+}
+
+impl Default for PopularityConfig {
+    /// K = 4 as in the paper; a window of 100,000 reads (800 KiB of hashes; the paper's 800,000
+    /// served 8M keys on one host) and 10,000 popular keys per region.
+    fn default() -> Self {
+        PopularityConfig { k: 4, window: 100_000, capacity: 10_000 }
+    }
+}
+
+/// A change of the popular set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The key became popular (replicate it).
+    Admitted(Vec<u8>),
+    /// The key stopped being popular (invalidate its replicas).
+    Evicted(Vec<u8>),
+}
+
+/// The last `N` reads, as hashes, and how often each hash occurs among them.
+#[derive(Debug)]
+struct Window {
+    ring: VecDeque<u64>,
+    counts: HashMap<u64, u32>,
+    span: usize,
+}
+
+impl Window {
+    /// Records a read of `h`; answers how often `h` occurs in the window now (this read too).
+    fn push(&mut self, h: u64) -> u32 {
+        if self.span == 0 {
+            return 1;
+        }
+        if self.ring.len() == self.span
+            && let Some(old) = self.ring.pop_front()
+            && let Some(c) = self.counts.get_mut(&old)
+        {
+            *c -= 1;
+            if *c == 0 {
+                self.counts.remove(&old);
+            }
+        }
+        self.ring.push_back(h);
+        let c = self.counts.entry(h).or_insert(0);
+        *c += 1;
+        *c
+    }
+}
+
+/// A slot of the LRU list.
+#[derive(Debug)]
+struct Slot {
+    key: Vec<u8>,
+    prev: usize,
+    next: usize,
+}
+
+/// No slot.
+const NIL: usize = usize::MAX;
+
+/// Keys by recency: a doubly linked list in a slab, indexed by key.
+#[derive(Debug, Default)]
+struct Lru {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    index: HashMap<Vec<u8>, usize>,
+    /// Most recently read.
+    head: Option<usize>,
+    /// Least recently read.
+    tail: Option<usize>,
+}
+
+impl Lru {
+    fn unlink(&mut self, i: usize) {
+        let (p, n) = (self.slots[i].prev, self.slots[i].next);
+        if p == NIL {
+            self.head = (n != NIL).then_some(n);
+        } else {
+            self.slots[p].next = n;
+        }
+        if n == NIL {
+            self.tail = (p != NIL).then_some(p);
+        } else {
+            self.slots[n].prev = p;
+        }
+    }
+
+    fn push_front(&mut self, i: usize) {
+        self.slots[i].prev = NIL;
+        self.slots[i].next = self.head.unwrap_or(NIL);
+        if let Some(h) = self.head {
+            self.slots[h].prev = i;
+        }
+        self.head = Some(i);
+        if self.tail.is_none() {
+            self.tail = Some(i);
+        }
+    }
+
+    /// Moves `key` to the front if present.
+    fn touch(&mut self, key: &[u8]) -> bool {
+        let Some(&i) = self.index.get(key) else { return false };
+        if self.head != Some(i) {
+            self.unlink(i);
+            self.push_front(i);
+        }
+        true
+    }
+
+    fn insert(&mut self, key: Vec<u8>) {
+        let slot = Slot { key: key.clone(), prev: NIL, next: NIL };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                self.slots.len() - 1
+            }
+        };
+        self.index.insert(key, i);
+        self.push_front(i);
+    }
+
+    fn pop_back(&mut self) -> Option<Vec<u8>> {
+        let i = self.tail?;
+        self.unlink(i);
+        let key = std::mem::take(&mut self.slots[i].key);
+        self.index.remove(&key);
+        self.free.push(i);
+        Some(key)
+    }
+
+    fn remove(&mut self, key: &[u8]) -> bool {
+        let Some(i) = self.index.remove(key) else { return false };
+        self.unlink(i);
+        self.slots[i].key = Vec::new();
+        self.free.push(i);
+        true
+    }
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct Popularity {
+    cfg: PopularityConfig,
+    window: Window,
+    set: Lru,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Popularity {
+    /// An empty tracker.
+    pub fn new(cfg: PopularityConfig) -> Popularity {
+        Popularity {
+            cfg,
+            window: Window { ring: VecDeque::new(), counts: HashMap::new(), span: cfg.window },
+            set: Lru::default(),
+            hasher: Default::default(),
+        }
+    }
+
+    fn hash(&self, key: &[u8]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write(key);
+        h.finish()
+    }
+
+    /// Records a read of `key`; answers whether the key is popular after it, appending to
+    /// `events` what changed (an admission, and the eviction it caused).
+    pub fn read(&mut self, key: &[u8], events: &mut Vec<Event>) -> bool {
+        let count = self.window.push(self.hash(key));
+        if self.set.touch(key) {
+            return true;
+        }
+        if count < self.cfg.k || self.cfg.capacity == 0 {
+            return false;
+        }
+        if self.set.index.len() >= self.cfg.capacity
+            && let Some(victim) = self.set.pop_back()
+        {
+            events.push(Event::Evicted(victim));
+        }
+        self.set.insert(key.to_vec());
+        events.push(Event::Admitted(key.to_vec()));
+        true
+    }
+
+    /// Whether `key` is popular now.
+    pub fn is_popular(&self, key: &[u8]) -> bool {
+        self.set.index.contains_key(key)
+    }
+
+    /// Takes `key` out of the popular set (it was deleted, or its region moved); true if it was
+    /// in it. No event: the caller knows.
+    pub fn forget(&mut self, key: &[u8]) -> bool {
+        self.set.remove(key)
+    }
+
+    /// Popular keys now.
+    pub fn len(&self) -> usize {
+        self.set.index.len()
+    }
+
+    /// Whether no key is popular.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The popular keys, most recently read first.
+    pub fn keys(&self) -> Vec<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.len());
+        let mut at = self.set.head;
+        while let Some(i) = at {
+            out.push(self.set.slots[i].key.clone());
+            at = (self.set.slots[i].next != NIL).then_some(self.set.slots[i].next);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The rule, written the obvious way: the last N reads kept whole, the set as a recency list.
+    struct Model {
+        cfg: PopularityConfig,
+        recent: VecDeque<Vec<u8>>,
+        set: Vec<Vec<u8>>, // most recent first
+    }
+
+    impl Model {
+        fn read(&mut self, key: &[u8], events: &mut Vec<Event>) -> bool {
+            if self.cfg.window > 0 {
+                if self.recent.len() == self.cfg.window {
+                    self.recent.pop_front();
+                }
+                self.recent.push_back(key.to_vec());
+            }
+            let count = if self.cfg.window == 0 { 1 } else { self.recent.iter().filter(|k| *k == key).count() as u32 };
+            if let Some(p) = self.set.iter().position(|k| k == key) {
+                let k = self.set.remove(p);
+                self.set.insert(0, k);
+                return true;
+            }
+            if count < self.cfg.k || self.cfg.capacity == 0 {
+                return false;
+            }
+            if self.set.len() >= self.cfg.capacity
+                && let Some(v) = self.set.pop()
+            {
+                events.push(Event::Evicted(v));
+            }
+            self.set.insert(0, key.to_vec());
+            events.push(Event::Admitted(key.to_vec()));
+            true
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Read(u8),
+        Forget(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![9 => (0u8..24).prop_map(Op::Read), 1 => (0u8..24).prop_map(Op::Forget)]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn admission_and_eviction_follow_the_model(
+            k in 1u32..6, window in 0usize..40, capacity in 0usize..8,
+            ops in proptest::collection::vec(op(), 0..400),
+        ) {
+            let cfg = PopularityConfig { k, window, capacity };
+            let mut real = Popularity::new(cfg);
+            let mut model = Model { cfg, recent: VecDeque::new(), set: Vec::new() };
+            for op in ops {
+                match op {
+                    Op::Read(i) => {
+                        let key = vec![b'k', i];
+                        let (mut e1, mut e2) = (Vec::new(), Vec::new());
+                        let a = real.read(&key, &mut e1);
+                        let b = model.read(&key, &mut e2);
+                        prop_assert_eq!(a, b);
+                        prop_assert_eq!(e1, e2);
+                    }
+                    Op::Forget(i) => {
+                        let key = vec![b'k', i];
+                        let was = model.set.iter().position(|k| *k == key).map(|p| model.set.remove(p)).is_some();
+                        prop_assert_eq!(real.forget(&key), was);
+                    }
+                }
+                prop_assert_eq!(real.keys(), model.set.clone());
+                prop_assert!(real.len() <= capacity);
+                prop_assert!(real.window.ring.len() <= window && real.window.counts.len() <= window);
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_read_k_times_in_the_window_becomes_popular_and_the_least_recent_goes() {
+        let mut p = Popularity::new(PopularityConfig { k: 4, window: 10, capacity: 2 });
+        let mut ev = Vec::new();
+        for _ in 0..3 {
+            assert!(!p.read(b"a", &mut ev));
+        }
+        assert!(p.read(b"a", &mut ev), "fourth read admits");
+        assert_eq!(ev, [Event::Admitted(b"a".to_vec())]);
+        // Reads spread too thin never admit: 4 reads of "x" 10 reads apart.
+        ev.clear();
+        for _ in 0..4 {
+            assert!(!p.read(b"x", &mut ev));
+            for f in 0..9u8 {
+                p.read(&[b'f', f], &mut ev);
+            }
+        }
+        assert!(!p.is_popular(b"x") && ev.is_empty());
+        for key in [b"b", b"c"] {
+            for _ in 0..4 {
+                p.read(key, &mut ev);
+            }
+        }
+        // "a" was least recently read when "c" came in.
+        assert_eq!(ev, [Event::Admitted(b"b".to_vec()), Event::Evicted(b"a".to_vec()), Event::Admitted(b"c".to_vec())]);
+        assert_eq!(p.keys(), [b"c".to_vec(), b"b".to_vec()]);
+    }
+}
