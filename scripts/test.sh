@@ -11,6 +11,8 @@ echo "== clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== dependency direction"
 python3 scripts/check-deps.py
+echo "== manifests (the generated CRD's schema against the examples)"
+python3 scripts/check-manifests.py
 echo "== tests"
 if command -v cargo-nextest >/dev/null || cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast

@@ -1,0 +1,464 @@
+//! The `DpuKvCluster` custom resource (`dpukv.io/v1alpha1`, namespaced): what users declare
+//! (spec) and what the operator reports (status), derived into the CRD's OpenAPI schema with its
+//! CEL validation rules (`x-kubernetes-validations`), printer columns and the scale subresource
+//! (`kubectl scale dpukv/NAME --replicas=N` sets `spec.nodes`). `crdgen` writes the CRD to
+//! `manifests/crds/`; a test fails when the file and these types drift apart.
+//!
+//! Field names are an interface: users script against them. Defaults are written into the
+//! schema so `kubectl get -o yaml` shows what runs.
+
+// kube's `printcolumn(...)` arguments repeat `type_ = ...` across columns, which clippy takes for
+// duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A dpukv cluster: node pods (a host and a device container each), a gateway, and the cluster's
+/// metadata in etcd.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "dpukv.io",
+    version = "v1alpha1",
+    kind = "DpuKvCluster",
+    namespaced,
+    status = "DpuKvClusterStatus",
+    shortname = "dpukv",
+    category = "dpukv",
+    scale(
+        spec_replicas_path = ".spec.nodes",
+        status_replicas_path = ".status.readyNodes",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Nodes", type_ = "integer", json_path = ".spec.nodes"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyNodes"),
+    printcolumn(name = "Regions", type_ = "integer", json_path = ".status.regions"),
+    printcolumn(name = "Master", type_ = "string", json_path = ".status.master"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new("self.replicationFactor <= self.nodes").message("replicationFactor must not exceed nodes"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.regions) || (has(self.regions) && self.regions == oldSelf.regions)").message("regions cannot change once set (the master splits and merges them)"))]
+#[serde(rename_all = "camelCase")]
+pub struct DpuKvClusterSpec {
+    /// Node pods (each a host and a device container).
+    #[schemars(range(min = 1, max = 1000))]
+    pub nodes: i32,
+    /// Copies of every region (1 = no backups); at most `nodes`.
+    #[serde(default = "default_replication_factor")]
+    #[schemars(range(min = 1, max = 7))]
+    pub replication_factor: i32,
+    /// The first layout of regions (immutable once set; later the master splits and merges).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<RegionsSpec>,
+    /// Where the device half runs.
+    #[serde(default)]
+    pub device: DeviceSpec,
+    /// Resources of the host and device containers.
+    #[serde(default)]
+    pub resources: PodResources,
+    /// Each node pod's volume for the value log and levels.
+    pub storage: StorageSpec,
+    /// The pod's shared memory (the arenas the device reads).
+    #[serde(default)]
+    pub shared_memory: SharedMemorySpec,
+    /// The cluster's metadata store.
+    pub etcd: EtcdSpec,
+    /// TLS on every hop, from Secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+    /// Bearer tokens at the gateway, from a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthSpec>,
+    /// The gateway Deployment and Service.
+    #[serde(default)]
+    pub gateway: GatewaySpec,
+    /// The image of every dpukv container (repository, without tag).
+    #[serde(default = "default_image")]
+    pub image: String,
+    /// The dpukv version run (the image tag); changing it rolls the pods one at a time.
+    #[serde(default = "default_version")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9A-Za-z][0-9A-Za-z._-]{0,127}$')").message("version must be an image tag"))]
+    pub version: String,
+    /// When writes are synced: `always`, `never` or `interval:MS`.
+    #[serde(default = "default_fsync")]
+    #[x_kube(validation = Rule::new("self.matches('^(always|never|interval:[1-9][0-9]{0,6})$')").message("fsync is always, never or interval:MS"))]
+    pub fsync: String,
+    /// How backups get their index.
+    #[serde(default)]
+    pub backup_index: BackupIndex,
+    /// Hot-key replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hot_keys: Option<HotKeysSpec>,
+    /// Traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<TelemetrySpec>,
+    /// What happens to a node pod's volume when the pod goes.
+    #[serde(default)]
+    pub persistent_volume_claim_retention: PvcRetention,
+    /// Node pods' node selector.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Node pods' tolerations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Node pods' affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Node pods' topology spread constraints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// Node pods' priority class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+fn default_replication_factor() -> i32 {
+    3
+}
+fn default_image() -> String {
+    "dpukv/dpukv".into()
+}
+fn default_version() -> String {
+    env!("CARGO_PKG_VERSION").into()
+}
+fn default_fsync() -> String {
+    "always".into()
+}
+
+/// The first regions: a count (split evenly over the key space) or explicit split keys.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.count) != has(self.splitKeys)").message("give regions.count or regions.splitKeys, not both"))]
+#[serde(rename_all = "camelCase")]
+pub struct RegionsSpec {
+    /// Regions, split evenly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub count: Option<i32>,
+    /// Keys where regions begin (the first region begins at the empty key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4095))]
+    pub split_keys: Option<Vec<String>>,
+}
+
+/// Where the device half runs.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceSpec {
+    /// `Device`: on a DPU given by the device plugin; `Emulator`: an emulator sidecar;
+    /// `Auto`: `Device` when some Kubernetes node advertises the resource.
+    #[serde(default)]
+    pub mode: DeviceMode,
+    /// The extended resource the device plugin advertises.
+    #[serde(default = "default_resource_name")]
+    pub resource_name: String,
+}
+
+impl Default for DeviceSpec {
+    fn default() -> Self {
+        DeviceSpec { mode: DeviceMode::default(), resource_name: default_resource_name() }
+    }
+}
+
+fn default_resource_name() -> String {
+    "dpukv.io/dpu".into()
+}
+
+/// See [`DeviceSpec::mode`].
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeviceMode {
+    /// A DPU from the device plugin.
+    Device,
+    /// The emulator sidecar.
+    Emulator,
+    /// Device where any node advertises the resource, else Emulator.
+    #[default]
+    Auto,
+}
+
+/// Resources of the two containers of a node pod.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodResources {
+    /// The host container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<ResourceRequirements>,
+    /// The device container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<ResourceRequirements>,
+}
+
+/// A positive quantity (`10Gi`, `500M`, `1.5Ti`).
+const QUANTITY_RULE: &str =
+    "self.matches('^([1-9][0-9]*(\\\\.[0-9]+)?|0\\\\.[0-9]*[1-9][0-9]*)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$')";
+
+/// A node pod's volume.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("storageClassName is immutable"))]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// Its size (a positive quantity).
+    #[x_kube(validation = Rule::new(QUANTITY_RULE).message("size must be a positive quantity"))]
+    pub size: String,
+    /// Its storage class (the cluster's default when absent); immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+/// The pod's shared memory.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedMemorySpec {
+    /// The memory-backed volume's size limit (the arenas; a positive quantity).
+    #[serde(default = "default_shm")]
+    #[x_kube(validation = Rule::new(QUANTITY_RULE).message("size must be a positive quantity"))]
+    pub size: String,
+}
+
+impl Default for SharedMemorySpec {
+    fn default() -> Self {
+        SharedMemorySpec { size: default_shm() }
+    }
+}
+
+fn default_shm() -> String {
+    "2Gi".into()
+}
+
+/// The metadata store: an existing etcd, or one the operator runs.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("(has(self.endpoints) && size(self.endpoints) > 0) != has(self.managed)").message("give etcd.endpoints or etcd.managed, not both"))]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdSpec {
+    /// Client URLs of an existing etcd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Vec<String>>,
+    /// An etcd StatefulSet run by the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed: Option<ManagedEtcd>,
+}
+
+/// An etcd the operator runs.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagedEtcd {
+    /// Members: 1, 3 or 5.
+    #[serde(default = "default_etcd_replicas")]
+    #[x_kube(validation = Rule::new("self in [1, 3, 5]").message("etcd members are 1, 3 or 5"))]
+    pub replicas: i32,
+    /// Each member's volume (a positive quantity).
+    #[serde(default = "default_etcd_storage")]
+    #[x_kube(validation = Rule::new(QUANTITY_RULE).message("storage must be a positive quantity"))]
+    pub storage: String,
+}
+
+fn default_etcd_replicas() -> i32 {
+    3
+}
+fn default_etcd_storage() -> String {
+    "1Gi".into()
+}
+
+/// TLS material, from Secrets of type `kubernetes.io/tls` with `ca.crt`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// Mutual TLS between the cluster's processes (devices, hosts, replication, gateway).
+    pub cluster_secret: String,
+    /// The gateway's front ends (the cluster secret when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_secret: Option<String>,
+}
+
+/// Bearer tokens.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthSpec {
+    /// A Secret whose `tokens` key holds the gateway's token file (docs/gateway.md).
+    pub tokens_secret: String,
+}
+
+/// The gateway.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySpec {
+    /// Gateway pods.
+    #[serde(default = "default_gateway_replicas")]
+    #[schemars(range(min = 0, max = 100))]
+    pub replicas: i32,
+    /// Its Service's type.
+    #[serde(default)]
+    pub service_type: ServiceType,
+    /// Its ports.
+    #[serde(default)]
+    pub ports: GatewayPorts,
+}
+
+impl Default for GatewaySpec {
+    fn default() -> Self {
+        GatewaySpec {
+            replicas: default_gateway_replicas(),
+            service_type: ServiceType::default(),
+            ports: GatewayPorts::default(),
+        }
+    }
+}
+
+fn default_gateway_replicas() -> i32 {
+    2
+}
+
+/// A Service type.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ServiceType {
+    /// Inside the cluster.
+    #[default]
+    ClusterIP,
+    /// On every node's port.
+    NodePort,
+    /// A cloud load balancer.
+    LoadBalancer,
+}
+
+/// The gateway's three front ends.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("self.binary != self.http && self.http != self.resp && self.binary != self.resp").message("gateway ports must differ"))]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayPorts {
+    /// The binary protocol.
+    #[serde(default = "default_binary_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub binary: i32,
+    /// HTTP/JSON (and `/metrics`).
+    #[serde(default = "default_http_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub http: i32,
+    /// The Redis protocol.
+    #[serde(default = "default_resp_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub resp: i32,
+}
+
+impl Default for GatewayPorts {
+    fn default() -> Self {
+        GatewayPorts { binary: default_binary_port(), http: default_http_port(), resp: default_resp_port() }
+    }
+}
+
+fn default_binary_port() -> i32 {
+    7379
+}
+fn default_http_port() -> i32 {
+    8080
+}
+fn default_resp_port() -> i32 {
+    6379
+}
+
+/// How backups get their index (docs/cluster.md).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackupIndex {
+    /// The primary ships its compacted index (Tebis Send Index).
+    #[default]
+    Send,
+    /// Backups replay and compact themselves (the baseline).
+    Build,
+}
+
+/// Hot-key replicas (hKVS).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HotKeysSpec {
+    /// Replicate popular keys to other nodes' devices.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Popular keys per region.
+    #[serde(default = "default_hot_capacity")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub capacity: i32,
+    /// Reads within the window that make a key popular.
+    #[serde(default = "default_hot_k")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub k: i32,
+    /// Reads the window spans.
+    #[serde(default = "default_hot_window")]
+    #[schemars(range(min = 1, max = 10_000_000))]
+    pub window: i32,
+}
+
+fn default_hot_capacity() -> i32 {
+    10_000
+}
+fn default_hot_k() -> i32 {
+    4
+}
+fn default_hot_window() -> i32 {
+    100_000
+}
+
+/// Traces.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TelemetrySpec {
+    /// The OTLP (gRPC) endpoint spans are exported to.
+    pub otlp_endpoint: String,
+}
+
+/// What happens to node pods' volumes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PvcRetention {
+    /// When a scale-in removed the pod (after its drain).
+    #[serde(default)]
+    pub when_scaled: RetentionPolicy,
+    /// When the cluster is deleted.
+    #[serde(default)]
+    pub when_deleted: RetentionPolicy,
+}
+
+/// Keep or delete a volume.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RetentionPolicy {
+    /// Keep it (delete it by hand).
+    #[default]
+    Retain,
+    /// Delete it.
+    Delete,
+}
+
+/// What the operator reports.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DpuKvClusterStatus {
+    /// `Pending`, `Creating`, `Running`, `Scaling`, `Draining`, `Upgrading`, `Degraded` or
+    /// `Deleting`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `Available`, `Progressing`, `Degraded`, `Draining`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Node pods ready.
+    #[serde(default)]
+    pub ready_nodes: i32,
+    /// Regions in the cluster's map.
+    #[serde(default)]
+    pub regions: i32,
+    /// The node running the master.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master: Option<String>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The version every node pod runs (absent while a rollout is under way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The node pods' label selector (the scale subresource's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+}

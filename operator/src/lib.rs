@@ -1,0 +1,16 @@
+//! dpukv-operator: dpukv on Kubernetes (docs/kubernetes.md). Users declare a `DpuKvCluster`;
+//! the operator (issue 12, in progress) turns it into node pods, a gateway, services and a
+//! disruption budget, and drains nodes through the cluster's master before they go.
+//!
+//! It depends on no other dpukv crate yet (it will call the master's admin API over HTTP) and is
+//! the only crate that may depend on Kubernetes crates (scripts/check-deps.py).
+//!
+//! # Layout
+//! - `crd`: the `DpuKvCluster` resource — spec, status, CEL rules, printer columns, scale.
+//! - `manifest`: the CRD as YAML (what `crdgen` writes to `manifests/crds/`).
+//!
+//! # Invariants
+//! - The CRD in `manifests/crds/` is generated from `crd`, never edited (a test compares them).
+
+pub mod crd;
+pub mod manifest;
