@@ -89,8 +89,12 @@ pub struct ClusterFlags {
     #[arg(long, env = "DPUKV_CLUSTER")]
     pub cluster: Option<String>,
     /// This node's id in the cluster (unique, not 0).
-    #[arg(long, env = "DPUKV_NODE_ID")]
+    #[arg(long, env = "DPUKV_NODE_ID", conflicts_with = "node_index")]
     pub node_id: Option<u32>,
+    /// This node's index from 0 (its id is the index + 1): what a Kubernetes StatefulSet gives
+    /// each pod (its ordinal, the `apps.kubernetes.io/pod-index` label).
+    #[arg(long, env = "DPUKV_NODE_INDEX")]
+    pub node_index: Option<u32>,
     /// etcd client URLs, comma separated.
     #[arg(long, env = "DPUKV_ETCD", default_value = "http://127.0.0.1:2379")]
     pub etcd: String,
@@ -148,8 +152,9 @@ impl ClusterFlags {
         tls: &TlsArgs,
     ) -> Result<Option<crate::host::cluster::ClusterArgs>> {
         let Some(name) = &self.cluster else { return Ok(None) };
-        let Some(node_id) = self.node_id.filter(|&n| n != 0) else {
-            bail!("--cluster needs --node-id (unique in the cluster, not 0)");
+        let from_index = self.node_index.and_then(|i| i.checked_add(1));
+        let Some(node_id) = self.node_id.or(from_index).filter(|&n| n != 0) else {
+            bail!("--cluster needs --node-id (unique in the cluster, not 0) or --node-index");
         };
         let Some(device) = self.advertise_device.clone() else {
             bail!("--cluster needs --advertise-device (where clients reach this node's device)");
@@ -287,3 +292,28 @@ impl DeviceArgs {
 
 pub use dpukv_net::process::shutdown_on_signals;
 pub use dpukv_net::telemetry;
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn cluster_of(args: &[&str]) -> Result<Option<crate::host::cluster::ClusterArgs>> {
+        let mut argv = vec!["dpukv-node", "--data-dir", "/d", "--shm-dir", "/s", "--cluster", "c"];
+        argv.extend_from_slice(args);
+        let a = HostArgs::try_parse_from(argv)?;
+        a.cluster.config(&[], None, &a.tls)
+    }
+
+    #[test]
+    fn a_node_index_gives_the_id_after_it() {
+        let c = cluster_of(&["--node-index", "0", "--advertise-device", "n-0.n:7070"]).expect("ok").expect("cluster");
+        assert_eq!(c.node_id, 1);
+        let c = cluster_of(&["--node-id", "7", "--advertise-device", "a:1"]).expect("ok").expect("cluster");
+        assert_eq!(c.node_id, 7);
+        assert!(cluster_of(&["--node-id", "7", "--node-index", "2", "--advertise-device", "a:1"]).is_err());
+        assert!(cluster_of(&["--advertise-device", "a:1"]).is_err(), "neither");
+        assert!(cluster_of(&["--node-id", "0", "--advertise-device", "a:1"]).is_err(), "0 is no id");
+    }
+}

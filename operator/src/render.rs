@@ -1,0 +1,553 @@
+//! What a `DpuKvCluster` becomes (docs/kubernetes.md "What the operator creates"): pure
+//! functions from the resource to the objects the controller applies — the node StatefulSet (a
+//! host and a device container sharing a memory-backed volume, a volume claim for the log and
+//! levels, one process namespace), its headless Service, the gateway Deployment and Service, and
+//! the node pods' PodDisruptionBudget. Every object carries the cluster's labels and an owner
+//! reference to the resource, so deleting the resource deletes them.
+//!
+//! Node ids: a node pod's id is its StatefulSet ordinal + 1 (`DPUKV_NODE_INDEX` from the pod's
+//! `apps.kubernetes.io/pod-index` label), stable across restarts; it advertises its device and
+//! replication addresses by the pod's DNS name under the headless Service.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
+};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+
+use crate::crd::{DeviceMode, DpuKvCluster, RetentionPolicy, ServiceType};
+
+/// The device container's data port.
+pub const DEVICE_PORT: i32 = 7070;
+/// The host's replication port.
+pub const REPLICATION_PORT: i32 = 7071;
+/// The host's admin port (`/healthz`, `/readyz`, `/metrics`, drains).
+pub const HOST_ADMIN_PORT: i32 = 9100;
+/// The device's admin port.
+pub const DEVICE_ADMIN_PORT: i32 = 9101;
+/// The gateway's admin port.
+pub const GATEWAY_ADMIN_PORT: i32 = 9102;
+/// Where the host keeps its log and levels.
+pub const DATA_DIR: &str = "/var/lib/dpukv/data";
+/// The shared directory of the pod's two halves (the memory-backed volume).
+pub const SHM_DIR: &str = "/dev/shm/dpukv";
+/// Where TLS material is mounted.
+pub const TLS_DIR: &str = "/etc/dpukv/tls";
+
+/// Whether the device half gets a DPU: `Device` mode, or `Auto` when some Kubernetes node
+/// advertises the resource (the controller looks; `dpu_available`).
+pub fn uses_device(c: &DpuKvCluster, dpu_available: bool) -> bool {
+    match c.spec.device.mode {
+        DeviceMode::Device => true,
+        DeviceMode::Emulator => false,
+        DeviceMode::Auto => dpu_available,
+    }
+}
+
+/// The labels of a component's objects (`node` or `gateway`).
+pub fn labels(c: &DpuKvCluster, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "dpukv".to_string()),
+        ("app.kubernetes.io/instance".to_string(), c.name_any()),
+        ("app.kubernetes.io/component".to_string(), component.to_string()),
+        ("app.kubernetes.io/managed-by".to_string(), "dpukv-operator".to_string()),
+    ])
+}
+
+/// The label selector of a component's pods (the labels that never change).
+pub fn selector(c: &DpuKvCluster, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/instance".to_string(), c.name_any()),
+        ("app.kubernetes.io/component".to_string(), component.to_string()),
+    ])
+}
+
+/// `selector` as the string the scale subresource reports.
+pub fn selector_string(c: &DpuKvCluster) -> String {
+    selector(c, "node").iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+/// The node StatefulSet's (and headless Service's) name.
+pub fn node_name(c: &DpuKvCluster) -> String {
+    format!("{}-node", c.name_any())
+}
+
+/// The gateway Deployment's name (its Service is the cluster's own name).
+pub fn gateway_name(c: &DpuKvCluster) -> String {
+    format!("{}-gateway", c.name_any())
+}
+
+fn meta(c: &DpuKvCluster, name: String, component: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: c.namespace(),
+        labels: Some(labels(c, component)),
+        owner_references: c.controller_owner_ref(&()).map(|o| vec![o]),
+        ..Default::default()
+    }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
+}
+
+fn env_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn port(name: &str, p: i32) -> ContainerPort {
+    ContainerPort { name: Some(name.into()), container_port: p, ..Default::default() }
+}
+
+fn http_probe(path: &str, p: i32, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction { path: Some(path.into()), port: IntOrString::Int(p), ..Default::default() }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount { name: name.into(), mount_path: path.into(), read_only: Some(read_only), ..Default::default() }
+}
+
+fn image(c: &DpuKvCluster) -> String {
+    format!("{}:{}", c.spec.image, c.spec.version)
+}
+
+fn etcd_endpoints(c: &DpuKvCluster) -> String {
+    match (&c.spec.etcd.endpoints, &c.spec.etcd.managed) {
+        (Some(e), _) if !e.is_empty() => e.join(","),
+        // The managed etcd's client Service (the controller creates it).
+        _ => format!("http://{}-etcd:2379", c.name_any()),
+    }
+}
+
+fn tls_env(c: &DpuKvCluster, mutual: bool) -> Vec<EnvVar> {
+    if c.spec.tls.is_none() {
+        return Vec::new();
+    }
+    let mut v = vec![
+        env("DPUKV_TLS_CERT", format!("{TLS_DIR}/tls.crt")),
+        env("DPUKV_TLS_KEY", format!("{TLS_DIR}/tls.key")),
+        env("DPUKV_TLS_CA", format!("{TLS_DIR}/ca.crt")),
+    ];
+    if mutual {
+        v.push(env("DPUKV_TLS_CLIENT_AUTH", "true"));
+    }
+    v
+}
+
+/// The node pods: see the module documentation.
+pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
+    let name = node_name(c);
+    let ns = c.namespace().unwrap_or_else(|| "default".into());
+    let dns = format!("$(POD_NAME).{name}.{ns}.svc");
+    let device = uses_device(c, dpu_available);
+    let s = &c.spec;
+    let mut host_env = vec![
+        env_field("POD_NAME", "metadata.name"),
+        env_field("DPUKV_NODE_INDEX", "metadata.labels['apps.kubernetes.io/pod-index']"),
+        env("DPUKV_CLUSTER", format!("{ns}.{}", c.name_any())),
+        env("DPUKV_ETCD", etcd_endpoints(c)),
+        env("DPUKV_FSYNC", s.fsync.clone()),
+        env("DPUKV_REPLICATION_FACTOR", s.replication_factor.to_string()),
+        env(
+            "DPUKV_BACKUP_INDEX",
+            serde_json::to_value(s.backup_index).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+        ),
+        env("DPUKV_REPLICATION_LISTEN", format!("0.0.0.0:{REPLICATION_PORT}")),
+        env("DPUKV_ADVERTISE_DEVICE", format!("{dns}:{DEVICE_PORT}")),
+        env("DPUKV_ADVERTISE_REPLICATION", format!("{dns}:{REPLICATION_PORT}")),
+    ];
+    if let Some(keys) = s.regions.as_ref().and_then(|r| r.split_keys.as_ref()) {
+        host_env.push(env("DPUKV_SPLIT_KEYS", keys.join(",")));
+    }
+    if let Some(t) = &s.telemetry {
+        host_env.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", t.otlp_endpoint.clone()));
+    }
+    host_env.extend(tls_env(c, true));
+    let mut mounts = vec![mount("data", "/var/lib/dpukv", false), mount("shm", "/dev/shm", false)];
+    if s.tls.is_some() {
+        mounts.push(mount("tls", TLS_DIR, true));
+    }
+    let host = Container {
+        name: "host".into(),
+        image: Some(image(c)),
+        command: Some(vec![
+            "dpukv-node".into(),
+            "--data-dir".into(),
+            DATA_DIR.into(),
+            "--shm-dir".into(),
+            SHM_DIR.into(),
+            "--admin".into(),
+            format!("0.0.0.0:{HOST_ADMIN_PORT}"),
+        ]),
+        env: Some(host_env),
+        ports: Some(vec![port("replication", REPLICATION_PORT), port("host-admin", HOST_ADMIN_PORT)]),
+        readiness_probe: Some(http_probe("/readyz", HOST_ADMIN_PORT, 2)),
+        liveness_probe: Some(http_probe("/healthz", HOST_ADMIN_PORT, 10)),
+        resources: s.resources.host.clone(),
+        volume_mounts: Some(mounts.clone()),
+        ..Default::default()
+    };
+    let mut device_env = vec![env("DPUKV_LISTEN", format!("0.0.0.0:{DEVICE_PORT}"))];
+    if let Some(t) = &s.telemetry {
+        device_env.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", t.otlp_endpoint.clone()));
+    }
+    device_env.extend(tls_env(c, true));
+    let mut device_resources = s.resources.device.clone().unwrap_or_default();
+    if device {
+        // One DPU from the device plugin: an extended resource is asked for in limits.
+        let limits = device_resources.limits.get_or_insert_with(BTreeMap::new);
+        limits.insert(s.device.resource_name.clone(), Quantity("1".into()));
+    }
+    let device_container = Container {
+        name: "device".into(),
+        image: Some(image(c)),
+        command: Some(vec![
+            "dpukv-dpu".into(),
+            "--shm-dir".into(),
+            SHM_DIR.into(),
+            "--admin".into(),
+            format!("0.0.0.0:{DEVICE_ADMIN_PORT}"),
+        ]),
+        env: Some(device_env),
+        ports: Some(vec![port("data", DEVICE_PORT), port("device-admin", DEVICE_ADMIN_PORT)]),
+        readiness_probe: Some(http_probe("/readyz", DEVICE_ADMIN_PORT, 2)),
+        liveness_probe: Some(http_probe("/healthz", DEVICE_ADMIN_PORT, 10)),
+        resources: (device_resources != ResourceRequirements::default()).then_some(device_resources),
+        volume_mounts: Some(mounts.into_iter().filter(|m| m.name != "data").collect()),
+        ..Default::default()
+    };
+    let mut volumes = vec![Volume {
+        name: "shm".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".into()),
+            size_limit: Some(Quantity(s.shared_memory.size.clone())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    if let Some(t) = &s.tls {
+        volumes.push(Volume {
+            name: "tls".into(),
+            secret: Some(SecretVolumeSource { secret_name: Some(t.cluster_secret.clone()), ..Default::default() }),
+            ..Default::default()
+        });
+    }
+    let retention = |p: RetentionPolicy| match p {
+        RetentionPolicy::Retain => "Retain".to_string(),
+        RetentionPolicy::Delete => "Delete".to_string(),
+    };
+    StatefulSet {
+        metadata: meta(c, name.clone(), "node"),
+        spec: StatefulSetSpec {
+            replicas: Some(s.nodes),
+            service_name: Some(name),
+            selector: LabelSelector { match_labels: Some(selector(c, "node")), ..Default::default() },
+            // Pods start together (the master places regions once they registered); the
+            // operator restarts them itself, one at a time, for upgrades.
+            pod_management_policy: Some("Parallel".into()),
+            update_strategy: Some(StatefulSetUpdateStrategy { type_: Some("OnDelete".into()), ..Default::default() }),
+            persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+                when_scaled: Some(retention(s.persistent_volume_claim_retention.when_scaled)),
+                when_deleted: Some(retention(s.persistent_volume_claim_retention.when_deleted)),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels(c, "node")), ..Default::default() }),
+                spec: Some(PodSpec {
+                    share_process_namespace: Some(true),
+                    containers: vec![host, device_container],
+                    volumes: Some(volumes),
+                    node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
+                    tolerations: (!s.tolerations.is_empty()).then(|| s.tolerations.clone()),
+                    affinity: s.affinity.clone(),
+                    topology_spread_constraints: (!s.topology_spread_constraints.is_empty())
+                        .then(|| s.topology_spread_constraints.clone()),
+                    priority_class_name: s.priority_class_name.clone(),
+                    termination_grace_period_seconds: Some(60),
+                    ..Default::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![PersistentVolumeClaim {
+                metadata: ObjectMeta { name: Some("data".into()), ..Default::default() },
+                spec: Some(PersistentVolumeClaimSpec {
+                    access_modes: Some(vec!["ReadWriteOnce".into()]),
+                    storage_class_name: s.storage.storage_class_name.clone(),
+                    resources: Some(VolumeResourceRequirements {
+                        requests: Some(BTreeMap::from([("storage".to_string(), Quantity(s.storage.size.clone()))])),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn service_port(name: &str, p: i32) -> ServicePort {
+    ServicePort { name: Some(name.into()), port: p, target_port: Some(IntOrString::Int(p)), ..Default::default() }
+}
+
+/// The node pods' headless Service: stable DNS names for every pod (published before they are
+/// ready: a node must be reachable to catch up and become ready).
+pub fn node_service(c: &DpuKvCluster) -> Service {
+    Service {
+        metadata: meta(c, node_name(c), "node"),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(selector(c, "node")),
+            ports: Some(vec![
+                service_port("data", DEVICE_PORT),
+                service_port("replication", REPLICATION_PORT),
+                service_port("host-admin", HOST_ADMIN_PORT),
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The gateway pods.
+pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
+    let s = &c.spec;
+    let ns = c.namespace().unwrap_or_else(|| "default".into());
+    let nodes = node_name(c);
+    // Seeds: the first nodes' devices (any one that answers gives the map).
+    let seeds: Vec<String> =
+        (0..s.nodes.clamp(1, 3)).map(|i| format!("{nodes}-{i}.{nodes}.{ns}.svc:{DEVICE_PORT}")).collect();
+    let p = &s.gateway.ports;
+    let mut env = vec![
+        env("DPUKV_SEEDS", seeds.join(",")),
+        env("DPUKV_GATEWAY_LISTEN", format!("0.0.0.0:{}", p.binary)),
+        env("DPUKV_GATEWAY_HTTP", format!("0.0.0.0:{}", p.http)),
+        env("DPUKV_GATEWAY_RESP", format!("0.0.0.0:{}", p.resp)),
+        env("DPUKV_GATEWAY_ADMIN", format!("0.0.0.0:{GATEWAY_ADMIN_PORT}")),
+    ];
+    let mut mounts = Vec::new();
+    let mut volumes = Vec::new();
+    if let Some(t) = &s.tls {
+        // One certificate for the front ends and towards the devices (mutual TLS): the gateway
+        // secret's must come from the cluster's CA.
+        env.extend(tls_env(c, false));
+        mounts.push(mount("tls", TLS_DIR, true));
+        volumes.push(Volume {
+            name: "tls".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(t.gateway_secret.clone().unwrap_or_else(|| t.cluster_secret.clone())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    if let Some(a) = &s.auth {
+        env.push(env_str("DPUKV_TOKENS_FILE", "/etc/dpukv/auth/tokens"));
+        mounts.push(mount("auth", "/etc/dpukv/auth", true));
+        volumes.push(Volume {
+            name: "auth".into(),
+            secret: Some(SecretVolumeSource { secret_name: Some(a.tokens_secret.clone()), ..Default::default() }),
+            ..Default::default()
+        });
+    }
+    if let Some(t) = &s.telemetry {
+        env.push(env_str("OTEL_EXPORTER_OTLP_ENDPOINT", &t.otlp_endpoint));
+    }
+    let container = Container {
+        name: "gateway".into(),
+        image: Some(image(c)),
+        command: Some(vec!["dpukv-gateway".into()]),
+        env: Some(env),
+        ports: Some(vec![
+            port("binary", p.binary),
+            port("http", p.http),
+            port("resp", p.resp),
+            port("gateway-admin", GATEWAY_ADMIN_PORT),
+        ]),
+        readiness_probe: Some(http_probe("/readyz", GATEWAY_ADMIN_PORT, 2)),
+        liveness_probe: Some(http_probe("/healthz", GATEWAY_ADMIN_PORT, 10)),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: meta(c, gateway_name(c), "gateway"),
+        spec: DeploymentSpec {
+            replicas: Some(s.gateway.replicas),
+            selector: LabelSelector { match_labels: Some(selector(c, "gateway")), ..Default::default() },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels(c, "gateway")), ..Default::default() }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    volumes: (!volumes.is_empty()).then_some(volumes),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn env_str(name: &str, value: &str) -> EnvVar {
+    env(name, value)
+}
+
+/// The cluster's endpoint: the gateway's Service, named like the cluster.
+pub fn gateway_service(c: &DpuKvCluster) -> Service {
+    let p = &c.spec.gateway.ports;
+    let type_ = match c.spec.gateway.service_type {
+        ServiceType::ClusterIP => "ClusterIP",
+        ServiceType::NodePort => "NodePort",
+        ServiceType::LoadBalancer => "LoadBalancer",
+    };
+    Service {
+        metadata: meta(c, c.name_any(), "gateway"),
+        spec: Some(ServiceSpec {
+            type_: Some(type_.into()),
+            selector: Some(selector(c, "gateway")),
+            ports: Some(vec![
+                service_port("binary", p.binary),
+                service_port("http", p.http),
+                service_port("resp", p.resp),
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// At most one node pod down at a time by voluntary disruptions (drains, upgrades).
+pub fn node_pdb(c: &DpuKvCluster) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(c, node_name(c), "node"),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector { match_labels: Some(selector(c, "node")), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::DpuKvClusterSpec;
+
+    fn cluster(spec: serde_json::Value) -> DpuKvCluster {
+        let spec: DpuKvClusterSpec = serde_json::from_value(spec).expect("spec");
+        let mut c = DpuKvCluster::new("demo", spec);
+        c.metadata.namespace = Some("db".into());
+        c.metadata.uid = Some("uid-1".into());
+        c
+    }
+
+    fn base(mode: &str) -> DpuKvCluster {
+        cluster(serde_json::json!({
+            "nodes": 3, "storage": {"size": "10Gi", "storageClassName": "fast"},
+            "etcd": {"endpoints": ["http://etcd:2379"]}, "device": {"mode": mode}
+        }))
+    }
+
+    fn container<'a>(s: &'a StatefulSet, name: &str) -> &'a Container {
+        let pod = s.spec.template.spec.as_ref().expect("pod");
+        pod.containers.iter().find(|c| c.name == name).expect("container")
+    }
+
+    fn dpu_limit(c: &Container) -> Option<&Quantity> {
+        c.resources.as_ref().and_then(|r| r.limits.as_ref()).and_then(|l| l.get("dpukv.io/dpu"))
+    }
+
+    fn env_of<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
+        c.env.as_ref()?.iter().find(|e| e.name == name)?.value.as_deref()
+    }
+
+    #[test]
+    fn the_device_mode_decides_whether_a_dpu_is_requested() {
+        let device = node_statefulset(&base("Device"), false);
+        assert_eq!(dpu_limit(container(&device, "device")), Some(&Quantity("1".into())));
+        let emulator = node_statefulset(&base("Emulator"), true);
+        assert_eq!(dpu_limit(container(&emulator, "device")), None);
+        assert!(dpu_limit(container(&node_statefulset(&base("Auto"), true), "device")).is_some());
+        assert!(dpu_limit(container(&node_statefulset(&base("Auto"), false), "device")).is_none());
+        // The host never asks for the device.
+        assert!(dpu_limit(container(&device, "host")).is_none());
+    }
+
+    #[test]
+    fn node_pods_share_memory_and_processes_and_keep_their_volume() {
+        let c = base("Emulator");
+        let s = node_statefulset(&c, false);
+        let spec = &s.spec;
+        assert_eq!(spec.replicas, Some(3));
+        assert_eq!(spec.service_name.as_deref(), Some("demo-node"));
+        let pod = spec.template.spec.as_ref().expect("pod");
+        assert_eq!(pod.share_process_namespace, Some(true));
+        let shm = pod.volumes.as_ref().expect("volumes").iter().find(|v| v.name == "shm").expect("shm");
+        assert_eq!(shm.empty_dir.as_ref().and_then(|e| e.medium.as_deref()), Some("Memory"));
+        for name in ["host", "device"] {
+            let mounts = container(&s, name).volume_mounts.as_ref().expect("mounts");
+            assert!(mounts.iter().any(|m| m.name == "shm"), "{name} mounts the shared memory");
+        }
+        assert!(!container(&s, "device").volume_mounts.as_ref().expect("m").iter().any(|m| m.name == "data"));
+        let claim = &spec.volume_claim_templates.as_ref().expect("claims")[0];
+        assert_eq!(claim.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()), Some("fast"));
+        assert_eq!(spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()), Some("OnDelete"));
+        let host = container(&s, "host");
+        assert_eq!(env_of(host, "DPUKV_ADVERTISE_DEVICE"), Some("$(POD_NAME).demo-node.db.svc:7070"));
+        assert_eq!(env_of(host, "DPUKV_CLUSTER"), Some("db.demo"));
+        assert_eq!(env_of(host, "DPUKV_ETCD"), Some("http://etcd:2379"));
+        // Owned by the resource, labelled as its node component.
+        let owner = &s.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!((owner.kind.as_str(), owner.controller), ("DpuKvCluster", Some(true)));
+        assert_eq!(node_pdb(&c).spec.and_then(|s| s.max_unavailable), Some(IntOrString::Int(1)));
+    }
+
+    #[test]
+    fn the_gateway_gets_tls_tokens_and_its_service_type() {
+        let c = cluster(serde_json::json!({
+            "nodes": 5, "storage": {"size": "1Gi"}, "etcd": {"managed": {}},
+            "tls": {"clusterSecret": "ctls"}, "auth": {"tokensSecret": "tok"},
+            "gateway": {"serviceType": "LoadBalancer", "replicas": 3}
+        }));
+        let d = gateway_deployment(&c);
+        let spec = &d.spec;
+        assert_eq!(spec.replicas, Some(3));
+        let pod = spec.template.spec.as_ref().expect("pod");
+        let names: Vec<&str> = pod.volumes.as_ref().expect("volumes").iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["tls", "auth"]);
+        let seeds =
+            pod.containers[0].env.as_ref().expect("env").iter().find(|e| e.name == "DPUKV_SEEDS").expect("seeds");
+        assert_eq!(seeds.value.as_deref().map(|v| v.split(',').count()), Some(3));
+        let svc = gateway_service(&c);
+        assert_eq!(svc.metadata.name.as_deref(), Some("demo"));
+        assert_eq!(svc.spec.as_ref().and_then(|s| s.type_.as_deref()), Some("LoadBalancer"));
+        let node = node_statefulset(&c, false);
+        assert_eq!(env_of(container(&node, "host"), "DPUKV_ETCD"), Some("http://demo-etcd:2379"));
+        assert_eq!(env_of(container(&node, "device"), "DPUKV_TLS_CLIENT_AUTH"), Some("true"));
+        assert_eq!(selector_string(&c), "app.kubernetes.io/component=node,app.kubernetes.io/instance=demo");
+    }
+}
