@@ -8,12 +8,15 @@
 //! # Layout
 //! - `crd`: the `DpuKvCluster` resource — spec, status, CEL rules, printer columns, scale.
 //! - `manifest`: the CRD as YAML (what `crdgen` writes to `manifests/crds/`).
+//! - `controller`: the reconciler — applies what `render` says, reports status, backs off;
+//!   never shrinks the node StatefulSet before a drain.
 //! - `render`: what a cluster becomes — the node StatefulSet, its headless Service, the gateway
 //!   Deployment and Service, the node pods' disruption budget.
 //!
 //! # Invariants
 //! - The CRD in `manifests/crds/` is generated from `crd`, never edited (a test compares them).
 
+pub mod controller;
 pub mod crd;
 pub mod manifest;
 pub mod render;

@@ -1,0 +1,179 @@
+//! The reconciler: makes a cluster's children what `render` says (server-side apply, one field
+//! manager, forced), and reports status (`patch_status`). Errors are retried per object with
+//! exponential backoff (1 s doubling to 5 min; a success resets it).
+//!
+//! **Scale-in never shrinks the StatefulSet by itself**: when `spec.nodes` is below the running
+//! replicas, the pods that would go (the highest ordinals) must first be drained through the
+//! cluster's master, and only then may the StatefulSet shrink. Until the drain step is built
+//! (issue 12), the reconciler keeps the current replicas and says so in the `Draining` condition
+//! — a scale-in waits rather than drops data.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::crd::{DeviceMode, DpuKvCluster, DpuKvClusterStatus};
+use crate::render;
+
+/// The field manager of everything the operator applies.
+pub const MANAGER: &str = "dpukv-operator";
+
+/// What a reconcile can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Kubernetes API refused or failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The resource has no namespace (it is namespaced).
+    #[error("the DpuKvCluster has no namespace")]
+    NoNamespace,
+}
+
+/// What reconciles share.
+pub struct Context {
+    /// The API.
+    pub client: Client,
+    /// Consecutive failures per cluster (namespace/name), for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    /// A context over `client`.
+    pub fn new(client: Client) -> Arc<Context> {
+        Arc::new(Context { client, failures: Mutex::new(HashMap::new()) })
+    }
+}
+
+fn key(c: &DpuKvCluster) -> String {
+    format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any())
+}
+
+/// The wait before retrying a cluster that failed `n` times in a row.
+pub fn backoff(n: u32) -> Duration {
+    Duration::from_secs(1u64 << n.min(9).saturating_sub(1)).min(Duration::from_secs(300))
+}
+
+/// Whether some Kubernetes node advertises `resource` (allocatable > 0): `Auto` mode's choice.
+async fn dpu_available(client: &Client, resource: &str) -> Result<bool, Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let list = nodes.list(&ListParams::default()).await?;
+    Ok(list.items.iter().any(|n| {
+        n.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(resource)).is_some_and(|q| q.0 != "0")
+    }))
+}
+
+async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    Ok(api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(obj)).await?)
+}
+
+fn condition(type_: &str, ok: bool, reason: &str, message: &str, generation: Option<i64>) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+    }
+}
+
+/// Makes one cluster's children what they should be, and reports its status.
+pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = c.namespace().ok_or(Error::NoNamespace)?;
+    let client = &ctx.client;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let dpu = match c.spec.device.mode {
+        DeviceMode::Auto => dpu_available(client, &c.spec.device.resource_name).await?,
+        _ => false,
+    };
+    let mut set = render::node_statefulset(&c, dpu);
+    // Never shrink before the drain (see the module documentation).
+    let running = sets.get_opt(&render::node_name(&c)).await?.and_then(|s| s.spec.replicas).unwrap_or(0);
+    let waiting_for_drain = running > c.spec.nodes;
+    if waiting_for_drain {
+        set.spec.replicas = Some(running);
+    }
+    let set = apply(&sets, &set).await?;
+    apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::node_service(&c)).await?;
+    apply(&Api::<Deployment>::namespaced(client.clone(), &ns), &render::gateway_deployment(&c)).await?;
+    apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::gateway_service(&c)).await?;
+    apply(&Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns), &render::node_pdb(&c)).await?;
+
+    let ready = set.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+    let generation = c.metadata.generation;
+    let available = ready >= c.spec.nodes && !waiting_for_drain;
+    let phase = if waiting_for_drain {
+        "Draining"
+    } else if ready == 0 {
+        "Creating"
+    } else if ready < c.spec.nodes {
+        "Scaling"
+    } else {
+        "Running"
+    };
+    let drain_message = if waiting_for_drain {
+        format!(
+            "spec.nodes is {} but {running} node pods run: they stay until their drain, which this operator version cannot request yet",
+            c.spec.nodes
+        )
+    } else {
+        String::new()
+    };
+    let status = DpuKvClusterStatus {
+        phase: Some(phase.into()),
+        conditions: vec![
+            condition(
+                "Available",
+                available,
+                if available { "NodesReady" } else { "NodesNotReady" },
+                &format!("{ready} of {} node pods ready", c.spec.nodes),
+                generation,
+            ),
+            condition("Progressing", !available, phase, "", generation),
+            condition(
+                "Draining",
+                waiting_for_drain,
+                if waiting_for_drain { "DrainNotSupported" } else { "NoDrain" },
+                &drain_message,
+                generation,
+            ),
+        ],
+        ready_nodes: ready,
+        observed_generation: generation,
+        version: (ready >= c.spec.nodes).then(|| c.spec.version.clone()),
+        selector: Some(render::selector_string(&c)),
+        ..Default::default()
+    };
+    let api: Api<DpuKvCluster> = Api::namespaced(client.clone(), &ns);
+    let patch = serde_json::json!({
+        "apiVersion": DpuKvCluster::api_version(&()),
+        "kind": DpuKvCluster::kind(&()),
+        "status": status,
+    });
+    api.patch_status(&c.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
+    ctx.failures.lock().expect("failures lock").remove(&key(&c));
+    Ok(Action::requeue(if available { Duration::from_secs(60) } else { Duration::from_secs(5) }))
+}
+
+/// Retries a failed cluster after its backoff.
+pub fn error_policy(c: Arc<DpuKvCluster>, e: &Error, ctx: Arc<Context>) -> Action {
+    let mut failures = ctx.failures.lock().expect("failures lock");
+    let n = failures.entry(key(&c)).or_insert(0);
+    *n = n.saturating_add(1);
+    tracing::warn!(cluster = %key(&c), error = %e, attempt = *n, "reconcile failed");
+    Action::requeue(backoff(*n))
+}
