@@ -2,11 +2,11 @@
 //! manager, forced), and reports status (`patch_status`). Errors are retried per object with
 //! exponential backoff (1 s doubling to 5 min; a success resets it).
 //!
-//! **Scale-in never shrinks the StatefulSet by itself**: when `spec.nodes` is below the running
-//! replicas, the pods that would go (the highest ordinals) must first be drained through the
-//! cluster's master, and only then may the StatefulSet shrink. Until the drain step is built
-//! (issue 12), the reconciler keeps the current replicas and says so in the `Draining` condition
-//! — a scale-in waits rather than drops data.
+//! **Scale-in never loses data**: when `spec.nodes` is below the running replicas, the pods that
+//! would go (the highest ordinals) are drained through the cluster's master first (`drain`), the
+//! `Draining` condition reports how far, and the StatefulSet shrinks only once every one of them
+//! leads and holds nothing. A drain call that fails leaves the StatefulSet as it is (the error is
+//! retried). A scale-out asks the master to stop draining the ordinals that come back.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,7 +23,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::crd::{DeviceMode, DpuKvCluster, DpuKvClusterStatus};
-use crate::render;
+use crate::{drain, render};
 
 /// The field manager of everything the operator applies.
 pub const MANAGER: &str = "dpukv-operator";
@@ -37,20 +37,39 @@ pub enum Error {
     /// The resource has no namespace (it is namespaced).
     #[error("the DpuKvCluster has no namespace")]
     NoNamespace,
+    /// The cluster's master could not be asked to drain (or stop draining) a node.
+    #[error("drain: {0}")]
+    Drain(#[from] drain::DrainError),
+}
+
+/// Where the operator reaches a cluster's admin API (`host:port`).
+pub type AdminAddr = Box<dyn Fn(&DpuKvCluster) -> String + Send + Sync>;
+
+/// The admin endpoint of the cluster's first node pod (it never goes in a scale-in).
+pub fn first_pod_admin(c: &DpuKvCluster) -> String {
+    let n = render::node_name(c);
+    format!("{n}-0.{n}.{}.svc:{}", c.namespace().unwrap_or_default(), render::HOST_ADMIN_PORT)
 }
 
 /// What reconciles share.
 pub struct Context {
     /// The API.
     pub client: Client,
+    /// Where a cluster's admin API is.
+    pub admin: AdminAddr,
     /// Consecutive failures per cluster (namespace/name), for the backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
 
 impl Context {
-    /// A context over `client`.
+    /// A context over `client`, reaching clusters at their first pod's admin endpoint.
     pub fn new(client: Client) -> Arc<Context> {
-        Arc::new(Context { client, failures: Mutex::new(HashMap::new()) })
+        Context::with_admin(client, Box::new(first_pod_admin))
+    }
+
+    /// A context reaching clusters' admin APIs where `admin` says.
+    pub fn with_admin(client: Client, admin: AdminAddr) -> Arc<Context> {
+        Arc::new(Context { client, admin, failures: Mutex::new(HashMap::new()) })
     }
 }
 
@@ -101,13 +120,31 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         _ => false,
     };
     let mut set = render::node_statefulset(&c, dpu);
-    // Never shrink before the drain (see the module documentation).
     let running = sets.get_opt(&render::node_name(&c)).await?.and_then(|s| s.spec.replicas).unwrap_or(0);
-    let waiting_for_drain = running > c.spec.nodes;
+    let desired = c.spec.nodes;
+    // Scale-in: drain the pods that would go; shrink only when all are drained.
+    let mut pending = Vec::new();
+    if running > desired {
+        let admin = (ctx.admin)(&c);
+        for ordinal in desired..running {
+            let st = drain::drain(&admin, ordinal as u32 + 1).await?;
+            if !st.done {
+                pending.push(st);
+            }
+        }
+    }
+    let waiting_for_drain = !pending.is_empty();
     if waiting_for_drain {
         set.spec.replicas = Some(running);
     }
     let set = apply(&sets, &set).await?;
+    // Scale-out of a running cluster: the ordinals that come back may have been drained before.
+    if running > 0 && desired > running {
+        let admin = (ctx.admin)(&c);
+        for ordinal in running..desired {
+            drain::undrain(&admin, ordinal as u32 + 1).await?;
+        }
+    }
     apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::node_service(&c)).await?;
     apply(&Api::<Deployment>::namespaced(client.clone(), &ns), &render::gateway_deployment(&c)).await?;
     apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::gateway_service(&c)).await?;
@@ -125,14 +162,11 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
     } else {
         "Running"
     };
-    let drain_message = if waiting_for_drain {
-        format!(
-            "spec.nodes is {} but {running} node pods run: they stay until their drain, which this operator version cannot request yet",
-            c.spec.nodes
-        )
-    } else {
-        String::new()
-    };
+    let drain_message = pending
+        .iter()
+        .map(|p| format!("node {}: {} regions led, {} held", p.node, p.regions_led, p.regions_held))
+        .collect::<Vec<_>>()
+        .join("; ");
     let status = DpuKvClusterStatus {
         phase: Some(phase.into()),
         conditions: vec![
@@ -147,7 +181,7 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
             condition(
                 "Draining",
                 waiting_for_drain,
-                if waiting_for_drain { "DrainNotSupported" } else { "NoDrain" },
+                if waiting_for_drain { "DrainInProgress" } else { "NoDrain" },
                 &drain_message,
                 generation,
             ),

@@ -2,14 +2,15 @@
 //! the operator (issue 12, in progress) turns it into node pods, a gateway, services and a
 //! disruption budget, and drains nodes through the cluster's master before they go.
 //!
-//! It depends on no other dpukv crate yet (it will call the master's admin API over HTTP) and is
+//! It depends on no other dpukv crate (it calls the master's admin API over HTTP) and is
 //! the only crate that may depend on Kubernetes crates (scripts/check-deps.py).
 //!
 //! # Layout
 //! - `crd`: the `DpuKvCluster` resource — spec, status, CEL rules, printer columns, scale.
 //! - `manifest`: the CRD as YAML (what `crdgen` writes to `manifests/crds/`).
 //! - `controller`: the reconciler — applies what `render` says, reports status, backs off;
-//!   never shrinks the node StatefulSet before a drain.
+//!   drains nodes before the node StatefulSet shrinks.
+//! - `drain`: asking the cluster's master to drain nodes (and to stop), over its admin API.
 //! - `render`: what a cluster becomes — the node StatefulSet, its headless Service, the gateway
 //!   Deployment and Service, the node pods' disruption budget.
 //!
@@ -18,5 +19,6 @@
 
 pub mod controller;
 pub mod crd;
+pub mod drain;
 pub mod manifest;
 pub mod render;

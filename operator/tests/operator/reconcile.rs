@@ -12,6 +12,8 @@ use http::{Request, Response};
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -154,29 +156,113 @@ async fn auto_mode_asks_for_a_dpu_when_a_node_advertises_one() {
     task.await.expect("task").expect("reconciled");
 }
 
-#[tokio::test]
-async fn a_scale_in_never_shrinks_the_statefulset_before_a_drain() {
-    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::new(Client::new(svc, "db"));
-    let c = cluster(spec(3, "Emulator"));
-    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| {
+/// A cluster's admin API as the operator uses it (`/cluster/drain/{node}`: POST asks, DELETE
+/// stops, both answer the drain's progress — the host's answer format): nodes drain when the
+/// test says so; every call is recorded.
+#[derive(Clone, Default)]
+struct Master {
+    calls: Arc<Mutex<Vec<String>>>,
+    /// Regions a node still leads and holds.
+    left: Arc<Mutex<BTreeMap<u32, (u32, u32)>>>,
+    draining: Arc<Mutex<BTreeMap<u32, bool>>>,
+}
+
+impl Master {
+    async fn start(self) -> String {
+        use axum::extract::{Path, State};
+        async fn drain(State(m): State<Master>, method: axum::http::Method, Path(node): Path<u32>) -> String {
+            m.calls.lock().expect("lock").push(format!("{method} {node}"));
+            let draining = method == axum::http::Method::POST;
+            m.draining.lock().expect("lock").insert(node, draining);
+            let (led, held) = m.left.lock().expect("lock").get(&node).copied().unwrap_or((0, 0));
+            json!({"node": node, "draining": draining, "regions_led": led, "regions_held": held,
+                   "done": draining && led == 0 && held == 0})
+            .to_string()
+        }
+        let app = axum::Router::new()
+            .route("/cluster/drain/{node}", axum::routing::post(drain).delete(drain))
+            .with_state(self);
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        addr
+    }
+}
+
+fn running_set(replicas: i64) -> impl FnOnce(&Value) -> (u16, Value) {
+    move |_| {
         (
             200,
             json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
                      "metadata": {"name": "demo-node", "namespace": "db"},
-                     "spec": {"replicas": 5, "selector": {}, "template": {}, "serviceName": "demo-node"},
-                     "status": {"replicas": 5, "readyReplicas": 5}}),
+                     "spec": {"replicas": replicas, "selector": {}, "template": {}, "serviceName": "demo-node"},
+                     "status": {"replicas": replicas, "readyReplicas": replicas}}),
         )
-    })
-    .await;
+    }
+}
+
+#[tokio::test]
+async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
+    let master = Master::default();
+    master.left.lock().expect("lock").extend([(4, (1, 2)), (5, (0, 1))]);
+    let addr = master.clone().start().await;
+    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let a = addr.clone();
+    let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| a.clone()));
+    let c = cluster(spec(3, "Emulator"));
+    // 5 pods run, 3 are wanted: nodes 4 and 5 (ordinals 3 and 4) are asked to drain; they still
+    // hold regions, so the StatefulSet keeps its 5 replicas.
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(5)).await;
     let set = children(&mut h, 5).await;
     assert_eq!(set["spec"]["replicas"], 5, "the pods that would go are kept until drained");
     let st = status(&mut h, &c).await;
     assert_eq!(st["phase"], "Draining");
-    assert_eq!(condition(&st, "Draining")["status"], "True");
-    assert_eq!(condition(&st, "Available")["status"], "False");
+    let d = condition(&st, "Draining");
+    assert_eq!((d["status"].as_str(), d["reason"].as_str()), (Some("True"), Some("DrainInProgress")));
+    assert!(d["message"].as_str().expect("message").contains("node 4: 1 regions led, 2 held"), "{d}");
     task.await.expect("task").expect("reconciled");
+    assert_eq!(*master.calls.lock().expect("lock"), ["POST 4", "POST 5"]);
+    // The master moved everything off them: now the StatefulSet shrinks.
+    master.left.lock().expect("lock").clear();
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(5)).await;
+    let set = children(&mut h, 3).await;
+    assert_eq!(set["spec"]["replicas"], 3, "drained: the StatefulSet shrinks");
+    let st = status(&mut h, &c).await;
+    assert_eq!(condition(&st, "Draining")["status"], "False");
+    task.await.expect("task").expect("reconciled");
+}
+
+#[tokio::test]
+async fn an_unreachable_master_stops_a_scale_in_before_anything_shrinks() {
+    // A port nothing listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").to_string();
+    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| dead.clone()));
+    let task = tokio::spawn(reconcile(Arc::new(cluster(spec(3, "Emulator"))), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(5)).await;
+    let e = task.await.expect("task").expect_err("no drain, no scale-in");
+    assert!(matches!(e, dpukv_operator::controller::Error::Drain(_)), "{e}");
+    // Nothing was applied: the client is gone without another request.
+    let next = tokio::time::timeout(Duration::from_secs(5), h.next_request()).await.expect("the client is dropped");
+    assert!(next.is_none(), "no request after the failed drain");
+}
+
+#[tokio::test]
+async fn a_scale_out_stops_draining_the_nodes_that_come_back() {
+    let master = Master::default();
+    let addr = master.clone().start().await;
+    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| addr.clone()));
+    let c = cluster(spec(5, "Emulator"));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(3)).await;
+    let set = children(&mut h, 3).await;
+    assert_eq!(set["spec"]["replicas"], 5);
+    status(&mut h, &c).await;
+    task.await.expect("task").expect("reconciled");
+    assert_eq!(*master.calls.lock().expect("lock"), ["DELETE 4", "DELETE 5"]);
 }
 
 #[tokio::test]
