@@ -8,7 +8,7 @@
 # PROFILE=debug packs the debug binaries instead (CI: the ones its tests already built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BINS=(dpukv dpukv-bench dpukv-node dpukv-dpu dpukv-gateway dpukv-device-plugin)
+BINS=(dpukv dpukv-bench dpukv-node dpukv-dpu dpukv-gateway dpukv-device-plugin dpukv-operator)
 if ! command -v umoci >/dev/null; then
   bash scripts/setup.sh umoci=umoci || true
 fi

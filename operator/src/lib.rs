@@ -11,6 +11,7 @@
 //! - `controller`: the reconciler — applies what `render` says, reports status, backs off;
 //!   drains nodes before the node StatefulSet shrinks.
 //! - `drain`: asking the cluster's master to drain nodes (and to stop), over its admin API.
+//! - `run`: the controller over every cluster and what it owns; metrics and health.
 //! - `render`: what a cluster becomes — the node StatefulSet, its headless Service, the gateway
 //!   Deployment and Service, the node pods' disruption budget.
 //!
@@ -22,3 +23,4 @@ pub mod crd;
 pub mod drain;
 pub mod manifest;
 pub mod render;
+pub mod run;
