@@ -12,6 +12,7 @@
 //!   drains nodes before the node StatefulSet shrinks.
 //! - `drain`: asking the cluster's master to drain nodes (and to stop), over its admin API.
 //! - `run`: the controller over every cluster and what it owns; metrics and health.
+//! - `lease`: leader election over a coordination Lease (several replicas, one reconciles).
 //! - `render`: what a cluster becomes — the node StatefulSet, its headless Service, the gateway
 //!   Deployment and Service, the node pods' disruption budget.
 //!
@@ -21,6 +22,7 @@
 pub mod controller;
 pub mod crd;
 pub mod drain;
+pub mod lease;
 pub mod manifest;
 pub mod render;
 pub mod run;

@@ -14,6 +14,18 @@ struct Args {
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[arg(long, env = "DPUKV_OPERATOR_HTTP", default_value = "0.0.0.0:8080")]
     http: SocketAddr,
+    /// Reconcile only while holding the Lease (so several replicas can run).
+    #[arg(long, env = "DPUKV_OPERATOR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// The Lease's name.
+    #[arg(long, default_value = "dpukv-operator")]
+    lease_name: String,
+    /// The Lease's namespace (the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    namespace: String,
+    /// This replica's identity in the Lease.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
 }
 
 #[tokio::main]
@@ -38,7 +50,29 @@ async fn main() -> Result<()> {
         }
         s.cancel();
     });
+    let mut until = stop.clone();
+    if args.leader_election {
+        let identity = args.identity.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| format!("pid-{}", std::process::id()))
+        });
+        let cfg = dpukv_operator::lease::LeaseConfig {
+            name: args.lease_name.clone(),
+            identity,
+            duration: std::time::Duration::from_secs(15),
+            renew_every: std::time::Duration::from_secs(5),
+        };
+        let api = kube::Api::namespaced(client.clone(), &args.namespace);
+        tracing::info!(lease = %cfg.name, namespace = %args.namespace, "waiting to lead");
+        let Some(leadership) = dpukv_operator::lease::lead(api, cfg, stop.clone()).await else { return Ok(()) };
+        until = leadership.lost;
+    }
     tracing::info!("dpukv-operator running");
-    dpukv_operator::run::run(client, m, stop).await;
+    dpukv_operator::run::run(client, m, until.clone()).await;
+    if !stop.is_cancelled() {
+        // Leadership lost: exit, to start again as a follower.
+        anyhow::bail!("leadership lost");
+    }
     Ok(())
 }

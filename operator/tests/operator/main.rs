@@ -2,4 +2,5 @@
 //! mock API server (`reconcile`).
 
 mod crd;
+mod lease;
 mod reconcile;

@@ -64,6 +64,11 @@ async fn expect(handle: &mut Handle, method: &str, path: &str, answer: impl FnOn
     body
 }
 
+/// The reconcile's result (a scripted exchange that went wrong fails here instead of hanging).
+async fn finished<T>(task: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), task).await.expect("the reconcile ends").expect("task")
+}
+
 fn not_found() -> (u16, Value) {
     (
         404,
@@ -129,7 +134,7 @@ async fn a_new_cluster_gets_its_children_applied_and_a_status() {
     assert_eq!(st["observedGeneration"], 2);
     assert_eq!(condition(&st, "Available")["status"], "False");
     assert_eq!(st["selector"], "app.kubernetes.io/component=node,app.kubernetes.io/instance=demo");
-    task.await.expect("task").expect("reconciled");
+    finished(task).await.expect("reconciled");
 }
 
 #[tokio::test]
@@ -153,7 +158,7 @@ async fn auto_mode_asks_for_a_dpu_when_a_node_advertises_one() {
     let st = status(&mut h, &c).await;
     assert_eq!((st["phase"].as_str(), st["readyNodes"].as_i64()), (Some("Running"), Some(3)));
     assert_eq!(condition(&st, "Available")["status"], "True");
-    task.await.expect("task").expect("reconciled");
+    finished(task).await.expect("reconciled");
 }
 
 /// A cluster's admin API as the operator uses it (`/cluster/drain/{node}`: POST asks, DELETE
@@ -221,7 +226,7 @@ async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
     let d = condition(&st, "Draining");
     assert_eq!((d["status"].as_str(), d["reason"].as_str()), (Some("True"), Some("DrainInProgress")));
     assert!(d["message"].as_str().expect("message").contains("node 4: 1 regions led, 2 held"), "{d}");
-    task.await.expect("task").expect("reconciled");
+    finished(task).await.expect("reconciled");
     assert_eq!(*master.calls.lock().expect("lock"), ["POST 4", "POST 5"]);
     // The master moved everything off them: now the StatefulSet shrinks.
     master.left.lock().expect("lock").clear();
@@ -231,7 +236,7 @@ async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
     assert_eq!(set["spec"]["replicas"], 3, "drained: the StatefulSet shrinks");
     let st = status(&mut h, &c).await;
     assert_eq!(condition(&st, "Draining")["status"], "False");
-    task.await.expect("task").expect("reconciled");
+    finished(task).await.expect("reconciled");
 }
 
 #[tokio::test]
@@ -242,7 +247,7 @@ async fn an_unreachable_master_stops_a_scale_in_before_anything_shrinks() {
     let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| dead.clone()));
     let task = tokio::spawn(reconcile(Arc::new(cluster(spec(3, "Emulator"))), ctx));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(5)).await;
-    let e = task.await.expect("task").expect_err("no drain, no scale-in");
+    let e = finished(task).await.expect_err("no drain, no scale-in");
     assert!(matches!(e, dpukv_operator::controller::Error::Drain(_)), "{e}");
     // Nothing was applied: the client is gone without another request.
     let next = tokio::time::timeout(Duration::from_secs(5), h.next_request()).await.expect("the client is dropped");
@@ -261,7 +266,7 @@ async fn a_scale_out_stops_draining_the_nodes_that_come_back() {
     let set = children(&mut h, 3).await;
     assert_eq!(set["spec"]["replicas"], 5);
     status(&mut h, &c).await;
-    task.await.expect("task").expect("reconciled");
+    finished(task).await.expect("reconciled");
     assert_eq!(*master.calls.lock().expect("lock"), ["DELETE 4", "DELETE 5"]);
 }
 
@@ -281,7 +286,7 @@ async fn failures_back_off_per_cluster_and_a_success_resets() {
         (500, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is down"}))
     })
     .await;
-    let e = task.await.expect("task").expect_err("an API failure is an error");
+    let e = finished(task).await.expect_err("an API failure is an error");
     let first = error_policy(c.clone(), &e, ctx.clone());
     let second = error_policy(c.clone(), &e, ctx.clone());
     assert_eq!(first, kube::runtime::controller::Action::requeue(Duration::from_secs(1)));
@@ -291,6 +296,6 @@ async fn failures_back_off_per_cluster_and_a_success_resets() {
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
     children(&mut h, 0).await;
     status(&mut h, &c).await;
-    task.await.expect("task").expect("reconciled");
+    finished(task).await.expect("reconciled");
     assert_eq!(error_policy(c, &e, ctx), kube::runtime::controller::Action::requeue(Duration::from_secs(1)));
 }
