@@ -17,8 +17,8 @@ ALLOWED = {
     "dpukv-node": {"dpukv-storage", "dpukv-proto", "dpukv-net", "dpukv-cluster"},
     "dpukv-gateway": {"dpukv-proto", "dpukv-net", "dpukv-cluster", "dpukv-client"},
     "dpukv-client": {"dpukv-proto", "dpukv-net"},
-    "dpukv-operator": {"dpukv-proto", "dpukv-cluster"},
-    "dpukv-device-plugin": {"dpukv-proto"},
+    "dpukv-operator": {"dpukv-proto", "dpukv-cluster", "dpukv-net"},
+    "dpukv-device-plugin": {"dpukv-proto", "dpukv-net"},
     "dpukv-e2e": None,  # may depend on anything; nothing may depend on it
 }
 FORBIDDEN_EXTERNAL = {

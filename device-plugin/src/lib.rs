@@ -4,8 +4,8 @@
 //! (clusters whose node pods run the device emulator but still want the scheduling).
 //!
 //! It speaks the kubelet's device plugin API v1beta1 (gRPC over unix sockets; the `.proto` is
-//! vendored and generated at build time), depends on no other dpukv crate, and nothing depends
-//! on it but the chart's DaemonSet.
+//! vendored and generated at build time), depends only on `dpukv-net` (how a process starts: logs,
+//! shutdown on signals), and nothing depends on it but the chart's DaemonSet.
 //!
 //! # Layout
 //! - `api`: the generated API.

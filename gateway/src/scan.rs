@@ -186,9 +186,10 @@ pub async fn run(up: &Upstream, s: ScanRequest) -> Result<Reply, ErrorReply> {
     let mut parts: VecDeque<Part> = VecDeque::new();
     let mut a = from;
     for r in &map.regions[map.route(&a)..] {
+        let last = r.last_key();
         let region =
-            RegionRef { id: r.id, epoch: r.epoch, start: r.start.clone(), last: r.last_key().unwrap_or_default() };
-        match r.last_key() {
+            RegionRef { id: r.id, epoch: r.epoch, start: r.start.clone(), last: last.clone().unwrap_or_default() };
+        match last {
             Some(last) if hi.is_empty() || last < hi => {
                 parts.push_back(Part { lo: a, hi: last, cut: !split, region, gaps: 0, spare: false });
                 a = r.end.clone().unwrap_or_default();

@@ -47,8 +47,7 @@ pub type AdminAddr = Box<dyn Fn(&DpuKvCluster) -> String + Send + Sync>;
 
 /// The admin endpoint of the cluster's first node pod (it never goes in a scale-in).
 pub fn first_pod_admin(c: &DpuKvCluster) -> String {
-    let n = render::node_name(c);
-    format!("{n}-0.{n}.{}.svc:{}", c.namespace().unwrap_or_default(), render::HOST_ADMIN_PORT)
+    format!("{}:{}", render::pod_host(c, &format!("{}-0", render::node_name(c))), render::HOST_ADMIN_PORT)
 }
 
 /// What reconciles share.

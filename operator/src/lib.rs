@@ -2,8 +2,9 @@
 //! the operator (issue 12, in progress) turns it into node pods, a gateway, services and a
 //! disruption budget, and drains nodes through the cluster's master before they go.
 //!
-//! It depends on no other dpukv crate (it calls the master's admin API over HTTP) and is
-//! the only crate that may depend on Kubernetes crates (scripts/check-deps.py).
+//! It depends on `dpukv-net` only for how a process starts (logs, shutdown on signals), calls the
+//! master's admin API over HTTP, and is the only crate that may depend on Kubernetes crates
+//! (scripts/check-deps.py).
 //!
 //! # Layout
 //! - `crd`: the `DpuKvCluster` resource — spec, status, CEL rules, printer columns, scale.

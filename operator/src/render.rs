@@ -83,6 +83,13 @@ pub fn node_name(c: &DpuKvCluster) -> String {
     format!("{}-node", c.name_any())
 }
 
+/// The DNS name of node pod `pod` under the headless Service (`pod` may be `$(POD_NAME)`, which
+/// Kubernetes expands in a container's environment).
+pub fn pod_host(c: &DpuKvCluster, pod: &str) -> String {
+    let ns = c.namespace().unwrap_or_else(|| "default".into());
+    format!("{pod}.{}.{ns}.svc", node_name(c))
+}
+
 /// The gateway Deployment's name (its Service is the cluster's own name).
 pub fn gateway_name(c: &DpuKvCluster) -> String {
     format!("{}-gateway", c.name_any())
@@ -161,7 +168,7 @@ fn tls_env(c: &DpuKvCluster, mutual: bool) -> Vec<EnvVar> {
 pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     let name = node_name(c);
     let ns = c.namespace().unwrap_or_else(|| "default".into());
-    let dns = format!("$(POD_NAME).{name}.{ns}.svc");
+    let dns = pod_host(c, "$(POD_NAME)");
     let device = uses_device(c, dpu_available);
     let s = &c.spec;
     let mut host_env = vec![
@@ -335,13 +342,12 @@ pub fn node_service(c: &DpuKvCluster) -> Service {
 /// The gateway pods.
 pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
     let s = &c.spec;
-    let ns = c.namespace().unwrap_or_else(|| "default".into());
     let nodes = node_name(c);
     // Seeds: the first nodes' devices (any one that answers gives the map).
     let seeds: Vec<String> =
-        (0..s.nodes.clamp(1, 3)).map(|i| format!("{nodes}-{i}.{nodes}.{ns}.svc:{DEVICE_PORT}")).collect();
+        (0..s.nodes.clamp(1, 3)).map(|i| format!("{}:{DEVICE_PORT}", pod_host(c, &format!("{nodes}-{i}")))).collect();
     let p = &s.gateway.ports;
-    let mut env = vec![
+    let mut vars = vec![
         env("DPUKV_SEEDS", seeds.join(",")),
         env("DPUKV_GATEWAY_LISTEN", format!("0.0.0.0:{}", p.binary)),
         env("DPUKV_GATEWAY_HTTP", format!("0.0.0.0:{}", p.http)),
@@ -353,7 +359,7 @@ pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
     if let Some(t) = &s.tls {
         // One certificate for the front ends and towards the devices (mutual TLS): the gateway
         // secret's must come from the cluster's CA.
-        env.extend(tls_env(c, false));
+        vars.extend(tls_env(c, false));
         mounts.push(mount("tls", TLS_DIR, true));
         volumes.push(Volume {
             name: "tls".into(),
@@ -365,7 +371,7 @@ pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
         });
     }
     if let Some(a) = &s.auth {
-        env.push(env_str("DPUKV_TOKENS_FILE", "/etc/dpukv/auth/tokens"));
+        vars.push(env("DPUKV_TOKENS_FILE", "/etc/dpukv/auth/tokens"));
         mounts.push(mount("auth", "/etc/dpukv/auth", true));
         volumes.push(Volume {
             name: "auth".into(),
@@ -374,13 +380,13 @@ pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
         });
     }
     if let Some(t) = &s.telemetry {
-        env.push(env_str("OTEL_EXPORTER_OTLP_ENDPOINT", &t.otlp_endpoint));
+        vars.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", t.otlp_endpoint.clone()));
     }
     let container = Container {
         name: "gateway".into(),
         image: Some(image(c)),
         command: Some(vec!["dpukv-gateway".into()]),
-        env: Some(env),
+        env: Some(vars),
         ports: Some(vec![
             port("binary", p.binary),
             port("http", p.http),
@@ -409,10 +415,6 @@ pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
         },
         ..Default::default()
     }
-}
-
-fn env_str(name: &str, value: &str) -> EnvVar {
-    env(name, value)
 }
 
 /// The cluster's endpoint: the gateway's Service, named like the cluster.

@@ -9,7 +9,6 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use dpukv_device_plugin::sysfs::{BLUEFIELD, PciId, Source};
 use dpukv_device_plugin::{kubelet, metrics, runner};
-use tokio_util::sync::CancellationToken;
 
 /// The kubelet device plugin for dpukv's DPUs.
 #[derive(Debug, Parser)]
@@ -43,10 +42,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    let _telemetry = dpukv_net::telemetry::init("dpukv-device-plugin");
     let args = Args::parse();
     let source = match args.emulated {
         Some(n) => Source::Emulated(n),
@@ -55,20 +51,10 @@ async fn main() -> Result<()> {
             ids: if args.pci_ids.is_empty() { BLUEFIELD.to_vec() } else { args.pci_ids },
         },
     };
-    let stop = CancellationToken::new();
+    let stop = dpukv_net::process::shutdown_on_signals();
     let m = metrics::Metrics::new();
     let listener = metrics::bind(args.metrics).await.with_context(|| format!("binding {}", args.metrics))?;
     tokio::spawn(metrics::serve(listener, m.clone(), stop.clone()));
-    let s = stop.clone();
-    tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        s.cancel();
-    });
     let cfg = runner::Config {
         dir: args.plugin_dir,
         resource: args.resource,

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 
 /// The dpukv operator.
 #[derive(Debug, Parser)]
@@ -30,26 +29,13 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    let _telemetry = dpukv_net::telemetry::init("dpukv-operator");
     let args = Args::parse();
     let client = kube::Client::try_default().await.context("connecting to Kubernetes")?;
-    let stop = CancellationToken::new();
+    let stop = dpukv_net::process::shutdown_on_signals();
     let m = dpukv_operator::run::Metrics::new();
     let listener = dpukv_operator::run::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     tokio::spawn(dpukv_operator::run::serve_http(listener, m.clone(), stop.clone()));
-    let s = stop.clone();
-    tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        s.cancel();
-    });
     let mut until = stop.clone();
     if args.leader_election {
         let identity = args.identity.clone().unwrap_or_else(|| {
