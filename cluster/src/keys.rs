@@ -104,6 +104,23 @@ impl Keys {
         k
     }
 
+    /// Prefix of primary handovers not yet released (`handovers/<region>/<node>`, value the
+    /// region's new epoch): the master writes one, bound to the old primary's lease, when it
+    /// moves a region's primary away from a live node; that node deletes it once its device no
+    /// longer serves the region. The new primary serves only when none names another node
+    /// (docs/cluster.md §4, step 5).
+    pub fn handovers(&self) -> Vec<u8> {
+        self.under("handovers/")
+    }
+
+    /// A region's handover away from `node`.
+    pub fn handover(&self, region: u32, node: u32) -> Vec<u8> {
+        let mut k = id_key(&self.handovers(), region);
+        k.push(b'/');
+        k.extend_from_slice(format!("{node:010}").as_bytes());
+        k
+    }
+
     /// Prefix of running handoffs (`handoffs/<source region>`: a split or merge, docs/cluster.md §9).
     pub fn handoffs(&self) -> Vec<u8> {
         self.under("handoffs/")

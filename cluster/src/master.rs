@@ -36,6 +36,19 @@ pub struct Snapshot {
     pub facts: Facts,
     /// Splits and merges: running, reported, requested; regions' loads.
     pub handoffs: HandoffFacts,
+    /// Each live node's lease and its registration's mod revision.
+    pub node_leases: std::collections::HashMap<u32, (LeaseId, Revision)>,
+    /// Primary handovers not released yet: (region, old primary) -> the key's mod revision
+    /// (`Keys::handovers`).
+    pub handovers: std::collections::BTreeMap<(u32, u32), Revision>,
+}
+
+impl Snapshot {
+    /// Whether a node other than `me` may still serve `region` by an older map: the region's
+    /// primary moved away from it while it was alive and it has not said it stopped.
+    pub fn unreleased(&self, region: u32, me: u32) -> Option<u32> {
+        self.handovers.range((region, 0)..=(region, u32::MAX)).map(|(&(_, n), _)| n).find(|&n| n != me)
+    }
 }
 
 fn decode_all<T>(
@@ -94,7 +107,14 @@ impl Waits {
 pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
     let (kvs, revision) = s.range(keys.root()).await?;
     let under = |p: Vec<u8>| kvs.iter().filter(move |kv| kv.key.starts_with(&p)).cloned().collect::<Vec<_>>();
-    let nodes = decode_all(&under(keys.nodes()), NodeInfo::decode)?;
+    let node_kvs = under(keys.nodes());
+    let nodes = decode_all(&node_kvs, NodeInfo::decode)?;
+    let node_leases =
+        nodes.iter().zip(&node_kvs).filter_map(|(n, kv)| Some((n.id, (kv.lease?, kv.mod_revision)))).collect();
+    let handovers = under(keys.handovers())
+        .iter()
+        .filter_map(|kv| Some((region_node(&kv.key, &keys.handovers())?, kv.mod_revision)))
+        .collect();
     let region_kvs = under(keys.regions());
     let mut regions = decode_all(&region_kvs, RegionInfo::decode)?;
     let mut region_revs: Vec<(u32, Revision)> =
@@ -173,6 +193,8 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
         config,
         facts,
         handoffs,
+        node_leases,
+        handovers,
     })
 }
 
@@ -209,7 +231,19 @@ impl Applied {
 /// One round: lays the regions out if there are none (and enough nodes), else takes the split
 /// and merge steps due and, if there were none, applies the planned placement changes.
 pub async fn round<S: MetaStore>(s: &S, keys: &Keys, fence: &Compare, waits: &mut Waits) -> Result<Applied> {
-    let mut snap = read(s, keys).await?;
+    let snap = read(s, keys).await?;
+    apply(s, keys, fence, waits, snap).await
+}
+
+/// The second half of [`round`]: plans from `snap` (read earlier: the world may have moved
+/// since, which every transaction checks) and applies.
+pub async fn apply<S: MetaStore>(
+    s: &S,
+    keys: &Keys,
+    fence: &Compare,
+    waits: &mut Waits,
+    mut snap: Snapshot,
+) -> Result<Applied> {
     let Some(config) = snap.config.clone() else { return Ok(Applied::default()) };
     if snap.map.regions.is_empty() {
         let mut nodes = snap.map.nodes.clone();
@@ -260,14 +294,29 @@ pub async fn round<S: MetaStore>(s: &S, keys: &Keys, fence: &Compare, waits: &mu
         let rev = rev_of(c.region.id);
         let key = keys.region(c.region.id);
         let mut then = vec![TxnOp::Put { key: key.clone(), value: c.region.encode(), lease: None }];
-        if c.reason == placement::Reason::Promote
-            && let Some(old) = snap.map.region(c.region.id)
+        let mut when = vec![fence.clone(), Compare::ModRevision(key, rev)];
+        if let Some(old) = snap.map.region(c.region.id)
+            && old.primary != c.region.primary
         {
-            // The reports served this promotion.
-            then.extend(old.backups.iter().map(|&b| TxnOp::Delete { key: keys.position_of(old.id, b) }));
+            match snap.node_leases.get(&old.primary) {
+                // The old primary is alive: until it says its device stopped serving the region
+                // (it deletes this key; or its lease ends and takes the key along), the new
+                // primary does not serve (docs/cluster.md §4, step 5).
+                Some(&(lease, registered)) => {
+                    let epoch = c.region.epoch.to_string().into_bytes();
+                    then.push(TxnOp::Put { key: keys.handover(old.id, old.primary), value: epoch, lease: Some(lease) });
+                    when.push(Compare::ModRevision(keys.node(old.primary), registered));
+                }
+                // A promotion: the old primary was planned dead and must still be (registered
+                // again since, it may be serving the region under a new lease).
+                None => when.push(Compare::Absent(keys.node(old.primary))),
+            }
+            if c.reason == placement::Reason::Promote {
+                // The reports served this promotion.
+                then.extend(old.backups.iter().map(|&b| TxnOp::Delete { key: keys.position_of(old.id, b) }));
+            }
         }
-        let t =
-            s.txn(Txn { when: vec![fence.clone(), Compare::ModRevision(key, rev)], then, otherwise: vec![] }).await?;
+        let t = s.txn(Txn { when, then, otherwise: vec![] }).await?;
         if t.succeeded {
             tracing::info!(region = c.region.id, reason = ?c.reason, epoch = c.region.epoch, primary = c.region.primary,
                 backups = ?c.region.backups, joining = ?c.region.joining, "region changed");

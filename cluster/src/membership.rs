@@ -6,6 +6,13 @@
 //! `t_sent + ttl·(1 − ρ) − δ` ([`Timing`]). Past that instant, [`Authority::valid`] is false and
 //! the node must stop acknowledging writes: by then etcd may have ended the lease and the master
 //! may have promoted a backup.
+//!
+//! An authority also counts its **lives**: a lease that ended (found gone) ends a life, and a new
+//! registration begins the next. Whatever a node decided under one lease — above all the region
+//! map its device serves — must not be vouched for by the authority a later lease gives
+//! ([`Authority::until_in`]): between the old lease's end and the new registration the master may
+//! have handed the node's regions to others, and only a map read after the new registration says
+//! so.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,6 +55,9 @@ pub struct Authority {
     base: Instant,
     /// Nanoseconds after `base` (0: none).
     until: Arc<AtomicU64>,
+    /// The life (registration) `until` belongs to: bumped when a lease ends and when a
+    /// registration begins.
+    life: Arc<AtomicU64>,
 }
 
 impl Default for Authority {
@@ -59,7 +69,24 @@ impl Default for Authority {
 impl Authority {
     /// No authority yet.
     pub fn new() -> Authority {
-        Authority { base: Instant::now(), until: Arc::new(AtomicU64::new(0)) }
+        Authority { base: Instant::now(), until: Arc::new(AtomicU64::new(0)), life: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// The current life (see the module documentation): read it *before* reading what the
+    /// authority is to vouch for, then ask [`Authority::until_in`] with it.
+    pub fn life(&self) -> u64 {
+        self.life.load(Ordering::Acquire)
+    }
+
+    /// The instant it ends, if it is still in life `life` (None: no authority, or a later life,
+    /// which must not vouch for what was decided in `life`).
+    pub fn until_in(&self, life: u64) -> Option<Instant> {
+        // Read like a sequence lock: an `until` extended in a later life was written after that
+        // life began, so reading it (acquire) makes the second read of `life` see the change.
+        let before = self.life.load(Ordering::Acquire);
+        let until = self.until.load(Ordering::Acquire);
+        let after = self.life.load(Ordering::Acquire);
+        (before == life && after == life && until != 0).then(|| self.base + Duration::from_nanos(until))
     }
 
     /// Whether the node may act as a primary now.
@@ -85,8 +112,9 @@ impl Authority {
         self.until.fetch_max(n.max(1), Ordering::AcqRel);
     }
 
-    /// Ends it now (the lease is gone).
+    /// Ends it now (the lease is gone), and with it the life.
     fn revoke(&self) {
+        self.life.fetch_add(1, Ordering::AcqRel);
         self.until.store(0, Ordering::Release);
     }
 }
@@ -133,6 +161,8 @@ pub async fn register_with<S: MetaStore>(
         let _ = s.revoke(lease).await;
         return Err(id_taken(info.id));
     }
+    // A new lease, a new life (the previous one normally ended when its lease was found gone).
+    authority.revoke();
     authority.extend(t_sent + timing.trust());
     Ok(Member { lease, authority })
 }
@@ -245,5 +275,27 @@ mod tests {
         keeper.await.expect("keeper").expect("keep-alive");
         assert!(applied.lock().expect("lock").len() >= 2 && checked > 10, "keep-alives were applied and checked");
         assert!(m.authority.until().is_none(), "revoked at the end");
+    }
+
+    /// A node whose lease ended registers again and has authority again — but not for the map it
+    /// published under the old lease: the master may have moved its regions in between (a paused
+    /// pod served a stale map for ~100 ms after resuming, until this held).
+    #[tokio::test]
+    async fn a_new_registration_does_not_vouch_for_what_the_old_lease_decided() {
+        let s = MemStore::new();
+        let timing = Timing { ttl: Duration::from_millis(600), drift: 0.01, margin: Duration::from_millis(50) };
+        let keys = Keys::new("t").expect("keys");
+        let info = NodeInfo { id: 1, device: "d".into(), replication: "r".into(), admin: "a".into(), zone: "".into() };
+        let m = register(&s, &keys, &info, timing).await.expect("register");
+        let first = m.authority.life();
+        assert!(m.authority.until_in(first).is_some(), "the first life has authority");
+        s.revoke(m.lease).await.expect("end the lease");
+        let ended = m.keep_alive(&s, timing, CancellationToken::new()).await;
+        assert!(matches!(ended, Err(MetaError::LeaseNotFound(_))), "the keeper finds the lease gone: {ended:?}");
+        assert!(!m.authority.valid() && m.authority.until_in(first).is_none(), "the authority ended with the lease");
+        let again = register_with(&s, &keys, &info, timing, m.authority.clone()).await.expect("register again");
+        assert!(m.authority.valid(), "registered again, the node has authority");
+        assert!(m.authority.until_in(first).is_none(), "but not for what it decided under the old lease");
+        assert!(again.authority.until_in(again.authority.life()).is_some(), "and for what it decides now");
     }
 }

@@ -681,6 +681,86 @@ fn probe_reads(
     (stop, reader)
 }
 
+/// Three node pods, one region. The primary's node is drained while its host is paused (not its
+/// device, and not for as long as its lease): the master hands the region to a backup at once,
+/// but the old primary's device still serves by its old map — its host's authority holds. So the
+/// new primary must not take a write until the old one released the region (docs/cluster.md §4,
+/// step 5): the write goes through only after the host resumed, and a reader asking the old
+/// device directly gets no answer after it. Fails when the new primary does not wait.
+#[test]
+fn a_primary_handed_over_serves_no_read_once_the_new_primary_took_a_write() {
+    use dpukv_e2e::cluster::{ClusterNode, must_see_map, put_routed};
+    let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
+    let args = ["--lease-ttl-ms", "3000", "--replication-factor", "3", "--fsync", "always"];
+    let nodes: Vec<ClusterNode> =
+        (1..=3).map(|id| ClusterNode::start(id, "handover", &etcd.url(), &args).expect("node")).collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+    let (p, m) = (map.regions[0].primary, map.master);
+    if p == m {
+        // A paused master hands nothing over: move the primary off the master's node first.
+        eprintln!("node {p} is the primary and the master: moving the primary first");
+        nodes[0].admin_post(&format!("/cluster/drain/{p}")).expect("drain request");
+        let moved = |x: &dpukv_client::proto::regionmap::RegionMap| {
+            x.regions[0].primary != 0 && !x.regions[0].replicas().any(|n| n == p)
+        };
+        rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), moved));
+        nodes[0].admin_delete(&format!("/cluster/drain/{p}")).expect("lift the drain");
+        map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), full));
+    }
+    let old = map.regions[0].clone();
+    let p = old.primary;
+    assert_ne!(p, map.master, "the primary is not the master");
+    let others: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != p).collect();
+    rt.block_on(put_routed(&others, b"probe", b"before", Duration::from_secs(30))).expect("a first write");
+    nodes[p as usize - 1].signal("STOP", false).expect("pause the host");
+    let paused = Instant::now();
+    let (stop_reads, reader) = probe_reads(nodes[p as usize - 1].device.clone(), old.clone());
+    others[0].admin_post(&format!("/cluster/drain/{p}")).expect("drain request");
+    let handed =
+        |x: &dpukv_client::proto::regionmap::RegionMap| x.regions[0].primary != p && x.regions[0].epoch > old.epoch;
+    let new = rt.block_on(must_see_map(&nodes, |n| n.id != p, Duration::from_secs(30), handed)).regions[0].clone();
+    let q = &nodes[new.primary as usize - 1].device;
+    // The write (straight to the new primary, again and again: a client's backoff would blur
+    // when it first could), while the host stays paused 1.5 s in all (its authority, 2.87 s from a keep-alive
+    // sent at most 1 s before the pause, outlasts that: the device serves throughout).
+    let (first_write, resumed) = std::thread::scope(|sc| {
+        let writer = sc.spawn(|| {
+            for id in 1.. {
+                let mut req =
+                    dpukv_client::proto::Request::new(id, Op::Put { key: b"probe".to_vec(), value: b"after".to_vec() });
+                (req.region, req.epoch) = (new.id, new.epoch);
+                if let Ok(r) = dpukv_e2e::cluster::call_direct(q, req, Duration::from_secs(5))
+                    && r.result.is_ok()
+                {
+                    return Instant::now();
+                }
+                assert!(paused.elapsed() < Duration::from_secs(30), "the new primary takes no write");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            unreachable!("ids do not run out")
+        });
+        std::thread::sleep(Duration::from_millis(1500).saturating_sub(paused.elapsed()));
+        let resumed = Instant::now();
+        nodes[p as usize - 1].signal("CONT", false).expect("resume the host");
+        (writer.join().expect("writer"), resumed)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop_reads.store(true, Ordering::Relaxed);
+    let last_read = reader.join().expect("reader");
+    assert!(
+        first_write > resumed,
+        "the new primary acknowledged a write {:?} before the old primary's host resumed (released the region)",
+        resumed - first_write
+    );
+    assert!(last_read.is_some(), "the old primary's device answered reads while its host was paused");
+    assert!(
+        last_read.is_none_or(|t| t < first_write),
+        "the old primary answered a read {:?} after the new primary acknowledged a write",
+        last_read.map(|t| t - first_write)
+    );
+}
+
 /// Three node pods, one region; concurrent clients run while, again and again, the region's
 /// primary is paused (SIGSTOP) past its lease — the whole pod in even iterations, only its host
 /// in odd ones (its device goes on, and must refuse reads once the host stops vouching) — until

@@ -23,6 +23,7 @@ use anyhow::{Context, Result};
 use dpukv_cluster::keys::{BackupIndex, ClusterConfig, Keys};
 use dpukv_cluster::master;
 use dpukv_cluster::membership::{Authority, Member, Timing, register_with};
+use dpukv_cluster::meta::{Compare, Txn, TxnOp};
 use dpukv_cluster::{EtcdOptions, EtcdStore, MetaError, MetaStore};
 use dpukv_proto::regionmap::{HandoffKind, NodeInfo, RegionInfo, RegionState};
 use dpukv_storage::vlog::LogTail;
@@ -151,15 +152,15 @@ pub async fn run(
     let Some(mut member) = member else { return Ok(vec![]) };
     tracing::info!(node = args.node_id, cluster = %args.name, lease = member.lease, "registered");
     let (mut keeper, mut candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown);
-    // The device trusts the published map only while this node's authority lasts.
-    let vouched: Arc<std::sync::Mutex<Option<dpukv_storage::announce::Announcement>>> =
-        Arc::new(std::sync::Mutex::new(announcement.take()));
+    // The device trusts the published map only while the authority of the lease life it was
+    // read in lasts.
+    let vouched: Arc<Vouched> = Arc::new(std::sync::Mutex::new(announcement.take().map(|a| (a, u64::MAX))));
     let voucher = {
         let (vouched, authority, stop) = (vouched.clone(), authority.clone(), shutdown.clone());
         tokio::spawn(async move {
             while !stop.is_cancelled() {
-                if let Some(a) = vouched.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                    let _ = a.set_valid_until(authority_ns(&authority));
+                if let Some((a, life)) = vouched.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    let _ = a.set_valid_until(authority_ns(&authority, *life));
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -191,6 +192,8 @@ pub async fn run(
             tracing::warn!(node = args.node_id, lease = member.lease, "registered again after losing the lease");
             (keeper, candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown);
         }
+        // Read before the map: a map read in this life is vouched for only while it lasts.
+        let life = authority.life();
         let snap = match master::read(&store, &keys).await {
             Ok(s) => s,
             // etcd unreachable: keep serving what the last map said (writes stop by themselves
@@ -237,9 +240,12 @@ pub async fn run(
             .copied()
             .filter(|id| !snap.map.regions.iter().chain(&split_targets).any(|r| r.id == *id && keep(r)))
             .collect();
-        let mut changed = published.as_ref() != Some(&snap.map);
+        // A new life (the lease ended, the node registered again) vouches for no map published
+        // before: publish this one, read in it.
+        let vouched_life = vouched.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(_, l)| *l);
+        let mut changed = published.as_ref() != Some(&snap.map) || vouched_life != Some(life);
         if !losing.is_empty() {
-            publish(&served, &snap.map, me, &led, &losing, &opener, &vouched, &authority)?;
+            publish(&served, &snap.map, me, &led, &losing, &opener, &vouched, (&authority, life))?;
             for id in losing {
                 let l = led.remove(&id).expect("led");
                 metrics.unlead(id);
@@ -324,6 +330,12 @@ pub async fn run(
         }
         metrics.regions_backed.store(backups.backed() as u64, Ordering::Relaxed);
         for (id, l) in led.iter_mut().filter(|(_, l)| !l.serving) {
+            // The old primary, if alive, may still serve the region by its old map: not before
+            // it said it stopped (a write acknowledged here could be missing from its reads).
+            if let Some(old) = snap.unreleased(*id, me) {
+                tracing::debug!(region = id, old, "waiting for the old primary to release the region");
+                continue;
+            }
             if l.acks.holds(l.base) {
                 l.serving = true;
                 changed = true;
@@ -331,8 +343,27 @@ pub async fn run(
             }
         }
         if changed {
-            publish(&served, &snap.map, me, &led, &[], &opener, &vouched, &authority)?;
+            publish(&served, &snap.map, me, &led, &[], &opener, &vouched, (&authority, life))?;
             published = Some(snap.map.clone());
+        }
+        // The device serves by this map now: release the regions handed away from this node (their
+        // new primaries wait for it). The map holds every handover this snapshot names.
+        // (Compared: a later handover of a region given back in between is not this map's.)
+        let released: Vec<(Vec<u8>, i64)> = snap
+            .handovers
+            .iter()
+            .filter(|&(&(_, n), _)| n == me)
+            .map(|(&(r, _), &rev)| (keys.handover(r, me), rev))
+            .collect();
+        for (key, rev) in released {
+            let txn = Txn {
+                when: vec![Compare::ModRevision(key.clone(), rev)],
+                then: vec![TxnOp::Delete { key }],
+                otherwise: vec![],
+            };
+            if let Err(e) = store.txn(txn).await {
+                tracing::debug!(error = %e, "releasing a handed-over region failed; retrying");
+            }
         }
         // Only once the device and the dispatch route by this map: a source may take writes to
         // a range again (and trim what it gave away) only when no request can reach it by the
@@ -377,7 +408,7 @@ pub async fn run(
     if let Some(t) = reporting {
         t.abort();
     }
-    if let Some(a) = vouched.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+    if let Some((a, _)) = vouched.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
         let _ = a.set_valid_until(0);
     }
     stop_backups.store(true, Ordering::Release);
@@ -687,10 +718,13 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     }
 }
 
-/// The authority's end as monotonic nanoseconds (0: none).
-fn authority_ns(a: &Authority) -> u64 {
+/// The published map's announcement, and the authority's life it was read in.
+type Vouched = std::sync::Mutex<Option<(dpukv_storage::announce::Announcement, u64)>>;
+
+/// The end of the authority's life `life` as monotonic nanoseconds (0: none, or a later life).
+fn authority_ns(a: &Authority, life: u64) -> u64 {
     let now = std::time::Instant::now();
-    match a.until() {
+    match a.until_in(life) {
         Some(t) if t > now => dpukv_storage::announce::monotonic_ns().saturating_add((t - now).as_nanos() as u64),
         _ => 0,
     }
@@ -706,8 +740,8 @@ fn publish(
     led: &HashMap<u32, Led>,
     losing: &[u32],
     opener: &Opener,
-    vouched: &std::sync::Mutex<Option<dpukv_storage::announce::Announcement>>,
-    authority: &Authority,
+    vouched: &Vouched,
+    (authority, life): (&Authority, u64),
 ) -> Result<()> {
     let mut view = map.clone();
     for r in &mut view.regions {
@@ -724,8 +758,8 @@ fn publish(
     // not be acknowledged while the device still reads the moved keys from the source, whose
     // copy of them is final.)
     let a = pod::publish_map(&opener.shm_dir, &rmap)?;
-    a.set_valid_until(authority_ns(authority))?;
-    *vouched.lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
+    a.set_valid_until(authority_ns(authority, life))?;
+    *vouched.lock().unwrap_or_else(|e| e.into_inner()) = Some((a, life));
     let mut s = served.write().unwrap_or_else(|e| e.into_inner());
     s.writers = led.iter().filter(|(id, _)| !losing.contains(id)).map(|(id, l)| (*id, l.queue.clone())).collect();
     s.map = rmap;
