@@ -14,16 +14,20 @@
 //! - `drain`: asking the cluster's master to drain nodes (and to stop), over its admin API.
 //! - `run`: the controller over every cluster and what it owns; metrics and health.
 //! - `lease`: leader election over a coordination Lease (several replicas, one reconciles).
+//! - `rbac`: the permissions the operator needs, as data (the chart's roles are generated from it).
 //! - `render`: what a cluster becomes — the node StatefulSet, its headless Service, the gateway
 //!   Deployment and Service, the node pods' disruption budget.
 //!
 //! # Invariants
 //! - The CRD in `manifests/crds/` is generated from `crd`, never edited (a test compares them).
+//! - The chart's RBAC rule files are generated from `rbac`; every API request the operator's tests
+//!   see it make is allowed by those rules, and every rule is used.
 
 pub mod controller;
 pub mod crd;
 pub mod drain;
 pub mod lease;
 pub mod manifest;
+pub mod rbac;
 pub mod render;
 pub mod run;

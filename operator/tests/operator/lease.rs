@@ -29,6 +29,7 @@ fn cfg() -> LeaseConfig {
 async fn next(h: &mut Handle, method: &str, path: &str, code: u16, answer: Value) -> Value {
     let (req, send) =
         tokio::time::timeout(Duration::from_secs(10), h.next_request()).await.expect("a request").expect("client");
+    crate::calls::check(&req);
     assert_eq!((req.method().as_str(), req.uri().path()), (method, path));
     let bytes = req.into_body().collect_bytes().await.expect("body");
     let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("json") };
@@ -59,7 +60,7 @@ fn status(code: u16, reason: &str) -> Value {
 }
 
 #[tokio::test]
-async fn the_lease_is_created_taken_over_when_expired_and_left_alone_when_held() {
+pub(crate) async fn the_lease_is_created_taken_over_when_expired_and_left_alone_when_held() {
     let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let api: Api<Lease> = Api::namespaced(Client::new(svc, "ops"), "ops");
     let now = Timestamp::now();

@@ -44,6 +44,7 @@ async fn expect(handle: &mut Handle, method: &str, path: &str, answer: impl FnOn
         .await
         .unwrap_or_else(|_| panic!("no request came; expected {method} {path}"))
         .expect("the client is gone");
+    crate::calls::check(&req);
     let uri = req.uri().clone();
     assert_eq!((req.method().as_str(), uri.path()), (method, path), "unexpected request {uri}");
     if method == "PATCH" {
@@ -138,7 +139,7 @@ async fn a_new_cluster_gets_its_children_applied_and_a_status() {
 }
 
 #[tokio::test]
-async fn auto_mode_asks_for_a_dpu_when_a_node_advertises_one() {
+pub(crate) async fn auto_mode_asks_for_a_dpu_when_a_node_advertises_one() {
     let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let ctx = Context::new(Client::new(svc, "db"));
     let c = cluster(spec(3, "Auto"));
