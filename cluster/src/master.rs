@@ -43,7 +43,41 @@ pub struct Snapshot {
     pub handovers: std::collections::BTreeMap<(u32, u32), Revision>,
 }
 
+/// The cluster at a glance (the admin API's `/cluster/summary`, the operator's status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Health {
+    /// The node running the master (0: none elected).
+    pub master: u32,
+    /// Live (registered) nodes.
+    pub nodes: usize,
+    /// Regions.
+    pub regions: usize,
+    /// Regions whose primary is not live (a failover is due or under way).
+    pub without_primary: usize,
+    /// Regions with fewer live in-sync copies (primary and backups) than the replication factor
+    /// allows on the live nodes.
+    pub under_replicated: usize,
+}
+
 impl Snapshot {
+    /// The cluster at a glance.
+    pub fn health(&self) -> Health {
+        let live: std::collections::HashSet<u32> = self.map.nodes.iter().map(|n| n.id).collect();
+        let replication = self.config.as_ref().map_or(3, |c| c.replication);
+        let target = replication.min(live.len());
+        let regions = &self.map.regions;
+        let copies = |r: &RegionInfo| {
+            std::iter::once(r.primary).chain(r.backups.iter().copied()).filter(|n| live.contains(n)).count()
+        };
+        Health {
+            master: self.map.master,
+            nodes: live.len(),
+            regions: regions.len(),
+            without_primary: regions.iter().filter(|r| !live.contains(&r.primary)).count(),
+            under_replicated: regions.iter().filter(|r| copies(r) < target).count(),
+        }
+    }
+
     /// Whether a node other than `me` may still serve `region` by an older map: the region's
     /// primary moved away from it while it was alive and it has not said it stopped.
     pub fn unreleased(&self, region: u32, me: u32) -> Option<u32> {

@@ -2,8 +2,9 @@
 //! (Prometheus text format), and on a cluster's hosts `/cluster/drain/{node}` (POST: drain the
 //! node; GET: its progress; DELETE: stop draining it), `/cluster/split/{region}/{hex key}` and
 //! `/cluster/merge/{region}` (POST: ask the master to split a region at a key, or to merge it
-//! into its left neighbour; checked against the current map first) — what `dpukv cluster` and
-//! the operator call.
+//! into its left neighbour; checked against the current map first) and `/cluster/summary` (GET:
+//! the master, live nodes, regions, regions without a live primary or short of copies) — what
+//! `dpukv cluster` and the operator call.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,6 +54,28 @@ async fn drain_status(c: &ClusterControl, node: u32) -> Result<String, dpukv_clu
     Ok(format!(
         "{{\"node\": {node}, \"draining\": {draining}, \"regions_led\": {led}, \"regions_held\": {held}, \"done\": {done}}}\n"
     ))
+}
+
+/// `GET /cluster/summary`: the cluster at a glance, from etcd (`master::Snapshot::health`).
+async fn summary(State(a): State<Admin>) -> Answer {
+    let Some(c) = a.cluster.as_ref() else {
+        return text(StatusCode::NOT_FOUND, "this process is not a cluster's host\n".into());
+    };
+    let read = async {
+        let store = dpukv_cluster::EtcdStore::connect(&c.etcd).await?;
+        dpukv_cluster::master::read(&store, &c.keys).await
+    };
+    match read.await {
+        Ok(snap) => {
+            let h = snap.health();
+            let body = format!(
+                "{{\"master\": {}, \"nodes\": {}, \"regions\": {}, \"without_primary\": {}, \"under_replicated\": {}}}\n",
+                h.master, h.nodes, h.regions, h.without_primary, h.under_replicated
+            );
+            (StatusCode::OK, [("content-type", "application/json")], body)
+        }
+        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code())),
+    }
 }
 
 async fn drain(
@@ -199,6 +222,7 @@ pub async fn serve(addr: SocketAddr, admin: Admin, shutdown: CancellationToken) 
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/cluster/drain/{node}", get(drain).post(drain).delete(drain))
+        .route("/cluster/summary", get(summary))
         .route("/cluster/split/{region}/{key}", axum::routing::post(split))
         .route("/cluster/merge/{region}", axum::routing::post(merge))
         .with_state(admin);

@@ -3,10 +3,14 @@
 //! exponential backoff (1 s doubling to 5 min; a success resets it).
 //!
 //! **Scale-in never loses data**: when `spec.nodes` is below the running replicas, the pods that
-//! would go (the highest ordinals) are drained through the cluster's master first (`drain`), the
+//! would go (the highest ordinals) are drained through the cluster's master first (`admin`), the
 //! `Draining` condition reports how far, and the StatefulSet shrinks only once every one of them
 //! leads and holds nothing. A drain call that fails leaves the StatefulSet as it is (the error is
 //! retried). A scale-out asks the master to stop draining the ordinals that come back.
+//!
+//! **Status from the cluster itself**: once a node pod is ready, the cluster's summary (its admin
+//! API) gives `regions`, `master` (the pod running it) and the `Degraded` condition — regions
+//! without a live primary, or short of copies; `Unknown` when it cannot be read.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,7 +27,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::crd::{DeviceMode, DpuKvCluster, DpuKvClusterStatus};
-use crate::{drain, render};
+use crate::{admin, render};
 
 /// The field manager of everything the operator applies.
 pub const MANAGER: &str = "dpukv-operator";
@@ -39,7 +43,7 @@ pub enum Error {
     NoNamespace,
     /// The cluster's master could not be asked to drain (or stop draining) a node.
     #[error("drain: {0}")]
-    Drain(#[from] drain::DrainError),
+    Drain(#[from] admin::AdminError),
 }
 
 /// Where the operator reaches a cluster's admin API (`host:port`).
@@ -126,7 +130,7 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
     if running > desired {
         let admin = (ctx.admin)(&c);
         for ordinal in desired..running {
-            let st = drain::drain(&admin, ordinal as u32 + 1).await?;
+            let st = admin::drain(&admin, ordinal as u32 + 1).await?;
             if !st.done {
                 pending.push(st);
             }
@@ -141,7 +145,7 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
     if running > 0 && desired > running {
         let admin = (ctx.admin)(&c);
         for ordinal in running..desired {
-            drain::undrain(&admin, ordinal as u32 + 1).await?;
+            admin::undrain(&admin, ordinal as u32 + 1).await?;
         }
     }
     apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::node_service(&c)).await?;
@@ -161,6 +165,42 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
     } else {
         "Running"
     };
+    // What the cluster's metadata says (through its admin API), once a node pod is ready.
+    let summary = if ready > 0 {
+        admin::summary(&(ctx.admin)(&c)).await.map_err(|e| {
+            tracing::debug!(cluster = %key(&c), error = %e, "the cluster's summary could not be read");
+            e.to_string()
+        })
+    } else {
+        Err("no node pod is ready".to_string())
+    };
+    let degraded = match &summary {
+        Ok(s) if s.without_primary > 0 => condition(
+            "Degraded",
+            true,
+            "RegionsWithoutPrimary",
+            &format!("{} of {} regions have no live primary (a failover is due)", s.without_primary, s.regions),
+            generation,
+        ),
+        Ok(s) if s.under_replicated > 0 => condition(
+            "Degraded",
+            true,
+            "RegionsUnderReplicated",
+            &format!("{} of {} regions are short of copies", s.under_replicated, s.regions),
+            generation,
+        ),
+        Ok(s) => condition(
+            "Degraded",
+            false,
+            "AllRegionsReplicated",
+            &format!("{} regions, each with a live primary and its copies", s.regions),
+            generation,
+        ),
+        Err(why) => Condition {
+            status: "Unknown".into(),
+            ..condition("Degraded", false, "SummaryUnavailable", why, generation)
+        },
+    };
     let drain_message = pending
         .iter()
         .map(|p| format!("node {}: {} regions led, {} held", p.node, p.regions_led, p.regions_held))
@@ -177,6 +217,7 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
                 generation,
             ),
             condition("Progressing", !available, phase, "", generation),
+            degraded,
             condition(
                 "Draining",
                 waiting_for_drain,
@@ -186,6 +227,12 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
             ),
         ],
         ready_nodes: ready,
+        regions: summary.as_ref().map_or(0, |s| s.regions as i32),
+        master: summary
+            .as_ref()
+            .ok()
+            .filter(|s| s.master > 0)
+            .map(|s| format!("{}-{}", render::node_name(&c), s.master - 1)),
         observed_generation: generation,
         version: (ready >= c.spec.nodes).then(|| c.spec.version.clone()),
         selector: Some(render::selector_string(&c)),

@@ -11,7 +11,7 @@
 //! - `manifest`: the CRD as YAML (what `crdgen` writes to `manifests/crds/`).
 //! - `controller`: the reconciler — applies what `render` says, reports status, backs off;
 //!   drains nodes before the node StatefulSet shrinks.
-//! - `drain`: asking the cluster's master to drain nodes (and to stop), over its admin API.
+//! - `admin`: a cluster's admin API — drains (and stopping them), the summary the status shows.
 //! - `run`: the controller over every cluster and what it owns; metrics and health.
 //! - `lease`: leader election over a coordination Lease (several replicas, one reconciles).
 //! - `rbac`: the permissions the operator needs, as data (the chart's roles are generated from it).
@@ -23,9 +23,9 @@
 //! - The chart's RBAC rule files are generated from `rbac`; every API request the operator's tests
 //!   see it make is allowed by those rules, and every rule is used.
 
+pub mod admin;
 pub mod controller;
 pub mod crd;
-pub mod drain;
 pub mod lease;
 pub mod manifest;
 pub mod rbac;

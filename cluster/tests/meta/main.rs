@@ -96,3 +96,26 @@ async fn a_primary_moved_off_a_live_node_waits_for_it_to_release_the_region() {
     let snap = master::read(&s, &keys).await.expect("read");
     assert_eq!(snap.unreleased(r.id, r.primary), None, "a node whose lease ended serves nothing");
 }
+
+/// The summary the admin API and the operator's status show: regions without a live primary,
+/// and regions short of the copies the live nodes allow.
+#[tokio::test]
+async fn the_health_counts_regions_without_a_primary_or_short_of_copies() {
+    let s = MemStore::new();
+    let (keys, members, p) = laid_out(&s).await;
+    let h = master::read(&s, &keys).await.expect("read").health();
+    assert_eq!((h.nodes, h.regions, h.without_primary, h.under_replicated), (3, 1, 0, 0), "{h:?}");
+    let snap = master::read(&s, &keys).await.expect("read");
+    let b = snap.map.regions[0].backups[0];
+    s.revoke(members[b as usize - 1].lease).await.expect("a backup's lease ends");
+    let h = master::read(&s, &keys).await.expect("read").health();
+    // Two live nodes hold two copies: all the live nodes allow.
+    assert_eq!((h.nodes, h.without_primary, h.under_replicated), (2, 0, 0), "{h:?}");
+    master::round(&s, &keys, &always(), &mut Waits::default()).await.expect("the master drops it");
+    register(&s, &keys, &node(b), TIMING).await.expect("it returns, holding nothing");
+    let h = master::read(&s, &keys).await.expect("read").health();
+    assert_eq!((h.nodes, h.without_primary, h.under_replicated), (3, 0, 1), "three live nodes, two copies: {h:?}");
+    s.revoke(members[p as usize - 1].lease).await.expect("the primary's lease ends");
+    let h = master::read(&s, &keys).await.expect("read").health();
+    assert_eq!((h.nodes, h.without_primary, h.under_replicated), (2, 1, 1), "{h:?}");
+}

@@ -711,6 +711,15 @@ fn a_primary_handed_over_serves_no_read_once_the_new_primary_took_a_write() {
     let old = map.regions[0].clone();
     let p = old.primary;
     assert_ne!(p, map.master, "the primary is not the master");
+    // The admin API's summary (what the operator's status shows) agrees with the map.
+    let summary = nodes[0].admin_get("/cluster/summary").expect("summary");
+    assert_eq!(
+        summary.trim(),
+        format!(
+            "{{\"master\": {}, \"nodes\": 3, \"regions\": 1, \"without_primary\": 0, \"under_replicated\": 0}}",
+            map.master
+        )
+    );
     let others: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != p).collect();
     rt.block_on(put_routed(&others, b"probe", b"before", Duration::from_secs(30))).expect("a first write");
     nodes[p as usize - 1].signal("STOP", false).expect("pause the host");

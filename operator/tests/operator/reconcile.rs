@@ -141,7 +141,8 @@ async fn a_new_cluster_gets_its_children_applied_and_a_status() {
 #[tokio::test]
 pub(crate) async fn auto_mode_asks_for_a_dpu_when_a_node_advertises_one() {
     let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::new(Client::new(svc, "db"));
+    let addr = Master::default().start().await;
+    let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| addr.clone()));
     let c = cluster(spec(3, "Auto"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
     expect(&mut h, "GET", "/api/v1/nodes", |_| {
@@ -171,6 +172,8 @@ struct Master {
     /// Regions a node still leads and holds.
     left: Arc<Mutex<BTreeMap<u32, (u32, u32)>>>,
     draining: Arc<Mutex<BTreeMap<u32, bool>>>,
+    /// What `GET /cluster/summary` answers (a healthy cluster when unset).
+    summary: Arc<Mutex<Option<Value>>>,
 }
 
 impl Master {
@@ -185,8 +188,13 @@ impl Master {
                    "done": draining && led == 0 && held == 0})
             .to_string()
         }
+        async fn summary(State(m): State<Master>) -> String {
+            let healthy = json!({"master": 1, "nodes": 3, "regions": 1, "without_primary": 0, "under_replicated": 0});
+            m.summary.lock().expect("lock").clone().unwrap_or(healthy).to_string()
+        }
         let app = axum::Router::new()
             .route("/cluster/drain/{node}", axum::routing::post(drain).delete(drain))
+            .route("/cluster/summary", axum::routing::get(summary))
             .with_state(self);
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = l.local_addr().expect("addr").to_string();
@@ -299,4 +307,55 @@ async fn failures_back_off_per_cluster_and_a_success_resets() {
     status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
     assert_eq!(error_policy(c, &e, ctx), kube::runtime::controller::Action::requeue(Duration::from_secs(1)));
+}
+
+/// Once node pods are ready, the status shows what the cluster itself says (its admin API's
+/// summary): the regions, the pod running the master, and `Degraded` — regions without a live
+/// primary (or short of copies), none, or `Unknown` when the summary cannot be read.
+#[tokio::test]
+async fn the_status_shows_the_regions_the_master_and_whether_the_cluster_is_degraded() {
+    let master = Master::default();
+    let addr = master.clone().start().await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").to_string();
+    let c = cluster(spec(3, "Emulator"));
+    let cases = [
+        (
+            Some(json!({"master": 2, "nodes": 3, "regions": 4, "without_primary": 1, "under_replicated": 2})),
+            "True",
+            "RegionsWithoutPrimary",
+        ),
+        (
+            Some(json!({"master": 2, "nodes": 3, "regions": 4, "without_primary": 0, "under_replicated": 2})),
+            "True",
+            "RegionsUnderReplicated",
+        ),
+        (
+            Some(json!({"master": 3, "nodes": 3, "regions": 6, "without_primary": 0, "under_replicated": 0})),
+            "False",
+            "AllRegionsReplicated",
+        ),
+        (None, "Unknown", "SummaryUnavailable"),
+    ];
+    for (summary, degraded, reason) in cases {
+        let reachable = summary.is_some();
+        *master.summary.lock().expect("lock") = summary.clone();
+        let to = if reachable { addr.clone() } else { dead.clone() };
+        let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| to.clone()));
+        let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+        expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(3)).await;
+        children(&mut h, 3).await;
+        let st = status(&mut h, &c).await;
+        finished(task).await.expect("reconciled");
+        let d = condition(&st, "Degraded");
+        assert_eq!((d["status"].as_str(), d["reason"].as_str()), (Some(degraded), Some(reason)), "{st}");
+        match summary {
+            Some(s) => {
+                assert_eq!(st["regions"], s["regions"]);
+                let pod = format!("demo-node-{}", s["master"].as_i64().expect("master") - 1);
+                assert_eq!(st["master"].as_str(), Some(pod.as_str()), "the pod running the master");
+            }
+            None => assert!(st.get("master").is_none() && st["regions"] == 0, "nothing made up: {st}"),
+        }
+    }
 }

@@ -1,7 +1,9 @@
-//! Asking a cluster's master to drain nodes before their pods go, and to stop draining nodes
-//! that come back: `POST`/`DELETE /cluster/drain/{node}` on a host's admin endpoint (docs/
-//! cluster.md, docs/operations.md), whose JSON answer says how far the drain is
-//! (`{"node", "draining", "regions_led", "regions_held", "done"}`).
+//! A cluster's admin API as the operator uses it (docs/cluster.md, docs/operations.md): asking
+//! the master to drain nodes before their pods go, and to stop draining nodes that come back
+//! (`POST`/`DELETE /cluster/drain/{node}`, whose JSON answer says how far the drain is:
+//! `{"node", "draining", "regions_led", "regions_held", "done"}`); and the cluster's summary for
+//! the status (`GET /cluster/summary`: regions, master, regions without a live primary or short
+//! of copies).
 //!
 //! A small HTTP/1.1 client on a TCP connection per call (`Connection: close`): every call has a
 //! timeout ([`TIMEOUT`]) and an answer is read up to [`MAX_ANSWER`] bytes.
@@ -31,9 +33,24 @@ pub struct DrainStatus {
     pub done: bool,
 }
 
-/// What a drain call can fail with.
+/// The cluster as its metadata says (`GET /cluster/summary`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Summary {
+    /// The node running the master (0: none elected).
+    pub master: u32,
+    /// Live (registered) nodes.
+    pub nodes: u32,
+    /// Regions.
+    pub regions: u32,
+    /// Regions whose primary is not live (a failover is due or under way).
+    pub without_primary: u32,
+    /// Regions with fewer in-sync copies than the replication factor allows on the live nodes.
+    pub under_replicated: u32,
+}
+
+/// What a call to the admin API can fail with.
 #[derive(Debug, thiserror::Error)]
-pub enum DrainError {
+pub enum AdminError {
     /// No answer in time, or the connection failed.
     #[error("admin endpoint {addr}: {source}")]
     Io {
@@ -52,11 +69,9 @@ pub enum DrainError {
     },
 }
 
-async fn call(addr: &str, method: &str, node: u32) -> Result<DrainStatus, DrainError> {
-    let io = |source| DrainError::Io { addr: addr.to_string(), source };
-    let request = format!(
-        "{method} /cluster/drain/{node} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-    );
+async fn call<T: serde::de::DeserializeOwned>(addr: &str, method: &str, path: &str) -> Result<T, AdminError> {
+    let io = |source| AdminError::Io { addr: addr.to_string(), source };
+    let request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
     let exchange = async {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
         s.write_all(request.as_bytes()).await?;
@@ -70,19 +85,24 @@ async fn call(addr: &str, method: &str, node: u32) -> Result<DrainStatus, DrainE
         .map_err(io)?;
     let text = String::from_utf8_lossy(&answer);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let refused = || DrainError::Refused { addr: addr.to_string(), answer: text.chars().take(300).collect() };
+    let refused = || AdminError::Refused { addr: addr.to_string(), answer: text.chars().take(300).collect() };
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
         return Err(refused());
     }
     serde_json::from_str(body.trim()).map_err(|_| refused())
 }
 
+/// The cluster's summary.
+pub async fn summary(addr: &str) -> Result<Summary, AdminError> {
+    call(addr, "GET", "/cluster/summary").await
+}
+
 /// Asks for node `node` to be drained (idempotent) and answers how far it is.
-pub async fn drain(addr: &str, node: u32) -> Result<DrainStatus, DrainError> {
-    call(addr, "POST", node).await
+pub async fn drain(addr: &str, node: u32) -> Result<DrainStatus, AdminError> {
+    call(addr, "POST", &format!("/cluster/drain/{node}")).await
 }
 
 /// Asks that node `node` no longer be drained (a scale-out brought its pod back).
-pub async fn undrain(addr: &str, node: u32) -> Result<DrainStatus, DrainError> {
-    call(addr, "DELETE", node).await
+pub async fn undrain(addr: &str, node: u32) -> Result<DrainStatus, AdminError> {
+    call(addr, "DELETE", &format!("/cluster/drain/{node}")).await
 }
