@@ -236,7 +236,6 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         observed_generation: generation,
         version: (ready >= c.spec.nodes).then(|| c.spec.version.clone()),
         selector: Some(render::selector_string(&c)),
-        ..Default::default()
     };
     let api: Api<DpuKvCluster> = Api::namespaced(client.clone(), &ns);
     let patch = serde_json::json!({
