@@ -14,6 +14,8 @@ python3 scripts/check-deps.py
 echo "== manifests (the CRD's schema against the examples; rendered objects against Kubernetes 1.37)"
 cargo build --locked -p dpukv-operator --bins
 python3 scripts/check-manifests.py
+echo "== helm chart (lint, objects against Kubernetes 1.37 and the CRDs, the values schema, install.yaml)"
+python3 scripts/check-chart.py
 echo "== tests"
 if command -v cargo-nextest >/dev/null || cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast

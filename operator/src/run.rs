@@ -1,6 +1,8 @@
 //! Running the operator: the controller over every `DpuKvCluster` (and the objects it owns, so a
-//! changed or deleted child is put back), its metrics — reconciles, failures, durations — and
-//! `/metrics`, `/healthz` and `/readyz` (ready once the controller runs).
+//! changed or deleted child is put back), its metrics — reconciles, failures, durations, whether
+//! this replica leads — and `/metrics`, `/healthz` and `/readyz` (ready once the process runs,
+//! leading or standing by: a follower is a healthy replica, and a rollout must not wait for it
+//! to win the Lease).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -36,7 +39,9 @@ pub struct Metrics {
     pub failures: Counter,
     /// Seconds per reconcile.
     pub duration: Histogram,
-    /// The controller runs (ready).
+    /// 1 while this replica leads (runs the controller).
+    pub leader: Gauge,
+    /// The process runs, leading or standing by (ready).
     pub running: AtomicBool,
 }
 
@@ -49,7 +54,9 @@ impl Metrics {
         registry.register("reconciles", "Reconciles run", reconciles.clone());
         registry.register("reconcile_failures", "Reconciles that failed", failures.clone());
         registry.register("reconcile_duration_seconds", "Seconds per reconcile", duration.clone());
-        Arc::new(Metrics { registry, reconciles, failures, duration, running: AtomicBool::new(false) })
+        let leader = Gauge::default();
+        registry.register("leader", "1 while this replica leads (runs the controller)", leader.clone());
+        Arc::new(Metrics { registry, reconciles, failures, duration, leader, running: AtomicBool::new(false) })
     }
 
     /// Prometheus text.
@@ -115,6 +122,7 @@ pub async fn run(client: Client, m: Arc<Metrics>, stop: CancellationToken) {
         }
     };
     m.running.store(true, Ordering::Release);
+    m.leader.set(1);
     Controller::new(clusters, cfg.clone())
         .owns(Api::<StatefulSet>::all(client.clone()), cfg.clone())
         .owns(Api::<Deployment>::all(client.clone()), cfg.clone())
@@ -132,7 +140,7 @@ pub async fn run(client: Client, m: Arc<Metrics>, stop: CancellationToken) {
             }
         })
         .await;
-    m.running.store(false, Ordering::Release);
+    m.leader.set(0);
 }
 
 #[cfg(test)]

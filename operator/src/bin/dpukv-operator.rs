@@ -36,6 +36,8 @@ async fn main() -> Result<()> {
     let m = dpukv_operator::run::Metrics::new();
     let listener = dpukv_operator::run::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     tokio::spawn(dpukv_operator::run::serve_http(listener, m.clone(), stop.clone()));
+    // Ready from now on, leading or not (a follower is a healthy replica).
+    m.running.store(true, std::sync::atomic::Ordering::Release);
     let mut until = stop.clone();
     if args.leader_election {
         let identity = args.identity.clone().unwrap_or_else(|| {
