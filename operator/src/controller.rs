@@ -122,6 +122,11 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         DeviceMode::Auto => dpu_available(client, &c.spec.device.resource_name).await?,
         _ => false,
     };
+    // The managed etcd first: the node pods need it to start.
+    if let (Some(svc), Some(etcd)) = (render::etcd_service(&c), render::etcd_statefulset(&c)) {
+        apply(&Api::<Service>::namespaced(client.clone(), &ns), &svc).await?;
+        apply(&sets, &etcd).await?;
+    }
     let mut set = render::node_statefulset(&c, dpu);
     let running = sets.get_opt(&render::node_name(&c)).await?.and_then(|s| s.spec.replicas).unwrap_or(0);
     let desired = c.spec.nodes;

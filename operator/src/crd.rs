@@ -233,6 +233,7 @@ fn default_shm() -> String {
 /// The metadata store: an existing etcd, or one the operator runs.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("(has(self.endpoints) && size(self.endpoints) > 0) != has(self.managed)").message("give etcd.endpoints or etcd.managed, not both"))]
+#[x_kube(validation = Rule::new("has(self.managed) == has(oldSelf.managed) && (!has(self.managed) || self.managed.replicas == oldSelf.managed.replicas)").message("a managed etcd's members cannot change (nor can etcd switch between managed and endpoints)"))]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdSpec {
     /// Client URLs of an existing etcd.
@@ -255,6 +256,13 @@ pub struct ManagedEtcd {
     #[serde(default = "default_etcd_storage")]
     #[x_kube(validation = Rule::new(QUANTITY_RULE).message("storage must be a positive quantity"))]
     pub storage: String,
+    /// The etcd image (etcd 3.4 or 3.5: `etcd` on the image's PATH).
+    #[serde(default = "default_etcd_image")]
+    pub image: String,
+}
+
+fn default_etcd_image() -> String {
+    "quay.io/coreos/etcd:v3.5.17".into()
 }
 
 fn default_etcd_replicas() -> i32 {

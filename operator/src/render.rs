@@ -1,9 +1,10 @@
 //! What a `DpuKvCluster` becomes (docs/kubernetes.md "What the operator creates"): pure
 //! functions from the resource to the objects the controller applies — the node StatefulSet (a
 //! host and a device container sharing a memory-backed volume, a volume claim for the log and
-//! levels, one process namespace), its headless Service, the gateway Deployment and Service, and
-//! the node pods' PodDisruptionBudget. Every object carries the cluster's labels and an owner
-//! reference to the resource, so deleting the resource deletes them.
+//! levels, one process namespace), its headless Service, the gateway Deployment and Service, the
+//! node pods' PodDisruptionBudget, and with `etcd.managed` an etcd StatefulSet and its headless
+//! Service. Every object carries the cluster's labels and an owner reference to the resource, so
+//! deleting the resource deletes them.
 //!
 //! Node ids: a node pod's id is its StatefulSet ordinal + 1 (`DPUKV_NODE_INDEX` from the pod's
 //! `apps.kubernetes.io/pod-index` label), stable across restarts; it advertises its device and
@@ -16,9 +17,10 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
+    ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -144,9 +146,126 @@ fn image(c: &DpuKvCluster) -> String {
 fn etcd_endpoints(c: &DpuKvCluster) -> String {
     match (&c.spec.etcd.endpoints, &c.spec.etcd.managed) {
         (Some(e), _) if !e.is_empty() => e.join(","),
-        // The managed etcd's client Service (the controller creates it).
-        _ => format!("http://{}-etcd:2379", c.name_any()),
+        // The managed etcd's Service.
+        _ => format!("http://{}:{ETCD_CLIENT_PORT}", etcd_name(c)),
     }
+}
+
+/// The managed etcd's client port.
+pub const ETCD_CLIENT_PORT: i32 = 2379;
+/// The managed etcd's peer port.
+pub const ETCD_PEER_PORT: i32 = 2380;
+
+/// The managed etcd's StatefulSet and Service.
+pub fn etcd_name(c: &DpuKvCluster) -> String {
+    format!("{}-etcd", c.name_any())
+}
+
+/// The managed etcd's headless Service: each member's DNS name for its peers (published before
+/// it is ready: members must find each other to form a quorum), and the name clients use.
+pub fn etcd_service(c: &DpuKvCluster) -> Option<Service> {
+    c.spec.etcd.managed.as_ref()?;
+    Some(Service {
+        metadata: meta(c, etcd_name(c), "etcd"),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(selector(c, "etcd")),
+            ports: Some(vec![service_port("client", ETCD_CLIENT_PORT), service_port("peer", ETCD_PEER_PORT)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+/// The managed etcd (`etcd.managed`): `replicas` members started together (a member waits for
+/// a quorum), each on its own volume, as a non-root user with nothing else allowed.
+pub fn etcd_statefulset(c: &DpuKvCluster) -> Option<StatefulSet> {
+    let m = c.spec.etcd.managed.as_ref()?;
+    let name = etcd_name(c);
+    let ns = c.namespace().unwrap_or_else(|| "default".into());
+    let peer = |pod: &str| format!("http://{pod}.{name}.{ns}.svc:{ETCD_PEER_PORT}");
+    let members: Vec<String> =
+        (0..m.replicas).map(|i| format!("{name}-{i}={}", peer(&format!("{name}-{i}")))).collect();
+    let args = vec![
+        "--name=$(POD_NAME)".to_string(),
+        "--data-dir=/var/lib/etcd/data".into(),
+        format!("--listen-client-urls=http://0.0.0.0:{ETCD_CLIENT_PORT}"),
+        format!("--advertise-client-urls=http://$(POD_NAME).{name}.{ns}.svc:{ETCD_CLIENT_PORT}"),
+        format!("--listen-peer-urls=http://0.0.0.0:{ETCD_PEER_PORT}"),
+        format!("--initial-advertise-peer-urls={}", peer("$(POD_NAME)")),
+        format!("--initial-cluster={}", members.join(",")),
+        "--initial-cluster-state=new".into(),
+        format!("--initial-cluster-token={ns}-{name}"),
+    ];
+    let tcp = |period| Probe {
+        tcp_socket: Some(TCPSocketAction { port: IntOrString::Int(ETCD_CLIENT_PORT), ..Default::default() }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        ..Default::default()
+    };
+    let etcd = Container {
+        name: "etcd".into(),
+        image: Some(m.image.clone()),
+        command: Some(vec!["etcd".into()]),
+        args: Some(args),
+        env: Some(vec![env_field("POD_NAME", "metadata.name")]),
+        ports: Some(vec![port("client", ETCD_CLIENT_PORT), port("peer", ETCD_PEER_PORT)]),
+        readiness_probe: Some(tcp(5)),
+        liveness_probe: Some(Probe { initial_delay_seconds: Some(15), ..tcp(10) }),
+        volume_mounts: Some(vec![mount("data", "/var/lib/etcd", false)]),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let s = &c.spec;
+    Some(StatefulSet {
+        metadata: meta(c, name.clone(), "etcd"),
+        spec: StatefulSetSpec {
+            replicas: Some(m.replicas),
+            service_name: Some(name),
+            // Members start together: each waits for a quorum of the others to become ready.
+            pod_management_policy: Some("Parallel".into()),
+            selector: LabelSelector { match_labels: Some(selector(c, "etcd")), ..Default::default() },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels(c, "etcd")), ..Default::default() }),
+                spec: Some(PodSpec {
+                    containers: vec![etcd],
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        fs_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+                        ..Default::default()
+                    }),
+                    node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
+                    tolerations: (!s.tolerations.is_empty()).then(|| s.tolerations.clone()),
+                    priority_class_name: s.priority_class_name.clone(),
+                    ..Default::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![PersistentVolumeClaim {
+                metadata: ObjectMeta { name: Some("data".into()), ..Default::default() },
+                spec: Some(PersistentVolumeClaimSpec {
+                    access_modes: Some(vec!["ReadWriteOnce".into()]),
+                    storage_class_name: s.storage.storage_class_name.clone(),
+                    resources: Some(VolumeResourceRequirements {
+                        requests: Some(BTreeMap::from([("storage".to_string(), Quantity(m.storage.clone()))])),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
 }
 
 fn tls_env(c: &DpuKvCluster, mutual: bool) -> Vec<EnvVar> {
@@ -526,6 +645,39 @@ mod tests {
         let owner = &s.metadata.owner_references.as_ref().expect("owner")[0];
         assert_eq!((owner.kind.as_str(), owner.controller), ("DpuKvCluster", Some(true)));
         assert_eq!(node_pdb(&c).spec.and_then(|s| s.max_unavailable), Some(IntOrString::Int(1)));
+    }
+
+    #[test]
+    fn a_managed_etcd_is_a_statefulset_of_members_that_know_each_other() {
+        assert!(etcd_statefulset(&base("Emulator")).is_none() && etcd_service(&base("Emulator")).is_none());
+        let c = cluster(serde_json::json!({
+            "nodes": 3, "storage": {"size": "10Gi"}, "etcd": {"managed": {"replicas": 3, "storage": "2Gi"}}
+        }));
+        let s = etcd_statefulset(&c).expect("managed");
+        assert_eq!((s.spec.replicas, s.spec.pod_management_policy.as_deref()), (Some(3), Some("Parallel")));
+        assert_eq!(s.spec.service_name.as_deref(), Some("demo-etcd"));
+        let etcd = container(&s, "etcd");
+        let args = etcd.args.as_ref().expect("args");
+        let initial = args.iter().find(|a| a.starts_with("--initial-cluster=")).expect("initial cluster");
+        for i in 0..3 {
+            assert!(
+                initial.contains(&format!("demo-etcd-{i}=http://demo-etcd-{i}.demo-etcd.db.svc:2380")),
+                "{initial}"
+            );
+        }
+        assert!(args.contains(&"--name=$(POD_NAME)".to_string()));
+        let claim = &s.spec.volume_claim_templates.as_ref().expect("claims")[0];
+        let size = claim.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref());
+        assert_eq!(size.and_then(|r| r.get("storage")), Some(&Quantity("2Gi".into())));
+        let pod = s.spec.template.spec.as_ref().expect("pod");
+        assert_eq!(pod.security_context.as_ref().and_then(|p| p.run_as_non_root), Some(true));
+        let svc = etcd_service(&c).expect("service");
+        assert_eq!(svc.spec.as_ref().and_then(|s| s.publish_not_ready_addresses), Some(true), "peers find each other");
+        // The nodes use it.
+        assert_eq!(
+            env_of(container(&node_statefulset(&c, false), "host"), "DPUKV_ETCD"),
+            Some("http://demo-etcd:2379")
+        );
     }
 
     #[test]

@@ -18,13 +18,17 @@ fn main() -> Result<()> {
     }
     // An owner reference needs the resource's uid, which the apiserver assigns.
     c.metadata.uid.get_or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
-    let docs = [
+    let mut docs = Vec::new();
+    if let (Some(svc), Some(etcd)) = (render::etcd_service(&c), render::etcd_statefulset(&c)) {
+        docs.extend([serde_json::to_value(svc)?, serde_json::to_value(etcd)?]);
+    }
+    docs.extend([
         serde_json::to_value(render::node_statefulset(&c, dpu))?,
         serde_json::to_value(render::node_service(&c))?,
         serde_json::to_value(render::gateway_deployment(&c))?,
         serde_json::to_value(render::gateway_service(&c))?,
         serde_json::to_value(render::node_pdb(&c))?,
-    ];
+    ]);
     for d in docs {
         print!("---\n{}", serde_saphyr::to_string(&d)?);
     }

@@ -216,6 +216,13 @@ fn transition_rules_keep_the_storage_class_and_the_regions() {
         v["spec"].as_object_mut().expect("object").remove("regions");
     });
     assert_eq!(broken(&base(), Some(&unset)), Vec::<String>::new(), "regions may be set once");
+    let managed = with(|v| v["spec"]["etcd"] = json!({"managed": {"replicas": 3}}));
+    let grown = with(|v| v["spec"]["etcd"] = json!({"managed": {"replicas": 5}}));
+    const ETCD_FIXED: &str = "a managed etcd's members cannot change";
+    refused(&grown, Some(&managed), ETCD_FIXED);
+    refused(&managed, Some(&old), ETCD_FIXED);
+    let bigger = with(|v| v["spec"]["etcd"] = json!({"managed": {"replicas": 3, "storage": "8Gi"}}));
+    assert_eq!(broken(&bigger, Some(&managed)), Vec::<String>::new(), "other etcd settings may change");
     // On creation the transition rules do not apply.
     assert_eq!(broken(&with(|v| v["spec"]["regions"] = json!({"count": 16})), None), Vec::<String>::new());
 }

@@ -359,3 +359,28 @@ async fn the_status_shows_the_regions_the_master_and_whether_the_cluster_is_degr
         }
     }
 }
+
+/// With `etcd.managed`, the etcd Service and StatefulSet are applied first (the node pods need
+/// them), owned by the cluster like every child.
+#[tokio::test]
+async fn a_managed_etcd_is_applied_before_the_nodes() {
+    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Context::new(Client::new(svc, "db"));
+    let c = cluster(json!({"nodes": 3, "replicationFactor": 1, "storage": {"size": "10Gi"},
+                           "etcd": {"managed": {"replicas": 3}}, "device": {"mode": "Emulator"}}));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    let etcd_svc = expect(&mut h, "PATCH", "/api/v1/namespaces/db/services/demo-etcd", echo(json!({}))).await;
+    assert_eq!(etcd_svc["spec"]["clusterIP"], "None");
+    let etcd = expect(&mut h, "PATCH", &format!("{SETS}/demo-etcd"), echo(json!({"replicas": 0}))).await;
+    assert_eq!(
+        (etcd["spec"]["replicas"].as_i64(), etcd["metadata"]["ownerReferences"][0]["kind"].as_str()),
+        (Some(3), Some("DpuKvCluster"))
+    );
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
+    let set = children(&mut h, 0).await;
+    let host = &set["spec"]["template"]["spec"]["containers"][0];
+    let etcd_env = host["env"].as_array().expect("env").iter().find(|e| e["name"] == "DPUKV_ETCD").expect("etcd env");
+    assert_eq!(etcd_env["value"], "http://demo-etcd:2379");
+    status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+}
