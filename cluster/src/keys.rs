@@ -83,6 +83,17 @@ impl Keys {
         id_key(&self.drains(), node)
     }
 
+    /// Prefix of step-down requests (`step-downs/<node>`: the node's primaries move to backups
+    /// elsewhere, its copies stay; the operator asks this before restarting a pod).
+    pub fn step_downs(&self) -> Vec<u8> {
+        self.under("step-downs/")
+    }
+
+    /// A step-down request for a node.
+    pub fn step_down(&self, node: u32) -> Vec<u8> {
+        id_key(&self.step_downs(), node)
+    }
+
     /// Prefix of the catch-ups nodes report finished (`caught-up/<region>/<node>`, value the
     /// region's epoch; bound to the reporting node's lease).
     pub fn caught_up(&self) -> Vec<u8> {

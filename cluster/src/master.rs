@@ -163,6 +163,11 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
             facts.draining.insert(id);
         }
     }
+    for kv in under(keys.step_downs()) {
+        if let Some(id) = id_of(&kv.key, &keys.step_downs()) {
+            facts.stepping_down.insert(id);
+        }
+    }
     for kv in under(keys.caught_up()) {
         let epoch = std::str::from_utf8(&kv.value).ok().and_then(|s| s.parse().ok());
         if let (Some((r, n)), Some(epoch)) = (region_node(&kv.key, &keys.caught_up()), epoch) {

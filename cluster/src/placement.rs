@@ -15,6 +15,11 @@
 //! 5. **Hand over** a draining node's primaries to an in-sync backup once the region has its
 //!    target of replicas without it; the old primary leaves the region (its log may hold records
 //!    no backup has, so it could not follow the new primary's log).
+//!    *Step down* (rule 5b): a primary on a node stepping down (an upgrade restarts it next)
+//!    moves to an in-sync backup on a node that is neither draining nor stepping down; the old
+//!    primary re-copies as a joining node (its log may hold records the new primary never had)
+//!    and keeps its other copies. A region with no such backup keeps its primary (its restart
+//!    will be a failover).
 //! 6. **Trim**: drop a draining node's backup or joining copy once the region has its target
 //!    without it; drop the backup on the most loaded node of a region with more than the target.
 //! 7. **Balance** (at most `max_moves` regions catching up at once): move a primary to an in-sync
@@ -68,6 +73,8 @@ pub struct Facts {
     pub caught_up: HashSet<(u32, u32, u64)>,
     /// Nodes being drained.
     pub draining: BTreeSet<u32>,
+    /// Nodes stepping down: their primaries move away (rule 5b), their copies stay.
+    pub stepping_down: BTreeSet<u32>,
     /// Regions in a running split or merge: left alone until it ends (`handoff`).
     pub frozen: BTreeSet<u32>,
     /// Regions a merge waits for: not balanced (rule 7), or their alignment would be undone.
@@ -99,6 +106,8 @@ pub enum Reason {
     Joined,
     /// Rule 5.
     HandOver,
+    /// Rule 5b.
+    StepDown,
     /// Rule 6.
     Trim,
     /// Rule 7 (primaries).
@@ -302,6 +311,20 @@ fn decide(
         next.backups.retain(|&b| b != to);
         return Some((next, Reason::HandOver));
     }
+    // 5b. Step down.
+    if facts.stepping_down.contains(&r.primary)
+        && let Some(to) = r
+            .backups
+            .iter()
+            .copied()
+            .filter(|&b| eligible(b) && !facts.stepping_down.contains(&b))
+            .min_by_key(|&b| (load.primaries(b), b))
+    {
+        next.backups.retain(|&b| b != to);
+        next.joining.push(r.primary);
+        next.primary = to;
+        return Some((next, Reason::StepDown));
+    }
     // 6. Trim.
     if let Some(&d) = r.joining.iter().find(|j| facts.draining.contains(j)) {
         next.joining.retain(|&x| x != d);
@@ -323,6 +346,7 @@ fn decide(
     if *moves >= policy.max_moves
         || !r.joining.is_empty()
         || facts.draining.contains(&r.primary)
+        || facts.stepping_down.contains(&r.primary)
         || facts.pinned.contains(&r.id)
     {
         return None;
@@ -332,7 +356,9 @@ fn decide(
         .backups
         .iter()
         .copied()
-        .filter(|&b| eligible(b) && load.primaries(b) + 1 < load.primaries(r.primary))
+        .filter(|&b| {
+            eligible(b) && !facts.stepping_down.contains(&b) && load.primaries(b) + 1 < load.primaries(r.primary)
+        })
         .min_by_key(|&b| (load.primaries(b), b))
     {
         next.backups.retain(|&b| b != to);
@@ -435,6 +461,26 @@ mod tests {
     }
 
     #[test]
+    fn a_stepping_down_primary_moves_to_a_backup_and_keeps_a_copy() {
+        let nodes: Vec<NodeInfo> = (1..=3).map(|i| node(i, "")).collect();
+        let regions = initial(&nodes, &keys(1), 3).expect("layout");
+        let r = &regions[0];
+        let p = r.primary;
+        let facts = Facts { stepping_down: BTreeSet::from([p]), ..Facts::default() };
+        let changes = plan(&regions, &nodes, &facts, Policy { replication: 3, max_moves: 2 });
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        let c = &changes[0];
+        assert_eq!(c.reason, Reason::StepDown);
+        assert!(r.backups.contains(&c.region.primary) && c.region.joining == vec![p], "{:?} -> {:?}", r, c.region);
+        // With every backup stepping down too, or none, the primary stays.
+        let all = Facts { stepping_down: nodes.iter().map(|n| n.id).collect(), ..Facts::default() };
+        assert!(plan(&regions, &nodes, &all, Policy { replication: 3, max_moves: 2 }).is_empty());
+        let single = initial(&nodes, &keys(1), 1).expect("layout");
+        let alone = Facts { stepping_down: BTreeSet::from([single[0].primary]), ..Facts::default() };
+        assert!(plan(&single, &nodes, &alone, Policy { replication: 1, max_moves: 2 }).is_empty());
+    }
+
+    #[test]
     fn a_region_whose_every_copy_is_dead_waits_for_its_primary() {
         let nodes: Vec<NodeInfo> = (1..=2).map(|i| node(i, "")).collect();
         let regions = initial(&nodes, &keys(2), 1).expect("layout");
@@ -451,6 +497,7 @@ mod tests {
         Join,
         Die(usize),
         Drain(usize),
+        StepDown(usize),
         Return(usize),
         /// A planning round; bit i of the seed says whether the i-th catch-up finishes first.
         Round(u64),
@@ -461,6 +508,7 @@ mod tests {
             1 => Just(Event::Join),
             1 => any::<usize>().prop_map(Event::Die),
             1 => any::<usize>().prop_map(Event::Drain),
+            1 => any::<usize>().prop_map(Event::StepDown),
             1 => any::<usize>().prop_map(Event::Return),
             6 => any::<u64>().prop_map(Event::Round),
         ];
@@ -523,6 +571,7 @@ mod tests {
                     Event::Join => { nodes.push(node(next_id, "")); next_id += 1; }
                     Event::Die(i) if nodes.len() > 1 => { let d = nodes.remove(i % nodes.len()); dead.push(d); }
                     Event::Drain(i) => { let id = nodes[i % nodes.len()].id; facts.draining.insert(id); }
+                    Event::StepDown(i) => { let id = nodes[i % nodes.len()].id; facts.stepping_down.insert(id); }
                     Event::Return(i) if !dead.is_empty() => { let d = dead.remove(i % dead.len()); nodes.push(d); }
                     Event::Round(finish) => { round(&mut regions, &nodes, &mut facts, finish)?; }
                     _ => {}
@@ -545,12 +594,17 @@ mod tests {
                 }
                 prop_assert!(r.joining.is_empty(), "catch-ups are done: {:?}", r);
                 prop_assert!(live.contains(&r.primary), "a live primary: {:?}", r);
+                // A stepping-down node leads only regions no other eligible node holds in sync.
+                if facts.stepping_down.contains(&r.primary) {
+                    let elsewhere = r.backups.iter().any(|b| eligible.contains(b) && !facts.stepping_down.contains(b));
+                    prop_assert!(!elsewhere, "a stepping-down primary with a backup to take over: {:?}", r);
+                }
                 if !eligible.is_empty() {
                     prop_assert_eq!(copies.len(), target, "the target of copies: {:?}", r);
                     prop_assert!(copies.iter().all(|c| eligible.contains(c)), "only eligible nodes hold it: {:?} (draining {:?})", r, facts.draining);
                 }
             }
-            if rf >= 2 && eligible.len() >= rf && regions.iter().all(|r| live.contains(&r.primary)) {
+            if rf >= 2 && eligible.len() >= rf && regions.iter().all(|r| live.contains(&r.primary)) && facts.stepping_down.is_empty() {
                 let reps: Vec<usize> = eligible.iter().map(|&n| load.replicas(n)).collect();
                 prop_assert!(reps.iter().max().expect("some") - reps.iter().min().expect("some") <= 2, "replicas evenly spread: {:?}", reps);
                 let prim: Vec<usize> = eligible.iter().map(|&n| load.primaries(n)).collect();

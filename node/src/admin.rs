@@ -2,7 +2,9 @@
 //! (Prometheus text format), and on a cluster's hosts `/cluster/drain/{node}` (POST: drain the
 //! node; GET: its progress; DELETE: stop draining it), `/cluster/split/{region}/{hex key}` and
 //! `/cluster/merge/{region}` (POST: ask the master to split a region at a key, or to merge it
-//! into its left neighbour; checked against the current map first) and `/cluster/summary` (GET:
+//! into its left neighbour; checked against the current map first), `/cluster/step-down/{node}`
+//! (POST: move the node's primaries to backups elsewhere, keeping its copies — before a restart;
+//! GET: progress; DELETE: stop) and `/cluster/summary` (GET:
 //! the master, live nodes, regions, regions without a live primary or short of copies) — what
 //! `dpukv cluster` and the operator call.
 
@@ -54,6 +56,54 @@ async fn drain_status(c: &ClusterControl, node: u32) -> Result<String, dpukv_clu
     Ok(format!(
         "{{\"node\": {node}, \"draining\": {draining}, \"regions_led\": {led}, \"regions_held\": {held}, \"done\": {done}}}\n"
     ))
+}
+
+/// A node's step-down: requested, the regions it still leads, those of them a backup elsewhere
+/// could take, and whether it is done (nothing movable left, every handover released).
+async fn step_down_status(c: &ClusterControl, node: u32) -> Result<String, dpukv_cluster::MetaError> {
+    let store = dpukv_cluster::EtcdStore::connect(&c.etcd).await?;
+    let snap = dpukv_cluster::master::read(&store, &c.keys).await?;
+    let live: std::collections::HashSet<u32> = snap.map.nodes.iter().map(|n| n.id).collect();
+    let f = &snap.facts;
+    let takes = |b: u32| live.contains(&b) && !f.draining.contains(&b) && !f.stepping_down.contains(&b);
+    let led: Vec<_> = snap.map.regions.iter().filter(|r| r.primary == node).collect();
+    let movable = led.iter().filter(|r| r.backups.iter().any(|&b| takes(b))).count();
+    let unreleased = snap.handovers.keys().any(|&(_, n)| n == node);
+    let stepping = f.stepping_down.contains(&node);
+    let done = stepping && movable == 0 && !unreleased;
+    Ok(format!(
+        "{{\"node\": {node}, \"stepping_down\": {stepping}, \"regions_led\": {}, \"movable\": {movable}, \"done\": {done}}}\n",
+        led.len()
+    ))
+}
+
+/// `POST` (ask), `GET` (progress), `DELETE` (stop) `/cluster/step-down/{node}`: the node's
+/// primaries move to backups elsewhere, its copies stay (before a restart).
+async fn step_down(
+    State(a): State<Admin>,
+    axum::extract::Path(node): axum::extract::Path<u32>,
+    method: axum::http::Method,
+) -> Answer {
+    let Some(c) = a.cluster.as_ref() else {
+        return text(StatusCode::NOT_FOUND, "this process is not a cluster's host\n".into());
+    };
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code())),
+    };
+    use dpukv_cluster::MetaStore;
+    let changed = match method {
+        axum::http::Method::POST => store.put(&c.keys.step_down(node), b"step-down", None).await.map(|_| ()),
+        axum::http::Method::DELETE => store.delete(&c.keys.step_down(node)).await.map(|_| ()),
+        _ => Ok(()),
+    };
+    if let Err(e) = changed {
+        return text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code()));
+    }
+    match step_down_status(c, node).await {
+        Ok(body) => (StatusCode::OK, [("content-type", "application/json")], body),
+        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code())),
+    }
 }
 
 /// `GET /cluster/summary`: the cluster at a glance, from etcd (`master::Snapshot::health`).
@@ -223,6 +273,7 @@ pub async fn serve(addr: SocketAddr, admin: Admin, shutdown: CancellationToken) 
         .route("/metrics", get(metrics))
         .route("/cluster/drain/{node}", get(drain).post(drain).delete(drain))
         .route("/cluster/summary", get(summary))
+        .route("/cluster/step-down/{node}", get(step_down).post(step_down).delete(step_down))
         .route("/cluster/split/{region}/{key}", axum::routing::post(split))
         .route("/cluster/merge/{region}", axum::routing::post(merge))
         .with_state(admin);

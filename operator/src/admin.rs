@@ -1,7 +1,9 @@
 //! A cluster's admin API as the operator uses it (docs/cluster.md, docs/operations.md): asking
 //! the master to drain nodes before their pods go, and to stop draining nodes that come back
 //! (`POST`/`DELETE /cluster/drain/{node}`, whose JSON answer says how far the drain is:
-//! `{"node", "draining", "regions_led", "regions_held", "done"}`); and the cluster's summary for
+//! `{"node", "draining", "regions_led", "regions_held", "done"}`); asking a node's primaries to
+//! step down before its pod restarts (`POST`/`DELETE /cluster/step-down/{node}`); and the
+//! cluster's summary for
 //! the status (`GET /cluster/summary`: regions, master, regions without a live primary or short
 //! of copies).
 //!
@@ -30,6 +32,21 @@ pub struct DrainStatus {
     /// Regions it still holds a copy of.
     pub regions_held: u32,
     /// Requested and nothing left on it.
+    pub done: bool,
+}
+
+/// A node's step-down, as the master reports it (`/cluster/step-down/{node}`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct StepDownStatus {
+    /// The node.
+    pub node: u32,
+    /// A step-down is requested.
+    pub stepping_down: bool,
+    /// Regions it still leads.
+    pub regions_led: u32,
+    /// Of those, regions a backup elsewhere could take.
+    pub movable: u32,
+    /// Requested, nothing movable left, every handover released.
     pub done: bool,
 }
 
@@ -90,6 +107,17 @@ async fn call<T: serde::de::DeserializeOwned>(addr: &str, method: &str, path: &s
         return Err(refused());
     }
     serde_json::from_str(body.trim()).map_err(|_| refused())
+}
+
+/// Asks for node `node`'s primaries to move to backups elsewhere (before its pod restarts; it
+/// keeps its copies), and answers how far that is.
+pub async fn step_down(addr: &str, node: u32) -> Result<StepDownStatus, AdminError> {
+    call(addr, "POST", &format!("/cluster/step-down/{node}")).await
+}
+
+/// Lets node `node` lead again (its pod restarted).
+pub async fn step_up(addr: &str, node: u32) -> Result<StepDownStatus, AdminError> {
+    call(addr, "DELETE", &format!("/cluster/step-down/{node}")).await
 }
 
 /// The cluster's summary.

@@ -41,9 +41,9 @@ pub enum Error {
     /// The resource has no namespace (it is namespaced).
     #[error("the DpuKvCluster has no namespace")]
     NoNamespace,
-    /// The cluster's master could not be asked to drain (or stop draining) a node.
-    #[error("drain: {0}")]
-    Drain(#[from] admin::AdminError),
+    /// The cluster's admin API could not be asked (a drain, a step-down, the summary).
+    #[error("the cluster's admin API: {0}")]
+    Admin(#[from] admin::AdminError),
 }
 
 /// Where the operator reaches a cluster's admin API (`host:port`).
@@ -113,6 +113,80 @@ fn condition(type_: &str, ok: bool, reason: &str, message: &str, generation: Opt
     }
 }
 
+/// What this reconcile does to a rolling upgrade: the node StatefulSet's partition (pods from it
+/// up may run the new revision), and what the upgrade waits for (None: no upgrade under way).
+struct Step {
+    partition: i32,
+    upgrading: Option<String>,
+}
+
+/// The partition the live StatefulSet holds (all its pods when it had none: `OnDelete`).
+fn held(l: &StatefulSet) -> i32 {
+    let replicas = l.spec.replicas.unwrap_or(0);
+    l.spec
+        .update_strategy
+        .as_ref()
+        .and_then(|u| u.rolling_update.as_ref())
+        .and_then(|r| r.partition)
+        .unwrap_or(replicas)
+}
+
+/// Whether some pod runs an older revision than the template's (a rollout under way), as the
+/// StatefulSet's status says; and what it says about it.
+fn rolling_message(l: &StatefulSet) -> Option<String> {
+    let st = l.status.as_ref()?;
+    let (current, update) = (st.current_revision.as_deref()?, st.update_revision.as_deref()?);
+    (current != update)
+        .then(|| format!("upgrading: {} of {} pods on the new revision", st.updated_replicas.unwrap_or(0), st.replicas))
+}
+
+/// One step of an upgrade (docs/kubernetes.md "Upgrades"): pods restart one at a time, highest
+/// ordinal first, each only after its primaries moved to backups elsewhere
+/// (`/cluster/step-down/{node}`) and the cluster is whole again (no region without a live
+/// primary or short of copies); the previous pod must be ready on the new revision first — a
+/// new version whose pods never get ready stops the rollout there.
+async fn upgrade_step(c: &DpuKvCluster, ctx: &Context, l: &StatefulSet) -> Result<Step, Error> {
+    let replicas = l.spec.replicas.unwrap_or(0);
+    let partition = held(l).min(replicas);
+    let Some(message) = rolling_message(l) else {
+        // Settled: hold every pod, so a changed template restarts none by itself.
+        return Ok(Step { partition: replicas, upgrading: None });
+    };
+    let st = l.status.as_ref();
+    let updated = st.and_then(|s| s.updated_replicas).unwrap_or(0);
+    let ready = st.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let hold = |why: String| Ok(Step { partition, upgrading: Some(format!("{message}; {why}")) });
+    if updated < replicas - partition || ready < replicas {
+        return hold(format!("waiting for {}-{partition} to be ready on the new revision", render::node_name(c)));
+    }
+    let addr = (ctx.admin)(c);
+    if partition < replicas {
+        // The pod just restarted on the new revision may lead again.
+        admin::step_up(&addr, partition as u32 + 1).await?;
+    }
+    if partition == 0 {
+        return Ok(Step { partition: 0, upgrading: Some(format!("{message}; every pod restarted")) });
+    }
+    let s = admin::summary(&addr).await?;
+    if s.without_primary > 0 || s.under_replicated > 0 {
+        return hold(format!(
+            "waiting for the cluster to be whole again ({} regions without a primary, {} short of copies)",
+            s.without_primary, s.under_replicated
+        ));
+    }
+    let next = partition - 1;
+    let st = admin::step_down(&addr, next as u32 + 1).await?;
+    if !st.done {
+        return hold(format!(
+            "moving the primaries of {}-{next} ({} regions led, {} movable)",
+            render::node_name(c),
+            st.regions_led,
+            st.movable
+        ));
+    }
+    Ok(Step { partition: next, upgrading: Some(format!("{message}; restarting {}-{next}", render::node_name(c))) })
+}
+
 /// Makes one cluster's children what they should be, and reports its status.
 pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = c.namespace().ok_or(Error::NoNamespace)?;
@@ -128,7 +202,8 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         apply(&sets, &etcd).await?;
     }
     let mut set = render::node_statefulset(&c, dpu);
-    let running = sets.get_opt(&render::node_name(&c)).await?.and_then(|s| s.spec.replicas).unwrap_or(0);
+    let live = sets.get_opt(&render::node_name(&c)).await?;
+    let running = live.as_ref().and_then(|s| s.spec.replicas).unwrap_or(0);
     let desired = c.spec.nodes;
     // Scale-in: drain the pods that would go; shrink only when all are drained.
     let mut pending = Vec::new();
@@ -145,6 +220,18 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
     if waiting_for_drain {
         set.spec.replicas = Some(running);
     }
+    // Upgrades: the partition says which pods may run the new revision.
+    let rollout = match live.as_ref() {
+        // A new StatefulSet: every pod starts on the one revision there is.
+        None => Step { partition: 0, upgrading: None },
+        Some(l) if running != desired || waiting_for_drain => {
+            Step { partition: held(l), upgrading: rolling_message(l) }
+        }
+        Some(l) => upgrade_step(&c, &ctx, l).await?,
+    };
+    if let Some(u) = set.spec.update_strategy.as_mut().and_then(|u| u.rolling_update.as_mut()) {
+        u.partition = Some(rollout.partition);
+    }
     let set = apply(&sets, &set).await?;
     // Scale-out of a running cluster: the ordinals that come back may have been drained before.
     if running > 0 && desired > running {
@@ -160,9 +247,12 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
 
     let ready = set.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
     let generation = c.metadata.generation;
-    let available = ready >= c.spec.nodes && !waiting_for_drain;
+    let available = ready >= c.spec.nodes && !waiting_for_drain && rollout.upgrading.is_none();
+    let upgrading = rollout.upgrading.is_some();
     let phase = if waiting_for_drain {
         "Draining"
+    } else if upgrading {
+        "Upgrading"
     } else if ready == 0 {
         "Creating"
     } else if ready < c.spec.nodes {
@@ -221,7 +311,7 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
                 &format!("{ready} of {} node pods ready", c.spec.nodes),
                 generation,
             ),
-            condition("Progressing", !available, phase, "", generation),
+            condition("Progressing", !available, phase, rollout.upgrading.as_deref().unwrap_or(""), generation),
             degraded,
             condition(
                 "Draining",
@@ -239,7 +329,7 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
             .filter(|s| s.master > 0)
             .map(|s| format!("{}-{}", render::node_name(&c), s.master - 1)),
         observed_generation: generation,
-        version: (ready >= c.spec.nodes).then(|| c.spec.version.clone()),
+        version: (ready >= c.spec.nodes && !upgrading).then(|| c.spec.version.clone()),
         selector: Some(render::selector_string(&c)),
     };
     let api: Api<DpuKvCluster> = Api::namespaced(client.clone(), &ns);

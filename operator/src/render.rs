@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{
-    Deployment, DeploymentSpec, StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
-    StatefulSetUpdateStrategy,
+    Deployment, DeploymentSpec, RollingUpdateStatefulSetStrategy, StatefulSet,
+    StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
@@ -394,7 +394,15 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
             // Pods start together (the master places regions once they registered); the
             // operator restarts them itself, one at a time, for upgrades.
             pod_management_policy: Some("Parallel".into()),
-            update_strategy: Some(StatefulSetUpdateStrategy { type_: Some("OnDelete".into()), ..Default::default() }),
+            // Rolling updates held by a partition the controller lowers one pod at a time, once
+            // that pod's primaries moved away (`controller`); rendered holding every pod.
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateStatefulSetStrategy {
+                    partition: Some(c.spec.nodes),
+                    ..Default::default()
+                }),
+            }),
             persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
                 when_scaled: Some(retention(s.persistent_volume_claim_retention.when_scaled)),
                 when_deleted: Some(retention(s.persistent_volume_claim_retention.when_deleted)),
@@ -636,7 +644,9 @@ mod tests {
         assert!(!container(&s, "device").volume_mounts.as_ref().expect("m").iter().any(|m| m.name == "data"));
         let claim = &spec.volume_claim_templates.as_ref().expect("claims")[0];
         assert_eq!(claim.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()), Some("fast"));
-        assert_eq!(spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()), Some("OnDelete"));
+        let strategy = spec.update_strategy.as_ref().expect("strategy");
+        assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+        assert_eq!(strategy.rolling_update.as_ref().and_then(|r| r.partition), Some(3), "every pod held");
         let host = container(&s, "host");
         assert_eq!(env_of(host, "DPUKV_ADVERTISE_DEVICE"), Some("$(POD_NAME).demo-node.db.svc:7070"));
         assert_eq!(env_of(host, "DPUKV_CLUSTER"), Some("db.demo"));

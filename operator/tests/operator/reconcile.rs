@@ -174,6 +174,8 @@ struct Master {
     draining: Arc<Mutex<BTreeMap<u32, bool>>>,
     /// What `GET /cluster/summary` answers (a healthy cluster when unset).
     summary: Arc<Mutex<Option<Value>>>,
+    /// Nodes whose step-down is not done yet: regions led, movable.
+    stepping: Arc<Mutex<BTreeMap<u32, (u32, u32)>>>,
 }
 
 impl Master {
@@ -192,7 +194,16 @@ impl Master {
             let healthy = json!({"master": 1, "nodes": 3, "regions": 1, "without_primary": 0, "under_replicated": 0});
             m.summary.lock().expect("lock").clone().unwrap_or(healthy).to_string()
         }
+        async fn step_down(State(m): State<Master>, method: axum::http::Method, Path(node): Path<u32>) -> String {
+            m.calls.lock().expect("lock").push(format!("{method} step-down {node}"));
+            let asked = method == axum::http::Method::POST;
+            let (led, movable) = m.stepping.lock().expect("lock").get(&node).copied().unwrap_or((0, 0));
+            json!({"node": node, "stepping_down": asked, "regions_led": led, "movable": movable,
+                   "done": asked && movable == 0})
+            .to_string()
+        }
         let app = axum::Router::new()
+            .route("/cluster/step-down/{node}", axum::routing::post(step_down).delete(step_down))
             .route("/cluster/drain/{node}", axum::routing::post(drain).delete(drain))
             .route("/cluster/summary", axum::routing::get(summary))
             .with_state(self);
@@ -257,7 +268,7 @@ async fn an_unreachable_master_stops_a_scale_in_before_anything_shrinks() {
     let task = tokio::spawn(reconcile(Arc::new(cluster(spec(3, "Emulator"))), ctx));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(5)).await;
     let e = finished(task).await.expect_err("no drain, no scale-in");
-    assert!(matches!(e, dpukv_operator::controller::Error::Drain(_)), "{e}");
+    assert!(matches!(e, dpukv_operator::controller::Error::Admin(_)), "{e}");
     // Nothing was applied: the client is gone without another request.
     let next = tokio::time::timeout(Duration::from_secs(5), h.next_request()).await.expect("the client is dropped");
     assert!(next.is_none(), "no request after the failed drain");
@@ -383,4 +394,129 @@ async fn a_managed_etcd_is_applied_before_the_nodes() {
     assert_eq!(etcd_env["value"], "http://demo-etcd:2379");
     status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
+}
+
+/// The node StatefulSet as the apiserver would show it mid-upgrade: `replicas` pods, the
+/// partition, how many run the new revision and how many are ready.
+fn rolling_set(
+    replicas: i64,
+    partition: i64,
+    updated: i64,
+    ready: i64,
+    settled: bool,
+) -> impl FnOnce(&Value) -> (u16, Value) {
+    move |_| {
+        (
+            200,
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                   "metadata": {"name": "demo-node", "namespace": "db"},
+                   "spec": {"replicas": replicas, "selector": {}, "template": {}, "serviceName": "demo-node",
+                            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}}},
+                   "status": {"replicas": replicas, "readyReplicas": ready, "updatedReplicas": updated,
+                              "currentRevision": "demo-node-1", "updateRevision": if settled { "demo-node-1" } else { "demo-node-2" }}}),
+        )
+    }
+}
+
+/// Upgrades restart one pod at a time, highest ordinal first, each only once its primaries moved
+/// to backups elsewhere and the cluster is whole; the pod restarted last may lead again once it
+/// is ready; a pod that does not get ready on the new version stops the rollout; a settled
+/// StatefulSet holds every pod (a changed template restarts none by itself).
+#[tokio::test]
+async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest_first() {
+    let master = Master::default();
+    let addr = master.clone().start().await;
+    let c = cluster(spec(3, "Emulator"));
+    // (live set: partition, updated, ready, settled; node whose step-down is not done; summary)
+    // -> (the partition applied, the admin calls, the phase)
+    struct Case {
+        live: (i64, i64, i64, bool),
+        not_done: Option<u32>,
+        summary: Option<Value>,
+        partition: i64,
+        calls: &'static [&'static str],
+        phase: &'static str,
+    }
+    let healthy = json!({"master": 1, "nodes": 3, "regions": 4, "without_primary": 0, "under_replicated": 0});
+    let cases = [
+        // Settled: every pod held.
+        Case { live: (3, 3, 3, true), not_done: None, summary: None, partition: 3, calls: &[], phase: "Running" },
+        // The template changed: node 3's primaries move first; not done yet, nothing restarts.
+        Case {
+            live: (3, 0, 3, false),
+            not_done: Some(3),
+            summary: None,
+            partition: 3,
+            calls: &["POST step-down 3"],
+            phase: "Upgrading",
+        },
+        // Done: pod 2 (node 3) restarts.
+        Case {
+            live: (3, 0, 3, false),
+            not_done: None,
+            summary: None,
+            partition: 2,
+            calls: &["POST step-down 3"],
+            phase: "Upgrading",
+        },
+        // Pod 2 not ready on the new revision yet: wait (a failing version stops here).
+        Case { live: (2, 1, 2, false), not_done: None, summary: None, partition: 2, calls: &[], phase: "Upgrading" },
+        // Ready, but a region is short of copies (node 3 still catching up): it may lead again, the next waits.
+        Case {
+            live: (2, 1, 3, false),
+            not_done: None,
+            summary: Some(json!({"master": 1, "nodes": 3, "regions": 4, "without_primary": 0, "under_replicated": 1})),
+            partition: 2,
+            calls: &["DELETE step-down 3"],
+            phase: "Upgrading",
+        },
+        // Whole again: node 2 steps down, pod 1 restarts.
+        Case {
+            live: (2, 1, 3, false),
+            not_done: None,
+            summary: Some(healthy.clone()),
+            partition: 1,
+            calls: &["DELETE step-down 3", "POST step-down 2"],
+            phase: "Upgrading",
+        },
+        // The last pod restarted and ready: node 1 may lead again.
+        Case {
+            live: (0, 3, 3, false),
+            not_done: None,
+            summary: None,
+            partition: 0,
+            calls: &["DELETE step-down 1"],
+            phase: "Upgrading",
+        },
+    ];
+    for (i, case) in cases.into_iter().enumerate() {
+        master.calls.lock().expect("lock").clear();
+        *master.stepping.lock().expect("lock") = case.not_done.map(|n| (n, (2, 2))).into_iter().collect();
+        *master.summary.lock().expect("lock") = case.summary.clone();
+        let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let to = addr.clone();
+        let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| to.clone()));
+        let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+        let (p, u, r, settled) = case.live;
+        expect(&mut h, "GET", &format!("{SETS}/demo-node"), rolling_set(3, p, u, r, settled)).await;
+        let set = children(&mut h, r).await;
+        let st = status(&mut h, &c).await;
+        finished(task).await.expect("reconciled");
+        assert_eq!(
+            set["spec"]["updateStrategy"]["rollingUpdate"]["partition"].as_i64(),
+            Some(case.partition),
+            "case {i}: the partition applied"
+        );
+        let calls: Vec<String> =
+            master.calls.lock().expect("lock").iter().filter(|c| c.contains("step-down")).cloned().collect();
+        assert_eq!(calls, case.calls, "case {i}: the step-down calls");
+        assert_eq!(st["phase"].as_str(), Some(case.phase), "case {i}: {st}");
+        if case.phase == "Upgrading" {
+            assert!(st.get("version").is_none(), "case {i}: no version while pods differ");
+            assert!(
+                condition(&st, "Progressing")["message"].as_str().expect("message").starts_with("upgrading"),
+                "{st}"
+            );
+        }
+    }
 }
