@@ -52,22 +52,11 @@ RENDER = "target/debug/dpukv-render"
 KUBERNETES = "1.37.0"
 
 
-def pip_install(*pkgs):
-    base = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pkgs]
-    if subprocess.call(base) != 0:
-        subprocess.check_call(base + ["--break-system-packages"])
+from kubetools import ensure  # noqa: E402  (scripts/kubetools.py)
 
-
-try:
-    import jsonschema
-    import yaml
-except ImportError:
-    pip_install("jsonschema", "pyyaml")
-    import jsonschema
-    import yaml
-if not shutil.which("kubernetes-validate"):
-    pip_install("kubernetes-validate")
-KV = shutil.which("kubernetes-validate") or "kubernetes-validate"
+KV = ensure()
+import jsonschema  # noqa: E402
+import yaml  # noqa: E402
 
 
 def install_helm():

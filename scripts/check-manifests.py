@@ -11,27 +11,15 @@ Installs jsonschema, PyYAML and kubernetes-validate with pip when they are missi
 repository's root after `cargo build -p dpukv-operator --bins` (scripts/test.sh does)."""
 import copy
 import glob
-import shutil
 import subprocess
 import sys
 
 
-def pip_install(*pkgs):
-    base = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pkgs]
-    if subprocess.call(base) != 0:
-        subprocess.check_call(base + ["--break-system-packages"])
+from kubetools import ensure  # noqa: E402  (scripts/kubetools.py)
 
-
-try:
-    import jsonschema
-    import yaml
-except ImportError:
-    pip_install("jsonschema", "pyyaml")
-    import jsonschema
-    import yaml
-if not shutil.which("kubernetes-validate"):
-    pip_install("kubernetes-validate")
-KV = shutil.which("kubernetes-validate") or "kubernetes-validate"
+KV = ensure()
+import jsonschema  # noqa: E402
+import yaml  # noqa: E402
 
 crd = yaml.safe_load(open("manifests/crds/dpukv.io_dpukvclusters.yaml"))
 version = crd["spec"]["versions"][0]

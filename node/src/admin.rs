@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
+use dpukv_cluster::master::Snapshot;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -46,23 +47,19 @@ fn text(code: StatusCode, body: String) -> Answer {
 }
 
 /// A node's drain: requested, and what it still holds.
-async fn drain_status(c: &ClusterControl, node: u32) -> Result<String, dpukv_cluster::MetaError> {
-    let store = dpukv_cluster::EtcdStore::connect(&c.etcd).await?;
-    let snap = dpukv_cluster::master::read(&store, &c.keys).await?;
+fn drain_status(snap: &Snapshot, node: u32) -> String {
     let led = snap.map.regions.iter().filter(|r| r.primary == node).count();
     let held = snap.map.regions.iter().filter(|r| r.backups.contains(&node) || r.joining.contains(&node)).count();
     let draining = snap.facts.draining.contains(&node);
     let done = draining && led == 0 && held == 0;
-    Ok(format!(
+    format!(
         "{{\"node\": {node}, \"draining\": {draining}, \"regions_led\": {led}, \"regions_held\": {held}, \"done\": {done}}}\n"
-    ))
+    )
 }
 
 /// A node's step-down: requested, the regions it still leads, those of them a backup elsewhere
 /// could take, and whether it is done (nothing movable left, every handover released).
-async fn step_down_status(c: &ClusterControl, node: u32) -> Result<String, dpukv_cluster::MetaError> {
-    let store = dpukv_cluster::EtcdStore::connect(&c.etcd).await?;
-    let snap = dpukv_cluster::master::read(&store, &c.keys).await?;
+fn step_down_status(snap: &Snapshot, node: u32) -> String {
     let live: std::collections::HashSet<u32> = snap.map.nodes.iter().map(|n| n.id).collect();
     let f = &snap.facts;
     let takes = |b: u32| live.contains(&b) && !f.draining.contains(&b) && !f.stepping_down.contains(&b);
@@ -71,88 +68,68 @@ async fn step_down_status(c: &ClusterControl, node: u32) -> Result<String, dpukv
     let unreleased = snap.handovers.keys().any(|&(_, n)| n == node);
     let stepping = f.stepping_down.contains(&node);
     let done = stepping && movable == 0 && !unreleased;
-    Ok(format!(
+    format!(
         "{{\"node\": {node}, \"stepping_down\": {stepping}, \"regions_led\": {}, \"movable\": {movable}, \"done\": {done}}}\n",
         led.len()
-    ))
+    )
+}
+
+/// The cluster at a glance (`master::Snapshot::health`).
+fn summary_status(snap: &Snapshot) -> String {
+    let h = snap.health();
+    format!(
+        "{{\"master\": {}, \"nodes\": {}, \"regions\": {}, \"without_primary\": {}, \"under_replicated\": {}}}\n",
+        h.master, h.nodes, h.regions, h.without_primary, h.under_replicated
+    )
+}
+
+/// A cluster request: with `request` (`POST` puts the key, `DELETE` removes it) first, then
+/// `status` of the cluster as etcd has it now, as JSON.
+async fn cluster_request(
+    a: &Admin,
+    request: Option<(&axum::http::Method, Vec<u8>, &[u8])>,
+    status: impl FnOnce(&Snapshot) -> String,
+) -> Answer {
+    let Some(c) = a.cluster.as_ref() else {
+        return text(StatusCode::NOT_FOUND, "this process is not a cluster's host\n".into());
+    };
+    let unavailable =
+        |e: dpukv_cluster::MetaError| text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code()));
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    use dpukv_cluster::MetaStore;
+    let changed = match request {
+        Some((&axum::http::Method::POST, key, value)) => store.put(&key, value, None).await.map(|_| ()),
+        Some((&axum::http::Method::DELETE, key, _)) => store.delete(&key).await.map(|_| ()),
+        _ => Ok(()),
+    };
+    if let Err(e) = changed {
+        return unavailable(e);
+    }
+    match dpukv_cluster::master::read(&store, &c.keys).await {
+        Ok(snap) => (StatusCode::OK, [("content-type", "application/json")], status(&snap)),
+        Err(e) => unavailable(e),
+    }
 }
 
 /// `POST` (ask), `GET` (progress), `DELETE` (stop) `/cluster/step-down/{node}`: the node's
 /// primaries move to backups elsewhere, its copies stay (before a restart).
-async fn step_down(
-    State(a): State<Admin>,
-    axum::extract::Path(node): axum::extract::Path<u32>,
-    method: axum::http::Method,
-) -> Answer {
-    let Some(c) = a.cluster.as_ref() else {
-        return text(StatusCode::NOT_FOUND, "this process is not a cluster's host\n".into());
-    };
-    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
-        Ok(s) => s,
-        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code())),
-    };
-    use dpukv_cluster::MetaStore;
-    let changed = match method {
-        axum::http::Method::POST => store.put(&c.keys.step_down(node), b"step-down", None).await.map(|_| ()),
-        axum::http::Method::DELETE => store.delete(&c.keys.step_down(node)).await.map(|_| ()),
-        _ => Ok(()),
-    };
-    if let Err(e) = changed {
-        return text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code()));
-    }
-    match step_down_status(c, node).await {
-        Ok(body) => (StatusCode::OK, [("content-type", "application/json")], body),
-        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code())),
-    }
+async fn step_down(State(a): State<Admin>, Path(node): Path<u32>, method: axum::http::Method) -> Answer {
+    let key = a.cluster.as_ref().map(|c| c.keys.step_down(node)).unwrap_or_default();
+    cluster_request(&a, Some((&method, key, b"step-down")), |s| step_down_status(s, node)).await
 }
 
-/// `GET /cluster/summary`: the cluster at a glance, from etcd (`master::Snapshot::health`).
+/// `POST` (ask), `GET` (progress), `DELETE` (stop) `/cluster/drain/{node}`.
+async fn drain(State(a): State<Admin>, Path(node): Path<u32>, method: axum::http::Method) -> Answer {
+    let key = a.cluster.as_ref().map(|c| c.keys.drain(node)).unwrap_or_default();
+    cluster_request(&a, Some((&method, key, b"drain")), |s| drain_status(s, node)).await
+}
+
+/// `GET /cluster/summary`: the cluster at a glance, from etcd.
 async fn summary(State(a): State<Admin>) -> Answer {
-    let Some(c) = a.cluster.as_ref() else {
-        return text(StatusCode::NOT_FOUND, "this process is not a cluster's host\n".into());
-    };
-    let read = async {
-        let store = dpukv_cluster::EtcdStore::connect(&c.etcd).await?;
-        dpukv_cluster::master::read(&store, &c.keys).await
-    };
-    match read.await {
-        Ok(snap) => {
-            let h = snap.health();
-            let body = format!(
-                "{{\"master\": {}, \"nodes\": {}, \"regions\": {}, \"without_primary\": {}, \"under_replicated\": {}}}\n",
-                h.master, h.nodes, h.regions, h.without_primary, h.under_replicated
-            );
-            (StatusCode::OK, [("content-type", "application/json")], body)
-        }
-        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code())),
-    }
-}
-
-async fn drain(
-    State(a): State<Admin>,
-    axum::extract::Path(node): axum::extract::Path<u32>,
-    method: axum::http::Method,
-) -> Answer {
-    let Some(c) = a.cluster.as_ref() else {
-        return text(StatusCode::NOT_FOUND, "this process is not a cluster's host\n".into());
-    };
-    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
-        Ok(s) => s,
-        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code())),
-    };
-    use dpukv_cluster::MetaStore;
-    let changed = match method {
-        axum::http::Method::POST => store.put(&c.keys.drain(node), b"drain", None).await.map(|_| ()),
-        axum::http::Method::DELETE => store.delete(&c.keys.drain(node)).await.map(|_| ()),
-        _ => Ok(()),
-    };
-    if let Err(e) = changed {
-        return text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code()));
-    }
-    match drain_status(c, node).await {
-        Ok(body) => (StatusCode::OK, [("content-type", "application/json")], body),
-        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code())),
-    }
+    cluster_request(&a, None, summary_status).await
 }
 
 /// Checks a split or merge request against the current map and records it for the master.

@@ -139,6 +139,23 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount { name: name.into(), mount_path: path.into(), read_only: Some(read_only), ..Default::default() }
 }
 
+/// The `data` volume claim of a StatefulSet's pods.
+fn data_claim(size: &str, class: &Option<String>) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta { name: Some("data".into()), ..Default::default() },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: class.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".to_string(), Quantity(size.to_string()))])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 fn image(c: &DpuKvCluster) -> String {
     format!("{}:{}", c.spec.image, c.spec.version)
 }
@@ -249,19 +266,7 @@ pub fn etcd_statefulset(c: &DpuKvCluster) -> Option<StatefulSet> {
                     ..Default::default()
                 }),
             },
-            volume_claim_templates: Some(vec![PersistentVolumeClaim {
-                metadata: ObjectMeta { name: Some("data".into()), ..Default::default() },
-                spec: Some(PersistentVolumeClaimSpec {
-                    access_modes: Some(vec!["ReadWriteOnce".into()]),
-                    storage_class_name: s.storage.storage_class_name.clone(),
-                    resources: Some(VolumeResourceRequirements {
-                        requests: Some(BTreeMap::from([("storage".to_string(), Quantity(m.storage.clone()))])),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }]),
+            volume_claim_templates: Some(vec![data_claim(&m.storage, &s.storage.storage_class_name)]),
             ..Default::default()
         },
         ..Default::default()
@@ -423,19 +428,7 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
                     ..Default::default()
                 }),
             },
-            volume_claim_templates: Some(vec![PersistentVolumeClaim {
-                metadata: ObjectMeta { name: Some("data".into()), ..Default::default() },
-                spec: Some(PersistentVolumeClaimSpec {
-                    access_modes: Some(vec!["ReadWriteOnce".into()]),
-                    storage_class_name: s.storage.storage_class_name.clone(),
-                    resources: Some(VolumeResourceRequirements {
-                        requests: Some(BTreeMap::from([("storage".to_string(), Quantity(s.storage.size.clone()))])),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }]),
+            volume_claim_templates: Some(vec![data_claim(&s.storage.size, &s.storage.storage_class_name)]),
             ..Default::default()
         },
         ..Default::default()

@@ -171,6 +171,26 @@ fn full(m: &dpukv_client::proto::regionmap::RegionMap) -> bool {
         && m.regions[0].joining.is_empty()
 }
 
+/// Lets the clients run on for half a second (and until the history has enough events), waits
+/// for them, and checks the history is linearizable; `what` says what the run did.
+fn stop_and_check(
+    rt: &tokio::runtime::Runtime,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    h: &History,
+    run: &Run,
+    what: &str,
+) {
+    let done = Instant::now();
+    run.stop_when(Duration::from_secs(60), || done.elapsed() > Duration::from_millis(500) && h.len() >= ENOUGH_EVENTS);
+    rt.block_on(async {
+        for t in tasks {
+            t.await.expect("client task");
+        }
+    });
+    eprintln!("{what}, {} events", h.len());
+    must_be_linearizable(h);
+}
+
 /// Six clients retrying through the library (see [`client_with`]), seeded at the nodes' devices
 /// in turn, recording into `h` until `run` stops.
 fn spawn_retrying_clients(
@@ -498,15 +518,7 @@ fn linearizable_across_primary_failovers() {
         run.restarts.fetch_add(1, Ordering::Relaxed);
         nodes[p as usize - 1].resume().expect("resume");
     }
-    let done = Instant::now();
-    run.stop_when(Duration::from_secs(60), || done.elapsed() > Duration::from_millis(500) && h.len() >= ENOUGH_EVENTS);
-    rt.block_on(async {
-        for t in tasks {
-            t.await.expect("client task");
-        }
-    });
-    eprintln!("{} failovers, {} events", iterations, h.len());
-    must_be_linearizable(&h);
+    stop_and_check(&rt, tasks, &h, &run, &format!("{} failovers", iterations));
 }
 
 /// Three node pods, one region; concurrent clients (retrying through the library) run while the
@@ -640,15 +652,7 @@ fn linearizable_across_partitions_of_the_primary() {
         let back = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), rejoined));
         assert!(back.regions[0].epoch > old.epoch, "iteration {it}: the old primary is back as a backup");
     }
-    let done = Instant::now();
-    run.stop_when(Duration::from_secs(60), || done.elapsed() > Duration::from_millis(500) && h.len() >= ENOUGH_EVENTS);
-    rt.block_on(async {
-        for t in tasks {
-            t.await.expect("client task");
-        }
-    });
-    eprintln!("{iterations} partitions, {} events", h.len());
-    must_be_linearizable(&h);
+    stop_and_check(&rt, tasks, &h, &run, &format!("{iterations} partitions"));
     drop(nodes);
 }
 
@@ -823,15 +827,7 @@ fn linearizable_across_paused_primaries() {
         let rejoined = |m: &dpukv_client::proto::regionmap::RegionMap| full(m) && m.regions[0].backups.contains(&p);
         rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), rejoined));
     }
-    let done = Instant::now();
-    run.stop_when(Duration::from_secs(60), || done.elapsed() > Duration::from_millis(500) && h.len() >= ENOUGH_EVENTS);
-    rt.block_on(async {
-        for t in tasks {
-            t.await.expect("client task");
-        }
-    });
-    eprintln!("{iterations} pauses, {} events", h.len());
-    must_be_linearizable(&h);
+    stop_and_check(&rt, tasks, &h, &run, &format!("{iterations} pauses"));
 }
 
 /// Three node pods, each reaching etcd through its own delaying proxy; concurrent clients run
@@ -905,15 +901,7 @@ fn linearizable_with_a_slow_etcd() {
             after.regions[0].epoch
         );
     }
-    let done = Instant::now();
-    run.stop_when(Duration::from_secs(60), || done.elapsed() > Duration::from_millis(500) && h.len() >= ENOUGH_EVENTS);
-    rt.block_on(async {
-        for t in tasks {
-            t.await.expect("client task");
-        }
-    });
-    eprintln!("{iterations} slow-etcd periods, {} events", h.len());
-    must_be_linearizable(&h);
+    stop_and_check(&rt, tasks, &h, &run, &format!("{iterations} slow-etcd periods"));
     drop(nodes);
 }
 
@@ -954,15 +942,7 @@ fn linearizable_across_drains() {
         nodes[0].admin_delete(&format!("/cluster/drain/{p}")).expect("lift the drain");
         run.restarts.fetch_add(1, Ordering::Relaxed);
     }
-    let done = Instant::now();
-    run.stop_when(Duration::from_secs(60), || done.elapsed() > Duration::from_millis(500) && h.len() >= ENOUGH_EVENTS);
-    rt.block_on(async {
-        for t in tasks {
-            t.await.expect("client task");
-        }
-    });
-    eprintln!("{iterations} drains, {} events", h.len());
-    must_be_linearizable(&h);
+    stop_and_check(&rt, tasks, &h, &run, &format!("{iterations} drains"));
 }
 
 /// A rolling restart as the operator's upgrade does it, under concurrent clients: for each node
@@ -1011,15 +991,7 @@ fn linearizable_across_a_rolling_restart_with_step_downs() {
         nodes[other].admin_delete(&format!("/cluster/step-down/{n}")).expect("lift the step-down");
         rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), full));
     }
-    let done = Instant::now();
-    run.stop_when(Duration::from_secs(60), || done.elapsed() > Duration::from_millis(500) && h.len() >= ENOUGH_EVENTS);
-    rt.block_on(async {
-        for t in tasks {
-            t.await.expect("client task");
-        }
-    });
-    eprintln!("{iterations} restarts, {} events", h.len());
-    must_be_linearizable(&h);
+    stop_and_check(&rt, tasks, &h, &run, &format!("{iterations} restarts"));
 }
 
 /// Clients through the gateway: three node pods with two regions (split between the test's
@@ -1065,13 +1037,5 @@ fn linearizable_through_the_gateway_across_failovers() {
         run.restarts.fetch_add(1, Ordering::Relaxed);
         nodes[p as usize - 1].resume().expect("resume");
     }
-    let done = Instant::now();
-    run.stop_when(Duration::from_secs(60), || done.elapsed() > Duration::from_millis(500) && h.len() >= ENOUGH_EVENTS);
-    rt.block_on(async {
-        for t in tasks {
-            t.await.expect("client task");
-        }
-    });
-    eprintln!("{iterations} failovers through the gateway, {} events", h.len());
-    must_be_linearizable(&h);
+    stop_and_check(&rt, tasks, &h, &run, &format!("{iterations} failovers through the gateway"));
 }
