@@ -113,6 +113,16 @@ fn condition(type_: &str, ok: bool, reason: &str, message: &str, generation: Opt
     }
 }
 
+/// A condition's `lastTransitionTime` says when its status last changed: kept from `before`
+/// for every condition whose status did not.
+fn keep_transition_times(now: &mut [Condition], before: &[Condition]) {
+    for c in now {
+        if let Some(old) = before.iter().find(|o| o.type_ == c.type_ && o.status == c.status) {
+            c.last_transition_time = old.last_transition_time.clone();
+        }
+    }
+}
+
 /// What this reconcile does to a rolling upgrade: the node StatefulSet's partition (pods from it
 /// up may run the new revision), and what the upgrade waits for (None: no upgrade under way).
 struct Step {
@@ -301,7 +311,7 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         .map(|p| format!("node {}: {} regions led, {} held", p.node, p.regions_led, p.regions_held))
         .collect::<Vec<_>>()
         .join("; ");
-    let status = DpuKvClusterStatus {
+    let mut status = DpuKvClusterStatus {
         phase: Some(phase.into()),
         conditions: vec![
             condition(
@@ -332,6 +342,7 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         version: (ready >= c.spec.nodes && !upgrading).then(|| c.spec.version.clone()),
         selector: Some(render::selector_string(&c)),
     };
+    keep_transition_times(&mut status.conditions, c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]));
     let api: Api<DpuKvCluster> = Api::namespaced(client.clone(), &ns);
     let patch = serde_json::json!({
         "apiVersion": DpuKvCluster::api_version(&()),

@@ -520,3 +520,25 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         }
     }
 }
+
+/// A condition's `lastTransitionTime` moves only when its status changes.
+#[tokio::test]
+async fn conditions_keep_their_transition_time_while_their_status_holds() {
+    let master = Master::default();
+    let addr = master.clone().start().await;
+    let mut c = cluster(spec(3, "Emulator"));
+    let long_ago = "2020-01-01T00:00:00Z";
+    let old: serde_json::Value = json!({"conditions": [
+        {"type": "Available", "status": "True", "reason": "NodesReady", "message": "", "lastTransitionTime": long_ago},
+        {"type": "Draining", "status": "True", "reason": "DrainInProgress", "message": "", "lastTransitionTime": long_ago}]});
+    c.status = Some(serde_json::from_value(old).expect("status"));
+    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| addr.clone()));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(3)).await;
+    children(&mut h, 3).await;
+    let st = status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    assert_eq!(condition(&st, "Available")["lastTransitionTime"], long_ago, "still True: unchanged");
+    assert_ne!(condition(&st, "Draining")["lastTransitionTime"], long_ago, "True -> False: now");
+}
