@@ -112,10 +112,11 @@ impl Authority {
         self.until.fetch_max(n.max(1), Ordering::AcqRel);
     }
 
-    /// Ends it now (the lease is gone), and with it the life.
+    /// Ends it now (the lease is gone), and with it the life: `until` is cleared first, so a
+    /// reader that sees the next life cannot read this life's end with it.
     fn revoke(&self) {
-        self.life.fetch_add(1, Ordering::AcqRel);
         self.until.store(0, Ordering::Release);
+        self.life.fetch_add(1, Ordering::AcqRel);
     }
 }
 

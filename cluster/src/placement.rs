@@ -274,8 +274,10 @@ fn decide(
         if facts.awaiting.contains(&r.id) {
             return None;
         }
+        // A node stepping down (its pod restarts next) only when no other backup is live.
         let best = r.backups.iter().copied().filter(|b| live.contains(b)).max_by_key(|&b| {
-            (progress(b).map_or(0, |p| p + 1), std::cmp::Reverse(load.primaries(b)), std::cmp::Reverse(b))
+            let stays = !facts.stepping_down.contains(&b);
+            (stays, progress(b).map_or(0, |p| p + 1), std::cmp::Reverse(load.primaries(b)), std::cmp::Reverse(b))
         })?;
         next.primary = best;
         next.backups.retain(|&b| b != best && live.contains(&b));
@@ -306,7 +308,12 @@ fn decide(
     let in_sync_staying = r.backups.iter().filter(|&&b| eligible(b)).count();
     // 5. Hand over a draining primary.
     if facts.draining.contains(&r.primary) && in_sync_staying >= target {
-        let to = r.backups.iter().copied().filter(|&b| eligible(b)).min_by_key(|&b| (load.primaries(b), b))?;
+        let to = r
+            .backups
+            .iter()
+            .copied()
+            .filter(|&b| eligible(b))
+            .min_by_key(|&b| (facts.stepping_down.contains(&b), load.primaries(b), b))?;
         next.primary = to;
         next.backups.retain(|&b| b != to);
         return Some((next, Reason::HandOver));
@@ -475,6 +482,13 @@ mod tests {
         // With every backup stepping down too, or none, the primary stays.
         let all = Facts { stepping_down: nodes.iter().map(|n| n.id).collect(), ..Facts::default() };
         assert!(plan(&regions, &nodes, &all, Policy { replication: 3, max_moves: 2 }).is_empty());
+        // A failover prefers a backup that is not stepping down, however far the other's log.
+        let b0 = r.backups[0];
+        let mut dead_primary = Facts { stepping_down: BTreeSet::from([b0]), ..Facts::default() };
+        dead_primary.progress.insert((r.id, b0), 1_000);
+        let live: Vec<NodeInfo> = nodes.iter().filter(|n| n.id != p).cloned().collect();
+        let changes = plan(&regions, &live, &dead_primary, Policy { replication: 3, max_moves: 2 });
+        assert_eq!((changes[0].reason, changes[0].region.primary), (Reason::Promote, r.backups[1]), "{changes:?}");
         let single = initial(&nodes, &keys(1), 1).expect("layout");
         let alone = Facts { stepping_down: BTreeSet::from([single[0].primary]), ..Facts::default() };
         assert!(plan(&single, &nodes, &alone, Policy { replication: 1, max_moves: 2 }).is_empty());

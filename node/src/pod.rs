@@ -29,8 +29,8 @@ fn node_ctl(shm: &Path) -> PathBuf {
 }
 
 /// Publishes the region map (the host, once its regions are open).
-pub fn publish_map(shm: &Path, map: &RegionMap) -> Result<Announcement> {
-    Announcement::publish(&node_ctl(shm), &map.encode()).context("publishing the region map")
+pub fn publish_map(shm: &Path, map: &RegionMap, valid_until: u64) -> Result<Announcement> {
+    Announcement::publish(&node_ctl(shm), &map.encode(), valid_until).context("publishing the region map")
 }
 
 /// The region map the host published, and its announcement (to notice a newer host).

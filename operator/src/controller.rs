@@ -146,8 +146,10 @@ fn held(l: &StatefulSet) -> i32 {
 fn rolling_message(l: &StatefulSet) -> Option<String> {
     let st = l.status.as_ref()?;
     let (current, update) = (st.current_revision.as_deref()?, st.update_revision.as_deref()?);
-    (current != update)
-        .then(|| format!("upgrading: {} of {} pods on the new revision", st.updated_replicas.unwrap_or(0), st.replicas))
+    let updated = st.updated_replicas.unwrap_or(0);
+    // (A rollout reverted mid-way has current = update again, with pods still on the other one.)
+    (current != update || updated < st.replicas)
+        .then(|| format!("upgrading: {updated} of {} pods on the new revision", st.replicas))
 }
 
 /// One step of an upgrade (docs/kubernetes.md "Upgrades"): pods restart one at a time, highest
@@ -159,6 +161,13 @@ async fn upgrade_step(c: &DpuKvCluster, ctx: &Context, l: &StatefulSet) -> Resul
     let replicas = l.spec.replicas.unwrap_or(0);
     let partition = held(l).min(replicas);
     let Some(message) = rolling_message(l) else {
+        if partition < replicas {
+            // A rollout ended: every pod may lead again (the last one restarted included).
+            let addr = (ctx.admin)(c);
+            for ordinal in 0..replicas {
+                admin::step_up(&addr, ordinal as u32 + 1).await?;
+            }
+        }
         // Settled: hold every pod, so a changed template restarts none by itself.
         return Ok(Step { partition: replicas, upgrading: None });
     };
@@ -231,9 +240,21 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         set.spec.replicas = Some(running);
     }
     // Upgrades: the partition says which pods may run the new revision.
+    let template_changed = live.as_ref().is_some_and(|l| {
+        let annotation =
+            |s: &StatefulSet| s.metadata.annotations.as_ref()?.get(render::POD_TEMPLATE_ANNOTATION).cloned();
+        annotation(l) != annotation(&set)
+    });
     let rollout = match live.as_ref() {
         // A new StatefulSet: every pod starts on the one revision there is.
         None => Step { partition: 0, upgrading: None },
+        // A new pod template (a version, or a revert mid-rollout): hold every pod — applying it
+        // with a lower partition would restart pods whose primaries did not step down — and
+        // restart them one at a time from the top, from the next reconcile on.
+        Some(l) if template_changed => Step {
+            partition: l.spec.replicas.unwrap_or(0).max(desired),
+            upgrading: Some("upgrading: the pod template changed; every pod held".into()),
+        },
         Some(l) if running != desired || waiting_for_drain => {
             Step { partition: held(l), upgrading: rolling_message(l) }
         }
@@ -248,6 +269,7 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         let admin = (ctx.admin)(&c);
         for ordinal in running..desired {
             admin::undrain(&admin, ordinal as u32 + 1).await?;
+            admin::step_up(&admin, ordinal as u32 + 1).await?;
         }
     }
     apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::node_service(&c)).await?;

@@ -390,7 +390,7 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
         RetentionPolicy::Retain => "Retain".to_string(),
         RetentionPolicy::Delete => "Delete".to_string(),
     };
-    StatefulSet {
+    let mut set = StatefulSet {
         metadata: meta(c, name.clone(), "node"),
         spec: StatefulSetSpec {
             replicas: Some(s.nodes),
@@ -432,7 +432,23 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
             ..Default::default()
         },
         ..Default::default()
-    }
+    };
+    let hash = pod_template_hash(&set);
+    set.metadata.annotations = Some(BTreeMap::from([(POD_TEMPLATE_ANNOTATION.to_string(), hash)]));
+    set
+}
+
+/// The node StatefulSet's annotation holding [`pod_template_hash`] of the template it was
+/// applied with: the controller tells a changed template from the live one by it (the live
+/// template carries the API server's defaults, so the two never compare equal).
+pub const POD_TEMPLATE_ANNOTATION: &str = "dpukv.io/pod-template-hash";
+
+/// A hash of a StatefulSet's pod template as rendered (FNV-1a 64 over its JSON: stable across
+/// builds and Rust versions).
+pub fn pod_template_hash(set: &StatefulSet) -> String {
+    let json = serde_json::to_vec(&set.spec.template).unwrap_or_default();
+    let h = json.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    format!("{h:016x}")
 }
 
 fn service_port(name: &str, p: i32) -> ServicePort {

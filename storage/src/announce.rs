@@ -42,8 +42,10 @@ pub struct Announcement {
 
 impl Announcement {
     /// Publishes `payload` at `path` (replacing the file atomically), after marking a previous
-    /// announcement there closed.
-    pub fn publish(path: &Path, payload: &[u8]) -> Result<Announcement> {
+    /// announcement there closed; readers trust it until `valid_until` (monotonic ns;
+    /// `u64::MAX`: forever) — written with the file, so there is no moment in which a new payload
+    /// is trusted longer than its publisher meant.
+    pub fn publish(path: &Path, payload: &[u8], valid_until: u64) -> Result<Announcement> {
         if payload.len() > MAX_PAYLOAD {
             return Err(Error::Config(format!("announcement payload over {MAX_PAYLOAD} bytes")));
         }
@@ -60,7 +62,7 @@ impl Announcement {
         let mut b = Vec::with_capacity(HEADER + payload.len());
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&OPEN.to_le_bytes());
-        b.extend_from_slice(&u64::MAX.to_le_bytes());
+        b.extend_from_slice(&valid_until.to_le_bytes());
         b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         b.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
         b.extend_from_slice(payload);
@@ -135,7 +137,7 @@ mod tests {
     fn readers_trust_the_payload_only_while_the_publisher_vouches_for_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("node.ctl");
-        let a = Announcement::publish(&p, b"map").expect("publish");
+        let a = Announcement::publish(&p, b"map", u64::MAX).expect("publish");
         let reader = Announcement::open(&p).expect("open");
         assert!(reader.valid_now(), "a fresh announcement is vouched for until told otherwise");
         a.set_valid_until(monotonic_ns() + 60_000_000_000).expect("extend");
@@ -148,11 +150,11 @@ mod tests {
     fn a_new_announcement_closes_the_old_one() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("node.ctl");
-        let _first = Announcement::publish(&p, b"map one").expect("publish");
+        let _first = Announcement::publish(&p, b"map one", u64::MAX).expect("publish");
         let reader = Announcement::open(&p).expect("open");
         assert_eq!(reader.payload(), b"map one");
         assert!(!reader.closed());
-        let _second = Announcement::publish(&p, b"map two").expect("publish again");
+        let _second = Announcement::publish(&p, b"map two", u64::MAX).expect("publish again");
         assert!(reader.closed(), "the old reader learns it from shared memory");
         assert_eq!(Announcement::open(&p).expect("open").payload(), b"map two");
     }

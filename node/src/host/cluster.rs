@@ -118,8 +118,7 @@ pub async fn run(
             r.primary = 0;
         }
         let rmap = RegionMap::new(none, args.node_id)?;
-        let a = pod::publish_map(&opener.shm_dir, &rmap)?;
-        a.set_valid_until(0)?;
+        let a = pod::publish_map(&opener.shm_dir, &rmap, 0)?;
         announcement = Some(a);
         served.write().unwrap_or_else(|e| e.into_inner()).map = rmap;
     }
@@ -151,10 +150,15 @@ pub async fn run(
     let member = register_loop(&store, &keys, &info, timing, &authority, &shutdown).await;
     let Some(mut member) = member else { return Ok(vec![]) };
     tracing::info!(node = args.node_id, cluster = %args.name, lease = member.lease, "registered");
-    let (mut keeper, mut candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown);
+    // The lease is given back only after the device stopped trusting the map (`Unvouch`), never
+    // on the shutdown signal itself: the master fails over on the lease's end.
+    let lease_stop = CancellationToken::new();
+    let (mut keeper, mut candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown, &lease_stop);
     // The device trusts the published map only while the authority of the lease life it was
     // read in lasts.
     let vouched: Arc<Vouched> = Arc::new(std::sync::Mutex::new(announcement.take().map(|a| (a, u64::MAX))));
+    // However `run` ends (an error too): the device stops trusting the map, then the lease goes.
+    let unvouch = Unvouch { vouched: vouched.clone(), lease_stop: lease_stop.clone() };
     let voucher = {
         let (vouched, authority, stop) = (vouched.clone(), authority.clone(), shutdown.clone());
         tokio::spawn(async move {
@@ -190,7 +194,7 @@ pub async fn run(
                 None => break,
             }
             tracing::warn!(node = args.node_id, lease = member.lease, "registered again after losing the lease");
-            (keeper, candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown);
+            (keeper, candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown, &lease_stop);
         }
         // Read before the map: a map read in this life is vouched for only while it lasts.
         let life = authority.life();
@@ -408,9 +412,7 @@ pub async fn run(
     if let Some(t) = reporting {
         t.abort();
     }
-    if let Some((a, _)) = vouched.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-        let _ = a.set_valid_until(0);
-    }
+    drop(unvouch);
     stop_backups.store(true, Ordering::Release);
     let mut threads = Vec::new();
     for (id, l) in led.drain() {
@@ -515,9 +517,10 @@ fn spawn_member(
     member: &Member,
     timing: Timing,
     shutdown: &CancellationToken,
+    lease_stop: &CancellationToken,
 ) -> (Task, Task) {
     let (s1, s2, k2, info2, stop1, stop2) =
-        (store.clone(), store.clone(), keys.clone(), info.clone(), shutdown.child_token(), shutdown.child_token());
+        (store.clone(), store.clone(), keys.clone(), info.clone(), lease_stop.child_token(), shutdown.child_token());
     let lease = member.lease;
     let m = Member { lease, authority: member.authority.clone() };
     let keeper = tokio::spawn(async move {
@@ -721,6 +724,23 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 /// The published map's announcement, and the authority's life it was read in.
 type Vouched = std::sync::Mutex<Option<(dpukv_storage::announce::Announcement, u64)>>;
 
+/// On drop: the device stops trusting the published map (the announcement is taken out under
+/// the lock the voucher extends it under, so no extension follows), then the lease's keeper stops
+/// and gives the lease back.
+struct Unvouch {
+    vouched: Arc<Vouched>,
+    lease_stop: CancellationToken,
+}
+
+impl Drop for Unvouch {
+    fn drop(&mut self) {
+        if let Some((a, _)) = self.vouched.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = a.set_valid_until(0);
+        }
+        self.lease_stop.cancel();
+    }
+}
+
 /// The end of the authority's life `life` as monotonic nanoseconds (0: none, or a later life).
 fn authority_ns(a: &Authority, life: u64) -> u64 {
     let now = std::time::Instant::now();
@@ -757,8 +777,7 @@ fn publish(
     // map, no read starts by the old one. (After a split's commit, a write to the new region must
     // not be acknowledged while the device still reads the moved keys from the source, whose
     // copy of them is final.)
-    let a = pod::publish_map(&opener.shm_dir, &rmap)?;
-    a.set_valid_until(authority_ns(authority, life))?;
+    let a = pod::publish_map(&opener.shm_dir, &rmap, authority_ns(authority, life))?;
     *vouched.lock().unwrap_or_else(|e| e.into_inner()) = Some((a, life));
     let mut s = served.write().unwrap_or_else(|e| e.into_inner());
     s.writers = led.iter().filter(|(id, _)| !losing.contains(id)).map(|(id, l)| (*id, l.queue.clone())).collect();

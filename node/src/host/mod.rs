@@ -175,7 +175,7 @@ pub async fn run(
                 writer_threads.push(thread);
             }
             // The regions' shared memory is in place: the device may read by this map from now on.
-            Some(pod::publish_map(&cfg.shm_dir, &cfg.regions)?)
+            Some(pod::publish_map(&cfg.shm_dir, &cfg.regions, u64::MAX)?)
         }
         Some(c) => {
             std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;

@@ -214,12 +214,21 @@ impl Master {
     }
 }
 
-fn running_set(replicas: i64) -> impl FnOnce(&Value) -> (u16, Value) {
+/// The hash annotation the node StatefulSet of `c` is applied with (its live copy has it once
+/// applied).
+fn template_hash(c: &DpuKvCluster) -> String {
+    let set = dpukv_operator::render::node_statefulset(c, false);
+    set.metadata.annotations.expect("annotations")[dpukv_operator::render::POD_TEMPLATE_ANNOTATION].clone()
+}
+
+fn running_set(c: &DpuKvCluster, replicas: i64) -> impl FnOnce(&Value) -> (u16, Value) + use<> {
+    let hash = template_hash(c);
     move |_| {
         (
             200,
             json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
-                     "metadata": {"name": "demo-node", "namespace": "db"},
+                     "metadata": {"name": "demo-node", "namespace": "db",
+                                  "annotations": {dpukv_operator::render::POD_TEMPLATE_ANNOTATION: hash}},
                      "spec": {"replicas": replicas, "selector": {}, "template": {}, "serviceName": "demo-node"},
                      "status": {"replicas": replicas, "readyReplicas": replicas}}),
         )
@@ -238,7 +247,7 @@ async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
     // 5 pods run, 3 are wanted: nodes 4 and 5 (ordinals 3 and 4) are asked to drain; they still
     // hold regions, so the StatefulSet keeps its 5 replicas.
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(5)).await;
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
     let set = children(&mut h, 5).await;
     assert_eq!(set["spec"]["replicas"], 5, "the pods that would go are kept until drained");
     let st = status(&mut h, &c).await;
@@ -251,7 +260,7 @@ async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
     // The master moved everything off them: now the StatefulSet shrinks.
     master.left.lock().expect("lock").clear();
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(5)).await;
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
     let set = children(&mut h, 3).await;
     assert_eq!(set["spec"]["replicas"], 3, "drained: the StatefulSet shrinks");
     let st = status(&mut h, &c).await;
@@ -265,8 +274,9 @@ async fn an_unreachable_master_stops_a_scale_in_before_anything_shrinks() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").to_string();
     let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| dead.clone()));
-    let task = tokio::spawn(reconcile(Arc::new(cluster(spec(3, "Emulator"))), ctx));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(5)).await;
+    let c = cluster(spec(3, "Emulator"));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
     let e = finished(task).await.expect_err("no drain, no scale-in");
     assert!(matches!(e, dpukv_operator::controller::Error::Admin(_)), "{e}");
     // Nothing was applied: the client is gone without another request.
@@ -282,12 +292,16 @@ async fn a_scale_out_stops_draining_the_nodes_that_come_back() {
     let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| addr.clone()));
     let c = cluster(spec(5, "Emulator"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(3)).await;
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
     let set = children(&mut h, 3).await;
     assert_eq!(set["spec"]["replicas"], 5);
     status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
-    assert_eq!(*master.calls.lock().expect("lock"), ["DELETE 4", "DELETE 5"]);
+    assert_eq!(
+        *master.calls.lock().expect("lock"),
+        ["DELETE 4", "DELETE step-down 4", "DELETE 5", "DELETE step-down 5"],
+        "returning nodes are neither drained nor stepping down"
+    );
 }
 
 #[tokio::test]
@@ -354,7 +368,7 @@ async fn the_status_shows_the_regions_the_master_and_whether_the_cluster_is_degr
         let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| to.clone()));
         let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
-        expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(3)).await;
+        expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
         children(&mut h, 3).await;
         let st = status(&mut h, &c).await;
         finished(task).await.expect("reconciled");
@@ -399,6 +413,7 @@ async fn a_managed_etcd_is_applied_before_the_nodes() {
 /// The node StatefulSet as the apiserver would show it mid-upgrade: `replicas` pods, the
 /// partition, how many run the new revision and how many are ready.
 fn rolling_set(
+    hash: String,
     replicas: i64,
     partition: i64,
     updated: i64,
@@ -409,7 +424,8 @@ fn rolling_set(
         (
             200,
             json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
-                   "metadata": {"name": "demo-node", "namespace": "db"},
+                   "metadata": {"name": "demo-node", "namespace": "db",
+                                "annotations": {dpukv_operator::render::POD_TEMPLATE_ANNOTATION: hash}},
                    "spec": {"replicas": replicas, "selector": {}, "template": {}, "serviceName": "demo-node",
                             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}}},
                    "status": {"replicas": replicas, "readyReplicas": ready, "updatedReplicas": updated,
@@ -430,6 +446,8 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
     // (live set: partition, updated, ready, settled; node whose step-down is not done; summary)
     // -> (the partition applied, the admin calls, the phase)
     struct Case {
+        /// The live StatefulSet's template hash (None: the one `c` renders).
+        hash: Option<&'static str>,
         live: (i64, i64, i64, bool),
         not_done: Option<u32>,
         summary: Option<Value>,
@@ -440,9 +458,18 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
     let healthy = json!({"master": 1, "nodes": 3, "regions": 4, "without_primary": 0, "under_replicated": 0});
     let cases = [
         // Settled: every pod held.
-        Case { live: (3, 3, 3, true), not_done: None, summary: None, partition: 3, calls: &[], phase: "Running" },
+        Case {
+            hash: None,
+            live: (3, 3, 3, true),
+            not_done: None,
+            summary: None,
+            partition: 3,
+            calls: &[],
+            phase: "Running",
+        },
         // The template changed: node 3's primaries move first; not done yet, nothing restarts.
         Case {
+            hash: None,
             live: (3, 0, 3, false),
             not_done: Some(3),
             summary: None,
@@ -452,6 +479,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         },
         // Done: pod 2 (node 3) restarts.
         Case {
+            hash: None,
             live: (3, 0, 3, false),
             not_done: None,
             summary: None,
@@ -460,9 +488,18 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             phase: "Upgrading",
         },
         // Pod 2 not ready on the new revision yet: wait (a failing version stops here).
-        Case { live: (2, 1, 2, false), not_done: None, summary: None, partition: 2, calls: &[], phase: "Upgrading" },
+        Case {
+            hash: None,
+            live: (2, 1, 2, false),
+            not_done: None,
+            summary: None,
+            partition: 2,
+            calls: &[],
+            phase: "Upgrading",
+        },
         // Ready, but a region is short of copies (node 3 still catching up): it may lead again, the next waits.
         Case {
+            hash: None,
             live: (2, 1, 3, false),
             not_done: None,
             summary: Some(json!({"master": 1, "nodes": 3, "regions": 4, "without_primary": 0, "under_replicated": 1})),
@@ -472,6 +509,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         },
         // Whole again: node 2 steps down, pod 1 restarts.
         Case {
+            hash: None,
             live: (2, 1, 3, false),
             not_done: None,
             summary: Some(healthy.clone()),
@@ -479,13 +517,26 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             calls: &["DELETE step-down 3", "POST step-down 2"],
             phase: "Upgrading",
         },
-        // The last pod restarted and ready: node 1 may lead again.
+        // Every pod restarted and ready (Kubernetes then shows one revision): every node may lead
+        // again, every pod is held.
         Case {
-            live: (0, 3, 3, false),
+            hash: None,
+            live: (0, 3, 3, true),
             not_done: None,
             summary: None,
-            partition: 0,
-            calls: &["DELETE step-down 1"],
+            partition: 3,
+            calls: &["DELETE step-down 1", "DELETE step-down 2", "DELETE step-down 3"],
+            phase: "Running",
+        },
+        // The template changed again mid-rollout (a revert, a newer version): every pod held until
+        // the next reconcile starts again from the top; nothing steps down now.
+        Case {
+            hash: Some("0000000000000000"),
+            live: (1, 2, 3, false),
+            not_done: None,
+            summary: None,
+            partition: 3,
+            calls: &[],
             phase: "Upgrading",
         },
     ];
@@ -498,7 +549,13 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| to.clone()));
         let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
         let (p, u, r, settled) = case.live;
-        expect(&mut h, "GET", &format!("{SETS}/demo-node"), rolling_set(3, p, u, r, settled)).await;
+        expect(
+            &mut h,
+            "GET",
+            &format!("{SETS}/demo-node"),
+            rolling_set(case.hash.map_or_else(|| template_hash(&c), String::from), 3, p, u, r, settled),
+        )
+        .await;
         let set = children(&mut h, r).await;
         let st = status(&mut h, &c).await;
         finished(task).await.expect("reconciled");
@@ -535,7 +592,7 @@ async fn conditions_keep_their_transition_time_while_their_status_holds() {
     let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| addr.clone()));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(3)).await;
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
     children(&mut h, 3).await;
     let st = status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
