@@ -55,7 +55,7 @@ pub struct Health {
     /// Regions whose primary is not live (a failover is due or under way).
     pub without_primary: usize,
     /// Regions with fewer live in-sync copies (primary and backups) than the replication factor
-    /// allows on the live nodes.
+    /// allows on the live nodes that are not draining.
     pub under_replicated: usize,
 }
 
@@ -64,7 +64,9 @@ impl Snapshot {
     pub fn health(&self) -> Health {
         let live: std::collections::HashSet<u32> = self.map.nodes.iter().map(|n| n.id).collect();
         let replication = self.config.as_ref().map_or(3, |c| c.replication);
-        let target = replication.min(live.len());
+        // As placement counts: a draining node is leaving, so the target is what the others allow.
+        let eligible = live.iter().filter(|n| !self.facts.draining.contains(n)).count();
+        let target = replication.min(eligible);
         let regions = &self.map.regions;
         let copies = |r: &RegionInfo| {
             std::iter::once(r.primary).chain(r.backups.iter().copied()).filter(|n| live.contains(n)).count()

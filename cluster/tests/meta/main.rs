@@ -115,6 +115,11 @@ async fn the_health_counts_regions_without_a_primary_or_short_of_copies() {
     register(&s, &keys, &node(b), TIMING).await.expect("it returns, holding nothing");
     let h = master::read(&s, &keys).await.expect("read").health();
     assert_eq!((h.nodes, h.without_primary, h.under_replicated), (3, 0, 1), "three live nodes, two copies: {h:?}");
+    // Draining the node without a copy: two nodes are left to hold copies, and they do.
+    s.put(&keys.drain(b), b"", None).await.expect("drain");
+    let h = master::read(&s, &keys).await.expect("read").health();
+    assert_eq!((h.nodes, h.without_primary, h.under_replicated), (3, 0, 0), "a drain is not a loss: {h:?}");
+    s.delete(&keys.drain(b)).await.expect("lift the drain");
     s.revoke(members[p as usize - 1].lease).await.expect("the primary's lease ends");
     let h = master::read(&s, &keys).await.expect("read").health();
     assert_eq!((h.nodes, h.without_primary, h.under_replicated), (2, 1, 1), "{h:?}");
