@@ -753,6 +753,17 @@ fn a_primary_handed_over_serves_no_read_once_the_new_primary_took_a_write() {
             }
             unreachable!("ids do not run out")
         });
+        // The new primary shows it waits for the release.
+        let q_node = &nodes[new.primary as usize - 1];
+        let waiting = || q_node.metric("dpukv_cluster_handovers_waiting").ok().flatten();
+        while waiting() != Some(1.0) && paused.elapsed() < Duration::from_millis(1300) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            waiting(),
+            Some(1.0),
+            "the new primary's dpukv_cluster_handovers_waiting while the old one is paused"
+        );
         std::thread::sleep(Duration::from_millis(1500).saturating_sub(paused.elapsed()));
         let resumed = Instant::now();
         nodes[p as usize - 1].signal("CONT", false).expect("resume the host");
@@ -761,6 +772,8 @@ fn a_primary_handed_over_serves_no_read_once_the_new_primary_took_a_write() {
     std::thread::sleep(Duration::from_millis(300));
     stop_reads.store(true, Ordering::Relaxed);
     let last_read = reader.join().expect("reader");
+    let released = nodes[new.primary as usize - 1].metric("dpukv_cluster_handovers_waiting").expect("metrics");
+    assert_eq!(released, Some(0.0), "released: nothing waits any more");
     assert!(
         first_write > resumed,
         "the new primary acknowledged a write {:?} before the old primary's host resumed (released the region)",

@@ -333,11 +333,13 @@ pub async fn run(
             reporting = Some(tokio::spawn(handoff::report(regions, t, elapsed, store, keys, lease, last)));
         }
         metrics.regions_backed.store(backups.backed() as u64, Ordering::Relaxed);
+        let mut waiting = 0;
         for (id, l) in led.iter_mut().filter(|(_, l)| !l.serving) {
             // The old primary, if alive, may still serve the region by its old map: not before
             // it said it stopped (a write acknowledged here could be missing from its reads).
             if let Some(old) = snap.unreleased(*id, me) {
                 tracing::debug!(region = id, old, "waiting for the old primary to release the region");
+                waiting += 1;
                 continue;
             }
             if l.acks.holds(l.base) {
@@ -346,6 +348,7 @@ pub async fn run(
                 tracing::info!(region = id, base = ?l.base, "serving: every backup holds the log this node began to lead from");
             }
         }
+        metrics.handovers_waiting.store(waiting, Ordering::Relaxed);
         if changed {
             publish(&served, &snap.map, me, &led, &[], &opener, &vouched, (&authority, life))?;
             published = Some(snap.map.clone());

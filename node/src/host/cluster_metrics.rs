@@ -25,6 +25,8 @@ pub struct ClusterMetrics {
     pub catch_ups: AtomicU64,
     /// Regions this node backs (or joins) now.
     pub regions_backed: AtomicU64,
+    /// Regions this node was given that wait for their live old primary to release them.
+    pub handovers_waiting: AtomicU64,
     led: Mutex<BTreeMap<u32, Led>>,
 }
 
@@ -145,6 +147,13 @@ impl prometheus_client::collector::Collector for ClusterCollector {
         let led = m.led().len() as i64;
         plain_gauge(&mut enc, "dpukv_cluster_regions_led", "regions this node leads", led)?;
         let backed = m.regions_backed.load(Ordering::Relaxed) as i64;
-        plain_gauge(&mut enc, "dpukv_cluster_regions_backed", "regions this node backs or joins", backed)
+        plain_gauge(&mut enc, "dpukv_cluster_regions_backed", "regions this node backs or joins", backed)?;
+        let waiting = m.handovers_waiting.load(Ordering::Relaxed) as i64;
+        plain_gauge(
+            &mut enc,
+            "dpukv_cluster_handovers_waiting",
+            "regions this node was given that wait for their old primary to release them",
+            waiting,
+        )
     }
 }
