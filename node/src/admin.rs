@@ -16,6 +16,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
+use dpukv_cluster::keys::Keys;
 use dpukv_cluster::master::Snapshot;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -83,11 +84,14 @@ fn summary_status(snap: &Snapshot) -> String {
     )
 }
 
-/// A cluster request: with `request` (`POST` puts the key, `DELETE` removes it) first, then
-/// `status` of the cluster as etcd has it now, as JSON.
+/// A request key and its value (`POST` puts it, `DELETE` removes it).
+type RequestKey<'a> = (&'a axum::http::Method, fn(&Keys, u32) -> Vec<u8>, u32, &'a [u8]);
+
+/// A cluster request: with `request` first, then `status` of the cluster as etcd has it now, as
+/// JSON.
 async fn cluster_request(
     a: &Admin,
-    request: Option<(&axum::http::Method, Vec<u8>, &[u8])>,
+    request: Option<RequestKey<'_>>,
     status: impl FnOnce(&Snapshot) -> String,
 ) -> Answer {
     let Some(c) = a.cluster.as_ref() else {
@@ -101,8 +105,10 @@ async fn cluster_request(
     };
     use dpukv_cluster::MetaStore;
     let changed = match request {
-        Some((&axum::http::Method::POST, key, value)) => store.put(&key, value, None).await.map(|_| ()),
-        Some((&axum::http::Method::DELETE, key, _)) => store.delete(&key).await.map(|_| ()),
+        Some((&axum::http::Method::POST, key, node, value)) => {
+            store.put(&key(&c.keys, node), value, None).await.map(|_| ())
+        }
+        Some((&axum::http::Method::DELETE, key, node, _)) => store.delete(&key(&c.keys, node)).await.map(|_| ()),
         _ => Ok(()),
     };
     if let Err(e) = changed {
@@ -117,14 +123,12 @@ async fn cluster_request(
 /// `POST` (ask), `GET` (progress), `DELETE` (stop) `/cluster/step-down/{node}`: the node's
 /// primaries move to backups elsewhere, its copies stay (before a restart).
 async fn step_down(State(a): State<Admin>, Path(node): Path<u32>, method: axum::http::Method) -> Answer {
-    let key = a.cluster.as_ref().map(|c| c.keys.step_down(node)).unwrap_or_default();
-    cluster_request(&a, Some((&method, key, b"step-down")), |s| step_down_status(s, node)).await
+    cluster_request(&a, Some((&method, Keys::step_down, node, b"step-down")), |s| step_down_status(s, node)).await
 }
 
 /// `POST` (ask), `GET` (progress), `DELETE` (stop) `/cluster/drain/{node}`.
 async fn drain(State(a): State<Admin>, Path(node): Path<u32>, method: axum::http::Method) -> Answer {
-    let key = a.cluster.as_ref().map(|c| c.keys.drain(node)).unwrap_or_default();
-    cluster_request(&a, Some((&method, key, b"drain")), |s| drain_status(s, node)).await
+    cluster_request(&a, Some((&method, Keys::drain, node, b"drain")), |s| drain_status(s, node)).await
 }
 
 /// `GET /cluster/summary`: the cluster at a glance, from etcd.

@@ -171,6 +171,28 @@ fn full(m: &dpukv_client::proto::regionmap::RegionMap) -> bool {
         && m.regions[0].joining.is_empty()
 }
 
+/// How many iterations a test runs: `var` from the environment, else `default`; None (skip the
+/// test) for 0.
+fn iterations(var: &str, default: u64) -> Option<u64> {
+    let n = std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    (n > 0).then_some(n)
+}
+
+/// The node arguments of these tests: a 1 s lease, three replicas, every write synced.
+const LIN_ARGS: [&str; 6] = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
+
+/// `n` node pods of cluster `lin` (`LIN_ARGS`) on a fresh etcd, once they show a full map; bind
+/// the etcd too (as `_etcd`): it must outlive the nodes.
+fn lin_cluster(n: u32) -> (dpukv_e2e::etcd::Etcd, Vec<dpukv_e2e::cluster::ClusterNode>, tokio::runtime::Runtime) {
+    use dpukv_e2e::cluster::{ClusterNode, must_see_map};
+    let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
+    let nodes: Vec<ClusterNode> =
+        (1..=n).map(|id| ClusterNode::start(id, "lin", &etcd.url(), &LIN_ARGS).expect("node")).collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+    (etcd, nodes, rt)
+}
+
 /// Lets the clients run on for half a second (and until the history has enough events), waits
 /// for them, and checks the history is linearizable; `what` says what the run did.
 fn stop_and_check(
@@ -494,17 +516,9 @@ fn scans_see_atomic_batches() {
 /// (the region's read gate, docs/cluster.md §5).
 #[test]
 fn linearizable_across_primary_failovers() {
-    use dpukv_e2e::cluster::{ClusterNode, must_see_map};
-    let iterations: u64 = std::env::var("DPUKV_FAILOVER_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
-    if iterations == 0 {
-        return;
-    }
-    let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
-    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
-    let mut nodes: Vec<ClusterNode> =
-        (1..=3).map(|id| ClusterNode::start(id, "lin", &etcd.url(), &args).expect("node")).collect();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+    use dpukv_e2e::cluster::must_see_map;
+    let Some(iterations) = iterations("DPUKV_FAILOVER_ITERATIONS", 20) else { return };
+    let (_etcd, mut nodes, rt) = lin_cluster(3);
     let (h, run) = (History::default(), Run::default());
     let tasks = spawn_retrying_clients(&rt, &nodes, &h, &run);
     for _ in 0..iterations {
@@ -533,17 +547,9 @@ fn linearizable_across_primary_failovers() {
 /// its device before its own dispatch takes writes by it (docs/cluster.md §9.4).
 #[test]
 fn linearizable_across_splits_and_merges() {
-    use dpukv_e2e::cluster::{ClusterNode, must_see_map};
-    let iterations: u64 = std::env::var("DPUKV_HANDOFF_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    if iterations == 0 {
-        return;
-    }
-    let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
-    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
-    let nodes: Vec<ClusterNode> =
-        (1..=3).map(|id| ClusterNode::start(id, "lin", &etcd.url(), &args).expect("node")).collect();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+    use dpukv_e2e::cluster::must_see_map;
+    let Some(iterations) = iterations("DPUKV_HANDOFF_ITERATIONS", 3) else { return };
+    let (_etcd, nodes, rt) = lin_cluster(3);
     let (h, run) = (History::default(), Run::default());
     let tasks = spawn_retrying_clients(&rt, &nodes, &h, &run);
     let at = key(KEYS / 2);
@@ -602,18 +608,14 @@ fn linearizable_across_splits_and_merges() {
 fn linearizable_across_partitions_of_the_primary() {
     use dpukv_e2e::cluster::{ClusterNode, must_see_map, put_routed};
     use dpukv_e2e::netns::Net;
-    let iterations: u64 = std::env::var("DPUKV_PARTITION_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    if iterations == 0 {
-        return;
-    }
+    let Some(iterations) = iterations("DPUKV_PARTITION_ITERATIONS", 3) else { return };
     // Declared first: dropped last, after every process in its namespaces is gone.
     let net = Net::new(&[2, 11, 12, 13]).expect("network namespaces (root, iproute2 and nftables)");
     let host = |id: u32| 10 + id as u8;
     let etcd = dpukv_e2e::etcd::Etcd::start_in(net.exec_prefix(2), &net.addr(2)).expect("etcd");
-    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
     let nodes: Vec<ClusterNode> = (1..=3)
         .map(|id| {
-            ClusterNode::start_in(id, "part", &etcd.url(), &args, net.exec_prefix(host(id)), &net.addr(host(id)))
+            ClusterNode::start_in(id, "part", &etcd.url(), &LIN_ARGS, net.exec_prefix(host(id)), &net.addr(host(id)))
                 .expect("node")
         })
         .collect();
@@ -797,16 +799,8 @@ fn a_primary_handed_over_serves_no_read_once_the_new_primary_took_a_write() {
 #[test]
 fn linearizable_across_paused_primaries() {
     use dpukv_e2e::cluster::{ClusterNode, must_see_map, put_routed};
-    let iterations: u64 = std::env::var("DPUKV_PAUSE_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
-    if iterations == 0 {
-        return;
-    }
-    let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
-    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
-    let nodes: Vec<ClusterNode> =
-        (1..=3).map(|id| ClusterNode::start(id, "lin", &etcd.url(), &args).expect("node")).collect();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+    let Some(iterations) = iterations("DPUKV_PAUSE_ITERATIONS", 4) else { return };
+    let (_etcd, nodes, rt) = lin_cluster(3);
     let (h, run) = (History::default(), Run::default());
     let tasks = spawn_retrying_clients(&rt, &nodes, &h, &run);
     for it in 0..iterations {
@@ -854,16 +848,12 @@ fn linearizable_across_paused_primaries() {
 fn linearizable_with_a_slow_etcd() {
     use dpukv_e2e::cluster::{ClusterNode, must_see_map, put_routed, wait_for_map};
     use dpukv_e2e::delay::DelayProxy;
-    let iterations: u64 = std::env::var("DPUKV_SLOW_ETCD_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    if iterations == 0 {
-        return;
-    }
+    let Some(iterations) = iterations("DPUKV_SLOW_ETCD_ITERATIONS", 3) else { return };
     let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
     let target: std::net::SocketAddr = etcd.url().trim_start_matches("http://").parse().expect("etcd address");
     let proxies: Vec<DelayProxy> = (0..3).map(|_| DelayProxy::start(target).expect("proxy")).collect();
-    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
     let nodes: Vec<ClusterNode> = (1..=3)
-        .map(|id| ClusterNode::start(id, "lin", &proxies[id as usize - 1].url(), &args).expect("node"))
+        .map(|id| ClusterNode::start(id, "lin", &proxies[id as usize - 1].url(), &LIN_ARGS).expect("node"))
         .collect();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
@@ -925,17 +915,9 @@ fn linearizable_with_a_slow_etcd() {
 /// is lost and the whole history is linearizable. `DPUKV_DRAIN_ITERATIONS` (default 3).
 #[test]
 fn linearizable_across_drains() {
-    use dpukv_e2e::cluster::{ClusterNode, must_see_map};
-    let iterations: u64 = std::env::var("DPUKV_DRAIN_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    if iterations == 0 {
-        return;
-    }
-    let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
-    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
-    let nodes: Vec<ClusterNode> =
-        (1..=4).map(|id| ClusterNode::start(id, "lin", &etcd.url(), &args).expect("node")).collect();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+    use dpukv_e2e::cluster::must_see_map;
+    let Some(iterations) = iterations("DPUKV_DRAIN_ITERATIONS", 3) else { return };
+    let (_etcd, nodes, rt) = lin_cluster(4);
     let (h, run) = (History::default(), Run::default());
     let tasks = spawn_retrying_clients(&rt, &nodes, &h, &run);
     for _ in 0..iterations {
@@ -966,22 +948,14 @@ fn linearizable_across_drains() {
 /// `DPUKV_UPGRADE_ITERATIONS` (default 3: every node once).
 #[test]
 fn linearizable_across_a_rolling_restart_with_step_downs() {
-    use dpukv_e2e::cluster::{ClusterNode, must_see_map};
-    let iterations: u32 = std::env::var("DPUKV_UPGRADE_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    if iterations == 0 {
-        return;
-    }
-    let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
-    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always"];
-    let mut nodes: Vec<ClusterNode> =
-        (1..=3).map(|id| ClusterNode::start(id, "lin", &etcd.url(), &args).expect("node")).collect();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+    use dpukv_e2e::cluster::must_see_map;
+    let Some(iterations) = iterations("DPUKV_UPGRADE_ITERATIONS", 3) else { return };
+    let (_etcd, mut nodes, rt) = lin_cluster(3);
     let (h, run) = (History::default(), Run::default());
     let tasks = spawn_retrying_clients(&rt, &nodes, &h, &run);
     for it in 0..iterations {
         std::thread::sleep(Duration::from_millis(300));
-        let n = 3 - (it % 3);
+        let n = 3 - (it % 3) as u32;
         let other = if n == 1 { 1 } else { 0 };
         eprintln!("{} us: step down node {n}", h.now() / 1000);
         nodes[other].admin_post(&format!("/cluster/step-down/{n}")).expect("step-down request");
@@ -1016,11 +990,7 @@ fn linearizable_across_a_rolling_restart_with_step_downs() {
 #[test]
 fn linearizable_through_the_gateway_across_failovers() {
     use dpukv_e2e::cluster::{ClusterNode, must_see_map};
-    let iterations: u64 =
-        std::env::var("DPUKV_GATEWAY_FAILOVER_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
-    if iterations == 0 {
-        return;
-    }
+    let Some(iterations) = iterations("DPUKV_GATEWAY_FAILOVER_ITERATIONS", 4) else { return };
     let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
     let split = String::from_utf8(key(KEYS / 2)).expect("utf-8 key");
     let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "always", "--split-keys", &split];

@@ -37,6 +37,18 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, body
     send.send_response(r);
 }
 
+/// A mock API server behind a context whose clusters' admin API is at `admin` (None: the
+/// in-cluster address, which these tests never reach).
+fn mock(admin: Option<String>) -> (Arc<Context>, Handle) {
+    let (svc, h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "db");
+    let ctx = match admin {
+        Some(a) => Context::with_admin(client, Box::new(move |_| a.clone())),
+        None => Context::new(client),
+    };
+    (ctx, h)
+}
+
 /// The next request: it must be `method` on `path` (query aside); answers with what `answer`
 /// makes of the request's body; returns that body.
 async fn expect(handle: &mut Handle, method: &str, path: &str, answer: impl FnOnce(&Value) -> (u16, Value)) -> Value {
@@ -121,8 +133,7 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
 
 #[tokio::test]
 async fn a_new_cluster_gets_its_children_applied_and_a_status() {
-    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::new(Client::new(svc, "db"));
+    let (ctx, mut h) = mock(None);
     let c = cluster(spec(3, "Emulator"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
@@ -140,9 +151,7 @@ async fn a_new_cluster_gets_its_children_applied_and_a_status() {
 
 #[tokio::test]
 pub(crate) async fn auto_mode_asks_for_a_dpu_when_a_node_advertises_one() {
-    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let addr = Master::default().start().await;
-    let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| addr.clone()));
+    let (ctx, mut h) = mock(Some(Master::default().start().await));
     let c = cluster(spec(3, "Auto"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
     expect(&mut h, "GET", "/api/v1/nodes", |_| {
@@ -240,9 +249,7 @@ async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
     let master = Master::default();
     master.left.lock().expect("lock").extend([(4, (1, 2)), (5, (0, 1))]);
     let addr = master.clone().start().await;
-    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let a = addr.clone();
-    let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| a.clone()));
+    let (ctx, mut h) = mock(Some(addr.clone()));
     let c = cluster(spec(3, "Emulator"));
     // 5 pods run, 3 are wanted: nodes 4 and 5 (ordinals 3 and 4) are asked to drain; they still
     // hold regions, so the StatefulSet keeps its 5 replicas.
@@ -272,8 +279,7 @@ async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
 async fn an_unreachable_master_stops_a_scale_in_before_anything_shrinks() {
     // A port nothing listens on.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").to_string();
-    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| dead.clone()));
+    let (ctx, mut h) = mock(Some(dead.clone()));
     let c = cluster(spec(3, "Emulator"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
@@ -288,8 +294,7 @@ async fn an_unreachable_master_stops_a_scale_in_before_anything_shrinks() {
 async fn a_scale_out_stops_draining_the_nodes_that_come_back() {
     let master = Master::default();
     let addr = master.clone().start().await;
-    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| addr.clone()));
+    let (ctx, mut h) = mock(Some(addr.clone()));
     let c = cluster(spec(5, "Emulator"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
@@ -311,8 +316,7 @@ async fn failures_back_off_per_cluster_and_a_success_resets() {
         (Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(4))
     );
     assert_eq!(backoff(100), Duration::from_secs(256));
-    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::new(Client::new(svc, "db"));
+    let (ctx, mut h) = mock(None);
     let c = Arc::new(cluster(spec(3, "Emulator")));
     // The API server fails: an error, then a growing wait.
     let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
@@ -365,8 +369,7 @@ async fn the_status_shows_the_regions_the_master_and_whether_the_cluster_is_degr
         let reachable = summary.is_some();
         *master.summary.lock().expect("lock") = summary.clone();
         let to = if reachable { addr.clone() } else { dead.clone() };
-        let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| to.clone()));
+        let (ctx, mut h) = mock(Some(to));
         let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
         expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
         children(&mut h, 3).await;
@@ -389,8 +392,7 @@ async fn the_status_shows_the_regions_the_master_and_whether_the_cluster_is_degr
 /// them), owned by the cluster like every child.
 #[tokio::test]
 async fn a_managed_etcd_is_applied_before_the_nodes() {
-    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::new(Client::new(svc, "db"));
+    let (ctx, mut h) = mock(None);
     let c = cluster(json!({"nodes": 3, "replicationFactor": 1, "storage": {"size": "10Gi"},
                            "etcd": {"managed": {"replicas": 3}}, "device": {"mode": "Emulator"}}));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
@@ -544,9 +546,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         master.calls.lock().expect("lock").clear();
         *master.stepping.lock().expect("lock") = case.not_done.map(|n| (n, (2, 2))).into_iter().collect();
         *master.summary.lock().expect("lock") = case.summary.clone();
-        let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let to = addr.clone();
-        let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| to.clone()));
+        let (ctx, mut h) = mock(Some(addr.clone()));
         let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
         let (p, u, r, settled) = case.live;
         expect(
@@ -589,8 +589,7 @@ async fn conditions_keep_their_transition_time_while_their_status_holds() {
         {"type": "Available", "status": "True", "reason": "NodesReady", "message": "", "lastTransitionTime": long_ago},
         {"type": "Draining", "status": "True", "reason": "DrainInProgress", "message": "", "lastTransitionTime": long_ago}]});
     c.status = Some(serde_json::from_value(old).expect("status"));
-    let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::with_admin(Client::new(svc, "db"), Box::new(move |_| addr.clone()));
+    let (ctx, mut h) = mock(Some(addr.clone()));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
     children(&mut h, 3).await;
