@@ -22,12 +22,13 @@ pub fn id_of(key: &[u8], prefix: &[u8]) -> Option<u32> {
 }
 
 impl Keys {
-    /// The layout of cluster `name` (letters, digits, `-`, `_`; 1–63 characters).
+    /// The layout of cluster `name` (letters, digits, `-`, `_`, `.`; 1–253 characters: the
+    /// operator names a cluster `NAMESPACE.NAME`, a Kubernetes namespace and resource name).
     pub fn new(name: &str) -> Result<Keys, MetaError> {
-        let ok =
-            (1..=63).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        let ok = (1..=253).contains(&name.len())
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
         if !ok {
-            return Err(MetaError::Invalid(format!("cluster name {name:?}: 1-63 letters, digits, '-' or '_'")));
+            return Err(MetaError::Invalid(format!("cluster name {name:?}: 1-253 letters, digits, '-', '_' or '.'")));
         }
         Ok(Keys { root: format!("/dpukv/{name}/").into_bytes() })
     }
@@ -338,7 +339,16 @@ mod tests {
         assert_eq!(id_of(&k.region(42), &k.regions()), Some(42));
         assert_eq!(k.caught_up_of(3, 7), b"/dpukv/prod-1/caught-up/0000000003/0000000007".to_vec());
         assert_eq!(k.position_of(3, 7), b"/dpukv/prod-1/positions/0000000003/0000000007".to_vec());
-        assert!(Keys::new("a/b").is_err() && Keys::new("").is_err());
+        assert!(Keys::new("a/b").is_err() && Keys::new("").is_err() && Keys::new(&"x".repeat(254)).is_err());
+    }
+
+    /// Regression: the operator names a cluster `NAMESPACE.NAME` (its pods' `DPUKV_CLUSTER`),
+    /// which the layout refused (no `.` was allowed): node pods on Kubernetes could not join.
+    #[test]
+    fn a_cluster_named_by_the_operator_has_a_layout() {
+        assert_eq!(Keys::new("db.demo").expect("NAMESPACE.NAME").root(), b"/dpukv/db.demo/");
+        let longest = format!("{}.{}", "n".repeat(63), "c".repeat(189));
+        assert!(Keys::new(&longest).is_ok());
     }
 
     #[test]
