@@ -21,6 +21,7 @@ pub async fn must_conform<S: MetaStore>(s: &S, prefix: &[u8], ttl: Duration) {
     must_apply_transactions_whole(s, &k(prefix, "txn/")).await;
     must_end_leases(s, &k(prefix, "lease/"), ttl).await;
     must_watch_in_order(s, &k(prefix, "watch/")).await;
+    must_delete_prefixes(s, &k(prefix, "prefix/"), ttl).await;
     must_elect_one_leader(s, &k(prefix, "elect"), ttl).await;
 }
 
@@ -111,6 +112,43 @@ pub async fn must_end_leases<S: MetaStore>(s: &S, p: &[u8], ttl: Duration) {
     assert!(matches!(ended, Err(MetaError::LeaseNotFound(_))), "an ended lease stays ended: {ended:?}");
     s.revoke(kept).await.expect("revoke");
     assert_eq!(s.get(&k(p, "kept")).await.expect("get"), None, "revoking deletes the lease's keys");
+}
+
+/// Deleting a prefix: every key under it (a lease's too) and nothing else — not a key that
+/// merely starts with the same characters — at one revision, counted; nothing there, nothing
+/// deleted; an empty prefix refused.
+pub async fn must_delete_prefixes<S: MetaStore>(s: &S, p: &[u8], ttl: Duration) {
+    let lease = s.grant(ttl * 100).await.expect("grant");
+    let under = [k(p, "c1/config"), k(p, "c1/nodes/1"), k(p, "c1/regions/0000000001")];
+    for key in &under {
+        s.put(key, b"v", None).await.expect("put");
+    }
+    s.put(&k(p, "c1/leased"), b"v", Some(lease)).await.expect("put under a lease");
+    let kept = [k(p, "c1"), k(p, "c10/config"), k(p, "c2/config")];
+    let mut last = 0;
+    for key in &kept {
+        last = s.put(key, b"v", None).await.expect("put");
+    }
+    let mut w = s.watch(p, last + 1).await.expect("watch");
+    assert_eq!(s.delete_prefix(&k(p, "c1/")).await.expect("delete the prefix"), 4, "four keys under it");
+    let (left, rev) = s.range(p).await.expect("range");
+    let left: Vec<Vec<u8>> = left.into_iter().map(|kv| kv.key).collect();
+    assert_eq!(left, kept.to_vec(), "only the keys under the prefix are gone");
+    let mut deleted = Vec::new();
+    while deleted.len() < 4 {
+        match tokio::time::timeout(Duration::from_secs(10), w.next()).await {
+            Ok(Some(Ok(WatchEvent::Delete { key, revision }))) => deleted.push((key, revision)),
+            other => panic!("the deletions should be watched: {other:?}"),
+        }
+    }
+    assert!(deleted.iter().all(|(_, r)| *r == rev), "one revision for them all: {deleted:?} at {rev}");
+    assert_eq!(s.delete_prefix(&k(p, "c1/")).await.expect("delete again"), 0, "nothing left to delete");
+    assert_eq!(s.range(p).await.expect("range").1, rev, "deleting nothing takes no revision");
+    assert!(matches!(s.delete_prefix(b"").await, Err(MetaError::Invalid(_))), "an empty prefix is refused");
+    s.revoke(lease).await.expect("the lease outlives its key");
+    for key in &kept {
+        s.delete(key).await.expect("delete");
+    }
 }
 
 /// Watches: every change under the prefix from the start revision, in order, none outside it.

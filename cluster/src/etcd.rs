@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare as ECompare, CompareOp, ConnectOptions, Error as EError, EventType, GetOptions, PutOptions,
-    Txn as ETxn, TxnOp as ETxnOp, WatchOptions,
+    Client, Compare as ECompare, CompareOp, ConnectOptions, DeleteOptions, Error as EError, EventType, GetOptions,
+    PutOptions, Txn as ETxn, TxnOp as ETxnOp, WatchOptions,
 };
 use tokio::sync::mpsc;
 use tonic::Code;
@@ -184,6 +184,22 @@ impl MetaStore for EtcdStore {
         self.timed(async move {
             let r = c.txn(etxn).await.map_err(|e| map_err(e, lease))?;
             Ok(TxnResult { succeeded: r.succeeded(), revision: header_revision(r.header())? })
+        })
+        .await
+    }
+
+    async fn delete_prefix(&self, prefix: &[u8]) -> Result<u64> {
+        if prefix.is_empty() {
+            return Err(MetaError::Invalid("an empty prefix".into()));
+        }
+        let mut c = self.client.clone();
+        self.timed(async move {
+            // One DeleteRange over [prefix, prefix + 1): one revision for all of them.
+            let r = c
+                .delete(prefix.to_vec(), Some(DeleteOptions::new().with_prefix()))
+                .await
+                .map_err(|e| map_err(e, None))?;
+            Ok(r.deleted().max(0) as u64)
         })
         .await
     }

@@ -215,6 +215,24 @@ impl MetaStore for MemStore {
         self.with(|st| st.txn(txn))
     }
 
+    async fn delete_prefix(&self, prefix: &[u8]) -> Result<u64> {
+        if prefix.is_empty() {
+            return Err(MetaError::Invalid("an empty prefix".into()));
+        }
+        self.with(|st| {
+            let keys: Vec<Vec<u8>> = st
+                .kvs
+                .range(prefix.to_vec()..)
+                .map(|(k, _)| k)
+                .take_while(|k| k.starts_with(prefix))
+                .cloned()
+                .collect();
+            let n = keys.len() as u64;
+            st.txn(Txn { then: keys.into_iter().map(|key| TxnOp::Delete { key }).collect(), ..Txn::default() })?;
+            Ok(n)
+        })
+    }
+
     async fn grant(&self, ttl: Duration) -> Result<LeaseId> {
         if ttl.is_zero() {
             return Err(MetaError::Invalid("a lease needs a positive TTL".into()));

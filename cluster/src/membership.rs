@@ -230,6 +230,9 @@ mod tests {
         async fn txn(&self, txn: Txn) -> Result<TxnResult> {
             self.inner.txn(txn).await
         }
+        async fn delete_prefix(&self, prefix: &[u8]) -> Result<u64> {
+            self.inner.delete_prefix(prefix).await
+        }
         async fn grant(&self, ttl: Duration) -> Result<LeaseId> {
             self.inner.grant(ttl).await
         }

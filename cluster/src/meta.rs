@@ -182,6 +182,11 @@ pub trait MetaStore: Clone + Send + Sync + 'static {
     /// Applies a transaction atomically.
     fn txn(&self, txn: Txn) -> impl Future<Output = Result<TxnResult>> + Send;
 
+    /// Deletes every key starting with `prefix` at once (one revision; none if nothing was
+    /// there) and returns how many there were. An empty prefix is refused (it would be every key
+    /// in the store).
+    fn delete_prefix(&self, prefix: &[u8]) -> impl Future<Output = Result<u64>> + Send;
+
     /// A new lease that lives `ttl` (rounded up to whole seconds by etcd) unless kept alive.
     fn grant(&self, ttl: Duration) -> impl Future<Output = Result<LeaseId>> + Send;
 
