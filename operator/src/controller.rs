@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -263,6 +263,9 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
     if let Some(u) = set.spec.update_strategy.as_mut().and_then(|u| u.rolling_update.as_mut()) {
         u.partition = Some(rollout.partition);
     }
+    // The hosts' settings before the pods that read them (a changed one is in the template's
+    // hash annotation: pods restart for it one at a time, as for a new version).
+    apply(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &render::node_config_map(&c)).await?;
     let set = apply(&sets, &set).await?;
     // Scale-out of a running cluster: the ordinals that come back may have been drained before.
     if running > 0 && desired > running {

@@ -27,6 +27,7 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule { group: "apps", resource: "statefulsets", verbs: &["get", "list", "watch", "create", "patch"] },
     Rule { group: "apps", resource: "deployments", verbs: &["list", "watch", "create", "patch"] },
     Rule { group: "", resource: "services", verbs: &["list", "watch", "create", "patch"] },
+    Rule { group: "", resource: "configmaps", verbs: &["list", "watch", "create", "patch"] },
     Rule { group: "policy", resource: "poddisruptionbudgets", verbs: &["list", "watch", "create", "patch"] },
     // `device.mode: Auto` asks whether some node advertises the device resource.
     Rule { group: "", resource: "nodes", verbs: &["list"] },

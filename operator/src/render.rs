@@ -1,10 +1,11 @@
 //! What a `DpuKvCluster` becomes (docs/kubernetes.md "What the operator creates"): pure
 //! functions from the resource to the objects the controller applies — the node StatefulSet (a
 //! host and a device container sharing a memory-backed volume, a volume claim for the log and
-//! levels, one process namespace), its headless Service, the gateway Deployment and Service, the
-//! node pods' PodDisruptionBudget, and with `etcd.managed` an etcd StatefulSet and its headless
-//! Service. Every object carries the cluster's labels and an owner reference to the resource, so
-//! deleting the resource deletes them.
+//! levels, one process namespace) and its headless Service, the node hosts' ConfigMap (their
+//! cluster-wide settings; a hash of it in the pod template), the gateway Deployment and Service,
+//! the node pods' PodDisruptionBudget, and with `etcd.managed` an etcd StatefulSet and its
+//! headless Service. Every object carries the cluster's labels and an owner reference to the
+//! resource, so deleting the resource deletes them.
 //!
 //! Node ids: a node pod's id is its StatefulSet ordinal + 1 (`DPUKV_NODE_INDEX` from the pod's
 //! `apps.kubernetes.io/pod-index` label), stable across restarts; it advertises its device and
@@ -17,10 +18,11 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
-    ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
+    Capabilities, ConfigMap, ConfigMapEnvSource, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -288,34 +290,63 @@ fn tls_env(c: &DpuKvCluster, mutual: bool) -> Vec<EnvVar> {
     v
 }
 
+/// The node ConfigMap's name.
+pub fn node_config_name(c: &DpuKvCluster) -> String {
+    format!("{}-node-config", c.name_any())
+}
+
+/// The node hosts' settings that are the same in every pod, as environment variables: the
+/// cluster's name in etcd (`NAMESPACE.NAME`), etcd, fsync, replication factor, backup index,
+/// where replication listens, the first layout's split keys and the OTLP endpoint when set.
+/// What differs per pod (its name and index from the downward API, the addresses it advertises,
+/// which expand `$(POD_NAME)` — expansion works in `env` only) stays in the container's `env`.
+pub fn node_config_map(c: &DpuKvCluster) -> ConfigMap {
+    let ns = c.namespace().unwrap_or_else(|| "default".into());
+    let s = &c.spec;
+    let mut data = BTreeMap::from([
+        ("DPUKV_CLUSTER".to_string(), format!("{ns}.{}", c.name_any())),
+        ("DPUKV_ETCD".to_string(), etcd_endpoints(c)),
+        ("DPUKV_FSYNC".to_string(), s.fsync.clone()),
+        ("DPUKV_REPLICATION_FACTOR".to_string(), s.replication_factor.to_string()),
+        (
+            "DPUKV_BACKUP_INDEX".to_string(),
+            serde_json::to_value(s.backup_index).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+        ),
+        ("DPUKV_REPLICATION_LISTEN".to_string(), format!("0.0.0.0:{REPLICATION_PORT}")),
+    ]);
+    if let Some(keys) = s.regions.as_ref().and_then(|r| r.split_keys.as_ref()) {
+        data.insert("DPUKV_SPLIT_KEYS".into(), keys.join(","));
+    }
+    if let Some(t) = &s.telemetry {
+        data.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), t.otlp_endpoint.clone());
+    }
+    ConfigMap { metadata: meta(c, node_config_name(c), "node"), data: Some(data), ..Default::default() }
+}
+
+/// The node pod template's annotation holding [`config_hash`] of the node ConfigMap: a changed
+/// configuration is a changed pod template, so it rolls out like a new version — one pod at a
+/// time, each after its step-down (`controller`). (Containers read a ConfigMap's values into
+/// their environment only when they start.)
+pub const NODE_CONFIG_ANNOTATION: &str = "dpukv.io/node-config-hash";
+
+/// A hash of a ConfigMap's data (FNV-1a 64 over its JSON, like [`pod_template_hash`]).
+pub fn config_hash(cm: &ConfigMap) -> String {
+    fnv(&serde_json::to_vec(&cm.data).unwrap_or_default())
+}
+
 /// The node pods: see the module documentation.
 pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     let name = node_name(c);
-    let ns = c.namespace().unwrap_or_else(|| "default".into());
     let dns = pod_host(c, "$(POD_NAME)");
     let device = uses_device(c, dpu_available);
     let s = &c.spec;
+    let config = node_config_map(c);
     let mut host_env = vec![
         env_field("POD_NAME", "metadata.name"),
         env_field("DPUKV_NODE_INDEX", "metadata.labels['apps.kubernetes.io/pod-index']"),
-        env("DPUKV_CLUSTER", format!("{ns}.{}", c.name_any())),
-        env("DPUKV_ETCD", etcd_endpoints(c)),
-        env("DPUKV_FSYNC", s.fsync.clone()),
-        env("DPUKV_REPLICATION_FACTOR", s.replication_factor.to_string()),
-        env(
-            "DPUKV_BACKUP_INDEX",
-            serde_json::to_value(s.backup_index).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
-        ),
-        env("DPUKV_REPLICATION_LISTEN", format!("0.0.0.0:{REPLICATION_PORT}")),
         env("DPUKV_ADVERTISE_DEVICE", format!("{dns}:{DEVICE_PORT}")),
         env("DPUKV_ADVERTISE_REPLICATION", format!("{dns}:{REPLICATION_PORT}")),
     ];
-    if let Some(keys) = s.regions.as_ref().and_then(|r| r.split_keys.as_ref()) {
-        host_env.push(env("DPUKV_SPLIT_KEYS", keys.join(",")));
-    }
-    if let Some(t) = &s.telemetry {
-        host_env.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", t.otlp_endpoint.clone()));
-    }
     host_env.extend(tls_env(c, true));
     let mut mounts = vec![mount("data", "/var/lib/dpukv", false), mount("shm", "/dev/shm", false)];
     if s.tls.is_some() {
@@ -334,6 +365,10 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
             format!("0.0.0.0:{HOST_ADMIN_PORT}"),
         ]),
         env: Some(host_env),
+        env_from: Some(vec![EnvFromSource {
+            config_map_ref: Some(ConfigMapEnvSource { name: node_config_name(c), optional: None }),
+            ..Default::default()
+        }]),
         ports: Some(vec![port("replication", REPLICATION_PORT), port("host-admin", HOST_ADMIN_PORT)]),
         readiness_probe: Some(http_probe("/readyz", HOST_ADMIN_PORT, 2)),
         liveness_probe: Some(http_probe("/healthz", HOST_ADMIN_PORT, 10)),
@@ -413,7 +448,11 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
                 when_deleted: Some(retention(s.persistent_volume_claim_retention.when_deleted)),
             }),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels(c, "node")), ..Default::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(c, "node")),
+                    annotations: Some(BTreeMap::from([(NODE_CONFIG_ANNOTATION.to_string(), config_hash(&config))])),
+                    ..Default::default()
+                }),
                 spec: Some(PodSpec {
                     share_process_namespace: Some(true),
                     containers: vec![host, device_container],
@@ -446,8 +485,12 @@ pub const POD_TEMPLATE_ANNOTATION: &str = "dpukv.io/pod-template-hash";
 /// A hash of a StatefulSet's pod template as rendered (FNV-1a 64 over its JSON: stable across
 /// builds and Rust versions).
 pub fn pod_template_hash(set: &StatefulSet) -> String {
-    let json = serde_json::to_vec(&set.spec.template).unwrap_or_default();
-    let h = json.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    fnv(&serde_json::to_vec(&set.spec.template).unwrap_or_default())
+}
+
+/// FNV-1a 64 of `bytes`, as 16 hex digits.
+fn fnv(bytes: &[u8]) -> String {
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
     format!("{h:016x}")
 }
 
@@ -623,6 +666,73 @@ mod tests {
         c.env.as_ref()?.iter().find(|e| e.name == name)?.value.as_deref()
     }
 
+    /// A node host's setting from the node ConfigMap.
+    fn config_of(c: &DpuKvCluster, name: &str) -> Option<String> {
+        node_config_map(c).data?.get(name).cloned()
+    }
+
+    fn config_annotation(s: &StatefulSet) -> String {
+        let meta = s.spec.template.metadata.as_ref().expect("template metadata");
+        meta.annotations.as_ref().expect("annotations")[NODE_CONFIG_ANNOTATION].clone()
+    }
+
+    #[test]
+    fn node_hosts_read_their_cluster_wide_settings_from_a_config_map_and_their_own_from_env() {
+        let c = base("Emulator");
+        let cm = node_config_map(&c);
+        assert_eq!(cm.metadata.name.as_deref(), Some("demo-node-config"));
+        assert_eq!(cm.metadata.namespace.as_deref(), Some("db"));
+        assert_eq!(cm.metadata.labels.as_ref().expect("labels")["app.kubernetes.io/component"], "node");
+        let owner = &cm.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!((owner.kind.as_str(), owner.controller), ("DpuKvCluster", Some(true)));
+        let data = cm.data.clone().expect("data");
+        let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "DPUKV_BACKUP_INDEX",
+                "DPUKV_CLUSTER",
+                "DPUKV_ETCD",
+                "DPUKV_FSYNC",
+                "DPUKV_REPLICATION_FACTOR",
+                "DPUKV_REPLICATION_LISTEN"
+            ],
+            "no split keys or OTLP endpoint unless set"
+        );
+        assert_eq!((data["DPUKV_CLUSTER"].as_str(), data["DPUKV_BACKUP_INDEX"].as_str()), ("db.demo", "send"));
+        let s = node_statefulset(&c, false);
+        let host = container(&s, "host");
+        let from = host.env_from.as_ref().expect("envFrom");
+        assert_eq!(from.len(), 1);
+        assert_eq!(from[0].config_map_ref.as_ref().map(|r| r.name.as_str()), Some("demo-node-config"));
+        let env: Vec<&str> = host.env.as_ref().expect("env").iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(env, ["POD_NAME", "DPUKV_NODE_INDEX", "DPUKV_ADVERTISE_DEVICE", "DPUKV_ADVERTISE_REPLICATION"]);
+        // Set, they are there too.
+        let full = cluster(serde_json::json!({
+            "nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}}, "fsync": "interval:5",
+            "regions": {"splitKeys": ["g", "p"]}, "telemetry": {"otlpEndpoint": "http://otel:4317"}
+        }));
+        assert_eq!(config_of(&full, "DPUKV_SPLIT_KEYS").as_deref(), Some("g,p"));
+        assert_eq!(config_of(&full, "OTEL_EXPORTER_OTLP_ENDPOINT").as_deref(), Some("http://otel:4317"));
+        assert_eq!(config_of(&full, "DPUKV_FSYNC").as_deref(), Some("interval:5"));
+    }
+
+    /// A changed setting changes the pod template (its hash annotation), so the controller rolls
+    /// it out pod by pod like a new version; an unchanged one changes nothing.
+    #[test]
+    fn a_changed_node_setting_is_a_changed_pod_template() {
+        let c = base("Emulator");
+        let s = node_statefulset(&c, false);
+        assert_eq!(config_annotation(&s), config_hash(&node_config_map(&c)));
+        assert_eq!(pod_template_hash(&s), pod_template_hash(&node_statefulset(&c, false)), "stable");
+        let mut changed = c.clone();
+        changed.spec.fsync = "never".into();
+        let t = node_statefulset(&changed, false);
+        assert_ne!(config_annotation(&t), config_annotation(&s));
+        assert_ne!(pod_template_hash(&t), pod_template_hash(&s), "a new pod template");
+        assert_eq!(t.spec.template.spec, s.spec.template.spec, "only through the annotation: the pod spec is the same");
+    }
+
     #[test]
     fn the_device_mode_decides_whether_a_dpu_is_requested() {
         let device = node_statefulset(&base("Device"), false);
@@ -658,8 +768,8 @@ mod tests {
         assert_eq!(strategy.rolling_update.as_ref().and_then(|r| r.partition), Some(3), "every pod held");
         let host = container(&s, "host");
         assert_eq!(env_of(host, "DPUKV_ADVERTISE_DEVICE"), Some("$(POD_NAME).demo-node.db.svc:7070"));
-        assert_eq!(env_of(host, "DPUKV_CLUSTER"), Some("db.demo"));
-        assert_eq!(env_of(host, "DPUKV_ETCD"), Some("http://etcd:2379"));
+        assert_eq!(config_of(&c, "DPUKV_CLUSTER").as_deref(), Some("db.demo"));
+        assert_eq!(config_of(&c, "DPUKV_ETCD").as_deref(), Some("http://etcd:2379"));
         // Owned by the resource, labelled as its node component.
         let owner = &s.metadata.owner_references.as_ref().expect("owner")[0];
         assert_eq!((owner.kind.as_str(), owner.controller), ("DpuKvCluster", Some(true)));
@@ -693,10 +803,7 @@ mod tests {
         let svc = etcd_service(&c).expect("service");
         assert_eq!(svc.spec.as_ref().and_then(|s| s.publish_not_ready_addresses), Some(true), "peers find each other");
         // The nodes use it.
-        assert_eq!(
-            env_of(container(&node_statefulset(&c, false), "host"), "DPUKV_ETCD"),
-            Some("http://demo-etcd:2379")
-        );
+        assert_eq!(config_of(&c, "DPUKV_ETCD").as_deref(), Some("http://demo-etcd:2379"));
     }
 
     #[test]
@@ -719,7 +826,7 @@ mod tests {
         assert_eq!(svc.metadata.name.as_deref(), Some("demo"));
         assert_eq!(svc.spec.as_ref().and_then(|s| s.type_.as_deref()), Some("LoadBalancer"));
         let node = node_statefulset(&c, false);
-        assert_eq!(env_of(container(&node, "host"), "DPUKV_ETCD"), Some("http://demo-etcd:2379"));
+        assert_eq!(config_of(&c, "DPUKV_ETCD").as_deref(), Some("http://demo-etcd:2379"));
         assert_eq!(env_of(container(&node, "device"), "DPUKV_TLS_CLIENT_AUTH"), Some("true"));
         assert_eq!(selector_string(&c), "app.kubernetes.io/component=node,app.kubernetes.io/instance=demo");
     }

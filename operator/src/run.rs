@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
@@ -127,7 +127,9 @@ pub async fn run(client: Client, m: Arc<Metrics>, stop: CancellationToken) {
         .owns(Api::<StatefulSet>::all(client.clone()), cfg.clone())
         .owns(Api::<Deployment>::all(client.clone()), cfg.clone())
         .owns(Api::<Service>::all(client.clone()), cfg.clone())
-        .owns(Api::<PodDisruptionBudget>::all(client), cfg)
+        .owns(Api::<PodDisruptionBudget>::all(client.clone()), cfg.clone())
+        // Only the operator's ConfigMaps: a cluster holds many others, often large.
+        .owns(Api::<ConfigMap>::all(client), cfg.labels("app.kubernetes.io/managed-by=dpukv-operator"))
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(
             reconcile,

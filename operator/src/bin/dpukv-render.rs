@@ -23,6 +23,7 @@ fn main() -> Result<()> {
         docs.extend([serde_json::to_value(svc)?, serde_json::to_value(etcd)?]);
     }
     docs.extend([
+        serde_json::to_value(render::node_config_map(&c))?,
         serde_json::to_value(render::node_statefulset(&c, dpu))?,
         serde_json::to_value(render::node_service(&c))?,
         serde_json::to_value(render::gateway_deployment(&c))?,

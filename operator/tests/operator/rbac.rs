@@ -31,7 +31,7 @@ fn the_chart_includes_the_rules_generated_from_the_code() {
 }
 
 /// The controller (`run`) against a mock API server: it lists and watches the clusters and the
-/// four kinds it owns, in every namespace — each request checked against the rules. Lists are
+/// five kinds it owns, in every namespace — each request checked against the rules. Lists are
 /// answered empty; watches end at once (the watcher starts them again).
 #[tokio::test]
 pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_own() {
@@ -39,7 +39,7 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
     let stop = CancellationToken::new();
     let task = tokio::spawn(run(Client::new(svc, "default"), Metrics::new(), stop.clone()));
     let wanted: BTreeSet<(&str, &str)> =
-        ["dpukvclusters", "statefulsets", "deployments", "services", "poddisruptionbudgets"]
+        ["dpukvclusters", "statefulsets", "deployments", "services", "poddisruptionbudgets", "configmaps"]
             .iter()
             .flat_map(|r| [(*r, "list"), (*r, "watch")])
             .collect();
@@ -54,6 +54,12 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
         assert!(!path.contains("/namespaces/"), "watches cover every namespace: {path}");
         let resource = path.rsplit('/').next().unwrap_or_default().to_string();
         let watch = query.split('&').any(|kv| kv == "watch=true");
+        if resource == "configmaps" {
+            assert!(
+                query.contains("labelSelector=app.kubernetes.io%2Fmanaged-by%3Ddpukv-operator"),
+                "only the operator's ConfigMaps are watched: {query}"
+            );
+        }
         got.insert((resource, if watch { "watch" } else { "list" }.to_string()));
         let body = if watch {
             Body::empty()

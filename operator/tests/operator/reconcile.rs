@@ -100,7 +100,19 @@ fn echo(status: Value) -> impl FnOnce(&Value) -> (u16, Value) {
 
 const SETS: &str = "/apis/apps/v1/namespaces/db/statefulsets";
 
-async fn children(h: &mut Handle, ready: i64) -> Value {
+/// What `children` saw applied.
+struct Applied {
+    /// The node ConfigMap.
+    config: Value,
+    /// The node StatefulSet.
+    set: Value,
+}
+
+/// The children's applies, in order (the node ConfigMap before the node StatefulSet that reads
+/// it); the StatefulSet is answered with `ready` pods.
+async fn children(h: &mut Handle, ready: i64) -> Applied {
+    let config = expect(h, "PATCH", "/api/v1/namespaces/db/configmaps/demo-node-config", echo(json!({}))).await;
+    assert_eq!(config["data"]["DPUKV_CLUSTER"], "db.demo");
     let set =
         expect(h, "PATCH", &format!("{SETS}/demo-node"), echo(json!({"replicas": ready, "readyReplicas": ready})))
             .await;
@@ -111,7 +123,7 @@ async fn children(h: &mut Handle, ready: i64) -> Value {
     expect(h, "PATCH", "/api/v1/namespaces/db/services/demo", echo(json!({}))).await;
     let pdb = expect(h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-node", echo(json!({}))).await;
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
-    set
+    Applied { config, set }
 }
 
 /// The status patch; answered, as the apiserver does, with the whole resource.
@@ -137,7 +149,7 @@ async fn a_new_cluster_gets_its_children_applied_and_a_status() {
     let c = cluster(spec(3, "Emulator"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
-    let set = children(&mut h, 0).await;
+    let set = children(&mut h, 0).await.set;
     assert_eq!(set["spec"]["replicas"], 3);
     assert_eq!(set["metadata"]["ownerReferences"][0]["kind"], "DpuKvCluster");
     assert!(set["spec"]["template"]["spec"]["containers"][1]["resources"]["limits"].get("dpukv.io/dpu").is_none());
@@ -164,7 +176,7 @@ pub(crate) async fn auto_mode_asks_for_a_dpu_when_a_node_advertises_one() {
     })
     .await;
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
-    let set = children(&mut h, 3).await;
+    let set = children(&mut h, 3).await.set;
     assert_eq!(set["spec"]["template"]["spec"]["containers"][1]["resources"]["limits"]["dpukv.io/dpu"], "1");
     let st = status(&mut h, &c).await;
     assert_eq!((st["phase"].as_str(), st["readyNodes"].as_i64()), (Some("Running"), Some(3)));
@@ -255,7 +267,7 @@ async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
     // hold regions, so the StatefulSet keeps its 5 replicas.
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
-    let set = children(&mut h, 5).await;
+    let set = children(&mut h, 5).await.set;
     assert_eq!(set["spec"]["replicas"], 5, "the pods that would go are kept until drained");
     let st = status(&mut h, &c).await;
     assert_eq!(st["phase"], "Draining");
@@ -268,7 +280,7 @@ async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
     master.left.lock().expect("lock").clear();
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
-    let set = children(&mut h, 3).await;
+    let set = children(&mut h, 3).await.set;
     assert_eq!(set["spec"]["replicas"], 3, "drained: the StatefulSet shrinks");
     let st = status(&mut h, &c).await;
     assert_eq!(condition(&st, "Draining")["status"], "False");
@@ -298,7 +310,7 @@ async fn a_scale_out_stops_draining_the_nodes_that_come_back() {
     let c = cluster(spec(5, "Emulator"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
-    let set = children(&mut h, 3).await;
+    let set = children(&mut h, 3).await.set;
     assert_eq!(set["spec"]["replicas"], 5);
     status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
@@ -404,10 +416,8 @@ async fn a_managed_etcd_is_applied_before_the_nodes() {
         (Some(3), Some("DpuKvCluster"))
     );
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
-    let set = children(&mut h, 0).await;
-    let host = &set["spec"]["template"]["spec"]["containers"][0];
-    let etcd_env = host["env"].as_array().expect("env").iter().find(|e| e["name"] == "DPUKV_ETCD").expect("etcd env");
-    assert_eq!(etcd_env["value"], "http://demo-etcd:2379");
+    let applied = children(&mut h, 0).await;
+    assert_eq!(applied.config["data"]["DPUKV_ETCD"], "http://demo-etcd:2379", "the nodes use it");
     status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
 }
@@ -556,7 +566,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             rolling_set(case.hash.map_or_else(|| template_hash(&c), String::from), 3, p, u, r, settled),
         )
         .await;
-        let set = children(&mut h, r).await;
+        let set = children(&mut h, r).await.set;
         let st = status(&mut h, &c).await;
         finished(task).await.expect("reconciled");
         assert_eq!(
