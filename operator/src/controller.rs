@@ -22,11 +22,13 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::crd::{DeviceMode, DpuKvCluster, DpuKvClusterStatus};
+use crate::events::{self, normal, warning};
 use crate::{admin, render};
 
 /// The field manager of everything the operator applies.
@@ -60,6 +62,8 @@ pub struct Context {
     pub client: Client,
     /// Where a cluster's admin API is.
     pub admin: AdminAddr,
+    /// Kubernetes events on the clusters (`events`).
+    pub recorder: Recorder,
     /// Consecutive failures per cluster (namespace/name), for the backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -72,7 +76,8 @@ impl Context {
 
     /// A context reaching clusters' admin APIs where `admin` says.
     pub fn with_admin(client: Client, admin: AdminAddr) -> Arc<Context> {
-        Arc::new(Context { client, admin, failures: Mutex::new(HashMap::new()) })
+        let recorder = events::recorder(client.clone());
+        Arc::new(Context { client, admin, recorder, failures: Mutex::new(HashMap::new()) })
     }
 }
 
@@ -128,6 +133,8 @@ fn keep_transition_times(now: &mut [Condition], before: &[Condition]) {
 struct Step {
     partition: i32,
     upgrading: Option<String>,
+    /// The ordinal this step restarts (the partition lowered to it).
+    restarting: Option<i32>,
 }
 
 /// The partition the live StatefulSet holds (all its pods when it had none: `OnDelete`).
@@ -169,12 +176,12 @@ async fn upgrade_step(c: &DpuKvCluster, ctx: &Context, l: &StatefulSet) -> Resul
             }
         }
         // Settled: hold every pod, so a changed template restarts none by itself.
-        return Ok(Step { partition: replicas, upgrading: None });
+        return Ok(Step { partition: replicas, upgrading: None, restarting: None });
     };
     let st = l.status.as_ref();
     let updated = st.and_then(|s| s.updated_replicas).unwrap_or(0);
     let ready = st.and_then(|s| s.ready_replicas).unwrap_or(0);
-    let hold = |why: String| Ok(Step { partition, upgrading: Some(format!("{message}; {why}")) });
+    let hold = |why: String| Ok(Step { partition, upgrading: Some(format!("{message}; {why}")), restarting: None });
     if updated < replicas - partition || ready < replicas {
         return hold(format!("waiting for {}-{partition} to be ready on the new revision", render::node_name(c)));
     }
@@ -184,7 +191,7 @@ async fn upgrade_step(c: &DpuKvCluster, ctx: &Context, l: &StatefulSet) -> Resul
         admin::step_up(&addr, partition as u32 + 1).await?;
     }
     if partition == 0 {
-        return Ok(Step { partition: 0, upgrading: Some(format!("{message}; every pod restarted")) });
+        return Ok(Step { partition: 0, upgrading: Some(format!("{message}; every pod restarted")), restarting: None });
     }
     let s = admin::summary(&addr).await?;
     if s.without_primary > 0 || s.under_replicated > 0 {
@@ -203,11 +210,30 @@ async fn upgrade_step(c: &DpuKvCluster, ctx: &Context, l: &StatefulSet) -> Resul
             st.movable
         ));
     }
-    Ok(Step { partition: next, upgrading: Some(format!("{message}; restarting {}-{next}", render::node_name(c))) })
+    Ok(Step {
+        partition: next,
+        upgrading: Some(format!("{message}; restarting {}-{next}", render::node_name(c))),
+        restarting: Some(next),
+    })
+}
+
+/// Reconciles one cluster; a failure is also a `ReconcileFailed` event on it.
+pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let r = reconcile_cluster(&c, &ctx).await;
+    if let Err(e) = &r {
+        events::publish(&ctx.recorder, &c, warning(events::RECONCILE_FAILED, "Reconcile", e.to_string())).await;
+    }
+    r
+}
+
+/// The status a condition of the cluster's last status had ("" when it had none).
+fn previous<'a>(c: &'a DpuKvCluster, type_: &str) -> &'a str {
+    let conditions = c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+    conditions.iter().find(|x| x.type_ == type_).map_or("", |x| x.status.as_str())
 }
 
 /// Makes one cluster's children what they should be, and reports its status.
-pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Error> {
     let ns = c.namespace().ok_or(Error::NoNamespace)?;
     let client = &ctx.client;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
@@ -216,24 +242,33 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         _ => false,
     };
     // The managed etcd first: the node pods need it to start.
-    if let (Some(svc), Some(etcd)) = (render::etcd_service(&c), render::etcd_statefulset(&c)) {
+    if let (Some(svc), Some(etcd)) = (render::etcd_service(c), render::etcd_statefulset(c)) {
         apply(&Api::<Service>::namespaced(client.clone(), &ns), &svc).await?;
         apply(&sets, &etcd).await?;
     }
-    let mut set = render::node_statefulset(&c, dpu);
-    let live = sets.get_opt(&render::node_name(&c)).await?;
+    let mut set = render::node_statefulset(c, dpu);
+    let live = sets.get_opt(&render::node_name(c)).await?;
     let running = live.as_ref().and_then(|s| s.spec.replicas).unwrap_or(0);
     let desired = c.spec.nodes;
     // Scale-in: drain the pods that would go; shrink only when all are drained.
     let mut pending = Vec::new();
     if running > desired {
-        let admin = (ctx.admin)(&c);
+        let admin = (ctx.admin)(c);
         for ordinal in desired..running {
             let st = admin::drain(&admin, ordinal as u32 + 1).await?;
             if !st.done {
                 pending.push(st);
             }
         }
+    }
+    if running > desired && previous(c, "Draining") != "True" {
+        let nodes: Vec<String> =
+            (desired..running).map(|o| format!("node {} ({}-{o})", o + 1, render::node_name(c))).collect();
+        let note = format!(
+            "draining {} before the node StatefulSet shrinks from {running} to {desired} pods",
+            nodes.join(", ")
+        );
+        events::publish(&ctx.recorder, c, normal(events::DRAIN_STARTED, "Drain", note)).await;
     }
     let waiting_for_drain = !pending.is_empty();
     if waiting_for_drain {
@@ -247,38 +282,52 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
     });
     let rollout = match live.as_ref() {
         // A new StatefulSet: every pod starts on the one revision there is.
-        None => Step { partition: 0, upgrading: None },
+        None => Step { partition: 0, upgrading: None, restarting: None },
         // A new pod template (a version, or a revert mid-rollout): hold every pod — applying it
         // with a lower partition would restart pods whose primaries did not step down — and
         // restart them one at a time from the top, from the next reconcile on.
         Some(l) if template_changed => Step {
             partition: l.spec.replicas.unwrap_or(0).max(desired),
             upgrading: Some("upgrading: the pod template changed; every pod held".into()),
+            restarting: None,
         },
         Some(l) if running != desired || waiting_for_drain => {
-            Step { partition: held(l), upgrading: rolling_message(l) }
+            Step { partition: held(l), upgrading: rolling_message(l), restarting: None }
         }
-        Some(l) => upgrade_step(&c, &ctx, l).await?,
+        Some(l) => upgrade_step(c, ctx, l).await?,
     };
     if let Some(u) = set.spec.update_strategy.as_mut().and_then(|u| u.rolling_update.as_mut()) {
         u.partition = Some(rollout.partition);
     }
     // The hosts' settings before the pods that read them (a changed one is in the template's
     // hash annotation: pods restart for it one at a time, as for a new version).
-    apply(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &render::node_config_map(&c)).await?;
+    apply(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &render::node_config_map(c)).await?;
     let set = apply(&sets, &set).await?;
+    if running > desired && !waiting_for_drain {
+        let note = format!("the node StatefulSet shrank from {running} to {desired} pods, their nodes drained");
+        events::publish(&ctx.recorder, c, normal(events::SCALED_IN, "Scale", note)).await;
+    }
+    if let Some(o) = rollout.restarting {
+        let pod = format!("{}-{o}", render::node_name(c));
+        let note = format!("restarting {pod} on the new pod template: its primaries moved to backups elsewhere");
+        let mut ev = normal(events::RESTARTING_POD, "Upgrade", note);
+        ev.secondary = Some(events::pod_ref(c, pod));
+        events::publish(&ctx.recorder, c, ev).await;
+    }
     // Scale-out of a running cluster: the ordinals that come back may have been drained before.
     if running > 0 && desired > running {
-        let admin = (ctx.admin)(&c);
+        let admin = (ctx.admin)(c);
         for ordinal in running..desired {
             admin::undrain(&admin, ordinal as u32 + 1).await?;
             admin::step_up(&admin, ordinal as u32 + 1).await?;
         }
+        let note = format!("the node StatefulSet grew from {running} to {desired} pods");
+        events::publish(&ctx.recorder, c, normal(events::SCALED_OUT, "Scale", note)).await;
     }
-    apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::node_service(&c)).await?;
-    apply(&Api::<Deployment>::namespaced(client.clone(), &ns), &render::gateway_deployment(&c)).await?;
-    apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::gateway_service(&c)).await?;
-    apply(&Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns), &render::node_pdb(&c)).await?;
+    apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::node_service(c)).await?;
+    apply(&Api::<Deployment>::namespaced(client.clone(), &ns), &render::gateway_deployment(c)).await?;
+    apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::gateway_service(c)).await?;
+    apply(&Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns), &render::node_pdb(c)).await?;
 
     let ready = set.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
     let generation = c.metadata.generation;
@@ -297,8 +346,8 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
     };
     // What the cluster's metadata says (through its admin API), once a node pod is ready.
     let summary = if ready > 0 {
-        admin::summary(&(ctx.admin)(&c)).await.map_err(|e| {
-            tracing::debug!(cluster = %key(&c), error = %e, "the cluster's summary could not be read");
+        admin::summary(&(ctx.admin)(c)).await.map_err(|e| {
+            tracing::debug!(cluster = %key(c), error = %e, "the cluster's summary could not be read");
             e.to_string()
         })
     } else {
@@ -362,10 +411,10 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
             .as_ref()
             .ok()
             .filter(|s| s.master > 0)
-            .map(|s| format!("{}-{}", render::node_name(&c), s.master - 1)),
+            .map(|s| format!("{}-{}", render::node_name(c), s.master - 1)),
         observed_generation: generation,
         version: (ready >= c.spec.nodes && !upgrading).then(|| c.spec.version.clone()),
-        selector: Some(render::selector_string(&c)),
+        selector: Some(render::selector_string(c)),
     };
     keep_transition_times(&mut status.conditions, c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]));
     let api: Api<DpuKvCluster> = Api::namespaced(client.clone(), &ns);
@@ -375,7 +424,25 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         "status": status,
     });
     api.patch_status(&c.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
-    ctx.failures.lock().expect("failures lock").remove(&key(&c));
+    // Transitions, against the status the cluster had.
+    let degraded = status.conditions.iter().find(|x| x.type_ == "Degraded").expect("a Degraded condition");
+    match (previous(c, "Degraded") == "True", degraded.status.as_str()) {
+        (false, "True") => {
+            let ev = warning(events::DEGRADED, "Health", degraded.message.clone());
+            events::publish(&ctx.recorder, c, ev).await;
+        }
+        (true, "False") => {
+            let ev = normal(events::RECOVERED, "Health", degraded.message.clone());
+            events::publish(&ctx.recorder, c, ev).await;
+        }
+        _ => {}
+    }
+    let was_upgrading = c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Upgrading");
+    if was_upgrading && !upgrading {
+        let note = format!("every node pod runs the new pod template (version {})", c.spec.version);
+        events::publish(&ctx.recorder, c, normal(events::ROLLOUT_FINISHED, "Upgrade", note)).await;
+    }
+    ctx.failures.lock().expect("failures lock").remove(&key(c));
     Ok(Action::requeue(if available { Duration::from_secs(60) } else { Duration::from_secs(5) }))
 }
 

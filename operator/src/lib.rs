@@ -11,21 +11,24 @@
 //! - `manifest`: the CRD as YAML (what `crdgen` writes to `manifests/crds/`).
 //! - `controller`: the reconciler — applies what `render` says, reports status, backs off;
 //!   drains nodes before the node StatefulSet shrinks.
+//! - `events`: the Kubernetes events it publishes on a cluster, and their reasons.
 //! - `admin`: a cluster's admin API — drains (and stopping them), the summary the status shows.
 //! - `run`: the controller over every cluster and what it owns; metrics and health.
 //! - `lease`: leader election over a coordination Lease (several replicas, one reconciles).
 //! - `rbac`: the permissions the operator needs, as data (the chart's roles are generated from it).
-//! - `render`: what a cluster becomes — the node StatefulSet, its headless Service, the gateway
-//!   Deployment and Service, the node pods' disruption budget.
+//! - `render`: what a cluster becomes — the node StatefulSet, its headless Service, the node
+//!   hosts' ConfigMap, the gateway Deployment and Service, the node pods' disruption budget.
 //!
 //! # Invariants
 //! - The CRD in `manifests/crds/` is generated from `crd`, never edited (a test compares them).
 //! - The chart's RBAC rule files are generated from `rbac`; every API request the operator's tests
 //!   see it make is allowed by those rules, and every rule is used.
+//! - Publishing an event never fails a reconcile.
 
 pub mod admin;
 pub mod controller;
 pub mod crd;
+pub mod events;
 pub mod lease;
 pub mod manifest;
 pub mod rbac;

@@ -29,6 +29,9 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule { group: "", resource: "services", verbs: &["list", "watch", "create", "patch"] },
     Rule { group: "", resource: "configmaps", verbs: &["list", "watch", "create", "patch"] },
     Rule { group: "policy", resource: "poddisruptionbudgets", verbs: &["list", "watch", "create", "patch"] },
+    // Events on the clusters (`events`): kube's recorder creates one, and patches its series
+    // when it happens again.
+    Rule { group: "events.k8s.io", resource: "events", verbs: &["create", "patch"] },
     // `device.mode: Auto` asks whether some node advertises the device resource.
     Rule { group: "", resource: "nodes", verbs: &["list"] },
 ];

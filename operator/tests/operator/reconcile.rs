@@ -1,7 +1,8 @@
 //! The reconciler against a mock API server (`tower_test::mock::pair` behind a `kube::Client`,
 //! as kube-rs' controller-rs fixtures do): each test scripts the requests the reconciler must
 //! make, in order — method, path, field manager, body — answers them with realistic objects, and
-//! fails on any request it did not expect.
+//! fails on any request it did not expect. Events (`events.k8s.io`) are the exception: they are
+//! answered wherever they come and recorded, and tests check which were published.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,84 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+type Exchange = (Request<Body>, tower_test::mock::SendResponse<Response<Body>>);
+
+/// Where the reconciler's events go.
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/db/events";
+
+/// An event as the mock API server received it.
+#[derive(Debug, Clone)]
+struct Published {
+    /// POST (a new event) or PATCH (the same one again: its series).
+    method: String,
+    type_: String,
+    reason: String,
+    note: String,
+    /// The related object's name.
+    related: Option<String>,
+}
+
+/// The mock API server: every request is checked against the RBAC rules (`calls`); events are
+/// answered at once and recorded, every other request waits for the test's [`expect`].
+struct Server {
+    requests: tokio::sync::mpsc::Receiver<Exchange>,
+    events: Arc<Mutex<Vec<Published>>>,
+    /// Events are refused (403) while set.
+    refuse_events: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Server {
+    /// The reasons of the events published so far, in order (a repeat patched in, too).
+    fn reasons(&self) -> Vec<String> {
+        self.events.lock().expect("lock").iter().map(|e| e.reason.clone()).collect()
+    }
+
+    /// The events so far, forgotten.
+    fn take_events(&self) -> Vec<Published> {
+        std::mem::take(&mut *self.events.lock().expect("lock"))
+    }
+
+    /// The next request that is not an event (None once the client is gone).
+    async fn next(&mut self) -> Option<Exchange> {
+        self.requests.recv().await
+    }
+}
+
+/// Answers events and passes the other requests on, until the client is gone.
+async fn serve(
+    mut h: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    tx: tokio::sync::mpsc::Sender<Exchange>,
+    events: Arc<Mutex<Vec<Published>>>,
+    refuse: Arc<std::sync::atomic::AtomicBool>,
+) {
+    while let Some((req, send)) = h.next_request().await {
+        crate::calls::check(&req);
+        if !req.uri().path().starts_with(EVENTS) {
+            if tx.send((req, send)).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        if refuse.load(std::sync::atomic::Ordering::Relaxed) {
+            let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+                                "code": 403, "message": "events are forbidden"});
+            respond(send, 403, status);
+            continue;
+        }
+        let method = req.method().to_string();
+        let bytes = req.into_body().collect_bytes().await.expect("body");
+        let ev: Value = serde_json::from_slice(&bytes).expect("an event");
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        events.lock().expect("lock").push(Published {
+            method: method.clone(),
+            type_: text(&ev["type"]),
+            reason: text(&ev["reason"]),
+            note: text(&ev["note"]),
+            related: ev["related"]["name"].as_str().map(String::from),
+        });
+        respond(send, if method == "POST" { 201 } else { 200 }, ev);
+    }
+}
 
 fn cluster(spec: Value) -> DpuKvCluster {
     let spec: DpuKvClusterSpec = serde_json::from_value(spec).expect("spec");
@@ -39,24 +117,27 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, body
 
 /// A mock API server behind a context whose clusters' admin API is at `admin` (None: the
 /// in-cluster address, which these tests never reach).
-fn mock(admin: Option<String>) -> (Arc<Context>, Handle) {
+fn mock(admin: Option<String>) -> (Arc<Context>, Server) {
     let (svc, h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "db");
     let ctx = match admin {
         Some(a) => Context::with_admin(client, Box::new(move |_| a.clone())),
         None => Context::new(client),
     };
-    (ctx, h)
+    let (tx, requests) = tokio::sync::mpsc::channel(16);
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let refuse_events = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(serve(h, tx, events.clone(), refuse_events.clone()));
+    (ctx, Server { requests, events, refuse_events })
 }
 
 /// The next request: it must be `method` on `path` (query aside); answers with what `answer`
 /// makes of the request's body; returns that body.
-async fn expect(handle: &mut Handle, method: &str, path: &str, answer: impl FnOnce(&Value) -> (u16, Value)) -> Value {
-    let (req, send) = tokio::time::timeout(Duration::from_secs(10), handle.next_request())
+async fn expect(handle: &mut Server, method: &str, path: &str, answer: impl FnOnce(&Value) -> (u16, Value)) -> Value {
+    let (req, send) = tokio::time::timeout(Duration::from_secs(10), handle.next())
         .await
         .unwrap_or_else(|_| panic!("no request came; expected {method} {path}"))
         .expect("the client is gone");
-    crate::calls::check(&req);
     let uri = req.uri().clone();
     assert_eq!((req.method().as_str(), uri.path()), (method, path), "unexpected request {uri}");
     if method == "PATCH" {
@@ -110,7 +191,7 @@ struct Applied {
 
 /// The children's applies, in order (the node ConfigMap before the node StatefulSet that reads
 /// it); the StatefulSet is answered with `ready` pods.
-async fn children(h: &mut Handle, ready: i64) -> Applied {
+async fn children(h: &mut Server, ready: i64) -> Applied {
     let config = expect(h, "PATCH", "/api/v1/namespaces/db/configmaps/demo-node-config", echo(json!({}))).await;
     assert_eq!(config["data"]["DPUKV_CLUSTER"], "db.demo");
     let set =
@@ -127,7 +208,7 @@ async fn children(h: &mut Handle, ready: i64) -> Applied {
 }
 
 /// The status patch; answered, as the apiserver does, with the whole resource.
-async fn status(h: &mut Handle, c: &DpuKvCluster) -> Value {
+async fn status(h: &mut Server, c: &DpuKvCluster) -> Value {
     let whole = serde_json::to_value(c).expect("json");
     let s = expect(h, "PATCH", "/apis/dpukv.io/v1alpha1/namespaces/db/dpukvclusters/demo/status", move |b| {
         let mut o = whole;
@@ -137,6 +218,13 @@ async fn status(h: &mut Handle, c: &DpuKvCluster) -> Value {
     .await;
     assert_eq!((s["apiVersion"].as_str(), s["kind"].as_str()), (Some("dpukv.io/v1alpha1"), Some("DpuKvCluster")));
     s["status"].clone()
+}
+
+/// `c` as the next reconcile sees it: with the status the last one patched.
+fn with_status(c: &DpuKvCluster, status: &Value) -> DpuKvCluster {
+    let mut c = c.clone();
+    c.status = Some(serde_json::from_value(status.clone()).expect("a status"));
+    c
 }
 
 fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
@@ -276,8 +364,21 @@ async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
     assert!(d["message"].as_str().expect("message").contains("node 4: 1 regions led, 2 held"), "{d}");
     finished(task).await.expect("reconciled");
     assert_eq!(*master.calls.lock().expect("lock"), ["POST 4", "POST 5"]);
+    let events = h.take_events();
+    assert_eq!(events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), ["DrainStarted"]);
+    assert!(events[0].note.contains("node 4 (demo-node-3), node 5 (demo-node-4)"), "{events:?}");
+    assert_eq!(events[0].type_, "Normal");
+    // Still draining: asked again, no new event.
+    let c = with_status(&c, &st);
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
+    assert_eq!(children(&mut h, 5).await.set["spec"]["replicas"], 5);
+    let st = status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    assert!(h.take_events().is_empty(), "a drain under way is not started again");
     // The master moved everything off them: now the StatefulSet shrinks.
     master.left.lock().expect("lock").clear();
+    let c = with_status(&c, &st);
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
     let set = children(&mut h, 3).await.set;
@@ -285,6 +386,7 @@ async fn a_scale_in_drains_the_pods_that_go_before_the_statefulset_shrinks() {
     let st = status(&mut h, &c).await;
     assert_eq!(condition(&st, "Draining")["status"], "False");
     finished(task).await.expect("reconciled");
+    assert_eq!(h.reasons(), ["ScaledIn"]);
 }
 
 #[tokio::test]
@@ -297,9 +399,10 @@ async fn an_unreachable_master_stops_a_scale_in_before_anything_shrinks() {
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
     let e = finished(task).await.expect_err("no drain, no scale-in");
     assert!(matches!(e, dpukv_operator::controller::Error::Admin(_)), "{e}");
-    // Nothing was applied: the client is gone without another request.
-    let next = tokio::time::timeout(Duration::from_secs(5), h.next_request()).await.expect("the client is dropped");
+    // Nothing was applied: the client is gone without another request (but the failure's event).
+    let next = tokio::time::timeout(Duration::from_secs(5), h.next()).await.expect("the client is dropped");
     assert!(next.is_none(), "no request after the failed drain");
+    assert_eq!(h.reasons(), ["ReconcileFailed"]);
 }
 
 #[tokio::test]
@@ -319,10 +422,30 @@ async fn a_scale_out_stops_draining_the_nodes_that_come_back() {
         ["DELETE 4", "DELETE step-down 4", "DELETE 5", "DELETE step-down 5"],
         "returning nodes are neither drained nor stepping down"
     );
+    let events = h.take_events();
+    assert_eq!(events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), ["ScaledOut"]);
+    assert!(events[0].note.contains("from 3 to 5 pods"), "{events:?}");
 }
 
+/// An event the API server refuses fails no reconcile (it is logged, and that is all).
 #[tokio::test]
-async fn failures_back_off_per_cluster_and_a_success_resets() {
+async fn a_refused_event_fails_no_reconcile() {
+    let master = Master::default();
+    let addr = master.clone().start().await;
+    let (ctx, mut h) = mock(Some(addr));
+    h.refuse_events.store(true, std::sync::atomic::Ordering::Relaxed);
+    let c = cluster(spec(5, "Emulator"));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
+    children(&mut h, 3).await;
+    status(&mut h, &c).await;
+    finished(task).await.expect("reconciled although its ScaledOut event was refused");
+}
+
+/// Failures back off per cluster and a success resets the count; each failure is a
+/// `ReconcileFailed` warning on the cluster (the same one again is its series, patched).
+#[tokio::test]
+pub(crate) async fn failures_back_off_per_cluster_and_a_success_resets() {
     assert_eq!(
         (backoff(1), backoff(2), backoff(3)),
         (Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(4))
@@ -330,13 +453,26 @@ async fn failures_back_off_per_cluster_and_a_success_resets() {
     assert_eq!(backoff(100), Duration::from_secs(256));
     let (ctx, mut h) = mock(None);
     let c = Arc::new(cluster(spec(3, "Emulator")));
-    // The API server fails: an error, then a growing wait.
-    let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| {
-        (500, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is down"}))
-    })
-    .await;
-    let e = finished(task).await.expect_err("an API failure is an error");
+    // The API server fails, twice: an error, then a growing wait.
+    let mut e = None;
+    for _ in 0..2 {
+        let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
+        expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| {
+            (500, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is down"}))
+        })
+        .await;
+        e = Some(finished(task).await.expect_err("an API failure is an error"));
+    }
+    let e = e.expect("an error");
+    let events = h.take_events();
+    let seen: Vec<(&str, &str, &str)> =
+        events.iter().map(|e| (e.method.as_str(), e.type_.as_str(), e.reason.as_str())).collect();
+    assert_eq!(
+        seen,
+        [("POST", "Warning", "ReconcileFailed"), ("PATCH", "Warning", "ReconcileFailed")],
+        "one event, counted twice"
+    );
+    assert!(events[0].note.contains("etcd is down"), "{events:?}");
     let first = error_policy(c.clone(), &e, ctx.clone());
     let second = error_policy(c.clone(), &e, ctx.clone());
     assert_eq!(first, kube::runtime::controller::Action::requeue(Duration::from_secs(1)));
@@ -348,6 +484,7 @@ async fn failures_back_off_per_cluster_and_a_success_resets() {
     status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
     assert_eq!(error_policy(c, &e, ctx), kube::runtime::controller::Action::requeue(Duration::from_secs(1)));
+    assert!(h.take_events().is_empty(), "a success is no event");
 }
 
 /// Once node pods are ready, the status shows what the cluster itself says (its admin API's
@@ -397,6 +534,40 @@ async fn the_status_shows_the_regions_the_master_and_whether_the_cluster_is_degr
             }
             None => assert!(st.get("master").is_none() && st["regions"] == 0, "nothing made up: {st}"),
         }
+    }
+}
+
+/// `Degraded` turning True is a warning, turning False again a `Recovered` event — once each,
+/// on the transition (the next reconciles compare with the status they find).
+#[tokio::test]
+async fn degraded_and_recovered_are_published_once_on_their_transitions() {
+    let master = Master::default();
+    let addr = master.clone().start().await;
+    let (ctx, mut h) = mock(Some(addr));
+    let summary = |without: u32, under: u32| json!({"master": 1, "nodes": 3, "regions": 4, "without_primary": without, "under_replicated": under});
+    // (the summary, the events this reconcile publishes)
+    let steps: [(Value, &[(&str, &str)]); 5] = [
+        (summary(0, 0), &[]),
+        (summary(1, 1), &[("Warning", "Degraded")]),
+        (summary(0, 2), &[]),
+        (summary(0, 0), &[("Normal", "Recovered")]),
+        (summary(0, 0), &[]),
+    ];
+    let mut c = cluster(spec(3, "Emulator"));
+    for (i, (s, want)) in steps.into_iter().enumerate() {
+        *master.summary.lock().expect("lock") = Some(s);
+        let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+        expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
+        children(&mut h, 3).await;
+        let st = status(&mut h, &c).await;
+        finished(task).await.expect("reconciled");
+        let events = h.take_events();
+        let got: Vec<(&str, &str)> = events.iter().map(|e| (e.type_.as_str(), e.reason.as_str())).collect();
+        assert_eq!(got, want, "step {i}");
+        if let Some(e) = events.first() {
+            assert_eq!(e.note, condition(&st, "Degraded")["message"].as_str().expect("message"), "step {i}");
+        }
+        c = with_status(&c, &st);
     }
 }
 
@@ -456,7 +627,8 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
     let addr = master.clone().start().await;
     let c = cluster(spec(3, "Emulator"));
     // (live set: partition, updated, ready, settled; node whose step-down is not done; summary)
-    // -> (the partition applied, the admin calls, the phase)
+    // -> (the partition applied, the admin calls, the phase, the events published). Each case's
+    // reconcile finds the status the one before it patched, as in a rollout.
     struct Case {
         /// The live StatefulSet's template hash (None: the one `c` renders).
         hash: Option<&'static str>,
@@ -466,6 +638,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         partition: i64,
         calls: &'static [&'static str],
         phase: &'static str,
+        events: &'static [&'static str],
     }
     let healthy = json!({"master": 1, "nodes": 3, "regions": 4, "without_primary": 0, "under_replicated": 0});
     let cases = [
@@ -478,6 +651,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             partition: 3,
             calls: &[],
             phase: "Running",
+            events: &[],
         },
         // The template changed: node 3's primaries move first; not done yet, nothing restarts.
         Case {
@@ -488,6 +662,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             partition: 3,
             calls: &["POST step-down 3"],
             phase: "Upgrading",
+            events: &[],
         },
         // Done: pod 2 (node 3) restarts.
         Case {
@@ -498,6 +673,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             partition: 2,
             calls: &["POST step-down 3"],
             phase: "Upgrading",
+            events: &["RestartingPod demo-node-2"],
         },
         // Pod 2 not ready on the new revision yet: wait (a failing version stops here).
         Case {
@@ -508,6 +684,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             partition: 2,
             calls: &[],
             phase: "Upgrading",
+            events: &[],
         },
         // Ready, but a region is short of copies (node 3 still catching up): it may lead again, the next waits.
         Case {
@@ -518,6 +695,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             partition: 2,
             calls: &["DELETE step-down 3"],
             phase: "Upgrading",
+            events: &["Degraded"],
         },
         // Whole again: node 2 steps down, pod 1 restarts.
         Case {
@@ -528,6 +706,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             partition: 1,
             calls: &["DELETE step-down 3", "POST step-down 2"],
             phase: "Upgrading",
+            events: &["RestartingPod demo-node-1", "Recovered"],
         },
         // Every pod restarted and ready (Kubernetes then shows one revision): every node may lead
         // again, every pod is held.
@@ -539,6 +718,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             partition: 3,
             calls: &["DELETE step-down 1", "DELETE step-down 2", "DELETE step-down 3"],
             phase: "Running",
+            events: &["RolloutFinished"],
         },
         // The template changed again mid-rollout (a revert, a newer version): every pod held until
         // the next reconcile starts again from the top; nothing steps down now.
@@ -550,8 +730,10 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             partition: 3,
             calls: &[],
             phase: "Upgrading",
+            events: &[],
         },
     ];
+    let mut c = c;
     for (i, case) in cases.into_iter().enumerate() {
         master.calls.lock().expect("lock").clear();
         *master.stepping.lock().expect("lock") = case.not_done.map(|n| (n, (2, 2))).into_iter().collect();
@@ -578,6 +760,12 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             master.calls.lock().expect("lock").iter().filter(|c| c.contains("step-down")).cloned().collect();
         assert_eq!(calls, case.calls, "case {i}: the step-down calls");
         assert_eq!(st["phase"].as_str(), Some(case.phase), "case {i}: {st}");
+        let events: Vec<String> = h
+            .take_events()
+            .into_iter()
+            .map(|e| format!("{} {}", e.reason, e.related.unwrap_or_default()).trim_end().to_string())
+            .collect();
+        assert_eq!(events, case.events, "case {i}: the events");
         if case.phase == "Upgrading" {
             assert!(st.get("version").is_none(), "case {i}: no version while pods differ");
             assert!(
@@ -585,6 +773,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
                 "{st}"
             );
         }
+        c = with_status(&c, &st);
     }
 }
 
