@@ -11,6 +11,14 @@
 //! **Status from the cluster itself**: once a node pod is ready, the cluster's summary (its admin
 //! API) gives `regions`, `master` (the pod running it) and the `Degraded` condition — regions
 //! without a live primary, or short of copies; `Unknown` when it cannot be read.
+//!
+//! **Events** (`events`) say what happened — drains, scaling, restarts, transitions of
+//! `Degraded`, failures — on the resource; publishing one never fails a reconcile.
+//!
+//! **A finalizer only for state outside Kubernetes** (`etcd_keys`): a cluster whose keys live in
+//! an external etcd carries `dpukv.io/etcd-keys`; deleted, its node pods are stopped (a running
+//! node writes under its keys), then the keys deleted, then the finalizer removed. Everything
+//! else goes with the resource through owner references.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,11 +31,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
+use kube::runtime::finalizer::{self, finalizer};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::crd::{DeviceMode, DpuKvCluster, DpuKvClusterStatus};
+use crate::etcd_keys::{self, KeyCleaner};
 use crate::events::{self, normal, warning};
 use crate::{admin, render};
 
@@ -46,7 +56,26 @@ pub enum Error {
     /// The cluster's admin API could not be asked (a drain, a step-down, the summary).
     #[error("the cluster's admin API: {0}")]
     Admin(#[from] admin::AdminError),
+    /// The cluster's keys in its external etcd could not be deleted (the finalizer stays).
+    #[error("deleting the cluster's keys in etcd: {0}")]
+    EtcdCleanup(#[from] dpukv_cluster::MetaError),
+    /// Adding or removing the finalizer failed.
+    #[error("the finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+    /// Not a failure: the cleanup waits for something (retried soon, without backoff).
+    #[error("waiting for {0}")]
+    Waiting(String),
 }
+
+impl Error {
+    /// Whether this is a failure (backed off, counted, a `ReconcileFailed` event), not a wait.
+    pub fn is_failure(&self) -> bool {
+        !matches!(self, Error::Waiting(_))
+    }
+}
+
+/// How soon a cluster whose cleanup waits is looked at again.
+pub const WAIT: Duration = Duration::from_secs(5);
 
 /// Where the operator reaches a cluster's admin API (`host:port`).
 pub type AdminAddr = Box<dyn Fn(&DpuKvCluster) -> String + Send + Sync>;
@@ -64,6 +93,8 @@ pub struct Context {
     pub admin: AdminAddr,
     /// Kubernetes events on the clusters (`events`).
     pub recorder: Recorder,
+    /// Deletes a cluster's keys in its external etcd (the finalizer's cleanup).
+    pub etcd_keys: KeyCleaner,
     /// Consecutive failures per cluster (namespace/name), for the backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -76,8 +107,14 @@ impl Context {
 
     /// A context reaching clusters' admin APIs where `admin` says.
     pub fn with_admin(client: Client, admin: AdminAddr) -> Arc<Context> {
+        Context::with(client, admin, etcd_keys::etcd_cleaner())
+    }
+
+    /// A context reaching clusters' admin APIs where `admin` says and deleting their keys in
+    /// etcd with `etcd_keys`.
+    pub fn with(client: Client, admin: AdminAddr, etcd_keys: KeyCleaner) -> Arc<Context> {
         let recorder = events::recorder(client.clone());
-        Arc::new(Context { client, admin, recorder, failures: Mutex::new(HashMap::new()) })
+        Arc::new(Context { client, admin, recorder, etcd_keys, failures: Mutex::new(HashMap::new()) })
     }
 }
 
@@ -217,13 +254,94 @@ async fn upgrade_step(c: &DpuKvCluster, ctx: &Context, l: &StatefulSet) -> Resul
     })
 }
 
-/// Reconciles one cluster; a failure is also a `ReconcileFailed` event on it.
+/// Reconciles one cluster: with its keys in an external etcd, through the finalizer
+/// (`etcd_keys::FINALIZER`: added first, then the cluster reconciled; once the resource is
+/// deleted, its keys deleted before the finalizer is removed); else the cluster alone. A failure
+/// is also a `ReconcileFailed` event on it (a failed cleanup is its own `CleanupFailed`).
 pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let r = reconcile_cluster(&c, &ctx).await;
-    if let Err(e) = &r {
+    let r = if etcd_keys::needs_finalizer(&c) || etcd_keys::has_finalizer(&c) {
+        let ns = c.namespace().ok_or(Error::NoNamespace)?;
+        let api: Api<DpuKvCluster> = Api::namespaced(ctx.client.clone(), &ns);
+        let ctx = &*ctx;
+        finalizer(&api, etcd_keys::FINALIZER, c.clone(), |event| async move {
+            match event {
+                finalizer::Event::Apply(c) => reconcile_cluster(&c, ctx).await,
+                finalizer::Event::Cleanup(c) => cleanup(&c, ctx).await,
+            }
+        })
+        .await
+        .map_err(|e| match e {
+            finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e,
+            other => Error::Finalizer(Box::new(other)),
+        })
+    } else if c.metadata.deletion_timestamp.is_some() {
+        // Going, and nothing of it outside Kubernetes: the garbage collector takes its children.
+        Ok(Action::await_change())
+    } else {
+        reconcile_cluster(&c, &ctx).await
+    };
+    if let Err(e) = &r
+        && e.is_failure()
+        && !matches!(e, Error::EtcdCleanup(_))
+    {
         events::publish(&ctx.recorder, &c, warning(events::RECONCILE_FAILED, "Reconcile", e.to_string())).await;
     }
     r
+}
+
+/// The finalizer's cleanup of a deleted cluster: its keys in the external etcd, once no node pod
+/// runs (a running node writes under them: the node StatefulSet is scaled to none first — its
+/// data goes with the cluster anyway). Unless the resource asks to skip it. An error keeps the
+/// finalizer (retried with backoff).
+async fn cleanup(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Error> {
+    let Some(endpoints) = etcd_keys::external_endpoints(c) else { return Ok(Action::await_change()) };
+    let prefix = etcd_keys::prefix(c)?;
+    let shown = String::from_utf8_lossy(&prefix).into_owned();
+    let at = endpoints.join(",");
+    if etcd_keys::skip_requested(c) {
+        let note = format!("{} is \"true\": the keys under {shown} in etcd {at} are left", etcd_keys::SKIP_ANNOTATION);
+        events::publish(&ctx.recorder, c, warning(events::ETCD_CLEANUP_SKIPPED, "Cleanup", note)).await;
+        return Ok(Action::await_change());
+    }
+    if let Some(left) = stop_nodes(c, ctx).await? {
+        return Err(Error::Waiting(format!("{left} node pods to stop before the keys under {shown} are deleted")));
+    }
+    match (ctx.etcd_keys)(endpoints, prefix).await {
+        Ok(n) => {
+            let note = format!("deleted the cluster's {n} keys under {shown} in etcd {at}");
+            events::publish(&ctx.recorder, c, normal(events::ETCD_KEYS_DELETED, "Cleanup", note)).await;
+            Ok(Action::await_change())
+        }
+        Err(e) => {
+            let note = format!(
+                "the keys under {shown} in etcd {at} could not be deleted ({e}); the deletion waits and is retried \
+                 (annotate {}=true to leave them)",
+                etcd_keys::SKIP_ANNOTATION
+            );
+            events::publish(&ctx.recorder, c, warning(events::CLEANUP_FAILED, "Cleanup", note)).await;
+            Err(Error::EtcdCleanup(e))
+        }
+    }
+}
+
+/// Scales the node StatefulSet of a deleted cluster to none; the pods still there (None: none).
+async fn stop_nodes(c: &DpuKvCluster, ctx: &Context) -> Result<Option<i32>, Error> {
+    let ns = c.namespace().ok_or(Error::NoNamespace)?;
+    let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = render::node_name(c);
+    let Some(live) = sets.get_opt(&name).await? else { return Ok(None) };
+    let status = live.status.as_ref();
+    let pods = status.map_or(0, |s| s.replicas);
+    if live.spec.replicas != Some(0) {
+        let pp = PatchParams { field_manager: Some(MANAGER.into()), ..PatchParams::default() };
+        sets.patch(&name, &pp, &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}}))).await?;
+        let note = format!("stopping the {pods} node pods before the cluster's keys in etcd are deleted");
+        events::publish(&ctx.recorder, c, normal(events::STOPPING_NODES, "Cleanup", note)).await;
+        return Ok(Some(pods.max(1)));
+    }
+    // The StatefulSet's status must have seen the scale before its count of pods says anything.
+    let seen = status.and_then(|s| s.observed_generation) >= live.metadata.generation;
+    Ok((!seen || pods > 0).then_some(pods.max(1)))
 }
 
 /// The status a condition of the cluster's last status had ("" when it had none).
@@ -446,8 +564,12 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     Ok(Action::requeue(if available { Duration::from_secs(60) } else { Duration::from_secs(5) }))
 }
 
-/// Retries a failed cluster after its backoff.
+/// Retries a failed cluster after its backoff (one that waits, soon).
 pub fn error_policy(c: Arc<DpuKvCluster>, e: &Error, ctx: Arc<Context>) -> Action {
+    if !e.is_failure() {
+        tracing::debug!(cluster = %key(&c), "{e}");
+        return Action::requeue(WAIT);
+    }
     let mut failures = ctx.failures.lock().expect("failures lock");
     let n = failures.entry(key(&c)).or_insert(0);
     *n = n.saturating_add(1);

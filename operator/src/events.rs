@@ -10,8 +10,8 @@
 //!   the event's related object); `RolloutFinished`: every pod runs the new pod template;
 //! - `Degraded` (Warning) / `Recovered`: the `Degraded` condition turned True / back to False;
 //! - `ReconcileFailed` (Warning): a reconcile failed and is retried with backoff;
-//! - `EtcdKeysDeleted`, `CleanupFailed` (Warning), `EtcdCleanupSkipped` (Warning): the
-//!   finalizer's cleanup of the cluster's keys in an external etcd (`etcd_keys`).
+//! - `StoppingNodes`, `EtcdKeysDeleted`, `CleanupFailed` (Warning), `EtcdCleanupSkipped`
+//!   (Warning): the finalizer's cleanup of the cluster's keys in an external etcd (`etcd_keys`).
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
@@ -38,6 +38,8 @@ pub const DEGRADED: &str = "Degraded";
 pub const RECOVERED: &str = "Recovered";
 /// A reconcile failed.
 pub const RECONCILE_FAILED: &str = "ReconcileFailed";
+/// The finalizer stops the node pods of a deleted cluster before deleting its keys.
+pub const STOPPING_NODES: &str = "StoppingNodes";
 /// The finalizer deleted the cluster's keys in its external etcd.
 pub const ETCD_KEYS_DELETED: &str = "EtcdKeysDeleted";
 /// The finalizer could not delete them (the deletion waits, retried with backoff).

@@ -2,9 +2,10 @@
 //! the operator (issue 12, in progress) turns it into node pods, a gateway, services and a
 //! disruption budget, and drains nodes through the cluster's master before they go.
 //!
-//! It depends on `dpukv-net` only for how a process starts (logs, shutdown on signals), calls the
-//! master's admin API over HTTP, and is the only crate that may depend on Kubernetes crates
-//! (scripts/check-deps.py).
+//! It depends on `dpukv-net` only for how a process starts (logs, shutdown on signals), on
+//! `dpukv-cluster` only to delete a deleted cluster's keys in an external etcd (the key layout
+//! and `MetaStore::delete_prefix`), calls the master's admin API over HTTP, and is the only crate
+//! that may depend on Kubernetes crates (scripts/check-deps.py).
 //!
 //! # Layout
 //! - `crd`: the `DpuKvCluster` resource — spec, status, CEL rules, printer columns, scale.
@@ -12,6 +13,8 @@
 //! - `controller`: the reconciler — applies what `render` says, reports status, backs off;
 //!   drains nodes before the node StatefulSet shrinks.
 //! - `events`: the Kubernetes events it publishes on a cluster, and their reasons.
+//! - `etcd_keys`: a cluster's keys in an external etcd — the finalizer, the skip annotation, the
+//!   deletion (injectable: tests delete from an in-memory store).
 //! - `admin`: a cluster's admin API — drains (and stopping them), the summary the status shows.
 //! - `run`: the controller over every cluster and what it owns; metrics and health.
 //! - `lease`: leader election over a coordination Lease (several replicas, one reconciles).
@@ -24,10 +27,13 @@
 //! - The chart's RBAC rule files are generated from `rbac`; every API request the operator's tests
 //!   see it make is allowed by those rules, and every rule is used.
 //! - Publishing an event never fails a reconcile.
+//! - A finalizer only where state outlives the resource's Kubernetes objects (an external etcd's
+//!   keys); the keys are deleted only once no node pod of the cluster runs.
 
 pub mod admin;
 pub mod controller;
 pub mod crd;
+pub mod etcd_keys;
 pub mod events;
 pub mod lease;
 pub mod manifest;

@@ -18,8 +18,9 @@ pub struct Rule {
 
 /// Cluster-wide: the `DpuKvCluster`s and their children in every namespace, and the nodes.
 pub const CLUSTER_RULES: &[Rule] = &[
-    // The controller watches the clusters (`run`).
-    Rule { group: "dpukv.io", resource: "dpukvclusters", verbs: &["list", "watch"] },
+    // The controller watches the clusters (`run`); the finalizer of a cluster with an external
+    // etcd is added and removed with JSON patches (`etcd_keys`).
+    Rule { group: "dpukv.io", resource: "dpukvclusters", verbs: &["list", "watch", "patch"] },
     // The reconciler's status (server-side apply on the status subresource).
     Rule { group: "dpukv.io", resource: "dpukvclusters/status", verbs: &["patch"] },
     // Children: applied server-side (patch, and create when the apply creates them), watched as

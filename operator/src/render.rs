@@ -290,6 +290,11 @@ fn tls_env(c: &DpuKvCluster, mutual: bool) -> Vec<EnvVar> {
     v
 }
 
+/// The cluster's name in etcd (`NAMESPACE.NAME`; its keys are under `/dpukv/NAMESPACE.NAME/`).
+pub fn cluster_name(c: &DpuKvCluster) -> String {
+    format!("{}.{}", c.namespace().unwrap_or_else(|| "default".into()), c.name_any())
+}
+
 /// The node ConfigMap's name.
 pub fn node_config_name(c: &DpuKvCluster) -> String {
     format!("{}-node-config", c.name_any())
@@ -301,10 +306,9 @@ pub fn node_config_name(c: &DpuKvCluster) -> String {
 /// What differs per pod (its name and index from the downward API, the addresses it advertises,
 /// which expand `$(POD_NAME)` — expansion works in `env` only) stays in the container's `env`.
 pub fn node_config_map(c: &DpuKvCluster) -> ConfigMap {
-    let ns = c.namespace().unwrap_or_else(|| "default".into());
     let s = &c.spec;
     let mut data = BTreeMap::from([
-        ("DPUKV_CLUSTER".to_string(), format!("{ns}.{}", c.name_any())),
+        ("DPUKV_CLUSTER".to_string(), cluster_name(c)),
         ("DPUKV_ETCD".to_string(), etcd_endpoints(c)),
         ("DPUKV_FSYNC".to_string(), s.fsync.clone()),
         ("DPUKV_REPLICATION_FACTOR".to_string(), s.replication_factor.to_string()),

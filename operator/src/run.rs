@@ -114,7 +114,7 @@ pub async fn run(client: Client, m: Arc<Metrics>, stop: CancellationToken) {
                 m.reconciles.inc();
                 let r = controller::reconcile(c, ctx).await;
                 m.duration.observe(started.elapsed().as_secs_f64());
-                if r.is_err() {
+                if r.as_ref().is_err_and(Error::is_failure) {
                     m.failures.inc();
                 }
                 r

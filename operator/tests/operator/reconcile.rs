@@ -7,8 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dpukv_cluster::{MemStore, MetaStore};
 use dpukv_operator::controller::{Context, MANAGER, backoff, error_policy, reconcile};
 use dpukv_operator::crd::{DpuKvCluster, DpuKvClusterSpec};
+use dpukv_operator::etcd_keys;
 use http::{Request, Response};
 use kube::Client;
 use kube::client::Body;
@@ -95,7 +97,18 @@ async fn serve(
     }
 }
 
+/// A cluster `demo` in `db` as the reconciler finds it after its first reconcile: with an
+/// external etcd, it carries the finalizer (`a_cluster_with_an_external_etcd_gets_the_finalizer_first`).
 fn cluster(spec: Value) -> DpuKvCluster {
+    let mut c = new_cluster(spec);
+    if etcd_keys::needs_finalizer(&c) {
+        c.metadata.finalizers = Some(vec![etcd_keys::FINALIZER.into()]);
+    }
+    c
+}
+
+/// A cluster `demo` in `db` as created: no finalizer yet.
+fn new_cluster(spec: Value) -> DpuKvCluster {
     let spec: DpuKvClusterSpec = serde_json::from_value(spec).expect("spec");
     let mut c = DpuKvCluster::new("demo", spec);
     c.metadata.namespace = Some("db".into());
@@ -118,12 +131,16 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, body
 /// A mock API server behind a context whose clusters' admin API is at `admin` (None: the
 /// in-cluster address, which these tests never reach).
 fn mock(admin: Option<String>) -> (Arc<Context>, Server) {
-    let (svc, h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(svc, "db");
-    let ctx = match admin {
+    mock_with(|client| match admin {
         Some(a) => Context::with_admin(client, Box::new(move |_| a.clone())),
         None => Context::new(client),
-    };
+    })
+}
+
+/// A mock API server behind the context `make` builds over its client.
+fn mock_with(make: impl FnOnce(Client) -> Arc<Context>) -> (Arc<Context>, Server) {
+    let (svc, h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = make(Client::new(svc, "db"));
     let (tx, requests) = tokio::sync::mpsc::channel(16);
     let events = Arc::new(Mutex::new(Vec::new()));
     let refuse_events = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -131,9 +148,30 @@ fn mock(admin: Option<String>) -> (Arc<Context>, Server) {
     (ctx, Server { requests, events, refuse_events })
 }
 
-/// The next request: it must be `method` on `path` (query aside); answers with what `answer`
-/// makes of the request's body; returns that body.
+/// The next request: it must be `method` on `path` (query aside), a PATCH a server-side apply
+/// under the operator's field manager, forced; answers with what `answer` makes of the
+/// request's body; returns that body.
 async fn expect(handle: &mut Server, method: &str, path: &str, answer: impl FnOnce(&Value) -> (u16, Value)) -> Value {
+    exchange(handle, method, path, "application/apply-patch+yaml", answer).await
+}
+
+/// The next request: a PATCH of `path` of `content_type` (a JSON or merge patch, not an apply).
+async fn expect_patch(
+    handle: &mut Server,
+    path: &str,
+    content_type: &str,
+    answer: impl FnOnce(&Value) -> (u16, Value),
+) -> Value {
+    exchange(handle, "PATCH", path, content_type, answer).await
+}
+
+async fn exchange(
+    handle: &mut Server,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    answer: impl FnOnce(&Value) -> (u16, Value),
+) -> Value {
     let (req, send) = tokio::time::timeout(Duration::from_secs(10), handle.next())
         .await
         .unwrap_or_else(|_| panic!("no request came; expected {method} {path}"))
@@ -141,15 +179,14 @@ async fn expect(handle: &mut Server, method: &str, path: &str, answer: impl FnOn
     let uri = req.uri().clone();
     assert_eq!((req.method().as_str(), uri.path()), (method, path), "unexpected request {uri}");
     if method == "PATCH" {
-        let q = uri.query().unwrap_or_default();
-        assert!(
-            q.contains(&format!("fieldManager={MANAGER}")) && q.contains("force=true"),
-            "server-side apply, forced: {q}"
-        );
-        assert_eq!(
-            req.headers().get("content-type").and_then(|v| v.to_str().ok()),
-            Some("application/apply-patch+yaml")
-        );
+        assert_eq!(req.headers().get("content-type").and_then(|v| v.to_str().ok()), Some(content_type), "{uri}");
+        if content_type == "application/apply-patch+yaml" {
+            let q = uri.query().unwrap_or_default();
+            assert!(
+                q.contains(&format!("fieldManager={MANAGER}")) && q.contains("force=true"),
+                "server-side apply, forced: {q}"
+            );
+        }
     }
     let bytes = req.into_body().collect_bytes().await.expect("body");
     let body: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("json body") };
@@ -796,4 +833,192 @@ async fn conditions_keep_their_transition_time_while_their_status_holds() {
     finished(task).await.expect("reconciled");
     assert_eq!(condition(&st, "Available")["lastTransitionTime"], long_ago, "still True: unchanged");
     assert_ne!(condition(&st, "Draining")["lastTransitionTime"], long_ago, "True -> False: now");
+}
+
+// --- The finalizer: the cluster's keys in an external etcd (`etcd_keys`). ---
+
+const CLUSTER: &str = "/apis/dpukv.io/v1alpha1/namespaces/db/dpukvclusters/demo";
+const JSON_PATCH: &str = "application/json-patch+json";
+
+/// A context whose "etcd" is `store`; the endpoints of every cleanup are recorded.
+fn mock_etcd(store: MemStore, calls: Arc<Mutex<Vec<Vec<String>>>>) -> (Arc<Context>, Server) {
+    mock_with(move |client| {
+        let cleaner: etcd_keys::KeyCleaner = Box::new(move |endpoints, prefix| {
+            calls.lock().expect("lock").push(endpoints);
+            let store = store.clone();
+            Box::pin(async move { store.delete_prefix(&prefix).await })
+        });
+        Context::with(client, Box::new(|_| "127.0.0.1:9".to_string()), cleaner)
+    })
+}
+
+/// `c` deleted (as the API server shows it while finalizers hold it).
+fn deleted(mut c: DpuKvCluster) -> DpuKvCluster {
+    c.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-01-01T00:00:00Z".parse().expect("time")));
+    c
+}
+
+/// The cluster's keys, a neighbour's whose name starts the same, and two other clusters'.
+async fn etcd_with_keys() -> MemStore {
+    let s = MemStore::new();
+    for k in ["/dpukv/db.demo/config", "/dpukv/db.demo/regions/0000000001", "/dpukv/db.demo/last-region-id"] {
+        s.put(k.as_bytes(), b"v", None).await.expect("put");
+    }
+    let lease = s.grant(Duration::from_secs(600)).await.expect("grant");
+    s.put(b"/dpukv/db.demo/nodes/0000000001", b"n", Some(lease)).await.expect("put");
+    for k in ["/dpukv/db.demo2/config", "/dpukv/prod.demo/config", "/dpukv/db.other/config"] {
+        s.put(k.as_bytes(), b"v", None).await.expect("put");
+    }
+    s
+}
+
+async fn keys_of(s: &MemStore) -> Vec<String> {
+    let (kvs, _) = s.range(b"/dpukv/").await.expect("range");
+    kvs.into_iter().map(|kv| String::from_utf8(kv.key).expect("utf-8")).collect()
+}
+
+/// The finalizer's removal: a JSON patch testing it is still where it was, then removing it.
+async fn finalizer_removed(h: &mut Server, c: &DpuKvCluster) {
+    let mut gone = serde_json::to_value(c).expect("json");
+    gone["metadata"]["finalizers"] = json!([]);
+    let patch = expect_patch(h, CLUSTER, JSON_PATCH, move |_| (200, gone)).await;
+    assert_eq!(
+        patch,
+        json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "dpukv.io/etcd-keys"},
+               {"op": "remove", "path": "/metadata/finalizers/0"}])
+    );
+}
+
+/// A new cluster whose keys are in an external etcd gets the finalizer before anything else (a
+/// JSON patch that fails if someone else changed the finalizers meanwhile); the patch makes the
+/// next reconcile, which applies the children.
+#[tokio::test]
+pub(crate) async fn a_cluster_with_an_external_etcd_gets_the_finalizer_first() {
+    let (ctx, mut h) = mock(None);
+    let c = new_cluster(spec(3, "Emulator"));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    let mut with = serde_json::to_value(&c).expect("json");
+    with["metadata"]["finalizers"] = json!(["dpukv.io/etcd-keys"]);
+    let patch = expect_patch(&mut h, CLUSTER, JSON_PATCH, move |_| (200, with)).await;
+    assert_eq!(
+        patch,
+        json!([{"op": "test", "path": "/metadata/finalizers", "value": null},
+               {"op": "add", "path": "/metadata/finalizers", "value": ["dpukv.io/etcd-keys"]}])
+    );
+    assert_eq!(finished(task).await.expect("reconciled"), kube::runtime::controller::Action::await_change());
+    assert!(h.next().await.is_none(), "nothing else until the patched cluster comes back");
+}
+
+/// A cluster with a managed etcd needs no finalizer (its keys go with the etcd it owns: see
+/// `a_managed_etcd_is_applied_before_the_nodes`, whose first request is the etcd Service);
+/// deleted, it is left to the garbage collector — nothing is applied to a cluster that goes.
+#[tokio::test]
+async fn a_deleted_cluster_with_a_managed_etcd_is_left_to_the_garbage_collector() {
+    let (ctx, mut h) = mock(None);
+    let c = deleted(cluster(json!({"nodes": 3, "storage": {"size": "10Gi"}, "etcd": {"managed": {}}})));
+    assert!(c.metadata.finalizers.is_none());
+    let task = tokio::spawn(reconcile(Arc::new(c), ctx));
+    assert_eq!(finished(task).await.expect("reconciled"), kube::runtime::controller::Action::await_change());
+    assert!(h.next().await.is_none(), "no request");
+    assert!(h.reasons().is_empty());
+}
+
+/// A deleted cluster with an external etcd: its node pods are stopped first (they write under
+/// the cluster's keys), the deletion waiting without backoff; once none runs, every key under
+/// `/dpukv/db.demo/` is deleted in that etcd — those of `db.demo2`, `prod.demo` and `db.other`
+/// stay — and only then is the finalizer removed.
+#[tokio::test]
+async fn a_deleted_cluster_s_nodes_stop_then_its_keys_are_deleted_then_its_finalizer_is_removed() {
+    let store = etcd_with_keys().await;
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let (ctx, mut h) = mock_etcd(store.clone(), calls.clone());
+    let c = Arc::new(deleted(cluster(spec(3, "Emulator"))));
+    let set = |spec_replicas: i64, pods: i64| {
+        move |_: &Value| {
+            (
+                200,
+                json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                       "metadata": {"name": "demo-node", "namespace": "db", "generation": 4},
+                       "spec": {"replicas": spec_replicas, "selector": {}, "template": {}, "serviceName": "demo-node"},
+                       "status": {"replicas": pods, "observedGeneration": 4}}),
+            )
+        }
+    };
+    // Three pods run: scaled to none, and the cleanup waits.
+    let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), set(3, 3)).await;
+    let scale = expect_patch(&mut h, &format!("{SETS}/demo-node"), "application/merge-patch+json", set(0, 3)).await;
+    assert_eq!(scale, json!({"spec": {"replicas": 0}}));
+    let e = finished(task).await.expect_err("waiting for the pods");
+    assert!(!e.is_failure(), "{e}");
+    assert_eq!(
+        error_policy(c.clone(), &e, ctx.clone()),
+        kube::runtime::controller::Action::requeue(Duration::from_secs(5))
+    );
+    // One pod still terminating: still waiting, nothing deleted.
+    let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), set(0, 1)).await;
+    assert!(!finished(task).await.expect_err("waiting").is_failure());
+    assert_eq!(keys_of(&store).await.len(), 7, "no key deleted while a node pod runs");
+    assert!(calls.lock().expect("lock").is_empty());
+    // None left: the keys go, then the finalizer.
+    let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), set(0, 0)).await;
+    finalizer_removed(&mut h, &c).await;
+    assert_eq!(finished(task).await.expect("cleaned"), kube::runtime::controller::Action::await_change());
+    assert_eq!(keys_of(&store).await, ["/dpukv/db.demo2/config", "/dpukv/db.other/config", "/dpukv/prod.demo/config"]);
+    assert_eq!(*calls.lock().expect("lock"), [vec!["http://etcd:2379".to_string()]], "the spec's etcd");
+    let events = h.take_events();
+    let seen: Vec<(&str, &str)> = events.iter().map(|e| (e.type_.as_str(), e.reason.as_str())).collect();
+    assert_eq!(seen, [("Normal", "StoppingNodes"), ("Normal", "EtcdKeysDeleted")], "no failure among them");
+    assert!(events[1].note.contains("4 keys under /dpukv/db.demo/"), "{events:?}");
+    // The first retry after a wait is a failure's first backoff: waits counted none.
+    assert_eq!(
+        error_policy(c, &dpukv_operator::controller::Error::NoNamespace, ctx),
+        kube::runtime::controller::Action::requeue(Duration::from_secs(1))
+    );
+}
+
+/// A cleanup that fails (etcd unreachable) keeps the finalizer — the deletion waits, retried
+/// with backoff — and says why in a `CleanupFailed` warning.
+#[tokio::test]
+async fn a_failed_cleanup_keeps_the_finalizer() {
+    let (ctx, mut h) = mock_with(|client| {
+        let cleaner: etcd_keys::KeyCleaner =
+            Box::new(|_, _| Box::pin(async { Err(dpukv_cluster::MetaError::Unavailable("etcd is gone".into())) }));
+        Context::with(client, Box::new(|_| "127.0.0.1:9".to_string()), cleaner)
+    });
+    let c = Arc::new(deleted(cluster(spec(3, "Emulator"))));
+    let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
+    let e = finished(task).await.expect_err("the keys are still there");
+    assert!(matches!(e, dpukv_operator::controller::Error::EtcdCleanup(_)), "{e}");
+    assert_eq!(error_policy(c, &e, ctx.clone()), kube::runtime::controller::Action::requeue(Duration::from_secs(1)));
+    drop(ctx);
+    assert!(h.next().await.is_none(), "the finalizer is not removed");
+    let events = h.take_events();
+    let seen: Vec<(&str, &str)> = events.iter().map(|e| (e.type_.as_str(), e.reason.as_str())).collect();
+    assert_eq!(seen, [("Warning", "CleanupFailed")]);
+    assert!(
+        events[0].note.contains("etcd is gone") && events[0].note.contains("dpukv.io/skip-etcd-cleanup"),
+        "{events:?}"
+    );
+}
+
+/// `dpukv.io/skip-etcd-cleanup: "true"` lets the deletion go without touching etcd (one that is
+/// gone for good): the finalizer is removed, the keys are left, a warning says so.
+#[tokio::test]
+async fn the_skip_annotation_removes_the_finalizer_without_cleaning() {
+    let store = etcd_with_keys().await;
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let (ctx, mut h) = mock_etcd(store.clone(), calls.clone());
+    let mut c = deleted(cluster(spec(3, "Emulator")));
+    c.metadata.annotations = Some([(etcd_keys::SKIP_ANNOTATION.to_string(), "true".to_string())].into());
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    finalizer_removed(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    assert!(calls.lock().expect("lock").is_empty(), "etcd is not asked");
+    assert_eq!(keys_of(&store).await.len(), 7, "every key left");
+    assert_eq!(h.reasons(), ["EtcdCleanupSkipped"]);
 }
