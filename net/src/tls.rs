@@ -17,7 +17,6 @@
 //! ends once its configuration is dropped.
 
 use std::io::{Read, Write};
-use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -339,8 +338,10 @@ impl ClientTls {
 
     /// [`ClientTls::connect`] for blocking code: the plain end of a local socket pair comes back
     /// once the handshake is done (see the module documentation).
-    pub fn connect_blocking(&self, tcp: std::net::TcpStream, addr: &SocketAddr) -> std::io::Result<UnixStream> {
-        let name = ServerName::IpAddress(addr.ip().into());
+    /// `addr` is what was dialled (`host:port`): its host is the name the server's certificate
+    /// must carry (a DNS name, or an IP address).
+    pub fn connect_blocking(&self, tcp: std::net::TcpStream, addr: &str) -> std::io::Result<UnixStream> {
+        let name = server_name(addr)?;
         let conn = rustls::ClientConnection::new(self.config(), name).map_err(std::io::Error::other)?;
         bridge(rustls::Connection::Client(conn), tcp)
     }
@@ -766,7 +767,7 @@ mod tests {
             }
         });
         let tcp = std::net::TcpStream::connect(addr).expect("tcp");
-        let mut s = client.connect_blocking(tcp, &addr).expect("handshake");
+        let mut s = client.connect_blocking(tcp, &addr.to_string()).expect("handshake");
         let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
         let mut w = s.try_clone().expect("clone");
         let sent = data.clone();

@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -328,9 +328,22 @@ enum Link {
 }
 
 impl Link {
-    /// Connects to `addr`, with TLS when `tls` is given.
-    fn connect(addr: &SocketAddr, tls: Option<&ClientTls>) -> std::io::Result<Link> {
-        let tcp = TcpStream::connect_timeout(addr, Duration::from_secs(2))?;
+    /// Connects to `addr` (`host:port`, resolved now: a restarted peer may have a new address
+    /// under its name), with TLS when `tls` is given (the host is the name its certificate must
+    /// carry).
+    fn connect(addr: &str, tls: Option<&ClientTls>) -> std::io::Result<Link> {
+        let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
+        let mut connected = None;
+        for a in addr.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&a, Duration::from_secs(2)) {
+                Ok(s) => {
+                    connected = Some(s);
+                    break;
+                }
+                Err(e) => last = e,
+            }
+        }
+        let tcp = connected.ok_or(last)?;
         tcp.set_nodelay(true)?;
         match tls {
             Some(t) => Ok(Link::Tls(t.connect_blocking(tcp, addr)?)),
@@ -451,8 +464,9 @@ pub struct SenderConfig {
     pub primary: u32,
     /// The backup's node id.
     pub backup: u32,
-    /// The backup's replication address.
-    pub addr: SocketAddr,
+    /// The backup's replication address (`host:port`, as it advertises it: a DNS name on
+    /// Kubernetes), resolved at each connection.
+    pub addr: String,
     /// The region's data directory (for whole-index exports).
     pub region_dir: PathBuf,
     /// The primary's log end when it began to lead (see `ReplMessage::Hello`).

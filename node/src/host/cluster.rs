@@ -596,7 +596,11 @@ fn retarget(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_proto::
 /// A sender for every backup and joining node of `r` (those registered).
 fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_proto::regionmap::RegionMap) {
     for &b in r.backups.iter().chain(&r.joining) {
-        let Some(addr) = map.node(b).and_then(|n| n.replication.parse().ok()) else { continue };
+        // As advertised (a DNS name on Kubernetes): resolved by the sender at each connection.
+        let Some(addr) = map.node(b).map(|n| n.replication.clone()).filter(|a| !a.is_empty()) else {
+            tracing::warn!(region = r.id, backup = b, "the backup advertises no replication address");
+            continue;
+        };
         let cfg = SenderConfig {
             cluster: args.name.clone(),
             region: r.id,

@@ -53,7 +53,8 @@ fn sender_cfg(region_dir: &std::path::Path, epoch: u64, backup: u32, addr: Socke
         epoch,
         primary: 1,
         backup,
-        addr,
+        // By name, as nodes advertise themselves on Kubernetes (resolved at each connection).
+        addr: format!("localhost:{}", addr.port()),
         region_dir: region_dir.to_path_buf(),
         base: dpukv_storage::vlog::Lsn(0),
         stats: Arc::default(),
@@ -340,7 +341,7 @@ fn a_catching_up_backup_is_sent_the_log_at_the_capped_rate_and_a_current_one_at_
 fn replication_runs_over_mutual_tls_and_refuses_strangers() {
     use dpukv_net::tls::{ClientTls, ServerTls, make_local_ca};
     let dir = tempfile::tempdir().expect("tempdir");
-    let ours = make_local_ca(&dir.path().join("ours"), &["127.0.0.1"]).expect("CA");
+    let ours = make_local_ca(&dir.path().join("ours"), &["127.0.0.1", "localhost"]).expect("CA");
     let theirs = make_local_ca(&dir.path().join("theirs"), &["127.0.0.1"]).expect("other CA");
     let pdir = dir.path().join("primary");
     let mut primary =
