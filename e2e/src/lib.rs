@@ -13,12 +13,18 @@
 //! - `netns`: hosts in network namespaces on a bridge, partitioned with nftables.
 //! - `delay`: a TCP proxy adding an adjustable delay (a slow link to etcd).
 //! - `otlp`: an OTLP/gRPC trace receiver that keeps the spans processes export.
+//! - `apiserver`: a test double of the Kubernetes API server (REST and watch, finalizers,
+//!   garbage collection) for the kinds the operator uses.
+//! - `kubelet`: the StatefulSet and Deployment controllers and a kubelet running pods as real
+//!   processes in network namespaces, over `apiserver`.
 
+pub mod apiserver;
 pub mod cluster;
 pub mod delay;
 pub mod etcd;
 pub mod gateway;
 pub mod history;
+pub mod kubelet;
 pub mod linearizability;
 pub mod netns;
 pub mod otlp;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 /// The directory holding this build's binaries, after building them once per test process
-/// (`cargo build --bins` for the node, client and gateway packages, same profile).
+/// (`cargo build --bins` for the node, client, gateway and operator packages, same profile).
 pub fn bin_dir() -> Result<PathBuf> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
@@ -20,7 +20,18 @@ pub fn bin_dir() -> Result<PathBuf> {
             let release = dir.file_name().is_some_and(|n| n == "release");
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let mut cmd = Command::new(cargo);
-            cmd.args(["build", "--bins", "-p", "dpukv-node", "-p", "dpukv-client", "-p", "dpukv-gateway"]);
+            cmd.args([
+                "build",
+                "--bins",
+                "-p",
+                "dpukv-node",
+                "-p",
+                "dpukv-client",
+                "-p",
+                "dpukv-gateway",
+                "-p",
+                "dpukv-operator",
+            ]);
             if release {
                 cmd.arg("--release");
             }

@@ -526,9 +526,11 @@ pub fn node_service(c: &DpuKvCluster) -> Service {
 pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
     let s = &c.spec;
     let nodes = node_name(c);
-    // Seeds: the first nodes' devices (any one that answers gives the map).
+    // Seeds: the first three node pods' devices, whatever `nodes` is (the gateway takes the map
+    // from the first that answers and skips names that do not resolve): a scale must not change
+    // the gateway's template — that would restart every gateway pod for nothing.
     let seeds: Vec<String> =
-        (0..s.nodes.clamp(1, 3)).map(|i| format!("{}:{DEVICE_PORT}", pod_host(c, &format!("{nodes}-{i}")))).collect();
+        (0..3).map(|i| format!("{}:{DEVICE_PORT}", pod_host(c, &format!("{nodes}-{i}")))).collect();
     let p = &s.gateway.ports;
     let mut vars = vec![
         env("DPUKV_SEEDS", seeds.join(",")),
@@ -826,6 +828,10 @@ mod tests {
         let seeds =
             pod.containers[0].env.as_ref().expect("env").iter().find(|e| e.name == "DPUKV_SEEDS").expect("seeds");
         assert_eq!(seeds.value.as_deref().map(|v| v.split(',').count()), Some(3));
+        // A scale changes nothing in the gateway's pods (they would all restart).
+        let mut scaled = c.clone();
+        scaled.spec.nodes = 2;
+        assert_eq!(gateway_deployment(&scaled).spec, d.spec, "a scale leaves the gateway's template alone");
         let svc = gateway_service(&c);
         assert_eq!(svc.metadata.name.as_deref(), Some("demo"));
         assert_eq!(svc.spec.as_ref().and_then(|s| s.type_.as_deref()), Some("LoadBalancer"));

@@ -6,5 +6,6 @@ mod gateway;
 mod linearizable;
 mod local;
 mod meta;
+mod operator;
 mod tls;
 mod traces;

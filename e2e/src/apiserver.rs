@@ -1,0 +1,964 @@
+//! A test double of the Kubernetes API server for the kinds dpukv's operator uses, speaking the
+//! real REST and watch protocol over HTTP/1.1, so the real `dpukv-operator` binary (kube-rs) runs
+//! against it through a kubeconfig. No kube-apiserver can be installed here; this is the part of
+//! one the scenario needs:
+//!
+//! - paths `/api/v1/...` and `/apis/GROUP/VERSION/...`, namespaced and across namespaces, for the
+//!   resources in [`RESOURCES`] (anything else: 404 `NotFound`);
+//! - `GET` (one object; a list with `labelSelector`/`fieldSelector` equality terms; `watch=true`
+//!   streams `{"type","object"}` lines from a `resourceVersion`, 410 `Expired` when it is older
+//!   than the retained changes), `POST` (create, `generateName`, 409 `AlreadyExists`), `PUT`
+//!   (replace, 409 `Conflict` on a stale `resourceVersion`), `PATCH` (server-side apply — creates
+//!   when absent —, JSON merge patch and JSON patch), `DELETE`;
+//! - one global, increasing `resourceVersion`; `uid`, `creationTimestamp`, `generation` (bumped
+//!   when anything but metadata and status changes); a status subresource (`.../status`) for the
+//!   kinds that have one — writes to the main resource keep the status, writes to `/status`
+//!   change nothing else;
+//! - deletion as Kubernetes does it: an object with finalizers gets a `deletionTimestamp` and
+//!   goes when the last finalizer is removed; then the garbage collector deletes every object
+//!   whose owner references name it (background cascade).
+//!
+//! Simplifications, on purpose: a server-side apply merges the applied object into the live one
+//! (maps key by key, lists replaced whole) instead of tracking field ownership per manager — the
+//! operator is the only manager of what it applies; no admission, defaulting or schema
+//! validation (the CRD's schema is checked elsewhere, `scripts/check-manifests.py`); no
+//! authentication. Changes kept for watches are bounded ([`MAX_CHANGES`]).
+//!
+//! The test reads and writes objects in process ([`ApiServer::get`], [`ApiServer::create`],
+//! [`ApiServer::mutate`], ...), as the test kubelet (`kubelet`) does.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::Response;
+use serde_json::{Value, json};
+
+/// How many changes are kept for watches to resume from.
+pub const MAX_CHANGES: usize = 100_000;
+
+/// A resource the double serves.
+#[derive(Debug, Clone, Copy)]
+pub struct Resource {
+    /// API group ("" for core).
+    pub group: &'static str,
+    /// Version.
+    pub version: &'static str,
+    /// Plural (the path segment; unique here).
+    pub plural: &'static str,
+    /// Kind.
+    pub kind: &'static str,
+    /// Namespaced (else cluster-scoped).
+    pub namespaced: bool,
+    /// Has a status subresource.
+    pub status: bool,
+}
+
+const fn r(
+    group: &'static str,
+    version: &'static str,
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    status: bool,
+) -> Resource {
+    Resource { group, version, plural, kind, namespaced, status }
+}
+
+/// What the double serves.
+pub const RESOURCES: &[Resource] = &[
+    r("", "v1", "pods", "Pod", true, true),
+    r("", "v1", "services", "Service", true, true),
+    r("", "v1", "configmaps", "ConfigMap", true, false),
+    r("", "v1", "secrets", "Secret", true, false),
+    r("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", true, true),
+    r("", "v1", "nodes", "Node", false, true),
+    r("apps", "v1", "statefulsets", "StatefulSet", true, true),
+    r("apps", "v1", "deployments", "Deployment", true, true),
+    r("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", true, true),
+    r("coordination.k8s.io", "v1", "leases", "Lease", true, false),
+    r("events.k8s.io", "v1", "events", "Event", true, false),
+    r("dpukv.io", "v1alpha1", "dpukvclusters", "DpuKvCluster", true, true),
+];
+
+/// The resource named `plural`.
+pub fn resource(plural: &str) -> Option<&'static Resource> {
+    RESOURCES.iter().find(|r| r.plural == plural)
+}
+
+impl Resource {
+    fn api_version(&self) -> String {
+        if self.group.is_empty() { self.version.to_string() } else { format!("{}/{}", self.group, self.version) }
+    }
+}
+
+/// An object's place: (plural, namespace — "" when cluster-scoped —, name).
+type Key = (String, String, String);
+
+#[derive(Debug, Clone)]
+struct Change {
+    rv: u64,
+    plural: String,
+    namespace: String,
+    type_: &'static str,
+    object: Value,
+}
+
+#[derive(Debug, Default)]
+struct Store {
+    rv: u64,
+    uids: u64,
+    objects: BTreeMap<Key, Value>,
+    changes: std::collections::VecDeque<Change>,
+    /// Changes up to this resourceVersion are no longer kept (a watch from before: 410).
+    expired_through: u64,
+    /// Requests served: "METHOD path?query" (bounded like the changes).
+    requests: std::collections::VecDeque<String>,
+}
+
+struct Shared {
+    store: Mutex<Store>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+/// An API-server error: an HTTP status and a Kubernetes `Status` reason.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{code} {reason}: {message}")]
+pub struct ApiError {
+    /// HTTP status.
+    pub code: u16,
+    /// `NotFound`, `AlreadyExists`, `Conflict`, `Invalid`, `BadRequest`, `Expired`,
+    /// `MethodNotAllowed`.
+    pub reason: &'static str,
+    /// What.
+    pub message: String,
+}
+
+fn err(code: u16, reason: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError { code, reason, message: message.into() }
+}
+
+/// `now` as RFC 3339 (UTC, seconds).
+pub fn timestamp(now: SystemTime) -> String {
+    let secs = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// Maps merged key by key (`null` in `patch` removes), everything else replaced: RFC 7386.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(t), Some(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (_, Some(p)) => {
+            *target = Value::Object(Default::default());
+            merge_patch(target, &Value::Object(p.clone()));
+        }
+        _ => *target = patch.clone(),
+    }
+}
+
+/// The applied object merged into the live one: maps key by key, lists and scalars replaced
+/// (see the module documentation for how this differs from field ownership).
+fn apply_merge(target: &mut Value, applied: &Value) {
+    match (target.as_object_mut(), applied.as_object()) {
+        (Some(t), Some(a)) => {
+            for (k, v) in a {
+                apply_merge(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        _ => *target = applied.clone(),
+    }
+}
+
+fn pointer_parts(path: &str) -> Result<Vec<String>, ApiError> {
+    let rest = path.strip_prefix('/').ok_or_else(|| err(422, "Invalid", format!("bad JSON pointer {path:?}")))?;
+    Ok(rest.split('/').map(|p| p.replace("~1", "/").replace("~0", "~")).collect())
+}
+
+/// RFC 6902 `add`, `remove`, `replace` and `test` (`move`/`copy`: 422); `test` of a missing
+/// member against `null` passes, as in Kubernetes.
+pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), ApiError> {
+    let ops = ops.as_array().ok_or_else(|| err(400, "BadRequest", "a JSON patch is an array"))?;
+    for op in ops {
+        let kind = op["op"].as_str().unwrap_or_default();
+        let path = op["path"].as_str().unwrap_or_default();
+        let mut parts = pointer_parts(path)?;
+        let last = parts.pop().ok_or_else(|| err(422, "Invalid", "empty path"))?;
+        let mut parent = &mut *target;
+        for p in &parts {
+            parent = match parent {
+                Value::Object(m) => m.get_mut(p),
+                Value::Array(a) => p.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
+                _ => None,
+            }
+            .ok_or_else(|| err(422, "Invalid", format!("{path}: no such location")))?;
+        }
+        let missing = || err(422, "Invalid", format!("{kind} {path}: no such location"));
+        match kind {
+            "test" => {
+                let found = match &*parent {
+                    Value::Object(m) => m.get(&last),
+                    Value::Array(a) => last.parse::<usize>().ok().and_then(|i| a.get(i)),
+                    _ => None,
+                };
+                // As the API server's JSON patch library does: a missing member tests as null
+                // (kube's finalizer helper relies on it).
+                if found.unwrap_or(&Value::Null) != &op["value"] {
+                    return Err(err(422, "Invalid", format!("test {path} failed")));
+                }
+            }
+            "add" | "replace" => {
+                let value = op["value"].clone();
+                match parent {
+                    Value::Object(m) => {
+                        if kind == "replace" && !m.contains_key(&last) {
+                            return Err(missing());
+                        }
+                        m.insert(last, value);
+                    }
+                    Value::Array(a) if last == "-" && kind == "add" => a.push(value),
+                    Value::Array(a) => {
+                        let i = last.parse::<usize>().map_err(|_| missing())?;
+                        if kind == "add" && i <= a.len() {
+                            a.insert(i, value);
+                        } else if kind == "replace" && i < a.len() {
+                            a[i] = value;
+                        } else {
+                            return Err(missing());
+                        }
+                    }
+                    _ => return Err(missing()),
+                }
+            }
+            "remove" => match parent {
+                Value::Object(m) => {
+                    m.remove(&last).ok_or_else(missing)?;
+                }
+                Value::Array(a) => {
+                    let i = last.parse::<usize>().map_err(|_| missing())?;
+                    if i >= a.len() {
+                        return Err(missing());
+                    }
+                    a.remove(i);
+                }
+                _ => return Err(missing()),
+            },
+            other => return Err(err(422, "Invalid", format!("JSON patch op {other:?} is not supported"))),
+        }
+    }
+    Ok(())
+}
+
+/// A label selector's terms: `k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`.
+pub fn labels_match(selector: &str, labels: &Value) -> bool {
+    let get = |k: &str| labels.get(k).and_then(Value::as_str);
+    let mut terms = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, ch) in selector.char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                terms.push(&selector[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&selector[start..]);
+    terms.into_iter().map(str::trim).filter(|t| !t.is_empty()).all(|t| {
+        if let Some((k, v)) = t.split_once("!=") {
+            get(k.trim()) != Some(v.trim())
+        } else if let Some((k, v)) = t.split_once("==").or_else(|| t.split_once('=')) {
+            get(k.trim()) == Some(v.trim())
+        } else if let Some((k, set)) = t.split_once(" notin ") {
+            let set = set.trim().trim_start_matches('(').trim_end_matches(')');
+            !get(k.trim()).is_some_and(|v| set.split(',').any(|s| s.trim() == v))
+        } else if let Some((k, set)) = t.split_once(" in ") {
+            let set = set.trim().trim_start_matches('(').trim_end_matches(')');
+            get(k.trim()).is_some_and(|v| set.split(',').any(|s| s.trim() == v))
+        } else if let Some(k) = t.strip_prefix('!') {
+            get(k.trim()).is_none()
+        } else {
+            get(t).is_some()
+        }
+    })
+}
+
+fn fields_match(selector: &str, obj: &Value) -> bool {
+    selector.split(',').map(str::trim).filter(|t| !t.is_empty()).all(|t| {
+        let (neg, (path, want)) = match t.split_once("!=") {
+            Some(kv) => (true, kv),
+            None => (false, t.split_once("==").or_else(|| t.split_once('=')).unwrap_or((t, ""))),
+        };
+        let mut v = obj;
+        for p in path.split('.') {
+            v = &v[p];
+        }
+        (v.as_str().unwrap_or_default() == want) != neg
+    })
+}
+
+fn status_body(e: &ApiError) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": e.message, "reason": e.reason, "code": e.code})
+}
+
+fn name_of(o: &Value) -> String {
+    o["metadata"]["name"].as_str().unwrap_or_default().to_string()
+}
+
+fn spec_part(o: &Value) -> Value {
+    let mut o = o.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.remove("metadata");
+        m.remove("status");
+    }
+    o
+}
+
+impl Store {
+    fn record(&mut self, type_: &'static str, plural: &str, namespace: &str, object: Value) {
+        self.changes.push_back(Change {
+            rv: self.rv,
+            plural: plural.into(),
+            namespace: namespace.into(),
+            type_,
+            object,
+        });
+        while self.changes.len() > MAX_CHANGES {
+            if let Some(c) = self.changes.pop_front() {
+                self.expired_through = c.rv;
+            }
+        }
+    }
+
+    fn next_rv(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn create(&mut self, res: &Resource, ns: &str, mut obj: Value) -> Result<Value, ApiError> {
+        let ns = if res.namespaced { ns } else { "" };
+        if !obj["metadata"].is_object() {
+            obj["metadata"] = json!({});
+        }
+        if name_of(&obj).is_empty() {
+            let Some(prefix) = obj["metadata"]["generateName"].as_str().map(String::from) else {
+                return Err(err(422, "Invalid", "metadata.name or metadata.generateName is required"));
+            };
+            self.uids += 1;
+            obj["metadata"]["name"] = json!(format!("{prefix}{:05x}", self.uids));
+        }
+        let key = (res.plural.to_string(), ns.to_string(), name_of(&obj));
+        if self.objects.contains_key(&key) {
+            return Err(err(409, "AlreadyExists", format!("{} {:?} already exists", res.plural, key.2)));
+        }
+        self.uids += 1;
+        let rv = self.next_rv();
+        let m = &mut obj["metadata"];
+        m["uid"] = json!(format!("00000000-0000-4000-8000-{:012x}", self.uids));
+        m["resourceVersion"] = json!(rv.to_string());
+        m["creationTimestamp"] = json!(timestamp(SystemTime::now()));
+        if res.namespaced {
+            m["namespace"] = json!(ns);
+        }
+        if obj.get("spec").is_some() {
+            obj["metadata"]["generation"] = json!(1);
+        }
+        obj["apiVersion"] = json!(res.api_version());
+        obj["kind"] = json!(res.kind);
+        self.objects.insert(key, obj.clone());
+        self.record("ADDED", res.plural, ns, obj.clone());
+        Ok(obj)
+    }
+
+    /// Stores `new` in place of the live object (bookkeeping: resourceVersion, generation);
+    /// deletes it when it is being deleted and has no finalizer left.
+    fn replace(&mut self, key: &Key, new: Value) -> Value {
+        self.store_change(key, new, false)
+    }
+
+    fn replace_deleting(&mut self, key: &Key, new: Value) -> Value {
+        self.store_change(key, new, true)
+    }
+
+    fn store_change(&mut self, key: &Key, mut new: Value, deleting: bool) -> Value {
+        let old = self.objects.get(key).cloned().unwrap_or(Value::Null);
+        let mut generation = old["metadata"]["generation"].as_i64();
+        if generation.is_some() && spec_part(&old) != spec_part(&new) {
+            generation = generation.map(|g| g + 1);
+        }
+        for field in ["uid", "creationTimestamp", "namespace", "name", "deletionTimestamp"] {
+            let deleted_now = deleting && field == "deletionTimestamp";
+            if !old["metadata"][field].is_null() && !deleted_now {
+                new["metadata"][field] = old["metadata"][field].clone();
+            }
+        }
+        if let Some(g) = generation {
+            new["metadata"]["generation"] = json!(g);
+        }
+        for field in ["apiVersion", "kind"] {
+            new[field] = old[field].clone();
+        }
+        // A write that changes nothing is no change (no new resourceVersion, no watch event):
+        // controllers apply what they want on every reconcile.
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+        if new == old {
+            return old;
+        }
+        let rv = self.next_rv();
+        new["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let finalizers = new["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
+        if !new["metadata"]["deletionTimestamp"].is_null() && !finalizers {
+            self.objects.remove(key);
+            self.record("DELETED", &key.0, &key.1, new.clone());
+            self.collect_garbage(&new);
+            return new;
+        }
+        self.objects.insert(key.clone(), new.clone());
+        self.record("MODIFIED", &key.0, &key.1, new.clone());
+        new
+    }
+
+    fn delete(&mut self, key: &Key) -> Result<Value, ApiError> {
+        let Some(obj) = self.objects.get(key).cloned() else {
+            return Err(err(404, "NotFound", format!("{} {:?} not found", key.0, key.2)));
+        };
+        if !obj["metadata"]["deletionTimestamp"].is_null() {
+            return Ok(obj);
+        }
+        let mut new = obj;
+        new["metadata"]["deletionTimestamp"] = json!(timestamp(SystemTime::now()));
+        Ok(self.replace_deleting(key, new))
+    }
+
+    /// Background cascading deletion: every object owned by `gone` is deleted (in turn).
+    fn collect_garbage(&mut self, gone: &Value) {
+        let uid = gone["metadata"]["uid"].clone();
+        let owned: Vec<Key> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| {
+                o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in owned {
+            let _ = self.delete(&k);
+        }
+    }
+}
+
+/// The API-server double, serving until dropped.
+pub struct ApiServer {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A request path's parts.
+struct Target<'a> {
+    plural: &'a str,
+    namespace: Option<&'a str>,
+    name: Option<&'a str>,
+    subresource: Option<&'a str>,
+}
+
+fn split_path(path: &str) -> Option<Target<'_>> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match *segs.first()? {
+        "api" => segs.get(2..)?,
+        "apis" => segs.get(3..)?,
+        _ => return None,
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(*ns), rest),
+        _ => (None, rest),
+    };
+    let (plural, name, subresource) = match rest {
+        [plural] => (plural, None, None),
+        [plural, name] => (plural, Some(*name), None),
+        [plural, name, sub] => (plural, Some(*name), Some(*sub)),
+        _ => return None,
+    };
+    Some(Target { plural, namespace: ns, name, subresource })
+}
+
+fn query_map(uri: &Uri) -> BTreeMap<String, String> {
+    uri.query()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), percent_decode(v)))
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn json_response(code: u16, v: &Value) -> Response {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(v).unwrap_or_default()))
+        .unwrap_or_default()
+}
+
+fn error_response(e: &ApiError) -> Response {
+    json_response(e.code, &status_body(e))
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let q = query_map(&uri);
+    {
+        let mut s = shared.store.lock().expect("store");
+        s.requests.push_back(format!("{method} {}", uri.path_and_query().map(|p| p.as_str()).unwrap_or_default()));
+        while s.requests.len() > MAX_CHANGES {
+            s.requests.pop_front();
+        }
+    }
+    let Some(Target { plural, namespace: ns, name, subresource: sub }) = split_path(uri.path()) else {
+        return error_response(&err(404, "NotFound", format!("no route {}", uri.path())));
+    };
+    let Some(res) = resource(plural) else {
+        return error_response(&err(404, "NotFound", format!("the server could not find the resource {plural}")));
+    };
+    if sub.is_some_and(|s| s != "status" && s != "scale") {
+        return error_response(&err(404, "NotFound", format!("no subresource {sub:?}")));
+    }
+    let body: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return error_response(&err(400, "BadRequest", format!("the body is not JSON: {e}"))),
+        }
+    };
+    let ns = ns.unwrap_or_default();
+    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let result = match (&method, name) {
+        (&Method::GET, None) if matches!(q.get("watch").map(String::as_str), Some("true" | "1")) => {
+            return watch(shared, res, ns.to_string(), q);
+        }
+        (&Method::GET, None) => Ok((200, list(&shared, res, ns, &q))),
+        (&Method::GET, Some(name)) => get_one(&shared, res, ns, name).map(|o| (200, o)),
+        (&Method::POST, None) => create(&shared, res, ns, body).map(|o| (201, o)),
+        (&Method::PUT, Some(name)) => put(&shared, res, ns, name, sub, body).map(|o| (200, o)),
+        (&Method::PATCH, Some(name)) => patch(&shared, res, ns, name, sub, &content_type, body),
+        (&Method::DELETE, Some(name)) => delete(&shared, res, ns, name).map(|o| (200, o)),
+        _ => Err(err(405, "MethodNotAllowed", format!("{method} {}", uri.path()))),
+    };
+    match result {
+        Ok((code, v)) => json_response(code, &v),
+        Err(e) => error_response(&e),
+    }
+}
+
+fn key_of(res: &Resource, ns: &str, name: &str) -> Key {
+    (res.plural.to_string(), if res.namespaced { ns.to_string() } else { String::new() }, name.to_string())
+}
+
+fn list(shared: &Shared, res: &Resource, ns: &str, q: &BTreeMap<String, String>) -> Value {
+    let s = shared.store.lock().expect("store");
+    let items: Vec<Value> = s
+        .objects
+        .iter()
+        .filter(|((p, n, _), o)| p == res.plural && (ns.is_empty() || n == ns) && selected(q, o))
+        .map(|(_, o)| o.clone())
+        .collect();
+    json!({"apiVersion": res.api_version(), "kind": format!("{}List", res.kind),
+           "metadata": {"resourceVersion": s.rv.to_string()}, "items": items})
+}
+
+fn selected(q: &BTreeMap<String, String>, o: &Value) -> bool {
+    q.get("labelSelector").is_none_or(|l| labels_match(l, &o["metadata"]["labels"]))
+        && q.get("fieldSelector").is_none_or(|f| fields_match(f, o))
+}
+
+fn get_one(shared: &Shared, res: &Resource, ns: &str, name: &str) -> Result<Value, ApiError> {
+    let s = shared.store.lock().expect("store");
+    s.objects
+        .get(&key_of(res, ns, name))
+        .cloned()
+        .ok_or_else(|| err(404, "NotFound", format!("{} {name:?} not found", res.plural)))
+}
+
+fn notify(shared: &Shared, s: &Store) {
+    shared.changed.send_replace(s.rv);
+}
+
+fn create(shared: &Shared, res: &Resource, ns: &str, body: Value) -> Result<Value, ApiError> {
+    let mut s = shared.store.lock().expect("store");
+    let out = s.create(res, ns, body);
+    notify(shared, &s);
+    out
+}
+
+/// The new object from a write to the main resource or its status: the other part kept.
+fn writable(res: &Resource, old: &Value, mut new: Value, sub: Option<&str>) -> Value {
+    if sub == Some("status") {
+        let mut o = old.clone();
+        o["status"] = new["status"].take();
+        return o;
+    }
+    if res.status {
+        match old.get("status") {
+            Some(st) => new["status"] = st.clone(),
+            None => {
+                if let Some(m) = new.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+    }
+    new
+}
+
+fn put(
+    shared: &Shared,
+    res: &Resource,
+    ns: &str,
+    name: &str,
+    sub: Option<&str>,
+    body: Value,
+) -> Result<Value, ApiError> {
+    let mut s = shared.store.lock().expect("store");
+    let key = key_of(res, ns, name);
+    let Some(old) = s.objects.get(&key).cloned() else {
+        return Err(err(404, "NotFound", format!("{} {name:?} not found", res.plural)));
+    };
+    if let Some(rv) = body["metadata"]["resourceVersion"].as_str()
+        && rv != old["metadata"]["resourceVersion"].as_str().unwrap_or_default()
+    {
+        return Err(err(409, "Conflict", format!("the object has been modified; resourceVersion {rv} is stale")));
+    }
+    let new = writable(res, &old, body, sub);
+    let out = s.replace(&key, new);
+    notify(shared, &s);
+    Ok(out)
+}
+
+fn patch(
+    shared: &Shared,
+    res: &Resource,
+    ns: &str,
+    name: &str,
+    sub: Option<&str>,
+    content_type: &str,
+    body: Value,
+) -> Result<(u16, Value), ApiError> {
+    let mut s = shared.store.lock().expect("store");
+    let key = key_of(res, ns, name);
+    let old = s.objects.get(&key).cloned();
+    let out = match (content_type.split(';').next().unwrap_or_default().trim(), old) {
+        ("application/apply-patch+yaml", None) if sub.is_none() => {
+            let mut o = body;
+            o["metadata"]["name"] = json!(name);
+            s.create(res, ns, o).map(|o| (201, o))
+        }
+        (_, None) => Err(err(404, "NotFound", format!("{} {name:?} not found", res.plural))),
+        (ct, Some(old)) => {
+            let mut new = old.clone();
+            match ct {
+                "application/apply-patch+yaml" => apply_merge(&mut new, &body),
+                "application/merge-patch+json" => merge_patch(&mut new, &body),
+                "application/json-patch+json" => json_patch(&mut new, &body)?,
+                other => return Err(err(415, "UnsupportedMediaType", format!("patch type {other:?}"))),
+            }
+            let new = writable(res, &old, new, sub);
+            Ok((200, s.replace(&key, new)))
+        }
+    };
+    notify(shared, &s);
+    out
+}
+
+fn delete(shared: &Shared, res: &Resource, ns: &str, name: &str) -> Result<Value, ApiError> {
+    let mut s = shared.store.lock().expect("store");
+    let out = s.delete(&key_of(res, ns, name));
+    notify(shared, &s);
+    out
+}
+
+fn watch(shared: Arc<Shared>, res: &'static Resource, ns: String, q: BTreeMap<String, String>) -> Response {
+    let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(300));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    let line = |type_: &str, object: &Value| {
+        let mut b = serde_json::to_vec(&json!({"type": type_, "object": object})).unwrap_or_default();
+        b.push(b'\n');
+        Bytes::from(b)
+    };
+    // The first batch: everything now (resourceVersion 0 or absent), or 410 when the changes
+    // after `from` are no longer all kept.
+    let (mut seen, first) = {
+        let s = shared.store.lock().expect("store");
+        if from == 0 {
+            let items: Vec<Bytes> = s
+                .objects
+                .iter()
+                .filter(|((p, n, _), o)| p == res.plural && (ns.is_empty() || *n == ns) && selected(&q, o))
+                .map(|(_, o)| line("ADDED", o))
+                .collect();
+            (s.rv, items)
+        } else if from < s.expired_through {
+            let e = err(410, "Expired", format!("too old resource version: {from}"));
+            return json_response(200, &json!({"type": "ERROR", "object": status_body(&e)}));
+        } else {
+            (from, Vec::new())
+        }
+    };
+    let mut changed = shared.changed.subscribe();
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for b in first {
+            if tx.send(Ok(b)).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            let batch: Vec<Bytes> = {
+                let s = shared.store.lock().expect("store");
+                let out = s
+                    .changes
+                    .iter()
+                    .filter(|c| c.rv > seen && c.plural == res.plural && (ns.is_empty() || c.namespace == ns))
+                    .filter(|c| selected(&q, &c.object))
+                    .map(|c| line(c.type_, &c.object))
+                    .collect();
+                seen = s.rv;
+                out
+            };
+            for b in batch {
+                if tx.send(Ok(b)).await.is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        .unwrap_or_default()
+}
+
+impl ApiServer {
+    /// Serves on `ip` (a free port) from a thread of its own.
+    pub fn start(ip: &str) -> Result<ApiServer> {
+        let listener = std::net::TcpListener::bind((ip, 0)).with_context(|| format!("binding {ip}"))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared =
+            Arc::new(Shared { store: Mutex::new(Store::default()), changed: tokio::sync::watch::channel(0).0 });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = axum::Router::new().fallback(handle).with_state(shared.clone());
+        let thread = std::thread::Builder::new().name("apiserver".into()).spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+            let Ok(rt) = rt else { return };
+            rt.block_on(async move {
+                let Ok(l) = tokio::net::TcpListener::from_std(listener) else { return };
+                let _ = axum::serve(l, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+            rt.shutdown_timeout(Duration::from_secs(1));
+        })?;
+        Ok(ApiServer { shared, addr, stop: Some(stop), thread: Some(thread) })
+    }
+
+    /// `http://ip:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kubeconfig pointing at the double (no credentials), written to `path`.
+    pub fn write_kubeconfig(&self, path: &std::path::Path, namespace: &str) -> Result<()> {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {}\n\
+             users:\n- name: test\n  user: {{}}\ncontexts:\n- name: double\n  context:\n    cluster: double\n    \
+             user: test\n    namespace: {namespace}\ncurrent-context: double\n",
+            self.url()
+        );
+        std::fs::write(path, text).context("writing the kubeconfig")
+    }
+
+    /// The object, if any.
+    pub fn get(&self, plural: &str, ns: &str, name: &str) -> Option<Value> {
+        let res = resource(plural)?;
+        get_one(&self.shared, res, ns, name).ok()
+    }
+
+    /// Objects of `plural` (in `ns`, or everywhere when `None`).
+    pub fn list(&self, plural: &str, ns: Option<&str>) -> Vec<Value> {
+        let Some(res) = resource(plural) else { return Vec::new() };
+        list(&self.shared, res, ns.unwrap_or_default(), &BTreeMap::new())["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Creates an object.
+    pub fn create(&self, plural: &str, ns: &str, obj: Value) -> Result<Value, ApiError> {
+        let res = resource(plural).ok_or_else(|| err(404, "NotFound", plural.to_string()))?;
+        create(&self.shared, res, ns, obj)
+    }
+
+    /// Changes an object in place (`f` gets the live object; the whole of it is stored, status
+    /// included — as a controller writing both would), with the usual bookkeeping; `None` when
+    /// it does not exist.
+    pub fn mutate(&self, plural: &str, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Option<Value> {
+        let res = resource(plural)?;
+        let mut s = self.shared.store.lock().expect("store");
+        let key = key_of(res, ns, name);
+        let mut o = s.objects.get(&key)?.clone();
+        f(&mut o);
+        let out = s.replace(&key, o);
+        notify(&self.shared, &s);
+        Some(out)
+    }
+
+    /// A JSON merge patch of the main resource (what `kubectl patch --type merge` does).
+    pub fn merge(&self, plural: &str, ns: &str, name: &str, patch_body: &Value) -> Result<Value, ApiError> {
+        let res = resource(plural).ok_or_else(|| err(404, "NotFound", plural.to_string()))?;
+        patch(&self.shared, res, ns, name, None, "application/merge-patch+json", patch_body.clone()).map(|(_, v)| v)
+    }
+
+    /// Deletes an object (finalizers and garbage collection as the module says).
+    pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Result<Value, ApiError> {
+        let res = resource(plural).ok_or_else(|| err(404, "NotFound", plural.to_string()))?;
+        delete(&self.shared, res, ns, name)
+    }
+
+    /// The requests served so far ("METHOD path?query").
+    pub fn requests(&self) -> Vec<String> {
+        self.shared.store.lock().expect("store").requests.iter().cloned().collect()
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        // Open watches end with the runtime.
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patches_follow_their_rfcs() {
+        let mut o = json!({"metadata": {"finalizers": ["a"], "labels": {"x": "1"}}, "spec": {"n": 1}});
+        merge_patch(&mut o, &json!({"metadata": {"labels": {"x": null, "y": "2"}}, "spec": {"n": 2}}));
+        assert_eq!(o["metadata"]["labels"], json!({"y": "2"}));
+        assert_eq!(o["spec"]["n"], 2);
+        json_patch(
+            &mut o,
+            &json!([{"op": "test", "path": "/metadata/finalizers", "value": ["a"]},
+                    {"op": "add", "path": "/metadata/finalizers/-", "value": "b"},
+                    {"op": "remove", "path": "/metadata/finalizers/0"}]),
+        )
+        .expect("patch");
+        assert_eq!(o["metadata"]["finalizers"], json!(["b"]));
+        let failed = json_patch(&mut o, &json!([{"op": "test", "path": "/metadata/finalizers", "value": []}]));
+        assert_eq!(failed.map_err(|e| e.code), Err(422));
+        json_patch(&mut o, &json!([{"op": "test", "path": "/metadata/missing", "value": null}])).expect("null");
+    }
+
+    #[test]
+    fn selectors_and_timestamps() {
+        let l = json!({"app": "dpukv", "tier": "node"});
+        assert!(labels_match("app=dpukv,tier in (node, gateway)", &l));
+        assert!(!labels_match("app=dpukv,tier!=node", &l));
+        assert!(labels_match("!missing,app", &l));
+        assert_eq!(timestamp(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)), "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn deletion_waits_for_finalizers_then_collects_what_it_owned() {
+        let api = ApiServer::start("127.0.0.1").expect("start");
+        let owner = api
+            .create("dpukvclusters", "db", json!({"metadata": {"name": "demo", "finalizers": ["f"]}, "spec": {}}))
+            .expect("owner");
+        let uid = owner["metadata"]["uid"].clone();
+        api.create(
+            "statefulsets",
+            "db",
+            json!({"metadata": {"name": "demo-node", "ownerReferences": [{"uid": uid, "name": "demo"}]}, "spec": {}}),
+        )
+        .expect("child");
+        api.delete("dpukvclusters", "db", "demo").expect("delete");
+        let held = api.get("dpukvclusters", "db", "demo").expect("held by its finalizer");
+        assert!(held["metadata"]["deletionTimestamp"].is_string());
+        assert!(api.get("statefulsets", "db", "demo-node").is_some(), "the child stays while the owner does");
+        api.merge("dpukvclusters", "db", "demo", &json!({"metadata": {"finalizers": null}})).expect("patch");
+        assert!(api.get("dpukvclusters", "db", "demo").is_none());
+        assert!(api.get("statefulsets", "db", "demo-node").is_none(), "collected with its owner");
+    }
+}

@@ -1,0 +1,378 @@
+//! The operator on real processes: the real `dpukv-operator` binary, pointed by a kubeconfig at
+//! the API-server double (`dpukv_e2e::apiserver`), with the test kubelet
+//! (`dpukv_e2e::kubelet`) running every pod it asks for as real `dpukv-node` + `dpukv-dpu` and
+//! `dpukv-gateway` processes, each pod in a network namespace of its own (pod IPs, cluster DNS
+//! names through each namespace's hosts file), on a real etcd. Needs root (network namespaces),
+//! as the partition tests do.
+//!
+//! A `DpuKvCluster` of 3 nodes serves through its gateway; it scales to 4 and then to 2 while a
+//! writer keeps writing — no node pod goes before the master drained it, and every acknowledged
+//! write is still readable —; deleting the resource removes everything it owned, stops every
+//! process and removes the cluster's keys from etcd.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dpukv_client::Client;
+use dpukv_cluster::{EtcdOptions, EtcdStore, MetaStore};
+use dpukv_e2e::apiserver::ApiServer;
+use dpukv_e2e::etcd::Etcd;
+use dpukv_e2e::kubelet::{Kubelet, KubeletConfig, Slot};
+use dpukv_e2e::netns::Net;
+use dpukv_e2e::procs::{Proc, bin_dir};
+use serde_json::{Value, json};
+
+const NS: &str = "db";
+/// The node pods' host admin port (operator/src/render.rs).
+const HOST_ADMIN: u16 = 9100;
+/// The gateway's binary port (the CRD's default).
+const GATEWAY_BINARY: u16 = 7379;
+/// Namespaces: the operator's, etcd's, and the pods' slots.
+const OPERATOR_HOST: u8 = 2;
+const ETCD_HOST: u8 = 3;
+const POD_HOSTS: std::ops::RangeInclusive<u8> = 10..=17;
+
+struct Scene {
+    api: Arc<ApiServer>,
+    kubelet: Kubelet,
+    operator_log: std::path::PathBuf,
+    // Dropped in this order: the operator, the kubelet's pods, etcd, the namespaces.
+    _operator: Proc,
+    _etcd: Etcd,
+    _net: Net,
+    _dir: tempfile::TempDir,
+}
+
+impl Scene {
+    fn start() -> Scene {
+        let bins = bin_dir().expect("binaries");
+        let hosts: Vec<u8> = [OPERATOR_HOST, ETCD_HOST].into_iter().chain(POD_HOSTS).collect();
+        let net = Net::new(&hosts).expect("network namespaces (needs root and iproute2)");
+        let etcd = Etcd::start_in(net.exec_prefix(ETCD_HOST), &net.addr(ETCD_HOST)).expect("etcd");
+        let dir = tempfile::tempdir().expect("dir");
+        let api = Arc::new(ApiServer::start(&net.addr(dpukv_e2e::netns::TEST_HOST)).expect("API server"));
+        // One Kubernetes node, without a DPU.
+        api.create("nodes", "", json!({"metadata": {"name": "worker-1"}, "status": {"allocatable": {"cpu": "2"}}}))
+            .expect("node");
+        let kubelet = Kubelet::start(
+            api.clone(),
+            KubeletConfig {
+                slots: POD_HOSTS.map(|h| Slot { netns: net.ns(h), ip: net.addr(h) }).collect(),
+                dns_only: vec![net.ns(OPERATOR_HOST)],
+                bins: bins.clone(),
+                root: dir.path().join("kubelet"),
+            },
+        )
+        .expect("kubelet");
+        let kubeconfig = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig, "dpukv-system").expect("kubeconfig");
+        let operator_log = dir.path().join("operator.log");
+        let log = std::fs::File::create(&operator_log).expect("log");
+        let operator = Command::new("ip")
+            .args(["netns", "exec", &net.ns(OPERATOR_HOST)])
+            .arg(bins.join("dpukv-operator"))
+            .args(["--http", "0.0.0.0:8080", "--namespace", "dpukv-system"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAME", "dpukv-operator-0")
+            .env("RUST_LOG", "info,dpukv_operator=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("dpukv-operator");
+        Scene { api, kubelet, operator_log, _operator: Proc(operator), _etcd: etcd, _net: net, _dir: dir }
+    }
+
+    /// What a failing wait prints: the cluster's status, what failed, the last logs.
+    fn report(&self) -> String {
+        let status = self.api.get("dpukvclusters", NS, "demo").map(|c| c["status"].clone());
+        let op = std::fs::read_to_string(&self.operator_log).unwrap_or_default();
+        format!(
+            "status: {status:#?}\nkubelet errors: {:#?}\n--- operator log (tail) ---\n{}\n--- pods (tails) ---\n{}",
+            self.kubelet.errors(),
+            &op[op.len().saturating_sub(6000)..],
+            self.kubelet.logs(3000),
+        )
+    }
+
+    /// Waits (at most `timeout`) for `f` to give something.
+    fn wait<T>(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", self.report());
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Waits until the cluster reports `nodes` node pods ready and `Running`.
+    fn wait_running(&self, nodes: i64) -> Value {
+        self.wait(&format!("the cluster Running with {nodes} nodes"), Duration::from_secs(180), || {
+            let c = self.api.get("dpukvclusters", NS, "demo")?;
+            let s = &c["status"];
+            let set = self.api.get("statefulsets", NS, "demo-node")?;
+            (s["phase"] == "Running"
+                && s["readyNodes"] == nodes
+                && s["observedGeneration"] == c["metadata"]["generation"]
+                && set["status"]["replicas"] == nodes)
+                .then(|| s.clone())
+        })
+    }
+
+    /// A ready gateway pod's binary endpoint.
+    fn gateway(&self) -> String {
+        self.wait("a ready gateway pod", Duration::from_secs(60), || ready_gateway(&self.api))
+    }
+}
+
+/// A ready gateway pod's binary endpoint (what the cluster's Service would pick).
+fn ready_gateway(api: &ApiServer) -> Option<String> {
+    api.list("pods", Some(NS)).into_iter().find_map(|p| {
+        let gateway = p["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway";
+        let ready = p["status"]["conditions"][0]["status"] == "True";
+        let ip = p["status"]["podIP"].as_str()?;
+        (gateway && ready && p["metadata"]["deletionTimestamp"].is_null()).then(|| format!("{ip}:{GATEWAY_BINARY}"))
+    })
+}
+
+/// A node pod as it went, and what its admin API said of its drain then.
+type DrainSeen = (String, Option<String>);
+
+/// `GET path` on `addr`, the body.
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.starts_with("HTTP/1.1 200").then(|| out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()))?
+}
+
+/// Writes keys `prefix-N` through a ready gateway pod until `stop`, remembering every
+/// acknowledged one.
+fn writer(
+    rt: &tokio::runtime::Runtime,
+    api: Arc<ApiServer>,
+    prefix: &'static str,
+    acked: Arc<Mutex<BTreeMap<String, String>>>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    rt.spawn(async move {
+        let mut client = None;
+        let (mut i, mut errors) = (0u64, 0u32);
+        while !stop.load(Ordering::Acquire) {
+            if client.is_none() {
+                let Some(gateway) = ready_gateway(&api) else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                client = match Client::connect(&gateway, 1).await {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        errors += 1;
+                        if errors <= 3 {
+                            eprintln!("writer {prefix}: connecting to {gateway}: {e:#}");
+                        }
+                        None
+                    }
+                };
+            }
+            let Some(c) = &client else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let (k, v) = (format!("{prefix}-{i:05}"), format!("value-{prefix}-{i}"));
+            match tokio::time::timeout(Duration::from_secs(10), c.put(k.as_bytes(), v.as_bytes())).await {
+                Ok(Ok(_)) => {
+                    acked.lock().expect("acked").insert(k, v);
+                    i += 1;
+                }
+                // Not acknowledged: it may or may not have been applied; the next key is new.
+                r => {
+                    errors += 1;
+                    if errors <= 3 {
+                        eprintln!("writer {prefix}: {k}: {:?}", r.map(|r| r.map(|_| ())));
+                    }
+                    client = None;
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+}
+
+#[test]
+fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cleans_up() {
+    let scene = Scene::start();
+    let api = &scene.api;
+    // Every node pod the StatefulSet controller takes away for a scale-in must be drained by the
+    // master first (nothing led, nothing held): asked of the pod's own admin API as it goes.
+    let drained: Arc<Mutex<Vec<DrainSeen>>> = Arc::default();
+    {
+        let drained = drained.clone();
+        scene.kubelet.before_delete(move |pod, reason| {
+            if reason != "ScaledIn" || pod["metadata"]["labels"]["app.kubernetes.io/component"] != "node" {
+                return;
+            }
+            let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+            let index: u32 = pod["metadata"]["labels"]["apps.kubernetes.io/pod-index"]
+                .as_str()
+                .and_then(|i| i.parse().ok())
+                .unwrap_or(0);
+            let answer = http_get(&format!("{ip}:{HOST_ADMIN}"), &format!("/cluster/drain/{}", index + 1));
+            drained
+                .lock()
+                .expect("drained")
+                .push((pod["metadata"]["name"].as_str().unwrap_or_default().into(), answer));
+        });
+    }
+    let etcd_url = format!("http://{}:2379", scene._net.addr(ETCD_HOST));
+    let resource = json!({
+        "apiVersion": "dpukv.io/v1alpha1", "kind": "DpuKvCluster",
+        "metadata": {"name": "demo"},
+        "spec": {
+            "nodes": 3, "replicationFactor": 2,
+            "device": {"mode": "Emulator"},
+            "storage": {"size": "1Gi"},
+            "sharedMemory": {"size": "256Mi"},
+            "etcd": {"endpoints": [etcd_url]},
+            "regions": {"splitKeys": ["a-", "b-", "c-"]},
+            "persistentVolumeClaimRetention": {"whenScaled": "Delete", "whenDeleted": "Delete"},
+            "gateway": {"replicas": 1},
+        },
+    });
+    api.create("dpukvclusters", NS, resource).expect("create the DpuKvCluster");
+
+    // 3 nodes: the operator created the children; the cluster serves.
+    let status = scene.wait_running(3);
+    assert!(status["master"].as_str().is_some_and(|m| m.starts_with("demo-node-")), "{status:#}");
+    assert_eq!(status["regions"], 4, "{status:#}");
+    let requests = api.requests();
+    assert!(
+        requests.iter().any(|r| r.starts_with("GET /apis/apps/v1/statefulsets?") && r.contains("watch=true")),
+        "the operator watches what it owns"
+    );
+    assert!(
+        requests.iter().any(|r| r.starts_with("PATCH /apis/dpukv.io/v1alpha1/namespaces/db/dpukvclusters/demo/status"))
+    );
+    for (plural, name) in [
+        ("services", "demo-node"),
+        ("services", "demo"),
+        ("deployments", "demo-gateway"),
+        ("poddisruptionbudgets", "demo-node"),
+        ("configmaps", "demo-node-config"),
+    ] {
+        assert!(api.get(plural, NS, name).is_some(), "{plural}/{name} was applied");
+    }
+    scene.gateway();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let acked: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> =
+        ["a", "b", "c", "d"].into_iter().map(|p| writer(&rt, api.clone(), p, acked.clone(), stop.clone())).collect();
+    scene.wait("writes acknowledged", Duration::from_secs(60), || {
+        (acked.lock().expect("acked").len() >= 200).then_some(())
+    });
+
+    let gateway_before = ready_gateway(api);
+        // Scale out to 4, then in to 2, under writes.
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 4}})).expect("scale out");
+    scene.wait_running(4);
+    let before = acked.lock().expect("acked").len();
+    scene.wait("writes on 4 nodes", Duration::from_secs(60), || {
+        (acked.lock().expect("acked").len() >= before + 200).then_some(())
+    });
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 2}})).expect("scale in");
+    let status = scene.wait_running(2);
+    let before = acked.lock().expect("acked").len();
+    scene.wait("writes on 2 nodes", Duration::from_secs(60), || {
+        (acked.lock().expect("acked").len() >= before + 100).then_some(())
+    });
+    stop.store(true, Ordering::Release);
+    for w in writers {
+        rt.block_on(w).expect("writer");
+    }
+    assert_eq!(status["regions"], 4, "{status:#}");
+    assert_eq!(ready_gateway(api), gateway_before, "scaling the nodes left the gateway pod alone");
+
+    // The pods that went were drained first, and their volumes went after them.
+    let scaled_in: Vec<String> =
+        scene.kubelet.deletions().into_iter().filter(|d| d.reason == "ScaledIn").map(|d| d.pod).collect();
+    assert_eq!(scaled_in, ["db/demo-node-2", "db/demo-node-3"], "the highest ordinals went, once each");
+    let drained = drained.lock().expect("drained").clone();
+    assert_eq!(drained.len(), 2, "{drained:?}");
+    for (pod, answer) in &drained {
+        let answer: Value = answer
+            .as_deref()
+            .and_then(|a| serde_json::from_str(a).ok())
+            .unwrap_or_else(|| panic!("{pod}'s drain status was not readable as it went: {answer:?}"));
+        assert_eq!(
+            (&answer["done"], &answer["regions_led"], &answer["regions_held"]),
+            (&json!(true), &json!(0), &json!(0)),
+            "{pod} went before its drain finished: {answer}"
+        );
+    }
+    for claim in ["data-demo-node-2", "data-demo-node-3"] {
+        assert!(api.get("persistentvolumeclaims", NS, claim).is_none(), "{claim} deleted (whenScaled: Delete)");
+    }
+    assert!(api.get("persistentvolumeclaims", NS, "data-demo-node-1").is_some());
+
+    // Every acknowledged write is still there.
+    let acked = acked.lock().expect("acked").clone();
+    assert!(acked.len() >= 500, "{} writes acknowledged", acked.len());
+    rt.block_on(async {
+        let c = Client::connect(&scene.gateway(), 2).await.expect("connect to the gateway");
+        for (k, v) in &acked {
+            let got = c.get(k.as_bytes()).await.unwrap_or_else(|e| panic!("reading {k}: {e}"));
+            assert_eq!(got.as_deref(), Some(v.as_bytes()), "{k} was acknowledged");
+        }
+    });
+
+    // What `kubectl describe` shows: the operator's events on the resource.
+    let reasons = |api: &ApiServer| -> Vec<String> {
+        api.list("events", Some(NS))
+            .iter()
+            .filter(|e| e["regarding"]["name"] == "demo" && e["reportingController"] == "dpukv-operator")
+            .filter_map(|e| e["reason"].as_str().map(String::from))
+            .collect()
+    };
+    let seen = reasons(api);
+    for r in ["ScaledOut", "DrainStarted", "ScaledIn"] {
+        assert!(seen.iter().any(|s| s == r), "a {r} event: {seen:?}");
+    }
+
+    // Deleting the resource: everything it owned goes, every process stops, and the cluster's
+    // keys leave etcd.
+    let keys = |prefix: &'static str| {
+        let url = etcd_url.clone();
+        rt.block_on(async move {
+            let s = EtcdStore::connect_checked(&EtcdOptions::new([url])).await.expect("etcd");
+            s.range(prefix.as_bytes()).await.expect("range").0.len()
+        })
+    };
+    assert!(keys("/dpukv/db.demo/") > 0, "the cluster keeps its metadata in etcd");
+    api.delete("dpukvclusters", NS, "demo").expect("delete");
+    scene.wait("the DpuKvCluster gone", Duration::from_secs(60), || {
+        api.get("dpukvclusters", NS, "demo").is_none().then_some(())
+    });
+    scene.wait("every owned object and process gone", Duration::from_secs(60), || {
+        let left: usize =
+            ["statefulsets", "deployments", "services", "poddisruptionbudgets", "pods", "persistentvolumeclaims"]
+                .iter()
+                .map(|p| api.list(p, Some(NS)).len())
+                .sum();
+        (left == 0 && scene.kubelet.running().is_empty()).then_some(())
+    });
+    assert_eq!(keys("/dpukv/db.demo/"), 0, "the finalizer removed the cluster's etcd keys");
+    let seen = reasons(api);
+    assert!(seen.iter().any(|s| s == "EtcdKeysDeleted"), "{seen:?}");
+    assert!(api.list("configmaps", Some(NS)).is_empty(), "the node configuration went with its owner");
+}
