@@ -283,7 +283,7 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     });
 
     let gateway_before = ready_gateway(api);
-        // Scale out to 4, then in to 2, under writes.
+    // Scale out to 4, then in to 2, under writes.
     api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 4}})).expect("scale out");
     scene.wait_running(4);
     let before = acked.lock().expect("acked").len();
