@@ -69,7 +69,8 @@ pub struct KubeletConfig {
     pub root: PathBuf,
 }
 
-/// A pod the StatefulSet controller deleted, and why (`ScaledIn`, `Updated`).
+/// A pod a controller deleted, and why (StatefulSets: `ScaledIn`, `Updated`; Deployments:
+/// `Replaced` by a new template's pod, `ScaledDown`).
 #[derive(Debug, Clone)]
 pub struct Deletion {
     /// Namespace/name.
@@ -121,7 +122,8 @@ struct Loop {
     cfg: KubeletConfig,
     shared: Arc<Mutex<Shared>>,
     pods: HashMap<String, Running>,
-    sticky: HashMap<String, usize>,
+    /// The slot each pod name had last.
+    previous: HashMap<String, usize>,
     hosts: String,
     /// Where `emptyDir` volumes with `medium: Memory` go (a tmpfs: `/dev/shm`).
     memory: PathBuf,
@@ -390,6 +392,11 @@ impl Loop {
                 let index = meta(p, "name").rsplit('-').next().and_then(|i| i.parse::<i64>().ok()).unwrap_or(0);
                 let old = p["metadata"]["labels"]["pod-template-hash"] != rev.as_str();
                 if !terminating(p) && ((old && new_ready) || (!old && index >= replicas)) {
+                    self.shared
+                        .lock()
+                        .expect("kubelet")
+                        .deletions
+                        .push(Deletion { pod: key(p), reason: if old { "Replaced" } else { "ScaledDown" } });
                     let _ = self.api.delete("pods", &ns, meta(p, "name"));
                 }
             }
@@ -493,12 +500,13 @@ impl Loop {
         let k = key(pod);
         let used: Vec<usize> = self.pods.values().map(|r| r.slot).collect();
         let free = |i: &usize| !used.contains(i);
-        let slot = self
-            .sticky
-            .get(meta(pod, "name"))
-            .copied()
+        // A pod that comes back under its old name gets another address, as with most network
+        // plugins: whatever cached the old one must find the new one by name.
+        let previous = self.previous.get(meta(pod, "name")).copied();
+        let slot = (0..self.cfg.slots.len())
             .filter(free)
-            .or_else(|| (0..self.cfg.slots.len()).find(free))
+            .find(|i| Some(*i) != previous)
+            .or(previous.filter(free))
             .context("no free pod slot (network namespace) left")?;
         let ip = self.cfg.slots[slot].ip.clone();
         let volumes = self.volumes(pod)?;
@@ -574,7 +582,7 @@ impl Loop {
         for c in &mut r.containers {
             c.proc = Some(self.spawn(slot, c)?);
         }
-        self.sticky.insert(meta(pod, "name").to_string(), slot);
+        self.previous.insert(meta(pod, "name").to_string(), slot);
         let now = crate::apiserver::timestamp(std::time::SystemTime::now());
         self.api.mutate("pods", ns, meta(pod, "name"), |o| {
             o["status"] = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": ip,
@@ -737,7 +745,7 @@ impl Kubelet {
             cfg,
             shared: shared.clone(),
             pods: HashMap::new(),
-            sticky: HashMap::new(),
+            previous: HashMap::new(),
             hosts: String::new(),
             memory: memory.clone(),
         };
@@ -764,7 +772,7 @@ impl Kubelet {
         self.shared.lock().expect("kubelet").hook = Some(Box::new(hook));
     }
 
-    /// The pods the StatefulSet controller deleted.
+    /// The pods the controllers deleted.
     pub fn deletions(&self) -> Vec<Deletion> {
         self.shared.lock().expect("kubelet").deletions.clone()
     }

@@ -8,7 +8,8 @@
 //! of copies).
 //!
 //! A small HTTP/1.1 client on a TCP connection per call (`Connection: close`): every call has a
-//! timeout ([`TIMEOUT`]) and an answer is read up to [`MAX_ANSWER`] bytes.
+//! timeout ([`TIMEOUT`]) and an answer is read up to [`MAX_ANSWER`] bytes. An address may list
+//! several hosts (comma-separated): the call goes to the first one that can be reached.
 
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Each call's time limit (connect, send, answer).
-pub const TIMEOUT: Duration = Duration::from_secs(5);
+pub const TIMEOUT: Duration = Duration::from_secs(3);
 /// The most bytes of an answer read.
 pub const MAX_ANSWER: usize = 64 << 10;
 
@@ -86,7 +87,25 @@ pub enum AdminError {
     },
 }
 
-async fn call<T: serde::de::DeserializeOwned>(addr: &str, method: &str, path: &str) -> Result<T, AdminError> {
+/// The call on the first of `addrs` (comma-separated `host:port`s) that can be reached: a node
+/// pod restarting (an upgrade restarts them all in turn) must not stop the operator's calls —
+/// every host answers for the whole cluster. An answer (even a refusal) ends the search; only an
+/// address that cannot be reached, or answers nothing in time, passes the call to the next.
+async fn call<T: serde::de::DeserializeOwned>(addrs: &str, method: &str, path: &str) -> Result<T, AdminError> {
+    let mut last = None;
+    for addr in addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        match call_one(addr, method, path).await {
+            Err(e @ AdminError::Io { .. }) => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.unwrap_or_else(|| AdminError::Io {
+        addr: addrs.to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "no admin address"),
+    }))
+}
+
+async fn call_one<T: serde::de::DeserializeOwned>(addr: &str, method: &str, path: &str) -> Result<T, AdminError> {
     let io = |source| AdminError::Io { addr: addr.to_string(), source };
     let request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
     let exchange = async {
@@ -133,4 +152,49 @@ pub async fn drain(addr: &str, node: u32) -> Result<DrainStatus, AdminError> {
 /// Asks that node `node` no longer be drained (a scale-out brought its pod back).
 pub async fn undrain(addr: &str, node: u32) -> Result<DrainStatus, AdminError> {
     call(addr, "DELETE", &format!("/cluster/drain/{node}")).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host admin endpoint answering every call with `status` and `body`, once per connection.
+    async fn endpoint(status: &'static str, body: &'static str) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                let answer = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                let _ = s.write_all(answer.as_bytes()).await;
+            }
+        });
+        addr
+    }
+
+    /// A port nothing listens on.
+    async fn closed() -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        l.local_addr().expect("addr").to_string()
+    }
+
+    #[tokio::test]
+    async fn a_call_goes_to_the_first_host_that_can_be_reached_and_stops_at_an_answer() {
+        let summary = r#"{"master": 2, "nodes": 3, "regions": 4, "without_primary": 0, "under_replicated": 0}"#;
+        let up = endpoint("200 OK", summary).await;
+        let down = closed().await;
+        let s = summary_of(&format!("{down},{up}")).await.expect("the second host answers");
+        assert_eq!((s.master, s.regions), (2, 4));
+        // A refusal is an answer: the next host is not asked.
+        let refusing = endpoint("503 Service Unavailable", "etcd unavailable").await;
+        let e = summary_of(&format!("{refusing},{up}")).await.expect_err("refused");
+        assert!(matches!(e, AdminError::Refused { .. }), "{e}");
+        let e = summary_of(&down).await.expect_err("nothing reachable");
+        assert!(matches!(e, AdminError::Io { .. }), "{e}");
+    }
+
+    async fn summary_of(addrs: &str) -> Result<Summary, AdminError> {
+        summary(addrs).await
+    }
 }

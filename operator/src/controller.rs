@@ -77,12 +77,19 @@ impl Error {
 /// How soon a cluster whose cleanup waits is looked at again.
 pub const WAIT: Duration = Duration::from_secs(5);
 
-/// Where the operator reaches a cluster's admin API (`host:port`).
+/// Where the operator reaches a cluster's admin API (`host:port`, or several comma-separated:
+/// tried in order, see `admin`).
 pub type AdminAddr = Box<dyn Fn(&DpuKvCluster) -> String + Send + Sync>;
 
-/// The admin endpoint of the cluster's first node pod (it never goes in a scale-in).
+/// The admin endpoints of the cluster's first three node pods, pod 0 first (the first pods
+/// never go in a scale-in; the others answer while an upgrade restarts pod 0).
 pub fn first_pod_admin(c: &DpuKvCluster) -> String {
-    format!("{}:{}", render::pod_host(c, &format!("{}-0", render::node_name(c))), render::HOST_ADMIN_PORT)
+    (0..3)
+        .map(|i| {
+            format!("{}:{}", render::pod_host(c, &format!("{}-{i}", render::node_name(c))), render::HOST_ADMIN_PORT)
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// What reconciles share.

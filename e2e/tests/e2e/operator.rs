@@ -215,11 +215,13 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     let api = &scene.api;
     // Every node pod the StatefulSet controller takes away for a scale-in must be drained by the
     // master first (nothing led, nothing held): asked of the pod's own admin API as it goes.
+    // The same for every node pod an upgrade restarts: its primaries must have stepped down.
     let drained: Arc<Mutex<Vec<DrainSeen>>> = Arc::default();
+    let stepped_down: Arc<Mutex<Vec<DrainSeen>>> = Arc::default();
     {
-        let drained = drained.clone();
+        let (drained, stepped_down) = (drained.clone(), stepped_down.clone());
         scene.kubelet.before_delete(move |pod, reason| {
-            if reason != "ScaledIn" || pod["metadata"]["labels"]["app.kubernetes.io/component"] != "node" {
+            if pod["metadata"]["labels"]["app.kubernetes.io/component"] != "node" {
                 return;
             }
             let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
@@ -227,11 +229,12 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
                 .as_str()
                 .and_then(|i| i.parse().ok())
                 .unwrap_or(0);
-            let answer = http_get(&format!("{ip}:{HOST_ADMIN}"), &format!("/cluster/drain/{}", index + 1));
-            drained
-                .lock()
-                .expect("drained")
-                .push((pod["metadata"]["name"].as_str().unwrap_or_default().into(), answer));
+            let (path, seen) = match reason {
+                "ScaledIn" => (format!("/cluster/drain/{}", index + 1), &drained),
+                _ => (format!("/cluster/step-down/{}", index + 1), &stepped_down),
+            };
+            let answer = http_get(&format!("{ip}:{HOST_ADMIN}"), &path);
+            seen.lock().expect("seen").push((pod["metadata"]["name"].as_str().unwrap_or_default().into(), answer));
         });
     }
     let etcd_url = format!("http://{}:2379", scene._net.addr(ETCD_HOST));
@@ -282,8 +285,52 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         (acked.lock().expect("acked").len() >= 200).then_some(())
     });
 
-    let gateway_before = ready_gateway(api);
+    // An upgrade under writes: node pods restart one at a time, highest ordinal first, each only
+    // once its primaries moved to backups elsewhere (asked of its admin API as it goes).
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"version": "0.2.0"}})).expect("upgrade");
+    scene.wait("the upgrade finished", Duration::from_secs(240), || {
+        let c = api.get("dpukvclusters", NS, "demo")?;
+        let set = api.get("statefulsets", NS, "demo-node")?;
+        let st = &set["status"];
+        // The gateway runs the new version too (its pod replaced: a new image).
+        let d = api.get("deployments", NS, "demo-gateway")?;
+        let gw = &d["status"];
+        let gateway_rolled = gw["observedGeneration"] == d["metadata"]["generation"]
+            && d["spec"]["template"]["spec"]["containers"][0]["image"].as_str().is_some_and(|i| i.ends_with(":0.2.0"))
+            && gw["replicas"] == 1
+            && gw["updatedReplicas"] == 1
+            && gw["readyReplicas"] == 1;
+        (gateway_rolled
+            && c["status"]["version"] == "0.2.0"
+            && c["status"]["phase"] == "Running"
+            && st["updatedReplicas"] == 3
+            && st["readyReplicas"] == 3
+            && st["currentRevision"] == st["updateRevision"])
+            .then_some(())
+    });
+    let restarted: Vec<String> =
+        scene.kubelet.deletions().into_iter().filter(|d| d.reason == "Updated").map(|d| d.pod).collect();
+    assert_eq!(restarted, ["db/demo-node-2", "db/demo-node-1", "db/demo-node-0"], "one at a time, from the top");
+    let stepped = stepped_down.lock().expect("stepped down").clone();
+    assert_eq!(stepped.len(), 3, "{stepped:?}");
+    for (pod, answer) in &stepped {
+        let answer: Value = answer
+            .as_deref()
+            .and_then(|a| serde_json::from_str(a).ok())
+            .unwrap_or_else(|| panic!("{pod}'s step-down was not readable as it went: {answer:?}"));
+        assert_eq!(
+            (&answer["done"], &answer["regions_led"]),
+            (&json!(true), &json!(0)),
+            "{pod} restarted while leading: {answer}"
+        );
+    }
+    let before = acked.lock().expect("acked").len();
+    scene.wait("writes after the upgrade", Duration::from_secs(60), || {
+        (acked.lock().expect("acked").len() >= before + 100).then_some(())
+    });
+
     // Scale out to 4, then in to 2, under writes.
+    let gateway_before = ready_gateway(api);
     api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 4}})).expect("scale out");
     scene.wait_running(4);
     let before = acked.lock().expect("acked").len();
