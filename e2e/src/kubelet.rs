@@ -111,7 +111,6 @@ struct Container {
 }
 
 struct Running {
-    key: String,
     uid: String,
     slot: usize,
     containers: Vec<Container>,
@@ -122,11 +121,18 @@ struct Loop {
     cfg: KubeletConfig,
     shared: Arc<Mutex<Shared>>,
     pods: HashMap<String, Running>,
+    /// Each StatefulSet revision's pod template.
+    templates: HashMap<String, Value>,
     /// The slot each pod name had last.
     previous: HashMap<String, usize>,
     hosts: String,
     /// Where `emptyDir` volumes with `medium: Memory` go (a tmpfs: `/dev/shm`).
     memory: PathBuf,
+}
+
+/// The shared state, also after a panic elsewhere (the kubelet reports its own panics).
+fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// FNV-1a 64 of a value's JSON, as 10 hex digits (a revision's name).
@@ -235,7 +241,7 @@ fn probe(ip: &str, spec: &Value, container: &Value) -> bool {
 
 impl Loop {
     fn error(&self, e: String) {
-        let mut s = self.shared.lock().expect("kubelet");
+        let mut s = lock(&self.shared);
         if s.errors.last() != Some(&e) {
             s.errors.push(e);
         }
@@ -266,6 +272,9 @@ impl Loop {
         let replicas = spec["replicas"].as_i64().unwrap_or(1);
         let partition = spec["updateStrategy"]["rollingUpdate"]["partition"].as_i64().unwrap_or(0);
         let update = format!("{name}-{}", hash(&spec["template"]));
+        // Each revision's template (Kubernetes keeps them as ControllerRevisions): a pod below
+        // the partition is made again from the revision it runs, not from the new template.
+        self.templates.entry(update.clone()).or_insert_with(|| spec["template"].clone());
         let current = set["status"]["currentRevision"].as_str().unwrap_or(&update).to_string();
         let pods: BTreeMap<i64, Value> = self
             .api
@@ -300,7 +309,9 @@ impl Loop {
                 continue;
             }
             let pod_name = format!("{name}-{i}");
-            let mut volumes = spec["template"]["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+            let rev = if i >= partition { &update } else { &current };
+            let template = self.templates.get(rev).cloned().unwrap_or_else(|| spec["template"].clone());
+            let mut volumes = template["spec"]["volumes"].as_array().cloned().unwrap_or_default();
             for t in &claims {
                 let claim = format!("{}-{pod_name}", meta(t, "name"));
                 if self.api.get("persistentvolumeclaims", ns, &claim).is_none() {
@@ -313,18 +324,17 @@ impl Loop {
                 }
                 volumes.push(json!({"name": meta(t, "name"), "persistentVolumeClaim": {"claimName": claim}}));
             }
-            let rev = if i >= partition { &update } else { &current };
-            let mut labels = spec["template"]["metadata"]["labels"].clone();
+            let mut labels = template["metadata"]["labels"].clone();
             labels["apps.kubernetes.io/pod-index"] = json!(i.to_string());
             labels["statefulset.kubernetes.io/pod-name"] = json!(pod_name);
             labels["controller-revision-hash"] = json!(rev);
-            let mut pod_spec = spec["template"]["spec"].clone();
+            let mut pod_spec = template["spec"].clone();
             pod_spec["volumes"] = json!(volumes);
             pod_spec["hostname"] = json!(pod_name);
             pod_spec["subdomain"] = spec["serviceName"].clone();
             let pod = json!({
                 "metadata": {"name": pod_name, "labels": labels,
-                             "annotations": spec["template"]["metadata"]["annotations"],
+                             "annotations": template["metadata"]["annotations"],
                              "ownerReferences": [owner_ref("StatefulSet", "apps/v1", set)],
                              "finalizers": [FINALIZER]},
                 "spec": pod_spec,
@@ -343,16 +353,17 @@ impl Loop {
         {
             self.delete_pod(p, "Updated");
         }
-        // Status.
-        let pods: Vec<Value> =
-            self.api.list("pods", Some(ns)).into_iter().filter(|p| owned_by(p, uid) && !terminating(p)).collect();
+        // Status: as Kubernetes counts it, pods still terminating are among `replicas` (and
+        // `readyReplicas` while ready) — they run until they are gone — but on no revision.
+        let all: Vec<Value> = self.api.list("pods", Some(ns)).into_iter().filter(|p| owned_by(p, uid)).collect();
+        let pods: Vec<&Value> = all.iter().filter(|p| !terminating(p)).collect();
         let on = |rev: &str| pods.iter().filter(|p| p["metadata"]["labels"]["controller-revision-hash"] == rev).count();
         let updated = on(&update) as i64;
         let current = if updated == replicas && pods.len() as i64 == replicas { update.clone() } else { current };
-        let ready = pods.iter().filter(|p| pod_ready(p)).count();
+        let ready = all.iter().filter(|p| pod_ready(p)).count();
         let status = json!({
             "observedGeneration": set["metadata"]["generation"],
-            "replicas": pods.len(),
+            "replicas": all.len(),
             "readyReplicas": ready,
             "availableReplicas": ready,
             "currentReplicas": on(&current),
@@ -365,13 +376,16 @@ impl Loop {
     }
 
     fn delete_pod(&mut self, pod: &Value, reason: &'static str) {
-        {
-            let mut s = self.shared.lock().expect("kubelet");
-            if let Some(h) = s.hook.as_mut() {
-                h(pod, reason);
+        // The hook runs without the lock (a panicking hook must not poison it).
+        let hook = lock(&self.shared).hook.take();
+        if let Some(mut h) = hook {
+            h(pod, reason);
+            let mut s = lock(&self.shared);
+            if s.hook.is_none() {
+                s.hook = Some(h);
             }
-            s.deletions.push(Deletion { pod: key(pod), reason });
         }
+        lock(&self.shared).deletions.push(Deletion { pod: key(pod), reason });
         let _ = self.api.delete("pods", meta(pod, "namespace"), meta(pod, "name"));
     }
 
@@ -473,7 +487,7 @@ impl Loop {
             }
             self.watch_over(&pod);
         }
-        let mut s = self.shared.lock().expect("kubelet");
+        let mut s = lock(&self.shared);
         s.running = self.pods.keys().cloned().collect();
     }
 
@@ -497,7 +511,6 @@ impl Loop {
     }
 
     fn start(&mut self, pod: &Value) -> Result<Running> {
-        let k = key(pod);
         let used: Vec<usize> = self.pods.values().map(|r| r.slot).collect();
         let free = |i: &usize| !used.contains(i);
         // A pod that comes back under its old name gets another address, as with most network
@@ -578,7 +591,7 @@ impl Loop {
                 env,
             });
         }
-        let mut r = Running { key: k, uid: meta(pod, "uid").to_string(), slot, containers };
+        let mut r = Running { uid: meta(pod, "uid").to_string(), slot, containers };
         for c in &mut r.containers {
             c.proc = Some(self.spawn(slot, c)?);
         }
@@ -663,8 +676,11 @@ impl Loop {
         {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = &r.key;
+        let uid = r.uid.clone();
         drop(r);
+        // The pod's emptyDir volumes go with it (claims stay while their claim does).
+        let _ = std::fs::remove_dir_all(self.memory.join(&uid));
+        let _ = std::fs::remove_dir_all(self.cfg.root.join("pods").join(&uid));
     }
 
     /// Claims gone from the API lose their directories (a provisioner's `Delete` reclaim).
@@ -746,6 +762,7 @@ impl Kubelet {
             shared: shared.clone(),
             pods: HashMap::new(),
             previous: HashMap::new(),
+            templates: HashMap::new(),
             hosts: String::new(),
             memory: memory.clone(),
         };
@@ -769,22 +786,22 @@ impl Kubelet {
 
     /// Called with every pod the StatefulSet controller is about to delete, and why.
     pub fn before_delete(&self, hook: impl FnMut(&Value, &'static str) + Send + 'static) {
-        self.shared.lock().expect("kubelet").hook = Some(Box::new(hook));
+        lock(&self.shared).hook = Some(Box::new(hook));
     }
 
     /// The pods the controllers deleted.
     pub fn deletions(&self) -> Vec<Deletion> {
-        self.shared.lock().expect("kubelet").deletions.clone()
+        lock(&self.shared).deletions.clone()
     }
 
     /// Namespace/name of the pods whose processes run.
     pub fn running(&self) -> Vec<String> {
-        self.shared.lock().expect("kubelet").running.clone()
+        lock(&self.shared).running.clone()
     }
 
     /// What failed (a pod that could not start, a controller error), oldest first.
     pub fn errors(&self) -> Vec<String> {
-        self.shared.lock().expect("kubelet").errors.clone()
+        lock(&self.shared).errors.clone()
     }
 
     /// Every container's log (the last `tail` bytes of each), for a failing test to print.

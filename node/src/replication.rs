@@ -519,8 +519,11 @@ pub enum SenderEnd {
     Refused(ReplRefusal, u64, String),
 }
 
-/// Starts streaming `region`'s log and index to one backup; reconnects after errors (every
-/// 100 ms) until `stop` or a refusal for good. Returns the thread (its result says why it ended).
+/// Starts streaming `region`'s log and index to one backup; reconnects after errors until `stop`
+/// or a refusal for good — after 100 ms; when the link itself keeps failing (no answer, no
+/// address), the wait doubles up to [`MAX_RECONNECT_WAIT`]: a backup pod that is restarting must
+/// not cost a name lookup and a connection attempt every 100 ms per region, and the bound keeps
+/// the extra delay once it is back small. Returns the thread (its result says why it ended).
 pub fn spawn_sender(
     cfg: SenderConfig,
     tail: LogTail,
@@ -529,23 +532,49 @@ pub fn spawn_sender(
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<SenderEnd>> {
     std::thread::Builder::new().name(format!("dpukv-repl-{}-{}", cfg.region, cfg.backup)).spawn(move || {
+        let mut wait = MIN_RECONNECT_WAIT;
         while !stop.load(Ordering::Acquire) {
+            let began = std::time::Instant::now();
             match send_session(&cfg, &tail, &feed, &acks, &stop) {
                 // The backup has not learned yet that it backs the region (its map lags this
                 // one), or it needs the stream again: try again shortly.
                 Ok(SenderEnd::Refused(ReplRefusal::WrongRegion | ReplRefusal::Gap | ReplRefusal::Failed, _, why)) => {
                     tracing::debug!(region = cfg.region, backup = cfg.backup, why, "the backup refused for now; reconnecting");
-                    std::thread::sleep(Duration::from_millis(100));
+                    // The backup answered: its map lags, it will take the stream shortly.
+                    wait = MIN_RECONNECT_WAIT;
                 }
                 Ok(end) => return end,
                 Err(e) => {
                     tracing::debug!(region = cfg.region, backup = cfg.backup, error = %e, "replication stream ended; reconnecting");
-                    std::thread::sleep(Duration::from_millis(100));
+                    // A session that lasted was a working link: the next attempt comes soon.
+                    if began.elapsed() > MAX_RECONNECT_WAIT {
+                        wait = MIN_RECONNECT_WAIT;
+                    }
                 }
             }
+            pause(&stop, wait);
+            wait = (wait * 2).min(MAX_RECONNECT_WAIT);
         }
         SenderEnd::Stopped
     })
+}
+
+/// A sender's first wait before reconnecting.
+const MIN_RECONNECT_WAIT: Duration = Duration::from_millis(100);
+/// A sender's longest wait before reconnecting (attempts that keep failing double the wait).
+pub const MAX_RECONNECT_WAIT: Duration = Duration::from_millis(500);
+
+/// Sleeps `d`, or less once `stop` is set (a stopped sender must end promptly: a hand-over
+/// waits for it).
+fn pause(stop: &AtomicBool, d: Duration) {
+    let until = std::time::Instant::now() + d;
+    while !stop.load(Ordering::Acquire) {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(20)));
+    }
 }
 
 /// How long a sender waits for the backup's answer to its Hello (opening a large copy included).

@@ -37,11 +37,12 @@ const ETCD_HOST: u8 = 3;
 const POD_HOSTS: std::ops::RangeInclusive<u8> = 10..=17;
 
 struct Scene {
-    api: Arc<ApiServer>,
-    kubelet: Kubelet,
-    operator_log: std::path::PathBuf,
-    // Dropped in this order: the operator, the kubelet's pods, etcd, the namespaces.
+    // Dropped in this order (fields drop as declared): the operator (so no watch of its keeps the
+    // API server's connections open), the kubelet's pods, the API server, etcd, the namespaces.
     _operator: Proc,
+    kubelet: Kubelet,
+    api: Arc<ApiServer>,
+    operator_log: std::path::PathBuf,
     _etcd: Etcd,
     _net: Net,
     _dir: tempfile::TempDir,
@@ -84,7 +85,7 @@ impl Scene {
             .stderr(log)
             .spawn()
             .expect("dpukv-operator");
-        Scene { api, kubelet, operator_log, _operator: Proc(operator), _etcd: etcd, _net: net, _dir: dir }
+        Scene { _operator: Proc(operator), kubelet, api, operator_log, _etcd: etcd, _net: net, _dir: dir }
     }
 
     /// What a failing wait prints: the cluster's status, what failed, the last logs.
@@ -351,8 +352,9 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     assert_eq!(ready_gateway(api), gateway_before, "scaling the nodes left the gateway pod alone");
 
     // The pods that went were drained first, and their volumes went after them.
-    let scaled_in: Vec<String> =
+    let mut scaled_in: Vec<String> =
         scene.kubelet.deletions().into_iter().filter(|d| d.reason == "ScaledIn").map(|d| d.pod).collect();
+    scaled_in.sort();
     assert_eq!(scaled_in, ["db/demo-node-2", "db/demo-node-3"], "the highest ordinals went, once each");
     let drained = drained.lock().expect("drained").clone();
     assert_eq!(drained.len(), 2, "{drained:?}");
@@ -367,9 +369,12 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
             "{pod} went before its drain finished: {answer}"
         );
     }
-    for claim in ["data-demo-node-2", "data-demo-node-3"] {
-        assert!(api.get("persistentvolumeclaims", NS, claim).is_none(), "{claim} deleted (whenScaled: Delete)");
-    }
+    scene.wait("the claims of the pods that went deleted (whenScaled: Delete)", Duration::from_secs(30), || {
+        ["data-demo-node-2", "data-demo-node-3"]
+            .iter()
+            .all(|c| api.get("persistentvolumeclaims", NS, c).is_none())
+            .then_some(())
+    });
     assert!(api.get("persistentvolumeclaims", NS, "data-demo-node-1").is_some());
 
     // Every acknowledged write is still there.
@@ -407,6 +412,18 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     };
     assert!(keys("/dpukv/db.demo/") > 0, "the cluster keeps its metadata in etcd");
     api.delete("dpukvclusters", NS, "demo").expect("delete");
+    // The keys go only once no node process runs (one would write its registration back).
+    let store = rt.block_on(EtcdStore::connect_checked(&EtcdOptions::new([etcd_url.clone()]))).expect("etcd");
+    scene.wait("the cluster's keys deleted", Duration::from_secs(60), || {
+        let left = rt.block_on(store.range(b"/dpukv/db.demo/")).expect("range").0.len();
+        (left == 0).then(|| {
+            let running = scene.kubelet.running();
+            assert!(
+                !running.iter().any(|p| p.starts_with("db/demo-node-")),
+                "the keys were deleted while node pods ran: {running:?}"
+            );
+        })
+    });
     scene.wait("the DpuKvCluster gone", Duration::from_secs(60), || {
         api.get("dpukvclusters", NS, "demo").is_none().then_some(())
     });
