@@ -20,7 +20,7 @@
 //! node writes under its keys), then the keys deleted, then the finalizer removed. Everything
 //! else goes with the resource through owner references.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 use kube::runtime::finalizer::{self, finalizer};
@@ -351,6 +351,38 @@ async fn stop_nodes(c: &DpuKvCluster, ctx: &Context) -> Result<Option<i32>, Erro
     Ok((!seen || pods > 0).then_some(pods.max(1)))
 }
 
+/// The node StatefulSet's annotation naming (comma-separated) the node ConfigMaps that pods of
+/// an earlier pod template may still read: each is deleted once the rollout ended (every pod on
+/// the current template, which names the current ConfigMap).
+pub const PREVIOUS_CONFIGS_ANNOTATION: &str = "dpukv.io/previous-node-configs";
+
+/// The ConfigMaps a live node StatefulSet remembers ([`PREVIOUS_CONFIGS_ANNOTATION`]).
+fn previous_configs(l: &StatefulSet) -> BTreeSet<String> {
+    let names = l.annotations().get(PREVIOUS_CONFIGS_ANNOTATION).map_or("", String::as_str);
+    names.split(',').filter(|n| !n.is_empty()).map(String::from).collect()
+}
+
+/// The ConfigMap a live node StatefulSet's template has its host container read.
+fn config_of(l: &StatefulSet) -> Option<String> {
+    let pod = l.spec.template.spec.as_ref()?;
+    let host = pod.containers.iter().find(|c| c.name == "host")?;
+    host.env_from.as_ref()?.iter().find_map(|f| f.config_map_ref.as_ref()).map(|r| r.name.clone())
+}
+
+/// Whether a live StatefulSet's status describes its current spec (the StatefulSet controller
+/// saw the last template change: its revisions say which pods run which template).
+fn status_current(l: &StatefulSet) -> bool {
+    l.status.as_ref().and_then(|s| s.observed_generation) >= l.metadata.generation
+}
+
+/// A 404 is no error (a deletion of something already gone).
+fn not_found(e: kube::Error) -> Result<(), kube::Error> {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => Ok(()),
+        e => Err(e),
+    }
+}
+
 /// The status a condition of the cluster's last status had ("" when it had none).
 fn previous<'a>(c: &'a DpuKvCluster, type_: &str) -> &'a str {
     let conditions = c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
@@ -424,9 +456,24 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     if let Some(u) = set.spec.update_strategy.as_mut().and_then(|u| u.rolling_update.as_mut()) {
         u.partition = Some(rollout.partition);
     }
-    // The hosts' settings before the pods that read them (a changed one is in the template's
-    // hash annotation: pods restart for it one at a time, as for a new version).
-    apply(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &render::node_config_map(c)).await?;
+    // The hosts' settings before the pods that read them (a changed one is a new ConfigMap, which
+    // the template names: pods restart for it one at a time, as for a new version).
+    let configs: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let config = apply(&configs, &render::node_config_map(c)).await?;
+    // The ConfigMaps pods of an earlier template may still read: kept until the rollout ended.
+    let current = config.name_any();
+    let mut earlier = live.as_ref().map(previous_configs).unwrap_or_default();
+    if template_changed && let Some(old) = live.as_ref().and_then(config_of) {
+        earlier.insert(old);
+    }
+    earlier.remove(&current);
+    if live.as_ref().is_some_and(|l| !template_changed && rollout.upgrading.is_none() && status_current(l)) {
+        // Every pod runs the current template: the ConfigMaps of earlier ones go.
+        for name in std::mem::take(&mut earlier) {
+            configs.delete(&name, &DeleteParams::default()).await.map(|_| ()).or_else(not_found)?;
+        }
+    }
+    set.annotations_mut().insert(PREVIOUS_CONFIGS_ANNOTATION.into(), earlier.into_iter().collect::<Vec<_>>().join(","));
     let set = apply(&sets, &set).await?;
     if running > desired && !waiting_for_drain {
         let note = format!("the node StatefulSet shrank from {running} to {desired} pods, their nodes drained");

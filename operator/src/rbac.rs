@@ -28,7 +28,9 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule { group: "apps", resource: "statefulsets", verbs: &["get", "list", "watch", "create", "patch"] },
     Rule { group: "apps", resource: "deployments", verbs: &["list", "watch", "create", "patch"] },
     Rule { group: "", resource: "services", verbs: &["list", "watch", "create", "patch"] },
-    Rule { group: "", resource: "configmaps", verbs: &["list", "watch", "create", "patch"] },
+    // The node ConfigMaps are named by their content: one a pod template no pod runs any more
+    // is deleted (`controller`).
+    Rule { group: "", resource: "configmaps", verbs: &["list", "watch", "create", "patch", "delete"] },
     Rule { group: "policy", resource: "poddisruptionbudgets", verbs: &["list", "watch", "create", "patch"] },
     // Events on the clusters (`events`): kube's recorder creates one, and patches its series
     // when it happens again.

@@ -2,7 +2,7 @@
 //! functions from the resource to the objects the controller applies — the node StatefulSet (a
 //! host and a device container sharing a memory-backed volume, a volume claim for the log and
 //! levels, one process namespace) and its headless Service, the node hosts' ConfigMap (their
-//! cluster-wide settings; a hash of it in the pod template), the gateway Deployment and Service,
+//! cluster-wide settings, immutable, named by a hash of them: the pod template names it), the gateway Deployment and Service,
 //! the node pods' PodDisruptionBudget, and with `etcd.managed` an etcd StatefulSet and its
 //! headless Service. Every object carries the cluster's labels and an owner reference to the
 //! resource, so deleting the resource deletes them.
@@ -295,9 +295,16 @@ pub fn cluster_name(c: &DpuKvCluster) -> String {
     format!("{}.{}", c.namespace().unwrap_or_else(|| "default".into()), c.name_any())
 }
 
-/// The node ConfigMap's name.
+/// How many hex digits of [`config_hash`] the node ConfigMap's name carries.
+const CONFIG_NAME_HASH: usize = 10;
+
+/// The node ConfigMap's name: `NAME-node-config-HASH`, by its content (the first
+/// [`CONFIG_NAME_HASH`] hex digits of [`config_hash`]). A changed setting is a new ConfigMap
+/// and a new pod template (its `envFrom` names it); pods of the old template keep reading the
+/// old ConfigMap, which stays until no pod runs that template (`controller`).
 pub fn node_config_name(c: &DpuKvCluster) -> String {
-    format!("{}-node-config", c.name_any())
+    let hash = config_hash(&ConfigMap { data: Some(node_config_data(c)), ..Default::default() });
+    format!("{}-node-config-{}", c.name_any(), &hash[..CONFIG_NAME_HASH])
 }
 
 /// The node hosts' settings that are the same in every pod, as environment variables: the
@@ -305,7 +312,7 @@ pub fn node_config_name(c: &DpuKvCluster) -> String {
 /// where replication listens, the first layout's split keys and the OTLP endpoint when set.
 /// What differs per pod (its name and index from the downward API, the addresses it advertises,
 /// which expand `$(POD_NAME)` — expansion works in `env` only) stays in the container's `env`.
-pub fn node_config_map(c: &DpuKvCluster) -> ConfigMap {
+fn node_config_data(c: &DpuKvCluster) -> BTreeMap<String, String> {
     let s = &c.spec;
     let mut data = BTreeMap::from([
         ("DPUKV_CLUSTER".to_string(), cluster_name(c)),
@@ -324,14 +331,21 @@ pub fn node_config_map(c: &DpuKvCluster) -> ConfigMap {
     if let Some(t) = &s.telemetry {
         data.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), t.otlp_endpoint.clone());
     }
-    ConfigMap { metadata: meta(c, node_config_name(c), "node"), data: Some(data), ..Default::default() }
+    data
 }
 
-/// The node pod template's annotation holding [`config_hash`] of the node ConfigMap: a changed
-/// configuration is a changed pod template, so it rolls out like a new version — one pod at a
-/// time, each after its step-down (`controller`). (Containers read a ConfigMap's values into
-/// their environment only when they start.)
-pub const NODE_CONFIG_ANNOTATION: &str = "dpukv.io/node-config-hash";
+/// The node hosts' ConfigMap ([`node_config_data`]), named by its content
+/// ([`node_config_name`]) and immutable: a container reads it into its environment when it
+/// starts, so a pod restarting by itself mid-rollout (a crash, an eviction) reads the settings
+/// of its own template, never those of one it has not been rolled to.
+pub fn node_config_map(c: &DpuKvCluster) -> ConfigMap {
+    ConfigMap {
+        metadata: meta(c, node_config_name(c), "node"),
+        data: Some(node_config_data(c)),
+        immutable: Some(true),
+        ..Default::default()
+    }
+}
 
 /// A hash of a ConfigMap's data (FNV-1a 64 over its JSON, like [`pod_template_hash`]).
 pub fn config_hash(cm: &ConfigMap) -> String {
@@ -344,7 +358,6 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     let dns = pod_host(c, "$(POD_NAME)");
     let device = uses_device(c, dpu_available);
     let s = &c.spec;
-    let config = node_config_map(c);
     let mut host_env = vec![
         env_field("POD_NAME", "metadata.name"),
         env_field("DPUKV_NODE_INDEX", "metadata.labels['apps.kubernetes.io/pod-index']"),
@@ -452,11 +465,7 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
                 when_deleted: Some(retention(s.persistent_volume_claim_retention.when_deleted)),
             }),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels(c, "node")),
-                    annotations: Some(BTreeMap::from([(NODE_CONFIG_ANNOTATION.to_string(), config_hash(&config))])),
-                    ..Default::default()
-                }),
+                metadata: Some(ObjectMeta { labels: Some(labels(c, "node")), ..Default::default() }),
                 spec: Some(PodSpec {
                     share_process_namespace: Some(true),
                     containers: vec![host, device_container],
@@ -677,16 +686,20 @@ mod tests {
         node_config_map(c).data?.get(name).cloned()
     }
 
-    fn config_annotation(s: &StatefulSet) -> String {
-        let meta = s.spec.template.metadata.as_ref().expect("template metadata");
-        meta.annotations.as_ref().expect("annotations")[NODE_CONFIG_ANNOTATION].clone()
+    /// The ConfigMap the host container of `s` reads its settings from.
+    fn config_ref(s: &StatefulSet) -> String {
+        let from = container(s, "host").env_from.as_ref().expect("envFrom");
+        assert_eq!(from.len(), 1);
+        from[0].config_map_ref.as_ref().expect("a ConfigMap").name.clone()
     }
 
     #[test]
     fn node_hosts_read_their_cluster_wide_settings_from_a_config_map_and_their_own_from_env() {
         let c = base("Emulator");
         let cm = node_config_map(&c);
-        assert_eq!(cm.metadata.name.as_deref(), Some("demo-node-config"));
+        let name = format!("demo-node-config-{}", &config_hash(&cm)[..10]);
+        assert_eq!(cm.metadata.name.as_deref(), Some(name.as_str()), "named by its content");
+        assert_eq!(cm.immutable, Some(true));
         assert_eq!(cm.metadata.namespace.as_deref(), Some("db"));
         assert_eq!(cm.metadata.labels.as_ref().expect("labels")["app.kubernetes.io/component"], "node");
         let owner = &cm.metadata.owner_references.as_ref().expect("owner")[0];
@@ -707,10 +720,8 @@ mod tests {
         );
         assert_eq!((data["DPUKV_CLUSTER"].as_str(), data["DPUKV_BACKUP_INDEX"].as_str()), ("db.demo", "send"));
         let s = node_statefulset(&c, false);
+        assert_eq!(config_ref(&s), name);
         let host = container(&s, "host");
-        let from = host.env_from.as_ref().expect("envFrom");
-        assert_eq!(from.len(), 1);
-        assert_eq!(from[0].config_map_ref.as_ref().map(|r| r.name.as_str()), Some("demo-node-config"));
         let env: Vec<&str> = host.env.as_ref().expect("env").iter().map(|e| e.name.as_str()).collect();
         assert_eq!(env, ["POD_NAME", "DPUKV_NODE_INDEX", "DPUKV_ADVERTISE_DEVICE", "DPUKV_ADVERTISE_REPLICATION"]);
         // Set, they are there too.
@@ -723,20 +734,25 @@ mod tests {
         assert_eq!(config_of(&full, "DPUKV_FSYNC").as_deref(), Some("interval:5"));
     }
 
-    /// A changed setting changes the pod template (its hash annotation), so the controller rolls
-    /// it out pod by pod like a new version; an unchanged one changes nothing.
+    /// A changed setting is a new ConfigMap name, so a changed pod template (its `envFrom`): the
+    /// controller rolls it out pod by pod like a new version; an unchanged one changes nothing.
     #[test]
-    fn a_changed_node_setting_is_a_changed_pod_template() {
+    fn a_changed_node_setting_is_a_new_config_map_and_a_changed_pod_template() {
         let c = base("Emulator");
         let s = node_statefulset(&c, false);
-        assert_eq!(config_annotation(&s), config_hash(&node_config_map(&c)));
+        assert_eq!(config_ref(&s), node_config_name(&c));
+        assert_eq!(node_config_name(&c), node_config_name(&c.clone()), "stable");
         assert_eq!(pod_template_hash(&s), pod_template_hash(&node_statefulset(&c, false)), "stable");
         let mut changed = c.clone();
         changed.spec.fsync = "never".into();
         let t = node_statefulset(&changed, false);
-        assert_ne!(config_annotation(&t), config_annotation(&s));
+        assert_ne!(node_config_name(&changed), node_config_name(&c), "a new ConfigMap");
+        assert_eq!(config_ref(&t), node_config_name(&changed));
         assert_ne!(pod_template_hash(&t), pod_template_hash(&s), "a new pod template");
-        assert_eq!(t.spec.template.spec, s.spec.template.spec, "only through the annotation: the pod spec is the same");
+        // A change outside the settings (the version) keeps the ConfigMap.
+        let mut upgraded = c.clone();
+        upgraded.spec.version = "9.9.9".into();
+        assert_eq!(node_config_name(&upgraded), node_config_name(&c));
     }
 
     #[test]

@@ -142,6 +142,15 @@ fn ready_gateway(api: &ApiServer) -> Option<String> {
     })
 }
 
+/// The node ConfigMaps (`demo-node-config-<hash>`).
+fn node_configs(api: &ApiServer) -> Vec<String> {
+    api.list("configmaps", Some(NS))
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str().map(String::from))
+        .filter(|n| n.starts_with("demo-node-config-"))
+        .collect()
+}
+
 /// A node pod as it went, and what its admin API said of its drain then.
 type DrainSeen = (String, Option<String>);
 
@@ -272,10 +281,11 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         ("services", "demo"),
         ("deployments", "demo-gateway"),
         ("poddisruptionbudgets", "demo-node"),
-        ("configmaps", "demo-node-config"),
     ] {
         assert!(api.get(plural, NS, name).is_some(), "{plural}/{name} was applied");
     }
+    let first_config = node_configs(api);
+    assert_eq!(first_config.len(), 1, "one node configuration, named by its content: {first_config:?}");
     scene.gateway();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let acked: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
@@ -286,9 +296,12 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         (acked.lock().expect("acked").len() >= 200).then_some(())
     });
 
-    // An upgrade under writes: node pods restart one at a time, highest ordinal first, each only
-    // once its primaries moved to backups elsewhere (asked of its admin API as it goes).
-    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"version": "0.2.0"}})).expect("upgrade");
+    // An upgrade under writes, with a changed setting: node pods restart one at a time, highest
+    // ordinal first, each only once its primaries moved to backups elsewhere (asked of its admin
+    // API as it goes); the pods not yet restarted keep reading the old configuration, which goes
+    // once the rollout ended.
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"version": "0.2.0", "fsync": "interval:5"}}))
+        .expect("upgrade");
     scene.wait("the upgrade finished", Duration::from_secs(240), || {
         let c = api.get("dpukvclusters", NS, "demo")?;
         let set = api.get("statefulsets", NS, "demo-node")?;
@@ -325,6 +338,10 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
             "{pod} restarted while leading: {answer}"
         );
     }
+    scene.wait("the old node configuration pruned", Duration::from_secs(30), || {
+        let now = node_configs(api);
+        (now.len() == 1 && now != first_config).then_some(())
+    });
     let before = acked.lock().expect("acked").len();
     scene.wait("writes after the upgrade", Duration::from_secs(60), || {
         (acked.lock().expect("acked").len() >= before + 100).then_some(())

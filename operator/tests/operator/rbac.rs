@@ -81,7 +81,7 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
 
 /// Least privilege: the controller's watches, a reconcile (in `Auto` device mode, so it asks for
 /// the nodes), failing reconciles (an event, then the same event again), a new cluster getting
-/// its finalizer and leader election
+/// its finalizer, a rollout of changed settings (the old node ConfigMap deleted) and leader election
 /// (created, renewed, taken over) together use every verb the rules grant, and nothing else.
 #[test]
 fn every_rule_is_used_by_a_request_the_operator_makes() {
@@ -90,6 +90,7 @@ fn every_rule_is_used_by_a_request_the_operator_makes() {
     crate::reconcile::auto_mode_asks_for_a_dpu_when_a_node_advertises_one();
     crate::reconcile::failures_back_off_per_cluster_and_a_success_resets();
     crate::reconcile::a_cluster_with_an_external_etcd_gets_the_finalizer_first();
+    crate::reconcile::a_changed_setting_gets_a_new_config_map_and_the_old_one_goes_when_the_rollout_ended();
     crate::lease::the_lease_is_created_taken_over_when_expired_and_left_alone_when_held();
     let mut all = grants(CLUSTER_RULES);
     all.extend(grants(NAMESPACE_RULES));

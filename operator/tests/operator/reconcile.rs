@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dpukv_cluster::{MemStore, MetaStore};
-use dpukv_operator::controller::{Context, MANAGER, backoff, error_policy, reconcile};
+use dpukv_operator::controller::{Context, MANAGER, PREVIOUS_CONFIGS_ANNOTATION, backoff, error_policy, reconcile};
 use dpukv_operator::crd::{DpuKvCluster, DpuKvClusterSpec};
-use dpukv_operator::etcd_keys;
+use dpukv_operator::{etcd_keys, render};
 use http::{Request, Response};
 use kube::Client;
 use kube::client::Body;
@@ -177,7 +177,12 @@ async fn exchange(
         .unwrap_or_else(|_| panic!("no request came; expected {method} {path}"))
         .expect("the client is gone");
     let uri = req.uri().clone();
-    assert_eq!((req.method().as_str(), uri.path()), (method, path), "unexpected request {uri}");
+    // `path*`: any path that starts with `path`.
+    let seen = match path.strip_suffix('*') {
+        Some(prefix) if uri.path().starts_with(prefix) => path,
+        _ => uri.path(),
+    };
+    assert_eq!((req.method().as_str(), seen), (method, path), "unexpected request {uri}");
     if method == "PATCH" {
         assert_eq!(req.headers().get("content-type").and_then(|v| v.to_str().ok()), Some(content_type), "{uri}");
         if content_type == "application/apply-patch+yaml" {
@@ -217,6 +222,7 @@ fn echo(status: Value) -> impl FnOnce(&Value) -> (u16, Value) {
 }
 
 const SETS: &str = "/apis/apps/v1/namespaces/db/statefulsets";
+const CONFIGS: &str = "/api/v1/namespaces/db/configmaps";
 
 /// What `children` saw applied.
 struct Applied {
@@ -229,8 +235,9 @@ struct Applied {
 /// The children's applies, in order (the node ConfigMap before the node StatefulSet that reads
 /// it); the StatefulSet is answered with `ready` pods.
 async fn children(h: &mut Server, ready: i64) -> Applied {
-    let config = expect(h, "PATCH", "/api/v1/namespaces/db/configmaps/demo-node-config", echo(json!({}))).await;
+    let config = expect(h, "PATCH", &format!("{CONFIGS}/demo-node-config-*"), echo(json!({}))).await;
     assert_eq!(config["data"]["DPUKV_CLUSTER"], "db.demo");
+    assert_eq!(config["immutable"], true);
     let set =
         expect(h, "PATCH", &format!("{SETS}/demo-node"), echo(json!({"replicas": ready, "readyReplicas": ready})))
             .await;
@@ -811,6 +818,144 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             );
         }
         c = with_status(&c, &st);
+    }
+}
+
+/// The node StatefulSet as the apiserver shows it: its template (of hash `hash`) has the host
+/// read the ConfigMap `config`, and it remembers the ConfigMaps `previous`; `rolling`: a rollout
+/// under way (pod 2 restarted on the new revision, not ready yet), else every pod on one
+/// revision; `lagging`: its status not yet of its last spec (`observedGeneration` behind).
+fn config_set(
+    hash: String,
+    config: &str,
+    previous: &str,
+    rolling: bool,
+    lagging: bool,
+) -> impl FnOnce(&Value) -> (u16, Value) + use<> {
+    let (config, previous) = (config.to_string(), previous.to_string());
+    move |_| {
+        (
+            200,
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                   "metadata": {"name": "demo-node", "namespace": "db", "generation": 4,
+                                "annotations": {dpukv_operator::render::POD_TEMPLATE_ANNOTATION: hash,
+                                                PREVIOUS_CONFIGS_ANNOTATION: previous}},
+                   "spec": {"replicas": 3, "selector": {}, "serviceName": "demo-node",
+                            "template": {"spec": {"containers": [
+                                {"name": "host", "envFrom": [{"configMapRef": {"name": config}}]}]}},
+                            "updateStrategy": {"type": "RollingUpdate",
+                                               "rollingUpdate": {"partition": if rolling { 2 } else { 3 }}}},
+                   "status": {"replicas": 3, "readyReplicas": if rolling { 2 } else { 3 },
+                              "updatedReplicas": if rolling { 1 } else { 3 },
+                              "observedGeneration": if lagging { 3 } else { 4 },
+                              "currentRevision": "demo-node-1",
+                              "updateRevision": if rolling { "demo-node-2" } else { "demo-node-1" }}}),
+        )
+    }
+}
+
+/// One reconcile of `c` finding the node StatefulSet `live`: the ConfigMap applied, then the
+/// ConfigMaps deleted (each answered `delete_answer`), then the StatefulSet; returns the
+/// ConfigMap's and the StatefulSet's bodies.
+async fn reconcile_configs(
+    addr: &str,
+    c: &DpuKvCluster,
+    live: impl FnOnce(&Value) -> (u16, Value),
+    deleted: &[&str],
+    delete_answer: fn(&str) -> (u16, Value),
+) -> Applied {
+    let (ctx, mut h) = mock(Some(addr.to_string()));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), live).await;
+    let name = render::node_config_name(c);
+    let config = expect(&mut h, "PATCH", &format!("{CONFIGS}/{name}"), echo(json!({}))).await;
+    assert_eq!(config["immutable"], true);
+    for d in deleted {
+        expect(&mut h, "DELETE", &format!("{CONFIGS}/{d}"), move |_| delete_answer(d)).await;
+    }
+    let set =
+        expect(&mut h, "PATCH", &format!("{SETS}/demo-node"), echo(json!({"replicas": 3, "readyReplicas": 3}))).await;
+    expect(&mut h, "PATCH", "/api/v1/namespaces/db/services/demo-node", echo(json!({}))).await;
+    expect(&mut h, "PATCH", "/apis/apps/v1/namespaces/db/deployments/demo-gateway", echo(json!({}))).await;
+    expect(&mut h, "PATCH", "/api/v1/namespaces/db/services/demo", echo(json!({}))).await;
+    expect(&mut h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-node", echo(json!({}))).await;
+    status(&mut h, c).await;
+    finished(task).await.expect("reconciled");
+    Applied { config, set }
+}
+
+fn deleted_config(name: &str) -> (u16, Value) {
+    (200, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "db"}}))
+}
+
+fn previous_of(set: &Value) -> &str {
+    set["metadata"]["annotations"][PREVIOUS_CONFIGS_ANNOTATION].as_str().expect("the previous ConfigMaps")
+}
+
+fn host_config(set: &Value) -> &str {
+    let host = &set["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(host["name"], "host");
+    host["envFrom"][0]["configMapRef"]["name"].as_str().expect("a ConfigMap")
+}
+
+/// A changed node setting is a new ConfigMap, named by its content, and a changed pod template
+/// naming it; the old ConfigMap stays while any pod may run the old template (a held pod that
+/// restarts by itself mid-rollout reads it again, not the new settings) — during the rollout,
+/// and while the StatefulSet's status does not yet show the new template — and is deleted once
+/// every pod runs the new one.
+#[tokio::test]
+pub(crate) async fn a_changed_setting_gets_a_new_config_map_and_the_old_one_goes_when_the_rollout_ended() {
+    let addr = Master::default().start().await;
+    let old = cluster(spec(3, "Emulator"));
+    let mut new = old.clone();
+    new.spec.fsync = "never".into();
+    let (old_name, new_name) = (render::node_config_name(&old), render::node_config_name(&new));
+    assert_ne!(old_name, new_name);
+    // The setting changed: a new template, which names the new ConfigMap; the old one is remembered.
+    let live = config_set(template_hash(&old), &old_name, "", false, false);
+    let a = reconcile_configs(&addr, &new, live, &[], deleted_config).await;
+    assert_eq!(a.config["metadata"]["name"], new_name.as_str());
+    assert_eq!(host_config(&a.set), new_name);
+    assert_eq!(a.set["spec"]["updateStrategy"]["rollingUpdate"]["partition"], 3, "every pod held");
+    assert_eq!(previous_of(&a.set), old_name, "the old ConfigMap kept");
+    // Its status not yet of the new template (all pods "current"): kept.
+    let live = config_set(template_hash(&new), &new_name, &old_name, false, true);
+    let a = reconcile_configs(&addr, &new, live, &[], deleted_config).await;
+    assert_eq!(previous_of(&a.set), old_name, "kept while the status lags");
+    // Rolling: pods 0 and 1 still run the old template: kept.
+    let live = config_set(template_hash(&new), &new_name, &old_name, true, false);
+    let a = reconcile_configs(&addr, &new, live, &[], deleted_config).await;
+    assert_eq!(previous_of(&a.set), old_name, "kept during the rollout");
+    // Every pod on the new template: the old ConfigMap goes, and is forgotten.
+    let live = config_set(template_hash(&new), &new_name, &old_name, false, false);
+    let a = reconcile_configs(&addr, &new, live, &[old_name.as_str()], deleted_config).await;
+    assert_eq!(previous_of(&a.set), "", "one node ConfigMap left");
+}
+
+/// A setting reverted mid-rollout names the first ConfigMap again: the one the rollout was
+/// going to is kept until the pods are back, then deleted (already gone: a 404 is no error);
+/// the ConfigMap in use never is. A settled cluster whose settings did not change deletes nothing.
+#[tokio::test]
+async fn a_reverted_setting_never_deletes_the_config_map_in_use() {
+    let addr = Master::default().start().await;
+    let a_cluster = cluster(spec(3, "Emulator"));
+    let mut b_cluster = a_cluster.clone();
+    b_cluster.spec.fsync = "never".into();
+    let (a, b) = (render::node_config_name(&a_cluster), render::node_config_name(&b_cluster));
+    // B rolling out (pods on A remembered), then A again: B is remembered, A is not.
+    let live = config_set(template_hash(&b_cluster), &b, &a, true, false);
+    let out = reconcile_configs(&addr, &a_cluster, live, &[], deleted_config).await;
+    assert_eq!(host_config(&out.set), a);
+    assert_eq!(previous_of(&out.set), b, "the ConfigMap in use is not a previous one");
+    // Settled on A: B goes (already gone), A stays.
+    let live = config_set(template_hash(&a_cluster), &a, &b, false, false);
+    let out = reconcile_configs(&addr, &a_cluster, live, &[b.as_str()], |_| not_found()).await;
+    assert_eq!(previous_of(&out.set), "");
+    // Settled, nothing changed, even if A were remembered (an older annotation): no deletion.
+    for remembered in ["", a.as_str()] {
+        let live = config_set(template_hash(&a_cluster), &a, remembered, false, false);
+        let out = reconcile_configs(&addr, &a_cluster, live, &[], deleted_config).await;
+        assert_eq!(previous_of(&out.set), "");
     }
 }
 
