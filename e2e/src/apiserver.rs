@@ -86,6 +86,11 @@ pub const RESOURCES: &[Resource] = &[
     r("dpukv.io", "v1alpha1", "dpukvclusters", "DpuKvCluster", true, true),
 ];
 
+/// The resource named `plural`, or 404.
+fn known(plural: &str) -> Result<&'static Resource, ApiError> {
+    resource(plural).ok_or_else(|| err(404, "NotFound", format!("the server could not find the resource {plural}")))
+}
+
 /// The resource named `plural`.
 pub fn resource(plural: &str) -> Option<&'static Resource> {
     RESOURCES.iter().find(|r| r.plural == plural)
@@ -573,8 +578,9 @@ async fn handle(
     let Some(Target { plural, namespace: ns, name, subresource: sub }) = split_path(uri.path()) else {
         return error_response(&err(404, "NotFound", format!("no route {}", uri.path())));
     };
-    let Some(res) = resource(plural) else {
-        return error_response(&err(404, "NotFound", format!("the server could not find the resource {plural}")));
+    let res = match known(plural) {
+        Ok(r) => r,
+        Err(e) => return error_response(&e),
     };
     if sub.is_some_and(|s| s != "status" && s != "scale") {
         return error_response(&err(404, "NotFound", format!("no subresource {sub:?}")));
@@ -860,7 +866,7 @@ impl ApiServer {
 
     /// Creates an object.
     pub fn create(&self, plural: &str, ns: &str, obj: Value) -> Result<Value, ApiError> {
-        let res = resource(plural).ok_or_else(|| err(404, "NotFound", plural.to_string()))?;
+        let res = known(plural)?;
         create(&self.shared, res, ns, obj)
     }
 
@@ -880,13 +886,13 @@ impl ApiServer {
 
     /// A JSON merge patch of the main resource (what `kubectl patch --type merge` does).
     pub fn merge(&self, plural: &str, ns: &str, name: &str, patch_body: &Value) -> Result<Value, ApiError> {
-        let res = resource(plural).ok_or_else(|| err(404, "NotFound", plural.to_string()))?;
+        let res = known(plural)?;
         patch(&self.shared, res, ns, name, None, "application/merge-patch+json", patch_body.clone()).map(|(_, v)| v)
     }
 
     /// Deletes an object (finalizers and garbage collection as the module says).
     pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Result<Value, ApiError> {
-        let res = resource(plural).ok_or_else(|| err(404, "NotFound", plural.to_string()))?;
+        let res = known(plural)?;
         delete(&self.shared, res, ns, name)
     }
 
@@ -901,7 +907,7 @@ impl Drop for ApiServer {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
-        // Open watches end with the runtime.
+        // (The graceful shutdown waits for open watches: their clients must be gone by now.)
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

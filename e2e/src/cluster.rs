@@ -197,19 +197,7 @@ impl ClusterNode {
     /// One HTTP/1.0 request without a body to its host's admin endpoint; the body of a 200
     /// answer, else an error with the status line.
     fn admin_call(&self, method: &str, path: &str, timeout: Duration) -> Result<String> {
-        use std::io::{Read, Write};
-        let addr: std::net::SocketAddr = self.admin.parse().context("the admin address")?;
-        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        s.set_read_timeout(Some(timeout))?;
-        write!(s, "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Length: 0\r\n\r\n", self.admin)?;
-        let mut out = String::new();
-        s.take(16 << 20).read_to_string(&mut out)?;
-        match out.split_once("\r\n\r\n") {
-            Some((head, body)) if head.starts_with("HTTP/1.") && head.split(' ').nth(1) == Some("200") => {
-                Ok(body.to_string())
-            }
-            _ => bail!("{method} {path} at node {}: {}", self.id, out.lines().next().unwrap_or("no answer")),
-        }
+        http_call(&self.admin, method, path, timeout).with_context(|| format!("node {}", self.id))
     }
 
     /// The value of the metric sample `sample` (name with its labels, as exposed) at its host's
@@ -232,6 +220,24 @@ impl ClusterNode {
             self.id,
             read("device.log")
         )
+    }
+}
+
+/// One HTTP/1.0 request without a body to `addr` (an IP `host:port`): the body of a 200 answer
+/// (connecting within 5 s, answered within `timeout`, at most 16 MiB read).
+pub fn http_call(addr: &str, method: &str, path: &str, timeout: Duration) -> Result<String> {
+    use std::io::{Read, Write};
+    let sock: std::net::SocketAddr = addr.parse().with_context(|| format!("the address {addr:?}"))?;
+    let mut s = std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(timeout))?;
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n")?;
+    let mut out = String::new();
+    s.take(16 << 20).read_to_string(&mut out)?;
+    match out.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.") && head.split(' ').nth(1) == Some("200") => {
+            Ok(body.to_string())
+        }
+        _ => bail!("{method} {path} at {addr}: {}", out.lines().next().unwrap_or("no answer")),
     }
 }
 

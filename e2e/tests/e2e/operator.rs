@@ -11,7 +11,6 @@
 //! process and removes the cluster's keys from etcd.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,6 +19,7 @@ use std::time::{Duration, Instant};
 use dpukv_client::Client;
 use dpukv_cluster::{EtcdOptions, EtcdStore, MetaStore};
 use dpukv_e2e::apiserver::ApiServer;
+use dpukv_e2e::cluster::http_call;
 use dpukv_e2e::etcd::Etcd;
 use dpukv_e2e::kubelet::{Kubelet, KubeletConfig, Slot};
 use dpukv_e2e::netns::Net;
@@ -126,6 +126,14 @@ impl Scene {
         })
     }
 
+    /// Waits until `more` writes beyond those acknowledged now are acknowledged too.
+    fn more_writes(&self, acked: &Mutex<BTreeMap<String, String>>, more: usize, what: &str) {
+        let before = acked.lock().expect("acked").len();
+        self.wait(what, Duration::from_secs(60), || {
+            (acked.lock().expect("acked").len() >= before + more).then_some(())
+        });
+    }
+
     /// A ready gateway pod's binary endpoint.
     fn gateway(&self) -> String {
         self.wait("a ready gateway pod", Duration::from_secs(60), || ready_gateway(&self.api))
@@ -154,14 +162,12 @@ fn node_configs(api: &ApiServer) -> Vec<String> {
 /// A node pod as it went, and what its admin API said of its drain then.
 type DrainSeen = (String, Option<String>);
 
-/// `GET path` on `addr`, the body.
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.starts_with("HTTP/1.1 200").then(|| out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()))?
+/// What a node pod's admin API said as the pod went, as JSON (`what`: which status it was).
+fn as_it_went(pod: &str, answer: &Option<String>, what: &str) -> Value {
+    answer
+        .as_deref()
+        .and_then(|a| serde_json::from_str(a).ok())
+        .unwrap_or_else(|| panic!("{pod}'s {what} was not readable as it went: {answer:?}"))
 }
 
 /// Writes keys `prefix-N` through a ready gateway pod until `stop`, remembering every
@@ -243,7 +249,7 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
                 "ScaledIn" => (format!("/cluster/drain/{}", index + 1), &drained),
                 _ => (format!("/cluster/step-down/{}", index + 1), &stepped_down),
             };
-            let answer = http_get(&format!("{ip}:{HOST_ADMIN}"), &path);
+            let answer = http_call(&format!("{ip}:{HOST_ADMIN}"), "GET", &path, Duration::from_secs(3)).ok();
             seen.lock().expect("seen").push((pod["metadata"]["name"].as_str().unwrap_or_default().into(), answer));
         });
     }
@@ -292,9 +298,7 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> =
         ["a", "b", "c", "d"].into_iter().map(|p| writer(&rt, api.clone(), p, acked.clone(), stop.clone())).collect();
-    scene.wait("writes acknowledged", Duration::from_secs(60), || {
-        (acked.lock().expect("acked").len() >= 200).then_some(())
-    });
+    scene.more_writes(&acked, 200, "writes acknowledged");
 
     // An upgrade under writes, with a changed setting: node pods restart one at a time, highest
     // ordinal first, each only once its primaries moved to backups elsewhere (asked of its admin
@@ -328,10 +332,7 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     let stepped = stepped_down.lock().expect("stepped down").clone();
     assert_eq!(stepped.len(), 3, "{stepped:?}");
     for (pod, answer) in &stepped {
-        let answer: Value = answer
-            .as_deref()
-            .and_then(|a| serde_json::from_str(a).ok())
-            .unwrap_or_else(|| panic!("{pod}'s step-down was not readable as it went: {answer:?}"));
+        let answer = as_it_went(pod, answer, "step-down");
         assert_eq!(
             (&answer["done"], &answer["regions_led"]),
             (&json!(true), &json!(0)),
@@ -342,25 +343,16 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         let now = node_configs(api);
         (now.len() == 1 && now != first_config).then_some(())
     });
-    let before = acked.lock().expect("acked").len();
-    scene.wait("writes after the upgrade", Duration::from_secs(60), || {
-        (acked.lock().expect("acked").len() >= before + 100).then_some(())
-    });
+    scene.more_writes(&acked, 100, "writes after the upgrade");
 
     // Scale out to 4, then in to 2, under writes.
     let gateway_before = ready_gateway(api);
     api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 4}})).expect("scale out");
     scene.wait_running(4);
-    let before = acked.lock().expect("acked").len();
-    scene.wait("writes on 4 nodes", Duration::from_secs(60), || {
-        (acked.lock().expect("acked").len() >= before + 200).then_some(())
-    });
+    scene.more_writes(&acked, 200, "writes on 4 nodes");
     api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 2}})).expect("scale in");
     let status = scene.wait_running(2);
-    let before = acked.lock().expect("acked").len();
-    scene.wait("writes on 2 nodes", Duration::from_secs(60), || {
-        (acked.lock().expect("acked").len() >= before + 100).then_some(())
-    });
+    scene.more_writes(&acked, 100, "writes on 2 nodes");
     stop.store(true, Ordering::Release);
     for w in writers {
         rt.block_on(w).expect("writer");
@@ -376,10 +368,7 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     let drained = drained.lock().expect("drained").clone();
     assert_eq!(drained.len(), 2, "{drained:?}");
     for (pod, answer) in &drained {
-        let answer: Value = answer
-            .as_deref()
-            .and_then(|a| serde_json::from_str(a).ok())
-            .unwrap_or_else(|| panic!("{pod}'s drain status was not readable as it went: {answer:?}"));
+        let answer = as_it_went(pod, answer, "drain status");
         assert_eq!(
             (&answer["done"], &answer["regions_led"], &answer["regions_held"]),
             (&json!(true), &json!(0), &json!(0)),
