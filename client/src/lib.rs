@@ -9,12 +9,14 @@
 //! - `routing`: the region map and a connection pool per node: each request goes to its
 //!   region's primary, naming the region and epoch; the map is refreshed when a node says it
 //!   is stale.
+//! - `hot`: the lookup table of replicated keys (hKVS), and reads counted by who served them.
 //! - `trace`: the trace context a caller's requests carry (a task-local scope).
 //! - `workload`: YCSB and cloud-storage workloads, key choosers, a latency histogram (bench).
 //! - this module: [`Client`], the typed operations.
 
 mod conn;
 mod error;
+mod hot;
 mod routing;
 pub mod trace;
 pub mod workload;
@@ -25,8 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use dpukv_proto as proto;
-use dpukv_proto::{Cmp, Elem, ErrorCode, Op, ReduceOp, Reply, Request, Response, Session, VecOp, WriteOp};
+use dpukv_proto::{Cmp, Consistency, Elem, ErrorCode, Op, ReduceOp, Reply, Request, Response, Session, VecOp, WriteOp};
 pub use error::ClientError;
+pub use hot::ReadCounts;
 
 /// Result alias.
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
@@ -129,7 +132,19 @@ pub struct Options {
     /// TLS on every connection (`dpukv_net::tls::ClientTls::load`: the CA to trust, and a
     /// certificate to present to servers that ask for one).
     pub tls: Option<Arc<dpukv_net::tls::ClientTls>>,
+    /// How gets may be served (hot-key replicas; docs/hot-keys.md): the default for the typed
+    /// operations ([`Client::with_consistency`] changes it).
+    pub consistency: Consistency,
+    /// Most keys the lookup table of replicated keys holds (0: never read from replicas).
+    pub hot_keys: Option<usize>,
 }
+
+/// Lookup-table size when [`Options::hot_keys`] is None.
+pub const DEFAULT_HOT_KEYS: usize = 100_000;
+
+/// `extended` mode: a primary with more requests than this in flight from this client is busy,
+/// and gets of replicated keys go to a replica.
+pub const BUSY_IN_FLIGHT: usize = 32;
 
 /// A part of a range scan ([`Client::scan_part`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -178,6 +193,9 @@ pub struct Client {
     router: Arc<routing::Router>,
     next: Arc<AtomicUsize>,
     session: Option<Arc<WriteSession>>,
+    consistency: Consistency,
+    hot: Arc<hot::HotKeyTable>,
+    reads: Arc<ReadCounts>,
     /// How operations are retried.
     pub retry: RetryPolicy,
 }
@@ -203,10 +221,14 @@ impl Client {
         for _ in 0..pool {
             conns.push(conn::Connection::open(addr, token.clone(), tls.clone()).await?);
         }
+        let seed = Arc::new(routing::Pool::new(conns));
         Ok(Client {
-            router: Arc::new(routing::Router::new(addr, pool, Arc::new(conns), token, tls)),
+            router: Arc::new(routing::Router::new(addr, pool, seed, token, tls)),
             next: Arc::new(AtomicUsize::new(0)),
             session: Some(Arc::new(WriteSession::new())),
+            consistency: opts.consistency,
+            hot: Arc::new(hot::HotKeyTable::new(opts.hot_keys.unwrap_or(DEFAULT_HOT_KEYS))),
+            reads: Arc::new(ReadCounts::default()),
             retry: RetryPolicy::default(),
         })
     }
@@ -215,6 +237,22 @@ impl Client {
     pub fn without_sessions(mut self) -> Client {
         self.session = None;
         self
+    }
+
+    /// This client (sharing its connections) reading with `c` by default.
+    pub fn with_consistency(mut self, c: Consistency) -> Client {
+        self.consistency = c;
+        self
+    }
+
+    /// The consistency the typed operations read with.
+    pub fn consistency(&self) -> Consistency {
+        self.consistency
+    }
+
+    /// Gets served by primaries and by replicas so far (every clone of this client counted).
+    pub fn read_counts(&self) -> Arc<ReadCounts> {
+        self.reads.clone()
     }
 
     /// The exactly-once session's client id, if writes are tagged.
@@ -241,7 +279,12 @@ impl Client {
         if req.trace.is_none() {
             req.trace = trace::current();
         }
-        let t = match self.router.target(&req, timeout).await {
+        // A get that may be served by a replica, of a key a primary said is replicated.
+        let hot = !req.replica
+            && req.consistency != Consistency::Linearizable
+            && matches!(req.op, Op::Get { .. })
+            && self.hot.contains(req.op.key());
+        let t = match self.router.target(&req, timeout, hot).await {
             Ok(t) => t,
             Err(e) => {
                 // The node the map names cannot be reached (or there is no map): learn it again.
@@ -252,8 +295,29 @@ impl Client {
         if name && req.region == 0 {
             (req.region, req.epoch) = (t.region, t.epoch);
         }
-        let i = pin.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed)) % t.pool.len();
-        let r = t.pool[i].call(req, timeout).await;
+        let i = pin.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed));
+        if hot && let Some(replica) = self.pick_replica(&req, &t) {
+            let mut r = req.clone();
+            (r.replica, r.region, r.epoch) = (true, t.region, t.epoch);
+            match replica.call(i, r, timeout).await {
+                Ok(resp @ Response { result: Ok(_), .. }) => {
+                    self.reads.replica.fetch_add(1, Ordering::Relaxed);
+                    return Ok(resp);
+                }
+                // No fresh copy there (or the replica failed): the primary answers.
+                Ok(Response { result: Err(e), .. }) if e.code == ErrorCode::NotReplicated => {
+                    self.hot.learn(req.op.key(), false)
+                }
+                _ => {}
+            }
+        }
+        let r = t.pool.call(i, req.clone(), timeout).await;
+        if let (Op::Get { key }, Ok(resp @ Response { result: Ok(_), .. })) = (&req.op, &r) {
+            self.reads.primary.fetch_add(1, Ordering::Relaxed);
+            if resp.replicated || self.hot.contains(key) {
+                self.hot.learn(key, resp.replicated);
+            }
+        }
         // A node that says the map moved on (or cannot be reached): learn it again.
         let stale = match &r {
             Ok(Response { result: Err(e), .. }) => {
@@ -270,6 +334,20 @@ impl Client {
             self.router.invalidate();
         }
         r
+    }
+
+    /// Which replica a get of a replicated key goes to under its consistency (None: the
+    /// primary): `bounded` and `extended` (when the primary is busy) pick the least busy
+    /// replica; `interleaved` the least busy of primary and replicas — devices that answer
+    /// faster have fewer requests in flight, so reads spread by measured capacity.
+    fn pick_replica<'a>(&self, req: &Request, t: &'a routing::Target) -> Option<&'a routing::Pool> {
+        let least = t.replicas.iter().min_by_key(|p| p.in_flight())?;
+        match req.consistency {
+            Consistency::Linearizable => None,
+            Consistency::Bounded { .. } => Some(least),
+            Consistency::Extended => (t.pool.in_flight() > BUSY_IN_FLIGHT).then_some(&**least),
+            Consistency::Interleaved => (least.in_flight() <= t.pool.in_flight()).then_some(&**least),
+        }
     }
 
     /// The region map this client routes by, as last learned (None before the first request).
@@ -313,7 +391,11 @@ impl Client {
         };
         // `seq` finishes when dropped: also when this future is dropped mid-call.
         let tag = seq.as_ref().map(|u| Tag::Own(u.0, u.1));
-        self.call_inner(Request::new(0, op), write, tag, None).await
+        let mut req = Request::new(0, op);
+        if matches!(req.op, Op::Get { .. }) {
+            req.consistency = self.consistency;
+        }
+        self.call_inner(req, write, tag, None).await
     }
 
     /// Sends a request another client sent to this process (a gateway's front end): routed by
@@ -334,7 +416,11 @@ impl Client {
         let id = req.id;
         let write = req.op.code().is_write();
         let tag = req.session.take().filter(|_| write).map(Tag::Forwarded);
-        (req.id, req.region, req.epoch) = (0, 0, 0);
+        (req.id, req.region, req.epoch, req.replica) = (0, 0, 0, false);
+        if !matches!(req.op, Op::Get { .. }) {
+            // Only gets have copies on replicas; other reads are answered by primaries.
+            req.consistency = Consistency::Linearizable;
+        }
         match self.call_inner(req, write, tag, pin).await {
             Ok((reply, version)) => Response { id, version, replicated: false, result: Ok(reply) },
             Err(e) => Response { id, version: 0, replicated: false, result: Err(e.into_reply(write)) },

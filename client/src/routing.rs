@@ -8,6 +8,7 @@
 //! `regionmap::MAX_NODES`), each of the client's pool size.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -21,6 +22,40 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A device's connections and the requests in flight on them (how busy it is, as this client
+/// sees it: the hot-key access modes choose by it).
+pub(crate) struct Pool {
+    conns: Vec<Connection>,
+    in_flight: AtomicUsize,
+}
+
+impl Pool {
+    pub(crate) fn new(conns: Vec<Connection>) -> Pool {
+        Pool { conns, in_flight: AtomicUsize::new(0) }
+    }
+
+    /// Requests in flight.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Sends `req` on connection `i` (modulo), counted in flight meanwhile.
+    pub(crate) async fn call(
+        &self,
+        i: usize,
+        req: Request,
+        timeout: Duration,
+    ) -> Result<dpukv_proto::Response, ClientError> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let r = self.conns[i % self.conns.len()].call(req, timeout).await;
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        r
+    }
+}
+/// How long dialling a replica may take, and how long one that failed is not tried again.
+const REPLICA_DIAL: Duration = Duration::from_millis(500);
+const REPLICA_DOWN: Duration = Duration::from_secs(1);
+
 /// A client's view of the cluster.
 pub(crate) struct Router {
     seed: String,
@@ -30,15 +65,19 @@ pub(crate) struct Router {
     /// TLS on every connection, if given.
     tls: Option<Arc<dpukv_net::tls::ClientTls>>,
     map: RwLock<Option<Arc<RegionMap>>>,
-    pools: Mutex<HashMap<String, Arc<Vec<Connection>>>>,
+    pools: Mutex<HashMap<String, Arc<Pool>>>,
+    /// Replicas that could not be dialled, and until when they are not tried again.
+    down: Mutex<HashMap<String, std::time::Instant>>,
     refreshing: tokio::sync::Mutex<()>,
 }
 
 /// Where one request goes.
 pub(crate) struct Target {
-    pub(crate) pool: Arc<Vec<Connection>>,
+    pub(crate) pool: Arc<Pool>,
     pub(crate) region: u32,
     pub(crate) epoch: u64,
+    /// The region's backups' devices (hot-key replicas), only when asked for.
+    pub(crate) replicas: Vec<Arc<Pool>>,
 }
 
 fn unavailable(msg: &str) -> ClientError {
@@ -49,7 +88,7 @@ impl Router {
     pub(crate) fn new(
         seed: &str,
         pool: usize,
-        seed_pool: Arc<Vec<Connection>>,
+        seed_pool: Arc<Pool>,
         token: Option<Arc<[u8]>>,
         tls: Option<Arc<dpukv_net::tls::ClientTls>>,
     ) -> Router {
@@ -62,6 +101,7 @@ impl Router {
             tls,
             map: RwLock::new(None),
             pools: Mutex::new(pools),
+            down: Mutex::new(HashMap::new()),
             refreshing: tokio::sync::Mutex::new(()),
         }
     }
@@ -81,7 +121,7 @@ impl Router {
         Some(if n.device.is_empty() { self.seed.clone() } else { n.device.clone() })
     }
 
-    async fn pool_for(&self, addr: &str) -> Result<Arc<Vec<Connection>>, ClientError> {
+    async fn pool_for(&self, addr: &str) -> Result<Arc<Pool>, ClientError> {
         if let Some(p) = lock(&self.pools).get(addr) {
             return Ok(p.clone());
         }
@@ -89,7 +129,7 @@ impl Router {
         for _ in 0..self.pool {
             conns.push(Connection::open(addr, self.token.clone(), self.tls.clone()).await?);
         }
-        let p = Arc::new(conns);
+        let p = Arc::new(Pool::new(conns));
         let mut pools = lock(&self.pools);
         // Bounded by the nodes of the map (and the seed): drop pools of nodes that left.
         if let Some(map) = self.map() {
@@ -124,7 +164,7 @@ impl Router {
                     continue;
                 }
             };
-            match pool[0].call(Request::new(0, Op::RegionMap), timeout).await {
+            match pool.call(0, Request::new(0, Op::RegionMap), timeout).await {
                 Ok(dpukv_proto::Response { result: Ok(Reply::RegionMap(m)), .. }) => {
                     if newest.as_ref().is_none_or(|x| m.revision > x.revision) {
                         newest = Some(m);
@@ -144,11 +184,12 @@ impl Router {
     }
 
     /// Where `req` goes: the primary device of the region holding its key, with the region and
-    /// epoch to name. `region_map` requests go to the seed.
-    pub(crate) async fn target(&self, req: &Request, timeout: Duration) -> Result<Target, ClientError> {
+    /// epoch to name (and, with `replicas`, the devices of the region's backups that can be
+    /// reached). `region_map` requests go to the seed.
+    pub(crate) async fn target(&self, req: &Request, timeout: Duration, replicas: bool) -> Result<Target, ClientError> {
         if let Op::RegionMap = req.op {
             let pool = self.pool_for(&self.seed).await?;
-            return Ok(Target { pool, region: 0, epoch: 0 });
+            return Ok(Target { pool, region: 0, epoch: 0, replicas: Vec::new() });
         }
         let map = match self.map() {
             Some(m) => m,
@@ -160,6 +201,25 @@ impl Router {
             return Err(unavailable("the region has no live primary yet"));
         };
         let pool = self.pool_for(&addr).await?;
-        Ok(Target { pool, region: r.id, epoch: r.epoch })
+        let mut pools = Vec::new();
+        if replicas {
+            for b in r.backups.iter().filter(|&&b| b != r.primary) {
+                let Some(a) = self.device(&map, *b).filter(|a| a != &addr) else { continue };
+                if lock(&self.down).get(&a).is_some_and(|until| *until > std::time::Instant::now()) {
+                    continue;
+                }
+                // A backup that cannot be reached serves nothing (its reads go to the primary),
+                // and is not dialled again for a while.
+                match tokio::time::timeout(REPLICA_DIAL, self.pool_for(&a)).await {
+                    Ok(Ok(p)) => pools.push(p),
+                    _ => {
+                        let mut down = lock(&self.down);
+                        down.retain(|_, until| *until > std::time::Instant::now());
+                        down.insert(a, std::time::Instant::now() + REPLICA_DOWN);
+                    }
+                }
+            }
+        }
+        Ok(Target { pool, region: r.id, epoch: r.epoch, replicas: pools })
     }
 }

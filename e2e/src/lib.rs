@@ -6,6 +6,7 @@
 //! - `linearizability`: a WGL/Porcupine-style checker for a key-value register model,
 //!   partitioned by key, with scans projected to per-key reads.
 //! - `history`: recording invocations and responses from concurrent clients.
+//! - `staleness`: a checker of bounded-staleness reads (hot-key replicas).
 //! - `procs`: building the binaries and running a node pod (host + device).
 //! - `etcd`: a real etcd member per test (free ports, fast elections), stoppable and resumable.
 //! - `cluster`: node pods that join a cluster in a real etcd; killable, resumable.
@@ -29,3 +30,4 @@ pub mod linearizability;
 pub mod netns;
 pub mod otlp;
 pub mod procs;
+pub mod staleness;

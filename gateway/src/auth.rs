@@ -46,6 +46,10 @@ struct TokenSpec {
     /// Or its SHA-256 digest, in hex.
     token_sha256: Option<String>,
     grants: Vec<GrantSpec>,
+    /// Service level (hKVS §4.4): how this token's gets may be served when a request does not
+    /// say (`linearizable`, `bounded:MS`, `extended`, `interleaved`).
+    #[serde(default)]
+    consistency: Option<String>,
 }
 
 impl std::fmt::Debug for TokenSpec {
@@ -100,6 +104,8 @@ pub struct Principal {
     pub name: String,
     /// Its grants.
     pub grants: Vec<Grant>,
+    /// Its service level: how its gets may be served when a request does not say.
+    pub consistency: Option<dpukv_proto::Consistency>,
 }
 
 fn forbidden(what: &str) -> ErrorReply {
@@ -155,6 +161,8 @@ impl Principal {
                 }
             }
             Op::RegionMap | Op::Auth { .. } => Ok(()),
+            // Device to device only: a client may never write replicas' copies.
+            Op::ReplicaSync { .. } => Err(forbidden("send replica syncs (devices send them to each other)")),
         }
     }
 }
@@ -214,7 +222,17 @@ impl Tokens {
                 let has = |p: Perm| g.allow.contains(&p) || g.allow.contains(&Perm::Admin);
                 grants.push(Grant { prefix, read: has(Perm::Read), write: has(Perm::Write) });
             }
-            if by_digest.insert(d, Arc::new(Principal { name: t.name.clone(), grants })).is_some() {
+            let consistency = match &t.consistency {
+                Some(c) => Some(dpukv_proto::Consistency::parse(c).ok_or_else(|| {
+                    format!(
+                        "token {:?}: consistency {c:?} is not linearizable, bounded:MS, extended or interleaved",
+                        t.name
+                    )
+                })?),
+                None => None,
+            };
+            let principal = Principal { name: t.name.clone(), grants, consistency };
+            if by_digest.insert(d, Arc::new(principal)).is_some() {
                 return Err(format!("token {:?}: the same secret is given twice", t.name));
             }
         }

@@ -90,6 +90,24 @@ pub async fn serve(
                         sink.send(done, inc.charge);
                         continue;
                     }
+                    if let Op::ReplicaSync { .. } = inc.req.op {
+                        // Devices send these to each other; through a gateway, never.
+                        let e = dpukv_proto::ErrorReply {
+                            code: dpukv_proto::ErrorCode::Forbidden,
+                            message: "replica syncs go from device to device, not through a gateway".into(),
+                        };
+                        refuse(inc, e);
+                        continue;
+                    }
+                    let mut inc = inc;
+                    // Service level: a token's class chooses how its gets are served when the
+                    // request does not.
+                    if let Some(c) = caller.as_ref().and_then(|p| p.consistency)
+                        && inc.req.consistency == dpukv_proto::Consistency::Linearizable
+                        && matches!(inc.req.op, Op::Get { .. })
+                    {
+                        inc.req.consistency = c;
+                    }
                     let floor_min = if access.required() {
                         let Some(p) = caller.as_ref() else {
                             refuse(inc, auth::unauthorized());

@@ -161,6 +161,7 @@ pub async fn run(
         delay = (delay * 2).min(Duration::from_secs(2));
     };
     up.refresh_map_every(cfg.map_refresh, shutdown.clone());
+    metrics.count_reads(up.client().read_counts());
     let budget = Budget::new(cfg.memory_budget);
     let tracker = TaskTracker::new();
     let info = GatewayInfo {

@@ -54,6 +54,27 @@ pub struct Metrics {
     connections: Family<FrontendLabels, Gauge<i64, AtomicI64>>,
     /// Sub-range reads started by scans.
     pub scan_parts: Counter,
+    /// Gets by who served them (the upstream client's counts, once it is connected).
+    reads: Arc<std::sync::OnceLock<Arc<dpukv_client::ReadCounts>>>,
+}
+
+/// `dpukv_gateway_reads_total{served_by="primary"|"replica"}`, read at scrape time.
+#[derive(Debug)]
+struct ReadsCollector(Arc<std::sync::OnceLock<Arc<dpukv_client::ReadCounts>>>);
+
+impl prometheus_client::collector::Collector for ReadsCollector {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+        let (p, r) = self.0.get().map_or((0, 0), |c| c.get());
+        let c = prometheus_client::metrics::counter::ConstCounter::new(0u64);
+        let mut me = enc.encode_descriptor("dpukv_gateway_reads", "Gets by who served them", None, c.metric_type())?;
+        for (by, n) in [("primary", p), ("replica", r)] {
+            let labels = [("served_by", by)];
+            let m: MetricEncoder<'_> = me.encode_family(&labels)?;
+            prometheus_client::metrics::counter::ConstCounter::new(n).encode(m)?;
+        }
+        Ok(())
+    }
 }
 
 impl Metrics {
@@ -76,7 +97,14 @@ impl Metrics {
         );
         registry.register("dpukv_gateway_connections", "Connections open, by front end", connections.clone());
         registry.register("dpukv_gateway_scan_parts", "Sub-range reads started by scans", scan_parts.clone());
-        Arc::new(Metrics { registry, latency, errors, connections, scan_parts })
+        let reads = Arc::new(std::sync::OnceLock::new());
+        registry.register_collector(Box::new(ReadsCollector(reads.clone())));
+        Arc::new(Metrics { registry, latency, errors, connections, scan_parts, reads })
+    }
+
+    /// Counts gets from the upstream client's counts.
+    pub fn count_reads(&self, counts: Arc<dpukv_client::ReadCounts>) {
+        let _ = self.reads.set(counts);
     }
 
     /// Records one request's latency since `started`.

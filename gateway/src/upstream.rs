@@ -41,7 +41,7 @@ impl Upstream {
     ) -> Result<Upstream, ClientError> {
         let mut last = None;
         for seed in seeds {
-            let opts = dpukv_client::Options { pool, token: None, tls: tls.clone() };
+            let opts = dpukv_client::Options { pool, token: None, tls: tls.clone(), ..Default::default() };
             match Client::connect_with(seed, opts).await {
                 Ok(client) => {
                     // Learn the map now: a gateway that cannot see the cluster is not ready.

@@ -244,6 +244,20 @@ pub fn encode_counters(
     Ok(())
 }
 
+/// Encodes gauges read at scrape time (name, help, value).
+pub fn encode_gauges(
+    enc: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
+    gauges: &[(&str, &str, i64)],
+) -> std::fmt::Result {
+    use prometheus_client::encoding::EncodeMetric;
+    for (name, help, v) in gauges {
+        let g = prometheus_client::metrics::gauge::ConstGauge::new(*v);
+        let me = enc.encode_descriptor(name, help, None, g.metric_type())?;
+        g.encode(me)?;
+    }
+    Ok(())
+}
+
 /// Binds `addr` and serves the endpoint until `shutdown`; returns the bound address.
 pub async fn serve(addr: SocketAddr, admin: Admin, shutdown: CancellationToken) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;

@@ -265,6 +265,33 @@ pub struct DeviceArgs {
     /// cluster's CA — the gateway — are served).
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Hot keys: most popular keys per led region, replicated to its backups' devices (0: none).
+    #[arg(long, env = "DPUKV_POPULAR_CAPACITY", default_value_t = 10_000)]
+    pub popular_capacity: usize,
+    /// Hot keys: reads of a key within the window that make it popular (hKVS's K).
+    #[arg(long, env = "DPUKV_POPULAR_K", default_value_t = 4)]
+    pub popular_k: u32,
+    /// Hot keys: the reads the admission window spans (hKVS's N).
+    #[arg(long, env = "DPUKV_POPULAR_WINDOW", default_value_t = 100_000)]
+    pub popular_window: usize,
+    /// Hot keys: milliseconds between syncs (and watermarks) to replicas.
+    #[arg(long, env = "DPUKV_REPLICA_SYNC_INTERVAL_MS", default_value_t = 10)]
+    pub replica_sync_interval_ms: u64,
+    /// Hot keys: sync requests a backup's link may hold queued or unanswered.
+    #[arg(long, default_value_t = 64)]
+    pub replica_max_outstanding: usize,
+    /// Replica table: most copies of other primaries' popular keys.
+    #[arg(long, env = "DPUKV_REPLICA_TABLE_KEYS", default_value_t = 100_000)]
+    pub replica_table_keys: usize,
+    /// Replica table: most MiB of keys and values.
+    #[arg(long, default_value_t = 64)]
+    pub replica_table_mib: usize,
+    /// Replica table: a copy whose primary has not vouched for it this long (ms) is not served.
+    #[arg(long, env = "DPUKV_REPLICA_MAX_LAG_MS", default_value_t = 1000)]
+    pub replica_max_lag_ms: u64,
+    /// How far apart the nodes' clocks may be (ms): added to a copy's age.
+    #[arg(long, env = "DPUKV_MAX_CLOCK_SKEW_MS", default_value_t = 5)]
+    pub max_clock_skew_ms: u64,
 }
 
 impl DeviceArgs {
@@ -286,6 +313,24 @@ impl DeviceArgs {
             host_timeout: Duration::from_secs(self.host_timeout),
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
             tls: self.tls.server().map_err(anyhow::Error::msg)?,
+            hot: crate::dpu::hot_keys::HotKeysConfig {
+                popularity: crate::popular::PopularityConfig {
+                    k: self.popular_k.max(1),
+                    window: self.popular_window,
+                    capacity: self.popular_capacity,
+                },
+                sync_interval: Duration::from_millis(self.replica_sync_interval_ms.max(1)),
+                max_outstanding: self.replica_max_outstanding.max(1),
+                // Syncs to TLS data ports need `--tls-ca` (without it none are sent, and replicas
+                // simply answer nothing: reads go to primaries).
+                tls: self.tls.client().unwrap_or(None),
+            },
+            replica_table: crate::replica_table::ReplicaTableConfig {
+                max_keys: self.replica_table_keys,
+                max_bytes: self.replica_table_mib << 20,
+                max_lag_ms: self.replica_max_lag_ms,
+                max_clock_skew_ms: self.max_clock_skew_ms,
+            },
         })
     }
 }

@@ -10,8 +10,10 @@
 //!   `dpukv-net`, shared with the gateway).
 //! - `reads`: the read engine: a fixed pool of reader threads over the shared memory.
 //! - `atomics`: vector operations and the reservation station.
-//! - `popular`: which keys are popular (hKVS: moving-window admission, LRU-bounded set) — the
-//!   data structure of hot-key replication (issue 11; not wired to reads yet).
+//! - `popular`: which keys are popular (hKVS: moving-window admission, LRU-bounded set), counted
+//!   by the device's readers (`dpu::hot_keys`).
+//! - `replica_table`: a device's copies of other primaries' popular keys, served within a
+//!   staleness bound (docs/hot-keys.md).
 //! - `replication`: Tebis over TCP — a primary's senders (log bytes, shipped index), the
 //!   backups' server, and the acknowledgement rule (every backup of the set holds the write).
 //! - `host`: the host process (`host::run`): per-region writers and releasers.
@@ -33,5 +35,6 @@ pub mod pod;
 pub mod popular;
 pub mod reads;
 pub mod regions;
+pub mod replica_table;
 pub mod replication;
 pub mod sizing;

@@ -60,6 +60,13 @@ pub struct ReadCounters {
     pub cache_misses: AtomicU64,
 }
 
+/// Sees each get a reader thread served from a region this node leads (the device's hot keys,
+/// `dpu::hot_keys`); answers whether the key is replicated (the reply's flag).
+pub trait ReadObserver: Send + Sync {
+    /// A get of `key` in `region` was served.
+    fn on_get(&self, region: &dpukv_proto::regionmap::RegionInfo, key: &[u8]) -> bool;
+}
+
 /// Reads of one frame of one connection, answered together.
 struct Job {
     reqs: Vec<(Request, Charge)>,
@@ -82,14 +89,21 @@ impl ReadPool {
     /// Starts `threads` reader threads on the pod's shared directory `shm`; `device`: read arenas
     /// through page-table copies fed by their command rings (the device), else through the page
     /// tables (the host's CPU).
-    pub fn start(shm: PathBuf, threads: usize, device: bool, counters: Arc<ReadCounters>) -> std::io::Result<ReadPool> {
+    /// `observer` sees every get served (hot keys).
+    pub fn start(
+        shm: PathBuf,
+        threads: usize,
+        device: bool,
+        counters: Arc<ReadCounters>,
+        observer: Option<Arc<dyn ReadObserver>>,
+    ) -> std::io::Result<ReadPool> {
         let mut queues = Vec::new();
         for i in 0..threads.max(1) {
             let (tx, rx) = mpsc::channel(QUEUE);
-            let (shm, counters) = (shm.clone(), counters.clone());
+            let (shm, counters, observer) = (shm.clone(), counters.clone(), observer.clone());
             let rt = tokio::runtime::Handle::try_current().ok();
             std::thread::Builder::new().name(format!("dpukv-read-{i}")).spawn(move || {
-                ReaderThread { shm, device, counters, state: None, seen: ReadStats::default() }.run(rx, rt)
+                ReaderThread { shm, device, counters, observer, state: None, seen: ReadStats::default() }.run(rx, rt)
             })?;
             queues.push(tx);
         }
@@ -140,6 +154,7 @@ struct ReaderThread {
     shm: PathBuf,
     device: bool,
     counters: Arc<ReadCounters>,
+    observer: Option<Arc<dyn ReadObserver>>,
     state: Option<Regions>,
     seen: ReadStats,
 }
@@ -216,7 +231,12 @@ impl ReaderThread {
                 "the host has not published its regions yet; retry",
             );
         };
-        let resp = serve(regions, &shm, device, req);
+        let mut resp = serve(regions, &shm, device, req);
+        if let (Some(o), Op::Get { key }, Ok(_)) = (&self.observer, &req.op, &resp.result)
+            && let Some(r) = self.state.as_ref().and_then(|s| s.map.regions().get(s.map.route(key)))
+        {
+            resp.replicated = o.on_get(r, key);
+        }
         self.account();
         resp
     }

@@ -14,6 +14,8 @@ const F_SESSION: u16 = 1;
 const F_RETRY: u16 = 2;
 /// Request flag: a trace context block follows (after the session block, if any).
 const F_TRACE: u16 = 4;
+/// Request flag: a get aimed at a hot-key replica ([`Request::replica`]).
+const F_REPLICA: u16 = 8;
 const KIND_REQUESTS: u8 = 1;
 const KIND_RESPONSES: u8 = 2;
 /// Bytes of the frame header.
@@ -142,7 +144,8 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
         let flags = match r.session {
             None => 0,
             Some(s) => F_SESSION | if s.retry { F_RETRY } else { 0 },
-        } | if r.trace.is_some() { F_TRACE } else { 0 };
+        } | if r.trace.is_some() { F_TRACE } else { 0 }
+            | if r.replica { F_REPLICA } else { 0 };
         w.u16(flags);
         w.u32(bound);
         w.u64(r.read_version);
@@ -216,6 +219,17 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
                 w.bytes(lo);
                 w.bytes(hi);
                 w.u16(*max);
+            }
+            Op::ReplicaSync { watermark_ms, reset, entries } => {
+                w.u64(*watermark_ms);
+                w.u8(*reset as u8);
+                w.u16(entries.len() as u16);
+                for e in entries {
+                    w.bytes(&e.key);
+                    w.u64(e.version);
+                    w.u8(e.value.is_some() as u8);
+                    w.bytes(e.value.as_deref().unwrap_or(&[]));
+                }
             }
         }
         end_entry(out, body);
@@ -466,7 +480,8 @@ fn decode_request(e: &[u8]) -> RequestEntry {
             }
             _ => return Err((ErrorCode::BadRequest, "unknown consistency")),
         };
-        if flags & !(F_SESSION | F_RETRY | F_TRACE) != 0 || (flags & F_RETRY != 0 && flags & F_SESSION == 0) {
+        if flags & !(F_SESSION | F_RETRY | F_TRACE | F_REPLICA) != 0 || (flags & F_RETRY != 0 && flags & F_SESSION == 0)
+        {
             return Err((ErrorCode::BadRequest, "reserved request flags set"));
         }
         let (read_version, region, epoch) = (r.u64()?, r.u32()?, r.u64()?);
@@ -566,6 +581,30 @@ fn decode_request(e: &[u8]) -> RequestEntry {
                 let hi = r.bytes(MAX_KEY, ErrorCode::KeySize)?;
                 Op::Pivots { lo, hi, max: r.u16()? }
             }
+            OpCode::ReplicaSync => {
+                let watermark_ms = r.u64()?;
+                let reset = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err((ErrorCode::BadRequest, "malformed reset flag")),
+                };
+                let n = r.u16()? as usize;
+                if n > MAX_BATCH_OPS {
+                    return Err((ErrorCode::TooManyOps, "more than 1024 sync entries"));
+                }
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let (key, version, has) = (r.key()?, r.u64()?, r.u8()?);
+                    let v = r.value()?;
+                    let value = match has {
+                        0 if v.is_empty() => None,
+                        1 => Some(v),
+                        _ => return Err((ErrorCode::BadRequest, "malformed sync entry")),
+                    };
+                    entries.push(SyncEntry { key, version, value });
+                }
+                Op::ReplicaSync { watermark_ms, reset, entries }
+            }
             OpCode::Auth => {
                 let token = r.bytes(crate::limits::MAX_AUTH_TOKEN, ErrorCode::BadRequest)?;
                 if token.is_empty() {
@@ -581,7 +620,11 @@ fn decode_request(e: &[u8]) -> RequestEntry {
         if read_version != 0 && req_is_write(&op) {
             return Err((ErrorCode::BadRequest, "a read version on a write"));
         }
-        let req = Request { id, consistency, read_version, region, epoch, session, trace, op };
+        let replica = flags & F_REPLICA != 0;
+        if replica && (!matches!(op, Op::Get { .. }) || consistency == Consistency::Linearizable) {
+            return Err((ErrorCode::BadRequest, "a replica read is a get that is not linearizable"));
+        }
+        let req = Request { id, consistency, read_version, region, epoch, session, trace, replica, op };
         req.op.validate().map_err(|c| (c, "request outside the protocol's limits"))?;
         Ok(req)
     };

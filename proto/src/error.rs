@@ -46,6 +46,9 @@ pub enum ErrorCode {
     Unauthorized = 19,
     /// The token does not grant this operation on this key or range.
     Forbidden = 20,
+    /// A read aimed at a hot-key replica (a device that is not the key's primary) found no copy
+    /// fresh enough for the request's consistency: read it from the primary (docs/hot-keys.md).
+    NotReplicated = 21,
 }
 
 impl ErrorCode {
@@ -73,6 +76,7 @@ impl ErrorCode {
             18 => OutcomeUnknown,
             19 => Unauthorized,
             20 => Forbidden,
+            21 => NotReplicated,
             _ => return None,
         })
     }
@@ -107,6 +111,7 @@ impl ErrorCode {
             OutcomeUnknown => "outcome_unknown",
             Unauthorized => "unauthorized",
             Forbidden => "forbidden",
+            NotReplicated => "not_replicated",
         }
     }
 }

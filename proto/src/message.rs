@@ -41,6 +41,8 @@ pub enum OpCode {
     Auth = 16,
     /// [`Op::Pivots`]
     Pivots = 17,
+    /// [`Op::ReplicaSync`]
+    ReplicaSync = 18,
 }
 
 impl OpCode {
@@ -65,6 +67,7 @@ impl OpCode {
             15 => RegionMap,
             16 => Auth,
             17 => Pivots,
+            18 => ReplicaSync,
             _ => return None,
         })
     }
@@ -90,6 +93,7 @@ impl OpCode {
             RegionMap => "region_map",
             Auth => "auth",
             Pivots => "pivots",
+            ReplicaSync => "replica_sync",
         }
     }
 
@@ -105,6 +109,7 @@ impl OpCode {
                 | OpCode::RegionMap
                 | OpCode::Auth
                 | OpCode::Pivots
+                | OpCode::ReplicaSync
         )
     }
 }
@@ -124,6 +129,44 @@ pub enum Consistency {
     Extended,
     /// Spread over primary and replicas.
     Interleaved,
+}
+
+impl Consistency {
+    /// Parses `linearizable`, `bounded:MS`, `extended` or `interleaved` (the CLI's, the
+    /// bench's and the gateway's spelling).
+    pub fn parse(s: &str) -> Option<Consistency> {
+        Some(match s.trim().to_ascii_lowercase().as_str() {
+            "linearizable" => Consistency::Linearizable,
+            "extended" => Consistency::Extended,
+            "interleaved" => Consistency::Interleaved,
+            other => {
+                let ms = other.strip_prefix("bounded:")?.parse().ok()?;
+                Consistency::Bounded { max_staleness_ms: ms }
+            }
+        })
+    }
+
+    /// The spelling [`Consistency::parse`] reads.
+    pub fn name(&self) -> String {
+        match self {
+            Consistency::Linearizable => "linearizable".into(),
+            Consistency::Bounded { max_staleness_ms } => format!("bounded:{max_staleness_ms}"),
+            Consistency::Extended => "extended".into(),
+            Consistency::Interleaved => "interleaved".into(),
+        }
+    }
+}
+
+/// One key of a [`Op::ReplicaSync`]: its value at `version`, or (None) the key's copy is to be
+/// dropped (the key stopped being popular, or was deleted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncEntry {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The version the value was read at (the primary's).
+    pub version: u64,
+    /// The value; None: drop the copy.
+    pub value: Option<Vec<u8>>,
 }
 
 /// The element type of a value read as an array of fixed-width numbers (atomics).
@@ -317,6 +360,12 @@ pub enum Op {
     /// scan can be split to be read in parallel. From the region's index (interior nodes): an
     /// estimate, fewer or none in a small region.
     Pivots { lo: Vec<u8>, hi: Vec<u8>, max: u16 },
+    /// Device to device (hot-key replicas, docs/hot-keys.md): the primary of the request's
+    /// `region` (at its `epoch`) updates the copies of its popular keys on this device. `reset`:
+    /// drop every copy of the region first (a new link starts with the whole popular set). Then
+    /// `watermark_ms` (if not 0): every write to the region acknowledged before that time (the
+    /// primary's clock, ms since the Unix epoch) is reflected in the copies sent so far.
+    ReplicaSync { watermark_ms: u64, reset: bool, entries: Vec<SyncEntry> },
 }
 
 impl Op {
@@ -340,6 +389,7 @@ impl Op {
             Op::RegionMap => OpCode::RegionMap,
             Op::Auth { .. } => OpCode::Auth,
             Op::Pivots { .. } => OpCode::Pivots,
+            Op::ReplicaSync { .. } => OpCode::ReplicaSync,
         }
     }
 
@@ -359,7 +409,7 @@ impl Op {
             | Op::Filter { key, .. } => key,
             Op::Scan { lo, .. } | Op::FloorScan { lo, .. } | Op::Pivots { lo, .. } => lo,
             Op::Batch { ops } => ops.first().map_or(&[], |o| o.key()),
-            Op::RegionMap | Op::Auth { .. } => &[],
+            Op::RegionMap | Op::Auth { .. } | Op::ReplicaSync { .. } => &[],
         }
     }
 
@@ -412,6 +462,16 @@ impl Op {
             Op::Auth { token } => {
                 if token.is_empty() || token.len() > crate::limits::MAX_AUTH_TOKEN {
                     return Err(ErrorCode::BadRequest);
+                }
+                Ok(())
+            }
+            Op::ReplicaSync { entries, .. } => {
+                if entries.len() > MAX_BATCH_OPS {
+                    return Err(ErrorCode::TooManyOps);
+                }
+                for e in entries {
+                    key(&e.key)?;
+                    e.value.as_deref().map_or(Ok(()), value)?;
                 }
                 Ok(())
             }
@@ -522,6 +582,10 @@ pub struct Request {
     pub session: Option<Session>,
     /// The trace the request belongs to, if the caller traces it.
     pub trace: Option<TraceContext>,
+    /// A get aimed at a hot-key replica (a device that is not the key's primary): answered from
+    /// the device's replica table within the consistency's bound, else `not_replicated`. Only on
+    /// a get whose consistency is not linearizable.
+    pub replica: bool,
     /// The operation.
     pub op: Op,
 }
@@ -537,6 +601,7 @@ impl Request {
             epoch: 0,
             session: None,
             trace: None,
+            replica: false,
             op,
         }
     }
@@ -571,6 +636,9 @@ impl Request {
                 }
                 Op::Pivots { lo, hi, .. } => lo.len() + hi.len(),
                 Op::Auth { token } => token.len(),
+                Op::ReplicaSync { entries, .. } => {
+                    entries.iter().map(|e| e.key.len() + e.value.as_ref().map_or(0, Vec::len) + PER_BATCH_OP).sum()
+                }
                 op => op.key().len(),
             }
     }

@@ -76,6 +76,16 @@ fn op() -> impl Strategy<Value = Op> {
         proptest::collection::vec(write_op(), 1..8).prop_map(|ops| Op::Batch { ops }),
         Just(Op::RegionMap),
         proptest::collection::vec(any::<u8>(), 1..=256).prop_map(|token| Op::Auth { token }),
+        (
+            any::<u64>(),
+            any::<bool>(),
+            proptest::collection::vec((key(), any::<u64>(), proptest::option::of(bytes(40))), 0..6)
+        )
+            .prop_map(|(watermark_ms, reset, e)| Op::ReplicaSync {
+                watermark_ms,
+                reset,
+                entries: e.into_iter().map(|(key, version, value)| SyncEntry { key, version, value }).collect(),
+            }),
     ]
 }
 
@@ -132,9 +142,11 @@ fn request() -> impl Strategy<Value = Request> {
             TraceContext { trace_id, span_id, flags }
         },
     ));
-    (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), (session, trace), op()).prop_map(
-        |(id, consistency, read_version, region, epoch, (session, trace), op)| Request {
+    (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), (session, trace, any::<bool>()), op())
+        .prop_map(|(id, consistency, read_version, region, epoch, (session, trace, replica), op)| Request {
             trace,
+            // Only a get that is not linearizable may be aimed at a replica.
+            replica: replica && matches!(op, Op::Get { .. }) && consistency != Consistency::Linearizable,
             id,
             consistency,
             // Read versions and sessions go with reads and writes respectively.
@@ -143,8 +155,7 @@ fn request() -> impl Strategy<Value = Request> {
             epoch,
             session: session.filter(|_| op.code().is_write()),
             op,
-        },
-    )
+        })
 }
 
 fn response() -> impl Strategy<Value = Response> {

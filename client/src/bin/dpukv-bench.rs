@@ -128,6 +128,15 @@ struct Args {
     /// Threads of the client's runtime (0: one per core; 1: a single-threaded runtime).
     #[arg(long, default_value_t = 0)]
     client_threads: usize,
+    /// How dpukv gets may be served: linearizable, bounded:MS, extended, interleaved (hot-key
+    /// replicas, docs/hot-keys.md); the result counts gets served by replicas.
+    #[arg(long, default_value = "linearizable", value_parser = parse_consistency)]
+    consistency: dpukv_client::proto::Consistency,
+}
+
+fn parse_consistency(s: &str) -> Result<dpukv_client::proto::Consistency, String> {
+    dpukv_client::proto::Consistency::parse(s)
+        .ok_or_else(|| format!("{s:?}: expected linearizable, bounded:MS, extended or interleaved"))
 }
 
 /// Records per load request (one atomic batch for dpukv, one script call for Redis, one txn for
@@ -150,6 +159,8 @@ impl Engine {
                     pool: 1,
                     token: a.token.as_deref().map(|t| std::sync::Arc::from(t.as_bytes())),
                     tls: a.tls.client().map_err(anyhow::Error::msg)?,
+                    consistency: a.consistency,
+                    hot_keys: None,
                 };
                 Engine::Dpukv(Client::connect_with(&a.endpoint, opts).await.context("connecting to dpukv")?)
             }
@@ -365,6 +376,18 @@ async fn run(a: Args) -> Result<()> {
         errors: AtomicU64::new(0),
         deadline: Instant::now() + Duration::from_secs_f64(a.duration),
     });
+    // Gets served by primaries and replicas (dpukv), counted from here.
+    let read_counts = |engines: &[Engine]| {
+        engines.iter().fold((0, 0), |(p, r), e| match e {
+            Engine::Dpukv(c) => {
+                let (p1, r1) = c.read_counts().get();
+                (p + p1, r + r1)
+            }
+            _ => (p, r),
+        })
+    };
+    let counted = engines.clone();
+    let reads_before = read_counts(&counted);
     let cpu_start = cpu_times();
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -403,13 +426,16 @@ async fn run(a: Args) -> Result<()> {
         _ => (f64::NAN, f64::NAN),
     };
     let cpu_us_per_op = (user + sys) * 1e6 / hist.count.max(1) as f64;
+    let reads_after = read_counts(&counted);
+    let (primary_reads, replica_reads) = (reads_after.0 - reads_before.0, reads_after.1 - reads_before.1);
+    let replica_share = replica_reads as f64 / (primary_reads + replica_reads).max(1) as f64;
     let errors = shared.errors.load(Ordering::Relaxed);
     let tput = hist.count as f64 / secs;
     let (p50, p99, p999) = (hist.quantile(0.5), hist.quantile(0.99), hist.quantile(0.999));
     if a.json {
         let num = |x: f64| if x.is_finite() { format!("{x:.3}") } else { "null".to_string() };
         println!(
-            "{{\"system\":\"{}\",\"workload\":\"{}\",\"distribution\":\"{}\",\"records\":{},\"threads\":{},\"depth\":{},\"seconds\":{secs:.3},\"ops\":{},\"throughput_ops\":{tput:.1},\"p50_us\":{p50},\"p99_us\":{p99},\"p999_us\":{p999},\"errors\":{errors},\"client_user_s\":{},\"client_sys_s\":{},\"client_cpu_us_per_op\":{}}}",
+            "{{\"system\":\"{}\",\"workload\":\"{}\",\"distribution\":\"{}\",\"records\":{},\"threads\":{},\"depth\":{},\"seconds\":{secs:.3},\"ops\":{},\"throughput_ops\":{tput:.1},\"p50_us\":{p50},\"p99_us\":{p99},\"p999_us\":{p999},\"errors\":{errors},\"client_user_s\":{},\"client_sys_s\":{},\"client_cpu_us_per_op\":{},\"consistency\":\"{}\",\"primary_reads\":{primary_reads},\"replica_reads\":{replica_reads},\"replica_share\":{replica_share:.4}}}",
             Engine::name(&a),
             a.workload,
             a.distribution,
@@ -420,6 +446,7 @@ async fn run(a: Args) -> Result<()> {
             num(user),
             num(sys),
             num(cpu_us_per_op),
+            a.consistency.name(),
         );
     } else {
         if let Some(l) = load_secs {
@@ -433,6 +460,13 @@ async fn run(a: Args) -> Result<()> {
             a.threads,
             a.depth
         );
+        if replica_reads > 0 || a.consistency != dpukv_client::proto::Consistency::Linearizable {
+            println!(
+                "gets ({}): {primary_reads} by primaries, {replica_reads} by replicas ({:.1}%)",
+                a.consistency.name(),
+                replica_share * 100.0
+            );
+        }
     }
     Ok(())
 }

@@ -22,8 +22,18 @@ struct Cli {
     /// TLS to the endpoint.
     #[command(flatten)]
     tls: dpukv_net::tls::ClientTlsArgs,
+    /// How gets may be served: `linearizable` (the primary), `bounded:MS` (a hot key's replica
+    /// no staler than MS), `extended` (replicas when the primary is busy), `interleaved`
+    /// (spread over primary and replicas). docs/hot-keys.md.
+    #[arg(long, env = "DPUKV_CONSISTENCY", global = true, default_value = "linearizable", value_parser = parse_consistency)]
+    consistency: dpukv_client::proto::Consistency,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+fn parse_consistency(s: &str) -> Result<dpukv_client::proto::Consistency, String> {
+    dpukv_client::proto::Consistency::parse(s)
+        .ok_or_else(|| format!("{s:?}: expected linearizable, bounded:MS, extended or interleaved"))
 }
 
 #[derive(Subcommand)]
@@ -335,6 +345,8 @@ async fn run(cli: Cli) -> Result<i32> {
         pool: connections,
         token: cli.token.as_deref().map(|t| std::sync::Arc::from(t.as_bytes())),
         tls: cli.tls.client().map_err(anyhow::Error::msg)?,
+        consistency: cli.consistency,
+        hot_keys: None,
     };
     let c =
         Client::connect_with(&cli.endpoint, opts).await.with_context(|| format!("connecting to {}", cli.endpoint))?;

@@ -3,6 +3,7 @@
 
 mod cluster;
 mod gateway;
+mod hot_keys;
 mod linearizable;
 mod local;
 mod meta;

@@ -14,7 +14,7 @@ use dpukv_e2e::gateway::Gateway;
 use dpukv_net::tls::{ClientTls, LocalCa, TlsFiles};
 
 fn opts(tls: Arc<ClientTls>) -> Options {
-    Options { pool: 1, token: None, tls: Some(tls) }
+    Options { pool: 1, token: None, tls: Some(tls), ..Options::default() }
 }
 
 /// The newest region map the nodes answer over TLS, once `ready` holds for it.

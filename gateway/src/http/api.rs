@@ -56,6 +56,9 @@ impl Encoding {
 pub struct KeyQuery {
     /// How the key in the path (and a value in the reply) is written. Default `utf8`.
     pub encoding: Option<Encoding>,
+    /// How a read may be served (hot-key replicas, docs/hot-keys.md): `linearizable` (the
+    /// default, or the token's service level), `bounded:MS`, `extended`, `interleaved`.
+    pub consistency: Option<String>,
 }
 
 /// A value read.

@@ -93,7 +93,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ValueTooLarge | FrameTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         KeyExists | TypeMismatch | SessionExpired => StatusCode::CONFLICT,
         KeyNotFound => StatusCode::NOT_FOUND,
-        StaleEpoch | WrongRegion | Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        StaleEpoch | WrongRegion | Unavailable | NotReplicated => StatusCode::SERVICE_UNAVAILABLE,
         Overloaded => StatusCode::TOO_MANY_REQUESTS,
         Unsupported => StatusCode::BAD_REQUEST,
         OutcomeUnknown => StatusCode::GATEWAY_TIMEOUT,
@@ -139,6 +139,19 @@ type ApiResult<T> = Result<axum::Json<T>, ApiError>;
 pub struct Caller(Option<Arc<Principal>>);
 
 impl Caller {
+    /// How the caller's gets are served: the request's `consistency`, else the token's service
+    /// level, else linearizable; `400 bad_request` if the request's is not one.
+    fn consistency(&self, asked: Option<&str>) -> Result<dpukv_proto::Consistency, ApiError> {
+        match asked {
+            Some(a) => dpukv_proto::Consistency::parse(a).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "consistency {a:?} is not linearizable, bounded:MS, extended or interleaved"
+                ))
+            }),
+            None => Ok(self.0.as_ref().and_then(|p| p.consistency).unwrap_or_default()),
+        }
+    }
+
     /// `Ok` if the caller may run `op` (everyone may on an open gateway); else `403 forbidden`.
     fn check(&self, op: &dpukv_proto::Op) -> Result<(), ApiError> {
         match &self.0 {
@@ -220,10 +233,13 @@ async fn get_kv(
     Path(key): Path<String>,
     q: Result<Query<KeyQuery>, QueryRejection>,
 ) -> ApiResult<ValueReply> {
-    let enc = q?.0.encoding.unwrap_or_default();
+    let q = q?.0;
+    let enc = q.encoding.unwrap_or_default();
+    let consistency = caller.consistency(q.consistency.as_deref())?;
     let k = key_of(enc, &key)?;
     caller.check(&dpukv_proto::Op::Get { key: k.clone() })?;
-    let (reply, version) = s.up.client().call(dpukv_proto::Op::Get { key: k.clone() }).await?;
+    let client = s.up.client().clone().with_consistency(consistency);
+    let (reply, version) = client.call(dpukv_proto::Op::Get { key: k.clone() }).await?;
     match reply {
         Reply::Value(Some(v)) => Ok(axum::Json(ValueReply {
             key: text_of(enc, &k, "key")?,

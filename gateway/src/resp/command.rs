@@ -3,7 +3,8 @@
 //! `DEL`, `EXISTS`, `TYPE`, `STRLEN`), counters (`INCR`, `INCRBY`, `DECR`, `DECRBY`, on decimal
 //! text as in Redis), `SCAN` in key order, and what `redis-cli` and `redis-benchmark` ask at
 //! start (`PING`, `ECHO`, `INFO`, `COMMAND`, `CONFIG GET`, `TIME`). Connection commands (`AUTH`,
-//! `HELLO`, `QUIT`, `SELECT`, `CLIENT`) are the server loop's.
+//! `HELLO`, `QUIT`, `SELECT`, `CLIENT`, and the read modes `READONLY`, `READWRITE`,
+//! `CONSISTENCY`) are the server loop's.
 
 use dpukv_client::ClientError;
 use dpukv_proto::{ErrorCode, WriteOp};
@@ -43,7 +44,9 @@ pub fn touches(args: &[Vec<u8>]) -> Touches {
         "mget" | "del" | "exists" | "unlink" => Touches::Keys(rest()),
         "mset" => Touches::Keys(args[1..].iter().step_by(2).cloned().collect()),
         "scan" => Touches::Everything,
-        "auth" | "hello" | "quit" | "select" | "client" | "reset" => Touches::Connection,
+        "auth" | "hello" | "quit" | "select" | "client" | "reset" | "readonly" | "readwrite" | "consistency" => {
+            Touches::Connection
+        }
         _ => Touches::Nothing,
     }
 }
@@ -125,11 +128,23 @@ fn bulk_or_nil(v: Option<Vec<u8>>) -> Reply {
     v.map_or(Reply::Nil, Reply::Bulk)
 }
 
-/// Runs a command that is not a connection command.
-pub async fn run(up: &Upstream, cursors: &Cursors, info: &str, args: Vec<Vec<u8>>) -> Reply {
+/// Runs a command that is not a connection command; its gets are served with `consistency`.
+pub async fn run(
+    up: &Upstream,
+    cursors: &Cursors,
+    info: &str,
+    args: Vec<Vec<u8>>,
+    consistency: dpukv_proto::Consistency,
+) -> Reply {
     let cmd = name(&args);
     let n = args.len();
-    let c = up.client();
+    let with;
+    let c = if consistency == dpukv_proto::Consistency::Linearizable {
+        up.client()
+    } else {
+        with = up.client().clone().with_consistency(consistency);
+        &with
+    };
     match cmd.as_str() {
         "ping" => match n {
             1 => Reply::Simple("PONG"),
@@ -260,9 +275,37 @@ pub async fn run(up: &Upstream, cursors: &Cursors, info: &str, args: Vec<Vec<u8>
 
 /// The commands answered (for arity errors and `COMMAND COUNT`).
 pub const COMMANDS: &[&str] = &[
-    "ping", "echo", "get", "set", "setnx", "getset", "mget", "mset", "del", "unlink", "exists", "type", "strlen",
-    "incr", "decr", "incrby", "decrby", "scan", "info", "command", "config", "time", "auth", "hello", "quit", "select",
-    "client", "reset",
+    "ping",
+    "echo",
+    "get",
+    "set",
+    "setnx",
+    "getset",
+    "mget",
+    "mset",
+    "del",
+    "unlink",
+    "exists",
+    "type",
+    "strlen",
+    "incr",
+    "decr",
+    "incrby",
+    "decrby",
+    "scan",
+    "info",
+    "command",
+    "config",
+    "time",
+    "auth",
+    "hello",
+    "quit",
+    "select",
+    "client",
+    "reset",
+    "readonly",
+    "readwrite",
+    "consistency",
 ];
 
 /// What `CONFIG GET` reports (what clients and `redis-benchmark` ask about).

@@ -118,6 +118,15 @@ struct ConnState {
     quit: bool,
     /// Who authenticated (`AUTH`), if anyone.
     caller: Option<Arc<Principal>>,
+    /// How gets are served, if the connection chose (`CONSISTENCY`, `READONLY`, `READWRITE`);
+    /// else the token's service level, else linearizable.
+    consistency: Option<dpukv_proto::Consistency>,
+}
+
+impl ConnState {
+    fn consistency(&self) -> dpukv_proto::Consistency {
+        self.consistency.or_else(|| self.caller.as_ref().and_then(|p| p.consistency)).unwrap_or_default()
+    }
 }
 
 const READ_CHUNK: usize = 16 << 10;
@@ -221,7 +230,7 @@ async fn run_pipeline(
             Touches::Everything | Touches::Connection => !group.is_empty(),
         };
         if conflicts {
-            run_group(shared, state.caller.as_deref(), std::mem::take(&mut group), out, held).await;
+            run_group(shared, state, std::mem::take(&mut group), out, held).await;
             touched.clear();
         }
         match t {
@@ -237,7 +246,7 @@ async fn run_pipeline(
             }
             Touches::Everything => {
                 group.push(args);
-                run_group(shared, state.caller.as_deref(), std::mem::take(&mut group), out, held).await;
+                run_group(shared, state, std::mem::take(&mut group), out, held).await;
             }
             Touches::Keys(keys) => {
                 touched.extend(keys);
@@ -246,7 +255,7 @@ async fn run_pipeline(
             Touches::Nothing => group.push(args),
         }
     }
-    run_group(shared, state.caller.as_deref(), group, out, held).await;
+    run_group(shared, state, group, out, held).await;
 }
 
 /// The metric label of a command (a fixed set: unknown names are `other`).
@@ -273,7 +282,7 @@ fn record(shared: &Shared, name: &str, r: &Reply, started: Instant) {
 /// their replies in order.
 async fn run_group(
     shared: &Shared,
-    caller: Option<&Principal>,
+    state: &ConnState,
     group: Vec<Vec<Vec<u8>>>,
     out: &mut Vec<u8>,
     held: &mut Vec<OwnedSemaphorePermit>,
@@ -282,6 +291,7 @@ async fn run_group(
         return;
     }
     let info = info(shared);
+    let (caller, consistency) = (state.caller.as_deref(), state.consistency());
     for args in &group {
         held.push(shared.budget.hold(command::reply_bound(args)).await);
     }
@@ -306,7 +316,7 @@ async fn run_group(
                         let op = op_label(&command::name(args));
                         let traced = dpukv_net::telemetry::request_span("gateway redis", op, None, true);
                         let (_span, ctx) = traced.map_or((None, None), |(s, c)| (Some(s), Some(c)));
-                        let run = command::run(&shared.up, &shared.cursors, info, args.clone());
+                        let run = command::run(&shared.up, &shared.cursors, info, args.clone(), consistency);
                         dpukv_client::trace::scope(ctx, run).await
                     }
                 };
@@ -373,6 +383,26 @@ fn connection_command(shared: &Shared, state: &mut ConnState, args: &[Vec<u8>]) 
             *state = ConnState::default();
             Reply::Simple("RESET")
         }
+        // Redis Cluster's replica reads: READONLY lets gets go to replicas (here: spread over
+        // the primary and the hot keys' replicas), READWRITE back to the primary only.
+        "readonly" if n == 1 => {
+            state.consistency = Some(dpukv_proto::Consistency::Interleaved);
+            Reply::Simple("OK")
+        }
+        "readwrite" if n == 1 => {
+            state.consistency = Some(dpukv_proto::Consistency::Linearizable);
+            Reply::Simple("OK")
+        }
+        // CONSISTENCY [linearizable | bounded:MS | extended | interleaved]: sets (or shows) how
+        // this connection's gets are served.
+        "consistency" if n == 1 => Reply::Bulk(state.consistency().name().into_bytes()),
+        "consistency" if n == 2 => match dpukv_proto::Consistency::parse(&String::from_utf8_lossy(&args[1])) {
+            Some(c) => {
+                state.consistency = Some(c);
+                Reply::Simple("OK")
+            }
+            None => Reply::err("consistency must be linearizable, bounded:MS, extended or interleaved"),
+        },
         "select" if n == 2 => match args[1].as_slice() {
             b"0" => Reply::Simple("OK"),
             _ => Reply::err("DB index is out of range"),

@@ -16,6 +16,7 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
 use crate::conn::{Charge, Sink};
+use crate::dpu::hot_keys::HotKeys;
 
 /// Where a forwarded request's reply goes.
 struct Route {
@@ -23,6 +24,17 @@ struct Route {
     sink: Sink,
     charge: Charge,
     sent: Instant,
+    /// The keys a write changes (hot keys: popular ones are synced once it is answered).
+    keys: Vec<Vec<u8>>,
+}
+
+/// The keys `op` writes.
+fn written_keys(op: &dpukv_proto::Op) -> Vec<Vec<u8>> {
+    match op {
+        dpukv_proto::Op::Batch { ops } => ops.iter().map(|o| o.key().to_vec()).collect(),
+        op if op.code().is_write() => vec![op.key().to_vec()],
+        _ => Vec::new(),
+    }
 }
 
 /// A link's requests in flight, and whether the link is done (then nothing more is added: a
@@ -48,6 +60,7 @@ pub struct HostLinks {
     next: AtomicUsize,
     ids: AtomicU64,
     timeout: Duration,
+    hot: Arc<HotKeys>,
     /// Requests forwarded.
     pub forwarded: Arc<AtomicU64>,
     /// Requests failed because the host could not be reached or did not answer.
@@ -63,13 +76,15 @@ fn lock(p: &Pending) -> std::sync::MutexGuard<'_, InFlight> {
 
 impl HostLinks {
     /// `n` links to the host socket at `socket`, failing requests unanswered after `timeout`.
-    pub fn new(socket: PathBuf, n: usize, timeout: Duration) -> Arc<HostLinks> {
+    /// `hot`: told each write's keys once the host answered it (or may have applied it).
+    pub fn new(socket: PathBuf, n: usize, timeout: Duration, hot: Arc<HotKeys>) -> Arc<HostLinks> {
         Arc::new(HostLinks {
             socket,
             links: (0..n.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             ids: AtomicU64::new(1),
             timeout,
+            hot,
             forwarded: Arc::new(AtomicU64::new(0)),
             unavailable: Arc::new(AtomicU64::new(0)),
         })
@@ -103,7 +118,8 @@ impl HostLinks {
                 return sink
                     .send(Response::error(client_id, ErrorCode::Unavailable, "host unavailable; retry"), charge);
             }
-            p.routes.insert(link_id, Route { client_id, sink, charge, sent: Instant::now() });
+            let keys = written_keys(&req.op);
+            p.routes.insert(link_id, Route { client_id, sink, charge, sent: Instant::now(), keys });
         }
         self.forwarded.fetch_add(1, Ordering::Relaxed);
         if tx.send(req).await.is_err()
@@ -165,7 +181,22 @@ impl HostLinks {
             b.store(true, Ordering::Release);
         });
         let (p, b, unavailable, timeout) = (pending.clone(), broken.clone(), self.unavailable.clone(), self.timeout);
+        let hot = self.hot.clone();
         tokio::spawn(async move {
+            // A write whose outcome is unknown may be applied now or later (within the link's
+            // timeout, while the host works through what it read): its keys are synced now and
+            // again after that.
+            let unknown = |keys: Vec<Vec<u8>>| {
+                if keys.is_empty() {
+                    return;
+                }
+                hot.on_write(&keys);
+                let hot = hot.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(timeout).await;
+                    hot.on_write(&keys);
+                });
+            };
             let fail_all = |p: &Pending, why: &str| {
                 let routes: Vec<Route> = {
                     let mut p = lock(p);
@@ -174,6 +205,7 @@ impl HostLinks {
                 };
                 for r in routes {
                     unavailable.fetch_add(1, Ordering::Relaxed);
+                    unknown(r.keys);
                     r.sink.send(Response::error(r.client_id, ErrorCode::OutcomeUnknown, why), r.charge);
                 }
             };
@@ -197,6 +229,7 @@ impl HostLinks {
                         };
                         for r in late {
                             unavailable.fetch_add(1, Ordering::Relaxed);
+                            unknown(r.keys);
                             let e = Response::error(r.client_id, ErrorCode::OutcomeUnknown, "the host did not answer in time");
                             r.sink.send(e, r.charge);
                         }
@@ -215,6 +248,8 @@ impl HostLinks {
                             used += h.total;
                             for mut resp in resps {
                                 if let Some(route) = lock(&p).routes.remove(&resp.id) {
+                                    // Before the client sees the answer (the watermarks' rule).
+                                    hot.on_write(&route.keys);
                                     resp.id = route.client_id;
                                     route.sink.send(resp, route.charge);
                                 }

@@ -7,10 +7,17 @@
 //! complete out of order by id. The device follows the host through restarts: a new host closes
 //! the old announcement, and readers move to the new one.
 //!
+//! Hot keys (docs/hot-keys.md): as the primary of its host's regions the device counts gets,
+//! keeps the popular keys' copies on the regions' backups' devices current (`hot_keys`), and as
+//! a backup it holds other primaries' copies in its replica table (module `replica_table`) and
+//! answers gets aimed at it as a replica.
+//!
 //! # Layout
 //! - `link`: the links to the host (multiplexed, with a reply timeout).
+//! - `hot_keys`: popular keys of the led regions and their sync to replicas.
 //! - this module: [`DeviceConfig`], [`run`], the data port.
 
+pub mod hot_keys;
 mod link;
 
 use std::net::SocketAddr;
@@ -20,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Result;
+use dpukv_proto::{ErrorCode, Op, Reply, Request, Response};
 use link::HostLinks;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -31,6 +39,8 @@ use crate::admin::{self, Admin};
 use crate::conn::{self, Budget, ConnConfig, Incoming, Sink};
 use crate::pod;
 use crate::reads::{ReadCounters, ReadPool};
+use crate::replica_table::{ReplicaTable, ReplicaTableConfig};
+use hot_keys::{HotKeys, HotKeysConfig};
 
 /// Device configuration.
 #[derive(Debug, Clone)]
@@ -59,6 +69,10 @@ pub struct DeviceConfig {
     pub shutdown_grace: Duration,
     /// TLS on the data port.
     pub tls: Option<Arc<dpukv_net::tls::ServerTls>>,
+    /// Hot keys of the led regions (admission, popular sets, sync to replicas).
+    pub hot: HotKeysConfig,
+    /// The replica table (other primaries' popular keys).
+    pub replica_table: ReplicaTableConfig,
 }
 
 /// Where the device serves.
@@ -77,13 +91,17 @@ pub async fn run(
     started: Option<tokio::sync::oneshot::Sender<DeviceInfo>>,
 ) -> Result<()> {
     let reads_counters = Arc::new(ReadCounters::default());
-    let links = HostLinks::new(pod::socket_path(&cfg.shm_dir), cfg.host_links, cfg.host_timeout);
+    let hot = HotKeys::new(cfg.hot.clone());
+    let table = Arc::new(ReplicaTable::new(cfg.replica_table));
+    let links = HostLinks::new(pod::socket_path(&cfg.shm_dir), cfg.host_links, cfg.host_timeout, hot.clone());
     let ready = Arc::new(AtomicBool::new(false));
     let mut registry = Registry::default();
     registry.register_collector(Box::new(StatsCollector {
         reads: reads_counters.clone(),
         forwarded: links.forwarded.clone(),
         unavailable: links.unavailable.clone(),
+        hot: hot.clone(),
+        table: table.clone(),
     }));
     let latency = dpukv_net::latency::OpLatency::register(
         &mut registry,
@@ -110,7 +128,15 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let reads = Arc::new(ReadPool::start(cfg.shm_dir.clone(), cfg.read_threads, true, reads_counters)?);
+    let observer: Arc<dyn crate::reads::ReadObserver> = hot.clone();
+    let reads = Arc::new(ReadPool::start(cfg.shm_dir.clone(), cfg.read_threads, true, reads_counters, Some(observer))?);
+    hot_keys::start_sync(
+        hot.clone(),
+        table.clone(),
+        cfg.shm_dir.clone(),
+        tokio::runtime::Handle::current(),
+        shutdown.child_token(),
+    )?;
     ready.store(true, Ordering::Release);
     if let Some(tx) = started {
         let _ = tx.send(DeviceInfo { listen: local, admin: admin_addr });
@@ -131,6 +157,7 @@ pub async fn run(
                 };
                 let _ = stream.set_nodelay(true);
                 let (reads, links, budget, stop) = (reads.clone(), links.clone(), budget.clone(), shutdown.clone());
+                let table = table.clone();
                 let (conn_cfg, on_host, tls) = (cfg.conn, cfg.serve_reads_on_host, cfg.tls.clone());
                 let obs = conn::Observer { latency: Some(latency.clone()), component: Some("device"), root: false };
                 tracker.spawn(async move {
@@ -141,7 +168,8 @@ pub async fn run(
                             return;
                         }
                     };
-                    let dispatch = |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &reads, &links, on_host);
+                    let dispatch =
+                        |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &reads, &links, &table, on_host);
                     if let Err(e) = conn::serve(stream, conn_cfg, budget, obs, stop, dispatch).await {
                         tracing::debug!(error = %e, "client connection ended");
                     }
@@ -158,11 +186,21 @@ pub async fn run(
     Ok(())
 }
 
-/// Routes one client request: reads to the reader pool, writes and atomics to the host.
-async fn dispatch(batch: Vec<Incoming>, sink: Sink, reads: &ReadPool, links: &HostLinks, on_host: bool) {
+/// Routes one client request: reads to the reader pool, writes and atomics to the host; replica
+/// syncs and gets aimed at this device as a replica to the replica table.
+async fn dispatch(
+    batch: Vec<Incoming>,
+    sink: Sink,
+    reads: &ReadPool,
+    links: &HostLinks,
+    table: &ReplicaTable,
+    on_host: bool,
+) {
     let mut local = Vec::with_capacity(batch.len());
     for Incoming { req, charge } in batch {
-        if req.op.code().is_write() || on_host {
+        if let Some(resp) = replica_op(&req, table) {
+            sink.send(resp, charge);
+        } else if req.op.code().is_write() || on_host {
             links.forward(req, charge, sink.clone()).await
         } else {
             local.push((req, charge));
@@ -171,11 +209,43 @@ async fn dispatch(batch: Vec<Incoming>, sink: Sink, reads: &ReadPool, links: &Ho
     reads.submit(local, sink).await
 }
 
-#[derive(Debug)]
+/// Answers a replica sync or a get aimed at this device as a replica (None: not one).
+fn replica_op(req: &Request, table: &ReplicaTable) -> Option<Response> {
+    match &req.op {
+        Op::ReplicaSync { watermark_ms, reset, entries } => {
+            Some(match table.apply(req.region, req.epoch, *watermark_ms, *reset, entries.clone()) {
+                Ok(()) => Response { id: req.id, version: 0, replicated: false, result: Ok(Reply::Done) },
+                Err(e) => Response::error(req.id, ErrorCode::StaleEpoch, e.to_string()),
+            })
+        }
+        Op::Get { key } if req.replica => {
+            Some(match table.read(req.region, key, req.consistency, hot_keys::now_ms()) {
+                Ok((v, version)) => {
+                    Response { id: req.id, version, replicated: true, result: Ok(Reply::Value(Some(v))) }
+                }
+                Err(_) => Response::error(
+                    req.id,
+                    ErrorCode::NotReplicated,
+                    "no copy of the key here fresh enough for the read's consistency: read the primary",
+                ),
+            })
+        }
+        _ => None,
+    }
+}
+
 struct StatsCollector {
     reads: Arc<ReadCounters>,
     forwarded: Arc<AtomicU64>,
     unavailable: Arc<AtomicU64>,
+    hot: Arc<HotKeys>,
+    table: Arc<ReplicaTable>,
+}
+
+impl std::fmt::Debug for StatsCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatsCollector")
+    }
 }
 
 impl prometheus_client::collector::Collector for StatsCollector {
@@ -201,6 +271,48 @@ impl prometheus_client::collector::Collector for StatsCollector {
                 ),
                 ("dpukv_device_node_cache_hits", "interior nodes served from the device's node cache", &r.cache_hits),
                 ("dpukv_device_node_cache_misses", "interior nodes read from host memory", &r.cache_misses),
+                ("dpukv_device_replica_reads", "gets answered from the replica table", &self.table.counters.reads),
+                (
+                    "dpukv_device_replica_misses",
+                    "gets aimed at this device as a replica it could not answer (no copy, or too stale)",
+                    &self.table.counters.misses,
+                ),
+                (
+                    "dpukv_device_replica_dropped",
+                    "copies not kept: the replica table was full",
+                    &self.table.counters.dropped,
+                ),
+                (
+                    "dpukv_host_sync_requests",
+                    "replica syncs sent to backups' devices",
+                    &self.hot.counters.sync_requests,
+                ),
+                ("dpukv_device_popular_admitted", "keys admitted to popular sets", &self.hot.counters.admitted),
+                ("dpukv_device_popular_evicted", "keys evicted from popular sets", &self.hot.counters.evicted),
+                (
+                    "dpukv_device_sync_overflows",
+                    "sync rounds a backup's link could not take (back-pressure; it resyncs whole)",
+                    &self.hot.counters.overflows,
+                ),
+            ],
+        )?;
+        let c = &self.hot.counters;
+        let (copies, bytes) = self.table.size();
+        admin::encode_gauges(
+            &mut enc,
+            &[
+                (
+                    "dpukv_host_popular_keys",
+                    "popular keys of the regions this node leads",
+                    c.popular.load(Ordering::Relaxed) as i64,
+                ),
+                (
+                    "dpukv_host_sync_outstanding",
+                    "replica syncs queued or unanswered",
+                    c.outstanding.load(Ordering::Relaxed),
+                ),
+                ("dpukv_device_replica_keys", "copies in the replica table", copies as i64),
+                ("dpukv_device_replica_bytes", "bytes of keys and values in the replica table", bytes as i64),
             ],
         )
     }

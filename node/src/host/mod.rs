@@ -195,8 +195,13 @@ pub async fn run(
             None
         }
     };
-    let reads =
-        Arc::new(ReadPool::start(cfg.shm_dir.clone(), cfg.read_threads, false, Arc::new(ReadCounters::default()))?);
+    let reads = Arc::new(ReadPool::start(
+        cfg.shm_dir.clone(),
+        cfg.read_threads,
+        false,
+        Arc::new(ReadCounters::default()),
+        None,
+    )?);
 
     let ready = Arc::new(AtomicBool::new(false));
     let mut registry = Registry::default();
