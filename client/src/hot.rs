@@ -3,12 +3,18 @@
 //! were served. Bounded: at most `capacity` keys, the oldest entry forgotten first (a forgotten
 //! key is learnt again from its next read at the primary).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The keys, and the order they were learnt in (for eviction).
-type Keys = (HashSet<Vec<u8>>, VecDeque<Vec<u8>>);
+/// The keys with the stamp they were learnt at, and the learning order (stale stamps are
+/// skipped: a key forgotten and learnt again has a new one).
+#[derive(Debug, Default)]
+struct Keys {
+    stamps: HashMap<Vec<u8>, u64>,
+    order: VecDeque<(Vec<u8>, u64)>,
+    next: u64,
+}
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -19,7 +25,7 @@ pub(crate) struct HotKeyTable {
 
 impl HotKeyTable {
     pub(crate) fn new(capacity: usize) -> HotKeyTable {
-        HotKeyTable { capacity, inner: Mutex::new((HashSet::new(), VecDeque::new())) }
+        HotKeyTable { capacity, inner: Mutex::new(Keys::default()) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Keys> {
@@ -27,7 +33,7 @@ impl HotKeyTable {
     }
 
     pub(crate) fn contains(&self, key: &[u8]) -> bool {
-        self.capacity > 0 && self.lock().0.contains(key)
+        self.capacity > 0 && self.lock().stamps.contains_key(key)
     }
 
     /// Learns whether `key` is replicated (a primary's answer said so).
@@ -36,33 +42,33 @@ impl HotKeyTable {
             return;
         }
         let mut t = self.lock();
-        let (set, order) = &mut *t;
         if !replicated {
-            set.remove(key);
+            t.stamps.remove(key);
             return;
         }
-        if set.contains(key) {
+        if t.stamps.contains_key(key) {
             return;
         }
-        while set.len() >= self.capacity {
-            match order.pop_front() {
-                Some(old) => {
-                    set.remove(&old);
-                }
-                None => break,
+        while t.stamps.len() >= self.capacity {
+            let Some((old, stamp)) = t.order.pop_front() else { break };
+            if t.stamps.get(&old) == Some(&stamp) {
+                t.stamps.remove(&old);
             }
         }
-        set.insert(key.to_vec());
-        order.push_back(key.to_vec());
-        // Keys removed from the set still sit in `order`: compact it when it doubled.
-        if order.len() > 2 * self.capacity {
-            order.retain(|k| set.contains(k));
+        let stamp = t.next;
+        t.next += 1;
+        t.stamps.insert(key.to_vec(), stamp);
+        t.order.push_back((key.to_vec(), stamp));
+        // Entries of forgotten keys still sit in `order`: compact it when it doubled.
+        if t.order.len() > 2 * self.capacity {
+            let Keys { stamps, order, .. } = &mut *t;
+            order.retain(|(k, s)| stamps.get(k) == Some(s));
         }
     }
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.lock().0.len()
+        self.lock().stamps.len()
     }
 }
 
@@ -100,7 +106,8 @@ mod tests {
             t.learn(&[1], true);
             t.learn(&[1], false);
         }
-        assert!(t.lock().1.len() <= 6, "the order list is compacted");
+        assert!(t.lock().order.len() <= 7, "the order list is compacted past twice the capacity");
+        assert!(t.contains(&[9]) && t.contains(&[7]) && t.len() == 2);
         assert!(!HotKeyTable::new(0).contains(&[1]));
     }
 }

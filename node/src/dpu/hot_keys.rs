@@ -569,6 +569,45 @@ impl LinkTask {
 mod tests {
     use super::*;
 
+    /// A replica that accepts the connection and never reads or answers: the link holds at most
+    /// `max_outstanding` queued and `max_outstanding` unanswered, and refuses the rest (the sync
+    /// thread then resyncs that replica whole later) — memory stays bounded however slow it is.
+    #[tokio::test]
+    async fn a_replica_that_never_answers_holds_at_most_the_bound() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let held = tokio::spawn(async move {
+            let (sock, _) = listener.accept().await.expect("accept");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(sock);
+        });
+        let hot = HotKeys::new(HotKeysConfig { max_outstanding: 4, ..HotKeysConfig::default() });
+        let (tx, rx) = mpsc::channel(4);
+        let generation = Arc::new(AtomicU64::new(0));
+        let stop = CancellationToken::new();
+        let task = LinkTask { addr, tls: None, generation: generation.clone(), hot: hot.clone(), max_outstanding: 4 };
+        let run = tokio::spawn(task.run(rx, stop.clone()));
+        while generation.load(Ordering::Acquire) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let big = vec![SyncEntry { key: b"k".to_vec(), version: 1, value: Some(vec![7; 200 << 10]) }];
+        let mut taken = 0;
+        for _ in 0..200 {
+            let req = requests(1, 1, now_ms(), false, big.clone()).remove(0);
+            if tx.try_send((1, req)).is_ok() {
+                hot.counters.outstanding.fetch_add(1, Ordering::Relaxed);
+                taken += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(taken <= 8, "{taken} requests held for a replica that answers nothing (bound 4 + 4)");
+        assert!(hot.counters.outstanding.load(Ordering::Relaxed) <= 8);
+        stop.cancel();
+        run.await.expect("the link task ends");
+        assert_eq!(hot.counters.outstanding.load(Ordering::Relaxed), 0, "nothing counted once the link is gone");
+        held.abort();
+    }
+
     #[test]
     fn requests_fit_the_limits_and_only_the_last_carries_the_watermark() {
         let entries: Vec<SyncEntry> = (0..1500)
