@@ -54,6 +54,6 @@ pub mod vlog;
 pub mod workload;
 
 pub use arena::Layout;
-pub use btree::{BatchOp, Entry, ReadStats, Reader, SharedStats, Snapshot, Stats, Writer};
+pub use btree::{BatchOp, Entry, ReadStats, Reader, SharedStats, Snapshot, StartHint, Stats, TopNode, Writer};
 pub use config::{ArenaConfig, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use error::{Error, Result};

@@ -23,6 +23,13 @@ pub(crate) const SB_GARBAGE_PAGES: u64 = 176;
 pub(crate) const SB_TABLES_GEN: u64 = 184;
 /// One past the highest LID the writer has handed out (bounds a reader's page-table copy).
 pub(crate) const SB_LID_HIGH: u64 = 192;
+/// A random number chosen when the arena was created (never 0): names this arena (and so its
+/// LIDs and versions) in start hints, across restarts that reuse a file name.
+pub(crate) const SB_NONCE: u64 = 200;
+/// Page-table entry bit: the node id was retired (merged away, its tree collapsed) at a version
+/// the reader may already see. The rest of the entry is still the buffer's offset (readers of
+/// older versions follow it); a start hint naming a retired node is not trusted.
+pub(crate) const PT_RETIRED: u64 = 1 << 63;
 /// Superblock size (one page).
 pub(crate) const SB_SIZE: u64 = 4096;
 /// Bytes per reader slot.

@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 pub(crate) use alloc::{LidAlloc, PageAlloc};
 pub use layout::Layout;
 pub(crate) use layout::{
-    SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_LID_HIGH, SB_READ_VERSION, SB_ROOT, SB_STATE, SB_TABLES_GEN,
-    SB_WRITE_VERSION, SB_WRITER_PID, STATE_CLOSED, STATE_FROZEN, STATE_READY, root_word, split_root_word,
+    PT_RETIRED, SB_ALLOCATED_PAGES, SB_GARBAGE_PAGES, SB_LID_HIGH, SB_NONCE, SB_READ_VERSION, SB_ROOT, SB_STATE,
+    SB_TABLES_GEN, SB_WRITE_VERSION, SB_WRITER_PID, STATE_CLOSED, STATE_FROZEN, STATE_READY, root_word,
+    split_root_word,
 };
 use layout::{SB_FIXED, SLOT_SIZE};
 pub(crate) use ring::Drain;

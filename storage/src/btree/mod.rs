@@ -29,6 +29,40 @@ use crate::arena::{
 use crate::error::Result;
 use read::Tree;
 
+/// Where a get may start instead of the root (Fat-B+Tree's start hint): node `lid` of the arena
+/// whose nonce is `arena`, as it was at `version`, covering the keys in `[lo, hi)` (`hi` None:
+/// unbounded). A reader uses it only if it is still valid for the key (`Tree::hinted`), else it
+/// starts at the root: a stale hint costs a visit, never a wrong answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartHint {
+    /// The arena's nonce.
+    pub arena: u64,
+    /// The node.
+    pub lid: u64,
+    /// The node's version the hint expects.
+    pub version: u64,
+    /// The node's lower fence (inclusive).
+    pub lo: Vec<u8>,
+    /// The node's upper fence (exclusive; None: unbounded).
+    pub hi: Option<Vec<u8>>,
+}
+
+/// A node of the top of a tree, as a fat root caches it: its id, version, level (0 = leaf) and
+/// fences.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopNode {
+    /// The node.
+    pub lid: u64,
+    /// Its version.
+    pub version: u64,
+    /// Its level (0: a leaf).
+    pub level: u8,
+    /// Lower fence (inclusive).
+    pub lo: Vec<u8>,
+    /// Upper fence (exclusive; None: unbounded).
+    pub hi: Option<Vec<u8>>,
+}
+
 /// A reader of one arena, usable from any process. Each reader owns a reader slot; use one per
 /// thread (it is `Send` but not `Sync`). Every operation is wait-free.
 ///
@@ -300,6 +334,27 @@ impl Snapshot<'_> {
     /// the snapshot's.
     pub fn get_versioned<'s>(&'s self, key: &[u8]) -> Result<Option<(Entry<'s>, u64)>> {
         self.checked(self.tree.get_versioned(key))
+    }
+
+    /// Like [`Snapshot::get_versioned`], starting where `hint` says if it is still valid (else at
+    /// the root); also answers whether it was used.
+    pub fn get_versioned_hinted<'s>(
+        &'s self,
+        key: &[u8],
+        hint: &StartHint,
+    ) -> Result<(Option<(Entry<'s>, u64)>, bool)> {
+        self.checked(self.tree.get_versioned_hinted(key, hint))
+    }
+
+    /// The arena's nonce (what start hints name it by).
+    pub fn arena_nonce(&self) -> u64 {
+        self.tree.nonce()
+    }
+
+    /// The children of `nodes` still current (the root itself when `nodes` is empty), each with
+    /// its parent's index: see `Tree::expand`.
+    pub fn expand(&self, nodes: &[TopNode]) -> Result<Vec<(usize, TopNode)>> {
+        self.checked(self.tree.expand(nodes))
     }
 
     /// Calls `f` for up to `limit` entries (tombstones included) with keys in `[lo, hi]`.

@@ -10,7 +10,7 @@ use std::cmp::Ordering as CmpOrdering;
 use std::sync::atomic::Ordering;
 
 use super::node::{Header, LOG_EQUAL, LogEntry, MAX_LOG_ENTRIES, Node, ValRef, cmp_keys, eq_keys, value_bytes};
-use crate::arena::{Arena, SB_ROOT, split_root_word};
+use crate::arena::{Arena, PT_RETIRED, SB_NONCE, SB_ROOT, split_root_word};
 use crate::error::{Error, Result};
 
 /// Trees deeper than this are corrupt (a 64-level tree of 512 B nodes holds more than 2^64 keys).
@@ -113,10 +113,8 @@ impl<'a> Tree<'a> {
     #[allow(unsafe_code)]
     pub(crate) fn resolve(&self, lid: u64) -> Result<Node<'a>> {
         let entry = self.arena.layout.pt_entry(lid)?;
-        let mut off = match self.pages {
-            Some(table) => table.get(lid as usize).copied().unwrap_or(0),
-            None => self.arena.page_entry(lid, Ordering::Acquire)?,
-        };
+        // (A retired node's entry still leads to its buffers: readers of older versions use them.)
+        let mut off = self.page_entry(lid)? & !PT_RETIRED;
         if let Some(image) = self.cache.and_then(|c| c.get(lid, off)) {
             let node = Node::from_copy(image, off, self.arena.layout.node_size)?;
             // A copy newer than the snapshot: walk the old versions in host memory instead.
@@ -156,6 +154,129 @@ impl<'a> Tree<'a> {
             off = h.prev;
         }
         Err(Error::corrupt(entry, "old-version chain does not end"))
+    }
+
+    /// `lid`'s page-table entry as this reader sees it (its copy, on a device).
+    fn page_entry(&self, lid: u64) -> Result<u64> {
+        Ok(match self.pages {
+            Some(table) => table.get(lid as usize).copied().unwrap_or(0),
+            None => self.arena.page_entry(lid, Ordering::Acquire)?,
+        })
+    }
+
+    /// The arena's nonce (what start hints name it by).
+    pub(crate) fn nonce(&self) -> u64 {
+        self.arena.load(SB_NONCE, Ordering::Acquire)
+    }
+
+    /// The node `hint` names, if the hint is valid for `key` at this snapshot: the same arena,
+    /// `key` within the hint's fences, the node not retired and at the version the hint expects.
+    /// A node keeps its key range while its version is unchanged and it is not retired (its range
+    /// changes only by a split or a merge, which rewrite or retire it), so a valid hint's fences
+    /// are still the node's. Any doubt (an entry that no longer resolves, a reused id) is a miss.
+    fn hinted(&self, key: &[u8], hint: &super::StartHint) -> Option<Node<'a>> {
+        let nonce = self.nonce();
+        if nonce == 0 || hint.arena != nonce || cmp_keys(key, &hint.lo).is_lt() {
+            return None;
+        }
+        if hint.hi.as_deref().is_some_and(|hi| !cmp_keys(key, hi).is_lt()) {
+            return None;
+        }
+        let raw = self.page_entry(hint.lid).ok()?;
+        if raw == 0 || raw & PT_RETIRED != 0 {
+            return None;
+        }
+        let node = self.resolve(hint.lid).ok()?;
+        (node.h.version == hint.version && node.h.lid == hint.lid).then_some(node)
+    }
+
+    /// Descends from `node` to the leaf for `key`.
+    fn descend_from(&self, mut node: Node<'a>, key: &[u8], strict: bool) -> Result<Node<'a>> {
+        for _ in 0..MAX_HEIGHT {
+            if node.h.is_leaf() {
+                return Ok(node);
+            }
+            let (child, _) = child_for(&node, key, strict)?;
+            let next = self.resolve(child)?;
+            if next.h.level as u16 + 1 != node.h.level as u16 {
+                return Err(Error::corrupt(next.h.off, "child level does not follow its parent's"));
+            }
+            node = next;
+        }
+        Err(Error::corrupt(node.h.off, "tree deeper than 64 levels"))
+    }
+
+    /// [`Tree::get_versioned`] starting where `hint` says if it is valid (else at the root); also
+    /// answers whether the hint was used.
+    pub(crate) fn get_versioned_hinted(
+        &self,
+        key: &[u8],
+        hint: &super::StartHint,
+    ) -> Result<(Option<(super::Entry<'a>, u64)>, bool)> {
+        let Some(start) = self.hinted(key, hint) else {
+            return Ok((self.get_versioned(key)?, false));
+        };
+        let leaf = self.descend_from(start, key, false)?;
+        Ok((
+            match self.leaf_get(&leaf, key)? {
+                Some((v, version)) => Some((self.entry(v)?, version)),
+                None => None,
+            },
+            true,
+        ))
+    }
+
+    /// The children of each of `nodes` that is still current at this snapshot (as a hint to it
+    /// would be valid) and interior: each child with its fences and version, and the index of its
+    /// parent in `nodes`. With no `nodes`: the root itself (index 0). What a gateway builds its
+    /// fat root from.
+    pub(crate) fn expand(&self, nodes: &[super::TopNode]) -> Result<Vec<(usize, super::TopNode)>> {
+        let mut out = Vec::new();
+        if nodes.is_empty() {
+            let lid = self.root_lid();
+            let root = self.resolve(lid)?;
+            let (version, level) = (root.h.version, root.h.level);
+            out.push((0, super::TopNode { lid, version, level, lo: Vec::new(), hi: None }));
+            return Ok(out);
+        }
+        let nonce = self.nonce();
+        for (i, n) in nodes.iter().enumerate() {
+            let hint =
+                super::StartHint { arena: nonce, lid: n.lid, version: n.version, lo: n.lo.clone(), hi: n.hi.clone() };
+            if let Some(node) = self.hinted(&n.lo, &hint) {
+                self.children(i, &node, &n.lo, n.hi.as_deref(), &mut out)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Appends `node`'s children (if it is interior) with their fences inside `[lo, hi)`.
+    fn children(
+        &self,
+        parent: usize,
+        node: &Node<'a>,
+        lo: &[u8],
+        hi: Option<&[u8]>,
+        out: &mut Vec<(usize, super::TopNode)>,
+    ) -> Result<()> {
+        if node.h.is_leaf() {
+            return Ok(());
+        }
+        let mut from = lo.to_vec();
+        let mut child = node.h.leftmost;
+        let mut pos = node.h.sorted_start;
+        let mut push = |lid: u64, lo: Vec<u8>, hi: Option<Vec<u8>>| -> Result<()> {
+            let c = self.resolve(lid)?;
+            out.push((parent, super::TopNode { lid, version: c.h.version, level: c.h.level, lo, hi }));
+            Ok(())
+        };
+        while pos < node.h.sorted_end {
+            let (k, c, next) = node.interior_item(pos)?;
+            push(child, std::mem::replace(&mut from, k.to_vec()), Some(k.to_vec()))?;
+            child = c;
+            pos = next;
+        }
+        push(child, from, hi.map(<[u8]>::to_vec))
     }
 
     pub(crate) fn root_lid(&self) -> u64 {

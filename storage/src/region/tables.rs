@@ -279,6 +279,48 @@ impl RegionReader {
         })
     }
 
+    /// Like [`RegionReader::get_versioned`], the active arena's tree read from where `hint` says
+    /// if it is still valid (module `btree`'s start hints); the frozen arenas and levels as
+    /// usual. Also answers whether the hint was used.
+    pub fn get_versioned_hinted(
+        &mut self,
+        key: &[u8],
+        hint: &crate::btree::StartHint,
+    ) -> Result<(Option<Vec<u8>>, u64, bool)> {
+        self.with_srcs(|srcs, log| {
+            let mut used = false;
+            let mut found = None;
+            for (i, s) in srcs.iter().enumerate() {
+                let e = match (i, s) {
+                    (0, Src::Snap(snap)) => {
+                        let (e, u) = snap.get_versioned_hinted(key, hint)?;
+                        used = u;
+                        e.map(|(e, v)| (merge::Stored::from_entry(e), v))
+                    }
+                    _ => s.get_versioned(key)?,
+                };
+                if e.is_some() {
+                    found = e;
+                    break;
+                }
+            }
+            Ok(match found {
+                Some((s, version)) => (merge::resolve(log, key, s)?, version, used),
+                None => (None, 0, used),
+            })
+        })
+    }
+
+    /// The top of the active arena's tree for a fat root: the children of `nodes` that are still
+    /// current (the root itself when `nodes` is empty), each with its parent's index, and the
+    /// arena's nonce (hints name it).
+    pub fn expand(&mut self, nodes: &[crate::btree::TopNode]) -> Result<(u64, Vec<(usize, crate::btree::TopNode)>)> {
+        self.with_srcs(|srcs, _| match srcs.first() {
+            Some(Src::Snap(snap)) => Ok((snap.arena_nonce(), snap.expand(nodes)?)),
+            _ => Ok((0, Vec::new())),
+        })
+    }
+
     /// Up to `limit` items with keys in `[lo, hi]`, ascending, from one snapshot.
     pub fn scan(&mut self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         Ok(self.scan_bounded(lo, hi, limit, usize::MAX)?.0)

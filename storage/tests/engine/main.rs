@@ -4,6 +4,7 @@
 mod common;
 mod concurrency;
 mod corrupt;
+mod hints;
 mod lifetimes;
 mod model;
 mod multiprocess;

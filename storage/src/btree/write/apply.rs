@@ -60,7 +60,7 @@ impl Writer {
         path.clear();
         let mut lid = split_root_word(self.arena.sb(SB_ROOT).load(Ordering::Relaxed)).0;
         for _ in 0..64 {
-            let off = self.arena.page_entry(lid, Ordering::Relaxed)?;
+            let off = self.arena.page_entry(lid, Ordering::Relaxed)? & !crate::arena::PT_RETIRED;
             let node = own_node(&self.arena, off)?;
             path.push(PathElem { lid, off });
             if node.h.is_leaf() {

@@ -127,6 +127,7 @@ impl Writer {
         w.map_lid(root, off)?;
         w.version = version;
         w.arena.sb(SB_WRITE_VERSION).store(version, Ordering::Relaxed);
+        w.arena.sb(crate::arena::SB_NONCE).store(nonce(path), Ordering::Release);
         w.arena.sb(SB_READ_VERSION).store(version, Ordering::Release);
         w.arena.sb(SB_ROOT).store(root_word(root, 1), Ordering::Release);
         w.publish_stats();
@@ -249,4 +250,14 @@ fn own_node(arena: &Arena, off: u64) -> Result<Node<'_>> {
     // else writes the arena's buffers (readers write only their slots), and the writer does not
     // write published bytes.
     unsafe { Node::load(arena, off) }
+}
+
+/// A random arena nonce (not 0): the OS-seeded hasher keys, the time, the process and the path.
+fn nonce(path: &Path) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    h.write(path.as_os_str().as_encoded_bytes());
+    h.finish().max(1)
 }

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::Writer;
-use crate::arena::SB_READ_VERSION;
+use crate::arena::{PT_RETIRED, SB_READ_VERSION};
 use crate::error::Result;
 
 /// Something retired, waiting for readers to move past the version that retired it.
@@ -22,6 +22,13 @@ pub(super) enum Garbage {
 impl Writer {
     /// Retires `g` at write version `w`.
     pub(super) fn retire(&mut self, w: u64, g: Garbage) {
+        if let Garbage::Lid(lid) = g
+            && let Ok(e) = self.arena.page_entry(lid, Ordering::Relaxed)
+        {
+            // Before `w` is published: a reader that can see `w` sees the mark (start hints).
+            // Failing only for a LID outside the table, which no retired node has.
+            let _ = self.map_lid(lid, e | PT_RETIRED);
+        }
         self.garbage_pages += match g {
             Garbage::Buffer(_) => 1,
             Garbage::Blob(_, n) => n,

@@ -120,7 +120,7 @@ impl Writer {
     fn collapse_root(&mut self, el: PathElem, mut child: u64, w: u64) -> Result<()> {
         // The root LID stays; it takes over its only child's contents.
         loop {
-            let coff = self.arena.page_entry(child, Ordering::Relaxed)?;
+            let coff = self.arena.page_entry(child, Ordering::Relaxed)? & !crate::arena::PT_RETIRED;
             let data = self.decode(coff)?;
             self.retire(w, Garbage::Buffer(coff));
             self.retire(w, Garbage::Lid(child));
@@ -159,7 +159,7 @@ impl Writer {
                 continue;
             }
             let sib_lid = child(if li == idx { ri } else { li });
-            let sib_off = self.arena.page_entry(sib_lid, Ordering::Relaxed)?;
+            let sib_off = self.arena.page_entry(sib_lid, Ordering::Relaxed)? & !crate::arena::PT_RETIRED;
             let sib = self.decode(sib_off)?;
             if best.as_ref().is_none_or(|b| sib.sorted_bytes() < b.2.sorted_bytes()) {
                 best = Some((li, ri, sib, PathElem { lid: sib_lid, off: sib_off }));
