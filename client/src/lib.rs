@@ -10,12 +10,14 @@
 //!   region's primary, naming the region and epoch; the map is refreshed when a node says it
 //!   is stale.
 //! - `hot`: the lookup table of replicated keys (hKVS), and reads counted by who served them.
+//! - `fat_root`: per region, the top of the tree gets start from (Fat-B+Tree start hints).
 //! - `trace`: the trace context a caller's requests carry (a task-local scope).
 //! - `workload`: YCSB and cloud-storage workloads, key choosers, a latency histogram (bench).
 //! - this module: [`Client`], the typed operations.
 
 mod conn;
 mod error;
+mod fat_root;
 mod hot;
 mod routing;
 pub mod trace;
@@ -137,7 +139,13 @@ pub struct Options {
     pub consistency: Consistency,
     /// Most keys the lookup table of replicated keys holds (0: never read from replicas).
     pub hot_keys: Option<usize>,
+    /// Most tree nodes cached per region for start hints (the fat root; 0: send no hints).
+    /// None: [`DEFAULT_FAT_ROOT`].
+    pub fat_root: Option<usize>,
 }
+
+/// Fat-root budget when [`Options::fat_root`] is None: nodes per region.
+pub const DEFAULT_FAT_ROOT: usize = 4096;
 
 /// Lookup-table size when [`Options::hot_keys`] is None.
 pub const DEFAULT_HOT_KEYS: usize = 100_000;
@@ -196,6 +204,7 @@ pub struct Client {
     consistency: Consistency,
     hot: Arc<hot::HotKeyTable>,
     reads: Arc<ReadCounts>,
+    fat: Arc<fat_root::FatRoots>,
     /// How operations are retried.
     pub retry: RetryPolicy,
 }
@@ -229,6 +238,7 @@ impl Client {
             consistency: opts.consistency,
             hot: Arc::new(hot::HotKeyTable::new(opts.hot_keys.unwrap_or(DEFAULT_HOT_KEYS))),
             reads: Arc::new(ReadCounts::default()),
+            fat: Arc::new(fat_root::FatRoots::new(opts.fat_root.unwrap_or(DEFAULT_FAT_ROOT))),
             retry: RetryPolicy::default(),
         })
     }
@@ -311,6 +321,16 @@ impl Client {
                 _ => {}
             }
         }
+        if let Op::Get { key } = &req.op
+            && req.hint.is_none()
+            && t.region != 0
+        {
+            let (hint, wanted) = self.fat.hint(t.region, t.epoch, key);
+            req.hint = hint;
+            if let fat_root::Wanted::Build = wanted {
+                self.build_fat_root(t.region, t.epoch, key.clone());
+            }
+        }
         let r = t.pool.call(i, req.clone(), timeout).await;
         if let (Op::Get { key }, Ok(resp @ Response { result: Ok(_), .. })) = (&req.op, &r) {
             self.reads.primary.fetch_add(1, Ordering::Relaxed);
@@ -334,6 +354,27 @@ impl Client {
             self.router.invalidate();
         }
         r
+    }
+
+    /// Builds region `region`'s fat root in the background, asking the region's primary with
+    /// `tree_nodes` (`key`: a key of the region, to route by).
+    fn build_fat_root(&self, region: u32, epoch: u64, key: Vec<u8>) {
+        let c = self.clone();
+        tokio::spawn(async move {
+            let fat = c.fat.clone();
+            let expand = |nodes: Vec<dpukv_proto::TreeNode>| {
+                let (c, key) = (c.clone(), key.clone());
+                async move {
+                    let mut r = Request::new(0, Op::TreeNodes { key, nodes });
+                    (r.region, r.epoch) = (region, epoch);
+                    match c.send_within(r, c.retry.attempt_timeout, false, None).await {
+                        Ok(Response { result: Ok(Reply::TreeNodes { arena, nodes }), .. }) => Some((arena, nodes)),
+                        _ => None,
+                    }
+                }
+            };
+            fat.build(region, epoch, expand).await;
+        });
     }
 
     /// Which replica a get of a replicated key goes to under its consistency (None: the
@@ -859,7 +900,9 @@ mod tests {
         let (addr, seen) = flaky_server(1).await;
         let c = Client::connect(&addr, 1).await.expect("connect").without_sessions();
         assert!(matches!(c.call(Op::Get { key: b"k".to_vec() }).await, Ok((Reply::Done, 1))));
-        assert_eq!(seen.lock().expect("log").len(), 2);
+        // (The fat root's `tree_nodes` requests aside.)
+        let gets = seen.lock().expect("log").iter().filter(|r| matches!(r.op, Op::Get { .. })).count();
+        assert_eq!(gets, 2);
     }
 
     #[tokio::test]

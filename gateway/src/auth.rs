@@ -161,6 +161,14 @@ impl Principal {
                 }
             }
             Op::RegionMap | Op::Auth { .. } => Ok(()),
+            // Fences are keys of the whole region: only a token that may read everything.
+            Op::TreeNodes { .. } => {
+                if self.may_range(Perm::Read, &[], &[]) {
+                    Ok(())
+                } else {
+                    Err(forbidden("read the tree's top (its fences are keys of the whole region)"))
+                }
+            }
             // Device to device only: a client may never write replicas' copies.
             Op::ReplicaSync { .. } => Err(forbidden("send replica syncs (devices send them to each other)")),
         }

@@ -313,6 +313,9 @@ fn response_reserve(req: &Request) -> usize {
             bytes + MAX_VALUE + 16 * (*limit as usize).min(10_000) + 4096
         }
         Op::Pivots { max, .. } => (*max).min(dpukv_proto::limits::MAX_PIVOTS) as usize * (MAX_KEY + 4) + 64,
+        // Children with their fences: bounded by the reply's node limit, and their keys by twice
+        // the separators of the (at most 64) nodes expanded, each at most a 64 KiB node.
+        Op::TreeNodes { .. } => dpukv_proto::limits::MAX_TREE_NODES * 48 + dpukv_proto::limits::MAX_EXPAND * 2 * 65536,
         _ => 0,
     }
 }
@@ -326,6 +329,9 @@ pub fn response_size(r: &Response) -> usize {
         }
         Ok(Reply::Cas { current, .. }) => current.as_ref().map_or(0, Vec::len),
         Ok(Reply::Keys(keys)) => keys.iter().map(|k| k.len() + 4).sum::<usize>(),
+        Ok(Reply::TreeNodes { nodes, .. }) => {
+            nodes.iter().map(|(_, n)| n.lo.len() + n.hi.as_ref().map_or(0, Vec::len) + 32).sum::<usize>()
+        }
         Ok(Reply::RegionMap(m)) => m.regions.iter().map(|r| r.start.len() + 64).sum::<usize>() + m.nodes.len() * 1100,
         Err(e) => e.message.len(),
         _ => 0,

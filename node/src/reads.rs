@@ -58,6 +58,10 @@ pub struct ReadCounters {
     pub cache_hits: AtomicU64,
     /// Interior nodes read from host memory.
     pub cache_misses: AtomicU64,
+    /// Gets that started where their start hint said (fat root).
+    pub hinted: AtomicU64,
+    /// Gets whose start hint was stale (they started at the root).
+    pub hint_misses: AtomicU64,
 }
 
 /// Sees each get a reader thread served from a region this node leads (the device's hot keys,
@@ -223,7 +227,7 @@ impl ReaderThread {
     }
 
     fn serve(&mut self, req: &Request) -> Response {
-        let (shm, device) = (self.shm.clone(), self.device);
+        let (shm, device, counters) = (self.shm.clone(), self.device, self.counters.clone());
         let Some(regions) = self.regions() else {
             return Response::error(
                 req.id,
@@ -231,7 +235,7 @@ impl ReaderThread {
                 "the host has not published its regions yet; retry",
             );
         };
-        let mut resp = serve(regions, &shm, device, req);
+        let mut resp = serve(regions, &shm, device, req, &counters);
         if let (Some(o), Op::Get { key }, Ok(_)) = (&self.observer, &req.op, &resp.result)
             && let Some(r) = self.state.as_ref().and_then(|s| s.map.regions().get(s.map.route(key)))
         {
@@ -287,8 +291,19 @@ fn successor(k: &[u8]) -> Vec<u8> {
     s
 }
 
-/// Serves a read request (get, scan, floor scan, reduce, filter).
-fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Request) -> Response {
+/// A protocol tree node as the storage engine's.
+fn top_node(n: &dpukv_proto::TreeNode) -> dpukv_storage::TopNode {
+    dpukv_storage::TopNode { lid: n.lid, version: n.version, level: n.level, lo: n.lo.clone(), hi: n.hi.clone() }
+}
+
+/// Serves a read request (get, scan, floor scan, reduce, filter, tree nodes).
+fn serve(
+    regions: &mut Regions,
+    shm: &std::path::Path,
+    device: bool,
+    req: &Request,
+    counters: &ReadCounters,
+) -> Response {
     let ok = |result| Response { id: req.id, version: 0, replicated: false, result: Ok(result) };
     if req.read_version != 0 {
         // Old versions live only as long as readers pin them; reading at a chosen one is not
@@ -317,10 +332,49 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
         Err((code, what)) => return Response::error(req.id, code, what),
     };
     let out = match &req.op {
-        Op::Get { key } => regions
-            .reader(i, shm, device)
-            .and_then(|r| r.get_versioned(key))
-            .map(|(v, version)| Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) }),
+        Op::Get { key } => {
+            match &req.hint {
+                None => regions.reader(i, shm, device).and_then(|r| r.get_versioned(key)).map(|(v, version)| {
+                    Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) }
+                }),
+                Some(h) => {
+                    let hint = dpukv_storage::StartHint {
+                        arena: h.arena,
+                        lid: h.node.lid,
+                        version: h.node.version,
+                        lo: h.node.lo.clone(),
+                        hi: h.node.hi.clone(),
+                    };
+                    regions.reader(i, shm, device).and_then(|r| r.get_versioned_hinted(key, &hint)).map(
+                        |(v, version, used)| {
+                            let c = if used { &counters.hinted } else { &counters.hint_misses };
+                            c.fetch_add(1, Ordering::Relaxed);
+                            Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) }
+                        },
+                    )
+                }
+            }
+        }
+        Op::TreeNodes { nodes, .. } => {
+            let nodes: Vec<_> = nodes.iter().map(top_node).collect();
+            regions.reader(i, shm, device).and_then(|r| r.expand(&nodes)).map(|(arena, found)| {
+                let nodes = found
+                    .into_iter()
+                    .take(dpukv_proto::limits::MAX_TREE_NODES)
+                    .map(|(parent, n)| {
+                        let node = dpukv_proto::TreeNode {
+                            lid: n.lid,
+                            version: n.version,
+                            level: n.level,
+                            lo: n.lo,
+                            hi: n.hi,
+                        };
+                        (parent as u16, node)
+                    })
+                    .collect();
+                ok(Reply::TreeNodes { arena, nodes })
+            })
+        }
         Op::Scan { lo, hi, limit, max_bytes, token } | Op::FloorScan { lo, hi, limit, max_bytes, token } => {
             let floor = matches!(req.op, Op::FloorScan { .. });
             let only = (req.region != 0).then_some(i);

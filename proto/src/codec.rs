@@ -16,6 +16,8 @@ const F_RETRY: u16 = 2;
 const F_TRACE: u16 = 4;
 /// Request flag: a get aimed at a hot-key replica ([`Request::replica`]).
 const F_REPLICA: u16 = 8;
+/// Request flag: a start-hint block follows (after the trace block, if any).
+const F_HINT: u16 = 16;
 const KIND_REQUESTS: u8 = 1;
 const KIND_RESPONSES: u8 = 2;
 /// Bytes of the frame header.
@@ -145,7 +147,8 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
             None => 0,
             Some(s) => F_SESSION | if s.retry { F_RETRY } else { 0 },
         } | if r.trace.is_some() { F_TRACE } else { 0 }
-            | if r.replica { F_REPLICA } else { 0 };
+            | if r.replica { F_REPLICA } else { 0 }
+            | if r.hint.is_some() { F_HINT } else { 0 };
         w.u16(flags);
         w.u32(bound);
         w.u64(r.read_version);
@@ -160,6 +163,10 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
             w.0.extend_from_slice(&t.trace_id);
             w.0.extend_from_slice(&t.span_id);
             w.u8(t.flags);
+        }
+        if let Some(h) = &r.hint {
+            w.u64(h.arena);
+            put_tree_node(&mut w, &h.node);
         }
         match &r.op {
             Op::Get { key } | Op::Delete { key } => w.bytes(key),
@@ -220,6 +227,13 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
                 w.bytes(hi);
                 w.u16(*max);
             }
+            Op::TreeNodes { key, nodes } => {
+                w.bytes(key);
+                w.u16(nodes.len() as u16);
+                for n in nodes {
+                    put_tree_node(&mut w, n);
+                }
+            }
             Op::ReplicaSync { watermark_ms, reset, entries } => {
                 w.u64(*watermark_ms);
                 w.u8(*reset as u8);
@@ -246,6 +260,17 @@ const R_SCALAR: u8 = 5;
 const R_VECTOR: u8 = 6;
 const R_REGION_MAP: u8 = 7;
 const R_KEYS: u8 = 8;
+const R_TREE_NODES: u8 = 9;
+
+/// A tree node: lid, version, level, lo, has_hi, hi.
+fn put_tree_node(w: &mut W<'_>, n: &TreeNode) {
+    w.u64(n.lid);
+    w.u64(n.version);
+    w.u8(n.level);
+    w.bytes(&n.lo);
+    w.u8(n.hi.is_some() as u8);
+    w.bytes(n.hi.as_deref().unwrap_or(&[]));
+}
 
 /// Appends one frame carrying `resps` (at most [`MAX_OPS_PER_FRAME`]) to `out`.
 pub fn encode_responses(resps: &[Response], out: &mut Vec<u8>) {
@@ -327,6 +352,7 @@ pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
             Ok(Reply::Vector(_)) => R_VECTOR,
             Ok(Reply::RegionMap(_)) => R_REGION_MAP,
             Ok(Reply::Keys(_)) => R_KEYS,
+            Ok(Reply::TreeNodes { .. }) => R_TREE_NODES,
         };
         w.u8(kind);
         w.u8(0);
@@ -362,6 +388,14 @@ pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
                 w.u16(keys.len() as u16);
                 for k in keys {
                     w.bytes(k);
+                }
+            }
+            Ok(Reply::TreeNodes { arena, nodes }) => {
+                w.u64(*arena);
+                w.u32(nodes.len() as u32);
+                for (parent, n) in nodes {
+                    w.u16(*parent);
+                    put_tree_node(&mut w, n);
                 }
             }
         }
@@ -420,6 +454,18 @@ impl<'a> R<'a> {
     }
     fn elem(&mut self) -> Result<Elem, EntryError> {
         Elem::from_u8(self.u8()?).ok_or((ErrorCode::BadRequest, "unknown element type"))
+    }
+    fn tree_node(&mut self) -> Result<TreeNode, EntryError> {
+        let (lid, version, level) = (self.u64()?, self.u64()?, self.u8()?);
+        let lo = self.bytes(MAX_KEY, ErrorCode::KeySize)?;
+        let has_hi = self.u8()?;
+        let hi = self.bytes(MAX_KEY, ErrorCode::KeySize)?;
+        let hi = match has_hi {
+            0 if hi.is_empty() => None,
+            1 => Some(hi),
+            _ => return Err((ErrorCode::BadRequest, "malformed tree node")),
+        };
+        Ok(TreeNode { lid, version, level, lo, hi })
     }
     fn done(&self) -> Result<(), EntryError> {
         if self.p == self.b.len() { Ok(()) } else { Err((ErrorCode::BadRequest, "trailing bytes in entry")) }
@@ -480,7 +526,8 @@ fn decode_request(e: &[u8]) -> RequestEntry {
             }
             _ => return Err((ErrorCode::BadRequest, "unknown consistency")),
         };
-        if flags & !(F_SESSION | F_RETRY | F_TRACE | F_REPLICA) != 0 || (flags & F_RETRY != 0 && flags & F_SESSION == 0)
+        if flags & !(F_SESSION | F_RETRY | F_TRACE | F_REPLICA | F_HINT) != 0
+            || (flags & F_RETRY != 0 && flags & F_SESSION == 0)
         {
             return Err((ErrorCode::BadRequest, "reserved request flags set"));
         }
@@ -506,6 +553,12 @@ fn decode_request(e: &[u8]) -> RequestEntry {
                 return Err((ErrorCode::BadRequest, "an all-zero trace or span id"));
             }
             Some(t)
+        } else {
+            None
+        };
+        let hint = if flags & F_HINT != 0 {
+            let arena = r.u64()?;
+            Some(StartHint { arena, node: r.tree_node()? })
         } else {
             None
         };
@@ -581,6 +634,18 @@ fn decode_request(e: &[u8]) -> RequestEntry {
                 let hi = r.bytes(MAX_KEY, ErrorCode::KeySize)?;
                 Op::Pivots { lo, hi, max: r.u16()? }
             }
+            OpCode::TreeNodes => {
+                let key = r.bytes(MAX_KEY, ErrorCode::KeySize)?;
+                let n = r.u16()? as usize;
+                if n > MAX_EXPAND {
+                    return Err((ErrorCode::TooManyOps, "more than 64 nodes to expand"));
+                }
+                let mut nodes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    nodes.push(r.tree_node()?);
+                }
+                Op::TreeNodes { key, nodes }
+            }
             OpCode::ReplicaSync => {
                 let watermark_ms = r.u64()?;
                 let reset = match r.u8()? {
@@ -620,11 +685,14 @@ fn decode_request(e: &[u8]) -> RequestEntry {
         if read_version != 0 && req_is_write(&op) {
             return Err((ErrorCode::BadRequest, "a read version on a write"));
         }
+        if hint.is_some() && !matches!(op, Op::Get { .. }) {
+            return Err((ErrorCode::BadRequest, "a start hint on something other than a get"));
+        }
         let replica = flags & F_REPLICA != 0;
         if replica && (!matches!(op, Op::Get { .. }) || consistency == Consistency::Linearizable) {
             return Err((ErrorCode::BadRequest, "a replica read is a get that is not linearizable"));
         }
-        let req = Request { id, consistency, read_version, region, epoch, session, trace, replica, op };
+        let req = Request { id, consistency, read_version, region, epoch, session, trace, hint, replica, op };
         req.op.validate().map_err(|c| (c, "request outside the protocol's limits"))?;
         Ok(req)
     };
@@ -700,6 +768,19 @@ fn decode_response(e: &[u8]) -> Result<Response, DecodeError> {
                     keys.push(r.bytes(MAX_KEY, ErrorCode::KeySize).map_err(bad)?);
                 }
                 Reply::Keys(keys)
+            }
+            R_TREE_NODES => {
+                let arena = r.u64().map_err(bad)?;
+                let n = r.u32().map_err(bad)? as usize;
+                if n > MAX_TREE_NODES {
+                    return Err(DecodeError::Malformed("a tree reply with too many nodes"));
+                }
+                let mut nodes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let parent = r.u16().map_err(bad)?;
+                    nodes.push((parent, r.tree_node().map_err(bad)?));
+                }
+                Reply::TreeNodes { arena, nodes }
             }
             _ => return Err(DecodeError::Malformed("unknown reply kind")),
         })

@@ -26,3 +26,8 @@ pub const MAX_VECTOR: usize = MAX_VALUE;
 pub const MAX_AUTH_TOKEN: usize = 256;
 /// Most keys one `pivots` request may ask for.
 pub const MAX_PIVOTS: u16 = 256;
+
+/// Most nodes one `tree_nodes` request may ask to expand.
+pub const MAX_EXPAND: usize = 64;
+/// Most nodes one `tree_nodes` reply holds (a larger expansion is cut).
+pub const MAX_TREE_NODES: usize = 4096;

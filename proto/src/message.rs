@@ -43,6 +43,8 @@ pub enum OpCode {
     Pivots = 17,
     /// [`Op::ReplicaSync`]
     ReplicaSync = 18,
+    /// [`Op::TreeNodes`]
+    TreeNodes = 19,
 }
 
 impl OpCode {
@@ -68,6 +70,7 @@ impl OpCode {
             16 => Auth,
             17 => Pivots,
             18 => ReplicaSync,
+            19 => TreeNodes,
             _ => return None,
         })
     }
@@ -94,6 +97,7 @@ impl OpCode {
             Auth => "auth",
             Pivots => "pivots",
             ReplicaSync => "replica_sync",
+            TreeNodes => "tree_nodes",
         }
     }
 
@@ -110,6 +114,7 @@ impl OpCode {
                 | OpCode::Auth
                 | OpCode::Pivots
                 | OpCode::ReplicaSync
+                | OpCode::TreeNodes
         )
     }
 }
@@ -167,6 +172,32 @@ pub struct SyncEntry {
     pub version: u64,
     /// The value; None: drop the copy.
     pub value: Option<Vec<u8>>,
+}
+
+/// A node of the top of a region's tree (its active arena), as a fat root caches it
+/// (Fat-B+Tree; docs/hot-keys.md §9): id, version, level (0: a leaf) and fences `[lo, hi)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeNode {
+    /// The node id.
+    pub lid: u64,
+    /// Its version.
+    pub version: u64,
+    /// Its level (0: a leaf).
+    pub level: u8,
+    /// Lower fence (inclusive).
+    pub lo: Vec<u8>,
+    /// Upper fence (exclusive; None: unbounded).
+    pub hi: Option<Vec<u8>>,
+}
+
+/// Where a get may start instead of the root: a node of the region's tree (a [`TreeNode`] of the
+/// arena whose nonce is `arena`). The device uses it only if it is still valid for the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartHint {
+    /// The arena's nonce (from the `tree_nodes` reply).
+    pub arena: u64,
+    /// The node.
+    pub node: TreeNode,
 }
 
 /// The element type of a value read as an array of fixed-width numbers (atomics).
@@ -366,6 +397,10 @@ pub enum Op {
     /// `watermark_ms` (if not 0): every write to the region acknowledged before that time (the
     /// primary's clock, ms since the Unix epoch) is reflected in the copies sent so far.
     ReplicaSync { watermark_ms: u64, reset: bool, entries: Vec<SyncEntry> },
+    /// The top of the tree of the region holding `key` (its active arena), for a fat root: the
+    /// children of each of `nodes` that is still current (at most [`MAX_EXPAND`] nodes), or with
+    /// no `nodes` the root itself. Replies [`Reply::TreeNodes`].
+    TreeNodes { key: Vec<u8>, nodes: Vec<TreeNode> },
 }
 
 impl Op {
@@ -390,6 +425,7 @@ impl Op {
             Op::Auth { .. } => OpCode::Auth,
             Op::Pivots { .. } => OpCode::Pivots,
             Op::ReplicaSync { .. } => OpCode::ReplicaSync,
+            Op::TreeNodes { .. } => OpCode::TreeNodes,
         }
     }
 
@@ -408,6 +444,7 @@ impl Op {
             | Op::Reduce { key, .. }
             | Op::Filter { key, .. } => key,
             Op::Scan { lo, .. } | Op::FloorScan { lo, .. } | Op::Pivots { lo, .. } => lo,
+            Op::TreeNodes { key, .. } => key,
             Op::Batch { ops } => ops.first().map_or(&[], |o| o.key()),
             Op::RegionMap | Op::Auth { .. } | Op::ReplicaSync { .. } => &[],
         }
@@ -462,6 +499,17 @@ impl Op {
             Op::Auth { token } => {
                 if token.is_empty() || token.len() > crate::limits::MAX_AUTH_TOKEN {
                     return Err(ErrorCode::BadRequest);
+                }
+                Ok(())
+            }
+            Op::TreeNodes { key, nodes } => {
+                if key.len() > MAX_KEY
+                    || nodes.iter().any(|n| n.lo.len() > MAX_KEY || n.hi.as_ref().is_some_and(|h| h.len() > MAX_KEY))
+                {
+                    return Err(ErrorCode::KeySize);
+                }
+                if nodes.len() > MAX_EXPAND {
+                    return Err(ErrorCode::TooManyOps);
                 }
                 Ok(())
             }
@@ -582,6 +630,9 @@ pub struct Request {
     pub session: Option<Session>,
     /// The trace the request belongs to, if the caller traces it.
     pub trace: Option<TraceContext>,
+    /// Where a get may start in the region's tree (a fat root's start hint), if the sender knows.
+    /// Only on a get.
+    pub hint: Option<StartHint>,
     /// A get aimed at a hot-key replica (a device that is not the key's primary): answered from
     /// the device's replica table within the consistency's bound, else `not_replicated`. Only on
     /// a get whose consistency is not linearizable.
@@ -601,6 +652,7 @@ impl Request {
             epoch: 0,
             session: None,
             trace: None,
+            hint: None,
             replica: false,
             op,
         }
@@ -614,6 +666,7 @@ impl Request {
         const OVERHEAD: usize = 128;
         const PER_BATCH_OP: usize = 16;
         OVERHEAD
+            + self.hint.as_ref().map_or(0, |h| h.node.lo.len() + h.node.hi.as_ref().map_or(0, Vec::len) + 40)
             + match &self.op {
                 Op::Put { key, value } | Op::Insert { key, value } | Op::Update { key, value } => {
                     key.len() + value.len()
@@ -636,6 +689,9 @@ impl Request {
                 }
                 Op::Pivots { lo, hi, .. } => lo.len() + hi.len(),
                 Op::Auth { token } => token.len(),
+                Op::TreeNodes { key, nodes } => {
+                    key.len() + nodes.iter().map(|n| n.lo.len() + n.hi.as_ref().map_or(0, Vec::len) + 32).sum::<usize>()
+                }
                 Op::ReplicaSync { entries, .. } => {
                     entries.iter().map(|e| e.key.len() + e.value.as_ref().map_or(0, Vec::len) + PER_BATCH_OP).sum()
                 }
@@ -664,6 +720,9 @@ pub enum Reply {
     RegionMap(crate::regionmap::RegionMap),
     /// Keys: `pivots`' answer, ascending.
     Keys(Vec<Vec<u8>>),
+    /// `tree_nodes`' answer: the arena's nonce, and each node with the index of its parent among
+    /// the nodes asked about.
+    TreeNodes { arena: u64, nodes: Vec<(u16, TreeNode)> },
 }
 
 /// A failed request.

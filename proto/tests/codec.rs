@@ -86,7 +86,13 @@ fn op() -> impl Strategy<Value = Op> {
                 reset,
                 entries: e.into_iter().map(|(key, version, value)| SyncEntry { key, version, value }).collect(),
             }),
+        (bytes(20), proptest::collection::vec(tree_node(), 0..5)).prop_map(|(key, nodes)| Op::TreeNodes { key, nodes }),
     ]
+}
+
+fn tree_node() -> impl Strategy<Value = TreeNode> {
+    (any::<u64>(), any::<u64>(), any::<u8>(), bytes(20), proptest::option::of(bytes(20)))
+        .prop_map(|(lid, version, level, lo, hi)| TreeNode { lid, version, level, lo, hi })
 }
 
 /// A valid region map: regions split at sorted keys, led by nodes 1..=3.
@@ -142,9 +148,12 @@ fn request() -> impl Strategy<Value = Request> {
             TraceContext { trace_id, span_id, flags }
         },
     ));
-    (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), (session, trace, any::<bool>()), op())
-        .prop_map(|(id, consistency, read_version, region, epoch, (session, trace, replica), op)| Request {
+    let hint = proptest::option::of((any::<u64>(), tree_node()));
+    (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), (session, trace, any::<bool>(), hint), op())
+        .prop_map(|(id, consistency, read_version, region, epoch, (session, trace, replica, hint), op)| Request {
             trace,
+            // Only a get carries a start hint.
+            hint: hint.filter(|_| matches!(op, Op::Get { .. })).map(|(arena, node)| StartHint { arena, node }),
             // Only a get that is not linearizable may be aimed at a replica.
             replica: replica && matches!(op, Op::Get { .. }) && consistency != Consistency::Linearizable,
             id,
@@ -168,6 +177,8 @@ fn response() -> impl Strategy<Value = Response> {
         any::<[u8; 8]>().prop_map(Reply::Scalar),
         bytes(64).prop_map(Reply::Vector),
         region_map().prop_map(Reply::RegionMap),
+        (any::<u64>(), proptest::collection::vec((any::<u16>(), tree_node()), 0..6))
+            .prop_map(|(arena, nodes)| Reply::TreeNodes { arena, nodes }),
     ];
     let code = (1u8..=20).prop_map(|b| ErrorCode::from_u8(b).expect("known code"));
     let result = prop_oneof![

@@ -132,6 +132,9 @@ struct Args {
     /// replicas, docs/hot-keys.md); the result counts gets served by replicas.
     #[arg(long, default_value = "linearizable", value_parser = parse_consistency)]
     consistency: dpukv_client::proto::Consistency,
+    /// Tree nodes cached per region for start hints (Fat-B+Tree's fat root; 0: no hints).
+    #[arg(long, default_value_t = dpukv_client::DEFAULT_FAT_ROOT)]
+    fat_root: usize,
 }
 
 fn parse_consistency(s: &str) -> Result<dpukv_client::proto::Consistency, String> {
@@ -160,7 +163,8 @@ impl Engine {
                     token: a.token.as_deref().map(|t| std::sync::Arc::from(t.as_bytes())),
                     tls: a.tls.client().map_err(anyhow::Error::msg)?,
                     consistency: a.consistency,
-                    hot_keys: None,
+                    fat_root: Some(a.fat_root),
+                    ..Default::default()
                 };
                 Engine::Dpukv(Client::connect_with(&a.endpoint, opts).await.context("connecting to dpukv")?)
             }

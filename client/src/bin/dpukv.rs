@@ -346,7 +346,7 @@ async fn run(cli: Cli) -> Result<i32> {
         token: cli.token.as_deref().map(|t| std::sync::Arc::from(t.as_bytes())),
         tls: cli.tls.client().map_err(anyhow::Error::msg)?,
         consistency: cli.consistency,
-        hot_keys: None,
+        ..Default::default()
     };
     let c =
         Client::connect_with(&cli.endpoint, opts).await.with_context(|| format!("connecting to {}", cli.endpoint))?;

@@ -159,11 +159,18 @@ impl Conn {
 
     /// Sends one frame with `ops` and returns the responses in request order.
     pub fn call(&mut self, ops: Vec<Op>) -> Vec<Response> {
-        let reqs: Vec<Request> = ops
+        let reqs: Vec<Request> = ops.into_iter().map(|op| Request::new(0, op)).collect();
+        self.send(reqs)
+    }
+
+    /// Sends one frame with `reqs` (their ids replaced) and returns the responses in order.
+    pub fn send(&mut self, reqs: Vec<Request>) -> Vec<Response> {
+        let reqs: Vec<Request> = reqs
             .into_iter()
-            .map(|op| {
+            .map(|mut r| {
                 self.next_id += 1;
-                Request::new(self.next_id, op)
+                r.id = self.next_id;
+                r
             })
             .collect();
         let mut buf = Vec::new();

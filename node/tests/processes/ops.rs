@@ -208,3 +208,92 @@ fn pivots_come_from_the_regions_index_within_its_range() {
     let r = c.one(Op::Pivots { lo: b"a".to_vec(), hi: b"z".to_vec(), max: 257 });
     assert_eq!(r.result.expect_err("refused").code, ErrorCode::TooManyOps);
 }
+
+/// Fat-root start hints on the device: the whole top of a region's tree learnt with
+/// `tree_nodes`, gets carrying the deepest node covering their key visit fewer nodes than gets
+/// from the root, answer the same, and are counted; after enough writes to split the tree the
+/// stale hints are counted as misses and still answer right.
+#[test]
+fn start_hints_visit_fewer_nodes_and_stale_ones_still_answer_right() {
+    use dpukv_proto::{Request, StartHint, TreeNode};
+    let port = || std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").to_string();
+    let device_admin = port();
+    let pod = Pod::start(&["--fsync", "never"], &["--admin", &device_admin]);
+    let mut c = pod.connect();
+    let key = |i: u32| format!("k{i:06}").into_bytes();
+    for chunk in (0..20_000u32).step_by(2).collect::<Vec<_>>().chunks(1000) {
+        let ops: Vec<Op> = chunk.iter().map(|&i| Op::Put { key: key(i), value: vec![b'v'; 40] }).collect();
+        for r in c.call(ops) {
+            assert_eq!(r.result, Ok(Reply::Done));
+        }
+    }
+    let tree = |c: &mut crate::harness::Conn, nodes: Vec<TreeNode>| match c
+        .one(Op::TreeNodes { key: b"k".to_vec(), nodes })
+        .result
+    {
+        Ok(Reply::TreeNodes { arena, nodes }) => (arena, nodes.into_iter().map(|(_, n)| n).collect::<Vec<_>>()),
+        other => panic!("{other:?}"),
+    };
+    // The whole tree, layer by layer (64 nodes per request at most).
+    let (arena, mut all) = tree(&mut c, vec![]);
+    let mut layer = all.clone();
+    while !layer.is_empty() {
+        let mut next = Vec::new();
+        for part in layer.chunks(64) {
+            let (a, kids) = tree(&mut c, part.to_vec());
+            assert_eq!(a, arena);
+            next.extend(kids);
+        }
+        all.extend(next.iter().cloned());
+        layer = next;
+    }
+    assert!(all.iter().any(|n| n.level >= 1), "a tree of more than one level");
+    let hint = |k: &[u8]| {
+        let n = all
+            .iter()
+            .filter(|n| n.lo.as_slice() <= k && n.hi.as_deref().is_none_or(|h| k < h))
+            .min_by_key(|n| n.level)
+            .expect("a covering node");
+        StartHint { arena, node: n.clone() }
+    };
+    let visits = || {
+        let m = metrics(&device_admin);
+        let s = |name: &str| sample(&m, name).unwrap_or(0.0);
+        (s("dpukv_device_node_visits_total"), s("dpukv_device_hinted_reads_total"), s("dpukv_device_hint_misses_total"))
+    };
+    let get = |c: &mut crate::harness::Conn, i: u32, with: bool| {
+        let mut req = Request::new(1, Op::Get { key: key(i) });
+        if with {
+            req.hint = Some(hint(&key(i)));
+        }
+        c.send(vec![req]).remove(0)
+    };
+    let n = 2000u32;
+    let (v0, _, _) = visits();
+    for i in 0..n {
+        assert_eq!(value(&get(&mut c, i * 10 % 20_000, false)).is_some(), (i * 10 % 20_000) % 2 == 0);
+    }
+    let (v1, h1, m1) = visits();
+    for i in 0..n {
+        assert_eq!(value(&get(&mut c, i * 10 % 20_000, true)).is_some(), (i * 10 % 20_000) % 2 == 0);
+    }
+    let (v2, h2, m2) = visits();
+    let (plain, hinted) = ((v1 - v0) / f64::from(n), (v2 - v1) / f64::from(n));
+    eprintln!("node visits per get: {plain:.2} from the root, {hinted:.2} with hints");
+    assert_eq!((h2 - h1, m2 - m1), (f64::from(n), 0.0), "every fresh hint is used");
+    assert!(hinted < plain && hinted <= 1.2, "{hinted:.2} visits per hinted get vs {plain:.2}");
+    // Fill the gaps: leaves split, the hints to them go stale.
+    for chunk in (1..20_000u32).step_by(2).collect::<Vec<_>>().chunks(1000) {
+        let ops: Vec<Op> = chunk.iter().map(|&i| Op::Put { key: key(i), value: vec![b'w'; 40] }).collect();
+        for r in c.call(ops) {
+            assert_eq!(r.result, Ok(Reply::Done));
+        }
+    }
+    for i in 0..n {
+        let j = i * 7 % 20_000;
+        assert!(value(&get(&mut c, j, true)).is_some(), "key {j} after the splits");
+    }
+    let (_, h3, m3) = visits();
+    assert!(m3 - m2 > 0.0, "stale hints are counted");
+    assert_eq!((h3 - h2) + (m3 - m2), f64::from(n));
+}

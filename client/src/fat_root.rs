@@ -1,0 +1,262 @@
+//! The **fat root** (Fat-B+Tree, paper 003 §III-B/C; docs/hot-keys.md §9): per region, the top
+//! of the region's tree the client caches — nodes with their ids, versions and fences — chosen
+//! greedily by how often its gets fall in them, under a node budget. Each get carries a **start
+//! hint**: the deepest cached node covering its key; the device starts there if the hint is
+//! still valid, else at the root (a stale hint costs a visit, never a wrong answer).
+//!
+//! Building (in the background, one region at a time): from the root, a priority queue of
+//! cached nodes by the number of recently sampled keys inside their fences; the most frequent
+//! interior nodes are expanded (`tree_nodes`, up to 64 per request), their children cached and
+//! queued, until the budget is spent or no sampled key falls in an unexpanded interior node.
+//! Rebuilt every `REBUILD_EVERY` (the tree changes under writes) and when the region's epoch
+//! changes. Bounded: `budget` nodes and `SAMPLE` keys per region, at most `MAX_REGIONS` regions.
+
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use dpukv_proto::limits::MAX_EXPAND;
+use dpukv_proto::{StartHint, TreeNode};
+
+/// Keys sampled per region (one get in `SAMPLE_EVERY`).
+const SAMPLE: usize = 4096;
+const SAMPLE_EVERY: u64 = 4;
+/// A fat root older than this is rebuilt.
+pub(crate) const REBUILD_EVERY: Duration = Duration::from_secs(2);
+/// Regions with a fat root at most.
+const MAX_REGIONS: usize = 1024;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One region's cached top.
+#[derive(Debug, Default)]
+struct Built {
+    arena: u64,
+    epoch: u64,
+    /// Per level (index: level), the cached nodes by lower fence.
+    levels: Vec<BTreeMap<Vec<u8>, TreeNode>>,
+    nodes: usize,
+}
+
+impl Built {
+    /// The deepest cached node covering `key`.
+    fn covering(&self, key: &[u8]) -> Option<&TreeNode> {
+        self.levels.iter().find_map(|level| {
+            let (_, n) = level.range(..=key.to_vec()).next_back()?;
+            n.hi.as_deref().is_none_or(|hi| key < hi).then_some(n)
+        })
+    }
+
+    fn insert(&mut self, n: TreeNode) {
+        let l = n.level as usize;
+        if self.levels.len() <= l {
+            self.levels.resize_with(l + 1, BTreeMap::new);
+        }
+        self.levels[l].insert(n.lo.clone(), n);
+        self.nodes += 1;
+    }
+}
+
+/// A region's fat root and what it is built from.
+#[derive(Debug, Default)]
+struct Region {
+    built: RwLock<Option<(Arc<Built>, Instant)>>,
+    sample: Mutex<VecDeque<Vec<u8>>>,
+    gets: AtomicU64,
+    building: AtomicBool,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct FatRoots {
+    budget: usize,
+    regions: Mutex<HashMap<u32, Arc<Region>>>,
+}
+
+/// What a get's region wants done: nothing, or a (re)build started by the caller.
+pub(crate) enum Wanted {
+    Nothing,
+    Build,
+}
+
+impl FatRoots {
+    pub(crate) fn new(budget: usize) -> FatRoots {
+        FatRoots { budget, regions: Mutex::new(HashMap::new()) }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.budget > 0
+    }
+
+    fn region(&self, id: u32) -> Arc<Region> {
+        let mut regions = lock(&self.regions);
+        if regions.len() >= MAX_REGIONS && !regions.contains_key(&id) {
+            regions.clear();
+        }
+        regions.entry(id).or_default().clone()
+    }
+
+    /// The start hint for a get of `key` in region `id` at `epoch`, and whether the region's
+    /// fat root should be (re)built now (the caller spawns [`FatRoots::build`]).
+    pub(crate) fn hint(&self, id: u32, epoch: u64, key: &[u8]) -> (Option<StartHint>, Wanted) {
+        if !self.enabled() {
+            return (None, Wanted::Nothing);
+        }
+        let r = self.region(id);
+        if r.gets.fetch_add(1, Ordering::Relaxed).is_multiple_of(SAMPLE_EVERY) {
+            let mut s = lock(&r.sample);
+            if s.len() == SAMPLE {
+                s.pop_front();
+            }
+            s.push_back(key.to_vec());
+        }
+        let built = r.built.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let stale = built.as_ref().is_none_or(|(b, at)| b.epoch != epoch || at.elapsed() > REBUILD_EVERY);
+        let wanted = if stale && !r.building.swap(true, Ordering::AcqRel) { Wanted::Build } else { Wanted::Nothing };
+        let hint = built
+            .filter(|(b, _)| b.epoch == epoch)
+            .and_then(|(b, _)| b.covering(key).map(|n| StartHint { arena: b.arena, node: n.clone() }));
+        (hint, wanted)
+    }
+
+    /// Builds region `id`'s fat root with `expand` (a `tree_nodes` call: the arena's nonce and
+    /// the children of the nodes given, each with its parent's index; the root for none).
+    pub(crate) async fn build<F, Fut>(&self, id: u32, epoch: u64, expand: F)
+    where
+        F: Fn(Vec<TreeNode>) -> Fut,
+        Fut: std::future::Future<Output = Option<(u64, Vec<(u16, TreeNode)>)>>,
+    {
+        let r = self.region(id);
+        let sample: Vec<Vec<u8>> = lock(&r.sample).iter().cloned().collect();
+        // A build that failed (a device that does not know `tree_nodes`, a moved region) leaves
+        // an empty fat root: no hints, and no new try before `REBUILD_EVERY`.
+        let b = self.greedy(epoch, &sample, expand).await.unwrap_or(Built { epoch, ..Built::default() });
+        *r.built.write().unwrap_or_else(|e| e.into_inner()) = Some((Arc::new(b), Instant::now()));
+        r.building.store(false, Ordering::Release);
+    }
+
+    async fn greedy<F, Fut>(&self, epoch: u64, sample: &[Vec<u8>], expand: F) -> Option<Built>
+    where
+        F: Fn(Vec<TreeNode>) -> Fut,
+        Fut: std::future::Future<Output = Option<(u64, Vec<(u16, TreeNode)>)>>,
+    {
+        let freq = |n: &TreeNode| {
+            sample
+                .iter()
+                .filter(|k| k.as_slice() >= n.lo.as_slice() && n.hi.as_deref().is_none_or(|h| k.as_slice() < h))
+                .count()
+        };
+        let (arena, roots) = expand(Vec::new()).await?;
+        let root = roots.into_iter().next()?.1;
+        let mut b = Built { arena, epoch, ..Built::default() };
+        // The queue: interior nodes not yet expanded, most frequent first.
+        let mut queue: BinaryHeap<(usize, u64, TreeNodeOrd)> = BinaryHeap::new();
+        let mut seq = 0u64;
+        let mut push = |queue: &mut BinaryHeap<_>, n: &TreeNode| {
+            if n.level > 0 {
+                let f = freq(n);
+                if f > 0 {
+                    seq += 1;
+                    queue.push((f, u64::MAX - seq, TreeNodeOrd(n.clone())));
+                }
+            }
+        };
+        push(&mut queue, &root);
+        b.insert(root);
+        while b.nodes < self.budget {
+            let mut batch = Vec::new();
+            while batch.len() < MAX_EXPAND {
+                match queue.pop() {
+                    Some((_, _, TreeNodeOrd(n))) => batch.push(n),
+                    None => break,
+                }
+            }
+            if batch.is_empty() {
+                break;
+            }
+            let (a, children) = expand(batch).await?;
+            if a != arena {
+                return None; // the arena changed while building: next time
+            }
+            for (_, c) in children {
+                if b.nodes >= self.budget {
+                    break;
+                }
+                push(&mut queue, &c);
+                b.insert(c);
+            }
+        }
+        Some(b)
+    }
+}
+
+/// A tree node ordered by nothing in particular (the queue orders by frequency, then age).
+#[derive(Debug)]
+struct TreeNodeOrd(TreeNode);
+
+impl PartialEq for TreeNodeOrd {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for TreeNodeOrd {}
+impl PartialOrd for TreeNodeOrd {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for TreeNodeOrd {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(lid: u64, level: u8, lo: &str, hi: Option<&str>) -> TreeNode {
+        TreeNode { lid, version: lid * 10, level, lo: lo.into(), hi: hi.map(Into::into) }
+    }
+
+    /// A three-level tree: root 1 over interior 2 [..m) and 3 [m..), each over two leaves.
+    async fn expand(nodes: Vec<TreeNode>) -> Option<(u64, Vec<(u16, TreeNode)>)> {
+        if nodes.is_empty() {
+            return Some((7, vec![(0, node(1, 2, "", None))]));
+        }
+        let mut out = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let kids = match n.lid {
+                1 => vec![node(2, 1, "", Some("m")), node(3, 1, "m", None)],
+                2 => vec![node(4, 0, "", Some("f")), node(5, 0, "f", Some("m"))],
+                3 => vec![node(6, 0, "m", Some("t")), node(7, 0, "t", None)],
+                _ => vec![],
+            };
+            out.extend(kids.into_iter().map(|k| (i as u16, k)));
+        }
+        Some((7, out))
+    }
+
+    #[tokio::test]
+    async fn the_budget_goes_to_where_the_gets_fall_and_hints_are_the_deepest_covering_node() {
+        let f = FatRoots::new(5);
+        // Gets fall only in [m, ..): node 3 is expanded, node 2 is not.
+        for i in 0..400 {
+            let _ = f.hint(9, 1, format!("x{i}").as_bytes());
+        }
+        f.build(9, 1, expand).await;
+        let (h, _) = f.hint(9, 1, b"x5");
+        let h = h.expect("a hint");
+        assert_eq!((h.arena, h.node.lid), (7, 7), "the leaf covering x5");
+        let (h, _) = f.hint(9, 1, b"b");
+        assert_eq!(h.expect("a hint").node.lid, 2, "no leaf of the cold half is cached: its interior node");
+        let (h, _) = f.hint(9, 2, b"b");
+        assert!(h.is_none(), "a new epoch of the region: no hint until rebuilt");
+        let built = f.region(9).built.read().expect("lock").clone().expect("built").0;
+        assert!(built.nodes <= 5);
+        assert!(FatRoots::new(0).hint(9, 1, b"x").0.is_none());
+    }
+}
