@@ -6,8 +6,9 @@
 //!
 //! Building (in the background, one region at a time): from the root, a priority queue of
 //! cached nodes by the number of recently sampled keys inside their fences; the most frequent
-//! interior nodes are expanded (`tree_nodes`, up to 64 per request), their children cached and
-//! queued, until the budget is spent or no sampled key falls in an unexpanded interior node.
+//! interior nodes are expanded (`tree_nodes`, 32 per request), their children cached and
+//! queued, until the budget is spent; once no sampled key falls in an unexpanded interior node,
+//! what is left of the budget goes layer by layer (shallowest first).
 //! Rebuilt every `REBUILD_EVERY` (the tree changes under writes) and when the region's epoch
 //! changes. Bounded: `budget` nodes and `SAMPLE` keys per region, at most `MAX_REGIONS` regions.
 
@@ -17,6 +18,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use dpukv_proto::limits::MAX_EXPAND;
+
+/// Nodes expanded per `tree_nodes` request (their children must fit one reply).
+const EXPAND_BATCH: usize = if MAX_EXPAND < 32 { MAX_EXPAND } else { 32 };
 use dpukv_proto::{StartHint, TreeNode};
 
 /// Keys sampled per region (one get in `SAMPLE_EVERY`).
@@ -44,8 +48,9 @@ struct Built {
 impl Built {
     /// The deepest cached node covering `key`.
     fn covering(&self, key: &[u8]) -> Option<&TreeNode> {
+        use std::ops::Bound;
         self.levels.iter().find_map(|level| {
-            let (_, n) = level.range(..=key.to_vec()).next_back()?;
+            let (_, n) = level.range::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
             n.hi.as_deref().is_none_or(|hi| key < hi).then_some(n)
         })
     }
@@ -73,7 +78,7 @@ struct Region {
 #[derive(Debug)]
 pub(crate) struct FatRoots {
     budget: usize,
-    regions: Mutex<HashMap<u32, Arc<Region>>>,
+    regions: RwLock<HashMap<u32, Arc<Region>>>,
 }
 
 /// What a get's region wants done: nothing, or a (re)build started by the caller.
@@ -84,7 +89,7 @@ pub(crate) enum Wanted {
 
 impl FatRoots {
     pub(crate) fn new(budget: usize) -> FatRoots {
-        FatRoots { budget, regions: Mutex::new(HashMap::new()) }
+        FatRoots { budget, regions: RwLock::new(HashMap::new()) }
     }
 
     pub(crate) fn enabled(&self) -> bool {
@@ -92,7 +97,10 @@ impl FatRoots {
     }
 
     fn region(&self, id: u32) -> Arc<Region> {
-        let mut regions = lock(&self.regions);
+        if let Some(r) = self.regions.read().unwrap_or_else(|e| e.into_inner()).get(&id) {
+            return r.clone();
+        }
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
         if regions.len() >= MAX_REGIONS && !regions.contains_key(&id) {
             regions.clear();
         }
@@ -152,34 +160,40 @@ impl FatRoots {
         let (arena, roots) = expand(Vec::new()).await?;
         let root = roots.into_iter().next()?.1;
         let mut b = Built { arena, epoch, ..Built::default() };
-        // The queue: interior nodes not yet expanded, most frequent first.
-        let mut queue: BinaryHeap<(usize, u64, TreeNodeOrd)> = BinaryHeap::new();
+        // The queue: interior nodes not yet expanded, most frequent first; among nodes no sampled
+        // key falls in, the shallowest first (what is left of the budget goes layer by layer).
+        let mut queue: BinaryHeap<(usize, u8, u64, TreeNodeOrd)> = BinaryHeap::new();
         let mut seq = 0u64;
         let mut push = |queue: &mut BinaryHeap<_>, n: &TreeNode| {
             if n.level > 0 {
-                let f = freq(n);
-                if f > 0 {
-                    seq += 1;
-                    queue.push((f, u64::MAX - seq, TreeNodeOrd(n.clone())));
-                }
+                seq += 1;
+                queue.push((freq(n), n.level, u64::MAX - seq, TreeNodeOrd(n.clone())));
             }
         };
         push(&mut queue, &root);
         b.insert(root);
         while b.nodes < self.budget {
             let mut batch = Vec::new();
-            while batch.len() < MAX_EXPAND {
+            while batch.len() < EXPAND_BATCH {
                 match queue.pop() {
-                    Some((_, _, TreeNodeOrd(n))) => batch.push(n),
+                    Some((_, _, _, TreeNodeOrd(n))) => batch.push(n),
                     None => break,
                 }
             }
             if batch.is_empty() {
                 break;
             }
-            let (a, children) = expand(batch).await?;
+            let (a, children) = expand(batch.clone()).await?;
             if a != arena {
                 return None; // the arena changed while building: next time
+            }
+            // Parents a full reply left out (expanded whole or not at all) are asked again,
+            // unless nothing at all came back (then they cannot be expanded).
+            let last = children.last().map(|(p, _)| *p as usize);
+            if let Some(last) = last {
+                for n in &batch[last + 1..] {
+                    push(&mut queue, n);
+                }
             }
             for (_, c) in children {
                 if b.nodes >= self.budget {
@@ -253,6 +267,11 @@ mod tests {
         assert_eq!((h.arena, h.node.lid), (7, 7), "the leaf covering x5");
         let (h, _) = f.hint(9, 1, b"b");
         assert_eq!(h.expect("a hint").node.lid, 2, "no leaf of the cold half is cached: its interior node");
+        // With room for everything, the cold half is cached too (layer by layer).
+        let g = FatRoots::new(100);
+        let _ = g.hint(9, 1, b"x1");
+        g.build(9, 1, expand).await;
+        assert_eq!(g.hint(9, 1, b"b").0.expect("a hint").node.lid, 4);
         let (h, _) = f.hint(9, 2, b"b");
         assert!(h.is_none(), "a new epoch of the region: no hint until rebuilt");
         let built = f.region(9).built.read().expect("lock").clone().expect("built").0;

@@ -342,8 +342,8 @@ fn serve(
                         arena: h.arena,
                         lid: h.node.lid,
                         version: h.node.version,
-                        lo: h.node.lo.clone(),
-                        hi: h.node.hi.clone(),
+                        lo: &h.node.lo,
+                        hi: h.node.hi.as_deref(),
                     };
                     regions.reader(i, shm, device).and_then(|r| r.get_versioned_hinted(key, &hint)).map(
                         |(v, version, used)| {
@@ -358,9 +358,16 @@ fn serve(
         Op::TreeNodes { nodes, .. } => {
             let nodes: Vec<_> = nodes.iter().map(top_node).collect();
             regions.reader(i, shm, device).and_then(|r| r.expand(&nodes)).map(|(arena, found)| {
+                // Cut after the last parent whose children all fit (a parent is expanded whole
+                // or not at all: the client asks again for what is missing).
+                let mut end = found.len();
+                if end > dpukv_proto::limits::MAX_TREE_NODES {
+                    let cut_parent = found[dpukv_proto::limits::MAX_TREE_NODES].0;
+                    end = found.iter().position(|(p, _)| *p == cut_parent).unwrap_or(0);
+                }
                 let nodes = found
                     .into_iter()
-                    .take(dpukv_proto::limits::MAX_TREE_NODES)
+                    .take(end)
                     .map(|(parent, n)| {
                         let node = dpukv_proto::TreeNode {
                             lid: n.lid,

@@ -29,5 +29,6 @@ pub const MAX_PIVOTS: u16 = 256;
 
 /// Most nodes one `tree_nodes` request may ask to expand.
 pub const MAX_EXPAND: usize = 64;
-/// Most nodes one `tree_nodes` reply holds (a larger expansion is cut).
-pub const MAX_TREE_NODES: usize = 4096;
+/// Most nodes one `tree_nodes` reply holds (a larger expansion is cut after the last parent whose
+/// children all fit).
+pub const MAX_TREE_NODES: usize = 16384;

@@ -33,8 +33,8 @@ use read::Tree;
 /// whose nonce is `arena`, as it was at `version`, covering the keys in `[lo, hi)` (`hi` None:
 /// unbounded). A reader uses it only if it is still valid for the key (`Tree::hinted`), else it
 /// starts at the root: a stale hint costs a visit, never a wrong answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StartHint {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartHint<'h> {
     /// The arena's nonce.
     pub arena: u64,
     /// The node.
@@ -42,9 +42,9 @@ pub struct StartHint {
     /// The node's version the hint expects.
     pub version: u64,
     /// The node's lower fence (inclusive).
-    pub lo: Vec<u8>,
+    pub lo: &'h [u8],
     /// The node's upper fence (exclusive; None: unbounded).
-    pub hi: Option<Vec<u8>>,
+    pub hi: Option<&'h [u8]>,
 }
 
 /// A node of the top of a tree, as a fat root caches it: its id, version, level (0 = leaf) and
@@ -341,7 +341,7 @@ impl Snapshot<'_> {
     pub fn get_versioned_hinted<'s>(
         &'s self,
         key: &[u8],
-        hint: &StartHint,
+        hint: &StartHint<'_>,
     ) -> Result<(Option<(Entry<'s>, u64)>, bool)> {
         self.checked(self.tree.get_versioned_hinted(key, hint))
     }

@@ -174,12 +174,12 @@ impl<'a> Tree<'a> {
     /// A node keeps its key range while its version is unchanged and it is not retired (its range
     /// changes only by a split or a merge, which rewrite or retire it), so a valid hint's fences
     /// are still the node's. Any doubt (an entry that no longer resolves, a reused id) is a miss.
-    fn hinted(&self, key: &[u8], hint: &super::StartHint) -> Option<Node<'a>> {
+    fn hinted(&self, key: &[u8], hint: &super::StartHint<'_>) -> Option<Node<'a>> {
         let nonce = self.nonce();
-        if nonce == 0 || hint.arena != nonce || cmp_keys(key, &hint.lo).is_lt() {
+        if nonce == 0 || hint.arena != nonce || cmp_keys(key, hint.lo).is_lt() {
             return None;
         }
-        if hint.hi.as_deref().is_some_and(|hi| !cmp_keys(key, hi).is_lt()) {
+        if hint.hi.is_some_and(|hi| !cmp_keys(key, hi).is_lt()) {
             return None;
         }
         let raw = self.page_entry(hint.lid).ok()?;
@@ -211,7 +211,7 @@ impl<'a> Tree<'a> {
     pub(crate) fn get_versioned_hinted(
         &self,
         key: &[u8],
-        hint: &super::StartHint,
+        hint: &super::StartHint<'_>,
     ) -> Result<(Option<(super::Entry<'a>, u64)>, bool)> {
         let Some(start) = self.hinted(key, hint) else {
             return Ok((self.get_versioned(key)?, false));
@@ -242,7 +242,7 @@ impl<'a> Tree<'a> {
         let nonce = self.nonce();
         for (i, n) in nodes.iter().enumerate() {
             let hint =
-                super::StartHint { arena: nonce, lid: n.lid, version: n.version, lo: n.lo.clone(), hi: n.hi.clone() };
+                super::StartHint { arena: nonce, lid: n.lid, version: n.version, lo: &n.lo, hi: n.hi.as_deref() };
             if let Some(node) = self.hinted(&n.lo, &hint) {
                 self.children(i, &node, &n.lo, n.hi.as_deref(), &mut out)?;
             }

@@ -285,7 +285,7 @@ impl RegionReader {
     pub fn get_versioned_hinted(
         &mut self,
         key: &[u8],
-        hint: &crate::btree::StartHint,
+        hint: &crate::btree::StartHint<'_>,
     ) -> Result<(Option<Vec<u8>>, u64, bool)> {
         self.with_srcs(|srcs, log| {
             let mut used = false;

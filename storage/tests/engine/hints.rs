@@ -24,12 +24,12 @@ fn whole_tree(r: &mut Reader) -> (u64, Vec<TopNode>) {
 }
 
 /// The deepest node covering `key` (what a gateway would send).
-fn hint_for(nonce: u64, nodes: &[TopNode], key: &[u8]) -> Option<StartHint> {
+fn hint_for<'n>(nonce: u64, nodes: &'n [TopNode], key: &[u8]) -> Option<StartHint<'n>> {
     nodes
         .iter()
         .filter(|n| n.lo.as_slice() <= key && n.hi.as_deref().is_none_or(|hi| key < hi))
         .min_by_key(|n| n.level)
-        .map(|n| StartHint { arena: nonce, lid: n.lid, version: n.version, lo: n.lo.clone(), hi: n.hi.clone() })
+        .map(|n| StartHint { arena: nonce, lid: n.lid, version: n.version, lo: &n.lo, hi: n.hi.as_deref() })
 }
 
 fn value_of(e: Option<(Entry<'_>, u64)>) -> Option<Vec<u8>> {
