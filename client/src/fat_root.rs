@@ -12,7 +12,7 @@
 //! Rebuilt every `REBUILD_EVERY` (the tree changes under writes) and when the region's epoch
 //! changes. Bounded: `budget` nodes and `SAMPLE` keys per region, at most `MAX_REGIONS` regions.
 
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -35,22 +35,53 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The first 8 bytes of `k`, big-endian, zero-padded: ordered as the keys are (a shorter key that
+/// is a prefix of a longer one ties with it, and ties are decided on the whole keys).
+fn prefix(k: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = k.len().min(8);
+    b[..n].copy_from_slice(&k[..n]);
+    u64::from_be_bytes(b)
+}
+
+/// A level's search index: the prefix the level's fences share (sorted: the second's and the
+/// last's), and the next 8 bytes of each fence (0 for a fence without the prefix).
+#[derive(Debug, Default)]
+struct Index {
+    common: Vec<u8>,
+    prefixes: Vec<u64>,
+}
+
 /// One region's cached top.
 #[derive(Debug, Default)]
 struct Built {
     arena: u64,
     epoch: u64,
-    /// Per level (index: level), the cached nodes by lower fence.
-    levels: Vec<BTreeMap<Vec<u8>, TreeNode>>,
+    /// Per level (index: level), the cached nodes sorted by lower fence (once built).
+    levels: Vec<Vec<TreeNode>>,
+    /// Per level, the search index (built by `seal`).
+    index: Vec<Index>,
     nodes: usize,
 }
 
 impl Built {
     /// The deepest cached node covering `key`.
     fn covering(&self, key: &[u8]) -> Option<&TreeNode> {
-        use std::ops::Bound;
-        self.levels.iter().find_map(|level| {
-            let (_, n) = level.range::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
+        self.levels.iter().zip(&self.index).find_map(|(level, ix)| {
+            // The node with the largest lower fence <= key. Fences of a level share a prefix
+            // (`ix.common`); the binary search runs over the next 8 bytes of each, a contiguous
+            // array (not over fences behind pointers: cache misses), and only fences whose 8
+            // bytes equal the key's are compared whole.
+            let (from, to) = match key.strip_prefix(ix.common.as_slice()) {
+                Some(rest) => {
+                    let p = prefix(rest);
+                    let from = ix.prefixes.partition_point(|x| *x < p);
+                    (from, from + ix.prefixes[from..].partition_point(|x| *x == p))
+                }
+                None => (0, level.len()),
+            };
+            let i = from + level[from..to].partition_point(|n| n.lo.as_slice() <= key);
+            let n = level.get(i.checked_sub(1)?)?;
             n.hi.as_deref().is_none_or(|hi| key < hi).then_some(n)
         })
     }
@@ -58,10 +89,33 @@ impl Built {
     fn insert(&mut self, n: TreeNode) {
         let l = n.level as usize;
         if self.levels.len() <= l {
-            self.levels.resize_with(l + 1, BTreeMap::new);
+            self.levels.resize_with(l + 1, Vec::new);
         }
-        self.levels[l].insert(n.lo.clone(), n);
+        self.levels[l].push(n);
         self.nodes += 1;
+    }
+
+    /// Sorts each level by lower fence (nodes of one level have disjoint fences).
+    fn seal(mut self) -> Built {
+        for level in &mut self.levels {
+            level.sort_unstable_by(|a, b| a.lo.cmp(&b.lo));
+            level.dedup_by(|a, b| a.lo == b.lo);
+        }
+        self.index = self
+            .levels
+            .iter()
+            .map(|l| {
+                // The leftmost node's fence is often the empty key: the shared prefix is taken
+                // from the second node on; fences without it sort before every key with it
+                // (prefix 0, decided whole).
+                let from = l.len().min(1);
+                let (first, last) = (l.get(from).map_or(&[][..], |n| &n.lo), l.last().map_or(&[][..], |n| &n.lo));
+                let common: Vec<u8> = first.iter().zip(last).take_while(|(a, b)| a == b).map(|(a, _)| *a).collect();
+                let prefixes = l.iter().map(|n| n.lo.strip_prefix(common.as_slice()).map_or(0, prefix)).collect();
+                Index { common, prefixes }
+            })
+            .collect();
+        self
     }
 }
 
@@ -151,11 +205,16 @@ impl FatRoots {
         F: Fn(Vec<TreeNode>) -> Fut,
         Fut: std::future::Future<Output = Option<(u64, Vec<(u16, TreeNode)>)>>,
     {
+        // Sampled keys in a node's fences: two binary searches in the sorted sample.
+        let mut sorted: Vec<&[u8]> = sample.iter().map(Vec::as_slice).collect();
+        sorted.sort_unstable();
         let freq = |n: &TreeNode| {
-            sample
-                .iter()
-                .filter(|k| k.as_slice() >= n.lo.as_slice() && n.hi.as_deref().is_none_or(|h| k.as_slice() < h))
-                .count()
+            let from = sorted.partition_point(|k| *k < n.lo.as_slice());
+            let to = match n.hi.as_deref() {
+                Some(hi) => sorted.partition_point(|k| *k < hi),
+                None => sorted.len(),
+            };
+            to.saturating_sub(from)
         };
         let (arena, roots) = expand(Vec::new()).await?;
         let root = roots.into_iter().next()?.1;
@@ -203,7 +262,7 @@ impl FatRoots {
                 b.insert(c);
             }
         }
-        Some(b)
+        Some(b.seal())
     }
 }
 
