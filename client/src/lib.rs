@@ -140,11 +140,12 @@ pub struct Options {
     /// Most keys the lookup table of replicated keys holds (0: never read from replicas).
     pub hot_keys: Option<usize>,
     /// Most tree nodes cached per region for start hints (the fat root; 0: send no hints).
-    /// None: [`DEFAULT_FAT_ROOT`].
+    /// None: none (a direct client pays the lookup on its own CPU; docs/benchmarks.md, "Fat
+    /// root"); the gateway caches [`DEFAULT_FAT_ROOT`] by default.
     pub fat_root: Option<usize>,
 }
 
-/// Fat-root budget when [`Options::fat_root`] is None: nodes per region.
+/// The gateway's fat-root budget by default: nodes per region.
 pub const DEFAULT_FAT_ROOT: usize = 4096;
 
 /// Lookup-table size when [`Options::hot_keys`] is None.
@@ -238,7 +239,7 @@ impl Client {
             consistency: opts.consistency,
             hot: Arc::new(hot::HotKeyTable::new(opts.hot_keys.unwrap_or(DEFAULT_HOT_KEYS))),
             reads: Arc::new(ReadCounts::default()),
-            fat: Arc::new(fat_root::FatRoots::new(opts.fat_root.unwrap_or(DEFAULT_FAT_ROOT))),
+            fat: Arc::new(fat_root::FatRoots::new(opts.fat_root.unwrap_or(0))),
             retry: RetryPolicy::default(),
         })
     }

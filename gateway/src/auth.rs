@@ -404,6 +404,15 @@ mod tests {
         assert!(ops.check(&Op::FetchAdd { key: vec![0, 1, 2], delta: 1 }).is_ok(), "admin is read and write");
         assert!(ops.check(&Op::Get { key: vec![0, 2] }).is_err());
         assert!(!format!("{:?}", Tokens::parse(DOC).expect("valid")).contains("s3cret"), "secrets are never printed");
+        assert_eq!(app.consistency, None, "no service level: the request's mode");
+        // Service level: a token's class chooses how its gets are served.
+        let doc = r#"{"tokens": [{"name": "batch", "token": "b", "consistency": "bounded:200",
+                       "grants": [{"prefix": "", "allow": ["read"]}]}]}"#;
+        let batch = Tokens::parse(doc).expect("valid").authenticate(b"b").expect("batch");
+        assert_eq!(batch.consistency, Some(dpukv_proto::Consistency::Bounded { max_staleness_ms: 200 }));
+        assert!(batch.check(&Op::ReplicaSync { watermark_ms: 1, reset: false, entries: vec![] }).is_err());
+        assert!(batch.check(&Op::TreeNodes { key: vec![], nodes: vec![] }).is_ok(), "it may read every key");
+        assert!(app.check(&Op::TreeNodes { key: b"app/".to_vec(), nodes: vec![] }).is_err(), "fences are any keys");
     }
 
     #[test]
@@ -414,6 +423,7 @@ mod tests {
             r#"{"tokens": [{"name": "a", "token": "x", "grants": [{"allow": ["fly"]}]}]}"#,
             r#"{"tokens": [{"name": "a", "token": "x", "grants": [], "extra": 1}]}"#,
             r#"{"tokens": [{"name": "a", "token": "x", "grants": []}, {"name": "b", "token": "x", "grants": []}]}"#,
+            r#"{"tokens": [{"name": "a", "token": "x", "grants": [], "consistency": "eventual"}]}"#,
             "not json",
         ] {
             assert!(Tokens::parse(bad).is_err(), "{bad}");

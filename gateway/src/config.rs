@@ -38,6 +38,9 @@ pub struct GatewayArgs {
     /// Connections to each node device.
     #[arg(long, default_value_t = 4)]
     pub pool: usize,
+    /// Tree nodes cached per region for start hints (the fat root, docs/hot-keys.md §9; 0: none).
+    #[arg(long, env = "DPUKV_GATEWAY_FAT_ROOT", default_value_t = 4096)]
+    pub fat_root: usize,
     /// Most connections per front end (more are closed at once).
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
@@ -113,6 +116,7 @@ impl GatewayArgs {
             resp: self.resp,
             admin: self.admin,
             pool: self.pool,
+            fat_root: self.fat_root,
             binary: BinaryLimits { max_connections: self.max_connections, conn },
             http_limits: HttpLimits {
                 max_connections: self.max_connections,

@@ -74,6 +74,8 @@ pub struct GatewayConfig {
     pub admin: Option<SocketAddr>,
     /// Connections per node device.
     pub pool: usize,
+    /// Tree nodes cached per region for start hints (0: none).
+    pub fat_root: usize,
     /// The binary front end's limits.
     pub binary: BinaryLimits,
     /// The HTTP front end's limits.
@@ -150,7 +152,7 @@ pub async fn run(
     // The cluster may not be up yet: keep trying (a gateway is started beside its cluster).
     let mut delay = Duration::from_millis(100);
     let up = loop {
-        match Upstream::connect(&cfg.seeds, cfg.pool, cfg.tls_client.clone(), scans.clone()).await {
+        match Upstream::connect(&cfg.seeds, cfg.pool, cfg.fat_root, cfg.tls_client.clone(), scans.clone()).await {
             Ok(u) => break Arc::new(u),
             Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "the cluster does not answer yet"),
         }

@@ -32,16 +32,24 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Connects `pool` connections to the first of `seeds` (node devices) that answers.
+    /// Connects `pool` connections to the first of `seeds` (node devices) that answers, caching
+    /// `fat_root` tree nodes per region for start hints.
     pub async fn connect(
         seeds: &[String],
         pool: usize,
+        fat_root: usize,
         tls: Option<std::sync::Arc<dpukv_net::tls::ClientTls>>,
         scans: ScanLimits,
     ) -> Result<Upstream, ClientError> {
         let mut last = None;
         for seed in seeds {
-            let opts = dpukv_client::Options { pool, token: None, tls: tls.clone(), ..Default::default() };
+            let opts = dpukv_client::Options {
+                pool,
+                token: None,
+                tls: tls.clone(),
+                fat_root: Some(fat_root),
+                ..Default::default()
+            };
             match Client::connect_with(seed, opts).await {
                 Ok(client) => {
                     // Learn the map now: a gateway that cannot see the cluster is not ready.

@@ -133,7 +133,7 @@ struct Args {
     #[arg(long, default_value = "linearizable", value_parser = parse_consistency)]
     consistency: dpukv_client::proto::Consistency,
     /// Tree nodes cached per region for start hints (Fat-B+Tree's fat root; 0: no hints).
-    #[arg(long, default_value_t = dpukv_client::DEFAULT_FAT_ROOT)]
+    #[arg(long, default_value_t = 0)]
     fat_root: usize,
 }
 

@@ -102,6 +102,12 @@ fn every_http_route_and_error_through_a_real_gateway() {
     let (s, b) = http("GET", &u("/v1/kv/AAEC?encoding=base64"), None);
     assert_eq!((s, json(&b)["value"].as_str(), json(&b)["key"].as_str()), (200, Some("/w=="), Some("AAEC")), "{b}");
     must_fail(http("GET", &u("/v1/kv/%00%01%02"), None), 400, "bad_encoding");
+    // A read's consistency (hot-key replicas): every mode reads the value; another is refused.
+    for mode in ["linearizable", "bounded:50", "extended", "interleaved"] {
+        let (s, b) = http("GET", &u(&format!("/v1/kv/curl?consistency={mode}")), None);
+        assert_eq!((s, json(&b)["value"].as_str()), (200, Some("curl -d")), "{mode}: {b}");
+    }
+    must_fail(http("GET", &u("/v1/kv/curl?consistency=eventually"), None), 400, "bad_request");
     must_fail(http("GET", &u("/v1/kv/!!!?encoding=base64"), None), 400, "bad_encoding");
     must_fail(http("PUT", &u("/v1/kv/k"), Some(r#"{"value": "*", "encoding": "base64"}"#)), 400, "bad_encoding");
     // Sizes.
@@ -222,6 +228,14 @@ fn redis_cli_works_against_the_gateway() {
     assert_eq!(redis(&gw, &["PING"]), "PONG");
     assert_eq!(redis(&gw, &["SET", "greeting", "hello"]), "OK");
     assert_eq!(redis(&gw, &["GET", "greeting"]), "hello");
+    // The connection's read mode (hot-key replicas): set, shown, used, refused when unknown.
+    assert_eq!(
+        redis_script(
+            &gw,
+            "CONSISTENCY\nCONSISTENCY bounded:50\nCONSISTENCY\nGET greeting\nREADONLY\nCONSISTENCY\nGET greeting\nREADWRITE\nCONSISTENCY\nCONSISTENCY sometimes\n"
+        ),
+        "linearizable\nOK\nbounded:50\nhello\nOK\ninterleaved\nhello\nOK\nlinearizable\nERR consistency must be linearizable, bounded:MS, extended or interleaved"
+    );
     assert_eq!(redis(&gw, &["SET", "greeting", "other", "NX"]), "");
     assert_eq!(redis(&gw, &["SET", "absent", "v", "XX"]), "");
     assert_eq!(redis(&gw, &["GET", "absent"]), "");
