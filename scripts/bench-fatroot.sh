@@ -4,7 +4,8 @@
 # from the root) and with fat roots of FAT_ROOTS nodes, alternating, RUNS rounds. Per run: the
 # device's node visits per get, the share of gets that used their hint, the device's CPU time per
 # get (from /proc), and throughput. Knobs: RECORDS, SECONDS_RUN, THREADS, DEPTH, RUNS, FAT_ROOTS,
-# DISTRIBUTIONS, BENCH_DIR, BIN (prebuilt binaries; else target/release, built first).
+# DISTRIBUTIONS, WORKLOAD (c; e: YCSB-E, short scans, whose first descent is hinted), BENCH_DIR,
+# BIN (prebuilt binaries; else target/release, built first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RECORDS=${RECORDS:-1000000}
@@ -14,6 +15,7 @@ DEPTH=${DEPTH:-16}
 RUNS=${RUNS:-2}
 FAT_ROOTS=${FAT_ROOTS:-"0 4096 16384"}
 DISTRIBUTIONS=${DISTRIBUTIONS:-"zipf uniform"}
+WORKLOAD=${WORKLOAD:-c}
 bash scripts/setup.sh
 if [ -z "${BIN:-}" ]; then
   BIN=target/release
@@ -44,11 +46,11 @@ for _ in $(seq 1 "$RUNS"); do
   for d in $DISTRIBUTIONS; do
     for f in $FAT_ROOTS; do
       # Warm-up: the client builds its fat roots (in the background) from the gets it sees.
-      $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --workload c --distribution "$d" \
+      $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --workload "$WORKLOAD" --distribution "$d" \
         --duration 3 --threads "$THREADS" --depth "$DEPTH" --fat-root "$f" >/dev/null
       v0=$(metric dpukv_device_node_visits_total); h0=$(metric dpukv_device_hinted_reads_total)
       r0=$(metric dpukv_device_reads_served_total); c0=$(cpu)
-      line=$($BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --workload c --distribution "$d" \
+      line=$($BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --workload "$WORKLOAD" --distribution "$d" \
         --duration "$SECONDS_RUN" --threads "$THREADS" --depth "$DEPTH" --fat-root "$f")
       v1=$(metric dpukv_device_node_visits_total); h1=$(metric dpukv_device_hinted_reads_total)
       r1=$(metric dpukv_device_reads_served_total); c1=$(cpu)
@@ -60,7 +62,7 @@ visits = (float(v1) - float(v0)) / gets
 hinted = (float(h1) - float(h0)) / gets
 cpu_us = (float(c1) - float(c0)) / float(tick) * 1e6 / gets
 tput = line.split(": ")[1].split(" ops/s")[0]
-print(f"{d:8} fat-root {f:>6}: {visits:.2f} node visits/get, {hinted*100:5.1f}% hinted, device CPU {cpu_us:.2f} us/get, {tput} ops/s")
+print(f"{d:8} fat-root {f:>6}: {visits:.2f} node visits/read, {hinted*100:5.1f}% hinted, device CPU {cpu_us:.2f} us/read, {tput} ops/s")
 PY
     done
   done

@@ -322,7 +322,13 @@ impl Client {
                 _ => {}
             }
         }
-        if let Op::Get { key } = &req.op
+        let hinted_key = match &req.op {
+            Op::Get { key } => Some(key),
+            // A scan from `lo` (a continuation starts elsewhere).
+            Op::Scan { lo, token, .. } if token.is_empty() && !lo.is_empty() => Some(lo),
+            _ => None,
+        };
+        if let Some(key) = hinted_key
             && req.hint.is_none()
             && t.region != 0
         {

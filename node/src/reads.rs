@@ -227,7 +227,7 @@ impl ReaderThread {
     }
 
     fn serve(&mut self, req: &Request) -> Response {
-        let (shm, device, counters) = (self.shm.clone(), self.device, self.counters.clone());
+        let (shm, device) = (self.shm.clone(), self.device);
         let Some(regions) = self.regions() else {
             return Response::error(
                 req.id,
@@ -235,7 +235,7 @@ impl ReaderThread {
                 "the host has not published its regions yet; retry",
             );
         };
-        let mut resp = serve(regions, &shm, device, req, &counters);
+        let mut resp = serve(regions, &shm, device, req);
         if let (Some(o), Op::Get { key }, Ok(_)) = (&self.observer, &req.op, &resp.result)
             && let Some(r) = self.state.as_ref().and_then(|s| s.map.regions().get(s.map.route(key)))
         {
@@ -257,6 +257,8 @@ impl ReaderThread {
         c.page_table_copies.fetch_add(d(now.resyncs, self.seen.resyncs), Ordering::Relaxed);
         c.cache_hits.fetch_add(d(now.cache_hits, self.seen.cache_hits), Ordering::Relaxed);
         c.cache_misses.fetch_add(d(now.cache_misses, self.seen.cache_misses), Ordering::Relaxed);
+        c.hinted.fetch_add(d(now.hinted, self.seen.hinted), Ordering::Relaxed);
+        c.hint_misses.fetch_add(d(now.hint_misses, self.seen.hint_misses), Ordering::Relaxed);
         self.seen = now;
     }
 }
@@ -269,6 +271,8 @@ fn add(a: ReadStats, b: ReadStats) -> ReadStats {
         commands: a.commands + b.commands,
         cache_hits: a.cache_hits + b.cache_hits,
         cache_misses: a.cache_misses + b.cache_misses,
+        hinted: a.hinted + b.hinted,
+        hint_misses: a.hint_misses + b.hint_misses,
     }
 }
 
@@ -297,13 +301,7 @@ fn top_node(n: &dpukv_proto::TreeNode) -> dpukv_storage::TopNode {
 }
 
 /// Serves a read request (get, scan, floor scan, reduce, filter, tree nodes).
-fn serve(
-    regions: &mut Regions,
-    shm: &std::path::Path,
-    device: bool,
-    req: &Request,
-    counters: &ReadCounters,
-) -> Response {
+fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Request) -> Response {
     let ok = |result| Response { id: req.id, version: 0, replicated: false, result: Ok(result) };
     if req.read_version != 0 {
         // Old versions live only as long as readers pin them; reading at a chosen one is not
@@ -345,11 +343,13 @@ fn serve(
                         lo: &h.node.lo,
                         hi: h.node.hi.as_deref(),
                     };
+                    // (Used or not, the reader counts it: `ReadStats::hinted`.)
                     regions.reader(i, shm, device).and_then(|r| r.get_versioned_hinted(key, &hint)).map(
-                        |(v, version, used)| {
-                            let c = if used { &counters.hinted } else { &counters.hint_misses };
-                            c.fetch_add(1, Ordering::Relaxed);
-                            Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) }
+                        |(v, version, _)| Response {
+                            id: req.id,
+                            version,
+                            replicated: false,
+                            result: Ok(Reply::Value(v)),
                         },
                     )
                 }
@@ -385,7 +385,15 @@ fn serve(
         Op::Scan { lo, hi, limit, max_bytes, token } | Op::FloorScan { lo, hi, limit, max_bytes, token } => {
             let floor = matches!(req.op, Op::FloorScan { .. });
             let only = (req.region != 0).then_some(i);
-            match scan(regions, shm, device, only, (lo, hi), (*limit, *max_bytes), token, floor) {
+            // A start hint (for a scan from `lo`, no token) serves the first region's descent.
+            let hint = req.hint.as_ref().filter(|_| !floor && token.is_empty()).map(|h| dpukv_storage::StartHint {
+                arena: h.arena,
+                lid: h.node.lid,
+                version: h.node.version,
+                lo: &h.node.lo,
+                hi: h.node.hi.as_deref(),
+            });
+            match scan(regions, shm, device, only, (lo, hi), (*limit, *max_bytes), token, floor, hint.as_ref()) {
                 Ok(Ok(r)) => Ok(ok(r)),
                 Ok(Err(ErrorCode::WrongRegion)) => Ok(Response::error(
                     req.id,
@@ -460,6 +468,7 @@ fn scan(
     (limit, max_bytes): (u32, u32),
     token: &[u8],
     floor: bool,
+    hint: Option<&dpukv_storage::StartHint<'_>>,
 ) -> dpukv_storage::Result<Result<Reply, ErrorCode>> {
     let limit = if limit == 0 { MAX_SCAN_ITEMS } else { limit.min(MAX_SCAN_ITEMS) } as usize;
     let max_bytes = if max_bytes == 0 { MAX_SCAN_BYTES } else { max_bytes.min(MAX_SCAN_BYTES) } as usize;
@@ -515,8 +524,9 @@ fn scan(
         let want = limit + 1 - items.len();
         let hi_i = clamp(regions, i, hi);
         let from = start.as_slice().max(regions.map.regions()[i].start.as_slice()).to_vec();
-        let (page, v) =
-            regions.reader(i, shm, device)?.scan_bounded(&from, &hi_i, want, max_bytes.saturating_sub(bytes).max(1))?;
+        let budget = max_bytes.saturating_sub(bytes).max(1);
+        let hint = hint.filter(|_| items.is_empty());
+        let (page, v) = regions.reader(i, shm, device)?.scan_bounded_hinted(&from, &hi_i, want, budget, hint)?;
         version = version.max(v);
         for (k, v) in page {
             if items.len() == limit || (bytes + k.len() + v.len() > max_bytes && !items.is_empty()) {

@@ -685,8 +685,8 @@ fn decode_request(e: &[u8]) -> RequestEntry {
         if read_version != 0 && req_is_write(&op) {
             return Err((ErrorCode::BadRequest, "a read version on a write"));
         }
-        if hint.is_some() && !matches!(op, Op::Get { .. }) {
-            return Err((ErrorCode::BadRequest, "a start hint on something other than a get"));
+        if hint.is_some() && !matches!(op, Op::Get { .. } | Op::Scan { .. }) {
+            return Err((ErrorCode::BadRequest, "a start hint on something other than a get or a scan"));
         }
         let replica = flags & F_REPLICA != 0;
         if replica && (!matches!(op, Op::Get { .. }) || consistency == Consistency::Linearizable) {

@@ -630,8 +630,8 @@ pub struct Request {
     pub session: Option<Session>,
     /// The trace the request belongs to, if the caller traces it.
     pub trace: Option<TraceContext>,
-    /// Where a get may start in the region's tree (a fat root's start hint), if the sender knows.
-    /// Only on a get.
+    /// Where a get (or a scan, from its `lo`) may start in the region's tree (a fat root's start
+    /// hint), if the sender knows. Only on a get or a scan.
     pub hint: Option<StartHint>,
     /// A get aimed at a hot-key replica (a device that is not the key's primary): answered from
     /// the device's replica table within the consistency's bound, else `not_replicated`. Only on

@@ -152,8 +152,10 @@ fn request() -> impl Strategy<Value = Request> {
     (any::<u64>(), consistency, any::<u64>(), any::<u32>(), any::<u64>(), (session, trace, any::<bool>(), hint), op())
         .prop_map(|(id, consistency, read_version, region, epoch, (session, trace, replica, hint), op)| Request {
             trace,
-            // Only a get carries a start hint.
-            hint: hint.filter(|_| matches!(op, Op::Get { .. })).map(|(arena, node)| StartHint { arena, node }),
+            // Only a get or a scan carries a start hint.
+            hint: hint
+                .filter(|_| matches!(op, Op::Get { .. } | Op::Scan { .. }))
+                .map(|(arena, node)| StartHint { arena, node }),
             // Only a get that is not linearizable may be aimed at a replica.
             replica: replica && matches!(op, Op::Get { .. }) && consistency != Consistency::Linearizable,
             id,

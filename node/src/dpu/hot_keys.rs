@@ -259,7 +259,16 @@ pub fn start_sync(
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     std::thread::Builder::new().name("dpukv-hot-sync".into()).spawn(move || {
-        let mut s = Syncer { hot, table, shm, rt, stop, state: None, links: HashMap::new() };
+        let mut s = Syncer {
+            hot,
+            table,
+            shm,
+            rt,
+            stop,
+            state: None,
+            links: HashMap::new(),
+            refreshed: std::time::Instant::now(),
+        };
         while !s.stop.is_cancelled() {
             std::thread::sleep(s.hot.cfg.sync_interval);
             s.round();
@@ -276,10 +285,24 @@ struct Syncer {
     stop: CancellationToken,
     state: Option<(Arc<RegionMap>, dpukv_storage::announce::Announcement, Vec<Option<RegionReader>>)>,
     links: HashMap<String, Link>,
+    /// When the readers last let go of what the host retired.
+    refreshed: std::time::Instant,
 }
 
 impl Syncer {
     fn round(&mut self) {
+        // Like the reader threads: let go of retired arenas and deleted log segments now and then
+        // (a reader keeps them mapped until its next read otherwise).
+        if self.refreshed.elapsed() >= Duration::from_secs(1) {
+            self.refreshed = std::time::Instant::now();
+            if let Some((_, _, readers)) = &mut self.state {
+                for slot in readers.iter_mut() {
+                    if slot.as_mut().is_some_and(|r| r.refresh().is_err()) {
+                        *slot = None;
+                    }
+                }
+            }
+        }
         if self.state.as_ref().is_none_or(|s| s.1.closed()) {
             if self.state.take().is_some() {
                 // A new host: writes in flight when the old one went may be applied unseen.
@@ -337,6 +360,9 @@ impl Syncer {
                 // Nothing read yet: still vouch for "no copies" being current (nothing to send).
                 continue;
             };
+            if addrs.is_empty() {
+                continue; // no backup to copy to (the dirty keys were taken: nothing to send)
+            }
             let delta = self.entries(i, r.id, &round.dirty);
             let whole = round.all.as_ref().map(|keys| self.entries(i, r.id, keys));
             for a in addrs {

@@ -271,8 +271,12 @@ impl prometheus_client::collector::Collector for StatsCollector {
                 ),
                 ("dpukv_device_node_cache_hits", "interior nodes served from the device's node cache", &r.cache_hits),
                 ("dpukv_device_node_cache_misses", "interior nodes read from host memory", &r.cache_misses),
-                ("dpukv_device_hinted_reads", "gets that started where their fat-root start hint said", &r.hinted),
-                ("dpukv_device_hint_misses", "gets whose start hint was stale (started at the root)", &r.hint_misses),
+                (
+                    "dpukv_device_hinted_reads",
+                    "reads (gets, scans' first descents) that started where their fat-root start hint said",
+                    &r.hinted,
+                ),
+                ("dpukv_device_hint_misses", "reads whose start hint was stale (started at the root)", &r.hint_misses),
                 ("dpukv_device_replica_reads", "gets answered from the replica table", &self.table.counters.reads),
                 (
                     "dpukv_device_replica_misses",

@@ -282,6 +282,21 @@ fn start_hints_visit_fewer_nodes_and_stale_ones_still_answer_right() {
     eprintln!("node visits per get: {plain:.2} from the root, {hinted:.2} with hints");
     assert_eq!((h2 - h1, m2 - m1), (f64::from(n), 0.0), "every fresh hint is used");
     assert!(hinted < plain && hinted <= 1.2, "{hinted:.2} visits per hinted get vs {plain:.2}");
+    // Scans from a key, their descent started where the hint says: the same items, counted.
+    for i in (0..100u32).map(|i| i * 197 % 20_000) {
+        let mut req = Request::new(1, Op::Scan { lo: key(i), hi: key(19_999), limit: 3, max_bytes: 0, token: vec![] });
+        req.hint = Some(hint(&key(i)));
+        let first = (i + i % 2..).step_by(2).take(3).map(key).collect::<Vec<_>>();
+        match &c.send(vec![req]).remove(0).result {
+            Ok(Reply::Items { items, .. }) => {
+                assert_eq!(items.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), first, "scan from {i}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let (_, h2s, m2s) = visits();
+    assert_eq!((h2s - h2, m2s - m2), (100.0, 0.0), "every scan's hint is used");
+    let (h2, m2) = (h2s, m2s);
     // Fill the gaps: leaves split, the hints to them go stale.
     for chunk in (1..20_000u32).step_by(2).collect::<Vec<_>>().chunks(1000) {
         let ops: Vec<Op> = chunk.iter().map(|&i| Op::Put { key: key(i), value: vec![b'w'; 40] }).collect();

@@ -78,6 +78,7 @@ pub struct Reader {
     revoked: std::cell::Cell<bool>,
     pages: Option<PageCopy>,
     visits: std::cell::Cell<u64>,
+    hints: std::cell::Cell<[u64; 2]>,
     snapshots: u64,
 }
 
@@ -165,6 +166,10 @@ pub struct ReadStats {
     pub cache_hits: u64,
     /// Device mode: interior nodes read from host memory.
     pub cache_misses: u64,
+    /// Descents that started where their start hint said.
+    pub hinted: u64,
+    /// Descents whose start hint was stale (they started at the root).
+    pub hint_misses: u64,
 }
 
 impl Reader {
@@ -189,6 +194,7 @@ impl Reader {
             revoked: std::cell::Cell::new(false),
             pages: None,
             visits: std::cell::Cell::new(0),
+            hints: std::cell::Cell::new([0; 2]),
             snapshots: 0,
         })
     }
@@ -230,8 +236,11 @@ impl Reader {
         self.snapshots += 1;
         // SAFETY: `rv` is pinned in our slot until the snapshot drops (it unpins), so everything
         // published at or before it stays immutable while the tree is used (arena::shm rule 1).
-        let tree = unsafe { Tree::pinned(&self.arena, rv) }
-            .with_device(self.pages.as_ref().map(|p| (p.table.as_slice(), &p.cache)), &self.visits);
+        let tree = unsafe { Tree::pinned(&self.arena, rv) }.with_device(
+            self.pages.as_ref().map(|p| (p.table.as_slice(), &p.cache)),
+            &self.visits,
+            &self.hints,
+        );
         Ok(Snapshot { tree, slot: &self.slot, pinned, revoked: &self.revoked })
     }
 
@@ -244,6 +253,8 @@ impl Reader {
             commands: self.pages.as_ref().map_or(0, |p| p.applied),
             cache_hits: self.pages.as_ref().map_or(0, |p| p.cache.hits.get()),
             cache_misses: self.pages.as_ref().map_or(0, |p| p.cache.misses.get()),
+            hinted: self.hints.get()[0],
+            hint_misses: self.hints.get()[1],
         }
     }
 
@@ -366,6 +377,19 @@ impl Snapshot<'_> {
         f: impl FnMut(&'s [u8], Entry<'s>),
     ) -> Result<usize> {
         self.checked(self.view().scan_entries(lo, hi, limit, f))
+    }
+
+    /// [`Snapshot::scan_entries`], the descent starting where `hint` says if it is valid for
+    /// `lo` (else at the root).
+    pub fn scan_entries_hinted<'s>(
+        &'s self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+        hint: &StartHint<'_>,
+        f: impl FnMut(&'s [u8], Entry<'s>),
+    ) -> Result<usize> {
+        self.checked(self.tree.scan_entries_from(lo, hi, limit, Some(hint), f))
     }
 
     /// The entry with the largest key `<= key` (`< key` when `strict`), tombstones included.

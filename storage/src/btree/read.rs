@@ -32,6 +32,8 @@ pub(crate) struct Tree<'a> {
     pub(crate) cache: Option<&'a super::cache::NodeCache>,
     /// Counts node buffers visited.
     pub(crate) visits: Option<&'a std::cell::Cell<u64>>,
+    /// Counts start hints used and not used (stale).
+    pub(crate) hints: Option<&'a std::cell::Cell<[u64; 2]>>,
 }
 
 /// The child of interior `node` to follow for `key`: the child of the largest separator `<= key`
@@ -64,13 +66,13 @@ impl<'a> Tree<'a> {
     /// read through it) is used.
     #[allow(unsafe_code)]
     pub(crate) unsafe fn pinned(arena: &'a Arena, rv: u64) -> Tree<'a> {
-        Tree { arena, rv, pages: None, cache: None, visits: None }
+        Tree { arena, rv, pages: None, cache: None, visits: None, hints: None }
     }
 
     /// The writer's view of its own tree at its newest version: nobody else writes the arena,
     /// and the writer cannot write while it is borrowed.
     pub(crate) fn of_writer(w: &'a super::Writer) -> Tree<'a> {
-        Tree { arena: w.arena_ref(), rv: w.version(), pages: None, cache: None, visits: None }
+        Tree { arena: w.arena_ref(), rv: w.version(), pages: None, cache: None, visits: None, hints: None }
     }
 
     /// This tree reading through a device's page-table copy and node cache, counting visits.
@@ -78,10 +80,12 @@ impl<'a> Tree<'a> {
         mut self,
         device: Option<(&'a [u64], &'a super::cache::NodeCache)>,
         visits: &'a std::cell::Cell<u64>,
+        hints: &'a std::cell::Cell<[u64; 2]>,
     ) -> Tree<'a> {
         self.pages = device.map(|d| d.0);
         self.cache = device.map(|d| d.1);
         self.visits = Some(visits);
+        self.hints = Some(hints);
         self
     }
 
@@ -175,6 +179,16 @@ impl<'a> Tree<'a> {
     /// changes only by a split or a merge, which rewrite or retire it), so a valid hint's fences
     /// are still the node's. Any doubt (an entry that no longer resolves, a reused id) is a miss.
     fn hinted(&self, key: &[u8], hint: &super::StartHint<'_>) -> Option<Node<'a>> {
+        let node = self.hint_node(key, hint);
+        if let Some(c) = self.hints {
+            let [used, missed] = c.get();
+            c.set(if node.is_some() { [used + 1, missed] } else { [used, missed + 1] });
+        }
+        node
+    }
+
+    /// [`Tree::hinted`], uncounted.
+    fn hint_node(&self, key: &[u8], hint: &super::StartHint<'_>) -> Option<Node<'a>> {
         let nonce = self.nonce();
         if nonce == 0 || hint.arena != nonce || cmp_keys(key, hint.lo).is_lt() {
             return None;
@@ -243,7 +257,7 @@ impl<'a> Tree<'a> {
         for (i, n) in nodes.iter().enumerate() {
             let hint =
                 super::StartHint { arena: nonce, lid: n.lid, version: n.version, lo: &n.lo, hi: n.hi.as_deref() };
-            if let Some(node) = self.hinted(&n.lo, &hint) {
+            if let Some(node) = self.hint_node(&n.lo, &hint) {
                 self.children(i, &node, &n.lo, n.hi.as_deref(), &mut out)?;
             }
         }
@@ -394,14 +408,33 @@ impl<'a> Tree<'a> {
 
     /// SCAN over stored entries: visits up to `limit` visible entries with keys in `[lo, hi]` in
     /// ascending order; tombstones are passed to `f` (and counted) when `tombstones`.
-    pub(crate) fn scan_stored<F>(&self, lo: &[u8], hi: &[u8], limit: usize, tombstones: bool, mut f: F) -> Result<usize>
+    pub(crate) fn scan_stored<F>(&self, lo: &[u8], hi: &[u8], limit: usize, tombstones: bool, f: F) -> Result<usize>
+    where
+        F: FnMut(&'a [u8], ValRef<'a>) -> Result<()>,
+    {
+        self.scan_stored_from(lo, hi, limit, tombstones, None, f)
+    }
+
+    /// [`Tree::scan_stored`], its descent starting where `hint` says if it is valid for `lo`.
+    pub(crate) fn scan_stored_from<F>(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+        tombstones: bool,
+        hint: Option<&super::StartHint<'_>>,
+        mut f: F,
+    ) -> Result<usize>
     where
         F: FnMut(&'a [u8], ValRef<'a>) -> Result<()>,
     {
         if limit == 0 || lo > hi {
             return Ok(0);
         }
-        let (leaf, _) = self.descend(lo, false)?;
+        let leaf = match hint.and_then(|h| self.hinted(lo, h)) {
+            Some(start) => self.descend_from(start, lo, false)?,
+            None => self.descend(lo, false)?.0,
+        };
         let (start, _) = leaf.segment(lo, false)?;
         let mut cur = LeafCursor::new(leaf, Some(start), self.rv)?;
         let mut count = 0;
@@ -509,9 +542,21 @@ impl<'a> Tree<'a> {
         lo: &[u8],
         hi: &[u8],
         limit: usize,
+        f: impl FnMut(&'a [u8], super::Entry<'a>),
+    ) -> Result<usize> {
+        self.scan_entries_from(lo, hi, limit, None, f)
+    }
+
+    /// [`Tree::scan_entries`] starting where `hint` says, if it is valid for `lo`.
+    pub(crate) fn scan_entries_from(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+        hint: Option<&super::StartHint<'_>>,
         mut f: impl FnMut(&'a [u8], super::Entry<'a>),
     ) -> Result<usize> {
-        self.scan_stored(lo, hi, limit, true, |k, v| {
+        self.scan_stored_from(lo, hi, limit, true, hint, |k, v| {
             f(k, self.entry(v)?);
             Ok(())
         })

@@ -61,7 +61,14 @@ impl Src<'_> {
 
     /// Up to `n` entries (key, version, entry) with keys after `from` (inclusive or not) and
     /// `<= hi`. L0 entries report version 0 (an L0 keeps per-node, not per-item, versions).
-    pub(crate) fn chunk(&self, from: Bound<&[u8]>, hi: &[u8], n: usize) -> Result<Vec<(Vec<u8>, u64, Stored)>> {
+    /// An arena snapshot's descent starts where `hint` says, if it is valid.
+    pub(crate) fn chunk_from(
+        &self,
+        from: Bound<&[u8]>,
+        hi: &[u8],
+        n: usize,
+        hint: Option<&crate::btree::StartHint<'_>>,
+    ) -> Result<Vec<(Vec<u8>, u64, Stored)>> {
         let mut out = Vec::with_capacity(n);
         let (lo, skip): (&[u8], Option<&[u8]>) = match from {
             Bound::Included(k) => (k, None),
@@ -78,9 +85,14 @@ impl Src<'_> {
             Src::Writer(w) => {
                 w.scan_entries(lo, hi, want, |k, e| push(k, 0, e))?;
             }
-            Src::Snap(s) => {
-                s.scan_entries(lo, hi, want, |k, e| push(k, 0, e))?;
-            }
+            Src::Snap(s) => match hint {
+                Some(h) => {
+                    s.scan_entries_hinted(lo, hi, want, h, |k, e| push(k, 0, e))?;
+                }
+                None => {
+                    s.scan_entries(lo, hi, want, |k, e| push(k, 0, e))?;
+                }
+            },
             Src::Level(l) => {
                 let mut taken = 0;
                 l.scan_from(lo, |k, v, e| {
@@ -154,6 +166,8 @@ pub(crate) struct MergeCursor<'s, 'a> {
     next_from: Vec<Option<Option<Vec<u8>>>>,
     lo: Vec<u8>,
     chunk: usize,
+    /// Where the first table's (the active arena's) first descent may start.
+    hint: Option<crate::btree::StartHint<'s>>,
 }
 
 impl<'s, 'a> MergeCursor<'s, 'a> {
@@ -170,6 +184,7 @@ impl<'s, 'a> MergeCursor<'s, 'a> {
             bufs: srcs.iter().map(|_| VecDeque::new()).collect(),
             next_from: srcs.iter().map(|_| Some(None)).collect(),
             lo: lo.to_vec(),
+            hint: None,
         }
     }
 
@@ -182,7 +197,9 @@ impl<'s, 'a> MergeCursor<'s, 'a> {
             None => Bound::Included(self.lo.as_slice()),
             Some(k) => Bound::Excluded(k.as_slice()),
         };
-        let got = self.srcs[i].chunk(bound, &self.hi, self.chunk)?;
+        // Only the first chunk of the first table: later ones start past its key range anyway.
+        let hint = if i == 0 && from.is_none() { self.hint.take() } else { None };
+        let got = self.srcs[i].chunk_from(bound, &self.hi, self.chunk, hint.as_ref())?;
         if got.len() == self.chunk {
             self.next_from[i] = Some(Some(got[self.chunk - 1].0.clone()));
         }
@@ -219,13 +236,14 @@ impl<'s, 'a> MergeCursor<'s, 'a> {
 /// Up to `limit` live items in `[lo, hi]`, stopping once their keys and values reach
 /// `max_bytes` (the item that reaches it is included, so a scan always makes progress). Values are
 /// resolved from the log one by one, so the budget bounds what is read, not only what is returned.
-pub(crate) fn scan(
-    srcs: &[Src<'_>],
+pub(crate) fn scan<'s>(
+    srcs: &'s [Src<'_>],
     vlog: &dyn RecordSource,
     lo: &[u8],
     hi: &[u8],
     limit: usize,
     max_bytes: usize,
+    hint: Option<crate::btree::StartHint<'s>>,
 ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut out = Vec::new();
     if lo > hi || limit == 0 {
@@ -233,6 +251,7 @@ pub(crate) fn scan(
     }
     // Tombstones may hide some of the first chunk: ask for a little more than the limit.
     let mut cur = MergeCursor::with_chunk(srcs, lo, hi, limit.saturating_add(limit / 4 + 4));
+    cur.hint = hint;
     let mut bytes = 0usize;
     while let Some((k, _, s, _)) = cur.next()? {
         if let Some(v) = resolve(vlog, &k, s)? {

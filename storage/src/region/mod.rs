@@ -490,13 +490,13 @@ impl Region {
 
     /// Up to `limit` items with keys in `[lo, hi]`, ascending.
     pub fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        merge::scan(&self.srcs(), &self.vreader, lo, hi, limit, usize::MAX)
+        merge::scan(&self.srcs(), &self.vreader, lo, hi, limit, usize::MAX, None)
     }
 
     /// Like [`Region::scan`], stopping once keys and values reach `max_bytes` (the item that
     /// reaches it is included).
     pub fn scan_bytes(&self, lo: &[u8], hi: &[u8], limit: usize, max_bytes: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        merge::scan(&self.srcs(), &self.vreader, lo, hi, limit, max_bytes)
+        merge::scan(&self.srcs(), &self.vreader, lo, hi, limit, max_bytes, None)
     }
 
     /// Up to `limit` live keys in `[lo, hi]`, ascending, without reading values.
@@ -577,7 +577,7 @@ impl Region {
     pub fn floor_scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let srcs = self.srcs();
         let start = merge::floor_key(&srcs, lo)?.unwrap_or_else(|| lo.to_vec());
-        merge::scan(&srcs, &self.vreader, &start, hi, limit, usize::MAX)
+        merge::scan(&srcs, &self.vreader, &start, hi, limit, usize::MAX, None)
     }
 
     fn exists(&self, key: &[u8]) -> Result<bool> {

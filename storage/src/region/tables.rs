@@ -177,6 +177,8 @@ impl RegionReader {
             s.commands += x.commands;
             s.cache_hits += x.cache_hits;
             s.cache_misses += x.cache_misses;
+            s.hinted += x.hinted;
+            s.hint_misses += x.hint_misses;
         }
         s
     }
@@ -330,12 +332,25 @@ impl RegionReader {
     /// (at least one item is returned if there is one): values are resolved from the log only
     /// within the budget. Also returns the read version the items were read at.
     pub fn scan_bounded(&mut self, lo: &[u8], hi: &[u8], limit: usize, max_bytes: usize) -> Result<(Items, u64)> {
+        self.scan_bounded_hinted(lo, hi, limit, max_bytes, None)
+    }
+
+    /// [`RegionReader::scan_bounded`], the active arena's descent starting where `hint` says if it
+    /// is still valid for `lo` (module `btree`'s start hints).
+    pub fn scan_bounded_hinted(
+        &mut self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+        max_bytes: usize,
+        hint: Option<&crate::btree::StartHint<'_>>,
+    ) -> Result<(Items, u64)> {
         self.with_srcs(|srcs, log| {
             let version = match srcs.first() {
                 Some(Src::Snap(s)) => s.version(),
                 _ => 0,
             };
-            Ok((merge::scan(srcs, log, lo, hi, limit, max_bytes)?, version))
+            Ok((merge::scan(srcs, log, lo, hi, limit, max_bytes, hint.copied())?, version))
         })
     }
 
@@ -343,7 +358,7 @@ impl RegionReader {
     pub fn floor_scan(&mut self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.with_srcs(|srcs, log| {
             let start = merge::floor_key(srcs, lo)?.unwrap_or_else(|| lo.to_vec());
-            merge::scan(srcs, log, &start, hi, limit, usize::MAX)
+            merge::scan(srcs, log, &start, hi, limit, usize::MAX, None)
         })
     }
 

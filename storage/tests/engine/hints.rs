@@ -80,7 +80,25 @@ fn run(seed: u64, rounds: &[usize], node_size: u32) -> Result<(u64, u64), TestCa
             let Some(h) = hint_for(nonce, &nodes, &k) else { continue };
             let (e, was_used) = s.get_versioned_hinted(&k, &h).expect("hinted get");
             prop_assert_eq!(value_of(e), m.get(&k).cloned(), "a hinted get of {:?} answered wrong", k);
-            if was_used { u += 1 } else { x += 1 }
+            if was_used {
+                u += 1
+            } else {
+                x += 1
+            }
+            // A scan from the key, its descent started where the hint says: the entries of the
+            // same scan from the root (tombstones included), and the values the model's.
+            let entries = |e: Entry<'_>| match e {
+                Entry::Value(v) => Some(v.to_vec()),
+                _ => None,
+            };
+            let (mut hinted, mut plain) = (Vec::new(), Vec::new());
+            s.scan_entries_hinted(&k, b"k99999", 5, &h, |k, e| hinted.push((k.to_vec(), entries(e))))
+                .expect("hinted scan");
+            s.scan_entries(&k, b"k99999", 5, |k, e| plain.push((k.to_vec(), entries(e)))).expect("scan");
+            prop_assert_eq!(&hinted, &plain, "a hinted scan from {:?} answered wrong", k);
+            for (key, v) in hinted.iter().filter(|(_, v)| v.is_some()) {
+                prop_assert_eq!(v.as_ref(), m.get(key), "a scanned value");
+            }
         }
         if writes == 0 {
             prop_assert_eq!(x, 0, "hints taken from this very state were not used");
