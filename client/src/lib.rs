@@ -338,8 +338,14 @@ impl Client {
                 self.build_fat_root(t.region, t.epoch, key.clone());
             }
         }
-        let r = t.pool.call(i, req.clone(), timeout).await;
-        if let (Op::Get { key }, Ok(resp @ Response { result: Ok(_), .. })) = (&req.op, &r) {
+        // A get's key, to learn from its answer whether it is replicated (the request itself is
+        // handed over: every other request, a write's value too, is not copied).
+        let get_key = match &req.op {
+            Op::Get { key } => Some(key.clone()),
+            _ => None,
+        };
+        let r = t.pool.call(i, req, timeout).await;
+        if let (Some(key), Ok(resp @ Response { result: Ok(_), .. })) = (&get_key, &r) {
             self.reads.primary.fetch_add(1, Ordering::Relaxed);
             if resp.replicated || self.hot.contains(key) {
                 self.hot.learn(key, resp.replicated);

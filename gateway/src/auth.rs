@@ -232,10 +232,7 @@ impl Tokens {
             }
             let consistency = match &t.consistency {
                 Some(c) => Some(dpukv_proto::Consistency::parse(c).ok_or_else(|| {
-                    format!(
-                        "token {:?}: consistency {c:?} is not linearizable, bounded:MS, extended or interleaved",
-                        t.name
-                    )
+                    format!("token {:?}: consistency {c:?} is not {}", t.name, dpukv_proto::Consistency::SPELLINGS)
                 })?),
                 None => None,
             };

@@ -147,8 +147,9 @@ impl ReadPool {
     }
 }
 
-/// The region map a reader thread reads by, and a reader per region (opened on first use).
-struct Regions {
+/// The region map a reader thread (or the device's hot-key sync thread) reads by, and a reader
+/// per region (opened on first use).
+pub(crate) struct Regions {
     map: RegionMap,
     announcement: Announcement,
     readers: Vec<Option<RegionReader>>,
@@ -203,25 +204,19 @@ impl ReaderThread {
     /// While idle: lets go of what the host retired (arenas, deleted log segments, a closed
     /// map), which this thread's readers would otherwise keep mapped until their next read.
     fn refresh(&mut self) {
-        if self.state.as_ref().is_some_and(|s| s.announcement.closed()) {
+        if self.state.as_ref().is_some_and(Regions::closed) {
             self.state = None;
         }
         if let Some(s) = &mut self.state {
-            for slot in &mut s.readers {
-                if slot.as_mut().is_some_and(|r| r.refresh().is_err()) {
-                    *slot = None;
-                }
-            }
+            s.refresh();
         }
     }
 
     /// The current regions: loaded on first use, and again once a new host closed the map.
     fn regions(&mut self) -> Option<&mut Regions> {
-        if self.state.as_ref().is_none_or(|s| s.announcement.closed()) {
+        if self.state.as_ref().is_none_or(Regions::closed) {
             self.state = None;
-            let (map, announcement) = pod::open_map(&self.shm).ok()?;
-            let readers = map.regions().iter().map(|_| None).collect();
-            self.state = Some(Regions { map, announcement, readers });
+            self.state = Some(Regions::load(&self.shm)?);
         }
         self.state.as_mut()
     }
@@ -277,6 +272,49 @@ fn add(a: ReadStats, b: ReadStats) -> ReadStats {
 }
 
 impl Regions {
+    /// The map the host published in `shm`, no reader open yet.
+    pub(crate) fn load(shm: &std::path::Path) -> Option<Regions> {
+        let (map, announcement) = pod::open_map(shm).ok()?;
+        let readers = map.regions().iter().map(|_| None).collect();
+        Some(Regions { map, announcement, readers })
+    }
+
+    /// A newer host replaced this map.
+    pub(crate) fn closed(&self) -> bool {
+        self.announcement.closed()
+    }
+
+    /// The map.
+    pub(crate) fn map(&self) -> &RegionMap {
+        &self.map
+    }
+
+    /// Lets go of what the host retired (arenas, deleted log segments), which the readers would
+    /// otherwise keep mapped until their next read; a reader that fails is dropped.
+    pub(crate) fn refresh(&mut self) {
+        for slot in &mut self.readers {
+            if slot.as_mut().is_some_and(|r| r.refresh().is_err()) {
+                *slot = None;
+            }
+        }
+    }
+
+    /// `key`'s value and version in region `i`; a reader that fails is dropped (reopened next
+    /// time: the host may have restarted).
+    pub(crate) fn get_versioned(
+        &mut self,
+        i: usize,
+        shm: &std::path::Path,
+        device: bool,
+        key: &[u8],
+    ) -> dpukv_storage::Result<(Option<Vec<u8>>, u64)> {
+        let r = self.reader(i, shm, device).and_then(|r| r.get_versioned(key));
+        if r.is_err() {
+            self.readers[i] = None;
+        }
+        r
+    }
+
     /// Region `i`'s reader, opened if needed.
     fn reader(&mut self, i: usize, shm: &std::path::Path, device: bool) -> dpukv_storage::Result<&mut RegionReader> {
         if self.readers[i].is_none() {
@@ -293,6 +331,18 @@ fn successor(k: &[u8]) -> Vec<u8> {
     let mut s = k.to_vec();
     s.push(0);
     s
+}
+
+/// A request's start hint as the storage engine's (used or not, the readers count it:
+/// `ReadStats::hinted`).
+fn storage_hint(h: &dpukv_proto::StartHint) -> dpukv_storage::StartHint<'_> {
+    dpukv_storage::StartHint {
+        arena: h.arena,
+        lid: h.node.lid,
+        version: h.node.version,
+        lo: &h.node.lo,
+        hi: h.node.hi.as_deref(),
+    }
 }
 
 /// A protocol tree node as the storage engine's.
@@ -331,29 +381,11 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
     };
     let out = match &req.op {
         Op::Get { key } => {
-            match &req.hint {
-                None => regions.reader(i, shm, device).and_then(|r| r.get_versioned(key)).map(|(v, version)| {
-                    Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) }
-                }),
-                Some(h) => {
-                    let hint = dpukv_storage::StartHint {
-                        arena: h.arena,
-                        lid: h.node.lid,
-                        version: h.node.version,
-                        lo: &h.node.lo,
-                        hi: h.node.hi.as_deref(),
-                    };
-                    // (Used or not, the reader counts it: `ReadStats::hinted`.)
-                    regions.reader(i, shm, device).and_then(|r| r.get_versioned_hinted(key, &hint)).map(
-                        |(v, version, _)| Response {
-                            id: req.id,
-                            version,
-                            replicated: false,
-                            result: Ok(Reply::Value(v)),
-                        },
-                    )
-                }
-            }
+            let hint = req.hint.as_ref().map(storage_hint);
+            regions
+                .reader(i, shm, device)
+                .and_then(|r| r.get_versioned_hinted(key, hint.as_ref()))
+                .map(|(v, version)| Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) })
         }
         Op::TreeNodes { nodes, .. } => {
             let nodes: Vec<_> = nodes.iter().map(top_node).collect();
@@ -386,13 +418,7 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
             let floor = matches!(req.op, Op::FloorScan { .. });
             let only = (req.region != 0).then_some(i);
             // A start hint (for a scan from `lo`, no token) serves the first region's descent.
-            let hint = req.hint.as_ref().filter(|_| !floor && token.is_empty()).map(|h| dpukv_storage::StartHint {
-                arena: h.arena,
-                lid: h.node.lid,
-                version: h.node.version,
-                lo: &h.node.lo,
-                hi: h.node.hi.as_deref(),
-            });
+            let hint = req.hint.as_ref().filter(|_| !floor && token.is_empty()).map(storage_hint);
             match scan(regions, shm, device, only, (lo, hi), (*limit, *max_bytes), token, floor, hint.as_ref()) {
                 Ok(Ok(r)) => Ok(ok(r)),
                 Ok(Err(ErrorCode::WrongRegion)) => Ok(Response::error(

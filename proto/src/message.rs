@@ -151,6 +151,9 @@ impl Consistency {
         })
     }
 
+    /// What [`Consistency::parse`] accepts (for error messages).
+    pub const SPELLINGS: &'static str = "linearizable, bounded:MS, extended or interleaved";
+
     /// The spelling [`Consistency::parse`] reads.
     pub fn name(&self) -> String {
         match self {
@@ -159,6 +162,15 @@ impl Consistency {
             Consistency::Extended => "extended".into(),
             Consistency::Interleaved => "interleaved".into(),
         }
+    }
+}
+
+impl std::str::FromStr for Consistency {
+    type Err = String;
+
+    /// [`Consistency::parse`], refusing with a message (what command-line parsers show).
+    fn from_str(s: &str) -> Result<Consistency, String> {
+        Consistency::parse(s).ok_or_else(|| format!("{s:?}: expected {}", Consistency::SPELLINGS))
     }
 }
 

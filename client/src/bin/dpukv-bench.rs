@@ -130,16 +130,11 @@ struct Args {
     client_threads: usize,
     /// How dpukv gets may be served: linearizable, bounded:MS, extended, interleaved (hot-key
     /// replicas, docs/hot-keys.md); the result counts gets served by replicas.
-    #[arg(long, default_value = "linearizable", value_parser = parse_consistency)]
+    #[arg(long, default_value = "linearizable")]
     consistency: dpukv_client::proto::Consistency,
     /// Tree nodes cached per region for start hints (Fat-B+Tree's fat root; 0: no hints).
     #[arg(long, default_value_t = 0)]
     fat_root: usize,
-}
-
-fn parse_consistency(s: &str) -> Result<dpukv_client::proto::Consistency, String> {
-    dpukv_client::proto::Consistency::parse(s)
-        .ok_or_else(|| format!("{s:?}: expected linearizable, bounded:MS, extended or interleaved"))
 }
 
 /// Records per load request (one atomic batch for dpukv, one script call for Redis, one txn for

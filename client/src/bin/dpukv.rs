@@ -25,15 +25,10 @@ struct Cli {
     /// How gets may be served: `linearizable` (the primary), `bounded:MS` (a hot key's replica
     /// no staler than MS), `extended` (replicas when the primary is busy), `interleaved`
     /// (spread over primary and replicas). docs/hot-keys.md.
-    #[arg(long, env = "DPUKV_CONSISTENCY", global = true, default_value = "linearizable", value_parser = parse_consistency)]
+    #[arg(long, env = "DPUKV_CONSISTENCY", global = true, default_value = "linearizable")]
     consistency: dpukv_client::proto::Consistency,
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-fn parse_consistency(s: &str) -> Result<dpukv_client::proto::Consistency, String> {
-    dpukv_client::proto::Consistency::parse(s)
-        .ok_or_else(|| format!("{s:?}: expected linearizable, bounded:MS, extended or interleaved"))
 }
 
 #[derive(Subcommand)]

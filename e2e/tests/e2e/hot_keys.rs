@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dpukv_client::{Client, Options};
-use dpukv_e2e::cluster::{ClusterNode, wait_for_map};
+use dpukv_e2e::cluster::{ClusterNode, must_see_map};
 use dpukv_e2e::etcd::Etcd;
 use dpukv_e2e::linearizability::{self, KeyOp, Verdict};
 use dpukv_e2e::staleness::{self, Read, Write};
@@ -125,14 +125,10 @@ async fn hot_keys_are_read_from_replicas_within_their_bound_and_a_killed_replica
     let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--fsync", "interval:5"];
     let mut nodes: Vec<ClusterNode> =
         (1..=3).map(|id| ClusterNode::start_with(id, "hot", &etcd.url(), &args, &[], &env).expect("node")).collect();
-    let all: Vec<&ClusterNode> = nodes.iter().collect();
     let laid_out = |m: &dpukv_proto::regionmap::RegionMap| {
         m.regions.len() == 1 && m.regions[0].primary != 0 && m.regions[0].backups.len() == 2
     };
-    let map = match wait_for_map(&all, Duration::from_secs(60), laid_out).await {
-        Ok(m) => m,
-        Err(e) => panic!("{e}\n{}", nodes.iter().map(ClusterNode::logs).collect::<String>()),
-    };
+    let map = must_see_map(&nodes, |_| true, Duration::from_secs(60), laid_out).await;
     let primary = map.regions[0].primary;
     let seed = map.node(primary).expect("registered").device.clone();
     let setup = client(&seed, Consistency::Linearizable).await;

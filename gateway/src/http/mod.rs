@@ -144,9 +144,7 @@ impl Caller {
     fn consistency(&self, asked: Option<&str>) -> Result<dpukv_proto::Consistency, ApiError> {
         match asked {
             Some(a) => dpukv_proto::Consistency::parse(a).ok_or_else(|| {
-                ApiError::bad_request(format!(
-                    "consistency {a:?} is not linearizable, bounded:MS, extended or interleaved"
-                ))
+                ApiError::bad_request(format!("consistency {a:?} is not {}", dpukv_proto::Consistency::SPELLINGS))
             }),
             None => Ok(self.0.as_ref().and_then(|p| p.consistency).unwrap_or_default()),
         }

@@ -401,7 +401,7 @@ fn connection_command(shared: &Shared, state: &mut ConnState, args: &[Vec<u8>]) 
                 state.consistency = Some(c);
                 Reply::Simple("OK")
             }
-            None => Reply::err("consistency must be linearizable, bounded:MS, extended or interleaved"),
+            None => Reply::err(format!("consistency must be {}", dpukv_proto::Consistency::SPELLINGS)),
         },
         "select" if n == 2 => match args[1].as_slice() {
             b"0" => Reply::Simple("OK"),

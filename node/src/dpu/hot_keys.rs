@@ -28,14 +28,12 @@ use std::time::Duration;
 
 use dpukv_proto::regionmap::RegionInfo;
 use dpukv_proto::{Op, Request, SyncEntry, decode_responses, encode_requests, frame_header};
-use dpukv_storage::region::RegionReader;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::pod;
 use crate::popular::{Event, Popularity, PopularityConfig};
-use crate::reads::ReadObserver;
+use crate::reads::{ReadObserver, Regions};
 use crate::regions::RegionMap;
 use crate::replica_table::ReplicaTable;
 
@@ -124,7 +122,8 @@ impl HotKeys {
         self.regions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn enabled(&self) -> bool {
+    /// Whether keys can become popular at all (a popular-set capacity above 0).
+    pub(crate) fn enabled(&self) -> bool {
         self.cfg.popularity.capacity > 0
     }
 
@@ -283,7 +282,8 @@ struct Syncer {
     shm: PathBuf,
     rt: tokio::runtime::Handle,
     stop: CancellationToken,
-    state: Option<(Arc<RegionMap>, dpukv_storage::announce::Announcement, Vec<Option<RegionReader>>)>,
+    /// The host's regions (and a reader per region) and the same map, shared with `hot`.
+    state: Option<(Regions, Arc<RegionMap>)>,
     links: HashMap<String, Link>,
     /// When the readers last let go of what the host retired.
     refreshed: std::time::Instant,
@@ -295,26 +295,21 @@ impl Syncer {
         // (a reader keeps them mapped until its next read otherwise).
         if self.refreshed.elapsed() >= Duration::from_secs(1) {
             self.refreshed = std::time::Instant::now();
-            if let Some((_, _, readers)) = &mut self.state {
-                for slot in readers.iter_mut() {
-                    if slot.as_mut().is_some_and(|r| r.refresh().is_err()) {
-                        *slot = None;
-                    }
-                }
+            if let Some((regions, _)) = &mut self.state {
+                regions.refresh();
             }
         }
-        if self.state.as_ref().is_none_or(|s| s.1.closed()) {
+        if self.state.as_ref().is_none_or(|s| s.0.closed()) {
             if self.state.take().is_some() {
                 // A new host: writes in flight when the old one went may be applied unseen.
                 self.hot.resync_all();
             }
-            let Ok((map, ann)) = pod::open_map(&self.shm) else { return };
-            let readers = map.regions().iter().map(|_| None).collect();
-            let map = Arc::new(map);
+            let Some(regions) = Regions::load(&self.shm) else { return };
+            let map = Arc::new(regions.map().clone());
             *self.hot.map.write().unwrap_or_else(|e| e.into_inner()) = Some(map.clone());
-            self.state = Some((map, ann, readers));
+            self.state = Some((regions, map));
         }
-        let map = self.state.as_ref().expect("loaded above").0.clone();
+        let map = self.state.as_ref().expect("loaded above").1.clone();
         let led: HashSet<u32> =
             (0..map.regions().len()).filter(|&i| map.serves(i)).map(|i| map.regions()[i].id).collect();
         self.table.forget_regions(led.iter().copied());
@@ -419,17 +414,7 @@ impl Syncer {
 
     /// `key`'s value and version in region `i` (None: it could not be read; invalidate).
     fn read(&mut self, i: usize, key: &[u8]) -> Option<(Option<Vec<u8>>, u64)> {
-        let (map, _, readers) = self.state.as_mut()?;
-        if readers[i].is_none() {
-            readers[i] = RegionReader::open_device(pod::region_dir(&self.shm, map.regions()[i].id)).ok();
-        }
-        match readers[i].as_mut()?.get_versioned(key) {
-            Ok(r) => Some(r),
-            Err(_) => {
-                readers[i] = None;
-                None
-            }
-        }
+        self.state.as_mut()?.0.get_versioned(i, &self.shm, true, key).ok()
     }
 
     fn open_link(&self, addr: String) -> Link {

@@ -118,7 +118,8 @@ impl HostLinks {
                 return sink
                     .send(Response::error(client_id, ErrorCode::Unavailable, "host unavailable; retry"), charge);
             }
-            let keys = written_keys(&req.op);
+            // (Copied only when hot keys are on: a write's hot path otherwise.)
+            let keys = if self.hot.enabled() { written_keys(&req.op) } else { Vec::new() };
             p.routes.insert(link_id, Route { client_id, sink, charge, sent: Instant::now(), keys });
         }
         self.forwarded.fetch_add(1, Ordering::Relaxed);

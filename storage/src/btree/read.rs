@@ -205,19 +205,8 @@ impl<'a> Tree<'a> {
     }
 
     /// Descends from `node` to the leaf for `key`.
-    fn descend_from(&self, mut node: Node<'a>, key: &[u8], strict: bool) -> Result<Node<'a>> {
-        for _ in 0..MAX_HEIGHT {
-            if node.h.is_leaf() {
-                return Ok(node);
-            }
-            let (child, _) = child_for(&node, key, strict)?;
-            let next = self.resolve(child)?;
-            if next.h.level as u16 + 1 != node.h.level as u16 {
-                return Err(Error::corrupt(next.h.off, "child level does not follow its parent's"));
-            }
-            node = next;
-        }
-        Err(Error::corrupt(node.h.off, "tree deeper than 64 levels"))
+    fn descend_from(&self, node: Node<'a>, key: &[u8], strict: bool) -> Result<Node<'a>> {
+        Ok(self.descend_below(node, key, strict)?.0)
     }
 
     /// [`Tree::get_versioned`] starting where `hint` says if it is valid (else at the root); also
@@ -299,7 +288,12 @@ impl<'a> Tree<'a> {
 
     /// Descends to the leaf for `key`; returns it with the separator that bounds it from below.
     pub(crate) fn descend(&self, key: &[u8], strict: bool) -> Result<(Node<'a>, Option<&'a [u8]>)> {
-        let mut node = self.resolve(self.root_lid())?;
+        self.descend_below(self.resolve(self.root_lid())?, key, strict)
+    }
+
+    /// Descends from `node` to the leaf for `key`; returns it with the separator below `node`
+    /// that bounds it from below (None if none was crossed).
+    fn descend_below(&self, mut node: Node<'a>, key: &[u8], strict: bool) -> Result<(Node<'a>, Option<&'a [u8]>)> {
         let mut lower = None;
         for _ in 0..MAX_HEIGHT {
             if node.h.is_leaf() {

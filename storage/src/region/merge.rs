@@ -140,14 +140,23 @@ pub(crate) fn resolve(vlog: &dyn RecordSource, key: &[u8], s: Stored) -> Result<
 
 /// The newest entry of `key` across the tables.
 pub(crate) fn get(srcs: &[Src<'_>], key: &[u8]) -> Result<Option<Stored>> {
-    Ok(get_versioned(srcs, key)?.map(|(s, _)| s))
+    Ok(get_versioned(srcs, key, None)?.map(|(s, _)| s))
 }
 
 /// The newest entry of `key` across the tables, with its version.
-pub(crate) fn get_versioned(srcs: &[Src<'_>], key: &[u8]) -> Result<Option<(Stored, u64)>> {
-    for s in srcs {
-        if let Some(e) = s.get_versioned(key)? {
-            return Ok(Some(e));
+pub(crate) fn get_versioned(
+    srcs: &[Src<'_>],
+    key: &[u8],
+    hint: Option<&crate::btree::StartHint<'_>>,
+) -> Result<Option<(Stored, u64)>> {
+    for (i, s) in srcs.iter().enumerate() {
+        // A start hint is for the first table's (the active arena's) tree.
+        let e = match (s, hint.filter(|_| i == 0)) {
+            (Src::Snap(snap), Some(h)) => snap.get_versioned_hinted(key, h)?.0.map(|(e, v)| (Stored::from_entry(e), v)),
+            _ => s.get_versioned(key)?,
+        };
+        if e.is_some() {
+            return Ok(e);
         }
     }
     Ok(None)

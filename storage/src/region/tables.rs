@@ -275,41 +275,20 @@ impl RegionReader {
     /// The value of `key` and the version of the entry that decided it (0 when no table holds
     /// the key): see `Snapshot::get_versioned`.
     pub fn get_versioned(&mut self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
-        self.with_srcs(|srcs, log| match merge::get_versioned(srcs, key)? {
-            Some((s, version)) => Ok((merge::resolve(log, key, s)?, version)),
-            None => Ok((None, 0)),
-        })
+        self.get_versioned_hinted(key, None)
     }
 
     /// Like [`RegionReader::get_versioned`], the active arena's tree read from where `hint` says
-    /// if it is still valid (module `btree`'s start hints); the frozen arenas and levels as
-    /// usual. Also answers whether the hint was used.
+    /// if it is still valid (module `btree`'s start hints; the readers count their use); the
+    /// frozen arenas and levels as usual.
     pub fn get_versioned_hinted(
         &mut self,
         key: &[u8],
-        hint: &crate::btree::StartHint<'_>,
-    ) -> Result<(Option<Vec<u8>>, u64, bool)> {
-        self.with_srcs(|srcs, log| {
-            let mut used = false;
-            let mut found = None;
-            for (i, s) in srcs.iter().enumerate() {
-                let e = match (i, s) {
-                    (0, Src::Snap(snap)) => {
-                        let (e, u) = snap.get_versioned_hinted(key, hint)?;
-                        used = u;
-                        e.map(|(e, v)| (merge::Stored::from_entry(e), v))
-                    }
-                    _ => s.get_versioned(key)?,
-                };
-                if e.is_some() {
-                    found = e;
-                    break;
-                }
-            }
-            Ok(match found {
-                Some((s, version)) => (merge::resolve(log, key, s)?, version, used),
-                None => (None, 0, used),
-            })
+        hint: Option<&crate::btree::StartHint<'_>>,
+    ) -> Result<(Option<Vec<u8>>, u64)> {
+        self.with_srcs(|srcs, log| match merge::get_versioned(srcs, key, hint)? {
+            Some((s, version)) => Ok((merge::resolve(log, key, s)?, version)),
+            None => Ok((None, 0)),
         })
     }
 
