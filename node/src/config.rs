@@ -274,6 +274,11 @@ pub struct DeviceArgs {
     /// Hot keys: the reads the admission window spans (hKVS's N).
     #[arg(long, env = "DPUKV_POPULAR_WINDOW", default_value_t = 100_000)]
     pub popular_window: usize,
+    /// Hot keys: when a region's popular set is full, admit a key only if the window saw it more
+    /// often than the key it would evict (`false`: the paper's plain LRU, every qualifying key
+    /// evicts the least recently read one).
+    #[arg(long, env = "DPUKV_POPULAR_GATE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub popular_gate: bool,
     /// Hot keys: milliseconds between syncs (and watermarks) to replicas.
     #[arg(long, env = "DPUKV_REPLICA_SYNC_INTERVAL_MS", default_value_t = 10)]
     pub replica_sync_interval_ms: u64,
@@ -318,6 +323,7 @@ impl DeviceArgs {
                     k: self.popular_k.max(1),
                     window: self.popular_window,
                     capacity: self.popular_capacity,
+                    gate: self.popular_gate,
                 },
                 sync_interval: Duration::from_millis(self.replica_sync_interval_ms.max(1)),
                 max_outstanding: self.replica_max_outstanding.max(1),
