@@ -143,6 +143,9 @@ pub struct Options {
     /// None: none (a direct client pays the lookup on its own CPU; docs/benchmarks.md, "Fat
     /// root"); the gateway caches [`DEFAULT_FAT_ROOT`] by default.
     pub fat_root: Option<usize>,
+    /// `extended` mode: more of this client's requests in flight to a primary than this make it
+    /// busy, and gets of replicated keys go to a replica (None: [`BUSY_IN_FLIGHT`]).
+    pub busy_in_flight: Option<usize>,
 }
 
 /// The gateway's fat-root budget by default: nodes per region.
@@ -151,8 +154,8 @@ pub const DEFAULT_FAT_ROOT: usize = 4096;
 /// Lookup-table size when [`Options::hot_keys`] is None.
 pub const DEFAULT_HOT_KEYS: usize = 100_000;
 
-/// `extended` mode: a primary with more requests than this in flight from this client is busy,
-/// and gets of replicated keys go to a replica.
+/// `extended` mode by default: a primary with more requests than this in flight from this client
+/// is busy, and gets of replicated keys go to a replica ([`Options::busy_in_flight`]).
 pub const BUSY_IN_FLIGHT: usize = 32;
 
 /// A part of a range scan ([`Client::scan_part`]).
@@ -206,6 +209,8 @@ pub struct Client {
     hot: Arc<hot::HotKeyTable>,
     reads: Arc<ReadCounts>,
     fat: Arc<fat_root::FatRoots>,
+    /// `extended` mode's threshold ([`Options::busy_in_flight`]).
+    busy_in_flight: usize,
     /// How operations are retried.
     pub retry: RetryPolicy,
 }
@@ -240,6 +245,7 @@ impl Client {
             hot: Arc::new(hot::HotKeyTable::new(opts.hot_keys.unwrap_or(DEFAULT_HOT_KEYS))),
             reads: Arc::new(ReadCounts::default()),
             fat: Arc::new(fat_root::FatRoots::new(opts.fat_root.unwrap_or(0))),
+            busy_in_flight: opts.busy_in_flight.unwrap_or(BUSY_IN_FLIGHT),
             retry: RetryPolicy::default(),
         })
     }
@@ -399,7 +405,7 @@ impl Client {
         match req.consistency {
             Consistency::Linearizable => None,
             Consistency::Bounded { .. } => Some(least),
-            Consistency::Extended => (t.pool.in_flight() > BUSY_IN_FLIGHT).then_some(&**least),
+            Consistency::Extended => (t.pool.in_flight() > self.busy_in_flight).then_some(&**least),
             Consistency::Interleaved => (least.in_flight() <= t.pool.in_flight()).then_some(&**least),
         }
     }

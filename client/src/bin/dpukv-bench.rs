@@ -135,6 +135,10 @@ struct Args {
     /// Tree nodes cached per region for start hints (Fat-B+Tree's fat root; 0: no hints).
     #[arg(long, default_value_t = 0)]
     fat_root: usize,
+    /// `extended` mode: requests in flight from one connection's client to a primary above which
+    /// it is busy and replicated keys' gets go to replicas (default: the client library's, 32).
+    #[arg(long)]
+    busy_in_flight: Option<usize>,
 }
 
 /// Records per load request (one atomic batch for dpukv, one script call for Redis, one txn for
@@ -159,6 +163,7 @@ impl Engine {
                     tls: a.tls.client().map_err(anyhow::Error::msg)?,
                     consistency: a.consistency,
                     fat_root: Some(a.fat_root),
+                    busy_in_flight: a.busy_in_flight,
                     ..Default::default()
                 };
                 Engine::Dpukv(Client::connect_with(&a.endpoint, opts).await.context("connecting to dpukv")?)
