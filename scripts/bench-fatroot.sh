@@ -5,7 +5,8 @@
 # device's node visits per get, the share of gets that used their hint, the device's CPU time per
 # get (from /proc), and throughput. Knobs: RECORDS, SECONDS_RUN, THREADS, DEPTH, RUNS, FAT_ROOTS,
 # DISTRIBUTIONS, WORKLOAD (c; e: YCSB-E, short scans, whose first descent is hinted), BENCH_DIR,
-# BIN (prebuilt binaries; else target/release, built first).
+# BIN (prebuilt binaries; else target/release, built first), PERF_OUT (a directory: `perf record`
+# the device during each measured run into it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RECORDS=${RECORDS:-1000000}
@@ -50,10 +51,17 @@ for _ in $(seq 1 "$RUNS"); do
         --duration 3 --threads "$THREADS" --depth "$DEPTH" --fat-root "$f" >/dev/null
       v0=$(metric dpukv_device_node_visits_total); h0=$(metric dpukv_device_hinted_reads_total)
       r0=$(metric dpukv_device_reads_served_total); c0=$(cpu)
+      PERF=""
+      if [ -n "${PERF_OUT:-}" ]; then  # a profile of the device during the measured run
+        mkdir -p "$PERF_OUT"
+        perf record -q -F 999 -p "$DEVICE" -o "$PERF_OUT/device-$WORKLOAD-$d-$f.data" -- sleep "$SECONDS_RUN" 2>/dev/null &
+        PERF=$!
+      fi
       line=$($BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --workload "$WORKLOAD" --distribution "$d" \
         --duration "$SECONDS_RUN" --threads "$THREADS" --depth "$DEPTH" --fat-root "$f")
       v1=$(metric dpukv_device_node_visits_total); h1=$(metric dpukv_device_hinted_reads_total)
       r1=$(metric dpukv_device_reads_served_total); c1=$(cpu)
+      if [ -n "$PERF" ]; then wait "$PERF" || true; fi
       python3 - "$d" "$f" "$v0" "$v1" "$h0" "$h1" "$r0" "$r1" "$c0" "$c1" "$TICK" "$line" <<'PY'
 import sys
 d, f, v0, v1, h0, h1, r0, r1, c0, c1, tick, line = sys.argv[1:]

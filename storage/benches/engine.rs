@@ -4,6 +4,12 @@
 //! 1M keys of 16 B and values of 16 B, inserted in random key order. Benchmark ids are
 //! `engine/<workload>_<distribution>/<system>`; throughput is in elements (operations, or items
 //! for scans). Set `DPUKV_BENCH_KEYS` for a smaller key count (e.g. in CI smoke runs).
+//!
+//! The `hints` group is the device's side of a get with and without a Fat-B+Tree start hint: a
+//! device-mode reader (its own page-table copy and interior-node cache, as the device process
+//! reads) getting each key from the root, or from the leaf a fat root names (the hint's checks —
+//! the arena's nonce, the page-table entry, the version, the fences — included; finding the hint
+//! is the client's work and is done beforehand). Ids `hints/get_<distribution>/<start>`.
 
 #[path = "support/keys.rs"]
 mod keys;
@@ -17,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use crossbeam_skiplist::SkipMap;
-use dpukv_storage::{ArenaConfig, Reader, Writer};
+use dpukv_storage::{ArenaConfig, Reader, StartHint, TopNode, Writer};
 use parking_lot::{Mutex, RwLock};
 use std::hint::black_box;
 
@@ -324,5 +330,92 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// Every node of the tree, the root first, then layer by layer.
+fn tree_nodes(r: &mut Reader) -> Vec<TopNode> {
+    let s = r.snapshot().expect("snapshot");
+    let mut all = s.expand(&[]).expect("root").into_iter().map(|(_, n)| n).collect::<Vec<_>>();
+    let mut layer = all.clone();
+    while !layer.is_empty() {
+        layer = s.expand(&layer).expect("expand").into_iter().map(|(_, n)| n).collect();
+        all.extend(layer.iter().cloned());
+    }
+    all
+}
+
+fn hints(c: &mut Criterion) {
+    let n: u64 = std::env::var("DPUKV_BENCH_KEYS").ok().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+    let dir = tempfile::Builder::new()
+        .prefix("dpukv-bench")
+        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" })
+        .expect("tempdir");
+    let path = dir.path().join("hints.arena");
+    let cfg = ArenaConfig { capacity: (n * 256).max(256 << 20), ..ArenaConfig::default() };
+    let mut w = Writer::create(&path, &cfg).expect("arena");
+    for i in 0..n {
+        w.put(&key(i), &value(i, 0)).expect("load");
+    }
+    w.reclaim().expect("reclaim");
+    let mut device = Reader::open_device(&path).expect("device reader");
+    let nodes = tree_nodes(&mut device);
+    let nonce = device.snapshot().expect("snapshot").arena_nonce();
+    let leaves: Vec<&TopNode> = nodes.iter().filter(|t| t.level == 0).collect();
+    eprintln!("hints: {n} keys, height {}, {} leaves", w.stats().height, leaves.len());
+    let leaf_of = |k: &[u8]| {
+        let i = leaves.partition_point(|t| t.lo.as_slice() <= k) - 1;
+        leaves[i]
+    };
+    let zipf = Zipf::new(n, 0.99);
+    let dists: [(&str, Vec<u64>); 2] =
+        [("uniform", sequence(n, None, SEQ, 1)), ("zipf", sequence(n, Some(&zipf), SEQ, 2))];
+    let mut g = c.benchmark_group("hints");
+    g.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    g.throughput(Throughput::Elements(1));
+    for (dist, seq) in &dists {
+        let keys: Vec<[u8; 16]> = seq.iter().map(|&i| key(i)).collect();
+        let hinted: Vec<&TopNode> = keys.iter().map(|k| leaf_of(k)).collect();
+        // Node visits per get each way (a fixed pass over the sequence, outside the timings).
+        let hint_of = |i: usize| {
+            let t = hinted[i];
+            StartHint { arena: nonce, lid: t.lid, version: t.version, lo: &t.lo, hi: t.hi.as_deref() }
+        };
+        let v0 = device.stats().node_visits;
+        for k in &keys {
+            black_box(device.snapshot().expect("snapshot").get_versioned(k).expect("get").is_some());
+        }
+        let v1 = device.stats().node_visits;
+        for (i, k) in keys.iter().enumerate() {
+            let s = device.snapshot().expect("snapshot");
+            black_box(s.get_versioned_hinted(k, &hint_of(i)).expect("get").0.is_some());
+        }
+        let v2 = device.stats().node_visits;
+        eprintln!(
+            "hints/{dist}: node visits per get {:.2} from the root, {:.2} from a leaf hint",
+            (v1 - v0) as f64 / SEQ as f64,
+            (v2 - v1) as f64 / SEQ as f64
+        );
+        let mut j = 0usize;
+        g.bench_function(BenchmarkId::new(format!("get_{dist}"), "root"), |b| {
+            b.iter(|| {
+                j += 1;
+                let s = device.snapshot().expect("snapshot");
+                black_box(s.get_versioned(&keys[j % SEQ]).expect("get").is_some())
+            })
+        });
+        let before = device.stats();
+        g.bench_function(BenchmarkId::new(format!("get_{dist}"), "leaf_hint"), |b| {
+            b.iter(|| {
+                j += 1;
+                let hint = hint_of(j % SEQ);
+                let s = device.snapshot().expect("snapshot");
+                black_box(s.get_versioned_hinted(&keys[j % SEQ], &hint).expect("get").0.is_some())
+            })
+        });
+        let after = device.stats();
+        assert_eq!(after.hint_misses, before.hint_misses, "every hint is fresh (no writes)");
+    }
+    g.finish();
+    drop(w);
+}
+
+criterion_group!(benches, bench, hints);
 criterion_main!(benches);
