@@ -10,7 +10,8 @@
 # one led by each node; empty: one region led by one node, whose two backups' devices hold the
 # copies — hKVS's topology of one primary and helpers), BUSY (`extended`'s threshold: requests in
 # flight from one connection's client above which a primary is busy; default the client's, 32 —
-# more than DEPTH, so extended then never uses a replica), MODES. After each measured run: each
+# more than DEPTH, so extended then never uses a replica), MODES, PERF_OUT (a directory: `perf
+# record` node 1's device during each measured run into it). After each measured run: each
 # device's CPU time (from /proc) and the gets per CPU-second of the busiest device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,9 +59,16 @@ for _ in $(seq 1 "$RUNS"); do
       $BIN/dpukv-bench --endpoint "$ep" --records "$RECORDS" --workload $w --distribution zipf \
         --duration 3 --threads "$THREADS" --depth "$DEPTH" --consistency "$m" "${BUSY_ARGS[@]}" >/dev/null
       c0=$(cpus)
+      PERF=""
+      if [ -n "${PERF_OUT:-}" ]; then
+        mkdir -p "$PERF_OUT"
+        perf record -q -F 999 -p "${DEVICE_PIDS%% *}" -o "$PERF_OUT/device1-$w-${m%%:*}.data" -- sleep "$SECONDS_RUN" 2>/dev/null &
+        PERF=$!
+      fi
       out=$($BIN/dpukv-bench --endpoint "$ep" --records "$RECORDS" --workload $w --distribution zipf \
         --duration "$SECONDS_RUN" --threads "$THREADS" --depth "$DEPTH" --consistency "$m" "${BUSY_ARGS[@]}")
       c1=$(cpus)
+      if [ -n "$PERF" ]; then wait "$PERF" || true; fi
       echo "$out"
       # Each device's CPU seconds, and what would bound throughput with a machine (or DPU) per
       # device: operations per CPU-second of the busiest device.

@@ -18,9 +18,36 @@
 //! (at most `N`), the set at most `capacity` keys. Counting by hash can only make a key popular
 //! early when two keys' 64-bit hashes collide in one window — harmless (a replica of a key read
 //! less often than `K`), and vanishingly rare.
+//!
+//! Each read hashes its key once (SipHash with a random key, so clients cannot aim collisions);
+//! the window's counts and the set's index are keyed by that hash and hash it no further. The set
+//! keeps each key beside its hash and compares them, so a colliding key is never taken for a
+//! popular one — it is simply not admitted while the other is popular.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+
+/// A hasher for keys that are already 64-bit hashes: passes them through.
+#[derive(Debug, Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64s are hashed here; fold anything else rather than lose it.
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, h: u64) {
+        self.0 = h;
+    }
+}
+
+/// A map keyed by a key's hash.
+type ByHash<V> = HashMap<u64, V, BuildHasherDefault<Prehashed>>;
 
 /// The admission rule and the set's bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +83,7 @@ pub enum Event {
 #[derive(Debug)]
 struct Window {
     ring: VecDeque<u64>,
-    counts: HashMap<u64, u32>,
+    counts: ByHash<u32>,
     span: usize,
 }
 
@@ -91,6 +118,7 @@ impl Window {
 #[derive(Debug)]
 struct Slot {
     key: Vec<u8>,
+    hash: u64,
     prev: usize,
     next: usize,
 }
@@ -98,12 +126,12 @@ struct Slot {
 /// No slot.
 const NIL: usize = usize::MAX;
 
-/// Keys by recency: a doubly linked list in a slab, indexed by key.
+/// Keys by recency: a doubly linked list in a slab, indexed by the keys' hashes.
 #[derive(Debug, Default)]
 struct Lru {
     slots: Vec<Slot>,
     free: Vec<usize>,
-    index: HashMap<Vec<u8>, usize>,
+    index: ByHash<usize>,
     /// Most recently read.
     head: Option<usize>,
     /// Least recently read.
@@ -137,9 +165,14 @@ impl Lru {
         }
     }
 
+    /// The slot of `key` (whose hash is `h`), if present.
+    fn find(&self, h: u64, key: &[u8]) -> Option<usize> {
+        self.index.get(&h).copied().filter(|&i| self.slots[i].key == key)
+    }
+
     /// Moves `key` to the front if present.
-    fn touch(&mut self, key: &[u8]) -> bool {
-        let Some(&i) = self.index.get(key) else { return false };
+    fn touch(&mut self, h: u64, key: &[u8]) -> bool {
+        let Some(i) = self.find(h, key) else { return false };
         if self.head != Some(i) {
             self.unlink(i);
             self.push_front(i);
@@ -147,8 +180,9 @@ impl Lru {
         true
     }
 
-    fn insert(&mut self, key: Vec<u8>) {
-        let slot = Slot { key: key.clone(), prev: NIL, next: NIL };
+    /// Inserts `key`, whose hash `h` no key in the set has.
+    fn insert(&mut self, h: u64, key: Vec<u8>) {
+        let slot = Slot { key, hash: h, prev: NIL, next: NIL };
         let i = match self.free.pop() {
             Some(i) => {
                 self.slots[i] = slot;
@@ -159,7 +193,7 @@ impl Lru {
                 self.slots.len() - 1
             }
         };
-        self.index.insert(key, i);
+        self.index.insert(h, i);
         self.push_front(i);
     }
 
@@ -167,13 +201,14 @@ impl Lru {
         let i = self.tail?;
         self.unlink(i);
         let key = std::mem::take(&mut self.slots[i].key);
-        self.index.remove(&key);
+        self.index.remove(&self.slots[i].hash);
         self.free.push(i);
         Some(key)
     }
 
-    fn remove(&mut self, key: &[u8]) -> bool {
-        let Some(i) = self.index.remove(key) else { return false };
+    fn remove(&mut self, h: u64, key: &[u8]) -> bool {
+        let Some(i) = self.find(h, key) else { return false };
+        self.index.remove(&h);
         self.unlink(i);
         self.slots[i].key = Vec::new();
         self.free.push(i);
@@ -195,7 +230,7 @@ impl Popularity {
     pub fn new(cfg: PopularityConfig) -> Popularity {
         Popularity {
             cfg,
-            window: Window { ring: VecDeque::new(), counts: HashMap::new(), span: cfg.window },
+            window: Window { ring: VecDeque::new(), counts: ByHash::default(), span: cfg.window },
             set: Lru::default(),
             hasher: Default::default(),
         }
@@ -210,17 +245,18 @@ impl Popularity {
     /// Records a read of `key`; answers whether the key is popular after it, appending to
     /// `events` what changed (an admission, and the eviction it caused).
     pub fn read(&mut self, key: &[u8], events: &mut Vec<Event>) -> bool {
-        let count = self.window.push(self.hash(key));
-        if self.set.touch(key) {
+        let h = self.hash(key);
+        let count = self.window.push(h);
+        if self.set.touch(h, key) {
             return true;
         }
-        if count < self.cfg.k || self.cfg.capacity == 0 {
+        if count < self.cfg.k || self.cfg.capacity == 0 || self.set.index.contains_key(&h) {
             return false;
         }
         if self.set.index.len() >= self.cfg.capacity {
             if self.cfg.gate
                 && let Some(t) = self.set.tail
-                && self.window.count(self.hash(&self.set.slots[t].key)) >= count
+                && self.window.count(self.set.slots[t].hash) >= count
             {
                 return false;
             }
@@ -228,20 +264,21 @@ impl Popularity {
                 events.push(Event::Evicted(victim));
             }
         }
-        self.set.insert(key.to_vec());
+        self.set.insert(h, key.to_vec());
         events.push(Event::Admitted(key.to_vec()));
         true
     }
 
     /// Whether `key` is popular now.
     pub fn is_popular(&self, key: &[u8]) -> bool {
-        self.set.index.contains_key(key)
+        self.set.find(self.hash(key), key).is_some()
     }
 
     /// Takes `key` out of the popular set (it was deleted, or its region moved); true if it was
     /// in it. No event: the caller knows.
     pub fn forget(&mut self, key: &[u8]) -> bool {
-        self.set.remove(key)
+        let h = self.hash(key);
+        self.set.remove(h, key)
     }
 
     /// Popular keys now.
@@ -450,5 +487,18 @@ mod tests {
         assert!(gated_share > 0.48, "gated: {gated_share:.3} of reads on popular keys");
         assert!(gated_share > lru_share + 0.05, "gated {gated_share:.3} vs LRU {lru_share:.3}");
         assert!(gated_events * 5 < lru_events, "gated {gated_events} events vs LRU {lru_events}");
+    }
+
+    /// The set is indexed by hash: a key whose hash collides with a popular key's is never taken
+    /// for it (not found, not refreshed, not removed in its place).
+    #[test]
+    fn a_key_colliding_with_a_popular_key_s_hash_is_not_taken_for_it() {
+        let mut set = Lru::default();
+        set.insert(7, b"a".to_vec());
+        assert_eq!(set.find(7, b"a"), Some(0));
+        assert_eq!(set.find(7, b"b"), None);
+        assert!(!set.touch(7, b"b") && !set.remove(7, b"b"));
+        assert_eq!(set.pop_back(), Some(b"a".to_vec()));
+        assert!(set.index.is_empty());
     }
 }
