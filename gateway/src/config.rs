@@ -41,6 +41,10 @@ pub struct GatewayArgs {
     /// Tree nodes cached per region for start hints (the fat root, docs/hot-keys.md §9; 0: none).
     #[arg(long, env = "DPUKV_GATEWAY_FAT_ROOT", default_value_t = 4096)]
     pub fat_root: usize,
+    /// `extended` consistency: requests in flight to a primary's device above which it is busy
+    /// and gets of replicated keys go to a replica (docs/hot-keys.md).
+    #[arg(long, default_value_t = dpukv_client::BUSY_IN_FLIGHT)]
+    pub busy_in_flight: usize,
     /// Most connections per front end (more are closed at once).
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
@@ -117,6 +121,7 @@ impl GatewayArgs {
             admin: self.admin,
             pool: self.pool,
             fat_root: self.fat_root,
+            busy_in_flight: self.busy_in_flight,
             binary: BinaryLimits { max_connections: self.max_connections, conn },
             http_limits: HttpLimits {
                 max_connections: self.max_connections,

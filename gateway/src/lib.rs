@@ -76,6 +76,8 @@ pub struct GatewayConfig {
     pub pool: usize,
     /// Tree nodes cached per region for start hints (0: none).
     pub fat_root: usize,
+    /// `extended` mode: requests in flight to a primary above which it is busy.
+    pub busy_in_flight: usize,
     /// The binary front end's limits.
     pub binary: BinaryLimits,
     /// The HTTP front end's limits.
@@ -104,6 +106,20 @@ pub struct GatewayConfig {
     pub tls_server: Option<Arc<dpukv_net::tls::ServerTls>>,
     /// TLS to the devices.
     pub tls_client: Option<Arc<dpukv_net::tls::ClientTls>>,
+}
+
+impl GatewayConfig {
+    /// How the gateway's client of the cluster connects.
+    fn upstream_options(&self) -> dpukv_client::Options {
+        dpukv_client::Options {
+            pool: self.pool,
+            token: None,
+            tls: self.tls_client.clone(),
+            fat_root: Some(self.fat_root),
+            busy_in_flight: Some(self.busy_in_flight),
+            ..Default::default()
+        }
+    }
 }
 
 /// Where a started gateway listens.
@@ -152,7 +168,7 @@ pub async fn run(
     // The cluster may not be up yet: keep trying (a gateway is started beside its cluster).
     let mut delay = Duration::from_millis(100);
     let up = loop {
-        match Upstream::connect(&cfg.seeds, cfg.pool, cfg.fat_root, cfg.tls_client.clone(), scans.clone()).await {
+        match Upstream::connect(&cfg.seeds, cfg.upstream_options(), scans.clone()).await {
             Ok(u) => break Arc::new(u),
             Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "the cluster does not answer yet"),
         }

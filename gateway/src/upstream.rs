@@ -32,25 +32,16 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Connects `pool` connections to the first of `seeds` (node devices) that answers, caching
-    /// `fat_root` tree nodes per region for start hints.
+    /// Connects to the first of `seeds` (node devices) that answers, with `opts` (connections
+    /// per device, TLS, the fat root's budget, extended mode's busy threshold).
     pub async fn connect(
         seeds: &[String],
-        pool: usize,
-        fat_root: usize,
-        tls: Option<std::sync::Arc<dpukv_net::tls::ClientTls>>,
+        opts: dpukv_client::Options,
         scans: ScanLimits,
     ) -> Result<Upstream, ClientError> {
         let mut last = None;
         for seed in seeds {
-            let opts = dpukv_client::Options {
-                pool,
-                token: None,
-                tls: tls.clone(),
-                fat_root: Some(fat_root),
-                ..Default::default()
-            };
-            match Client::connect_with(seed, opts).await {
+            match Client::connect_with(seed, opts.clone()).await {
                 Ok(client) => {
                     // Learn the map now: a gateway that cannot see the cluster is not ready.
                     client.current_map().await?;
