@@ -43,7 +43,7 @@ $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --load-only --threads 4 >
 metric() { curl -s "http://127.0.0.1:$ADMIN/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
 cpu() { awk '{print $14 + $15}' "/proc/$DEVICE/stat"; }  # device user + system, in clock ticks
 TICK=$(getconf CLK_TCK)
-for _ in $(seq 1 "$RUNS"); do
+for run in $(seq 1 "$RUNS"); do
   for d in $DISTRIBUTIONS; do
     for f in $FAT_ROOTS; do
       # Warm-up: the client builds its fat roots (in the background) from the gets it sees.
@@ -54,7 +54,7 @@ for _ in $(seq 1 "$RUNS"); do
       PERF=""
       if [ -n "${PERF_OUT:-}" ]; then  # a profile of the device during the measured run
         mkdir -p "$PERF_OUT"
-        perf record -q -F 999 -p "$DEVICE" -o "$PERF_OUT/device-$WORKLOAD-$d-$f.data" -- sleep "$SECONDS_RUN" 2>/dev/null &
+        perf record -q -F 999 -p "$DEVICE" -o "$PERF_OUT/device-$WORKLOAD-$d-$f-$run.data" -- sleep "$SECONDS_RUN" 2>/dev/null &
         PERF=$!
       fi
       line=$($BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --workload "$WORKLOAD" --distribution "$d" \

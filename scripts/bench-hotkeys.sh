@@ -52,7 +52,7 @@ DEVICE_PIDS=$(python3 -c "import json; print(' '.join(str(n['device_pid']) for n
 TICK=$(getconf CLK_TCK)
 cpus() { for p in $DEVICE_PIDS; do awk '{printf "%s ", $14 + $15}' "/proc/$p/stat"; done; }
 $BIN/dpukv-bench --endpoint "$ep" --records "$RECORDS" --load-only --threads 4 >/dev/null
-for _ in $(seq 1 "$RUNS"); do
+for run in $(seq 1 "$RUNS"); do
   for w in c b; do
     for m in $MODES; do
       # A warm-up fills the popular sets (hKVS warms up too), then the measured run.
@@ -62,7 +62,7 @@ for _ in $(seq 1 "$RUNS"); do
       PERF=""
       if [ -n "${PERF_OUT:-}" ]; then
         mkdir -p "$PERF_OUT"
-        perf record -q -F 999 -p "${DEVICE_PIDS%% *}" -o "$PERF_OUT/device1-$w-${m%%:*}.data" -- sleep "$SECONDS_RUN" 2>/dev/null &
+        perf record -q -F 999 -p "${DEVICE_PIDS%% *}" -o "$PERF_OUT/device1-$w-${m%%:*}-$run.data" -- sleep "$SECONDS_RUN" 2>/dev/null &
         PERF=$!
       fi
       out=$($BIN/dpukv-bench --endpoint "$ep" --records "$RECORDS" --workload $w --distribution zipf \

@@ -59,6 +59,7 @@ pub struct PopularityConfig {
     /// Most popular keys.
     pub capacity: usize,
     /// When the set is full, admit a key only if the window saw it more often than the victim.
+    /// (Without a window — `window` 0 — there are no counts, and the gate never refuses.)
     pub gate: bool,
 }
 

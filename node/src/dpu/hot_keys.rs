@@ -168,7 +168,8 @@ impl HotKeys {
         }
     }
 
-    /// Keeps only the trackers of regions this node leads; updates the gauge.
+    /// Keeps only the trackers of `led` (regions this node leads that have backups); updates
+    /// the gauge.
     fn retain(&self, led: &HashSet<u32>) {
         let mut regions = self.lock();
         regions.retain(|id, _| led.contains(id));
@@ -182,13 +183,13 @@ impl ReadObserver for HotKeys {
         if !self.enabled() {
             return false;
         }
-        let mut regions = self.lock();
         if region.backups.is_empty() {
             // Nobody to hold copies (a pod alone, a region with RF 1): counting its gets would be
-            // pure cost (about 5% of a device's CPU per get, by a profile).
-            regions.remove(&region.id);
+            // pure cost (about 5% of a device's CPU per get, by a profile). The sync thread drops
+            // a tracker left from before (`retain`).
             return false;
         }
+        let mut regions = self.lock();
         let fresh = || Tracked {
             epoch: region.epoch,
             start: region.start.clone(),
@@ -319,7 +320,8 @@ impl Syncer {
         let led: HashSet<u32> =
             (0..map.regions().len()).filter(|&i| map.serves(i)).map(|i| map.regions()[i].id).collect();
         self.table.forget_regions(led.iter().copied());
-        self.hot.retain(&led);
+        let copied = map.regions().iter().filter(|r| led.contains(&r.id) && !r.backups.is_empty());
+        self.hot.retain(&copied.map(|r| r.id).collect());
         if !self.hot.enabled() {
             return;
         }
