@@ -2,7 +2,8 @@
 # The main job on a fresh machine: build dpukv, start a local 3-node cluster with replication
 # factor 3 on etcd (`dpukv local --nodes 3`: an etcd, three node pods — each a host and a device
 # process — and a gateway in front of them), talk to it with the dpukv CLI, curl (HTTP/JSON) and
-# redis-cli (the Redis protocol), load records and run short YCSB workloads through the gateway,
+# redis-cli (the Redis protocol), load records and run short YCSB workloads through the gateway and
+# one reading hot keys from replicas,
 # then SIGKILL the pod that leads a region and show the cluster healing: a backup is promoted,
 # writes go on, every record is still there, and the killed pod comes back as a backup.
 set -euo pipefail
@@ -46,6 +47,8 @@ echo "== load $RECORDS records, then YCSB-C and YCSB-A for ${SECONDS_RUN}s each 
 $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --load-only --threads 4
 $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --workload c --duration "$SECONDS_RUN"
 $BIN/dpukv-bench --endpoint "$EP" --records "$RECORDS" --workload a --duration "$SECONDS_RUN"
+echo "== hot keys: YCSB-C at zipf 0.99 for ${SECONDS_RUN}s straight to the devices, read 'interleaved': the popular keys' copies on the backups' devices serve a share of the gets (docs/hot-keys.md)"
+$BIN/dpukv-bench --endpoint "$NODE1" --records "$RECORDS" --workload c --distribution zipf --duration "$SECONDS_RUN" --consistency interleaved
 # The pod leading region 1 (keys before "user05"), from the region map and DIR/cluster.json.
 LEADER=$($BIN/dpukv --endpoint "$EP" regions | awk -F'\t' '$1 == 1 {print $4}')
 PIDS=$(python3 -c "import json,sys; n=[n for n in json.load(open('$DIR/cluster.json'))['nodes'] if n['id']==$LEADER][0]; print(n['host_pid'], n['device_pid'])")
