@@ -3,7 +3,7 @@
 # YCSB-C at zipf 0.99 and uniform, the same client and concurrency with --fat-root 0 (every get
 # from the root) and with fat roots of FAT_ROOTS nodes, alternating, RUNS rounds. Per run: the
 # device's node visits per get, the share of gets that used their hint, the device's CPU time per
-# get (from /proc), and throughput. Knobs: RECORDS, SECONDS_RUN, THREADS, DEPTH, RUNS, FAT_ROOTS,
+# get (from /proc), the client's CPU per operation (its own report), and throughput. Knobs: RECORDS, SECONDS_RUN, THREADS, DEPTH, RUNS, FAT_ROOTS,
 # DISTRIBUTIONS, WORKLOAD (c; e: YCSB-E, short scans, whose first descent is hinted), BENCH_DIR,
 # BIN (prebuilt binaries; else target/release, built first), PERF_OUT (a directory: `perf record`
 # the device during each measured run into it).
@@ -70,7 +70,9 @@ visits = (float(v1) - float(v0)) / gets
 hinted = (float(h1) - float(h0)) / gets
 cpu_us = (float(c1) - float(c0)) / float(tick) * 1e6 / gets
 tput = line.split(": ")[1].split(" ops/s")[0]
-print(f"{d:8} fat-root {f:>6}: {visits:.2f} node visits/read, {hinted*100:5.1f}% hinted, device CPU {cpu_us:.2f} us/read, {tput} ops/s")
+client = line.split("client CPU ")[1].split(" us/op")[0]
+print(f"{d:8} fat-root {f:>6}: {visits:.2f} node visits/read, {hinted*100:5.1f}% hinted, device CPU {cpu_us:.2f} us/read, "
+      f"client CPU {client} us/op, {tput} ops/s")
 PY
     done
   done

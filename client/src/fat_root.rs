@@ -13,7 +13,7 @@
 //! changes. Bounded: `budget` nodes and `SAMPLE` keys per region, at most `MAX_REGIONS` regions.
 
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -45,11 +45,14 @@ fn prefix(k: &[u8]) -> u64 {
 }
 
 /// A level's search index: the prefix the level's fences share (sorted: the second's and the
-/// last's), and the next 8 bytes of each fence (0 for a fence without the prefix).
+/// last's), the next 8 bytes of each fence (0 for a fence without the prefix), and per node
+/// whether its upper fence is known without reading it: unbounded, or the next node's lower
+/// fence (a level whose nodes are all cached is contiguous).
 #[derive(Debug, Default)]
 struct Index {
     common: Vec<u8>,
     prefixes: Vec<u64>,
+    closed: Vec<bool>,
 }
 
 /// One region's cached top.
@@ -57,32 +60,37 @@ struct Index {
 struct Built {
     arena: u64,
     epoch: u64,
-    /// Per level (index: level), the cached nodes sorted by lower fence (once built).
-    levels: Vec<Vec<TreeNode>>,
+    /// Per level (index: level), the cached nodes sorted by lower fence (once built), each as
+    /// the start hint a get covered by it carries (shared with the requests, not copied).
+    levels: Vec<Vec<Arc<StartHint>>>,
     /// Per level, the search index (built by `seal`).
     index: Vec<Index>,
     nodes: usize,
 }
 
 impl Built {
-    /// The deepest cached node covering `key`.
-    fn covering(&self, key: &[u8]) -> Option<&TreeNode> {
+    /// The hint of the deepest cached node covering `key`.
+    fn covering(&self, key: &[u8]) -> Option<&Arc<StartHint>> {
         self.levels.iter().zip(&self.index).find_map(|(level, ix)| {
             // The node with the largest lower fence <= key. Fences of a level share a prefix
             // (`ix.common`); the binary search runs over the next 8 bytes of each, a contiguous
             // array (not over fences behind pointers: cache misses), and only fences whose 8
-            // bytes equal the key's are compared whole.
-            let (from, to) = match key.strip_prefix(ix.common.as_slice()) {
+            // bytes equal the key's are compared whole. Then every node before `i` starts at or
+            // below the key and every node from `i` on above it (a larger 8-byte prefix means a
+            // larger fence), so a node whose upper fence is the next one's lower fence needs no
+            // look at it.
+            let (from, to, sorted) = match key.strip_prefix(ix.common.as_slice()) {
                 Some(rest) => {
                     let p = prefix(rest);
                     let from = ix.prefixes.partition_point(|x| *x < p);
-                    (from, from + ix.prefixes[from..].partition_point(|x| *x == p))
+                    (from, from + ix.prefixes[from..].partition_point(|x| *x == p), true)
                 }
-                None => (0, level.len()),
+                None => (0, level.len(), false),
             };
-            let i = from + level[from..to].partition_point(|n| n.lo.as_slice() <= key);
-            let n = level.get(i.checked_sub(1)?)?;
-            n.hi.as_deref().is_none_or(|hi| key < hi).then_some(n)
+            let i = from + level[from..to].partition_point(|h| h.node.lo.as_slice() <= key);
+            let j = i.checked_sub(1)?;
+            let h = level.get(j)?;
+            (sorted && ix.closed[j] || h.node.hi.as_deref().is_none_or(|hi| key < hi)).then_some(h)
         })
     }
 
@@ -91,15 +99,15 @@ impl Built {
         if self.levels.len() <= l {
             self.levels.resize_with(l + 1, Vec::new);
         }
-        self.levels[l].push(n);
+        self.levels[l].push(Arc::new(StartHint { arena: self.arena, node: n }));
         self.nodes += 1;
     }
 
     /// Sorts each level by lower fence (nodes of one level have disjoint fences).
     fn seal(mut self) -> Built {
         for level in &mut self.levels {
-            level.sort_unstable_by(|a, b| a.lo.cmp(&b.lo));
-            level.dedup_by(|a, b| a.lo == b.lo);
+            level.sort_unstable_by(|a, b| a.node.lo.cmp(&b.node.lo));
+            level.dedup_by(|a, b| a.node.lo == b.node.lo);
         }
         self.index = self
             .levels
@@ -109,10 +117,17 @@ impl Built {
                 // from the second node on; fences without it sort before every key with it
                 // (prefix 0, decided whole).
                 let from = l.len().min(1);
-                let (first, last) = (l.get(from).map_or(&[][..], |n| &n.lo), l.last().map_or(&[][..], |n| &n.lo));
+                let fence = |i: usize| l.get(i).map_or(&[][..], |h| h.node.lo.as_slice());
+                let (first, last) = (fence(from), fence(l.len().saturating_sub(1)));
                 let common: Vec<u8> = first.iter().zip(last).take_while(|(a, b)| a == b).map(|(a, _)| *a).collect();
-                let prefixes = l.iter().map(|n| n.lo.strip_prefix(common.as_slice()).map_or(0, prefix)).collect();
-                Index { common, prefixes }
+                let prefixes = l.iter().map(|h| h.node.lo.strip_prefix(common.as_slice()).map_or(0, prefix)).collect();
+                let closed = (0..l.len())
+                    .map(|i| match &l[i].node.hi {
+                        None => true,
+                        Some(hi) => l.get(i + 1).is_some_and(|n| n.node.lo == *hi),
+                    })
+                    .collect();
+                Index { common, prefixes, closed }
             })
             .collect();
         self
@@ -124,7 +139,6 @@ impl Built {
 struct Region {
     built: RwLock<Option<(Arc<Built>, Instant)>>,
     sample: Mutex<VecDeque<Vec<u8>>>,
-    gets: AtomicU64,
     building: AtomicBool,
 }
 
@@ -163,24 +177,41 @@ impl FatRoots {
 
     /// The start hint for a get of `key` in region `id` at `epoch`, and whether the region's
     /// fat root should be (re)built now (the caller spawns [`FatRoots::build`]).
-    pub(crate) fn hint(&self, id: u32, epoch: u64, key: &[u8]) -> (Option<StartHint>, Wanted) {
+    ///
+    /// Every get of every task of a client passes here, on whichever core runs it: the common
+    /// path takes two read locks and clones one `Arc` (the hint), and touches no counter shared
+    /// between cores — sampling counts per thread, and the fat root's age is looked at only
+    /// when a key is sampled.
+    pub(crate) fn hint(&self, id: u32, epoch: u64, key: &[u8]) -> (Option<Arc<StartHint>>, Wanted) {
         if !self.enabled() {
             return (None, Wanted::Nothing);
         }
-        let r = self.region(id);
-        if r.gets.fetch_add(1, Ordering::Relaxed).is_multiple_of(SAMPLE_EVERY) {
+        thread_local! {
+            static GETS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+        }
+        let sampled = GETS.with(|g| {
+            g.set(g.get().wrapping_add(1));
+            g.get().is_multiple_of(SAMPLE_EVERY)
+        });
+        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        let Some(r) = regions.get(&id) else {
+            drop(regions);
+            let r = self.region(id);
+            lock(&r.sample).push_back(key.to_vec());
+            let wanted = if r.building.swap(true, Ordering::AcqRel) { Wanted::Nothing } else { Wanted::Build };
+            return (None, wanted);
+        };
+        if sampled {
             let mut s = lock(&r.sample);
             if s.len() == SAMPLE {
                 s.pop_front();
             }
             s.push_back(key.to_vec());
         }
-        let built = r.built.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let stale = built.as_ref().is_none_or(|(b, at)| b.epoch != epoch || at.elapsed() > REBUILD_EVERY);
+        let built = r.built.read().unwrap_or_else(|e| e.into_inner());
+        let stale = built.as_ref().is_none_or(|(b, at)| b.epoch != epoch || sampled && at.elapsed() > REBUILD_EVERY);
         let wanted = if stale && !r.building.swap(true, Ordering::AcqRel) { Wanted::Build } else { Wanted::Nothing };
-        let hint = built
-            .filter(|(b, _)| b.epoch == epoch)
-            .and_then(|(b, _)| b.covering(key).map(|n| StartHint { arena: b.arena, node: n.clone() }));
+        let hint = built.as_ref().filter(|(b, _)| b.epoch == epoch).and_then(|(b, _)| b.covering(key).cloned());
         (hint, wanted)
     }
 
@@ -336,5 +367,39 @@ mod tests {
         let built = f.region(9).built.read().expect("lock").clone().expect("built").0;
         assert!(built.nodes <= 5);
         assert!(FatRoots::new(0).hint(9, 1, b"x").0.is_none());
+    }
+
+    /// The covering node is found from the fences' 8-byte prefixes, reading a node's upper fence
+    /// only where the next cached node does not start there: a gap between cached nodes of a
+    /// level is never taken as covered, and keys past the common prefix, before the first fence
+    /// or equal to a fence land right. Checked against a scan of every node.
+    #[test]
+    fn the_covering_node_is_the_deepest_whose_fences_hold_the_key_with_or_without_gaps() {
+        let fences = ["", "user00", "user02", "user05", "user050", "user07", "user09"];
+        let leaf = |i: usize, lid: u64| node(lid, 0, fences[i], fences.get(i + 1).copied());
+        // Level 1: one node over everything; level 0: leaves 0, 1, 3, 4, 6 (gaps at 2 and 5).
+        let mut b = Built { arena: 1, epoch: 1, ..Built::default() };
+        b.insert(node(100, 1, "", None));
+        for (i, lid) in [(0, 10), (1, 11), (3, 13), (4, 14), (6, 16)] {
+            b.insert(leaf(i, lid));
+        }
+        let b = b.seal();
+        let keys = [
+            "", "a", "user", "user0", "user00", "user000", "user01", "user02", "user03", "user05", "user050",
+            "user0500", "user051", "user06", "user07", "user08", "user09", "user099", "user1", "z", "\u{7f}",
+        ];
+        for k in keys {
+            let k = k.as_bytes();
+            let want = b
+                .levels
+                .iter()
+                .flatten()
+                .filter(|h| h.node.lo.as_slice() <= k && h.node.hi.as_deref().is_none_or(|hi| k < hi))
+                .min_by_key(|h| h.node.level)
+                .map(|h| h.node.lid);
+            assert_eq!(b.covering(k).map(|h| h.node.lid), want, "key {:?}", String::from_utf8_lossy(k));
+        }
+        assert_eq!(b.covering(b"user03").map(|h| h.node.lid), Some(100), "in the gap: the parent");
+        assert_eq!(b.covering(b"user051").map(|h| h.node.lid), Some(14));
     }
 }

@@ -381,7 +381,7 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
     };
     let out = match &req.op {
         Op::Get { key } => {
-            let hint = req.hint.as_ref().map(storage_hint);
+            let hint = req.hint.as_deref().map(storage_hint);
             regions
                 .reader(i, shm, device)
                 .and_then(|r| r.get_versioned_hinted(key, hint.as_ref()))
@@ -418,7 +418,7 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
             let floor = matches!(req.op, Op::FloorScan { .. });
             let only = (req.region != 0).then_some(i);
             // A start hint (for a scan from `lo`, no token) serves the first region's descent.
-            let hint = req.hint.as_ref().filter(|_| !floor && token.is_empty()).map(storage_hint);
+            let hint = req.hint.as_deref().filter(|_| !floor && token.is_empty()).map(storage_hint);
             match scan(regions, shm, device, only, (lo, hi), (*limit, *max_bytes), token, floor, hint.as_ref()) {
                 Ok(Ok(r)) => Ok(ok(r)),
                 Ok(Err(ErrorCode::WrongRegion)) => Ok(Response::error(

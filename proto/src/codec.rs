@@ -558,7 +558,7 @@ fn decode_request(e: &[u8]) -> RequestEntry {
         };
         let hint = if flags & F_HINT != 0 {
             let arena = r.u64()?;
-            Some(StartHint { arena, node: r.tree_node()? })
+            Some(std::sync::Arc::new(StartHint { arena, node: r.tree_node()? }))
         } else {
             None
         };

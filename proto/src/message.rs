@@ -643,8 +643,9 @@ pub struct Request {
     /// The trace the request belongs to, if the caller traces it.
     pub trace: Option<TraceContext>,
     /// Where a get (or a scan, from its `lo`) may start in the region's tree (a fat root's start
-    /// hint), if the sender knows. Only on a get or a scan.
-    pub hint: Option<StartHint>,
+    /// hint), if the sender knows. Only on a get or a scan. Shared: a client hands out the same
+    /// cached hint to every get that falls in its node (no copy of the fences per request).
+    pub hint: Option<std::sync::Arc<StartHint>>,
     /// A get aimed at a hot-key replica (a device that is not the key's primary): answered from
     /// the device's replica table within the consistency's bound, else `not_replicated`. Only on
     /// a get whose consistency is not linearizable.

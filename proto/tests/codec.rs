@@ -155,7 +155,7 @@ fn request() -> impl Strategy<Value = Request> {
             // Only a get or a scan carries a start hint.
             hint: hint
                 .filter(|_| matches!(op, Op::Get { .. } | Op::Scan { .. }))
-                .map(|(arena, node)| StartHint { arena, node }),
+                .map(|(arena, node)| std::sync::Arc::new(StartHint { arena, node })),
             // Only a get that is not linearizable may be aimed at a replica.
             replica: replica && matches!(op, Op::Get { .. }) && consistency != Consistency::Linearizable,
             id,

@@ -254,7 +254,7 @@ fn start_hints_visit_fewer_nodes_and_stale_ones_still_answer_right() {
             .filter(|n| n.lo.as_slice() <= k && n.hi.as_deref().is_none_or(|h| k < h))
             .min_by_key(|n| n.level)
             .expect("a covering node");
-        StartHint { arena, node: n.clone() }
+        std::sync::Arc::new(StartHint { arena, node: n.clone() })
     };
     let visits = || {
         let m = metrics(&device_admin);
