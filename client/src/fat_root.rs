@@ -18,10 +18,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use dpukv_proto::limits::MAX_EXPAND;
+use dpukv_proto::{StartHint, TreeNode};
 
 /// Nodes expanded per `tree_nodes` request (their children must fit one reply).
 const EXPAND_BATCH: usize = if MAX_EXPAND < 32 { MAX_EXPAND } else { 32 };
-use dpukv_proto::{StartHint, TreeNode};
 
 /// Keys sampled per region (one get in `SAMPLE_EVERY`).
 const SAMPLE: usize = 4096;

@@ -350,6 +350,11 @@ fn top_node(n: &dpukv_proto::TreeNode) -> dpukv_storage::TopNode {
     dpukv_storage::TopNode { lid: n.lid, version: n.version, level: n.level, lo: n.lo.clone(), hi: n.hi.clone() }
 }
 
+/// The storage engine's tree node as the protocol's.
+fn tree_node(n: dpukv_storage::TopNode) -> dpukv_proto::TreeNode {
+    dpukv_proto::TreeNode { lid: n.lid, version: n.version, level: n.level, lo: n.lo, hi: n.hi }
+}
+
 /// Serves a read request (get, scan, floor scan, reduce, filter, tree nodes).
 fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Request) -> Response {
     let ok = |result| Response { id: req.id, version: 0, replicated: false, result: Ok(result) };
@@ -397,20 +402,7 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
                     let cut_parent = found[dpukv_proto::limits::MAX_TREE_NODES].0;
                     end = found.iter().position(|(p, _)| *p == cut_parent).unwrap_or(0);
                 }
-                let nodes = found
-                    .into_iter()
-                    .take(end)
-                    .map(|(parent, n)| {
-                        let node = dpukv_proto::TreeNode {
-                            lid: n.lid,
-                            version: n.version,
-                            level: n.level,
-                            lo: n.lo,
-                            hi: n.hi,
-                        };
-                        (parent as u16, node)
-                    })
-                    .collect();
+                let nodes = found.into_iter().take(end).map(|(parent, n)| (parent as u16, tree_node(n))).collect();
                 ok(Reply::TreeNodes { arena, nodes })
             })
         }

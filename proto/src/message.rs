@@ -202,6 +202,14 @@ pub struct TreeNode {
     pub hi: Option<Vec<u8>>,
 }
 
+impl TreeNode {
+    /// An upper bound on the bytes the node takes encoded: its fences, and 32 for the id,
+    /// version, level and length prefixes (and a reply's parent index).
+    pub fn size_hint(&self) -> usize {
+        self.lo.len() + self.hi.as_ref().map_or(0, Vec::len) + 32
+    }
+}
+
 /// Where a get may start instead of the root: a node of the region's tree (a [`TreeNode`] of the
 /// arena whose nonce is `arena`). The device uses it only if it is still valid for the key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -679,7 +687,7 @@ impl Request {
         const OVERHEAD: usize = 128;
         const PER_BATCH_OP: usize = 16;
         OVERHEAD
-            + self.hint.as_ref().map_or(0, |h| h.node.lo.len() + h.node.hi.as_ref().map_or(0, Vec::len) + 40)
+            + self.hint.as_ref().map_or(0, |h| h.node.size_hint() + 8)
             + match &self.op {
                 Op::Put { key, value } | Op::Insert { key, value } | Op::Update { key, value } => {
                     key.len() + value.len()
@@ -702,9 +710,7 @@ impl Request {
                 }
                 Op::Pivots { lo, hi, .. } => lo.len() + hi.len(),
                 Op::Auth { token } => token.len(),
-                Op::TreeNodes { key, nodes } => {
-                    key.len() + nodes.iter().map(|n| n.lo.len() + n.hi.as_ref().map_or(0, Vec::len) + 32).sum::<usize>()
-                }
+                Op::TreeNodes { key, nodes } => key.len() + nodes.iter().map(TreeNode::size_hint).sum::<usize>(),
                 Op::ReplicaSync { entries, .. } => {
                     entries.iter().map(|e| e.key.len() + e.value.as_ref().map_or(0, Vec::len) + PER_BATCH_OP).sum()
                 }
