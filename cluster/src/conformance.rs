@@ -259,8 +259,9 @@ pub async fn must_fail_over<S: MetaStore>(s: &S, cluster: &str, ttl: Duration) {
         let (s1, s2, k2, c1, c2) = (s.clone(), s.clone(), keys.clone(), cancel.clone(), cancel.clone());
         let lease = m.lease;
         let keeper = tokio::spawn(async move { m.keep_alive(&s1, timing, c1).await });
-        let master =
-            tokio::spawn(async move { master::run(&s2, &k2, lease, &info, Duration::from_millis(200), c2).await });
+        let master = tokio::spawn(async move {
+            master::run(&s2, &k2, lease, &info, Duration::from_millis(200), c2, Default::default()).await
+        });
         nodes.push((authority, keeper, master));
     }
     let laid_out = async {

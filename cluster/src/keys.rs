@@ -69,6 +69,13 @@ impl Keys {
         self.under("master")
     }
 
+    /// The master's last completed round: `<node> <unix ms>`, bound to the master's lease and
+    /// written at most every [`crate::master::ROUND_MARK_EVERY`] — whether a master loop is alive,
+    /// not only elected (`/cluster/summary`).
+    pub fn master_round(&self) -> Vec<u8> {
+        self.under("master-round")
+    }
+
     /// The cluster's configuration.
     pub fn config(&self) -> Vec<u8> {
         self.under("config")

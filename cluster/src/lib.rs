@@ -16,7 +16,9 @@
 //! - [`membership`]: a node's registration under a lease and the authority it gives (until when
 //!   the node may act as a primary).
 //! - [`master`]: the elected master's loop — first layout, then placement changes, each one
-//!   fenced transaction.
+//!   fenced transaction; it retries every transient error forever and campaigns again when
+//!   deposed, so a master loop never dies while its node lives.
+//! - [`backoff`]: exponential backoff with jitter for every control loop's retries.
 //! - [`placement`]: where replicas go — the first layout, and the master's next changes after
 //!   failures, joins, drains and catch-ups (pure functions, model-tested).
 //! - [`handoff`]: splits and merges — when the master starts one and how it commits or aborts
@@ -28,6 +30,7 @@
 //! the lease ends (revoked, or not kept alive within its TTL); a watch delivers every change to its
 //! prefix after its start revision, in revision order, or ends with an error — never skips one.
 
+pub mod backoff;
 pub mod conformance;
 pub mod election;
 pub mod etcd;

@@ -41,6 +41,9 @@ pub struct Snapshot {
     /// Primary handovers not released yet: (region, old primary) -> the key's mod revision
     /// (`Keys::handovers`).
     pub handovers: std::collections::BTreeMap<(u32, u32), Revision>,
+    /// The master's last completed round: (node, unix ms), if a master marked one under its
+    /// current lease (`Keys::master_round`).
+    pub master_round: Option<(u32, u64)>,
 }
 
 /// The cluster at a glance (the admin API's `/cluster/summary`, the operator's status).
@@ -57,6 +60,11 @@ pub struct Health {
     /// Regions with fewer live in-sync copies (primary and backups) than the replication factor
     /// allows on the live nodes that are not draining.
     pub under_replicated: usize,
+    /// Milliseconds since the master last completed a round (by the wall clocks of the master
+    /// and the reader; None: no round marked — no master, or one whose loop never ran a round).
+    /// A master loop completes a round at least every tick (500 ms on nodes): an age of seconds
+    /// means an elected master that is not acting.
+    pub master_round_age_ms: Option<u64>,
 }
 
 impl Snapshot {
@@ -77,6 +85,7 @@ impl Snapshot {
             regions: regions.len(),
             without_primary: regions.iter().filter(|r| !live.contains(&r.primary)).count(),
             under_replicated: regions.iter().filter(|r| copies(r) < target).count(),
+            master_round_age_ms: self.master_round.map(|(_, at)| unix_ms().saturating_sub(at)),
         }
     }
 
@@ -228,6 +237,10 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
         .min_by_key(|kv| kv.create_revision)
         .and_then(|kv| NodeInfo::decode(&kv.value).ok())
         .map_or(0, |n| n.id);
+    let master_round = kvs.iter().find(|kv| kv.key == keys.master_round()).and_then(|kv| {
+        let (node, at) = std::str::from_utf8(&kv.value).ok()?.split_once(' ')?;
+        Some((node.parse().ok()?, at.parse().ok()?))
+    });
     Ok(Snapshot {
         map: RegionMap { revision: revision as u64, master, regions, nodes },
         region_revs,
@@ -236,6 +249,7 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
         handoffs,
         node_leases,
         handovers,
+        master_round,
     })
 }
 
@@ -437,9 +451,92 @@ fn handoff_txn(keys: &Keys, fence: &Compare, step: &Step, rev_of: &dyn Fn(u32) -
     Txn { when, then, otherwise: vec![] }
 }
 
+/// How often, at most, the master records its last completed round (`Keys::master_round`).
+pub const ROUND_MARK_EVERY: Duration = Duration::from_secs(1);
+
+/// What a node's master loop is doing, for its metrics and `/cluster/summary`: shared between
+/// [`run`] and whoever reports it. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct LoopStatus(std::sync::Arc<LoopState>);
+
+#[derive(Debug, Default)]
+struct LoopState {
+    running: std::sync::atomic::AtomicBool,
+    leading: std::sync::atomic::AtomicBool,
+    rounds: std::sync::atomic::AtomicU64,
+    errors: std::sync::atomic::AtomicU64,
+    /// Unix milliseconds of the last completed round (0: none).
+    last_round_ms: std::sync::atomic::AtomicU64,
+}
+
+impl LoopStatus {
+    /// Whether the loop runs (campaigning or leading).
+    pub fn running(&self) -> bool {
+        self.0.running.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether it leads.
+    pub fn leading(&self) -> bool {
+        self.0.leading.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Rounds completed as master.
+    pub fn rounds(&self) -> u64 {
+        self.0.rounds.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Errors met (each retried).
+    pub fn errors(&self) -> u64 {
+        self.0.errors.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Unix milliseconds of the last completed round (0: none).
+    pub fn last_round_ms(&self) -> u64 {
+        self.0.last_round_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set(&self, running: bool, leading: bool) {
+        self.0.running.store(running, std::sync::atomic::Ordering::Release);
+        self.0.leading.store(leading, std::sync::atomic::Ordering::Release);
+    }
+
+    fn error(&self) {
+        self.0.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn round(&self) {
+        self.0.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.last_round_ms.store(unix_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Sleeps `d`, or returns false at once when `cancel` fires.
+async fn pause(d: Duration, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = cancel.cancelled() => false,
+    }
+}
+
+/// How a leadership ended.
+enum Ended {
+    /// Cancelled: resign.
+    Cancelled,
+    /// The fence no longer holds (the key is gone): campaign again (a lease that ended makes the
+    /// campaign end with [`MetaError::LeaseNotFound`]).
+    Deposed,
+}
+
 /// Campaigns for master under `lease` (the node's own, kept alive by its membership) and, once
 /// elected, runs rounds whenever the cluster's keys change (and at least every `tick`) until
-/// `cancel` or until deposed (its lease ended: returns [`MetaError::LeaseNotFound`]).
+/// `cancel` (it resigns) or until its lease has ended (returns [`MetaError::LeaseNotFound`]: the
+/// node must register again). Every other error — etcd unreachable, a request timing out, a
+/// round failing — is retried with backoff, forever: a master loop never dies while its node
+/// lives and leaves a master key with nobody behind it. A deposed master campaigns again.
 pub async fn run<S: MetaStore>(
     s: &S,
     keys: &Keys,
@@ -447,33 +544,120 @@ pub async fn run<S: MetaStore>(
     me: &NodeInfo,
     tick: Duration,
     cancel: CancellationToken,
+    status: LoopStatus,
 ) -> Result<()> {
+    let status = &status;
     let (name, value) = (keys.master(), me.encode());
-    let leadership: Leadership = tokio::select! {
-        l = campaign(s, &name, lease, &value) => l?,
-        _ = cancel.cancelled() => return Ok(()),
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(50), tick.max(Duration::from_millis(100)) * 4);
+    status.set(true, false);
+    let out = loop {
+        let campaigned = tokio::select! {
+            l = campaign(s, &name, lease, &value) => l,
+            _ = cancel.cancelled() => break Ok(()),
+        };
+        let leadership = match campaigned {
+            Ok(l) => l,
+            Err(e @ MetaError::LeaseNotFound(_)) => break Err(e),
+            Err(e) => {
+                status.error();
+                tracing::warn!(error = %e, "campaigning for master failed; retrying");
+                if !pause(backoff.wait(), &cancel).await {
+                    break Ok(());
+                }
+                continue;
+            }
+        };
+        backoff.reset();
+        tracing::info!(node = me.id, "elected master");
+        status.set(true, true);
+        let ended = lead(s, keys, &leadership, me.id, tick, &cancel, status).await;
+        status.set(true, false);
+        match ended {
+            Ended::Cancelled => {
+                // Give the role up now rather than when the lease ends (bounded: etcd may be gone).
+                let _ = tokio::time::timeout(Duration::from_secs(2), crate::election::resign(s, &leadership)).await;
+                break Ok(());
+            }
+            Ended::Deposed => tracing::warn!(node = me.id, "no longer master; campaigning again"),
+        }
     };
-    tracing::info!(node = me.id, "elected master");
+    status.set(false, false);
+    out
+}
+
+/// The master's rounds under one leadership, until cancelled or deposed. Errors are retried.
+async fn lead<S: MetaStore>(
+    s: &S,
+    keys: &Keys,
+    leadership: &Leadership,
+    me: u32,
+    tick: Duration,
+    cancel: &CancellationToken,
+    status: &LoopStatus,
+) -> Ended {
     let fence = leadership.fence();
     let mut waits = Waits::default();
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(50), tick.max(Duration::from_millis(100)) * 4);
+    let mut marked: Option<std::time::Instant> = None;
     loop {
-        let (_, rev) = s.range(&keys.master()).await?;
-        if !s.txn(Txn { when: vec![fence.clone()], ..Txn::default() }).await?.succeeded {
-            return Err(MetaError::LeaseNotFound(lease));
+        if cancel.is_cancelled() {
+            return Ended::Cancelled;
         }
-        let mut wait = tick;
-        match round(s, keys, &fence, &mut waits).await {
-            Ok(applied) if !applied.is_empty() => continue, // plan again at once
-            Ok(applied) => wait = applied.recheck.map_or(tick, |r| r.min(tick)),
-            Err(e) => tracing::warn!(error = %e, "master round failed"),
-        }
-        // Wait for any change under the cluster's root, or the tick.
+        // Still master? (A transaction with only the fence: fails once the key is gone.)
+        let rev = match s.txn(Txn { when: vec![fence.clone()], ..Txn::default() }).await {
+            Ok(t) if t.succeeded => t.revision,
+            Ok(_) => return Ended::Deposed,
+            Err(e) => {
+                status.error();
+                tracing::warn!(error = %e, "the master cannot reach the metadata store; retrying");
+                if !pause(backoff.wait(), cancel).await {
+                    return Ended::Cancelled;
+                }
+                continue;
+            }
+        };
+        let wait = match round(s, keys, &fence, &mut waits).await {
+            Ok(applied) => {
+                backoff.reset();
+                status.round();
+                if marked.is_none_or(|t| t.elapsed() >= ROUND_MARK_EVERY) {
+                    let mark = TxnOp::Put {
+                        key: keys.master_round(),
+                        value: format!("{me} {}", unix_ms()).into_bytes(),
+                        lease: Some(leadership.lease),
+                    };
+                    if s.txn(Txn { when: vec![fence.clone()], then: vec![mark], otherwise: vec![] }).await.is_ok() {
+                        marked = Some(std::time::Instant::now());
+                    }
+                }
+                if !applied.is_empty() {
+                    continue; // plan again at once
+                }
+                applied.recheck.map_or(tick, |r| r.min(tick))
+            }
+            Err(e) => {
+                status.error();
+                tracing::warn!(error = %e, "master round failed; retrying");
+                backoff.wait().min(tick)
+            }
+        };
+        // Wait for any change under the cluster's root (but the round mark), or the tick.
         // Without a watch (store unavailable), the tick alone paces the rounds.
         let mut w = s.watch(keys.root(), rev + 1).await.ok();
+        let round_key = keys.master_round();
+        let changed = async {
+            let Some(w) = w.as_mut() else { return std::future::pending().await };
+            loop {
+                match w.next().await {
+                    Some(Ok(crate::meta::WatchEvent::Put(kv))) if kv.key == round_key => continue,
+                    other => return other,
+                }
+            }
+        };
         tokio::select! {
-            _ = async { if let Some(w) = w.as_mut() { w.next().await } else { std::future::pending().await } } => {}
+            _ = changed => {}
             _ = tokio::time::sleep(wait) => {}
-            _ = cancel.cancelled() => return Ok(()),
+            _ = cancel.cancelled() => return Ended::Cancelled,
         }
     }
 }

@@ -78,8 +78,9 @@ fn step_down_status(snap: &Snapshot, node: u32) -> String {
 /// The cluster at a glance (`master::Snapshot::health`).
 fn summary_status(snap: &Snapshot) -> String {
     let h = snap.health();
+    let age = h.master_round_age_ms.map_or("null".to_string(), |a| a.to_string());
     format!(
-        "{{\"master\": {}, \"nodes\": {}, \"regions\": {}, \"without_primary\": {}, \"under_replicated\": {}}}\n",
+        "{{\"master\": {}, \"master_round_age_ms\": {age}, \"nodes\": {}, \"regions\": {}, \"without_primary\": {}, \"under_replicated\": {}}}\n",
         h.master, h.nodes, h.regions, h.without_primary, h.under_replicated
     )
 }
@@ -235,13 +236,23 @@ pub fn encode_counters(
     enc: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
     counters: &[(&str, &str, &std::sync::atomic::AtomicU64)],
 ) -> std::fmt::Result {
-    use prometheus_client::encoding::EncodeMetric;
     for (name, help, v) in counters {
-        let c = prometheus_client::metrics::counter::ConstCounter::new(v.load(Ordering::Relaxed));
-        let me = enc.encode_descriptor(name, help, None, c.metric_type())?;
-        c.encode(me)?;
+        encode_counter(enc, name, help, v.load(Ordering::Relaxed))?;
     }
     Ok(())
+}
+
+/// Encodes one counter read at scrape time.
+pub fn encode_counter(
+    enc: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    v: u64,
+) -> std::fmt::Result {
+    use prometheus_client::encoding::EncodeMetric;
+    let c = prometheus_client::metrics::counter::ConstCounter::new(v);
+    let me = enc.encode_descriptor(name, help, None, c.metric_type())?;
+    c.encode(me)
 }
 
 /// Encodes gauges read at scrape time (name, help, value).

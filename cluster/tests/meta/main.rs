@@ -124,3 +124,150 @@ async fn the_health_counts_regions_without_a_primary_or_short_of_copies() {
     let h = master::read(&s, &keys).await.expect("read").health();
     assert_eq!((h.nodes, h.without_primary, h.under_replicated), (2, 1, 1), "{h:?}");
 }
+
+/// A store that can be taken down: while down, every request but lease keep-alives fails as
+/// unavailable and open watches end with that error — an etcd outage whose leases survive (etcd
+/// refreshes every lease when it comes back, so nodes need not register again).
+#[derive(Clone)]
+struct Outage {
+    inner: MemStore,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Outage {
+    fn check(&self) -> dpukv_cluster::meta::Result<()> {
+        if self.down.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(dpukv_cluster::MetaError::Unavailable("the store is down".into()));
+        }
+        Ok(())
+    }
+}
+
+impl MetaStore for Outage {
+    async fn get(&self, key: &[u8]) -> dpukv_cluster::meta::Result<Option<dpukv_cluster::KeyValue>> {
+        self.check()?;
+        self.inner.get(key).await
+    }
+    async fn range(&self, prefix: &[u8]) -> dpukv_cluster::meta::Result<(Vec<dpukv_cluster::KeyValue>, i64)> {
+        self.check()?;
+        self.inner.range(prefix).await
+    }
+    async fn txn(&self, txn: dpukv_cluster::Txn) -> dpukv_cluster::meta::Result<dpukv_cluster::TxnResult> {
+        self.check()?;
+        self.inner.txn(txn).await
+    }
+    async fn delete_prefix(&self, prefix: &[u8]) -> dpukv_cluster::meta::Result<u64> {
+        self.check()?;
+        self.inner.delete_prefix(prefix).await
+    }
+    async fn grant(&self, ttl: Duration) -> dpukv_cluster::meta::Result<dpukv_cluster::LeaseId> {
+        self.check()?;
+        self.inner.grant(ttl).await
+    }
+    async fn keep_alive(&self, lease: dpukv_cluster::LeaseId) -> dpukv_cluster::meta::Result<()> {
+        self.inner.keep_alive(lease).await
+    }
+    async fn revoke(&self, lease: dpukv_cluster::LeaseId) -> dpukv_cluster::meta::Result<()> {
+        self.check()?;
+        self.inner.revoke(lease).await
+    }
+    async fn watch(&self, prefix: &[u8], from: i64) -> dpukv_cluster::meta::Result<dpukv_cluster::Watch> {
+        self.check()?;
+        let mut inner = self.inner.watch(prefix, from).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(dpukv_cluster::meta::WATCH_QUEUE + 1);
+        let down = self.down.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    ev = inner.next() => match ev {
+                        Some(ev) => if tx.send(ev).await.is_err() { return },
+                        None => return,
+                    },
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {
+                        if down.load(std::sync::atomic::Ordering::Acquire) {
+                            let _ = tx.send(Err(dpukv_cluster::MetaError::Unavailable("the store went down".into()))).await;
+                            return;
+                        }
+                        if tx.is_closed() { return }
+                    }
+                }
+            }
+        });
+        Ok(dpukv_cluster::Watch::new(rx))
+    }
+}
+
+/// A master loop must outlive an outage of the metadata store: it once returned on the first
+/// failed request (and every other candidate with it, when their watches ended), so after an
+/// etcd restart nobody acted as master — a node that died afterwards never had its regions
+/// failed over, while the election key (its lease alive) still named a master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_master_outlives_an_outage_of_the_store_and_fails_over_afterwards() {
+    use dpukv_cluster::master::LoopStatus;
+    use tokio_util::sync::CancellationToken;
+    let s = Outage { inner: MemStore::new(), down: Default::default() };
+    let keys = Keys::new("outage").expect("keys");
+    master::bootstrap_config(&s, &keys, &ClusterConfig::new(3, vec![])).await.expect("config");
+    let timing = Timing { ttl: Duration::from_secs(1), drift: 0.01, margin: Duration::from_millis(50) };
+    let cancel = CancellationToken::new();
+    let mut nodes = Vec::new();
+    for id in 1..=3u32 {
+        let m = register(&s, &keys, &node(id), timing).await.expect("register");
+        let (s1, s2, k2, c1, c2) = (s.clone(), s.clone(), keys.clone(), cancel.clone(), cancel.clone());
+        let (lease, status) = (m.lease, LoopStatus::default());
+        let st = status.clone();
+        let keeper = tokio::spawn(async move { m.keep_alive(&s1, timing, c1).await });
+        let candidate =
+            tokio::spawn(
+                async move { master::run(&s2, &k2, lease, &node(id), Duration::from_millis(100), c2, st).await },
+            );
+        nodes.push((keeper, candidate, status));
+    }
+    let wait_for = |what: &'static str, f: Box<dyn Fn(&master::Snapshot) -> bool + Send>| {
+        let (s, keys) = (s.clone(), keys.clone());
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Ok(snap) = master::read(&s, &keys).await
+                    && f(&snap)
+                {
+                    return snap;
+                }
+                assert!(std::time::Instant::now() < deadline, "{what} never happened");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let snap = wait_for("the layout", Box::new(|s| s.map.regions.len() == 1)).await;
+    let victim = snap.map.regions[0].primary;
+    // The outage: longer than the master's tick and every retry, shorter than nothing (leases
+    // are kept alive through it, as etcd keeps them across a restart).
+    s.down.store(true, std::sync::atomic::Ordering::Release);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.down.store(false, std::sync::atomic::Ordering::Release);
+    for (id, (_, candidate, status)) in nodes.iter().enumerate() {
+        assert!(!candidate.is_finished(), "node {}'s master loop ended in the outage", id + 1);
+        assert!(status.running(), "node {} reports its loop running", id + 1);
+    }
+    let h = wait_for("a round after the outage", Box::new(|s| s.health().master_round_age_ms.is_some_and(|a| a < 500)))
+        .await
+        .health();
+    assert!(h.master != 0, "a master is named: {h:?}");
+    let master_status = &nodes[h.master as usize - 1].2;
+    assert!(master_status.leading() && master_status.errors() > 0, "the master met the outage and goes on");
+    // The primary's node dies after the outage: its region fails over.
+    let (keeper, candidate, _) = &nodes[victim as usize - 1];
+    keeper.abort();
+    candidate.abort();
+    let after = wait_for(
+        "the failover",
+        Box::new(move |s| s.map.regions[0].primary != victim && s.map.regions[0].primary != 0),
+    )
+    .await;
+    assert!(snap.map.regions[0].backups.contains(&after.map.regions[0].primary), "a backup was promoted");
+    cancel.cancel();
+    for (keeper, candidate, _) in nodes {
+        let _ = keeper.await;
+        let _ = candidate.await;
+    }
+}

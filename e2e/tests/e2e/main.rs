@@ -2,6 +2,7 @@
 //! and `dpukv local`'s supervision.
 
 mod cluster;
+mod faults;
 mod gateway;
 mod hot_keys;
 mod linearizable;

@@ -125,7 +125,19 @@ pub async fn run(
     let opts = EtcdOptions::new(args.etcd.clone());
     let store = connect(&opts, &shutdown).await?;
     let Some(store) = store else { return Ok(vec![]) };
-    master::bootstrap_config(&store, &keys, &args.bootstrap).await.context("writing the cluster's configuration")?;
+    // The configuration, written if the cluster has none (etcd may go away again: retried).
+    let mut backoff = dpukv_cluster::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    loop {
+        match master::bootstrap_config(&store, &keys, &args.bootstrap).await {
+            Ok(_) => break,
+            Err(e @ MetaError::Invalid(_)) => return Err(e).context("the cluster's configuration"),
+            Err(e) => tracing::warn!(error = %e, "writing the cluster's configuration failed; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff.wait()) => {}
+            _ = shutdown.cancelled() => return Ok(vec![]),
+        }
+    }
     // Backups: accept replication connections (port 0: any free port, advertised as bound).
     let listener = std::net::TcpListener::bind(args.replication_listen)
         .with_context(|| format!("binding the replication port {}", args.replication_listen))?;
@@ -153,7 +165,9 @@ pub async fn run(
     // The lease is given back only after the device stopped trusting the map (`Unvouch`), never
     // on the shutdown signal itself: the master fails over on the lease's end.
     let lease_stop = CancellationToken::new();
-    let (mut keeper, mut candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown, &lease_stop);
+    let status = metrics.master.clone();
+    let mut keeper = spawn_keeper(&store, &member, timing, &lease_stop);
+    let mut candidate = spawn_candidate(&store, &keys, &info, member.lease, &shutdown, &status);
     // The device trusts the published map only while the authority of the lease life it was
     // read in lasts.
     let vouched: Arc<Vouched> = Arc::new(std::sync::Mutex::new(announcement.take().map(|a| (a, u64::MAX))));
@@ -194,7 +208,13 @@ pub async fn run(
                 None => break,
             }
             tracing::warn!(node = args.node_id, lease = member.lease, "registered again after losing the lease");
-            (keeper, candidate) = spawn_member(&store, &keys, &info, &member, timing, &shutdown, &lease_stop);
+            keeper = spawn_keeper(&store, &member, timing, &lease_stop);
+            candidate = spawn_candidate(&store, &keys, &info, member.lease, &shutdown, &status);
+        } else if candidate.is_finished() && !shutdown.is_cancelled() {
+            // The lease lives but the candidacy ended (it only ends by itself when the lease
+            // did; a panic would end it too): a node is always a candidate while registered.
+            tracing::warn!(node = args.node_id, "the master candidacy ended while the lease lives; starting it again");
+            candidate = spawn_candidate(&store, &keys, &info, member.lease, &shutdown, &status);
         }
         // Read before the map: a map read in this life is vouched for only while it lasts.
         let life = authority.life();
@@ -512,32 +532,40 @@ async fn register_loop(
 
 type Task = tokio::task::JoinHandle<()>;
 
-/// The keep-alive and the master candidacy of one registration.
-fn spawn_member(
+/// The keep-alive of one registration (its authority); ends when the lease has ended, or gives
+/// the lease back on `lease_stop`.
+fn spawn_keeper(store: &EtcdStore, member: &Member, timing: Timing, lease_stop: &CancellationToken) -> Task {
+    let (s, stop) = (store.clone(), lease_stop.child_token());
+    let m = Member { lease: member.lease, authority: member.authority.clone() };
+    tokio::spawn(async move {
+        if let Err(e) = m.keep_alive(&s, timing, stop).await {
+            tracing::warn!(error = %e, "the lease ended");
+        }
+    })
+}
+
+/// The master candidacy under `lease`: it retries every transient error itself and ends only
+/// when the lease has ended or on shutdown; the member loop starts it again if it ends while
+/// the lease lives (a panic, say), so a node never stops being a candidate.
+fn spawn_candidate(
     store: &EtcdStore,
     keys: &Keys,
     info: &NodeInfo,
-    member: &Member,
-    timing: Timing,
+    lease: dpukv_cluster::LeaseId,
     shutdown: &CancellationToken,
-    lease_stop: &CancellationToken,
-) -> (Task, Task) {
-    let (s1, s2, k2, info2, stop1, stop2) =
-        (store.clone(), store.clone(), keys.clone(), info.clone(), lease_stop.child_token(), shutdown.child_token());
-    let lease = member.lease;
-    let m = Member { lease, authority: member.authority.clone() };
-    let keeper = tokio::spawn(async move {
-        if let Err(e) = m.keep_alive(&s1, timing, stop1).await {
-            tracing::warn!(error = %e, "the lease ended");
+    status: &master::LoopStatus,
+) -> Task {
+    let (s, k, info, stop, status) =
+        (store.clone(), keys.clone(), info.clone(), shutdown.child_token(), status.clone());
+    tokio::spawn(async move {
+        if let Err(e) = master::run(&s, &k, lease, &info, MASTER_TICK, stop, status).await {
+            tracing::warn!(error = %e, "the master candidacy ended");
         }
-    });
-    let candidate = tokio::spawn(async move {
-        if let Err(e) = master::run(&s2, &k2, lease, &info2, Duration::from_millis(500), stop2).await {
-            tracing::warn!(error = %e, "the master loop ended");
-        }
-    });
-    (keeper, candidate)
+    })
 }
+
+/// How often the master plans at least (it also plans at every change under the cluster's root).
+const MASTER_TICK: Duration = Duration::from_millis(500);
 
 fn open_led(
     args: &ClusterArgs,

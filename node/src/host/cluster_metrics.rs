@@ -11,7 +11,7 @@ use dpukv_storage::vlog::LogTail;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use crate::admin::encode_counters;
+use crate::admin::{encode_counter, encode_counters};
 use crate::replication::{Acks, Feed, ReplStats};
 
 /// See the module documentation.
@@ -27,6 +27,8 @@ pub struct ClusterMetrics {
     pub regions_backed: AtomicU64,
     /// Regions this node was given that wait for their live old primary to release them.
     pub handovers_waiting: AtomicU64,
+    /// This node's master loop (candidate or master).
+    pub master: dpukv_cluster::master::LoopStatus,
     led: Mutex<BTreeMap<u32, Led>>,
 }
 
@@ -154,6 +156,32 @@ impl prometheus_client::collector::Collector for ClusterCollector {
             "dpukv_cluster_handovers_waiting",
             "regions this node was given that wait for their old primary to release them",
             waiting,
+        )?;
+        let ms = &m.master;
+        plain_gauge(
+            &mut enc,
+            "dpukv_cluster_master_loop_running",
+            "1 while this node's master loop runs (campaigning or leading)",
+            i64::from(ms.running()),
+        )?;
+        plain_gauge(
+            &mut enc,
+            "dpukv_cluster_master_leading",
+            "1 while this node is the master",
+            i64::from(ms.leading()),
+        )?;
+        plain_gauge(
+            &mut enc,
+            "dpukv_cluster_master_last_round_timestamp_seconds",
+            "when this node last completed a round as master (unix seconds; 0: never)",
+            (ms.last_round_ms() / 1000) as i64,
+        )?;
+        encode_counter(&mut enc, "dpukv_cluster_master_rounds", "rounds this node completed as master", ms.rounds())?;
+        encode_counter(
+            &mut enc,
+            "dpukv_cluster_master_errors",
+            "errors this node's master loop met and retried",
+            ms.errors(),
         )
     }
 }
