@@ -123,6 +123,22 @@ impl Keys {
         k
     }
 
+    /// Prefix of stalled streams (`stalled/<region>/<node>`, value the region's epoch): the
+    /// region's primary reports a backup or joining node that took no data for longer than its
+    /// bound; bound to the primary's lease. The master demotes such a backup to joining (one
+    /// fenced, epoch-bumping transaction), so writes go on without it.
+    pub fn stalled(&self) -> Vec<u8> {
+        self.under("stalled/")
+    }
+
+    /// A primary's report that `node` stalled in `region`.
+    pub fn stalled_of(&self, region: u32, node: u32) -> Vec<u8> {
+        let mut k = id_key(&self.stalled(), region);
+        k.push(b'/');
+        k.extend_from_slice(format!("{node:010}").as_bytes());
+        k
+    }
+
     /// Prefix of primary handovers not yet released (`handovers/<region>/<node>`, value the
     /// region's new epoch): the master writes one, bound to the old primary's lease, when it
     /// moves a region's primary away from a live node; that node deletes it once its device no

@@ -195,6 +195,15 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
             facts.progress.insert((r, n), position);
         }
     }
+    // Stalled streams, counted only under the epoch they were reported at.
+    for kv in under(keys.stalled()) {
+        let epoch = std::str::from_utf8(&kv.value).ok().and_then(|s| s.parse::<u64>().ok());
+        if let (Some((r, n)), Some(epoch)) = (region_node(&kv.key, &keys.stalled()), epoch)
+            && regions.iter().any(|x| x.id == r && x.epoch == epoch)
+        {
+            facts.stalled.insert((r, n, epoch));
+        }
+    }
     let mut handoffs = HandoffFacts::default();
     for kv in under(keys.handoffs()) {
         let h = dpukv_proto::regionmap::Handoff::decode(&kv.value)
@@ -365,6 +374,9 @@ pub async fn apply<S: MetaStore>(
                 // A promotion: the old primary was planned dead and must still be (registered
                 // again since, it may be serving the region under a new lease).
                 None => when.push(Compare::Absent(keys.node(old.primary))),
+            }
+            if c.reason == placement::Reason::DemoteStalled {
+                then.extend(old.backups.iter().map(|&b| TxnOp::Delete { key: keys.stalled_of(old.id, b) }));
             }
             if c.reason == placement::Reason::Promote {
                 // The reports served this promotion.

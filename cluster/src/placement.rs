@@ -7,10 +7,15 @@
 //!    log (every acknowledged write is on every in-sync backup; the most advanced one also keeps
 //!    the most unacknowledged ones). With no live backup the region waits for its primary.
 //! 2. **Drop the dead** from backups and joining nodes (a primary stops waiting for them).
+//!    *Demote the stalled* (rule 2b): backups the region's primary reports stalled at the current
+//!    epoch (they took no data for a while: a full disk, a one-way partition, a stuck process)
+//!    leave the write set and go on as joining nodes; writes go on with fewer copies, and the
+//!    node rejoins once it has caught up.
 //! 3. **Repair**: while the region has fewer replicas than the target (the replication factor, or
 //!    the number of eligible nodes if smaller) on nodes that are not draining, add a joining node:
 //!    the eligible node with the fewest replicas that holds none of the region (nor, when zones
-//!    are given, a replica in the same zone).
+//!    are given, a replica in the same zone). A joining node reported stalled does not count, so
+//!    a spare node takes its place.
 //! 4. **Promote a joiner** whose catch-up has finished to a backup.
 //! 5. **Hand over** a draining node's primaries to an in-sync backup once the region has its
 //!    target of replicas without it; the old primary leaves the region (its log may hold records
@@ -82,6 +87,9 @@ pub struct Facts {
     /// Regions whose dead primary's backups have not all reported their positions: promotion
     /// waits (the master bounds the wait, `master::PROMOTION_WAIT`).
     pub awaiting: BTreeSet<u32>,
+    /// (region, node, epoch): the region's primary reports the node (a backup or joining node)
+    /// stalled at that epoch — it took no data for longer than the primary's bound.
+    pub stalled: HashSet<(u32, u32, u64)>,
 }
 
 /// The placement policy.
@@ -100,6 +108,8 @@ pub enum Reason {
     Promote,
     /// Rule 2.
     DropDead,
+    /// Rule 2b.
+    DemoteStalled,
     /// Rule 3.
     Repair,
     /// Rule 4.
@@ -291,7 +301,15 @@ fn decide(
         next.joining.retain(|j| live.contains(j));
         return Some((next, Reason::DropDead));
     }
-    let staying = r.replicas().filter(|&n| eligible(n)).count();
+    let stalled = |n: u32| facts.stalled.contains(&(r.id, n, r.epoch));
+    // 2b. Demote the stalled.
+    if r.backups.iter().any(|&b| stalled(b)) {
+        let (out, stay): (Vec<u32>, Vec<u32>) = r.backups.iter().partition(|&&b| stalled(b));
+        next.backups = stay;
+        next.joining.extend(out);
+        return Some((next, Reason::DemoteStalled));
+    }
+    let staying = r.replicas().filter(|&n| eligible(n) && !(r.joining.contains(&n) && stalled(n))).count();
     // 3. Repair.
     if staying < target
         && let Some(n) = pick_new(r, nodes, eligible, load)
@@ -467,6 +485,37 @@ mod tests {
         assert_eq!((changes[0].region.joining.clone(), changes[0].region.epoch), (vec![spare], 3));
     }
 
+    /// A backup that takes no data (a full disk, a one-way partition) once held every write of
+    /// its region up: nothing took it out of the write set while its lease lived.
+    #[test]
+    fn a_backup_reported_stalled_leaves_the_write_set_and_a_spare_takes_its_place() {
+        let nodes: Vec<NodeInfo> = (1..=4).map(|i| node(i, "")).collect();
+        let regions = initial(&nodes, &[], 3).expect("layout");
+        let r = regions[0].clone();
+        let (stuck, ok) = (r.backups[0], r.backups[1]);
+        let policy = Policy { replication: 3, max_moves: 2 };
+        let mut facts = Facts::default();
+        // A report under an older epoch is no longer about this placement.
+        facts.stalled.insert((r.id, stuck, r.epoch - 1));
+        assert_eq!(plan(&regions, &nodes, &facts, policy), vec![]);
+        facts.stalled.insert((r.id, stuck, r.epoch));
+        let changes = plan(&regions, &nodes, &facts, policy);
+        let c = &changes[0];
+        assert_eq!(
+            (c.reason, c.region.primary, c.region.backups.clone(), c.region.joining.clone(), c.region.epoch),
+            (Reason::DemoteStalled, r.primary, vec![ok], vec![stuck], r.epoch + 1)
+        );
+        // Still stalled at the new epoch: a spare node copies the region too.
+        let next = vec![c.region.clone()];
+        facts.stalled.insert((r.id, stuck, c.region.epoch));
+        let changes = plan(&next, &nodes, &facts, policy);
+        let spare = (1..=4).find(|n| ![r.primary, stuck, ok].contains(n)).expect("a spare");
+        assert_eq!((changes[0].reason, changes[0].region.joining.clone()), (Reason::Repair, vec![stuck, spare]));
+        // With no spare (three nodes), the stalled node goes on as the region's joining node.
+        let three: Vec<NodeInfo> = nodes.iter().filter(|n| n.id != spare).cloned().collect();
+        assert_eq!(plan(&next, &three, &facts, policy), vec![]);
+    }
+
     #[test]
     fn a_stepping_down_primary_moves_to_a_backup_and_keeps_a_copy() {
         let nodes: Vec<NodeInfo> = (1..=3).map(|i| node(i, "")).collect();
@@ -513,6 +562,8 @@ mod tests {
         Drain(usize),
         StepDown(usize),
         Return(usize),
+        /// The primary of region i reports one of its backups or joining nodes stalled.
+        Stall(usize, usize),
         /// A planning round; bit i of the seed says whether the i-th catch-up finishes first.
         Round(u64),
     }
@@ -524,6 +575,7 @@ mod tests {
             1 => any::<usize>().prop_map(Event::Drain),
             1 => any::<usize>().prop_map(Event::StepDown),
             1 => any::<usize>().prop_map(Event::Return),
+            1 => (any::<usize>(), any::<usize>()).prop_map(|(r, n)| Event::Stall(r, n)),
             6 => any::<u64>().prop_map(Event::Round),
         ];
         prop::collection::vec(ev, 1..60)
@@ -587,11 +639,19 @@ mod tests {
                     Event::Drain(i) => { let id = nodes[i % nodes.len()].id; facts.draining.insert(id); }
                     Event::StepDown(i) => { let id = nodes[i % nodes.len()].id; facts.stepping_down.insert(id); }
                     Event::Return(i) if !dead.is_empty() => { let d = dead.remove(i % dead.len()); nodes.push(d); }
+                    Event::Stall(ri, ni) => {
+                        let r = &regions[ri % regions.len()];
+                        let streamed: Vec<u32> = r.backups.iter().chain(&r.joining).copied().collect();
+                        if !streamed.is_empty() {
+                            facts.stalled.insert((r.id, streamed[ni % streamed.len()], r.epoch));
+                        }
+                    }
                     Event::Round(finish) => { round(&mut regions, &nodes, &mut facts, finish)?; }
                     _ => {}
                 }
             }
-            // Converge.
+            // Converge (stalled nodes took their data again).
+            facts.stalled.clear();
             let mut rounds = 0;
             while round(&mut regions, &nodes, &mut facts, u64::MAX)? > 0 {
                 rounds += 1;

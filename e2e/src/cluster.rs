@@ -30,6 +30,17 @@ pub struct ClusterNode {
     prefix: Vec<String>,
     host: Option<Proc>,
     dev: Option<Proc>,
+    /// Its data directory is a tmpfs this test mounted (unmounted on drop).
+    small_disk: bool,
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        self.kill();
+        if self.small_disk {
+            let _ = Command::new("umount").arg("-l").arg(self.dir.path().join("data")).status();
+        }
+    }
 }
 
 impl ClusterNode {
@@ -37,7 +48,39 @@ impl ClusterNode {
     pub fn start(id: u32, cluster: &str, etcd: &str, extra: &[&str]) -> Result<ClusterNode> {
         let device = format!("127.0.0.1:{}", free_port()?);
         let admin = format!("127.0.0.1:{}", free_port()?);
-        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), Vec::new(), "127.0.0.1", device, admin)
+        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), Vec::new(), "127.0.0.1", device, admin, None)
+    }
+
+    /// Like [`ClusterNode::start`], with its data directory on a tmpfs of `mib` MiB: a disk the
+    /// test can fill ([`ClusterNode::fill_disk`]). Needs root (to mount).
+    pub fn start_on_small_disk(id: u32, cluster: &str, etcd: &str, extra: &[&str], mib: u64) -> Result<ClusterNode> {
+        let device = format!("127.0.0.1:{}", free_port()?);
+        let admin = format!("127.0.0.1:{}", free_port()?);
+        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), Vec::new(), "127.0.0.1", device, admin, Some(mib))
+    }
+
+    /// Fills its data directory's disk (a file written until the disk is full); returns the
+    /// bytes written.
+    pub fn fill_disk(&self) -> Result<u64> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.dir.path().join("data").join("FILLER"))?;
+        let chunk = vec![0xA5u8; 1 << 20];
+        let mut n = 0u64;
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(k) => n += k as u64,
+                Err(e) if e.raw_os_error() == Some(28) => break, // ENOSPC
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Frees what [`ClusterNode::fill_disk`] took.
+    pub fn free_disk(&self) -> Result<()> {
+        std::fs::remove_file(self.dir.path().join("data").join("FILLER"))?;
+        Ok(())
     }
 
     /// Like [`ClusterNode::start`], with flags `both` given to the host and the device alike
@@ -53,7 +96,7 @@ impl ClusterNode {
         let device = format!("127.0.0.1:{}", free_port()?);
         let admin = format!("127.0.0.1:{}", free_port()?);
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Self::start_at(id, cluster, etcd, extra, both, env, Vec::new(), "127.0.0.1", device, admin)
+        Self::start_at(id, cluster, etcd, extra, both, env, Vec::new(), "127.0.0.1", device, admin, None)
     }
 
     /// Like [`ClusterNode::start`], in the network namespace `prefix` enters (`ip netns exec
@@ -67,7 +110,7 @@ impl ClusterNode {
         ip: &str,
     ) -> Result<ClusterNode> {
         let (device, admin) = (format!("{ip}:7070"), format!("{ip}:7071"));
-        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), prefix, ip, device, admin)
+        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), prefix, ip, device, admin, None)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -82,8 +125,21 @@ impl ClusterNode {
         ip: &str,
         device: String,
         admin: String,
+        disk_mib: Option<u64>,
     ) -> Result<ClusterNode> {
         let dir = tempfile::tempdir()?;
+        if let Some(mib) = disk_mib {
+            let data = dir.path().join("data");
+            std::fs::create_dir_all(&data)?;
+            let status = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+                .arg(&data)
+                .status()
+                .context("mounting a tmpfs (a full-disk test needs root)")?;
+            if !status.success() {
+                bail!("mounting a tmpfs at {} failed (a full-disk test needs root)", data.display());
+            }
+        }
         // The host binds any free port for replication and registers the one it got.
         let repl = format!("{ip}:0");
         let mut host_args: Vec<String> = [
@@ -105,7 +161,19 @@ impl ClusterNode {
         .collect();
         host_args.extend(extra.iter().chain(both).map(|s| s.to_string()));
         let device_args = both.iter().map(|s| s.to_string()).collect();
-        let mut n = ClusterNode { id, dir, device, admin, host_args, device_args, env, prefix, host: None, dev: None };
+        let mut n = ClusterNode {
+            id,
+            dir,
+            device,
+            admin,
+            host_args,
+            device_args,
+            env,
+            prefix,
+            host: None,
+            dev: None,
+            small_disk: disk_mib.is_some(),
+        };
         n.resume()?;
         Ok(n)
     }

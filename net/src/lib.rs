@@ -10,6 +10,8 @@
 //! - `latency`: request latency per operation as a Prometheus histogram, recorded by `conn`.
 //! - `process`: shutdown on signals, as every server binary starts; children that die with
 //!   their supervisor (`dpukv local`).
+//! - `socket`: bounded liveness of long-lived TCP connections (keep-alive probes and
+//!   `TCP_USER_TIMEOUT`): a vanished peer costs seconds, not the kernel's ~15 minutes.
 //! - `telemetry`: logs, and traces exported over OTLP (feature `otel`): a span per traced
 //!   request, joined to the trace its request carries.
 //! - `tls`: TLS for async and blocking connections, mutual TLS, certificates re-read when
@@ -25,5 +27,6 @@
 pub mod conn;
 pub mod latency;
 pub mod process;
+pub mod socket;
 pub mod telemetry;
 pub mod tls;

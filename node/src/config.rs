@@ -121,6 +121,13 @@ pub struct ClusterFlags {
     /// How long a write waits for its backups before its outcome is declared unknown (ms).
     #[arg(long, env = "DPUKV_REPLICATION_TIMEOUT_MS", default_value_t = 5000)]
     pub replication_timeout_ms: u64,
+    /// A backup or joining node that takes no log for this long (ms) while writes wait — a full
+    /// disk, a one-way partition, a stuck process — is reported to the master, which takes it
+    /// out of the region's write set; writes go on with fewer copies. Must be below
+    /// `--replication-timeout-ms`, so writes waiting for it are acknowledged, not timed out;
+    /// 0: never (a stuck backup then holds up its regions' writes until its lease ends).
+    #[arg(long, env = "DPUKV_STALL_TIMEOUT_MS", default_value_t = 2000)]
+    pub stall_timeout_ms: u64,
     /// How backups index their copies, for the cluster's first configuration: `send` (Send
     /// Index: they install the primary's compaction outputs) or `build` (Build Index: they
     /// replay their log copies and compact themselves — the baseline).
@@ -163,6 +170,13 @@ impl ClusterFlags {
         if etcd.is_empty() {
             bail!("--etcd names no URL");
         }
+        if self.stall_timeout_ms >= self.replication_timeout_ms {
+            bail!(
+                "--stall-timeout-ms ({}) must be below --replication-timeout-ms ({}), or 0 (never)",
+                self.stall_timeout_ms,
+                self.replication_timeout_ms
+            );
+        }
         Ok(Some(crate::host::cluster::ClusterArgs {
             name: name.clone(),
             node_id,
@@ -188,6 +202,7 @@ impl ClusterFlags {
                 ..dpukv_cluster::keys::ClusterConfig::new(self.replication_factor.max(1), split_keys.to_vec())
             },
             replication_timeout: Duration::from_millis(self.replication_timeout_ms.max(1)),
+            stall_timeout: (self.stall_timeout_ms > 0).then(|| Duration::from_millis(self.stall_timeout_ms)),
             catch_up_bytes_per_sec: self.catch_up_mib_per_sec.saturating_mul(1 << 20),
             tls_server: tls.server().map_err(anyhow::Error::msg)?,
             tls_client: tls.client().map_err(anyhow::Error::msg)?,

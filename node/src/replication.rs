@@ -17,7 +17,7 @@
 //! that, the sender ships the whole index again).
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use dpukv_net::tls::{ClientTls, ServerTls};
 use dpukv_proto::replication::{MAX_REPL_FRAME, ReplDecodeError, ReplMessage, ReplRefusal, ShippedLevelBytes};
 use dpukv_storage::region::{Backup, IndexExport, ReadGate, export_dir};
-use dpukv_storage::vlog::{LogTail, Lsn};
+use dpukv_storage::vlog::{FsyncPolicy, LogTail, Lsn};
 
 /// Largest log chunk a sender reads and sends at once.
 pub const CHUNK: usize = 1 << 20;
@@ -36,6 +36,22 @@ pub const CHUNK: usize = 1 << 20;
 pub const FEED_EXPORTS: usize = 8;
 /// How often a sender looks for log segments the primary collected (and tells its backup).
 pub const SEGMENTS_EVERY: Duration = Duration::from_millis(500);
+/// A replication peer that takes no bytes sent to it, or answers no keep-alive probe, for this
+/// long has its connection ended (`dpukv_net::socket::bound_liveness`, and the write loop).
+pub const LINK_DEAD_AFTER: Duration = Duration::from_secs(6);
+/// Blocking writes on a replication link return at least this often, so a writer looks at its
+/// stop flag while its peer takes nothing.
+const WRITE_SLICE: Duration = Duration::from_millis(100);
+/// How long a backup waits for a new connection's `Hello`.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Replication connections a backup serves at once (each is a thread); more are closed at once.
+pub const MAX_REPL_CONNECTIONS: usize = 4096;
+/// Log chunks a backup under `--fsync always` may apply before it syncs them and says it holds
+/// them (group commit: frames already arrived share one sync).
+const SYNC_GROUP_FRAMES: usize = 16;
+
+/// A stop flag nobody sets (a refusal's one frame is bounded by [`LINK_DEAD_AFTER`] alone).
+static NEVER: AtomicBool = AtomicBool::new(false);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -47,9 +63,6 @@ pub enum AckError {
     /// A backup did not confirm in time.
     #[error("backups {0:?} did not confirm the write in time")]
     Timeout(Vec<u32>),
-    /// The region's epoch changed while waiting (a new backup set, or no longer primary).
-    #[error("the region's epoch changed while the write waited for its backups")]
-    EpochChanged,
     /// This node stopped leading the region: nothing more is confirmed.
     #[error("this node no longer leads the region")]
     Closed,
@@ -66,6 +79,9 @@ struct AckState {
     installed: std::collections::HashSet<u32>,
     /// What readers of the region may see: moved to what every required backup holds.
     gate: Option<ReadGate>,
+    /// When each watched node last moved forward (or held the whole log): one that has not for
+    /// a while is stalled ([`Acks::stalled`]).
+    progress: HashMap<u32, Instant>,
 }
 
 impl AckState {
@@ -96,13 +112,38 @@ impl Acks {
         Arc::new(Acks { st: Mutex::new(AckState { epoch, required, ..AckState::default() }), cv: Condvar::new() })
     }
 
-    /// A new epoch and backup set (writes waiting under the old epoch fail).
+    /// A new epoch and backup set. Writes waiting go on waiting for the new set: every backup
+    /// the master may promote at the new epoch is in it (a backup that left the set — stalled,
+    /// dead — is not promotable; one that joined it held the whole log when it was reported
+    /// caught up), so a write the new set holds may be acknowledged.
     pub fn set_required(&self, epoch: u64, required: Vec<u32>) {
         let mut st = lock(&self.st);
         st.epoch = epoch;
         st.required = required;
         st.show();
         self.cv.notify_all();
+    }
+
+    /// The nodes of `among` (a region's backups and joining nodes) that have not moved forward
+    /// for `after` while the log reaches past what they hold (`end`): a required one holds up
+    /// every write (docs/cluster.md §5, "Stalled backups"). A node is watched from the first
+    /// time it is asked about; one that holds the whole log is moving.
+    pub fn stalled(&self, among: &[u32], end: Lsn, after: Duration) -> Vec<u32> {
+        let mut st = lock(&self.st);
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for &n in among {
+            let behind = st.held.get(&n).is_none_or(|h| *h < end);
+            let since = st.progress.entry(n).or_insert(now);
+            if !behind {
+                *since = now;
+            } else if now.duration_since(*since) >= after {
+                out.push(n);
+            }
+        }
+        let watched: Vec<u32> = among.to_vec();
+        st.progress.retain(|n, _| watched.contains(n));
+        out
     }
 
     /// Gates the region's reads by what the backups hold: a write becomes visible only once
@@ -126,6 +167,9 @@ impl Acks {
         let e = st.held.entry(node).or_insert(Lsn(0));
         if upto > *e {
             *e = upto;
+            if let Some(t) = st.progress.get_mut(&node) {
+                *t = Instant::now();
+            }
             st.show();
             self.cv.notify_all();
         }
@@ -176,17 +220,14 @@ impl Acks {
         lock(&self.st).held.get(&node).copied()
     }
 
-    /// Blocks until every required backup holds the log up to `end`.
+    /// Blocks until every required backup (of the set in force: it may change while waiting)
+    /// holds the log up to `end`.
     pub fn wait(&self, end: Lsn, timeout: Duration) -> Result<(), AckError> {
         let deadline = Instant::now() + timeout;
         let mut st = lock(&self.st);
-        let epoch = st.epoch;
         loop {
             if st.closed {
                 return Err(AckError::Closed);
-            }
-            if st.epoch != epoch {
-                return Err(AckError::EpochChanged);
             }
             if st.held_by_all().is_some_and(|h| h >= end) {
                 return Ok(());
@@ -345,19 +386,35 @@ impl Link {
         }
         let tcp = connected.ok_or(last)?;
         tcp.set_nodelay(true)?;
-        match tls {
-            Some(t) => Ok(Link::Tls(t.connect_blocking(tcp, addr)?)),
-            None => Ok(Link::Tcp(tcp)),
-        }
+        dpukv_net::socket::bound_liveness(&tcp, LINK_DEAD_AFTER)?;
+        // The TLS bridge's own writes to the network give up once the peer takes nothing.
+        tcp.set_write_timeout(Some(LINK_DEAD_AFTER))?;
+        let link = match tls {
+            Some(t) => Link::Tls(t.connect_blocking(tcp, addr)?),
+            None => Link::Tcp(tcp),
+        };
+        link.set_write_timeout(Some(WRITE_SLICE))?;
+        Ok(link)
     }
 
     /// Accepts `tcp`, with TLS when `tls` is given.
     fn accept(tcp: TcpStream, tls: Option<&ServerTls>) -> std::io::Result<Link> {
         tcp.set_nonblocking(false)?;
         tcp.set_nodelay(true)?;
-        match tls {
-            Some(t) => Ok(Link::Tls(t.accept_blocking(tcp)?)),
-            None => Ok(Link::Tcp(tcp)),
+        dpukv_net::socket::bound_liveness(&tcp, LINK_DEAD_AFTER)?;
+        tcp.set_write_timeout(Some(LINK_DEAD_AFTER))?;
+        let link = match tls {
+            Some(t) => Link::Tls(t.accept_blocking(tcp)?),
+            None => Link::Tcp(tcp),
+        };
+        link.set_write_timeout(Some(WRITE_SLICE))?;
+        Ok(link)
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Link::Tcp(s) => s.set_write_timeout(t),
+            Link::Tls(s) => s.set_write_timeout(t),
         }
     }
 
@@ -407,11 +464,34 @@ impl Write for Link {
     }
 }
 
-/// Writes one frame; its size in bytes.
-fn write_msg(s: &mut impl Write, m: &ReplMessage) -> std::io::Result<u64> {
+/// Writes one frame; its size in bytes. Gives up when `stop` is set, or when the peer took
+/// nothing for [`LINK_DEAD_AFTER`] (the link's writes time out every [`WRITE_SLICE`], so a
+/// writer never waits on a stuck peer without looking at its stop flag).
+fn write_msg(s: &mut impl Write, m: &ReplMessage, stop: &AtomicBool) -> std::io::Result<u64> {
     let mut b = Vec::new();
     m.encode(&mut b);
-    s.write_all(&b)?;
+    let (mut rest, mut progress) = (&b[..], Instant::now());
+    while !rest.is_empty() {
+        match s.write(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                rest = &rest[n..];
+                progress = Instant::now();
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                if stop.load(Ordering::Acquire) {
+                    return Err(std::io::Error::new(ErrorKind::Interrupted, "stopped while the peer took nothing"));
+                }
+                if progress.elapsed() >= LINK_DEAD_AFTER {
+                    return Err(std::io::Error::new(
+                        ErrorKind::TimedOut,
+                        format!("the peer took no bytes for {LINK_DEAD_AFTER:?}"),
+                    ));
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
     Ok(b.len() as u64)
 }
 
@@ -592,7 +672,7 @@ fn send_session(
     let (region, epoch) = (cfg.region, cfg.epoch);
     let hello =
         ReplMessage::Hello { cluster: cfg.cluster.clone(), region, epoch, primary: cfg.primary, base: cfg.base.0 };
-    write_msg(&mut s, &hello)?;
+    write_msg(&mut s, &hello, stop)?;
     // A backup that does not answer its Hello is tried again, not waited for forever.
     s.set_read_timeout(Some(RESUME_TIMEOUT))?;
     let resume = read_msg(&mut s)?;
@@ -677,6 +757,7 @@ fn send_session(
                         sealed: c.sealed,
                         bytes: c.bytes,
                     },
+                    stop,
                 )?;
                 cfg.stats.log_bytes_shipped.fetch_add(n, Ordering::Relaxed);
                 pacer.sent(n, behind);
@@ -701,7 +782,7 @@ fn send_session(
                         match export_dir(&cfg.region_dir)? {
                             Some(e) => {
                                 let m = export_msg(region, epoch, &e);
-                                write_msg(&mut s, &m)?;
+                                write_msg(&mut s, &m, stop)?;
                                 let n = index_bytes(&m);
                                 cfg.stats.index_bytes_shipped.fetch_add(n, Ordering::Relaxed);
                                 cfg.stats.whole_index_shipments.fetch_add(1, Ordering::Relaxed);
@@ -715,7 +796,7 @@ fn send_session(
                     Some(list) => {
                         for e in list {
                             let m = export_msg(region, epoch, &e);
-                            write_msg(&mut s, &m)?;
+                            write_msg(&mut s, &m, stop)?;
                             cfg.stats.index_bytes_shipped.fetch_add(index_bytes(&m), Ordering::Relaxed);
                             shipped_generation = e.manifest.generation;
                         }
@@ -726,7 +807,7 @@ fn send_session(
             // every change, checked at most every SEGMENTS_EVERY. (A stop above leaves it for
             // the next connection.)
             if let Some(live) = live.filter(|l| *l != last_live && !stop.load(Ordering::Acquire)) {
-                write_msg(&mut s, &ReplMessage::Segments { region, epoch, live: live.clone() })?;
+                write_msg(&mut s, &ReplMessage::Segments { region, epoch, live: live.clone() }, stop)?;
                 last_live = live;
             }
             if !sent {
@@ -758,6 +839,8 @@ pub struct BackupHost {
     /// Build Index: each backed region's builder (its stop flag and thread).
     build: AtomicBool,
     builders: Mutex<HashMap<u32, Builder>>,
+    /// When received log bytes are made durable (the node's `--fsync`; `always` by default).
+    fsync: Mutex<FsyncPolicy>,
 }
 
 impl std::fmt::Debug for BackupHost {
@@ -785,7 +868,37 @@ impl BackupHost {
             stats,
             build: AtomicBool::new(false),
             builders: Mutex::default(),
+            fsync: Mutex::new(FsyncPolicy::Always),
         })
+    }
+
+    /// When received log bytes become durable, as the node's own log (`--fsync`): `always` syncs
+    /// every chunk before saying it is held (a write is acknowledged only once it is on the disk
+    /// of every replica in the write set); `interval:MS` syncs every MS (a power loss of every
+    /// replica loses at most that much of acknowledged writes); `never` syncs when a copy is
+    /// complete. Set once, before serving.
+    pub fn set_fsync(self: &Arc<Self>, policy: FsyncPolicy) {
+        *lock(&self.fsync) = policy;
+        let FsyncPolicy::Interval(every) = policy else { return };
+        let host = Arc::downgrade(self);
+        let _ = std::thread::Builder::new().name("dpukv-repl-flush".into()).spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                let Some(host) = host.upgrade() else { return };
+                let open: Vec<_> = lock(&host.backups).values().cloned().collect();
+                for b in open {
+                    if let Some(b) = lock(&b).as_mut().filter(|b| b.has_unsynced())
+                        && let Err(e) = b.sync_log()
+                    {
+                        tracing::error!(error = %e, "syncing a backup's log copy failed");
+                    }
+                }
+            }
+        });
+    }
+
+    fn fsync(&self) -> FsyncPolicy {
+        *lock(&self.fsync)
     }
 
     /// Build Index (`true`): backups index their complete log copies themselves, on a thread per
@@ -912,9 +1025,10 @@ impl BackupHost {
         Ok(x)
     }
 
-    /// Accepts replication connections on `listener` until `stop`, a thread per connection.
-    /// With `tls`, connections speak TLS only (and, if it asks for client certificates, only
-    /// primaries with a certificate of the cluster's CA are served).
+    /// Accepts replication connections on `listener` until `stop`, a thread per connection (at
+    /// most [`MAX_REPL_CONNECTIONS`]; more are closed at once). With `tls`, connections speak TLS
+    /// only (and, if it asks for client certificates, only primaries with a certificate of the
+    /// cluster's CA are served). A connection must say `Hello` within [`HELLO_TIMEOUT`].
     pub fn serve(
         self: &Arc<Self>,
         listener: TcpListener,
@@ -923,23 +1037,33 @@ impl BackupHost {
     ) -> std::io::Result<JoinHandle<()>> {
         listener.set_nonblocking(true)?;
         let host = self.clone();
+        let active = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         std::thread::Builder::new().name("dpukv-repl-accept".into()).spawn(move || {
             while !stop.load(Ordering::Acquire) {
                 match listener.accept() {
                     Ok((s, peer)) => {
-                        let (host, tls) = (host.clone(), tls.clone());
-                        let _ = std::thread::Builder::new().name("dpukv-repl-backup".into()).spawn(move || {
-                            let link = match Link::accept(s, tls.as_deref()) {
-                                Ok(l) => l,
-                                Err(e) => {
-                                    tracing::warn!(%peer, error = %e, "a replication connection failed its TLS handshake");
-                                    return;
+                        if active.load(Ordering::Acquire) >= MAX_REPL_CONNECTIONS {
+                            tracing::warn!(%peer, "too many replication connections; closing one");
+                            continue;
+                        }
+                        active.fetch_add(1, Ordering::AcqRel);
+                        let (host, tls, stop, active2) = (host.clone(), tls.clone(), stop.clone(), active.clone());
+                        let spawned = std::thread::Builder::new().name("dpukv-repl-backup".into()).spawn(move || {
+                            match Link::accept(s, tls.as_deref()) {
+                                Ok(link) => {
+                                    if let Err(e) = host.session(link, &stop) {
+                                        tracing::debug!(%peer, error = %e, "replication connection ended");
+                                    }
                                 }
-                            };
-                            if let Err(e) = host.session(link) {
-                                tracing::debug!(%peer, error = %e, "replication connection ended");
+                                Err(e) => {
+                                    tracing::warn!(%peer, error = %e, "a replication connection failed its TLS handshake")
+                                }
                             }
+                            active2.fetch_sub(1, Ordering::AcqRel);
                         });
+                        if spawned.is_err() {
+                            active.fetch_sub(1, Ordering::AcqRel);
+                        }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         std::thread::sleep(Duration::from_millis(10))
@@ -972,11 +1096,12 @@ impl BackupHost {
         current: u64,
         message: String,
     ) -> anyhow::Result<()> {
-        write_msg(s, &ReplMessage::Refuse { region, reason, current, at: 0, message: message.clone() })?;
+        write_msg(s, &ReplMessage::Refuse { region, reason, current, at: 0, message: message.clone() }, &NEVER)?;
         anyhow::bail!("refused: {}: {message}", reason.code())
     }
 
-    fn session(&self, mut s: Link) -> anyhow::Result<()> {
+    fn session(&self, mut s: Link, stop: &AtomicBool) -> anyhow::Result<()> {
+        s.set_read_timeout(Some(HELLO_TIMEOUT))?;
         let (region, epoch, primary, base) = match read_msg(&mut s)? {
             ReplMessage::Hello { cluster, region, epoch, primary, base } => {
                 if cluster != self.cluster {
@@ -992,6 +1117,9 @@ impl BackupHost {
             }
             other => anyhow::bail!("expected hello, got {other:?}"),
         };
+        // From here the primary streams when it has something; a vanished one is found by the
+        // link's keep-alive probes.
+        s.set_read_timeout(None)?;
         let known = lock(&self.roles).get(&region).copied();
         let Some(known) = known else {
             return Self::refuse(
@@ -1021,9 +1149,34 @@ impl BackupHost {
                 );
             }
         };
-        write_msg(&mut s, &ReplMessage::Resume { region, epoch, from: from.map(|l| l.0) })?;
+        write_msg(&mut s, &ReplMessage::Resume { region, epoch, from: from.map(|l| l.0) }, stop)?;
+        // Frames are read through a buffer, so that one already here is seen: under `always`,
+        // chunks that arrived together share one sync (group commit) before `Held` says so.
+        let mut r = std::io::BufReader::with_capacity(256 << 10, s.try_clone()?);
+        let always = self.fsync() == FsyncPolicy::Always;
+        // Applied but not yet answered (under `always`: not yet synced): the position, and how
+        // many chunks.
+        let mut unanswered: Option<(Lsn, usize)> = None;
         loop {
-            let m = read_msg(&mut s)?;
+            if let Some((upto, frames)) = unanswered
+                && (!always || r.buffer().is_empty() || frames >= SYNC_GROUP_FRAMES)
+            {
+                if always {
+                    let synced = match lock(&backup).as_mut() {
+                        Some(b) => b.sync_log(),
+                        None => {
+                            return Self::refuse(&mut s, region, ReplRefusal::WrongRegion, 0, "released here".into());
+                        }
+                    };
+                    if let Err(e) = synced {
+                        return Self::refuse(&mut s, region, ReplRefusal::Failed, known, e.to_string());
+                    }
+                }
+                tracing::trace!(region, epoch, upto = ?upto, "held");
+                write_msg(&mut s, &ReplMessage::Held { region, epoch, upto: upto.0 }, stop)?;
+                unanswered = None;
+            }
+            let m = read_msg(&mut r)?;
             if m.region() != region {
                 return Self::refuse(
                     &mut s,
@@ -1048,10 +1201,7 @@ impl BackupHost {
                         }
                     };
                     match r {
-                        Ok(upto) => {
-                            tracing::trace!(region, epoch, upto = ?upto, "held");
-                            write_msg(&mut s, &ReplMessage::Held { region, epoch, upto: upto.0 })?;
-                        }
+                        Ok(upto) => unanswered = Some((upto, unanswered.map_or(1, |(_, n)| n + 1))),
                         Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Gap, known, e.to_string()),
                     }
                 }
@@ -1066,7 +1216,7 @@ impl BackupHost {
                     match r {
                         Ok(generation) => {
                             self.stats.index_bytes_installed.fetch_add(size, Ordering::Relaxed);
-                            write_msg(&mut s, &ReplMessage::Installed { region, epoch, generation })?;
+                            write_msg(&mut s, &ReplMessage::Installed { region, epoch, generation }, stop)?;
                         }
                         Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Failed, known, e.to_string()),
                     }

@@ -122,7 +122,18 @@ async fn the_backup_whose_log_reaches_furthest_is_promoted() {
     let etcd = Etcd::start().expect("etcd");
     // A lease long enough that the paused host keeps its registration (then both backups are
     // candidates for the promotion).
-    let args = ["--lease-ttl-ms", "8000", "--replication-factor", "3", "--replication-timeout-ms", "300"];
+    // No stall reports: the paused backup must stay in the write set, for the promotion to
+    // choose between the two backups by how far their logs reach.
+    let args = [
+        "--lease-ttl-ms",
+        "8000",
+        "--replication-factor",
+        "3",
+        "--replication-timeout-ms",
+        "300",
+        "--stall-timeout-ms",
+        "0",
+    ];
     let mut nodes: Vec<ClusterNode> =
         (1..=3).map(|id| ClusterNode::start(id, "e2e", &etcd.url(), &args).expect("node")).collect();
     let full = |m: &dpukv_proto::regionmap::RegionMap| {

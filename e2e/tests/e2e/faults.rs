@@ -92,3 +92,111 @@ async fn after_an_etcd_outage_a_dead_primary_still_fails_over_within_3_s() {
         logs(&nodes)
     );
 }
+
+/// The health as `/cluster/summary` reports it at `n`: (without a primary, under-replicated).
+fn summary(n: &ClusterNode) -> Option<(u64, u64)> {
+    let s = n.admin_get("/cluster/summary").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        s.split(&format!("\"{name}\": ")).nth(1)?.split([',', '}']).next()?.trim().parse().ok()
+    };
+    Some((field("without_primary")?, field("under_replicated")?))
+}
+
+/// A backup whose disk is full once held up every write of its regions: it kept its lease, so
+/// nothing took it out of the write set; each write waited 5 s and ended `outcome_unknown`. Now
+/// its primary reports it stalled and the master demotes it: writes are acknowledged again within
+/// 5 s of the fill, the region reports under-replicated, and once space is freed the node
+/// catches up and is a backup again — with no acknowledged write lost (checked after a failover
+/// to a healed copy too). Needs root (the backup's disk is a 48 MiB tmpfs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_with_a_full_disk_leaves_the_write_set_and_rejoins_once_space_is_freed() {
+    use dpukv_client::Client;
+    let etcd = Etcd::start().expect("etcd");
+    let mut nodes: Vec<ClusterNode> =
+        (1..=2).map(|id| ClusterNode::start(id, "faults", &etcd.url(), &ARGS).expect("node")).collect();
+    nodes.push(ClusterNode::start_on_small_disk(3, "faults", &etcd.url(), &ARGS, 48).expect("node 3"));
+    let map = must_see_map(&nodes, |_| true, Duration::from_secs(60), whole(3, 3)).await;
+    let region = map.regions[0].clone();
+    assert_ne!(region.primary, 3, "node 3 is a backup (the first layout leads from the lowest id): {region:?}");
+    let primary = map.node(region.primary).expect("registered").device.clone();
+    let c = Client::connect(&primary, 2).await.expect("connect");
+    let mut acked: Vec<(String, String)> = Vec::new();
+    for i in 0..200u32 {
+        let (k, v) = (format!("before{i:04}"), format!("v{i}-{}", "x".repeat(500)));
+        c.put(k.as_bytes(), v.as_bytes()).await.expect("a write before the fill");
+        acked.push((k, v));
+    }
+    let filled = nodes[2].fill_disk().expect("fill the disk");
+    let fill = Instant::now();
+    eprintln!("filled node 3's disk with {} MiB", filled >> 20);
+    // Writes go on; the first one issued after the fill is acknowledged within 5 s.
+    let mut first = None;
+    let mut i = 0u32;
+    while fill.elapsed() < Duration::from_secs(8) || first.is_none() {
+        let (k, v) = (format!("during{i:05}"), format!("v{i}-{}", "y".repeat(500)));
+        match c.put(k.as_bytes(), v.as_bytes()).await {
+            Ok(_) => {
+                first.get_or_insert(fill.elapsed());
+                acked.push((k, v));
+            }
+            Err(e) => panic!("write {i} after the fill failed: {e}\n{}", logs(&nodes)),
+        }
+        i += 1;
+        assert!(fill.elapsed() < Duration::from_secs(30), "no write acknowledged after the fill\n{}", logs(&nodes));
+    }
+    let first = first.expect("set");
+    eprintln!("after the fill: first write acknowledged after {first:?}, {i} writes in all");
+    assert!(first <= Duration::from_secs(5), "writes were held up {first:?} by the full backup\n{}", logs(&nodes));
+    let now = must_see_map(&nodes, |_| true, Duration::from_secs(10), |_| true).await;
+    let r = now.region(region.id).expect("the region");
+    assert!(!r.backups.contains(&3) && r.epoch > region.epoch, "node 3 left the write set: {r:?}");
+    assert_eq!(summary(&nodes[0]).map(|s| s.1), Some(1), "the region reports under-replicated");
+    assert_eq!(nodes[0].metric("dpukv_cluster_regions_under_replicated").expect("metrics"), Some(1.0));
+    // Space comes back: node 3 catches up and is a backup again.
+    nodes[2].free_disk().expect("free the disk");
+    let healed = Instant::now();
+    must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(60),
+        |m| m.region(region.id).is_some_and(|r| r.backups.contains(&3) && r.backups.len() == 2),
+    )
+    .await;
+    eprintln!("node 3 was a backup again {:?} after space was freed", healed.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while summary(&nodes[0]) != Some((0, 0)) {
+        assert!(Instant::now() < deadline, "the region is whole again: {:?}", summary(&nodes[0]));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // No acknowledged write is lost — also after the primary dies and a backup takes over.
+    let old = region.primary;
+    nodes[old as usize - 1].kill();
+    let after = must_see_map(
+        &nodes,
+        |n| n.id != old,
+        Duration::from_secs(30),
+        |m| m.region(region.id).is_some_and(|r| r.primary != old && m.node(r.primary).is_some()),
+    )
+    .await;
+    let p = after.region(region.id).expect("region").primary;
+    let c = Client::connect(&after.node(p).expect("registered").device, 2).await.expect("connect");
+    let mut lost = Vec::new();
+    for (k, v) in &acked {
+        let mut got = c.get(k.as_bytes()).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.is_err() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            got = c.get(k.as_bytes()).await;
+        }
+        if got.as_ref().ok().and_then(|g| g.as_deref()) != Some(v.as_bytes()) {
+            lost.push(k.clone());
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged writes lost (node {p} leads now): {:?}\n{}",
+        lost.len(),
+        &lost[..lost.len().min(10)],
+        logs(&nodes)
+    );
+}

@@ -63,6 +63,9 @@ pub struct ClusterArgs {
     pub bootstrap: ClusterConfig,
     /// How long a write waits for its backups before its outcome is declared unknown.
     pub replication_timeout: Duration,
+    /// A backup or joining node that took no log for this long is reported stalled (None:
+    /// never).
+    pub stall_timeout: Option<Duration>,
     /// Most bytes per second sent to a backup catching up (0: no cap).
     pub catch_up_bytes_per_sec: u64,
     /// TLS on this host's replication listener.
@@ -97,6 +100,8 @@ struct Led {
     serving: bool,
     /// Joining nodes whose catch-up was reported (at this epoch).
     reported: BTreeSet<u32>,
+    /// Nodes reported stalled (at this epoch).
+    stalled: BTreeSet<u32>,
 }
 
 /// Runs the member until `shutdown`; returns the writer threads of the regions it still led
@@ -273,9 +278,10 @@ pub async fn run(
             for id in losing {
                 let l = led.remove(&id).expect("led");
                 metrics.unlead(id);
-                close_led(l).await;
                 // Its copy may hold records the new primary never had: throw it away.
-                remove_region_files(&opener, id).await;
+                if close_led(l).await {
+                    remove_region_files(&opener, id).await;
+                }
                 tracing::info!(region = id, "handed the region over");
             }
         }
@@ -423,6 +429,10 @@ pub async fn run(
                 }
             }
         }
+        if let Some(bound) = args.stall_timeout {
+            report_stalled(&snap, me, &mut led, &store, &keys, member.lease, bound).await;
+        }
+        metrics.under_replicated.store(snap.health().under_replicated as u64, Ordering::Relaxed);
     }
     // Leaving: stop serving, stop replicating, give the lease back (the master fails over now
     // rather than after the TTL).
@@ -449,6 +459,43 @@ pub async fn run(
     served.write().unwrap_or_else(|e| e.into_inner()).writers.clear();
     let _ = store.revoke(member.lease).await;
     Ok(threads)
+}
+
+/// For every region this node leads, reports the backups and joining nodes that took no log
+/// for `bound` while it reaches past what they hold (`stalled/<region>/<node>` = the epoch,
+/// under this node's lease): the master takes a stalled backup out of the write set, and writes
+/// waiting for it are acknowledged by the others (docs/cluster.md §5, "Stalled backups"). A node
+/// that moves again has its report withdrawn.
+async fn report_stalled(
+    snap: &master::Snapshot,
+    me: u32,
+    led: &mut HashMap<u32, Led>,
+    store: &EtcdStore,
+    keys: &Keys,
+    lease: dpukv_cluster::LeaseId,
+    bound: Duration,
+) {
+    for r in snap.map.regions.iter().filter(|r| r.primary == me) {
+        let Some(l) = led.get_mut(&r.id).filter(|l| l.epoch == r.epoch) else { continue };
+        let streamed: Vec<u32> = r.backups.iter().chain(&r.joining).copied().collect();
+        let stalled: BTreeSet<u32> = l.acks.stalled(&streamed, l.tail.end(), bound).into_iter().collect();
+        for &n in stalled.difference(&l.stalled.clone()) {
+            let value = r.epoch.to_string();
+            match store.put(&keys.stalled_of(r.id, n), value.as_bytes(), Some(lease)).await {
+                Ok(_) => {
+                    tracing::warn!(region = r.id, node = n, epoch = r.epoch, after = ?bound, "a replica took no log: reported stalled");
+                    l.stalled.insert(n);
+                }
+                Err(e) => tracing::debug!(error = %e, "reporting a stalled replica failed; will retry"),
+            }
+        }
+        for n in l.stalled.clone().difference(&stalled) {
+            if store.delete(&keys.stalled_of(r.id, *n)).await.is_ok() {
+                tracing::info!(region = r.id, node = n, "a replica reported stalled takes the log again");
+                l.stalled.remove(n);
+            }
+        }
+    }
 }
 
 /// Position reports per transaction (etcd allows 128 operations in one by default).
@@ -602,6 +649,7 @@ fn open_led(
         send_index,
         serving: false,
         reported: BTreeSet::new(),
+        stalled: BTreeSet::new(),
     };
     start_senders(args, &mut l, r, map);
     tracing::info!(region = r.id, epoch = r.epoch, backups = ?r.backups, joining = ?r.joining, "leading the region");
@@ -617,6 +665,7 @@ fn retarget(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_proto::
     l.acks.set_required(r.epoch, r.backups.clone());
     l.epoch = r.epoch;
     l.reported.clear();
+    l.stalled.clear();
     start_senders(args, l, r, map);
     tracing::info!(region = r.id, epoch = r.epoch, backups = ?r.backups, joining = ?r.joining, "region changed");
 }
@@ -651,20 +700,36 @@ fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_pr
     }
 }
 
-async fn close_led(l: Led) {
-    // Writes waiting for backups fail now (the region is someone else's); the writer drains.
+/// How long closing a region waits for its writer to finish (its last group's sync); past it
+/// the region's files are left for the next start to remove.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// Stops leading a region: writes waiting for backups fail (the region is someone else's), the
+/// senders are told to stop (they end by themselves within a write slice, whatever their backup
+/// does — nothing here waits for them), and the writer drains. Returns whether the writer
+/// finished within [`CLOSE_WAIT`] (only then may the region's files go).
+async fn close_led(l: Led) -> bool {
     l.acks.close();
     for (_, stop, _) in &l.senders {
         stop.store(true, Ordering::Release);
     }
     drop(l.queue);
-    let _ = tokio::task::spawn_blocking(move || {
-        let _ = l.thread.join();
-        for (_, _, h) in l.senders {
-            let _ = h.join();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let thread = l.thread;
+    let joined = std::thread::Builder::new().name("dpukv-close".into()).spawn(move || {
+        let _ = thread.join();
+        let _ = tx.send(());
+    });
+    if joined.is_err() {
+        return false;
+    }
+    match tokio::time::timeout(CLOSE_WAIT, rx).await {
+        Ok(_) => true,
+        Err(_) => {
+            tracing::error!(after = ?CLOSE_WAIT, "a region's writer did not finish; its files stay until the next start");
+            false
         }
-    })
-    .await;
+    }
 }
 
 /// Splits and merges, on this node's side: tells every led region's writer the ranges it keeps

@@ -29,6 +29,9 @@ pub struct ClusterMetrics {
     pub handovers_waiting: AtomicU64,
     /// This node's master loop (candidate or master).
     pub master: dpukv_cluster::master::LoopStatus,
+    /// Regions with fewer in-sync copies than the cluster's target, as this node last read the
+    /// map (every node reports the same figure; alert on any).
+    pub under_replicated: AtomicU64,
     led: Mutex<BTreeMap<u32, Led>>,
 }
 
@@ -156,6 +159,12 @@ impl prometheus_client::collector::Collector for ClusterCollector {
             "dpukv_cluster_handovers_waiting",
             "regions this node was given that wait for their old primary to release them",
             waiting,
+        )?;
+        plain_gauge(
+            &mut enc,
+            "dpukv_cluster_regions_under_replicated",
+            "regions with fewer live in-sync copies than the replication factor allows (as this node last read the map)",
+            m.under_replicated.load(Ordering::Relaxed) as i64,
         )?;
         let ms = &m.master;
         plain_gauge(

@@ -93,6 +93,8 @@ pub struct Backup {
     source: u64,
     /// Copies being streamed: primary segment -> (local file, bytes received).
     open_logs: HashMap<u64, (Arc<dyn FsFile>, u32)>,
+    /// Copies written since their last sync ([`Backup::sync_log`]).
+    unsynced: BTreeSet<u64>,
     manifest: Manifest,
     /// Bytes written to disk here (log copies, level segments, manifests).
     pub bytes_written: u64,
@@ -119,14 +121,18 @@ impl Backup {
             sealed: BTreeSet::new(),
             source: 0,
             open_logs: HashMap::new(),
+            unsynced: BTreeSet::new(),
             manifest: Manifest { next_segment: 1, ..Manifest::default() },
             bytes_written: 0,
         })
     }
 
     /// Reopens a backup after a restart: its log segment map, manifest and installed levels.
-    /// Log copies that were still streaming are received again from their start
-    /// ([`Backup::resume_from`]).
+    /// A log copy that was still streaming keeps the chain of valid records it holds (what was
+    /// synced survives a power loss; a torn tail after it is zeroed) and is received on from
+    /// its end ([`Backup::resume_from`]) — never cut back to its start, which would throw away
+    /// acknowledged writes this copy may be the only one to hold on disk. A copy whose file a
+    /// power loss took (created, its directory not yet synced) is forgotten.
     pub fn open_with(dir: impl AsRef<Path>, fs: Arc<dyn Fs>) -> Result<Backup> {
         let mut b = Backup::create_with(dir, fs)?;
         let p = b.dir.join(LOG_MAP);
@@ -150,6 +156,7 @@ impl Backup {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(&p, e)),
         }
+        b.reopen_streaming_copies()?;
         if let Some(m) = Manifest::load(&b.dir)? {
             let pp = primary_levels_path(&b.dir, m.generation);
             let primary = match std::fs::read(&pp) {
@@ -166,9 +173,74 @@ impl Backup {
         Ok(b)
     }
 
-    /// Where the primary should stream from: the first copy not complete, from its start (a
-    /// copy that was streaming when the backup stopped is received again whole), or the
-    /// segment after the last complete one; None for a backup that has nothing yet.
+    /// The copies the log map names that are not complete, reopened at the end of the valid
+    /// records they hold (see [`Backup::open_with`]).
+    fn reopen_streaming_copies(&mut self) -> Result<()> {
+        let vdir = vlog_dir(&self.dir);
+        let streaming: Vec<(u64, u64)> =
+            self.log_map.iter().filter(|(p, _)| !self.sealed.contains(p)).map(|(&p, &l)| (p, l)).collect();
+        let mut forgotten = false;
+        for (primary, local) in streaming {
+            let path = crate::vlog::segment_path(&vdir, local);
+            let bytes = match std::fs::read(&path) {
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    self.log_map.remove(&primary);
+                    forgotten = true;
+                    continue;
+                }
+                Err(e) => return Err(Error::io(&path, e)),
+            };
+            let (end, dirty_end) = match crate::vlog::valid_end(&path, &bytes) {
+                Ok(x) => x,
+                // Its header never reached the disk: nothing of it was held durably.
+                Err(_) => {
+                    let _ = self.fs.remove(&path);
+                    self.log_map.remove(&primary);
+                    forgotten = true;
+                    continue;
+                }
+            };
+            let file = self.fs.open(&path).map_err(|e| Error::io(&path, e))?;
+            if dirty_end > end {
+                file.write_all_at(&vec![0u8; (dirty_end - end) as usize], u64::from(end))
+                    .map_err(|e| Error::io(&path, e))?;
+            }
+            file.sync_data().map_err(|e| Error::io(&path, e))?;
+            self.open_logs.insert(primary, (file, end));
+        }
+        if forgotten {
+            self.store_log_map()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every byte of the log copies received so far durable (`fdatasync` of each copy
+    /// written since the last call). A backup under `--fsync always` calls it before it says
+    /// it holds them: a write is acknowledged only once it is on the disk of every replica in
+    /// the write set.
+    pub fn sync_log(&mut self) -> Result<()> {
+        let vdir = vlog_dir(&self.dir);
+        for seg in std::mem::take(&mut self.unsynced) {
+            if let Some((file, _)) = self.open_logs.get(&seg) {
+                let p = crate::vlog::segment_path(&vdir, self.log_map[&seg]);
+                if let Err(e) = file.sync_data() {
+                    self.unsynced.insert(seg);
+                    return Err(Error::io(&p, e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether copies were written since the last [`Backup::sync_log`].
+    pub fn has_unsynced(&self) -> bool {
+        !self.unsynced.is_empty()
+    }
+
+    /// Where the primary should stream from: the first copy not complete, from the end of what
+    /// it holds, or the segment after the last complete one; None for a backup that has nothing
+    /// yet.
     pub fn resume_from(&self) -> Option<Lsn> {
         let first_open = self.log_map.keys().filter(|p| !self.sealed.contains(p)).min();
         match first_open {
@@ -179,8 +251,8 @@ impl Backup {
 
     /// How far the copies reach: the end of the furthest copy being streamed, or the start of
     /// the segment after the last complete one (None: nothing yet). A copy that was streaming
-    /// when the backup restarted counts from its start (what it holds is received again). The
-    /// master promotes the backup whose copies reach furthest (docs/cluster.md §3a).
+    /// when the backup restarted counts to the end of the valid records it kept. The master
+    /// promotes the backup whose copies reach furthest (docs/cluster.md §3a).
     pub fn held_end(&self) -> Option<Lsn> {
         let open = self.open_logs.iter().map(|(&p, (_, end))| Lsn::new(p, *end)).max();
         let sealed = self.sealed.iter().max().map(|&p| Lsn::new(p + 1, 0));
@@ -203,6 +275,7 @@ impl Backup {
             let path = crate::vlog::segment_path(&vdir, local);
             if id > base.segment() || (id == base.segment() && base.offset() == 0) {
                 self.open_logs.remove(&id);
+                self.unsynced.remove(&id);
                 self.sealed.remove(&id);
                 self.log_map.remove(&id);
                 let _ = self.fs.remove(&path);
@@ -222,6 +295,10 @@ impl Backup {
                 let size = file.size().map_err(|e| Error::io(&path, e))?;
                 file.set_len(u64::from(keep)).map_err(|e| Error::io(&path, e))?;
                 file.set_len(size).map_err(|e| Error::io(&path, e))?;
+                // Durable before the map names the new source: after a power loss the copy must
+                // not hold the old source's bytes past the base under the new source's name.
+                file.sync_data().map_err(|e| Error::io(&path, e))?;
+                self.unsynced.remove(&id);
                 self.sealed.remove(&id);
                 self.open_logs.insert(id, (file, keep));
             }
@@ -280,6 +357,9 @@ impl Backup {
             file.set_len(u64::from(c.segment_size)).map_err(|e| Error::io(&p, e))?;
             let h = crate::vlog::encode_segment_header(local, salt);
             file.write_all_at(&h, 0).map_err(|e| Error::io(&p, e))?;
+            // The copy's name survives a power loss before the map names it.
+            let vdir = vlog_dir(&self.dir);
+            self.fs.sync_dir(&vdir).map_err(|e| Error::io(&vdir, e))?;
             self.log_map.insert(c.segment, local);
             self.store_log_map()?;
             self.open_logs.insert(c.segment, (file, h.len() as u32));
@@ -302,9 +382,11 @@ impl Backup {
             file.write_all_at(&c.bytes[skip..], u64::from(*end)).map_err(|e| Error::io(&p, e))?;
             self.bytes_written += (c.bytes.len() - skip) as u64;
             *end = c.offset + c.bytes.len() as u32;
+            self.unsynced.insert(c.segment);
         }
         if c.sealed {
             file.sync_data().map_err(|e| Error::io(&p, e))?;
+            self.unsynced.remove(&c.segment);
             self.open_logs.remove(&c.segment);
             self.sealed.insert(c.segment);
             self.store_log_map()?;

@@ -529,6 +529,16 @@ impl ValueLog {
     }
 }
 
+/// Where the chain of valid records of a segment image ends, and where its last byte that is not
+/// zero ends (what lies between is a torn tail of writes that never became durable). For a copy
+/// of a segment received from another node (a backup's), checked against the id and salt of its
+/// header.
+pub(crate) fn valid_end(name: &Path, bytes: &[u8]) -> Result<(u32, u32)> {
+    let (id, salt) = segment::decode_header(name, bytes)?;
+    let s = segment::scan(bytes, id, salt);
+    Ok((s.end, s.dirty_end.max(s.end)))
+}
+
 /// Path of segment `id` of the log in `dir`.
 pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
     segment::path(dir, id)
