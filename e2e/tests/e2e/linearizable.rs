@@ -719,8 +719,12 @@ fn a_primary_handed_over_serves_no_read_once_the_new_primary_took_a_write() {
     assert_ne!(p, map.master, "the primary is not the master");
     // The admin API's summary (what the operator's status shows) agrees with the map.
     let summary = nodes[0].admin_get("/cluster/summary").expect("summary");
+    // (The master's last round is some milliseconds old.)
+    let (head, tail) = summary.trim().split_once(", \"master_round_age_ms\": ").expect("the master's round age");
+    let (age, rest) = tail.split_once(", ").expect("more fields");
+    assert!(age.parse::<u64>().is_ok_and(|a| a < 2000), "the master completed a round lately: {summary}");
     assert_eq!(
-        summary.trim(),
+        format!("{head}, {rest}"),
         format!(
             "{{\"master\": {}, \"nodes\": 3, \"regions\": 1, \"without_primary\": 0, \"under_replicated\": 0}}",
             map.master
