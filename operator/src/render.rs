@@ -903,6 +903,7 @@ fn policy(
 ///   absent), the metrics port from monitoring; out to the devices, DNS and the OTLP endpoint;
 /// - managed etcd pods: the client port from the node pods, the peer port between members; out
 ///   to the members and DNS (the operator never connects to a managed etcd).
+///
 /// The kubelet's probes are not affected (traffic from a pod's node is always allowed).
 pub fn network_policies(c: &DpuKvCluster, operator: &OperatorPods) -> Vec<NetworkPolicy> {
     let s = &c.spec;

@@ -144,10 +144,8 @@ async fn ca(
 async fn leaves(
     api: &Api<Secret>,
     c: &DpuKvCluster,
-    name: &str,
-    type_: &str,
-    ca: &Pair,
-    bundle: &str,
+    (name, type_): (&str, &str),
+    (ca, bundle): (&Pair, &str),
     want: &[(String, String, Leaf)],
     now: OffsetDateTime,
 ) -> Result<(), TlsError> {
@@ -282,10 +280,9 @@ async fn etcd(api: &Api<Secret>, c: &DpuKvCluster, now: OffsetDateTime) -> Resul
     let cn = format!("dpukv etcd {}/{}", ns(c), c.name_any());
     let (ca, bundle) = ca(api, c, &render::etcd_ca_secret(c), &cn, now).await?;
     let pair = |leaf| vec![("tls.crt".to_string(), "tls.key".to_string(), leaf)];
-    leaves(api, c, &render::etcd_tls_secret(c), "kubernetes.io/tls", &ca, &bundle, &pair(etcd_member_leaf(c)), now)
-        .await?;
-    leaves(api, c, &render::etcd_client_secret(c), "kubernetes.io/tls", &ca, &bundle, &pair(etcd_client_leaf(c)), now)
-        .await
+    let tls = "kubernetes.io/tls";
+    leaves(api, c, (&render::etcd_tls_secret(c), tls), (&ca, &bundle), &pair(etcd_member_leaf(c)), now).await?;
+    leaves(api, c, (&render::etcd_client_secret(c), tls), (&ca, &bundle), &pair(etcd_client_leaf(c)), now).await
 }
 
 /// cert-manager's `Certificate` kind.
@@ -380,9 +377,9 @@ pub async fn ensure(
             let (ca, bundle) = ca(&api, c, &render::ca_secret(c), &cn, now).await?;
             let nodes: Vec<(String, String, Leaf)> =
                 (1..=ids).map(|id| (format!("node-{id}.crt"), format!("node-{id}.key"), node_leaf(c, id))).collect();
-            leaves(&api, c, &render::node_tls_secret(c), "Opaque", &ca, &bundle, &nodes, now).await?;
+            leaves(&api, c, (&render::node_tls_secret(c), "Opaque"), (&ca, &bundle), &nodes, now).await?;
             let gw = vec![("tls.crt".to_string(), "tls.key".to_string(), gateway_leaf(c))];
-            leaves(&api, c, &render::gateway_tls_secret(c), "kubernetes.io/tls", &ca, &bundle, &gw, now).await?;
+            leaves(&api, c, (&render::gateway_tls_secret(c), "kubernetes.io/tls"), (&ca, &bundle), &gw, now).await?;
             let mine = operator.get(c, &ca, now)?;
             Ok(ClusterTls {
                 control: Some(client_config(&bundle, &mine)?),
