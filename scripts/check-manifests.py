@@ -6,11 +6,14 @@
   anything would fail this);
 - the objects the operator makes of each example (`dpukv-render`, with and without a DPU in the
   cluster) against Kubernetes 1.37's schemas, strictly (`kubernetes-validate --strict`: unknown
-  fields are errors).
+  fields are errors) — NetworkPolicies included —, and the cert-manager `Certificate`s it makes for
+  `tls.certManager` against cert-manager's CRD schema (charts/test-schemas/), unknown fields
+  refused.
 Installs jsonschema, PyYAML and kubernetes-validate with pip when they are missing. Run from the
 repository's root after `cargo build -p dpukv-operator --bins` (scripts/test.sh does)."""
 import copy
 import glob
+import json
 import subprocess
 import sys
 
@@ -37,7 +40,7 @@ for path in examples:
         for e in validator.iter_errors(doc):
             errors.append(f"{path}: {'/'.join(map(str, e.absolute_path))}: {e.message}")
         checked += 1
-if checked < 4:
+if checked < 5:
     errors.append(f"only {checked} example resources found")
 
 base = yaml.safe_load(open("manifests/examples/minimal-emulator.yaml"))
@@ -54,6 +57,25 @@ for what, change in bad.items():
     change(doc["spec"])
     if not list(validator.iter_errors(doc)):
         errors.append(f"the schema accepted {what}")
+CERT_SCHEMA = json.load(open("charts/test-schemas/cert-manager.io_v1.json"))["Certificate"]
+
+
+def strict(schema):
+    """Unknown fields refused wherever properties are listed (as strict field validation does)."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+cert_schema = strict(copy.deepcopy(CERT_SCHEMA))
+cert_schema["properties"]["metadata"] = {"type": "object"}
+cert_validator = jsonschema.Draft4Validator(cert_schema)
+certificates = 0
 rendered = 0
 for path in examples:
     for dpu in ([], ["--dpu"]):
@@ -61,7 +83,15 @@ for path in examples:
         if objs.returncode != 0:
             errors.append(f"dpukv-render {path}: {objs.stderr.strip()}")
             continue
-        v = subprocess.run([KV, "--strict", "-k", "1.37.0", "-"], input=objs.stdout, capture_output=True, text=True)
+        docs = [d for d in yaml.safe_load_all(objs.stdout) if d]
+        for d in docs:
+            if d.get("apiVersion") == "cert-manager.io/v1":
+                errs = [f"{path}: Certificate {d['metadata']['name']}: {'/'.join(map(str, e.absolute_path))}: "
+                        f"{e.message}" for e in cert_validator.iter_errors(d)]
+                errors.extend(errs)
+                certificates += not errs
+        builtin = yaml.safe_dump_all([d for d in docs if d.get("apiVersion") != "cert-manager.io/v1"])
+        v = subprocess.run([KV, "--strict", "-k", "1.37.0", "-"], input=builtin, capture_output=True, text=True)
         out = (v.stdout + v.stderr).splitlines()
         rendered += sum(1 for line in out if "passed for resource" in line)
         if v.returncode != 0:
@@ -70,4 +100,7 @@ if errors:
     print("manifests invalid:\n  " + "\n  ".join(errors), file=sys.stderr)
     sys.exit(1)
 print(f"manifests ok ({checked} example resources valid, {len(bad)} wrong ones refused; "
-      f"{rendered} rendered objects valid for Kubernetes 1.37)")
+      f"{rendered} rendered objects valid for Kubernetes 1.37, {certificates} cert-manager Certificates valid "
+      f"against cert-manager's schema)")
+if certificates == 0:
+    sys.exit("no cert-manager Certificate was rendered (manifests/examples/cert-manager.yaml?)")

@@ -16,6 +16,8 @@ cargo build --locked -p dpukv-operator --bins
 python3 scripts/check-manifests.py
 echo "== helm chart (lint, objects against Kubernetes 1.37 and the CRDs, the values schema, install.yaml)"
 python3 scripts/check-chart.py
+echo "== pod security (every pod the operator and the chart render passes Pod Security restricted)"
+python3 scripts/check-pod-security.py
 echo "== tests"
 if command -v cargo-nextest >/dev/null || cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast

@@ -81,6 +81,7 @@ pub const RESOURCES: &[Resource] = &[
     r("apps", "v1", "statefulsets", "StatefulSet", true, true),
     r("apps", "v1", "deployments", "Deployment", true, true),
     r("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", true, true),
+    r("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", true, false),
     r("coordination.k8s.io", "v1", "leases", "Lease", true, false),
     r("events.k8s.io", "v1", "events", "Event", true, false),
     r("dpukv.io", "v1alpha1", "dpukvclusters", "DpuKvCluster", true, true),

@@ -7,14 +7,36 @@
 //! the status (`GET /cluster/summary`: regions, master, regions without a live primary or short
 //! of copies).
 //!
+//! These are the nodes' control API (port 9103): mutual TLS, the operator presenting its
+//! `operator` certificate and checking the node's against the cluster's CA and the pod's DNS
+//! name ([`Endpoint::tls`]); plain HTTP only for a cluster whose TLS is `Disabled`.
+//!
 //! A small HTTP/1.1 client on a TCP connection per call (`Connection: close`): every call has a
 //! timeout ([`TIMEOUT`]) and an answer is read up to [`MAX_ANSWER`] bytes. An address may list
 //! several hosts (comma-separated): the call goes to the first one that can be reached.
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Where a cluster's control API is, and how to talk to it.
+#[derive(Clone)]
+pub struct Endpoint {
+    /// `host:port`, comma-separated (tried in order).
+    pub addrs: String,
+    /// Mutual TLS (the operator's certificate, the cluster's CA); None: plain HTTP.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl Endpoint {
+    /// Plain HTTP at `addrs`.
+    pub fn plain(addrs: impl Into<String>) -> Endpoint {
+        Endpoint { addrs: addrs.into(), tls: None }
+    }
+}
 
 /// Each call's time limit (connect, send, answer).
 pub const TIMEOUT: Duration = Duration::from_secs(3);
@@ -77,6 +99,14 @@ pub enum AdminError {
         /// Why.
         source: std::io::Error,
     },
+    /// The TLS handshake failed (a certificate refused either way, a name that does not match).
+    #[error("admin endpoint {addr}: TLS: {source}")]
+    Tls {
+        /// `host:port`.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// An answer that is not a 200 with a drain status.
     #[error("admin endpoint {addr} answered: {answer}")]
     Refused {
@@ -91,10 +121,11 @@ pub enum AdminError {
 /// pod restarting (an upgrade restarts them all in turn) must not stop the operator's calls —
 /// every host answers for the whole cluster. An answer (even a refusal) ends the search; only an
 /// address that cannot be reached, or answers nothing in time, passes the call to the next.
-async fn call<T: serde::de::DeserializeOwned>(addrs: &str, method: &str, path: &str) -> Result<T, AdminError> {
+async fn call<T: serde::de::DeserializeOwned>(ep: &Endpoint, method: &str, path: &str) -> Result<T, AdminError> {
+    let addrs = ep.addrs.as_str();
     let mut last = None;
     for addr in addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-        match call_one(addr, method, path).await {
+        match call_one(addr, ep.tls.as_ref(), method, path).await {
             Err(e @ AdminError::Io { .. }) => last = Some(e),
             other => return other,
         }
@@ -105,20 +136,38 @@ async fn call<T: serde::de::DeserializeOwned>(addrs: &str, method: &str, path: &
     }))
 }
 
-async fn call_one<T: serde::de::DeserializeOwned>(addr: &str, method: &str, path: &str) -> Result<T, AdminError> {
+/// Sends `request` on `s` and reads the answer to its end.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, request: &str) -> std::io::Result<Vec<u8>> {
+    s.write_all(request.as_bytes()).await?;
+    s.flush().await?;
+    let mut answer = Vec::new();
+    (&mut s).take(MAX_ANSWER as u64).read_to_end(&mut answer).await?;
+    Ok(answer)
+}
+
+async fn call_one<T: serde::de::DeserializeOwned>(
+    addr: &str,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    method: &str,
+    path: &str,
+) -> Result<T, AdminError> {
     let io = |source| AdminError::Io { addr: addr.to_string(), source };
     let request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
-    let exchange = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(request.as_bytes()).await?;
-        let mut answer = Vec::new();
-        (&mut s).take(MAX_ANSWER as u64).read_to_end(&mut answer).await?;
-        Ok::<_, std::io::Error>(answer)
+    let answer = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(io)?;
+        match tls {
+            None => exchange(tcp, &request).await.map_err(io),
+            Some(cfg) => {
+                let tls_err = |source| AdminError::Tls { addr: addr.to_string(), source };
+                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                let name = rustls_pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| tls_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
+                let s = tokio_rustls::TlsConnector::from(cfg.clone()).connect(name, tcp).await.map_err(tls_err)?;
+                exchange(s, &request).await.map_err(io)
+            }
+        }
     };
-    let answer = tokio::time::timeout(TIMEOUT, exchange)
-        .await
-        .map_err(|_| io(std::io::ErrorKind::TimedOut.into()))?
-        .map_err(io)?;
+    let answer = tokio::time::timeout(TIMEOUT, answer).await.map_err(|_| io(std::io::ErrorKind::TimedOut.into()))??;
     let text = String::from_utf8_lossy(&answer);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let refused = || AdminError::Refused { addr: addr.to_string(), answer: text.chars().take(300).collect() };
@@ -130,27 +179,27 @@ async fn call_one<T: serde::de::DeserializeOwned>(addr: &str, method: &str, path
 
 /// Asks for node `node`'s primaries to move to backups elsewhere (before its pod restarts; it
 /// keeps its copies), and answers how far that is.
-pub async fn step_down(addr: &str, node: u32) -> Result<StepDownStatus, AdminError> {
+pub async fn step_down(addr: &Endpoint, node: u32) -> Result<StepDownStatus, AdminError> {
     call(addr, "POST", &format!("/cluster/step-down/{node}")).await
 }
 
 /// Lets node `node` lead again (its pod restarted).
-pub async fn step_up(addr: &str, node: u32) -> Result<StepDownStatus, AdminError> {
+pub async fn step_up(addr: &Endpoint, node: u32) -> Result<StepDownStatus, AdminError> {
     call(addr, "DELETE", &format!("/cluster/step-down/{node}")).await
 }
 
 /// The cluster's summary.
-pub async fn summary(addr: &str) -> Result<Summary, AdminError> {
+pub async fn summary(addr: &Endpoint) -> Result<Summary, AdminError> {
     call(addr, "GET", "/cluster/summary").await
 }
 
 /// Asks for node `node` to be drained (idempotent) and answers how far it is.
-pub async fn drain(addr: &str, node: u32) -> Result<DrainStatus, AdminError> {
+pub async fn drain(addr: &Endpoint, node: u32) -> Result<DrainStatus, AdminError> {
     call(addr, "POST", &format!("/cluster/drain/{node}")).await
 }
 
 /// Asks that node `node` no longer be drained (a scale-out brought its pod back).
-pub async fn undrain(addr: &str, node: u32) -> Result<DrainStatus, AdminError> {
+pub async fn undrain(addr: &Endpoint, node: u32) -> Result<DrainStatus, AdminError> {
     call(addr, "DELETE", &format!("/cluster/drain/{node}")).await
 }
 
@@ -195,6 +244,6 @@ mod tests {
     }
 
     async fn summary_of(addrs: &str) -> Result<Summary, AdminError> {
-        summary(addrs).await
+        summary(&Endpoint::plain(addrs)).await
     }
 }

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -36,9 +37,13 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::admin::Endpoint;
+use crate::crd::TlsSource;
 use crate::crd::{DeviceMode, DpuKvCluster, DpuKvClusterStatus};
 use crate::etcd_keys::{self, KeyCleaner};
 use crate::events::{self, normal, warning};
+use crate::render::OperatorPods;
+use crate::tls::{self, OperatorCerts};
 use crate::{admin, render};
 
 /// The field manager of everything the operator applies.
@@ -62,6 +67,9 @@ pub enum Error {
     /// Adding or removing the finalizer failed.
     #[error("the finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
+    /// The cluster's certificates could not be kept (issued, read, written).
+    #[error("the cluster's certificates: {0}")]
+    Tls(#[from] tls::TlsError),
     /// Not a failure: the cleanup waits for something (retried soon, without backoff).
     #[error("waiting for {0}")]
     Waiting(String),
@@ -81,15 +89,22 @@ pub const WAIT: Duration = Duration::from_secs(5);
 /// tried in order, see `admin`).
 pub type AdminAddr = Box<dyn Fn(&DpuKvCluster) -> String + Send + Sync>;
 
-/// The admin endpoints of the cluster's first three node pods, pod 0 first (the first pods
-/// never go in a scale-in; the others answer while an upgrade restarts pod 0).
+/// The control API endpoints of the cluster's first three node pods, pod 0 first (the first pods
+/// never go in a scale-in; the others answer while an upgrade restarts pod 0), by the DNS names
+/// their certificates carry.
+///
+/// TODO(issue 26): with TLS `Disabled` only, the admin port (9100) of the same pods follows, for
+/// node binaries that serve `/cluster/*` there and not yet on the control port; remove once every
+/// supported node version has `--control-listen`. Never with TLS: that would be a downgrade.
 pub fn first_pod_admin(c: &DpuKvCluster) -> String {
-    (0..3)
-        .map(|i| {
-            format!("{}:{}", render::pod_host(c, &format!("{}-{i}", render::node_name(c))), render::HOST_ADMIN_PORT)
-        })
-        .collect::<Vec<_>>()
-        .join(",")
+    let pods = |port: i32| {
+        (0..3).map(move |i| format!("{}:{port}", render::pod_host(c, &format!("{}-{i}", render::node_name(c)))))
+    };
+    let mut addrs: Vec<String> = pods(render::CONTROL_PORT).collect();
+    if !c.spec.tls.enabled() {
+        addrs.extend(pods(render::HOST_ADMIN_PORT));
+    }
+    addrs.join(",")
 }
 
 /// What reconciles share.
@@ -102,6 +117,10 @@ pub struct Context {
     pub recorder: Recorder,
     /// Deletes a cluster's keys in its external etcd (the finalizer's cleanup).
     pub etcd_keys: KeyCleaner,
+    /// Where the operator's own pods run (the NetworkPolicies let them reach the control port).
+    pub operator_pods: OperatorPods,
+    /// The operator's certificates, per cluster (made in memory from each cluster's CA).
+    pub operator_certs: OperatorCerts,
     /// Consecutive failures per cluster (namespace/name), for the backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -120,8 +139,21 @@ impl Context {
     /// A context reaching clusters' admin APIs where `admin` says and deleting their keys in
     /// etcd with `etcd_keys`.
     pub fn with(client: Client, admin: AdminAddr, etcd_keys: KeyCleaner) -> Arc<Context> {
+        Context::full(client, admin, etcd_keys, OperatorPods::default())
+    }
+
+    /// A context with everything given.
+    pub fn full(client: Client, admin: AdminAddr, etcd_keys: KeyCleaner, operator_pods: OperatorPods) -> Arc<Context> {
         let recorder = events::recorder(client.clone());
-        Arc::new(Context { client, admin, recorder, etcd_keys, failures: Mutex::new(HashMap::new()) })
+        Arc::new(Context {
+            client,
+            admin,
+            recorder,
+            etcd_keys,
+            operator_pods,
+            operator_certs: OperatorCerts::default(),
+            failures: Mutex::new(HashMap::new()),
+        })
     }
 }
 
@@ -208,15 +240,14 @@ fn rolling_message(l: &StatefulSet) -> Option<String> {
 /// (`/cluster/step-down/{node}`) and the cluster is whole again (no region without a live
 /// primary or short of copies); the previous pod must be ready on the new revision first — a
 /// new version whose pods never get ready stops the rollout there.
-async fn upgrade_step(c: &DpuKvCluster, ctx: &Context, l: &StatefulSet) -> Result<Step, Error> {
+async fn upgrade_step(c: &DpuKvCluster, ep: &Endpoint, l: &StatefulSet) -> Result<Step, Error> {
     let replicas = l.spec.replicas.unwrap_or(0);
     let partition = held(l).min(replicas);
     let Some(message) = rolling_message(l) else {
         if partition < replicas {
             // A rollout ended: every pod may lead again (the last one restarted included).
-            let addr = (ctx.admin)(c);
             for ordinal in 0..replicas {
-                admin::step_up(&addr, ordinal as u32 + 1).await?;
+                admin::step_up(ep, ordinal as u32 + 1).await?;
             }
         }
         // Settled: hold every pod, so a changed template restarts none by itself.
@@ -229,15 +260,15 @@ async fn upgrade_step(c: &DpuKvCluster, ctx: &Context, l: &StatefulSet) -> Resul
     if updated < replicas - partition || ready < replicas {
         return hold(format!("waiting for {}-{partition} to be ready on the new revision", render::node_name(c)));
     }
-    let addr = (ctx.admin)(c);
+    let addr = ep;
     if partition < replicas {
         // The pod just restarted on the new revision may lead again.
-        admin::step_up(&addr, partition as u32 + 1).await?;
+        admin::step_up(addr, partition as u32 + 1).await?;
     }
     if partition == 0 {
         return Ok(Step { partition: 0, upgrading: Some(format!("{message}; every pod restarted")), restarting: None });
     }
-    let s = admin::summary(&addr).await?;
+    let s = admin::summary(addr).await?;
     if s.without_primary > 0 || s.under_replicated > 0 {
         return hold(format!(
             "waiting for the cluster to be whole again ({} regions without a primary, {} short of copies)",
@@ -245,7 +276,7 @@ async fn upgrade_step(c: &DpuKvCluster, ctx: &Context, l: &StatefulSet) -> Resul
         ));
     }
     let next = partition - 1;
-    let st = admin::step_down(&addr, next as u32 + 1).await?;
+    let st = admin::step_down(addr, next as u32 + 1).await?;
     if !st.done {
         return hold(format!(
             "moving the primaries of {}-{next} ({} regions led, {} movable)",
@@ -398,21 +429,26 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
         DeviceMode::Auto => dpu_available(client, &c.spec.device.resource_name).await?,
         _ => false,
     };
-    // The managed etcd first: the node pods need it to start.
-    if let (Some(svc), Some(etcd)) = (render::etcd_service(c), render::etcd_statefulset(c)) {
-        apply(&Api::<Service>::namespaced(client.clone(), &ns), &svc).await?;
-        apply(&sets, &etcd).await?;
-    }
     let mut set = render::node_statefulset(c, dpu);
     let live = sets.get_opt(&render::node_name(c)).await?;
     let running = live.as_ref().and_then(|s| s.spec.replicas).unwrap_or(0);
     let desired = c.spec.nodes;
+    // The certificates first: every node id the StatefulSet has or is about to have (a scale-out
+    // finds its new pods' pairs in the Secret), etcd's before etcd starts.
+    let now = time::OffsetDateTime::now_utc();
+    let ids = running.max(desired).max(0) as u32;
+    let tls = tls::ensure(c, client, &ctx.operator_certs, ids, now).await?;
+    let ep = Endpoint { addrs: (ctx.admin)(c), tls: tls.control.clone() };
+    // The managed etcd next: the node pods need it to start.
+    if let (Some(svc), Some(etcd)) = (render::etcd_service(c), render::etcd_statefulset(c)) {
+        apply(&Api::<Service>::namespaced(client.clone(), &ns), &svc).await?;
+        apply(&sets, &etcd).await?;
+    }
     // Scale-in: drain the pods that would go; shrink only when all are drained.
     let mut pending = Vec::new();
     if running > desired {
-        let admin = (ctx.admin)(c);
         for ordinal in desired..running {
-            let st = admin::drain(&admin, ordinal as u32 + 1).await?;
+            let st = admin::drain(&ep, ordinal as u32 + 1).await?;
             if !st.done {
                 pending.push(st);
             }
@@ -451,7 +487,7 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
         Some(l) if running != desired || waiting_for_drain => {
             Step { partition: held(l), upgrading: rolling_message(l), restarting: None }
         }
-        Some(l) => upgrade_step(c, ctx, l).await?,
+        Some(l) => upgrade_step(c, &ep, l).await?,
     };
     if let Some(u) = set.spec.update_strategy.as_mut().and_then(|u| u.rolling_update.as_mut()) {
         u.partition = Some(rollout.partition);
@@ -488,10 +524,9 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     }
     // Scale-out of a running cluster: the ordinals that come back may have been drained before.
     if running > 0 && desired > running {
-        let admin = (ctx.admin)(c);
         for ordinal in running..desired {
-            admin::undrain(&admin, ordinal as u32 + 1).await?;
-            admin::step_up(&admin, ordinal as u32 + 1).await?;
+            admin::undrain(&ep, ordinal as u32 + 1).await?;
+            admin::step_up(&ep, ordinal as u32 + 1).await?;
         }
         let note = format!("the node StatefulSet grew from {running} to {desired} pods");
         events::publish(&ctx.recorder, c, normal(events::SCALED_OUT, "Scale", note)).await;
@@ -500,6 +535,10 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     apply(&Api::<Deployment>::namespaced(client.clone(), &ns), &render::gateway_deployment(c)).await?;
     apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::gateway_service(c)).await?;
     apply(&Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns), &render::node_pdb(c)).await?;
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    for p in render::network_policies(c, &ctx.operator_pods) {
+        apply(&policies, &p).await?;
+    }
 
     let ready = set.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
     let generation = c.metadata.generation;
@@ -518,7 +557,7 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     };
     // What the cluster's metadata says (through its admin API), once a node pod is ready.
     let summary = if ready > 0 {
-        admin::summary(&(ctx.admin)(c)).await.map_err(|e| {
+        admin::summary(&ep).await.map_err(|e| {
             tracing::debug!(cluster = %key(c), error = %e, "the cluster's summary could not be read");
             e.to_string()
         })
@@ -576,6 +615,7 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
                 &drain_message,
                 generation,
             ),
+            condition("Secure", tls.secure, tls.reason, &tls.message, generation),
         ],
         ready_nodes: ready,
         regions: summary.as_ref().map_or(0, |s| s.regions as i32),
@@ -608,6 +648,11 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
             events::publish(&ctx.recorder, c, ev).await;
         }
         _ => {}
+    }
+    // Plain text is an explicit choice, and a loud one: a warning each time it is made.
+    if c.spec.tls.source() == TlsSource::Disabled && previous(c, "Secure") != "False" {
+        let ev = warning(events::PLAINTEXT_OPT_IN, "Security", tls.message.clone());
+        events::publish(&ctx.recorder, c, ev).await;
     }
     let was_upgrading = c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Upgrading");
     if was_upgrading && !upgrading {

@@ -14,7 +14,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -69,9 +70,9 @@ pub struct DpuKvClusterSpec {
     pub shared_memory: SharedMemorySpec,
     /// The cluster's metadata store.
     pub etcd: EtcdSpec,
-    /// TLS on every hop, from Secrets.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<TlsSpec>,
+    /// TLS on every hop (on by default: the operator issues the certificates).
+    #[serde(default)]
+    pub tls: TlsSpec,
     /// Bearer tokens at the gateway, from a Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthSpec>,
@@ -101,6 +102,9 @@ pub struct DpuKvClusterSpec {
     /// What happens to a node pod's volume when the pod goes.
     #[serde(default)]
     pub persistent_volume_claim_retention: PvcRetention,
+    /// NetworkPolicies around the cluster's pods (on by default).
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
     /// Node pods' node selector.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
@@ -272,15 +276,147 @@ fn default_etcd_storage() -> String {
     "1Gi".into()
 }
 
-/// TLS material, from Secrets of type `kubernetes.io/tls` with `ca.crt`.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+/// TLS on every hop (docs/security.md). On by default: with no Secret named and no
+/// cert-manager issuer, the operator issues and renews a CA and every certificate itself.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("!(has(self.clusterSecret) && has(self.certManager))").message("give tls.clusterSecret or tls.certManager, not both"))]
+#[x_kube(validation = Rule::new("self.mode != 'Disabled' || !(has(self.clusterSecret) || has(self.gatewaySecret) || has(self.operatorSecret) || has(self.certManager))").message("tls.mode Disabled takes no certificates"))]
+#[x_kube(validation = Rule::new("has(self.clusterSecret) || !(has(self.gatewaySecret) || has(self.operatorSecret))").message("tls.gatewaySecret and tls.operatorSecret go with tls.clusterSecret"))]
 #[serde(rename_all = "camelCase")]
 pub struct TlsSpec {
-    /// Mutual TLS between the cluster's processes (devices, hosts, replication, gateway).
-    pub cluster_secret: String,
-    /// The gateway's front ends (the cluster secret when absent).
+    /// `Enabled` (the default) or `Disabled`: plain TCP and HTTP everywhere, an explicit opt-in
+    /// the status shows (`Secure` False, reason `PlaintextOptIn`).
+    #[serde(default)]
+    pub mode: TlsMode,
+    /// Your own certificates for the node pods: a Secret with `ca.crt` and `node-<id>.crt` /
+    /// `node-<id>.key` for every node id (1..=nodes), each with the URI SAN
+    /// `spiffe://dpukv/<namespace>/<cluster>/node/<id>`. Absent: the operator issues them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_secret: Option<String>,
+    /// With `clusterSecret`: the gateway's Secret (`tls.crt`, `tls.key`, `ca.crt`; role
+    /// `gateway`, from the same CA; the cluster secret's CA when absent is not enough — the
+    /// gateway needs a certificate of its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway_secret: Option<String>,
+    /// With `clusterSecret`: the operator's client certificate for the nodes' control API
+    /// (`tls.crt`, `tls.key`, `ca.crt`; role `operator`), in the cluster's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_secret: Option<String>,
+    /// Certificates from cert-manager instead of the operator's own CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_manager: Option<CertManagerSpec>,
+}
+
+/// See [`TlsSpec::mode`].
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// TLS on every hop (mutual inside the cluster).
+    #[default]
+    Enabled,
+    /// Plain text (an explicit opt-in; shown in the status).
+    Disabled,
+}
+
+/// Where the certificates come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsSource {
+    /// The operator's own CA (`NAME-ca`).
+    Operator,
+    /// The user's Secrets.
+    Secrets,
+    /// cert-manager `Certificate`s.
+    CertManager,
+    /// None: plain text.
+    Disabled,
+}
+
+impl TlsSpec {
+    /// Where this cluster's certificates come from.
+    pub fn source(&self) -> TlsSource {
+        match (self.mode, &self.cluster_secret, &self.cert_manager) {
+            (TlsMode::Disabled, _, _) => TlsSource::Disabled,
+            (_, Some(_), _) => TlsSource::Secrets,
+            (_, None, Some(_)) => TlsSource::CertManager,
+            (_, None, None) => TlsSource::Operator,
+        }
+    }
+
+    /// Whether TLS is on.
+    pub fn enabled(&self) -> bool {
+        self.mode == TlsMode::Enabled
+    }
+}
+
+/// cert-manager as the source of the certificates (`cert-manager.io/v1` `Certificate`s).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CertManagerSpec {
+    /// The issuer that signs them (a CA issuer whose certificate the cluster trusts).
+    pub issuer_ref: IssuerRef,
+}
+
+/// A cert-manager issuer.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuerRef {
+    /// Its name.
+    pub name: String,
+    /// `Issuer` (in the cluster's namespace) or `ClusterIssuer`.
+    #[serde(default = "default_issuer_kind")]
+    #[x_kube(validation = Rule::new("self in ['Issuer', 'ClusterIssuer']").message("issuerRef.kind is Issuer or ClusterIssuer"))]
+    pub kind: String,
+    /// Its API group.
+    #[serde(default = "default_issuer_group")]
+    pub group: String,
+}
+
+fn default_issuer_kind() -> String {
+    "Issuer".into()
+}
+fn default_issuer_group() -> String {
+    "cert-manager.io".into()
+}
+
+/// NetworkPolicies (`networking.k8s.io/v1`) that let only the cluster's own flows in and out of
+/// its pods (docs/security.md §3).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// Render them (your CNI must enforce NetworkPolicies for them to mean anything).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The namespaces whose pods may scrape the metrics ports (9100, 9101, 9102).
+    #[serde(default = "default_monitoring_namespaces")]
+    pub monitoring_namespace_selector: LabelSelector,
+    /// Of those namespaces' pods, the ones that may (all when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring_pod_selector: Option<LabelSelector>,
+    /// Who may reach the gateway's front ends (`from` of a NetworkPolicy rule; anyone when
+    /// absent — they are the cluster's endpoint, with tokens and TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients: Option<Vec<NetworkPolicyPeer>>,
+}
+
+impl Default for NetworkPolicySpec {
+    fn default() -> Self {
+        NetworkPolicySpec {
+            enabled: true,
+            monitoring_namespace_selector: default_monitoring_namespaces(),
+            monitoring_pod_selector: None,
+            clients: None,
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_monitoring_namespaces() -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([("kubernetes.io/metadata.name".to_string(), "monitoring".to_string())])),
+        ..Default::default()
+    }
 }
 
 /// Bearer tokens.
@@ -448,7 +584,7 @@ pub struct DpuKvClusterStatus {
     /// `Deleting`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    /// `Available`, `Progressing`, `Degraded`, `Draining`.
+    /// `Available`, `Progressing`, `Degraded`, `Draining`, `Secure`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Node pods ready.

@@ -10,6 +10,7 @@
 //!   the event's related object); `RolloutFinished`: every pod runs the new pod template;
 //! - `Degraded` (Warning) / `Recovered`: the `Degraded` condition turned True / back to False;
 //! - `ReconcileFailed` (Warning): a reconcile failed and is retried with backoff;
+//! - `PlaintextOptIn` (Warning): the cluster was set to run without TLS (`Secure` turned False);
 //! - `StoppingNodes`, `EtcdKeysDeleted`, `CleanupFailed` (Warning), `EtcdCleanupSkipped`
 //!   (Warning): the finalizer's cleanup of the cluster's keys in an external etcd (`etcd_keys`).
 
@@ -38,6 +39,8 @@ pub const DEGRADED: &str = "Degraded";
 pub const RECOVERED: &str = "Recovered";
 /// A reconcile failed.
 pub const RECONCILE_FAILED: &str = "ReconcileFailed";
+/// The cluster runs without TLS (`tls.mode: Disabled`).
+pub const PLAINTEXT_OPT_IN: &str = "PlaintextOptIn";
 /// The finalizer stops the node pods of a deleted cluster before deleting its keys.
 pub const STOPPING_NODES: &str = "StoppingNodes";
 /// The finalizer deleted the cluster's keys in its external etcd.

@@ -31,6 +31,7 @@
 //!   keys); the keys are deleted only once no node pod of the cluster runs.
 
 pub mod admin;
+pub mod certs;
 pub mod controller;
 pub mod crd;
 pub mod etcd_keys;
@@ -40,3 +41,4 @@ pub mod manifest;
 pub mod rbac;
 pub mod render;
 pub mod run;
+pub mod tls;

@@ -32,6 +32,12 @@ pub const CLUSTER_RULES: &[Rule] = &[
     // is deleted (`controller`).
     Rule { group: "", resource: "configmaps", verbs: &["list", "watch", "create", "patch", "delete"] },
     Rule { group: "policy", resource: "poddisruptionbudgets", verbs: &["list", "watch", "create", "patch"] },
+    Rule { group: "networking.k8s.io", resource: "networkpolicies", verbs: &["list", "watch", "create", "patch"] },
+    // The clusters' certificates (`tls`): their CA and leaf Secrets read, created and renewed;
+    // never listed or watched (a reconcile every minute looks at them).
+    Rule { group: "", resource: "secrets", verbs: &["get", "create", "patch"] },
+    // `tls.certManager`: the clusters' cert-manager Certificates, applied.
+    Rule { group: "cert-manager.io", resource: "certificates", verbs: &["create", "patch"] },
     // Events on the clusters (`events`): kube's recorder creates one, and patches its series
     // when it happens again.
     Rule { group: "events.k8s.io", resource: "events", verbs: &["create", "patch"] },

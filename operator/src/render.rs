@@ -24,6 +24,10 @@ use k8s_openapi::api::core::v1::{
     SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
     VolumeResourceRequirements,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -36,8 +40,12 @@ use crate::crd::{DeviceMode, DpuKvCluster, RetentionPolicy, ServiceType};
 pub const DEVICE_PORT: i32 = 7070;
 /// The host's replication port.
 pub const REPLICATION_PORT: i32 = 7071;
-/// The host's admin port (`/healthz`, `/readyz`, `/metrics`, drains).
+/// The host's admin port: `/healthz`, `/readyz`, `/metrics` (read-only; plain HTTP for the
+/// kubelet's probes and monitoring).
 pub const HOST_ADMIN_PORT: i32 = 9100;
+/// The host's control API (`/cluster/*`: drains, step-downs, the summary), mutual TLS with the
+/// `operator` or `admin` role (docs/security.md §3).
+pub const CONTROL_PORT: i32 = 9103;
 /// The device's admin port.
 pub const DEVICE_ADMIN_PORT: i32 = 9101;
 /// The gateway's admin port.
@@ -46,8 +54,59 @@ pub const GATEWAY_ADMIN_PORT: i32 = 9102;
 pub const DATA_DIR: &str = "/var/lib/dpukv/data";
 /// The shared directory of the pod's two halves (the memory-backed volume).
 pub const SHM_DIR: &str = "/dev/shm/dpukv";
-/// Where TLS material is mounted.
+/// Where TLS material is mounted (the node Secret in node pods, the gateway's in gateway pods).
 pub const TLS_DIR: &str = "/etc/dpukv/tls";
+/// Where a node host finds its etcd client certificate (`ca.crt`, `tls.crt`, `tls.key`).
+pub const ETCD_TLS_DIR: &str = "/etc/dpukv/etcd";
+/// Where an etcd member finds its certificate.
+pub const ETCD_MEMBER_TLS_DIR: &str = "/etc/etcd/tls";
+/// The user and group every dpukv and etcd container runs as (the image's `nonroot`); the
+/// pods' `fsGroup` too, so a volume owned by root is made writable for it.
+pub const RUN_AS: i64 = 65532;
+
+/// The node Secret: `ca.crt`, and `node-<id>.crt` / `node-<id>.key` for every node id.
+pub fn node_tls_secret(c: &DpuKvCluster) -> String {
+    c.spec.tls.cluster_secret.clone().unwrap_or_else(|| format!("{}-node-tls", c.name_any()))
+}
+
+/// The gateway's Secret (`tls.crt`, `tls.key`, `ca.crt`).
+pub fn gateway_tls_secret(c: &DpuKvCluster) -> String {
+    c.spec.tls.gateway_secret.clone().unwrap_or_else(|| format!("{}-gateway-tls", c.name_any()))
+}
+
+/// The operator's CA Secret (`ca.crt`, `ca.key`, and `ca-previous.crt` after a renewal): read by
+/// the operator only, mounted nowhere.
+pub fn ca_secret(c: &DpuKvCluster) -> String {
+    format!("{}-ca", c.name_any())
+}
+
+/// The managed etcd's own CA (separate from the cluster's: a gateway's certificate cannot reach
+/// etcd).
+pub fn etcd_ca_secret(c: &DpuKvCluster) -> String {
+    format!("{}-etcd-ca", c.name_any())
+}
+
+/// The managed etcd members' certificate (server and peer): `ca.crt`, `tls.crt`, `tls.key`.
+pub fn etcd_tls_secret(c: &DpuKvCluster) -> String {
+    format!("{}-etcd-tls", c.name_any())
+}
+
+/// The node hosts' etcd client certificate (`ca.crt`, `tls.crt`, `tls.key`): mounted in the host
+/// container only.
+pub fn etcd_client_secret(c: &DpuKvCluster) -> String {
+    format!("{}-etcd-client", c.name_any())
+}
+
+/// Whether the node hosts talk to etcd over TLS with a client certificate (a managed etcd with
+/// TLS on).
+pub fn etcd_tls(c: &DpuKvCluster) -> bool {
+    c.spec.tls.enabled() && c.spec.etcd.managed.is_some()
+}
+
+/// The per-node file names in the node Secret: the node binary replaces `{node}` with its id.
+pub const NODE_CERT_FILE: &str = "node-{node}.crt";
+/// See [`NODE_CERT_FILE`].
+pub const NODE_KEY_FILE: &str = "node-{node}.key";
 
 /// Whether the device half gets a DPU: `Device` mode, or `Auto` when some Kubernetes node
 /// advertises the resource (the controller looks; `dpu_available`).
@@ -141,6 +200,52 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount { name: name.into(), mount_path: path.into(), read_only: Some(read_only), ..Default::default() }
 }
 
+/// A container that passes Pod Security `restricted` (with [`restricted_pod`]): no privilege
+/// escalation, every capability dropped, a read-only root file system (the processes write only
+/// to their volumes).
+pub fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+/// A pod that passes Pod Security `restricted`: non-root ([`RUN_AS`], its group too), the
+/// runtime's default seccomp profile, and `fsGroup` so volumes (a cloud disk owned by root) are
+/// group-writable for it — changed only when the volume's root is not the group's already.
+pub fn restricted_pod() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(RUN_AS),
+        run_as_group: Some(RUN_AS),
+        fs_group: Some(RUN_AS),
+        fs_group_change_policy: Some("OnRootMismatch".into()),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+fn secret_volume(name: &str, secret: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            // Readable by the owner and the pod's group (fsGroup) only.
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn empty_dir(name: &str) -> Volume {
+    Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }
+}
+
 /// The `data` volume claim of a StatefulSet's pods.
 fn data_claim(size: &str, class: &Option<String>) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
@@ -165,8 +270,12 @@ fn image(c: &DpuKvCluster) -> String {
 fn etcd_endpoints(c: &DpuKvCluster) -> String {
     match (&c.spec.etcd.endpoints, &c.spec.etcd.managed) {
         (Some(e), _) if !e.is_empty() => e.join(","),
-        // The managed etcd's Service.
-        _ => format!("http://{}:{ETCD_CLIENT_PORT}", etcd_name(c)),
+        // The managed etcd's Service (by the name its certificate carries).
+        _ => {
+            let scheme = if etcd_tls(c) { "https" } else { "http" };
+            let ns = c.namespace().unwrap_or_else(|| "default".into());
+            format!("{scheme}://{}.{ns}.svc:{ETCD_CLIENT_PORT}", etcd_name(c))
+        }
     }
 }
 
@@ -203,20 +312,36 @@ pub fn etcd_statefulset(c: &DpuKvCluster) -> Option<StatefulSet> {
     let m = c.spec.etcd.managed.as_ref()?;
     let name = etcd_name(c);
     let ns = c.namespace().unwrap_or_else(|| "default".into());
-    let peer = |pod: &str| format!("http://{pod}.{name}.{ns}.svc:{ETCD_PEER_PORT}");
+    let tls = etcd_tls(c);
+    let scheme = if tls { "https" } else { "http" };
+    let peer = |pod: &str| format!("{scheme}://{pod}.{name}.{ns}.svc:{ETCD_PEER_PORT}");
     let members: Vec<String> =
         (0..m.replicas).map(|i| format!("{name}-{i}={}", peer(&format!("{name}-{i}")))).collect();
-    let args = vec![
+    let mut args = vec![
         "--name=$(POD_NAME)".to_string(),
         "--data-dir=/var/lib/etcd/data".into(),
-        format!("--listen-client-urls=http://0.0.0.0:{ETCD_CLIENT_PORT}"),
-        format!("--advertise-client-urls=http://$(POD_NAME).{name}.{ns}.svc:{ETCD_CLIENT_PORT}"),
-        format!("--listen-peer-urls=http://0.0.0.0:{ETCD_PEER_PORT}"),
+        format!("--listen-client-urls={scheme}://0.0.0.0:{ETCD_CLIENT_PORT}"),
+        format!("--advertise-client-urls={scheme}://$(POD_NAME).{name}.{ns}.svc:{ETCD_CLIENT_PORT}"),
+        format!("--listen-peer-urls={scheme}://0.0.0.0:{ETCD_PEER_PORT}"),
         format!("--initial-advertise-peer-urls={}", peer("$(POD_NAME)")),
         format!("--initial-cluster={}", members.join(",")),
         "--initial-cluster-state=new".into(),
         format!("--initial-cluster-token={ns}-{name}"),
     ];
+    if tls {
+        // Clients (the node hosts) and peers each present a certificate of the etcd CA.
+        let f = |file: &str| format!("{ETCD_MEMBER_TLS_DIR}/{file}");
+        args.extend([
+            "--client-cert-auth".to_string(),
+            format!("--trusted-ca-file={}", f("ca.crt")),
+            format!("--cert-file={}", f("tls.crt")),
+            format!("--key-file={}", f("tls.key")),
+            "--peer-client-cert-auth".into(),
+            format!("--peer-trusted-ca-file={}", f("ca.crt")),
+            format!("--peer-cert-file={}", f("tls.crt")),
+            format!("--peer-key-file={}", f("tls.key")),
+        ]);
+    }
     let tcp = |period| Probe {
         tcp_socket: Some(TCPSocketAction { port: IntOrString::Int(ETCD_CLIENT_PORT), ..Default::default() }),
         period_seconds: Some(period),
@@ -232,15 +357,15 @@ pub fn etcd_statefulset(c: &DpuKvCluster) -> Option<StatefulSet> {
         ports: Some(vec![port("client", ETCD_CLIENT_PORT), port("peer", ETCD_PEER_PORT)]),
         readiness_probe: Some(tcp(5)),
         liveness_probe: Some(Probe { initial_delay_seconds: Some(15), ..tcp(10) }),
-        volume_mounts: Some(vec![mount("data", "/var/lib/etcd", false)]),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
-            ..Default::default()
-        }),
+        volume_mounts: Some(
+            std::iter::once(mount("data", "/var/lib/etcd", false))
+                .chain(tls.then(|| mount("tls", ETCD_MEMBER_TLS_DIR, true)))
+                .collect(),
+        ),
+        security_context: Some(restricted_container()),
         ..Default::default()
     };
+    let volumes = tls.then(|| vec![secret_volume("tls", &etcd_tls_secret(c))]);
     let s = &c.spec;
     Some(StatefulSet {
         metadata: meta(c, name.clone(), "etcd"),
@@ -254,14 +379,10 @@ pub fn etcd_statefulset(c: &DpuKvCluster) -> Option<StatefulSet> {
                 metadata: Some(ObjectMeta { labels: Some(labels(c, "etcd")), ..Default::default() }),
                 spec: Some(PodSpec {
                     containers: vec![etcd],
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(65532),
-                        run_as_group: Some(65532),
-                        fs_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
-                        ..Default::default()
-                    }),
+                    volumes,
+                    security_context: Some(restricted_pod()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
                     node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
                     tolerations: (!s.tolerations.is_empty()).then(|| s.tolerations.clone()),
                     priority_class_name: s.priority_class_name.clone(),
@@ -275,19 +396,18 @@ pub fn etcd_statefulset(c: &DpuKvCluster) -> Option<StatefulSet> {
     })
 }
 
-fn tls_env(c: &DpuKvCluster, mutual: bool) -> Vec<EnvVar> {
-    if c.spec.tls.is_none() {
+/// The TLS settings of a node container (host or device): its own pair from the node Secret by
+/// its id (`{node}`, which the node binaries replace), the cluster's CA, mutual TLS.
+fn node_tls_env(c: &DpuKvCluster) -> Vec<EnvVar> {
+    if !c.spec.tls.enabled() {
         return Vec::new();
     }
-    let mut v = vec![
-        env("DPUKV_TLS_CERT", format!("{TLS_DIR}/tls.crt")),
-        env("DPUKV_TLS_KEY", format!("{TLS_DIR}/tls.key")),
+    vec![
+        env("DPUKV_TLS_CERT", format!("{TLS_DIR}/{NODE_CERT_FILE}")),
+        env("DPUKV_TLS_KEY", format!("{TLS_DIR}/{NODE_KEY_FILE}")),
         env("DPUKV_TLS_CA", format!("{TLS_DIR}/ca.crt")),
-    ];
-    if mutual {
-        v.push(env("DPUKV_TLS_CLIENT_AUTH", "true"));
-    }
-    v
+        env("DPUKV_TLS_CLIENT_AUTH", "true"),
+    ]
 }
 
 /// The cluster's name in etcd (`NAMESPACE.NAME`; its keys are under `/dpukv/NAMESPACE.NAME/`).
@@ -324,7 +444,14 @@ fn node_config_data(c: &DpuKvCluster) -> BTreeMap<String, String> {
             serde_json::to_value(s.backup_index).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
         ),
         ("DPUKV_REPLICATION_LISTEN".to_string(), format!("0.0.0.0:{REPLICATION_PORT}")),
+        // The control API: mutual TLS with the node certificate (plain HTTP when TLS is off).
+        ("DPUKV_CONTROL_LISTEN".to_string(), format!("0.0.0.0:{CONTROL_PORT}")),
     ]);
+    if etcd_tls(c) {
+        for (k, file) in [("DPUKV_ETCD_CA", "ca.crt"), ("DPUKV_ETCD_CERT", "tls.crt"), ("DPUKV_ETCD_KEY", "tls.key")] {
+            data.insert(k.into(), format!("{ETCD_TLS_DIR}/{file}"));
+        }
+    }
     if let Some(keys) = s.regions.as_ref().and_then(|r| r.split_keys.as_ref()) {
         data.insert("DPUKV_SPLIT_KEYS".into(), keys.join(","));
     }
@@ -358,16 +485,29 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     let dns = pod_host(c, "$(POD_NAME)");
     let device = uses_device(c, dpu_available);
     let s = &c.spec;
+    let tls = s.tls.enabled();
+    let node_index = env_field("DPUKV_NODE_INDEX", "metadata.labels['apps.kubernetes.io/pod-index']");
     let mut host_env = vec![
         env_field("POD_NAME", "metadata.name"),
-        env_field("DPUKV_NODE_INDEX", "metadata.labels['apps.kubernetes.io/pod-index']"),
+        node_index.clone(),
         env("DPUKV_ADVERTISE_DEVICE", format!("{dns}:{DEVICE_PORT}")),
         env("DPUKV_ADVERTISE_REPLICATION", format!("{dns}:{REPLICATION_PORT}")),
     ];
-    host_env.extend(tls_env(c, true));
-    let mut mounts = vec![mount("data", "/var/lib/dpukv", false), mount("shm", "/dev/shm", false)];
-    if s.tls.is_some() {
-        mounts.push(mount("tls", TLS_DIR, true));
+    host_env.extend(node_tls_env(c));
+    // Volumes: the data claim (the host writes it; the device maps its levels and log segments
+    // read-only, at the same path: the host records absolute paths), the shared memory (both
+    // write: the device its reader slots), a scratch /tmp each (the root file system is
+    // read-only), the node Secret (both), the etcd client Secret (the host only).
+    let mut host_mounts =
+        vec![mount("data", "/var/lib/dpukv", false), mount("shm", "/dev/shm", false), mount("tmp", "/tmp", false)];
+    let mut device_mounts =
+        vec![mount("data", "/var/lib/dpukv", true), mount("shm", "/dev/shm", false), mount("tmp", "/tmp", false)];
+    if tls {
+        host_mounts.push(mount("tls", TLS_DIR, true));
+        device_mounts.push(mount("tls", TLS_DIR, true));
+    }
+    if etcd_tls(c) {
+        host_mounts.push(mount("etcd-tls", ETCD_TLS_DIR, true));
     }
     let host = Container {
         name: "host".into(),
@@ -386,18 +526,23 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
             config_map_ref: Some(ConfigMapEnvSource { name: node_config_name(c), optional: None }),
             ..Default::default()
         }]),
-        ports: Some(vec![port("replication", REPLICATION_PORT), port("host-admin", HOST_ADMIN_PORT)]),
+        ports: Some(vec![
+            port("replication", REPLICATION_PORT),
+            port("host-admin", HOST_ADMIN_PORT),
+            port("control", CONTROL_PORT),
+        ]),
         readiness_probe: Some(http_probe("/readyz", HOST_ADMIN_PORT, 2)),
         liveness_probe: Some(http_probe("/healthz", HOST_ADMIN_PORT, 10)),
         resources: s.resources.host.clone(),
-        volume_mounts: Some(mounts.clone()),
+        volume_mounts: Some(host_mounts),
+        security_context: Some(restricted_container()),
         ..Default::default()
     };
-    let mut device_env = vec![env("DPUKV_LISTEN", format!("0.0.0.0:{DEVICE_PORT}"))];
+    let mut device_env = vec![node_index, env("DPUKV_LISTEN", format!("0.0.0.0:{DEVICE_PORT}"))];
     if let Some(t) = &s.telemetry {
         device_env.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", t.otlp_endpoint.clone()));
     }
-    device_env.extend(tls_env(c, true));
+    device_env.extend(node_tls_env(c));
     let mut device_resources = s.resources.device.clone().unwrap_or_default();
     if device {
         // One DPU from the device plugin: an extended resource is asked for in limits.
@@ -419,24 +564,27 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
         readiness_probe: Some(http_probe("/readyz", DEVICE_ADMIN_PORT, 2)),
         liveness_probe: Some(http_probe("/healthz", DEVICE_ADMIN_PORT, 10)),
         resources: (device_resources != ResourceRequirements::default()).then_some(device_resources),
-        volume_mounts: Some(mounts.into_iter().filter(|m| m.name != "data").collect()),
+        volume_mounts: Some(device_mounts),
+        security_context: Some(restricted_container()),
         ..Default::default()
     };
-    let mut volumes = vec![Volume {
-        name: "shm".into(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            medium: Some("Memory".into()),
-            size_limit: Some(Quantity(s.shared_memory.size.clone())),
+    let mut volumes = vec![
+        Volume {
+            name: "shm".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(Quantity(s.shared_memory.size.clone())),
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
-    }];
-    if let Some(t) = &s.tls {
-        volumes.push(Volume {
-            name: "tls".into(),
-            secret: Some(SecretVolumeSource { secret_name: Some(t.cluster_secret.clone()), ..Default::default() }),
-            ..Default::default()
-        });
+        },
+        empty_dir("tmp"),
+    ];
+    if tls {
+        volumes.push(secret_volume("tls", &node_tls_secret(c)));
+    }
+    if etcd_tls(c) {
+        volumes.push(secret_volume("etcd-tls", &etcd_client_secret(c)));
     }
     let retention = |p: RetentionPolicy| match p {
         RetentionPolicy::Retain => "Retain".to_string(),
@@ -467,8 +615,14 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(labels(c, "node")), ..Default::default() }),
                 spec: Some(PodSpec {
-                    share_process_namespace: Some(true),
+                    // No shared process namespace: the device would see the host's processes
+                    // (and through /proc/PID/root reach its files and Secrets). Reader slots of
+                    // a device in another pid namespace are taken back by their heartbeat lease
+                    // instead of by pid (docs/storage-format.md, "Liveness of a slot's owner").
                     containers: vec![host, device_container],
+                    security_context: Some(restricted_pod()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
                     volumes: Some(volumes),
                     node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
                     tolerations: (!s.tolerations.is_empty()).then(|| s.tolerations.clone()),
@@ -520,11 +674,9 @@ pub fn node_service(c: &DpuKvCluster) -> Service {
             cluster_ip: Some("None".into()),
             publish_not_ready_addresses: Some(true),
             selector: Some(selector(c, "node")),
-            ports: Some(vec![
-                service_port("data", DEVICE_PORT),
-                service_port("replication", REPLICATION_PORT),
-                service_port("host-admin", HOST_ADMIN_PORT),
-            ]),
+            // Only what peers and clients dial: the admin (metrics) and control ports are reached
+            // per pod, by monitoring and the operator, never through this Service.
+            ports: Some(vec![service_port("data", DEVICE_PORT), service_port("replication", REPLICATION_PORT)]),
             ..Default::default()
         }),
         ..Default::default()
@@ -548,30 +700,23 @@ pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
         env("DPUKV_GATEWAY_RESP", format!("0.0.0.0:{}", p.resp)),
         env("DPUKV_GATEWAY_ADMIN", format!("0.0.0.0:{GATEWAY_ADMIN_PORT}")),
     ];
-    let mut mounts = Vec::new();
-    let mut volumes = Vec::new();
-    if let Some(t) = &s.tls {
-        // One certificate for the front ends and towards the devices (mutual TLS): the gateway
-        // secret's must come from the cluster's CA.
-        vars.extend(tls_env(c, false));
+    let mut mounts = vec![mount("tmp", "/tmp", false)];
+    let mut volumes = vec![empty_dir("tmp")];
+    if s.tls.enabled() {
+        // One certificate (role gateway, the cluster's CA) for the front ends and towards the
+        // devices (mutual TLS); the front ends do not ask clients for one.
+        vars.extend([
+            env("DPUKV_TLS_CERT", format!("{TLS_DIR}/tls.crt")),
+            env("DPUKV_TLS_KEY", format!("{TLS_DIR}/tls.key")),
+            env("DPUKV_TLS_CA", format!("{TLS_DIR}/ca.crt")),
+        ]);
         mounts.push(mount("tls", TLS_DIR, true));
-        volumes.push(Volume {
-            name: "tls".into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(t.gateway_secret.clone().unwrap_or_else(|| t.cluster_secret.clone())),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        volumes.push(secret_volume("tls", &gateway_tls_secret(c)));
     }
     if let Some(a) = &s.auth {
         vars.push(env("DPUKV_TOKENS_FILE", "/etc/dpukv/auth/tokens"));
         mounts.push(mount("auth", "/etc/dpukv/auth", true));
-        volumes.push(Volume {
-            name: "auth".into(),
-            secret: Some(SecretVolumeSource { secret_name: Some(a.tokens_secret.clone()), ..Default::default() }),
-            ..Default::default()
-        });
+        volumes.push(secret_volume("auth", &a.tokens_secret));
     }
     if let Some(t) = &s.telemetry {
         vars.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", t.otlp_endpoint.clone()));
@@ -589,7 +734,8 @@ pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
         ]),
         readiness_probe: Some(http_probe("/readyz", GATEWAY_ADMIN_PORT, 2)),
         liveness_probe: Some(http_probe("/healthz", GATEWAY_ADMIN_PORT, 10)),
-        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        volume_mounts: Some(mounts),
+        security_context: Some(restricted_container()),
         ..Default::default()
     };
     Deployment {
@@ -601,7 +747,11 @@ pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
                 metadata: Some(ObjectMeta { labels: Some(labels(c, "gateway")), ..Default::default() }),
                 spec: Some(PodSpec {
                     containers: vec![container],
-                    volumes: (!volumes.is_empty()).then_some(volumes),
+                    volumes: Some(volumes),
+                    security_context: Some(restricted_pod()),
+                    // It never calls the API server.
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
                     ..Default::default()
                 }),
             },
@@ -646,6 +796,183 @@ pub fn node_pdb(c: &DpuKvCluster) -> PodDisruptionBudget {
         }),
         ..Default::default()
     }
+}
+
+/// Where the operator's pods run: the NetworkPolicies let them (and only them) reach the nodes'
+/// control port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorPods {
+    /// Their namespace.
+    pub namespace: String,
+    /// Labels that select them there.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for OperatorPods {
+    /// The chart's defaults (release namespace `dpukv-system`).
+    fn default() -> Self {
+        OperatorPods {
+            namespace: "dpukv-system".into(),
+            labels: BTreeMap::from([
+                ("app.kubernetes.io/name".to_string(), "dpukv".to_string()),
+                ("app.kubernetes.io/component".to_string(), "operator".to_string()),
+            ]),
+        }
+    }
+}
+
+fn tcp(p: i32) -> NetworkPolicyPort {
+    NetworkPolicyPort { protocol: Some("TCP".into()), port: Some(IntOrString::Int(p)), ..Default::default() }
+}
+
+fn pods_of(c: &DpuKvCluster, component: &str) -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        pod_selector: Some(LabelSelector { match_labels: Some(selector(c, component)), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+fn ingress(from: Vec<NetworkPolicyPeer>, ports: &[i32]) -> NetworkPolicyIngressRule {
+    NetworkPolicyIngressRule {
+        from: (!from.is_empty()).then_some(from),
+        ports: Some(ports.iter().copied().map(tcp).collect()),
+    }
+}
+
+fn egress(to: Vec<NetworkPolicyPeer>, ports: Vec<NetworkPolicyPort>) -> NetworkPolicyEgressRule {
+    NetworkPolicyEgressRule { to: (!to.is_empty()).then_some(to), ports: Some(ports) }
+}
+
+/// Name resolution, wherever the cluster's DNS runs (a Service, a node-local cache).
+fn dns_egress() -> NetworkPolicyEgressRule {
+    let port = |proto: &str| NetworkPolicyPort {
+        protocol: Some(proto.into()),
+        port: Some(IntOrString::Int(53)),
+        ..Default::default()
+    };
+    egress(Vec::new(), vec![port("UDP"), port("TCP")])
+}
+
+/// The port of a URL (`scheme://host:port/...`), or `default`.
+fn url_port(url: &str, default: i32) -> i32 {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or_default();
+    authority.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).unwrap_or(default)
+}
+
+/// Traces leave for the OTLP endpoint's port (wherever it is).
+fn otlp_egress(c: &DpuKvCluster) -> Option<NetworkPolicyEgressRule> {
+    let t = c.spec.telemetry.as_ref()?;
+    Some(egress(Vec::new(), vec![tcp(url_port(&t.otlp_endpoint, 4317))]))
+}
+
+fn monitoring(c: &DpuKvCluster) -> NetworkPolicyPeer {
+    let n = &c.spec.network_policy;
+    NetworkPolicyPeer {
+        namespace_selector: Some(n.monitoring_namespace_selector.clone()),
+        pod_selector: n.monitoring_pod_selector.clone(),
+        ..Default::default()
+    }
+}
+
+fn policy(
+    c: &DpuKvCluster,
+    name: String,
+    component: &str,
+    ing: Vec<NetworkPolicyIngressRule>,
+    eg: Vec<NetworkPolicyEgressRule>,
+) -> NetworkPolicy {
+    NetworkPolicy {
+        metadata: meta(c, name, component),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector { match_labels: Some(selector(c, component)), ..Default::default() }),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ingress: Some(ing),
+            egress: Some(eg),
+        }),
+    }
+}
+
+/// The NetworkPolicies around the cluster's pods (`networkPolicy.enabled`; none when off): each
+/// component's pods take in and send out only the flows of docs/security.md §3 —
+/// - node pods: the device data port from the gateway and the other node pods (hot-key copies),
+///   replication between node pods, the control port from the operator's pods, the metrics
+///   ports from monitoring; out to the other node pods, etcd's client port, DNS and the OTLP
+///   endpoint;
+/// - gateway pods: the front ends from the clients (`networkPolicy.clients`, anyone when
+///   absent), the metrics port from monitoring; out to the devices, DNS and the OTLP endpoint;
+/// - managed etcd pods: the client port from the node pods, the peer port between members; out
+///   to the members and DNS (the operator never connects to a managed etcd).
+///
+/// The kubelet's probes are not affected (traffic from a pod's node is always allowed).
+pub fn network_policies(c: &DpuKvCluster, operator: &OperatorPods) -> Vec<NetworkPolicy> {
+    let s = &c.spec;
+    if !s.network_policy.enabled {
+        return Vec::new();
+    }
+    let ns_of = |ns: &str| LabelSelector {
+        match_labels: Some(BTreeMap::from([("kubernetes.io/metadata.name".to_string(), ns.to_string())])),
+        ..Default::default()
+    };
+    let operator_pods = NetworkPolicyPeer {
+        namespace_selector: Some(ns_of(&operator.namespace)),
+        pod_selector: Some(LabelSelector { match_labels: Some(operator.labels.clone()), ..Default::default() }),
+        ..Default::default()
+    };
+    let etcd_egress = match (&s.etcd.endpoints, &s.etcd.managed) {
+        (Some(e), _) if !e.is_empty() => {
+            let mut ports: Vec<i32> = e.iter().map(|u| url_port(u, ETCD_CLIENT_PORT)).collect();
+            ports.sort_unstable();
+            ports.dedup();
+            egress(Vec::new(), ports.into_iter().map(tcp).collect())
+        }
+        _ => egress(vec![pods_of(c, "etcd")], vec![tcp(ETCD_CLIENT_PORT)]),
+    };
+    let mut node_out = vec![
+        egress(vec![pods_of(c, "node")], vec![tcp(DEVICE_PORT), tcp(REPLICATION_PORT)]),
+        etcd_egress,
+        dns_egress(),
+    ];
+    node_out.extend(otlp_egress(c));
+    let node = policy(
+        c,
+        node_name(c),
+        "node",
+        vec![
+            ingress(vec![pods_of(c, "gateway"), pods_of(c, "node")], &[DEVICE_PORT]),
+            ingress(vec![pods_of(c, "node")], &[REPLICATION_PORT]),
+            ingress(vec![operator_pods], &[CONTROL_PORT]),
+            ingress(vec![monitoring(c)], &[HOST_ADMIN_PORT, DEVICE_ADMIN_PORT]),
+        ],
+        node_out,
+    );
+    let p = &s.gateway.ports;
+    let mut gateway_out = vec![egress(vec![pods_of(c, "node")], vec![tcp(DEVICE_PORT)]), dns_egress()];
+    gateway_out.extend(otlp_egress(c));
+    let gateway = policy(
+        c,
+        gateway_name(c),
+        "gateway",
+        vec![
+            ingress(s.network_policy.clients.clone().unwrap_or_default(), &[p.binary, p.http, p.resp]),
+            ingress(vec![monitoring(c)], &[GATEWAY_ADMIN_PORT]),
+        ],
+        gateway_out,
+    );
+    let mut out = vec![node, gateway];
+    if s.etcd.managed.is_some() {
+        out.push(policy(
+            c,
+            etcd_name(c),
+            "etcd",
+            vec![
+                ingress(vec![pods_of(c, "node")], &[ETCD_CLIENT_PORT]),
+                ingress(vec![pods_of(c, "etcd")], &[ETCD_PEER_PORT]),
+            ],
+            vec![egress(vec![pods_of(c, "etcd")], vec![tcp(ETCD_PEER_PORT)]), dns_egress()],
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -711,6 +1038,7 @@ mod tests {
             [
                 "DPUKV_BACKUP_INDEX",
                 "DPUKV_CLUSTER",
+                "DPUKV_CONTROL_LISTEN",
                 "DPUKV_ETCD",
                 "DPUKV_FSYNC",
                 "DPUKV_REPLICATION_FACTOR",
@@ -723,7 +1051,19 @@ mod tests {
         assert_eq!(config_ref(&s), name);
         let host = container(&s, "host");
         let env: Vec<&str> = host.env.as_ref().expect("env").iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(env, ["POD_NAME", "DPUKV_NODE_INDEX", "DPUKV_ADVERTISE_DEVICE", "DPUKV_ADVERTISE_REPLICATION"]);
+        assert_eq!(
+            env,
+            [
+                "POD_NAME",
+                "DPUKV_NODE_INDEX",
+                "DPUKV_ADVERTISE_DEVICE",
+                "DPUKV_ADVERTISE_REPLICATION",
+                "DPUKV_TLS_CERT",
+                "DPUKV_TLS_KEY",
+                "DPUKV_TLS_CA",
+                "DPUKV_TLS_CLIENT_AUTH"
+            ]
+        );
         // Set, they are there too.
         let full = cluster(serde_json::json!({
             "nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}}, "fsync": "interval:5",
@@ -768,21 +1108,27 @@ mod tests {
     }
 
     #[test]
-    fn node_pods_share_memory_and_processes_and_keep_their_volume() {
+    fn node_pods_share_memory_not_processes_and_keep_their_volume() {
         let c = base("Emulator");
         let s = node_statefulset(&c, false);
         let spec = &s.spec;
         assert_eq!(spec.replicas, Some(3));
         assert_eq!(spec.service_name.as_deref(), Some("demo-node"));
         let pod = spec.template.spec.as_ref().expect("pod");
-        assert_eq!(pod.share_process_namespace, Some(true));
+        assert_eq!(pod.share_process_namespace, None, "the device sees none of the host's processes");
         let shm = pod.volumes.as_ref().expect("volumes").iter().find(|v| v.name == "shm").expect("shm");
         assert_eq!(shm.empty_dir.as_ref().and_then(|e| e.medium.as_deref()), Some("Memory"));
         for name in ["host", "device"] {
             let mounts = container(&s, name).volume_mounts.as_ref().expect("mounts");
             assert!(mounts.iter().any(|m| m.name == "shm"), "{name} mounts the shared memory");
         }
-        assert!(!container(&s, "device").volume_mounts.as_ref().expect("m").iter().any(|m| m.name == "data"));
+        // The device maps the host's levels and log segments at the host's paths, read-only.
+        let data = |name| {
+            let m = container(&s, name).volume_mounts.as_ref().expect("m");
+            m.iter().find(|m| m.name == "data").map(|m| (m.mount_path.clone(), m.read_only))
+        };
+        assert_eq!(data("host"), Some(("/var/lib/dpukv".to_string(), Some(false))));
+        assert_eq!(data("device"), Some(("/var/lib/dpukv".to_string(), Some(true))));
         let claim = &spec.volume_claim_templates.as_ref().expect("claims")[0];
         assert_eq!(claim.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()), Some("fast"));
         let strategy = spec.update_strategy.as_ref().expect("strategy");
@@ -812,7 +1158,7 @@ mod tests {
         let initial = args.iter().find(|a| a.starts_with("--initial-cluster=")).expect("initial cluster");
         for i in 0..3 {
             assert!(
-                initial.contains(&format!("demo-etcd-{i}=http://demo-etcd-{i}.demo-etcd.db.svc:2380")),
+                initial.contains(&format!("demo-etcd-{i}=https://demo-etcd-{i}.demo-etcd.db.svc:2380")),
                 "{initial}"
             );
         }
@@ -825,14 +1171,14 @@ mod tests {
         let svc = etcd_service(&c).expect("service");
         assert_eq!(svc.spec.as_ref().and_then(|s| s.publish_not_ready_addresses), Some(true), "peers find each other");
         // The nodes use it.
-        assert_eq!(config_of(&c, "DPUKV_ETCD").as_deref(), Some("http://demo-etcd:2379"));
+        assert_eq!(config_of(&c, "DPUKV_ETCD").as_deref(), Some("https://demo-etcd.db.svc:2379"));
     }
 
     #[test]
     fn the_gateway_gets_tls_tokens_and_its_service_type() {
         let c = cluster(serde_json::json!({
             "nodes": 5, "storage": {"size": "1Gi"}, "etcd": {"managed": {}},
-            "tls": {"clusterSecret": "ctls"}, "auth": {"tokensSecret": "tok"},
+            "tls": {"clusterSecret": "ctls", "gatewaySecret": "gtls", "operatorSecret": "otls"}, "auth": {"tokensSecret": "tok"},
             "gateway": {"serviceType": "LoadBalancer", "replicas": 3}
         }));
         let d = gateway_deployment(&c);
@@ -840,7 +1186,7 @@ mod tests {
         assert_eq!(spec.replicas, Some(3));
         let pod = spec.template.spec.as_ref().expect("pod");
         let names: Vec<&str> = pod.volumes.as_ref().expect("volumes").iter().map(|v| v.name.as_str()).collect();
-        assert_eq!(names, ["tls", "auth"]);
+        assert_eq!(names, ["tmp", "tls", "auth"]);
         let seeds =
             pod.containers[0].env.as_ref().expect("env").iter().find(|e| e.name == "DPUKV_SEEDS").expect("seeds");
         assert_eq!(seeds.value.as_deref().map(|v| v.split(',').count()), Some(3));
@@ -852,8 +1198,153 @@ mod tests {
         assert_eq!(svc.metadata.name.as_deref(), Some("demo"));
         assert_eq!(svc.spec.as_ref().and_then(|s| s.type_.as_deref()), Some("LoadBalancer"));
         let node = node_statefulset(&c, false);
-        assert_eq!(config_of(&c, "DPUKV_ETCD").as_deref(), Some("http://demo-etcd:2379"));
+        assert_eq!(config_of(&c, "DPUKV_ETCD").as_deref(), Some("https://demo-etcd.db.svc:2379"));
         assert_eq!(env_of(container(&node, "device"), "DPUKV_TLS_CLIENT_AUTH"), Some("true"));
         assert_eq!(selector_string(&c), "app.kubernetes.io/component=node,app.kubernetes.io/instance=demo");
+    }
+    /// Issue 26: TLS is on by default — each node process takes its own pair from the node Secret
+    /// by its id (`{node}`), and a managed etcd speaks mutual TLS with its own CA, its client
+    /// certificate mounted in the host container only.
+    #[test]
+    fn node_pods_take_their_own_pair_by_node_id_and_reach_etcd_over_mutual_tls() {
+        let c = cluster(serde_json::json!({"nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}}}));
+        let s = node_statefulset(&c, false);
+        for name in ["host", "device"] {
+            let ct = container(&s, name);
+            assert_eq!(env_of(ct, "DPUKV_TLS_CERT"), Some("/etc/dpukv/tls/node-{node}.crt"), "{name}");
+            assert_eq!(env_of(ct, "DPUKV_TLS_KEY"), Some("/etc/dpukv/tls/node-{node}.key"), "{name}");
+            assert_eq!(env_of(ct, "DPUKV_TLS_CA"), Some("/etc/dpukv/tls/ca.crt"), "{name}");
+            assert_eq!(env_of(ct, "DPUKV_TLS_CLIENT_AUTH"), Some("true"), "{name}");
+            assert!(ct.env.as_ref().expect("env").iter().any(|e| e.name == "DPUKV_NODE_INDEX"), "{name}: its id");
+        }
+        let pod = s.spec.template.spec.as_ref().expect("pod");
+        let secret_of = |v: &str| {
+            let vol = pod.volumes.as_ref().expect("volumes").iter().find(|x| x.name == v).expect("volume");
+            vol.secret.as_ref().and_then(|x| x.secret_name.clone())
+        };
+        assert_eq!(secret_of("tls").as_deref(), Some("demo-node-tls"));
+        assert_eq!(secret_of("etcd-tls").as_deref(), Some("demo-etcd-client"));
+        let mounts = |name| -> Vec<String> {
+            container(&s, name).volume_mounts.as_ref().expect("m").iter().map(|m| m.name.clone()).collect()
+        };
+        assert!(mounts("host").contains(&"etcd-tls".to_string()));
+        assert!(!mounts("device").contains(&"etcd-tls".to_string()), "the device never talks to etcd");
+        for (k, v) in [
+            ("DPUKV_ETCD", "https://demo-etcd.db.svc:2379"),
+            ("DPUKV_ETCD_CA", "/etc/dpukv/etcd/ca.crt"),
+            ("DPUKV_ETCD_CERT", "/etc/dpukv/etcd/tls.crt"),
+            ("DPUKV_ETCD_KEY", "/etc/dpukv/etcd/tls.key"),
+            ("DPUKV_CONTROL_LISTEN", "0.0.0.0:9103"),
+        ] {
+            assert_eq!(config_of(&c, k).as_deref(), Some(v), "{k}");
+        }
+        let etcd = etcd_statefulset(&c).expect("managed");
+        let args = container(&etcd, "etcd").args.clone().expect("args");
+        for a in [
+            "--client-cert-auth",
+            "--peer-client-cert-auth",
+            "--trusted-ca-file=/etc/etcd/tls/ca.crt",
+            "--peer-trusted-ca-file=/etc/etcd/tls/ca.crt",
+            "--listen-client-urls=https://0.0.0.0:2379",
+            "--listen-peer-urls=https://0.0.0.0:2380",
+        ] {
+            assert!(args.contains(&a.to_string()), "{a} in {args:?}");
+        }
+        let epod = etcd.spec.template.spec.as_ref().expect("pod");
+        assert_eq!(
+            epod.volumes.as_ref().and_then(|v| v[0].secret.as_ref()).and_then(|x| x.secret_name.as_deref()),
+            Some("demo-etcd-tls")
+        );
+        // The gateway's own certificate.
+        let g = gateway_deployment(&c);
+        let gc = &g.spec.template.spec.as_ref().expect("pod").containers[0];
+        assert_eq!(env_of(gc, "DPUKV_TLS_CERT"), Some("/etc/dpukv/tls/tls.crt"));
+        assert_eq!(env_of(gc, "DPUKV_TLS_CLIENT_AUTH"), None, "the front ends ask no client certificate");
+    }
+
+    /// Plain text only when asked for: no certificate anywhere, etcd over http.
+    #[test]
+    fn plain_text_is_an_explicit_opt_in() {
+        let c = cluster(serde_json::json!({"nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}},
+                                           "tls": {"mode": "Disabled"}}));
+        let s = node_statefulset(&c, false);
+        assert_eq!(env_of(container(&s, "host"), "DPUKV_TLS_CERT"), None);
+        assert_eq!(config_of(&c, "DPUKV_ETCD").as_deref(), Some("http://demo-etcd.db.svc:2379"));
+        assert_eq!(config_of(&c, "DPUKV_ETCD_CA"), None);
+        let etcd = etcd_statefulset(&c).expect("managed");
+        assert!(!container(&etcd, "etcd").args.as_ref().expect("args").contains(&"--client-cert-auth".to_string()));
+    }
+
+    /// Issue 26: every pod the operator makes passes Pod Security `restricted` and mounts no
+    /// service-account token (scripts/check-pod-security.py checks every control; this the
+    /// settings that make them pass).
+    #[test]
+    fn every_pod_runs_as_non_root_with_nothing_to_escalate_and_no_token() {
+        let c = cluster(serde_json::json!({"nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}}}));
+        let node = node_statefulset(&c, false).spec.template;
+        let gateway = gateway_deployment(&c).spec.template;
+        let etcd = etcd_statefulset(&c).expect("etcd").spec.template;
+        for t in [node, gateway, etcd] {
+            let pod = t.spec.expect("pod");
+            assert_eq!(pod.automount_service_account_token, Some(false));
+            let sc = pod.security_context.expect("pod security context");
+            assert_eq!((sc.run_as_non_root, sc.run_as_user, sc.fs_group), (Some(true), Some(RUN_AS), Some(RUN_AS)));
+            assert_eq!(sc.seccomp_profile.map(|p| p.type_).as_deref(), Some("RuntimeDefault"));
+            for ct in &pod.containers {
+                let sc = ct.security_context.clone().expect("container security context");
+                assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", ct.name);
+                assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", ct.name);
+                assert_eq!(sc.capabilities.and_then(|c| c.drop), Some(vec!["ALL".to_string()]), "{}", ct.name);
+            }
+        }
+        // The admin (metrics) port is on no Service; the headless one carries what peers dial.
+        let ports: Vec<i32> =
+            node_service(&c).spec.and_then(|s| s.ports).expect("ports").iter().map(|p| p.port).collect();
+        assert_eq!(ports, [DEVICE_PORT, REPLICATION_PORT]);
+    }
+
+    /// Issue 26: NetworkPolicies (on by default) let in only the cluster's flows.
+    #[test]
+    fn network_policies_let_in_only_the_cluster_s_flows() {
+        let c = cluster(serde_json::json!({"nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}}}));
+        let ops = OperatorPods::default();
+        let p = network_policies(&c, &ops);
+        let names: Vec<&str> = p.iter().filter_map(|p| p.metadata.name.as_deref()).collect();
+        assert_eq!(names, ["demo-node", "demo-gateway", "demo-etcd"]);
+        let ports = |r: &NetworkPolicyIngressRule| -> Vec<i32> {
+            r.ports
+                .iter()
+                .flatten()
+                .filter_map(|p| match p.port {
+                    Some(IntOrString::Int(n)) => Some(n),
+                    _ => None,
+                })
+                .collect()
+        };
+        let node = p[0].spec.clone().expect("spec");
+        assert_eq!(node.policy_types, Some(vec!["Ingress".to_string(), "Egress".to_string()]));
+        let ingress = node.ingress.expect("ingress");
+        let control = ingress.iter().find(|r| ports(r) == [CONTROL_PORT]).expect("a control port rule");
+        let from = &control.from.as_ref().expect("from")[0];
+        let ns = from.namespace_selector.as_ref().and_then(|s| s.match_labels.as_ref()).expect("namespace");
+        assert_eq!(ns["kubernetes.io/metadata.name"], "dpukv-system", "only the operator's namespace");
+        assert_eq!(from.pod_selector.as_ref().and_then(|s| s.match_labels.clone()), Some(ops.labels.clone()));
+        let metrics = ingress.iter().find(|r| ports(r) == [HOST_ADMIN_PORT, DEVICE_ADMIN_PORT]).expect("metrics");
+        let m = &metrics.from.as_ref().expect("from")[0];
+        assert_eq!(
+            m.namespace_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.as_ref())
+                .map(|l| l["kubernetes.io/metadata.name"].clone()),
+            Some("monitoring".to_string())
+        );
+        // Every ingress rule names who may come: nothing is open to all but the gateway's front ends.
+        assert!(ingress.iter().all(|r| r.from.is_some()));
+        let gw = p[1].spec.clone().expect("spec").ingress.expect("ingress");
+        assert!(gw.iter().any(|r| r.from.is_none() && ports(r) == [7379, 8080, 6379]));
+        // Off: none.
+        let mut off = c.clone();
+        off.spec.network_policy.enabled = false;
+        assert!(network_policies(&off, &ops).is_empty());
     }
 }

@@ -16,6 +16,7 @@ use axum::routing::get;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, Context, Error};
 use crate::crd::DpuKvCluster;
+use crate::render::OperatorPods;
 
 /// The operator's metrics (names prefixed `dpukv_operator_`).
 #[derive(Debug)]
@@ -100,9 +102,16 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
     tokio::net::TcpListener::bind(addr).await
 }
 
-/// Runs the controller until `stop`.
+/// Runs the controller until `stop`, as if the operator ran where the chart puts it by default.
 pub async fn run(client: Client, m: Arc<Metrics>, stop: CancellationToken) {
-    let ctx = Context::new(client.clone());
+    run_as(client, m, stop, OperatorPods::default()).await
+}
+
+/// Runs the controller until `stop`; the operator's pods are `pods` (the clusters'
+/// NetworkPolicies let them reach the nodes' control port).
+pub async fn run_as(client: Client, m: Arc<Metrics>, stop: CancellationToken, pods: OperatorPods) {
+    let ctx =
+        Context::full(client.clone(), Box::new(controller::first_pod_admin), crate::etcd_keys::etcd_cleaner(), pods);
     let clusters: Api<DpuKvCluster> = Api::all(client.clone());
     let cfg = watcher::Config::default();
     let reconcile = {
@@ -128,6 +137,7 @@ pub async fn run(client: Client, m: Arc<Metrics>, stop: CancellationToken) {
         .owns(Api::<Deployment>::all(client.clone()), cfg.clone())
         .owns(Api::<Service>::all(client.clone()), cfg.clone())
         .owns(Api::<PodDisruptionBudget>::all(client.clone()), cfg.clone())
+        .owns(Api::<NetworkPolicy>::all(client.clone()), cfg.clone())
         // Only the operator's ConfigMaps: a cluster holds many others, often large.
         .owns(Api::<ConfigMap>::all(client), cfg.labels("app.kubernetes.io/managed-by=dpukv-operator"))
         .graceful_shutdown_on(async move { stop.cancelled().await })

@@ -25,6 +25,14 @@ struct Args {
     /// This replica's identity in the Lease.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Labels that select the operator's pods in its namespace (`k=v,k=v`): the clusters'
+    /// NetworkPolicies let these pods, and no others, reach the nodes' control port.
+    #[arg(
+        long,
+        env = "DPUKV_OPERATOR_POD_LABELS",
+        default_value = "app.kubernetes.io/name=dpukv,app.kubernetes.io/component=operator"
+    )]
+    pod_labels: String,
 }
 
 #[tokio::main]
@@ -57,7 +65,13 @@ async fn main() -> Result<()> {
         until = leadership.lost;
     }
     tracing::info!("dpukv-operator running");
-    dpukv_operator::run::run(client, m, until.clone()).await;
+    let mut labels = std::collections::BTreeMap::new();
+    for kv in args.pod_labels.split(',').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').with_context(|| format!("--pod-labels: {kv:?} is not k=v"))?;
+        labels.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    let pods = dpukv_operator::render::OperatorPods { namespace: args.namespace.clone(), labels };
+    dpukv_operator::run::run_as(client, m, until.clone(), pods).await;
     if !stop.is_cancelled() {
         // Leadership lost: exit, to start again as a follower.
         anyhow::bail!("leadership lost");

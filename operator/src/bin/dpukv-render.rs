@@ -1,7 +1,8 @@
 //! `dpukv-render FILE [--dpu]`: prints, as a YAML stream, the objects the operator makes of the
 //! `DpuKvCluster` in FILE (docs/kubernetes.md "What the operator creates") — for review, and for
 //! checking them against Kubernetes' schemas (`scripts/check-manifests.py` pipes them to
-//! `kubernetes-validate`). `--dpu`: as if some node advertised the device resource (`Auto`).
+//! `kubernetes-validate`). `--dpu`: as if some node advertised the device resource (`Auto`). The
+//! NetworkPolicies are rendered for an operator where the chart puts it by default.
 
 use anyhow::{Context, Result, bail};
 use dpukv_operator::crd::DpuKvCluster;
@@ -30,6 +31,17 @@ fn main() -> Result<()> {
         serde_json::to_value(render::gateway_service(&c))?,
         serde_json::to_value(render::node_pdb(&c))?,
     ]);
+    for p in render::network_policies(&c, &render::OperatorPods::default()) {
+        docs.push(serde_json::to_value(p)?);
+    }
+    // cert-manager's Certificates (`tls.certManager`); the operator's own certificates are
+    // issued at run time into Secrets, never printed.
+    for cert in dpukv_operator::tls::certificates(&c, c.spec.nodes.max(0) as u32) {
+        let mut v = serde_json::to_value(&cert)?;
+        v["apiVersion"] = "cert-manager.io/v1".into();
+        v["kind"] = "Certificate".into();
+        docs.push(v);
+    }
     for d in docs {
         print!("---\n{}", serde_saphyr::to_string(&d)?);
     }

@@ -38,11 +38,18 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
     let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let stop = CancellationToken::new();
     let task = tokio::spawn(run(Client::new(svc, "default"), Metrics::new(), stop.clone()));
-    let wanted: BTreeSet<(&str, &str)> =
-        ["dpukvclusters", "statefulsets", "deployments", "services", "poddisruptionbudgets", "configmaps"]
-            .iter()
-            .flat_map(|r| [(*r, "list"), (*r, "watch")])
-            .collect();
+    let wanted: BTreeSet<(&str, &str)> = [
+        "dpukvclusters",
+        "statefulsets",
+        "deployments",
+        "services",
+        "poddisruptionbudgets",
+        "configmaps",
+        "networkpolicies",
+    ]
+    .iter()
+    .flat_map(|r| [(*r, "list"), (*r, "watch")])
+    .collect();
     let mut got = BTreeSet::new();
     while !wanted.iter().all(|w| got.contains(&(w.0.to_string(), w.1.to_string()))) {
         let (req, send) = tokio::time::timeout(Duration::from_secs(10), h.next_request())
@@ -91,6 +98,8 @@ fn every_rule_is_used_by_a_request_the_operator_makes() {
     crate::reconcile::failures_back_off_per_cluster_and_a_success_resets();
     crate::reconcile::a_cluster_with_an_external_etcd_gets_the_finalizer_first();
     crate::reconcile::a_changed_setting_gets_a_new_config_map_and_the_old_one_goes_when_the_rollout_ended();
+    crate::reconcile::the_operator_issues_the_certificates_renews_none_that_are_good_and_adds_new_nodes_first();
+    crate::reconcile::cert_manager_gets_a_certificate_per_node_the_gateway_and_the_operator();
     crate::lease::the_lease_is_created_taken_over_when_expired_and_left_alone_when_held();
     let mut all = grants(CLUSTER_RULES);
     all.extend(grants(NAMESPACE_RULES));

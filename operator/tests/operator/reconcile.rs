@@ -99,10 +99,21 @@ async fn serve(
 
 /// A cluster `demo` in `db` as the reconciler finds it after its first reconcile: with an
 /// external etcd, it carries the finalizer (`a_cluster_with_an_external_etcd_gets_the_finalizer_first`).
+/// With TLS off, it already shows so (`Secure` False): its `PlaintextOptIn` event was published
+/// (`plain_text_is_an_opt_in_the_status_shows_and_an_event_says`).
 fn cluster(spec: Value) -> DpuKvCluster {
     let mut c = new_cluster(spec);
     if etcd_keys::needs_finalizer(&c) {
         c.metadata.finalizers = Some(vec![etcd_keys::FINALIZER.into()]);
+    }
+    if !c.spec.tls.enabled() {
+        c.status = Some(
+            serde_json::from_value(
+                json!({"conditions": [{"type": "Secure", "status": "False", "reason": "PlaintextOptIn",
+                "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+            )
+            .expect("a status"),
+        );
     }
     c
 }
@@ -119,7 +130,7 @@ fn new_cluster(spec: Value) -> DpuKvCluster {
 
 fn spec(nodes: i32, mode: &str) -> Value {
     json!({"nodes": nodes, "replicationFactor": 1, "storage": {"size": "10Gi"},
-           "etcd": {"endpoints": ["http://etcd:2379"]}, "device": {"mode": mode}})
+           "etcd": {"endpoints": ["http://etcd:2379"]}, "device": {"mode": mode}, "tls": {"mode": "Disabled"}})
 }
 
 fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, body: Value) {
@@ -235,6 +246,21 @@ struct Applied {
 /// The children's applies, in order (the node ConfigMap before the node StatefulSet that reads
 /// it); the StatefulSet is answered with `ready` pods.
 async fn children(h: &mut Server, ready: i64) -> Applied {
+    children_with(h, ready, false).await
+}
+
+/// The NetworkPolicies, after the other children: the node's and the gateway's, and etcd's with
+/// a managed etcd.
+async fn policies(h: &mut Server, etcd: bool) {
+    const NP: &str = "/apis/networking.k8s.io/v1/namespaces/db/networkpolicies";
+    for name in ["demo-node", "demo-gateway"].into_iter().chain(etcd.then_some("demo-etcd")) {
+        let p = expect(h, "PATCH", &format!("{NP}/{name}"), echo(json!({}))).await;
+        assert_eq!(p["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    }
+}
+
+/// [`children`], with a managed etcd or not.
+async fn children_with(h: &mut Server, ready: i64, etcd: bool) -> Applied {
     let config = expect(h, "PATCH", &format!("{CONFIGS}/demo-node-config-*"), echo(json!({}))).await;
     assert_eq!(config["data"]["DPUKV_CLUSTER"], "db.demo");
     assert_eq!(config["immutable"], true);
@@ -248,6 +274,7 @@ async fn children(h: &mut Server, ready: i64) -> Applied {
     expect(h, "PATCH", "/api/v1/namespaces/db/services/demo", echo(json!({}))).await;
     let pdb = expect(h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-node", echo(json!({}))).await;
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    policies(h, etcd).await;
     Applied { config, set }
 }
 
@@ -621,8 +648,10 @@ async fn degraded_and_recovered_are_published_once_on_their_transitions() {
 async fn a_managed_etcd_is_applied_before_the_nodes() {
     let (ctx, mut h) = mock(None);
     let c = cluster(json!({"nodes": 3, "replicationFactor": 1, "storage": {"size": "10Gi"},
-                           "etcd": {"managed": {"replicas": 3}}, "device": {"mode": "Emulator"}}));
+                           "etcd": {"managed": {"replicas": 3}}, "device": {"mode": "Emulator"},
+                           "tls": {"mode": "Disabled"}}));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
     let etcd_svc = expect(&mut h, "PATCH", "/api/v1/namespaces/db/services/demo-etcd", echo(json!({}))).await;
     assert_eq!(etcd_svc["spec"]["clusterIP"], "None");
     let etcd = expect(&mut h, "PATCH", &format!("{SETS}/demo-etcd"), echo(json!({"replicas": 0}))).await;
@@ -630,9 +659,8 @@ async fn a_managed_etcd_is_applied_before_the_nodes() {
         (etcd["spec"]["replicas"].as_i64(), etcd["metadata"]["ownerReferences"][0]["kind"].as_str()),
         (Some(3), Some("DpuKvCluster"))
     );
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
-    let applied = children(&mut h, 0).await;
-    assert_eq!(applied.config["data"]["DPUKV_ETCD"], "http://demo-etcd:2379", "the nodes use it");
+    let applied = children_with(&mut h, 0, true).await;
+    assert_eq!(applied.config["data"]["DPUKV_ETCD"], "http://demo-etcd.db.svc:2379", "the nodes use it");
     status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
 }
@@ -879,6 +907,7 @@ async fn reconcile_configs(
     expect(&mut h, "PATCH", "/apis/apps/v1/namespaces/db/deployments/demo-gateway", echo(json!({}))).await;
     expect(&mut h, "PATCH", "/api/v1/namespaces/db/services/demo", echo(json!({}))).await;
     expect(&mut h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-node", echo(json!({}))).await;
+    policies(&mut h, false).await;
     status(&mut h, c).await;
     finished(task).await.expect("reconciled");
     Applied { config, set }
@@ -1166,4 +1195,242 @@ async fn the_skip_annotation_removes_the_finalizer_without_cleaning() {
     assert!(calls.lock().expect("lock").is_empty(), "etcd is not asked");
     assert_eq!(keys_of(&store).await.len(), 7, "every key left");
     assert_eq!(h.reasons(), ["EtcdCleanupSkipped"]);
+}
+
+const SECRETS: &str = "/api/v1/namespaces/db/secrets";
+
+/// A Secret's key as text.
+fn secret_text(s: &Value, key: &str) -> String {
+    use base64::Engine;
+    let b64 = s["data"][key].as_str().unwrap_or_else(|| panic!("no {key} in {}", s["metadata"]["name"]));
+    String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).expect("base64")).expect("utf8")
+}
+
+/// A GET of a Secret answered with `live` (404 when None); with `write`, the PATCH that follows
+/// (a server-side apply) is expected and returned.
+async fn secret(h: &mut Server, name: &str, live: Option<Value>, write: bool) -> Option<Value> {
+    expect(h, "GET", &format!("{SECRETS}/{name}"), move |_| live.map_or_else(not_found, |v| (200, v))).await;
+    if !write {
+        return None;
+    }
+    let s = expect(h, "PATCH", &format!("{SECRETS}/{name}"), |b| (200, b.clone())).await;
+    assert_eq!(s["metadata"]["ownerReferences"][0]["kind"], "DpuKvCluster", "{name} goes with the cluster");
+    Some(s)
+}
+
+/// The control API's double behind mutual TLS: a TLS terminator with node 1's certificate that
+/// admits only clients of the cluster's CA and records each client's URI SAN, in front of the
+/// plain [`Master`].
+async fn tls_master(master: &str, ca: &str, node: (&str, &str)) -> (String, Arc<Mutex<Vec<String>>>) {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(c.expect("ca")).expect("root");
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .expect("verifier");
+    let chain = CertificateDer::pem_slice_iter(node.0.as_bytes()).collect::<Result<Vec<_>, _>>().expect("chain");
+    let key = PrivateKeyDer::from_pem_slice(node.1.as_bytes()).expect("key");
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    let clients = Arc::new(Mutex::new(Vec::new()));
+    let (seen, master) = (clients.clone(), master.to_string());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            let (acceptor, seen, master) = (acceptor.clone(), seen.clone(), master.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else { return };
+                let der =
+                    tls.get_ref().1.peer_certificates().and_then(|c| c.first().cloned()).expect("a client certificate");
+                let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("x509");
+                for n in cert
+                    .subject_alternative_name()
+                    .ok()
+                    .flatten()
+                    .into_iter()
+                    .flat_map(|s| s.value.general_names.clone())
+                {
+                    if let x509_parser::prelude::GeneralName::URI(u) = n {
+                        seen.lock().expect("lock").push(u.to_string());
+                    }
+                }
+                let mut plain = tokio::net::TcpStream::connect(&master).await.expect("master");
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    (addr, clients)
+}
+
+/// Issue 26: with no Secret named, the operator issues the cluster's CA and certificates — a pair
+/// per node id, each naming its identity and its pod's DNS name —, writes nothing again while they
+/// are good, issues the new ids' pairs before the StatefulSet grows in a scale-out (fails if the
+/// node Secret is written after it), and calls the control API over mutual TLS as `operator`.
+#[tokio::test]
+pub(crate) async fn the_operator_issues_the_certificates_renews_none_that_are_good_and_adds_new_nodes_first() {
+    use dpukv_operator::{certs, tls};
+    let spec = json!({"nodes": 3, "replicationFactor": 1, "storage": {"size": "10Gi"},
+                      "etcd": {"endpoints": ["http://etcd:2379"]}, "device": {"mode": "Emulator"}});
+    let c = cluster(spec.clone());
+    let (ctx, mut h) = mock(None);
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
+    let ca = secret(&mut h, "demo-ca", None, true).await.expect("the CA");
+    let nodes = secret(&mut h, "demo-node-tls", None, true).await.expect("the node Secret");
+    let gateway = secret(&mut h, "demo-gateway-tls", None, true).await.expect("the gateway's");
+    let applied = children(&mut h, 0).await;
+    let st = status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    assert_eq!(
+        (condition(&st, "Secure")["status"].as_str(), condition(&st, "Secure")["reason"].as_str()),
+        (Some("True"), Some("OperatorIssued"))
+    );
+    assert_eq!(
+        applied.set["spec"]["template"]["spec"]["containers"][0]["env"][4]["value"],
+        "/etc/dpukv/tls/node-{node}.crt"
+    );
+    let now = time::OffsetDateTime::now_utc();
+    let ca_pair = certs::Pair { cert: secret_text(&ca, "ca.crt"), key: secret_text(&ca, "ca.key") };
+    assert!(certs::ca_good(&ca_pair, now));
+    assert_eq!(nodes["type"], "Opaque");
+    assert!(
+        nodes["data"].get("ca.key").is_none() && gateway["data"].get("ca.key").is_none(),
+        "the CA's key stays in demo-ca"
+    );
+    for id in 1..=3 {
+        let pair = certs::Pair {
+            cert: secret_text(&nodes, &format!("node-{id}.crt")),
+            key: secret_text(&nodes, &format!("node-{id}.key")),
+        };
+        assert!(certs::leaf_good(&pair, &ca_pair.cert, &tls::node_leaf(&c, id), now), "node {id}");
+        assert!(tls::node_leaf(&c, id).dns.contains(&format!("demo-node-{}.demo-node.db.svc", id - 1)));
+    }
+    assert!(nodes["data"].get("node-4.crt").is_none());
+    let gw = certs::Pair { cert: secret_text(&gateway, "tls.crt"), key: secret_text(&gateway, "tls.key") };
+    assert!(certs::leaf_good(&gw, &ca_pair.cert, &tls::gateway_leaf(&c), now));
+    assert_eq!(secret_text(&nodes, "ca.crt").trim(), ca_pair.cert.trim());
+
+    // Scale out to 4 from 3 running pods: the certificates are read, only the node Secret is
+    // written (node 4 added, nodes 1-3 kept), before the StatefulSet grows; the new node is
+    // undrained over mutual TLS.
+    let master = Master::default();
+    let plain = master.clone().start().await;
+    let node1 = (secret_text(&nodes, "node-1.crt"), secret_text(&nodes, "node-1.key"));
+    let (addr, clients) = tls_master(&plain, &ca_pair.cert, (&node1.0, &node1.1)).await;
+    let (ctx, mut h) = mock(Some(addr));
+    let mut bigger = c.clone();
+    bigger.spec.nodes = 4;
+    let task = tokio::spawn(reconcile(Arc::new(bigger.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
+    secret(&mut h, "demo-ca", Some(ca.clone()), false).await;
+    let grown = secret(&mut h, "demo-node-tls", Some(nodes.clone()), true).await.expect("node 4 added");
+    secret(&mut h, "demo-gateway-tls", Some(gateway.clone()), false).await;
+    for id in 1..=3 {
+        assert_eq!(grown["data"][format!("node-{id}.crt")], nodes["data"][format!("node-{id}.crt")], "node {id} kept");
+    }
+    let pair4 = certs::Pair { cert: secret_text(&grown, "node-4.crt"), key: secret_text(&grown, "node-4.key") };
+    assert!(certs::leaf_good(&pair4, &ca_pair.cert, &tls::node_leaf(&bigger, 4), now));
+    let set = children(&mut h, 3).await.set;
+    assert_eq!(set["spec"]["replicas"], 4, "the StatefulSet grows after its new pod's pair exists");
+    status(&mut h, &bigger).await;
+    finished(task).await.expect("reconciled");
+    assert!(master.calls.lock().expect("lock").contains(&"DELETE 4".to_string()), "node 4 undrained");
+    let who = clients.lock().expect("lock").clone();
+    assert!(!who.is_empty() && who.iter().all(|u| u == "spiffe://dpukv/db/demo/operator/dpukv-operator"), "{who:?}");
+}
+
+/// A control API whose certificate the cluster's CA did not sign is refused: nothing is drained
+/// or undrained on the word of a server that is not one of the cluster's nodes.
+#[tokio::test]
+async fn the_operator_refuses_a_control_api_the_cluster_s_ca_did_not_sign() {
+    use dpukv_operator::{certs, tls};
+    let c = cluster(json!({"nodes": 4, "replicationFactor": 1, "storage": {"size": "10Gi"},
+                           "etcd": {"endpoints": ["http://etcd:2379"]}, "device": {"mode": "Emulator"}}));
+    let now = time::OffsetDateTime::now_utc();
+    let impostor_ca = certs::new_ca("impostor", now).expect("ca");
+    let impostor = certs::issue(&impostor_ca, &tls::node_leaf(&c, 1), now).expect("leaf");
+    let master = Master::default();
+    let plain = master.clone().start().await;
+    let (addr, _) = tls_master(&plain, &impostor_ca.cert, (&impostor.cert, &impostor.key)).await;
+    let (ctx, mut h) = mock(Some(addr));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
+    secret(&mut h, "demo-ca", None, true).await;
+    secret(&mut h, "demo-node-tls", None, true).await;
+    secret(&mut h, "demo-gateway-tls", None, true).await;
+    expect(&mut h, "PATCH", &format!("{CONFIGS}/demo-node-config-*"), echo(json!({}))).await;
+    expect(&mut h, "PATCH", &format!("{SETS}/demo-node"), echo(json!({"replicas": 3, "readyReplicas": 3}))).await;
+    let e = finished(task).await.expect_err("the scale-out's undrain fails");
+    assert!(e.to_string().contains("TLS"), "{e}");
+    assert!(master.calls.lock().expect("lock").is_empty(), "the impostor was never asked anything");
+}
+
+/// `tls.certManager`: cert-manager Certificates per node, for the gateway and the operator,
+/// from the issuer named; until their Secrets exist `Secure` says what it waits for.
+#[tokio::test]
+pub(crate) async fn cert_manager_gets_a_certificate_per_node_the_gateway_and_the_operator() {
+    let c = cluster(json!({"nodes": 2, "replicationFactor": 1, "storage": {"size": "10Gi"},
+                           "etcd": {"endpoints": ["http://etcd:2379"]}, "device": {"mode": "Emulator"},
+                           "tls": {"certManager": {"issuerRef": {"name": "dpukv-ca", "kind": "ClusterIssuer"}}}}));
+    let (ctx, mut h) = mock(None);
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
+    const CERTS: &str = "/apis/cert-manager.io/v1/namespaces/db/certificates";
+    for (name, secret_name, uri) in [
+        ("demo-node-1", "demo-node-1-tls", "spiffe://dpukv/db/demo/node/1"),
+        ("demo-node-2", "demo-node-2-tls", "spiffe://dpukv/db/demo/node/2"),
+        ("demo-gateway", "demo-gateway-tls", "spiffe://dpukv/db/demo/gateway/demo-gateway"),
+        ("demo-operator", "demo-operator-tls", "spiffe://dpukv/db/demo/operator/dpukv-operator"),
+    ] {
+        let cert = expect(&mut h, "PATCH", &format!("{CERTS}/{name}"), |b| (200, b.clone())).await;
+        assert_eq!(
+            (cert["apiVersion"].as_str(), cert["kind"].as_str()),
+            (Some("cert-manager.io/v1"), Some("Certificate"))
+        );
+        assert_eq!(cert["spec"]["secretName"], secret_name);
+        assert_eq!(cert["spec"]["uris"], json!([uri]));
+        assert_eq!(
+            cert["spec"]["issuerRef"],
+            json!({"name": "dpukv-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"})
+        );
+    }
+    secret(&mut h, "demo-node-1-tls", None, false).await;
+    secret(&mut h, "demo-node-2-tls", None, false).await;
+    secret(&mut h, "demo-operator-tls", None, false).await;
+    children(&mut h, 0).await;
+    let st = status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    assert_eq!(condition(&st, "Secure")["reason"], "CertificatesPending");
+}
+
+/// Issue 26: plain text only by `tls.mode: Disabled`, and then loudly — `Secure` False with reason
+/// `PlaintextOptIn`, and a warning event the first time.
+#[tokio::test]
+async fn plain_text_is_an_opt_in_the_status_shows_and_an_event_says() {
+    let (ctx, mut h) = mock(None);
+    let c = new_cluster(spec(3, "Emulator"));
+    let c = {
+        let mut c = c;
+        c.metadata.finalizers = Some(vec![etcd_keys::FINALIZER.into()]);
+        c
+    };
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
+    children(&mut h, 0).await;
+    let st = status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    let secure = condition(&st, "Secure");
+    assert_eq!((secure["status"].as_str(), secure["reason"].as_str()), (Some("False"), Some("PlaintextOptIn")));
+    let events = h.take_events();
+    assert!(events.iter().any(|e| e.reason == "PlaintextOptIn" && e.type_ == "Warning"), "{events:?}");
 }
