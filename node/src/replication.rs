@@ -827,12 +827,14 @@ fn send_session(
 /// A Build Index builder thread and its stop flag.
 type Builder = (Arc<AtomicBool>, JoinHandle<()>);
 
-/// The backup side of a node: the regions it backs (with the newest epoch it knows for each)
-/// and their [`Backup`]s.
+/// The backup side of a node: the regions it backs (with the newest epoch its region map gives
+/// each, and the primary it names) and their [`Backup`]s.
 pub struct BackupHost {
     cluster: String,
     data_dir: PathBuf,
-    roles: Mutex<HashMap<u32, u64>>,
+    /// Region -> (epoch, primary), from the region map this node read from etcd — never from
+    /// a peer's word.
+    roles: Mutex<HashMap<u32, (u64, u32)>>,
     /// Open backups; `None` once released (a connection still holding it stops there).
     backups: Mutex<HashMap<u32, Arc<Mutex<Option<Backup>>>>>,
     stats: Arc<ReplStats>,
@@ -917,11 +919,15 @@ impl BackupHost {
         lock(&self.roles).len()
     }
 
-    /// Backs `region` from `epoch` on (an older epoch is refused from now on).
-    pub fn back(&self, region: u32, epoch: u64) {
+    /// Backs `region` at `epoch`, whose primary is node `primary`, as the region map read from
+    /// etcd says: only that node's stream under that epoch is taken (an older epoch is refused
+    /// for good, a newer one until the map shows it). An older map changes nothing.
+    pub fn back(&self, region: u32, epoch: u64, primary: u32) {
         let mut r = lock(&self.roles);
-        let e = r.entry(region).or_insert(epoch);
-        *e = (*e).max(epoch);
+        let e = r.entry(region).or_insert((epoch, primary));
+        if epoch >= e.0 {
+            *e = (epoch, primary);
+        }
     }
 
     /// The regions this node backs.
@@ -1120,8 +1126,10 @@ impl BackupHost {
         // From here the primary streams when it has something; a vanished one is found by the
         // link's keep-alive probes.
         s.set_read_timeout(None)?;
+        // What the Hello claims is checked against the map this node read from etcd: a peer's
+        // word never raises the epoch a backup fences with, nor names a region's primary.
         let known = lock(&self.roles).get(&region).copied();
-        let Some(known) = known else {
+        let Some((known, leader)) = known else {
             return Self::refuse(
                 &mut s,
                 region,
@@ -1131,7 +1139,16 @@ impl BackupHost {
             );
         };
         Self::fence(&mut s, region, epoch, known)?;
-        self.back(region, epoch);
+        if epoch > known || primary != leader {
+            // A new primary can be a map poll ahead of this node: it tries again shortly.
+            return Self::refuse(
+                &mut s,
+                region,
+                ReplRefusal::WrongRegion,
+                known,
+                format!("this node's map has region {region} at epoch {known} led by node {leader}"),
+            );
+        }
         let backup = self.backup(region)?;
         let from = match lock(&backup).as_mut() {
             // Copies that followed another primary lose what that one wrote past this one's base.
@@ -1187,7 +1204,7 @@ impl BackupHost {
                 );
             }
             // The fence: once a newer primary has spoken, this connection's epoch is stale.
-            let known = lock(&self.roles).get(&region).copied().unwrap_or(u64::MAX);
+            let known = lock(&self.roles).get(&region).map_or(u64::MAX, |&(e, _)| e);
             Self::fence(&mut s, region, epoch, known)?;
             let size = index_bytes(&m);
             match m {

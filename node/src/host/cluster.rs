@@ -323,7 +323,7 @@ pub async fn run(
                     Some(_) => {}
                 }
             } else if backing {
-                backups.back(r.id, r.epoch);
+                backups.back(r.id, r.epoch, r.primary);
             } else if backups.backs(r.id) {
                 let (b, id) = (backups.clone(), r.id);
                 blocking(move || b.release(id)).await;

@@ -74,7 +74,7 @@ fn every_acknowledged_write_is_on_every_backup_and_a_promoted_backup_answers_lik
     let backups: Vec<BackupNode> =
         (2..=3).map(|n| BackupNode::start(&dir.path().join(format!("node{n}")), "test")).collect();
     for b in &backups {
-        b.host.back(1, 1);
+        b.host.back(1, 1, 1);
     }
     let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![2, 3]), Arc::new(AtomicBool::new(false)));
     let senders: Vec<_> = backups
@@ -166,7 +166,7 @@ fn readers_see_a_write_only_once_every_backup_holds_it_even_through_a_compaction
         let backups: Vec<BackupNode> =
             (2..=3).map(|n| BackupNode::start(&dir.path().join(format!("{fsync:?}-node{n}")), "test")).collect();
         for b in &backups {
-            b.host.back(1, 1);
+            b.host.back(1, 1, 1);
         }
         let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![2, 3]), Arc::new(AtomicBool::new(false)));
         acks.set_gate(primary.gate_reads());
@@ -229,7 +229,7 @@ fn a_deposed_primary_is_refused_with_the_current_epoch_and_its_writes_are_never_
     let mut primary =
         Region::open(RegionConfig::tiny(&pdir, dir.path().join("pshm"), FsyncPolicy::Never)).expect("open").0;
     let b = BackupNode::start(&dir.path().join("node2"), "test");
-    b.host.back(1, 5);
+    b.host.back(1, 5, 1);
     let (feed, stop) = (Feed::new(), Arc::new(AtomicBool::new(false)));
     // An older epoch than the backup knows: refused at once, with the current epoch.
     let acks = Acks::new(4, vec![2]);
@@ -249,7 +249,7 @@ fn a_deposed_primary_is_refused_with_the_current_epoch_and_its_writes_are_never_
     let ack = primary.put(b"a", b"1").expect("put");
     feed.committed();
     acks.wait(ack.end, Duration::from_secs(10)).expect("confirmed under the current epoch");
-    b.host.back(1, 6);
+    b.host.back(1, 6, 1);
     let late = primary.put(b"b", b"2").expect("put");
     feed.committed();
     assert!(acks.wait(late.end, Duration::from_millis(500)).is_err(), "a deposed primary's write is never confirmed");
@@ -270,7 +270,7 @@ fn a_deposed_primary_is_refused_with_the_current_epoch_and_its_writes_are_never_
     let w = spawn_sender(wrong, primary.vlog().tail(), feed, acks7.clone(), stop.clone()).expect("sender");
     std::thread::sleep(Duration::from_millis(300));
     assert!(!w.is_finished() && acks7.position(2).is_none(), "refused, and trying again");
-    b.host.back(7, 9);
+    b.host.back(7, 9, 1);
     let end = primary.vlog().end();
     acks7.wait(end, Duration::from_secs(10)).expect("streams once the node backs the region");
     stop.store(true, Ordering::Release);
@@ -281,7 +281,7 @@ fn a_deposed_primary_is_refused_with_the_current_epoch_and_its_writes_are_never_
 fn malformed_replication_frames_close_the_connection_and_change_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let b = BackupNode::start(&dir.path().join("node2"), "test");
-    b.host.back(1, 1);
+    b.host.back(1, 1, 1);
     let frames: Vec<Vec<u8>> = vec![
         vec![0xff, 0xff, 0xff, 0x7f],                  // over the frame limit
         vec![3, 0, 0, 0, 9, 1, 0],                     // another version
@@ -316,7 +316,7 @@ fn a_catching_up_backup_is_sent_the_log_at_the_capped_rate_and_a_current_one_at_
     primary.wait_durable(end).expect("durable");
     let catch_up = |rate: u64, n: u32| {
         let b = BackupNode::start(&dir.path().join(format!("node{n}")), "test");
-        b.host.back(1, 1);
+        b.host.back(1, 1, 1);
         let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![n]), Arc::new(AtomicBool::new(false)));
         let mut cfg = sender_cfg(&pdir, 1, n, b.addr);
         cfg.catch_up_bytes_per_sec = rate;
@@ -352,7 +352,7 @@ fn replication_runs_over_mutual_tls_and_refuses_strangers() {
     let stop = Arc::new(AtomicBool::new(false));
     let server = ServerTls::load(&ours, true).expect("server TLS");
     host.serve(listener, Some(server), stop.clone()).expect("serve");
-    host.back(1, 1);
+    host.back(1, 1, 1);
     let ca = ours.ca.clone().expect("ca");
     // A stranger first: its certificate is refused, nothing is held.
     let stranger = ClientTls::load(&ca, Some((&theirs.cert, &theirs.key))).expect("client TLS");
@@ -378,4 +378,52 @@ fn replication_runs_over_mutual_tls_and_refuses_strangers() {
     stop.store(true, Ordering::Release);
     assert_eq!(ended(ours_sender), SenderEnd::Stopped);
     let _ = ended(s);
+}
+
+/// A forged `Hello` — another node naming itself the region's primary, under the largest epoch,
+/// with base 0 — once raised the epoch the backup fences with to 2^64-1 (locking the real
+/// primary out for good) and cut the backup's copy of the log at 0. A backup now takes a
+/// stream only from the primary its own region map names, under that map's epoch.
+#[test]
+fn a_forged_hello_neither_raises_the_fence_nor_cuts_the_copy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pdir = dir.path().join("primary");
+    let mut primary =
+        Region::open(RegionConfig::tiny(&pdir, dir.path().join("pshm"), FsyncPolicy::Always)).expect("open").0;
+    let b = BackupNode::start(&dir.path().join("node2"), "test");
+    b.host.back(1, 5, 1);
+    let (feed, stop) = (Feed::new(), Arc::new(AtomicBool::new(false)));
+    let acks = Acks::new(5, vec![2]);
+    let real =
+        spawn_sender(sender_cfg(&pdir, 5, 2, b.addr), primary.vlog().tail(), feed.clone(), acks.clone(), stop.clone())
+            .expect("sender");
+    for i in 0..50u32 {
+        let ack = primary.put(format!("k{i}").as_bytes(), b"v").expect("put");
+        feed.committed();
+        acks.wait(ack.end, Duration::from_secs(10)).expect("confirmed");
+    }
+    let held = acks.position(2).expect("held");
+    // The forger: node 9, epoch 2^64-1, base 0.
+    let mut forged = sender_cfg(&pdir, u64::MAX, 2, b.addr);
+    forged.primary = 9;
+    let forged_acks = Acks::new(u64::MAX, vec![2]);
+    let forger_stop = Arc::new(AtomicBool::new(false));
+    let f = spawn_sender(forged, primary.vlog().tail(), feed.clone(), forged_acks.clone(), forger_stop.clone())
+        .expect("forger");
+    // A newer epoch than the map's, from a node the map does not name: refused every time.
+    let deadline = std::time::Instant::now() + Duration::from_millis(500);
+    while std::time::Instant::now() < deadline {
+        assert!(forged_acks.position(2).is_none(), "the forged stream was never taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    forger_stop.store(true, Ordering::Release);
+    assert_eq!(ended(f), SenderEnd::Stopped);
+    // The real primary goes on, and the copy kept everything.
+    let ack = primary.put(b"after", b"v").expect("put");
+    feed.committed();
+    acks.wait(ack.end, Duration::from_secs(10)).expect("the real primary is still confirmed");
+    assert!(acks.position(2).expect("held") >= held, "the backup's copy was not cut");
+    assert!(!real.is_finished(), "the real primary's stream goes on");
+    stop.store(true, Ordering::Release);
+    assert_eq!(ended(real), SenderEnd::Stopped);
 }
