@@ -545,8 +545,9 @@ pub struct SenderConfig {
     /// The backup's node id.
     pub backup: u32,
     /// The backup's replication address (`host:port`, as it advertises it: a DNS name on
-    /// Kubernetes), resolved at each connection.
-    pub addr: String,
+    /// Kubernetes), read and resolved at each connection: it follows the backup's current
+    /// registration (a restarted backup may listen elsewhere).
+    pub addr: PeerAddr,
     /// The region's data directory (for whole-index exports).
     pub region_dir: PathBuf,
     /// The primary's log end when it began to lead (see `ReplMessage::Hello`).
@@ -560,6 +561,64 @@ pub struct SenderConfig {
     pub catch_up_bytes_per_sec: u64,
     /// TLS to the backup (presenting this node's certificate), if the cluster uses it.
     pub tls: Option<Arc<ClientTls>>,
+}
+
+/// Where a node takes replication streams, as its current registration says: shared by every
+/// sender to that node and updated by the member's loop whenever it reads the map, so a sender
+/// reconnects to where the node is now, not where it was when the sender started. Empty while
+/// the node is not registered (a sender then waits and tries again).
+#[derive(Debug, Clone, Default)]
+pub struct PeerAddr(Arc<Mutex<String>>);
+
+impl PeerAddr {
+    /// An address.
+    pub fn new(addr: impl Into<String>) -> PeerAddr {
+        PeerAddr(Arc::new(Mutex::new(addr.into())))
+    }
+
+    /// The address now.
+    pub fn get(&self) -> String {
+        lock(&self.0).clone()
+    }
+
+    /// The node registered at `addr`; whether it moved.
+    pub fn set(&self, addr: &str) -> bool {
+        let mut a = lock(&self.0);
+        let moved = *a != addr;
+        if moved {
+            *a = addr.to_string();
+        }
+        moved
+    }
+}
+
+/// Every node's [`PeerAddr`], kept current from the region map by the member's loop.
+#[derive(Debug, Clone, Default)]
+pub struct Peers(Arc<Mutex<HashMap<u32, PeerAddr>>>);
+
+impl Peers {
+    /// Node `id`'s address (empty until the map names it).
+    pub fn addr(&self, id: u32) -> PeerAddr {
+        lock(&self.0).entry(id).or_default().clone()
+    }
+
+    /// Takes the registrations of a map just read: a node registered elsewhere is dialled
+    /// there from its senders' next connection; a node not registered has no address. Returns
+    /// the nodes whose address changed.
+    pub fn update(&self, nodes: &[dpukv_proto::regionmap::NodeInfo]) -> Vec<u32> {
+        let mut peers = lock(&self.0);
+        let mut moved = Vec::new();
+        for (id, a) in peers.iter() {
+            let now = nodes.iter().find(|n| n.id == *id).map_or("", |n| n.replication.as_str());
+            if a.set(now) {
+                moved.push(*id);
+            }
+        }
+        for n in nodes {
+            peers.entry(n.id).or_insert_with(|| PeerAddr::new(n.replication.clone()));
+        }
+        moved
+    }
 }
 
 /// Paces a catch-up to a rate (see [`SenderConfig::catch_up_bytes_per_sec`]).
@@ -668,7 +727,11 @@ fn send_session(
     acks: &Arc<Acks>,
     stop: &AtomicBool,
 ) -> anyhow::Result<SenderEnd> {
-    let mut s = Link::connect(&cfg.addr, cfg.tls.as_deref())?;
+    let addr = cfg.addr.get();
+    if addr.is_empty() {
+        anyhow::bail!("node {} is not registered (no replication address)", cfg.backup);
+    }
+    let mut s = Link::connect(&addr, cfg.tls.as_deref())?;
     let (region, epoch) = (cfg.region, cfg.epoch);
     let hello =
         ReplMessage::Hello { cluster: cfg.cluster.clone(), region, epoch, primary: cfg.primary, base: cfg.base.0 };

@@ -200,3 +200,79 @@ async fn a_backup_with_a_full_disk_leaves_the_write_set_and_rejoins_once_space_i
         logs(&nodes)
     );
 }
+
+/// A backup that dies and comes back on a new replication port before the master notices
+/// (found black-box: `dpukv local` restarts a killed host 0.5 s later on a fresh port) once left
+/// its regions unwritable for minutes: the master saw it alive and changed nothing, and the
+/// primaries kept dialling the old address. Now senders follow a node's current registration.
+/// Deterministic here: the master (started first, with a 5 s lease) is paused 1.5 s across the
+/// backup's kill, its old (1 s) lease's end and its new registration; stall reports are off, so
+/// only following the new address can bring the writes back — within 3 s of the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_back_on_a_new_port_before_the_master_noticed_gets_its_streams_again() {
+    use dpukv_client::Client;
+    let etcd = Etcd::start().expect("etcd");
+    let args = |lease: &'static str| {
+        vec!["--lease-ttl-ms", lease, "--replication-factor", "3", "--fsync", "always", "--split-keys", "d,j,p"]
+            .into_iter()
+            .chain(["--stall-timeout-ms", "0"])
+            .collect::<Vec<_>>()
+    };
+    let mut nodes = vec![ClusterNode::start(1, "faults", &etcd.url(), &args("5000")).expect("node 1")];
+    // Node 1 campaigns alone, so it is the master.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while nodes[0].admin_get("/cluster/summary").ok().is_none_or(|s| !s.starts_with("{\"master\": 1,")) {
+        assert!(Instant::now() < deadline, "node 1 never became master\n{}", logs(&nodes));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for id in 2..=4 {
+        nodes.push(ClusterNode::start(id, "faults", &etcd.url(), &args("1000")).expect("node"));
+    }
+    // A region the master holds no copy of (four nodes, three copies each).
+    let map = must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(90),
+        |m| {
+            m.master == 1
+                && m.nodes.len() == 4
+                && m.regions.len() == 4
+                && m.regions.iter().all(|r| r.backups.len() == 2 && r.joining.is_empty())
+                && m.regions.iter().any(|r| !r.replicas().any(|n| n == 1))
+        },
+    )
+    .await;
+    let region = map.regions.iter().find(|r| !r.replicas().any(|n| n == 1)).expect("a region").clone();
+    let (p, b) = (region.primary, region.backups[0]);
+    let key = if region.start.is_empty() { b"a".to_vec() } else { region.start.clone() };
+    let c = Client::connect(&map.node(p).expect("primary").device, 1).await.expect("connect");
+    c.put(&key, b"before").await.expect("a write before");
+    // Pause the master, kill the backup and start it again at once (a new replication port).
+    nodes[0].signal("STOP", false).expect("pause the master");
+    let paused = Instant::now();
+    nodes[b as usize - 1].kill();
+    nodes[b as usize - 1].resume().expect("restart the backup");
+    let restarted = Instant::now();
+    let writer = {
+        let (c, key) = (c.clone(), key.clone());
+        tokio::spawn(async move {
+            loop {
+                if c.put(&key, b"after").await.is_ok() {
+                    return Instant::now();
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500).saturating_sub(paused.elapsed())).await;
+    nodes[0].signal("CONT", false).expect("resume the master");
+    let acked = tokio::time::timeout(Duration::from_secs(20), writer).await;
+    let after = must_see_map(&nodes, |_| true, Duration::from_secs(10), |_| true).await;
+    let r = after.region(region.id).expect("the region");
+    let acked = match acked {
+        Ok(Ok(t)) => t.duration_since(restarted),
+        _ => panic!("no write to the region was acknowledged within 20 s of the restart: {r:?}\n{}", logs(&nodes)),
+    };
+    eprintln!("node {b} restarted on a new port; a write to region {} acknowledged {acked:?} later", region.id);
+    assert_eq!(r.epoch, region.epoch, "the master changed nothing (it never saw the backup gone): {r:?}");
+    assert!(acked <= Duration::from_secs(3), "writes came back {acked:?} after the restart\n{}", logs(&nodes));
+}

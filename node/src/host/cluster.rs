@@ -36,7 +36,7 @@ use super::worker::{Control, Job, KeyRange, Replicated};
 use super::{Opener, SharedServed};
 use crate::pod;
 use crate::regions::RegionMap;
-use crate::replication::{Acks, BackupHost, Feed, ReplStats, SenderConfig, SenderEnd, spawn_sender};
+use crate::replication::{Acks, BackupHost, Feed, Peers, ReplStats, SenderConfig, SenderEnd, spawn_sender};
 
 /// How this host joins a cluster.
 #[derive(Debug, Clone)]
@@ -190,6 +190,7 @@ pub async fn run(
         })
     };
     let mut led: HashMap<u32, Led> = HashMap::new();
+    let peers = Peers::default();
     // Handoffs this node drives, by source region: (the handoff's create revision, the task).
     let mut driving: HashMap<u32, (i64, tokio::task::JoinHandle<()>)> = HashMap::new();
     let mut reporting: Option<tokio::task::JoinHandle<()>> = None;
@@ -236,6 +237,10 @@ pub async fn run(
             continue;
         }
         let me = args.node_id;
+        // Senders dial each node where it is registered now.
+        for moved in peers.update(&snap.map.nodes) {
+            tracing::info!(node = moved, "a node's replication address changed: its streams follow it");
+        }
         // How backups index their copies (the cluster's configuration; Send Index by default).
         let send_index = snap.config.as_ref().is_none_or(|c| c.backup_index == BackupIndex::Send);
         backups.set_build_index(!send_index);
@@ -302,9 +307,9 @@ pub async fn run(
                     None => {
                         // Opening replays the region's log tail: seconds for a large one, off the
                         // async runtime (its threads keep the lease alive meanwhile).
-                        let (a, o, rr, m) = (args.clone(), opener.clone(), r.clone(), snap.map.clone());
+                        let (a, o, rr, p) = (args.clone(), opener.clone(), r.clone(), peers.clone());
                         let (au, st) = (authority.clone(), metrics.repl.clone());
-                        let opened = blocking(move || open_led(&a, &o, &rr, &m, &au, &st, send_index)).await;
+                        let opened = blocking(move || open_led(&a, &o, &rr, &p, &au, &st, send_index)).await;
                         match opened {
                             Ok(l) => {
                                 metrics.lead(r.id, l.acks.clone(), l.feed.clone(), l.tail.clone());
@@ -317,7 +322,7 @@ pub async fn run(
                         }
                     }
                     Some(l) if l.epoch != r.epoch => {
-                        retarget(&args, l, r, &snap.map);
+                        retarget(&args, l, r, &peers);
                         changed = true;
                     }
                     Some(_) => {}
@@ -618,7 +623,7 @@ fn open_led(
     args: &ClusterArgs,
     opener: &Opener,
     r: &RegionInfo,
-    map: &dpukv_proto::regionmap::RegionMap,
+    peers: &Peers,
     authority: &Authority,
     stats: &Arc<ReplStats>,
     send_index: bool,
@@ -651,14 +656,14 @@ fn open_led(
         reported: BTreeSet::new(),
         stalled: BTreeSet::new(),
     };
-    start_senders(args, &mut l, r, map);
+    start_senders(args, &mut l, r, peers);
     tracing::info!(region = r.id, epoch = r.epoch, backups = ?r.backups, joining = ?r.joining, "leading the region");
     Ok(l)
 }
 
 /// A new epoch for a region this node still leads: the new backup set, senders under the new
 /// epoch.
-fn retarget(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_proto::regionmap::RegionMap) {
+fn retarget(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, peers: &Peers) {
     for (_, stop, _) in l.senders.drain(..) {
         stop.store(true, Ordering::Release);
     }
@@ -666,18 +671,16 @@ fn retarget(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_proto::
     l.epoch = r.epoch;
     l.reported.clear();
     l.stalled.clear();
-    start_senders(args, l, r, map);
+    start_senders(args, l, r, peers);
     tracing::info!(region = r.id, epoch = r.epoch, backups = ?r.backups, joining = ?r.joining, "region changed");
 }
 
-/// A sender for every backup and joining node of `r` (those registered).
-fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, map: &dpukv_proto::regionmap::RegionMap) {
+/// A sender for every backup and joining node of `r`. Each dials the node where its current
+/// registration says (a DNS name on Kubernetes, resolved at each connection); one not
+/// registered now is waited for.
+fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, peers: &Peers) {
     for &b in r.backups.iter().chain(&r.joining) {
-        // As advertised (a DNS name on Kubernetes): resolved by the sender at each connection.
-        let Some(addr) = map.node(b).map(|n| n.replication.clone()).filter(|a| !a.is_empty()) else {
-            tracing::warn!(region = r.id, backup = b, "the backup advertises no replication address");
-            continue;
-        };
+        let addr = peers.addr(b);
         let cfg = SenderConfig {
             cluster: args.name.clone(),
             region: r.id,

@@ -54,7 +54,7 @@ fn sender_cfg(region_dir: &std::path::Path, epoch: u64, backup: u32, addr: Socke
         primary: 1,
         backup,
         // By name, as nodes advertise themselves on Kubernetes (resolved at each connection).
-        addr: format!("localhost:{}", addr.port()),
+        addr: dpukv_node::replication::PeerAddr::new(format!("localhost:{}", addr.port())),
         region_dir: region_dir.to_path_buf(),
         base: dpukv_storage::vlog::Lsn(0),
         stats: Arc::default(),
