@@ -272,14 +272,26 @@ fn a_power_cut_after_sigkill_leaves_what_a_disk_may_hold() {
         let candidates: Vec<Model> = match in_flight {
             None => vec![model.clone()],
             Some(l) => {
-                let mut done = model.clone();
-                done.apply(l);
-                vec![model.clone(), done]
+                // A write the kill interrupted may have copied a prefix of its pages.
+                let mut partial = vec![l.to_string()];
+                if let ["write", name, off, len, byte] = l.split(' ').collect::<Vec<_>>()[..] {
+                    let (off, len): (usize, usize) = (off.parse().expect("off"), len.parse().expect("len"));
+                    let cuts = (off / PAGE + 1..).map(|p| p * PAGE).take_while(|&c| c < off + len);
+                    partial.extend(cuts.map(|c| format!("write {name} {off} {} {byte}", c - off)));
+                }
+                let mut all = vec![model.clone()];
+                for l in &partial {
+                    let mut done = model.clone();
+                    done.apply(l);
+                    all.push(done);
+                }
+                all
             }
         };
         if round % 4 == 3 {
             // Killed and restarted without a power cut: the page cache (the real files) tells
-            // whether the operation in flight happened; a sync in flight counts as not done.
+            // whether (how much of) the operation in flight happened; a sync in flight counts as
+            // not done.
             restarts += 1;
             let now = files(&dir);
             let shows = |m: &Model| {
