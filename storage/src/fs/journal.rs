@@ -26,8 +26,9 @@
 //!   or rewriting what was appended during the sync to a new file renamed over it): records never
 //!   outlive a completed sync, and a journal holds at most one copy of each page per sync (plus
 //!   one per process restart without a power cut).
-//! - `d-<hash of the directory's path>`, one per directory: its path, then each entry change since
-//!   its last sync (`Add`, `Remove`, `Rename`), cleared when the directory is synced.
+//! - `d-<dev>-<ino>-<btime s>-<btime ns>`, one per directory (by identity too): its path, then
+//!   each entry change since its last sync (`Add`, `Remove`, `Rename`), cleared when the
+//!   directory is synced.
 //! - `trash/`: a removed (or replaced) file is first hard-linked here, so undoing the removal can
 //!   put it back; deleted when its directory is synced.
 //! - `VOLATILE`: directories (tmpfs, the pod's shared memory) a power cut empties.
@@ -35,7 +36,7 @@
 //! Each journal file starts with the 8-byte magic `DKVJRN01` and holds records framed as
 //! `len: u32 LE | crc32c(payload): u32 LE | payload`; a payload is a kind byte and its fields
 //! (integers u64 LE, byte strings `u32 LE length | bytes`). The byte layout is in
-//! docs/storage-format.md.
+//! docs/storage-format.md §10.3.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -88,12 +89,13 @@ impl FileId {
         FileId { dev, ino: st.stx_ino, bsec, bnsec }
     }
 
-    fn journal_name(&self) -> String {
-        format!("c-{:x}-{:x}-{:x}-{:x}", self.dev, self.ino, self.bsec as u64, self.bnsec)
+    /// `<kind>-<dev>-<ino>-<btime s>-<btime ns>`: the journal of a file (`c`) or directory (`d`).
+    fn journal_name(&self, kind: &str) -> String {
+        format!("{kind}-{:x}-{:x}-{:x}-{:x}", self.dev, self.ino, self.bsec as u64, self.bnsec)
     }
 
-    fn parse(name: &str) -> Option<FileId> {
-        let mut it = name.strip_prefix("c-")?.split('-').map(|x| u64::from_str_radix(x, 16));
+    fn parse(kind: &str, name: &str) -> Option<FileId> {
+        let mut it = name.strip_prefix(kind)?.strip_prefix('-')?.split('-').map(|x| u64::from_str_radix(x, 16));
         let (dev, ino, bsec, bnsec) = (it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?);
         if it.next().is_some() {
             return None;
@@ -392,9 +394,7 @@ struct Inner {
     /// `data/fault-journal`.
     root: PathBuf,
     files: Mutex<HashMap<FileId, Arc<FileJournal>>>,
-    dirs: Mutex<HashMap<PathBuf, Arc<DirJournal>>>,
-    /// Directory paths as given -> canonical.
-    canon: Mutex<HashMap<PathBuf, PathBuf>>,
+    dirs: Mutex<HashMap<FileId, Arc<DirJournal>>>,
     next_trash: AtomicU64,
 }
 
@@ -403,10 +403,6 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub struct JournalFs {
     inner: Arc<Inner>,
-}
-
-fn fnv64(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
 fn split(path: &Path) -> (PathBuf, OsString) {
@@ -431,7 +427,6 @@ impl JournalFs {
                 root,
                 files: Mutex::default(),
                 dirs: Mutex::default(),
-                canon: Mutex::default(),
                 next_trash: AtomicU64::new(0),
             }),
         })
@@ -465,39 +460,29 @@ impl JournalFs {
     }
 
     fn dir_journal(&self, dir: &Path) -> io::Result<Arc<DirJournal>> {
-        let canon = {
-            let mut c = lock(&self.inner.canon);
-            match c.get(dir) {
-                Some(p) => p.clone(),
-                None => {
-                    let p = std::fs::canonicalize(dir)?;
-                    if !p.starts_with(&self.inner.data) || p.starts_with(&self.inner.root) {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidInput,
-                            format!(
-                                "{} is not under the journaled directory {}",
-                                p.display(),
-                                self.inner.data.display()
-                            ),
-                        ));
-                    }
-                    c.insert(dir.to_path_buf(), p.clone());
-                    p
-                }
-            }
-        };
+        // By identity, not by path: a directory removed (a region that left the node) and made
+        // again is another directory, where its predecessor's changes must not be undone.
+        let id = FileId::of(&statx_path(dir)?);
         let mut dirs = lock(&self.inner.dirs);
-        if let Some(d) = dirs.get(&canon) {
+        if let Some(d) = dirs.get(&id) {
             return Ok(d.clone());
         }
-        let jp = self.inner.root.join(format!("d-{:016x}", fnv64(canon.as_os_str().as_bytes())));
+        let canon = std::fs::canonicalize(dir)?;
+        if !canon.starts_with(&self.inner.data) || canon.starts_with(&self.inner.root) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not under the journaled directory {}", canon.display(), self.inner.data.display()),
+            ));
+        }
+        let jp = self.inner.root.join(id.journal_name("d"));
         let mut journal = Appender::new(jp.clone());
         let mut trash = Vec::new();
         let recs = parse(&std::fs::read(&jp).unwrap_or_default());
         let header = match recs.first() {
-            Some(Rec::Dir(p)) if *p == canon => {
+            Some(Rec::Dir(p)) => {
+                // A previous process's journal of this directory: its trash is still pending.
                 let mut h = Vec::new();
-                Rec::Dir(canon.clone()).encode(&mut h);
+                Rec::Dir(p.clone()).encode(&mut h);
                 for r in &recs[1..] {
                     if let Rec::Entry(
                         DirRec::Remove { trash: t, .. }
@@ -511,14 +496,6 @@ impl JournalFs {
                 }
                 (MAGIC.len() + h.len()) as u64
             }
-            Some(Rec::Dir(p)) => {
-                return Err(io::Error::other(format!(
-                    "journal {} belongs to {}, not {}",
-                    jp.display(),
-                    p.display(),
-                    canon.display()
-                )));
-            }
             _ => {
                 // New (or its header never completed: then nothing follows it).
                 let _ = std::fs::remove_file(&jp);
@@ -529,8 +506,8 @@ impl JournalFs {
                 journal.len
             }
         };
-        let d = Arc::new(DirJournal { path: canon.clone(), st: Mutex::new(DirState { journal, header, trash }) });
-        dirs.insert(canon, d.clone());
+        let d = Arc::new(DirJournal { path: canon, st: Mutex::new(DirState { journal, header, trash }) });
+        dirs.insert(id, d.clone());
         Ok(d)
     }
 
@@ -542,7 +519,7 @@ impl JournalFs {
             .or_insert_with(|| {
                 Arc::new(FileJournal {
                     st: Mutex::new(FileState {
-                        journal: Appender::new(self.inner.root.join(id.journal_name())),
+                        journal: Appender::new(self.inner.root.join(id.journal_name("c"))),
                         saved: HashSet::new(),
                         len_saved: false,
                     }),
@@ -566,7 +543,7 @@ impl JournalFs {
         {
             let id = FileId::of(&st);
             lock(&self.inner.files).remove(&id);
-            let _ = std::fs::remove_file(self.inner.root.join(id.journal_name()));
+            let _ = std::fs::remove_file(self.inner.root.join(id.journal_name("c")));
         }
         let _ = std::fs::remove_file(&p);
     }
@@ -876,9 +853,9 @@ pub fn power_cut(dir: &Path, seed: u64) -> Result<PowerCutReport> {
         if name.ends_with(".tmp") {
             continue;
         }
-        if name.starts_with("d-") {
-            dirs.push(e.path());
-        } else if let Some(id) = FileId::parse(&name) {
+        if let Some(id) = FileId::parse("d", &name) {
+            dirs.push((id, e.path()));
+        } else if let Some(id) = FileId::parse("c", &name) {
             contents.push((id, e.path()));
         }
     }
@@ -887,10 +864,13 @@ pub fn power_cut(dir: &Path, seed: u64) -> Result<PowerCutReport> {
     let trash = root.join(TRASH);
 
     // Directory entries first: undone changes put removed files back (whose bytes are then
-    // rolled back like any other's) and take created ones away.
-    for jp in dirs {
+    // rolled back like any other's) and take created ones away. Directories are found by
+    // identity (one removed outside the layer is gone, with its changes).
+    let (mut files_at, mut dirs_at) = (HashMap::new(), HashMap::new());
+    index(dir, &root, &mut files_at, &mut dirs_at).map_err(io(dir))?;
+    for (id, jp) in dirs {
         let recs = parse(&std::fs::read(&jp).map_err(io(&jp))?);
-        let Some(Rec::Dir(d)) = recs.first() else { continue };
+        let (Some(Rec::Dir(_)), Some(d)) = (recs.first(), dirs_at.get(&id)) else { continue };
         let ops: Vec<&DirRec> = recs[1..]
             .iter()
             .filter_map(|r| match r {
@@ -908,14 +888,14 @@ pub fn power_cut(dir: &Path, seed: u64) -> Result<PowerCutReport> {
     }
 
     // Then the bytes: find each journaled file by its identity.
-    let mut where_is = HashMap::new();
-    index_files(dir, &root, &mut where_is).map_err(io(dir))?;
+    files_at.clear();
+    index(dir, &root, &mut files_at, &mut dirs_at).map_err(io(dir))?;
     for (id, jp) in contents {
         let recs = parse(&std::fs::read(&jp).map_err(io(&jp))?);
         if recs.is_empty() {
             continue;
         }
-        let Some(path) = where_is.get(&id) else { continue };
+        let Some(path) = files_at.get(&id) else { continue };
         let cut = cut_file(path, &recs, &mut rng).map_err(io(path))?;
         report.files.push(cut);
     }
@@ -982,8 +962,14 @@ fn undo_entry(dir: &Path, trash: &Path, op: &DirRec) -> io::Result<()> {
     }
 }
 
-/// Every regular file under `dir` (but the journal) by identity.
-fn index_files(dir: &Path, skip: &Path, out: &mut HashMap<FileId, PathBuf>) -> io::Result<()> {
+/// Every regular file and directory under `dir` (but the journal), and `dir`, by identity.
+fn index(
+    dir: &Path,
+    skip: &Path,
+    files: &mut HashMap<FileId, PathBuf>,
+    dirs: &mut HashMap<FileId, PathBuf>,
+) -> io::Result<()> {
+    dirs.entry(FileId::of(&statx_path(dir)?)).or_insert_with(|| dir.to_path_buf());
     for e in std::fs::read_dir(dir)? {
         let e = e?;
         let p = e.path();
@@ -992,10 +978,9 @@ fn index_files(dir: &Path, skip: &Path, out: &mut HashMap<FileId, PathBuf>) -> i
         }
         let t = e.file_type()?;
         if t.is_dir() {
-            index_files(&p, skip, out)?;
+            index(&p, skip, files, dirs)?;
         } else if t.is_file() {
-            let st = statx_path(&p)?;
-            out.entry(FileId::of(&st)).or_insert(p);
+            files.entry(FileId::of(&statx_path(&p)?)).or_insert(p);
         }
     }
     Ok(())
@@ -1075,8 +1060,10 @@ mod tests {
     #[test]
     fn file_ids_name_their_journals() {
         let id = FileId { dev: 0x803, ino: 99, bsec: 1_700_000_000, bnsec: 123 };
-        assert_eq!(FileId::parse(&id.journal_name()), Some(id));
-        assert_eq!(FileId::parse("d-00"), None);
+        assert_eq!(FileId::parse("c", &id.journal_name("c")), Some(id));
+        assert_eq!(FileId::parse("d", &id.journal_name("d")), Some(id));
+        assert_eq!(FileId::parse("c", &id.journal_name("d")), None);
+        assert_eq!(FileId::parse("c", "c-00"), None);
     }
 
     fn read(p: &Path) -> Vec<u8> {
