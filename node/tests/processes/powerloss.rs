@@ -118,3 +118,31 @@ fn under_fsync_never_a_power_cut_loses_acknowledged_writes() {
         acked.len()
     );
 }
+
+/// The layer's cost on a host's write throughput (prints acknowledged puts per second, frames of
+/// 16 over one connection, with and without the journal): `cargo test -p dpukv-node --test
+/// processes fault_journal_overhead -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn fault_journal_overhead() {
+    for fsync in ["always", "never"] {
+        for journal in [false, true] {
+            let env: &[(&str, &str)] = if journal { &[(dpukv_node::host::FAULT_JOURNAL_ENV, "1")] } else { &[] };
+            let mut pod = Pod::start_env(&["--fsync", fsync], &[], env);
+            let (tx, rx) = mpsc::channel();
+            let addr = pod.addr.clone();
+            let writer = std::thread::spawn(move || write_until_killed(addr, tx));
+            let want = 40_000;
+            let started = Instant::now();
+            for _ in 0..want {
+                rx.recv_timeout(Duration::from_secs(30)).expect("acknowledged");
+            }
+            let rate = want as f64 / started.elapsed().as_secs_f64();
+            eprintln!("--fsync {fsync}, journal {journal}: {rate:.0} puts/s");
+            pod.host = None;
+            pod.device = None;
+            drop(rx);
+            writer.join().expect("writer");
+        }
+    }
+}
