@@ -1048,7 +1048,8 @@ impl BackupHost {
                     continue;
                 }
                 let build = dpukv_storage::region::build_dir(&dir);
-                let cfg = dpukv_storage::region::RegionConfig::new(&build, build.join("shm"));
+                let cfg = dpukv_storage::region::RegionConfig::new(&build, build.join("shm"))
+                    .with_fs(crate::host::durable_fs());
                 match dpukv_storage::region::build_index(&dir, &sealed, cfg) {
                     Ok(n) => {
                         built_to = sealed.last().copied();
@@ -1086,7 +1087,7 @@ impl BackupHost {
         if let Some(x) = b.get(&region) {
             return Ok(x.clone());
         }
-        let x = Arc::new(Mutex::new(Some(Backup::open_with(self.dir(region), dpukv_storage::fs::real())?)));
+        let x = Arc::new(Mutex::new(Some(Backup::open_with(self.dir(region), crate::host::durable_fs())?)));
         b.insert(region, x.clone());
         if self.build.load(Ordering::Acquire) {
             self.start_builder(region, x.clone());

@@ -10,7 +10,8 @@
 //!   upkeep) and releaser.
 //! - `cluster`: the host as a member of a cluster — registration, the master, and serving,
 //!   backing and handing over regions as the region map in etcd says.
-//! - this module: [`HostConfig`], [`run`], the socket server.
+//! - this module: [`HostConfig`], [`run`], the socket server, and the file layer the host's
+//!   durable files go through ([`durable_fs`]).
 
 pub mod cluster;
 pub mod cluster_metrics;
@@ -21,7 +22,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -109,7 +110,7 @@ impl Opener {
         id: u32,
         repl: Option<worker::Replicated>,
     ) -> Result<(worker::Started, dpukv_storage::vlog::LogTail)> {
-        let mut rc = RegionConfig::new(self.dir(id), pod::region_dir(&self.shm_dir, id));
+        let mut rc = RegionConfig::new(self.dir(id), pod::region_dir(&self.shm_dir, id)).with_fs(durable_fs());
         rc.vlog.fsync = self.fsync;
         rc.l0_budget = self.l0_budget;
         // Room for a full L0 and the slack of its allocation (the arena file is sparse: only
@@ -134,6 +135,38 @@ pub struct HostInfo {
     pub admin: Option<SocketAddr>,
 }
 
+/// The environment variable that, set to `1`, sends every durable file operation of the host's
+/// regions and backup copies through a [`dpukv_storage::fs::JournalFs`] (an undo journal in
+/// `<data dir>/fault-journal`), so a test can SIGKILL the pod and then simulate a power loss
+/// with `dpukv-store power-cut`. **Tests only**: it slows every write; the chart and the
+/// operator never set it.
+pub const FAULT_JOURNAL_ENV: &str = "DPUKV_FAULT_JOURNAL";
+
+static DURABLE_FS: OnceLock<Arc<dyn dpukv_storage::fs::Fs>> = OnceLock::new();
+
+/// The file layer of this process's durable files: the operating system's, or the fault journal
+/// once [`run`] chose it (`DPUKV_FAULT_JOURNAL=1`; one journaled host per process).
+pub fn durable_fs() -> Arc<dyn dpukv_storage::fs::Fs> {
+    DURABLE_FS.get().cloned().unwrap_or_else(dpukv_storage::fs::real)
+}
+
+/// With `DPUKV_FAULT_JOURNAL=1`, journals the durable files under `data_dir`; the shared memory
+/// in `shm_dir` is what a power cut empties.
+fn choose_durable_fs(data_dir: &std::path::Path, shm_dir: &std::path::Path) -> Result<()> {
+    if std::env::var_os(FAULT_JOURNAL_ENV).is_none_or(|v| v != "1") {
+        return Ok(());
+    }
+    let open = || -> std::io::Result<dpukv_storage::fs::JournalFs> {
+        let j = dpukv_storage::fs::JournalFs::open(data_dir)?;
+        j.add_volatile(shm_dir)?;
+        Ok(j)
+    };
+    let j = open().with_context(|| format!("opening the fault journal in {}", data_dir.display()))?;
+    tracing::warn!(journal = %j.journal_dir().display(), "{FAULT_JOURNAL_ENV}=1: durable files go through the fault journal (tests only)");
+    let _ = DURABLE_FS.set(Arc::new(j));
+    Ok(())
+}
+
 /// Jobs queued per region writer.
 const WRITER_QUEUE: usize = 4096;
 
@@ -145,6 +178,7 @@ pub async fn run(
     started: Option<tokio::sync::oneshot::Sender<HostInfo>>,
 ) -> Result<()> {
     std::fs::create_dir_all(&cfg.shm_dir).with_context(|| format!("creating {}", cfg.shm_dir.display()))?;
+    choose_durable_fs(&cfg.data_dir, &cfg.shm_dir)?;
     let stats = Arc::new(WriterStats::default());
     let rt = tokio::runtime::Handle::current();
     let mut writer_threads = Vec::new();

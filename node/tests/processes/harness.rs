@@ -25,6 +25,8 @@ pub struct Pod {
     pub device: Option<Proc>,
     pub addr: String,
     pub extra_host_args: Vec<String>,
+    /// Environment variables of the host process.
+    pub host_env: Vec<(String, String)>,
 }
 
 impl Pod {
@@ -37,6 +39,11 @@ impl Pod {
 
     /// Starts a pod (host first, then the device on a free port).
     pub fn start(host_args: &[&str], device_args: &[&str]) -> Pod {
+        Pod::start_env(host_args, device_args, &[])
+    }
+
+    /// Like [`Pod::start`], the host with these environment variables.
+    pub fn start_env(host_args: &[&str], device_args: &[&str], host_env: &[(&str, &str)]) -> Pod {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut pod = Pod {
             dir,
@@ -44,6 +51,7 @@ impl Pod {
             device: None,
             addr: String::new(),
             extra_host_args: host_args.iter().map(|s| s.to_string()).collect(),
+            host_env: host_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         pod.start_host();
         let (device, addr) = spawn_device(&pod.shm(), device_args);
@@ -53,13 +61,20 @@ impl Pod {
     }
 
     pub fn start_host(&mut self) {
-        self.host = Some(spawn_host(&self.data(), &self.shm(), &self.extra_host_args));
+        self.host = Some(spawn_host(&self.data(), &self.shm(), &self.extra_host_args, &self.host_env));
+    }
+
+    /// Starts a new device (on a new port: `addr` changes).
+    pub fn start_device(&mut self) {
+        let (device, addr) = spawn_device(&self.shm(), &[]);
+        self.device = Some(device);
+        self.addr = addr;
     }
 
     /// Starts a host on data directory `data` with `args` (a replacement host for this pod).
     pub fn start_host_at(&mut self, data: &Path, args: &[&str]) {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        self.host = Some(spawn_host(data, &self.shm(), &args));
+        self.host = Some(spawn_host(data, &self.shm(), &args, &self.host_env));
     }
 
     pub fn device_pid(&self) -> u32 {
@@ -75,8 +90,9 @@ impl Pod {
     }
 }
 
-fn spawn_host(data: &Path, shm: &Path, extra: &[String]) -> Proc {
+fn spawn_host(data: &Path, shm: &Path, extra: &[String], env: &[(String, String)]) -> Proc {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dpukv-node"));
+    c.envs(env.iter().map(|(k, v)| (k, v)));
     c.arg("--data-dir").arg(data).arg("--shm-dir").arg(shm).args(extra).stderr(Stdio::piped()).stdout(Stdio::null());
     let mut child = c.spawn().expect("spawn dpukv-node");
     wait_for_line(&mut child, "host serving");

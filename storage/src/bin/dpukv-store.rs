@@ -1,6 +1,7 @@
 //! `dpukv-store`: drives and inspects the durable store — the writer side of the crash tests
 //! (it prints each acknowledged write, so a test can SIGKILL it and check nothing acknowledged
-//! was lost) and a checker for value-log directories.
+//! was lost), a checker for value-log directories, and the power cut of a directory written
+//! through a `JournalFs` (with the random file operations its model test SIGKILLs).
 
 use std::io::Write;
 use std::time::Duration;
@@ -17,7 +18,12 @@ const USAGE: &str = "usage:
   dpukv-store region-writer DATA SHM --start N [--fsync always|never|interval:MS]
   dpukv-store region-bank SHM --accounts N --initial X --seconds S [--stop-file F]
   dpukv-store region-open DATA SHM   (default geometry; prints what recovery replayed and the
-                                      process's peak memory)";
+                                      process's peak memory)
+  dpukv-store power-cut DIR --seed N   (after every process using DIR is dead: the disk state
+                                      a power loss leaves, from DIR/fault-journal; prints what
+                                      was dropped)
+  dpukv-store journal-writer DIR --seed N   (random file operations on DIR/f0..f3 through a
+                                      JournalFs, each printed before it is done, then `ok`)";
 
 fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
@@ -147,6 +153,85 @@ fn main() -> Result<()> {
             println!("checks={checks} reloads={}", reader.reloads);
             Ok(())
         }
+        Some("power-cut") => {
+            let seed: u64 = flag(&args, "--seed").context("--seed")?.parse()?;
+            let report = dpukv_storage::fs::power_cut(std::path::Path::new(dir), seed)?;
+            print!("{report}");
+            Ok(())
+        }
+        Some("journal-writer") => {
+            journal_writer(std::path::Path::new(dir), flag(&args, "--seed").unwrap_or("1").parse()?)
+        }
         _ => bail!("{USAGE}"),
     }
+}
+
+/// Random file operations through a `JournalFs` until killed: each is printed (`write NAME OFF
+/// LEN BYTE`, `setlen NAME LEN`, `sync NAME`, `create NAME`, `rename FROM TO`, `remove NAME`,
+/// `syncdir`) before it is done and followed by `ok` once done, so a test that SIGKILLs this
+/// process knows every completed operation and the one that may have been in flight.
+fn journal_writer(dir: &std::path::Path, seed: u64) -> Result<()> {
+    use dpukv_storage::fs::{Fs, JournalFs};
+    let fs = JournalFs::open(dir)?;
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut below = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let names = ["f0", "f1", "f2", "f3"];
+    let out = std::io::stdout();
+    let say = |line: &str| -> Result<()> {
+        let mut o = out.lock();
+        writeln!(o, "{line}")?;
+        o.flush()?;
+        Ok(())
+    };
+    for n in 1u64.. {
+        let name = names[below(4) as usize];
+        let path = dir.join(name);
+        let present = path.exists();
+        let pick = below(100);
+        match pick {
+            _ if !present && pick < 80 => {
+                say(&format!("create {name}"))?;
+                fs.create(&path)?;
+            }
+            0..40 => {
+                let off = below(5 * 4096) + if below(2) == 0 { 0 } else { 4096 - below(64) };
+                let len = 1 + below(2 * 4096);
+                let byte = (n % 251 + 1) as u8;
+                say(&format!("write {name} {off} {len} {byte}"))?;
+                fs.open(&path)?.write_all_at(&vec![byte; len as usize], off)?;
+            }
+            40..55 => {
+                say(&format!("sync {name}"))?;
+                fs.open(&path)?.sync_data()?;
+            }
+            55..60 => {
+                let len = below(6 * 4096);
+                say(&format!("setlen {name} {len}"))?;
+                fs.open(&path)?.set_len(len)?;
+            }
+            60..70 => {
+                let to = names[below(4) as usize];
+                if to == name {
+                    continue;
+                }
+                say(&format!("rename {name} {to}"))?;
+                fs.rename(&path, &dir.join(to))?;
+            }
+            70..75 => {
+                say(&format!("remove {name}"))?;
+                fs.remove(&path)?;
+            }
+            _ => {
+                say("syncdir")?;
+                fs.sync_dir(dir)?;
+            }
+        }
+        say("ok")?;
+    }
+    Ok(())
 }

@@ -11,8 +11,11 @@
 //! # Layout
 //! - this module: the [`Fs`] and [`FsFile`] traits and [`RealFs`], the operating system's files.
 //! - `fault`: [`FaultFs`], the fault-injecting implementation for tests and fuzzing.
+//! - `journal`: [`JournalFs`], which keeps the power-loss model in an undo journal on disk so it
+//!   outlives killed processes, and [`power_cut`], which applies it.
 
 mod fault;
+mod journal;
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -21,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use fault::{FaultFs, FaultStats};
+pub use journal::{EntryCut, FileCut, JOURNAL_DIR, JournalFs, PowerCutReport, power_cut};
 
 /// A file opened for durable writes.
 pub trait FsFile: Send + Sync + std::fmt::Debug {
