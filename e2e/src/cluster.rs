@@ -59,6 +59,24 @@ impl ClusterNode {
         Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), Vec::new(), "127.0.0.1", device, admin, Some(mib))
     }
 
+    /// Cuts its power: both processes SIGKILLed, then its data directory turned into what its
+    /// disk would hold (`dpukv-store power-cut`, seeded: synced data stays, a random part of the
+    /// rest is lost) and its shared memory emptied. Its host must have run with
+    /// `DPUKV_FAULT_JOURNAL=1`. Returns the cut's report.
+    pub fn power_cut(&mut self, seed: u64) -> Result<String> {
+        self.kill();
+        let out = Command::new(bin_dir()?.join("dpukv-store"))
+            .arg("power-cut")
+            .arg(self.dir.path().join("data"))
+            .args(["--seed", &seed.to_string()])
+            .output()
+            .context("running dpukv-store power-cut")?;
+        if !out.status.success() {
+            bail!("power-cut failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Fills its data directory's disk (a file written until the disk is full); returns the
     /// bytes written.
     pub fn fill_disk(&self) -> Result<u64> {

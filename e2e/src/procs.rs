@@ -31,6 +31,8 @@ pub fn bin_dir() -> Result<PathBuf> {
                 "dpukv-gateway",
                 "-p",
                 "dpukv-operator",
+                "-p",
+                "dpukv-storage",
             ]);
             if release {
                 cmd.arg("--release");

@@ -552,6 +552,9 @@ pub struct SenderConfig {
     pub region_dir: PathBuf,
     /// The primary's log end when it began to lead (see `ReplMessage::Hello`).
     pub base: Lsn,
+    /// The primary's life as the region's leader (drawn when it began to lead; see
+    /// `ReplMessage::Hello`).
+    pub life: u64,
     /// The node's replication figures.
     pub stats: Arc<ReplStats>,
     /// Ship the index (Send Index); false: the backup builds its own (Build Index).
@@ -733,8 +736,14 @@ fn send_session(
     }
     let mut s = Link::connect(&addr, cfg.tls.as_deref())?;
     let (region, epoch) = (cfg.region, cfg.epoch);
-    let hello =
-        ReplMessage::Hello { cluster: cfg.cluster.clone(), region, epoch, primary: cfg.primary, base: cfg.base.0 };
+    let hello = ReplMessage::Hello {
+        cluster: cfg.cluster.clone(),
+        region,
+        epoch,
+        primary: cfg.primary,
+        base: cfg.base.0,
+        life: Some(cfg.life),
+    };
     write_msg(&mut s, &hello, stop)?;
     // A backup that does not answer its Hello is tried again, not waited for forever.
     s.set_read_timeout(Some(RESUME_TIMEOUT))?;
@@ -1023,7 +1032,13 @@ impl BackupHost {
     /// Stops backing `region` to lead it: like [`BackupHost::release`], and what a Build Index
     /// backup built becomes the copy's index (so opening it replays only the rest).
     pub fn promote(&self, region: u32) -> dpukv_storage::Result<()> {
+        // Opened once first: a copy that was streaming when this node lost power is cut at the
+        // end of its valid records and its torn tail zeroed (`Backup::open_with`). Otherwise
+        // opening it as a region would read the primary's durability hints in the torn part —
+        // written by the primary's disk, not this one's — as a damaged durable log.
+        let opened = self.backup(region).map(|_| ());
         self.release(region);
+        opened?;
         dpukv_storage::region::adopt_built_index(&self.dir(region))
     }
 
@@ -1172,8 +1187,8 @@ impl BackupHost {
 
     fn session(&self, mut s: Link, stop: &AtomicBool) -> anyhow::Result<()> {
         s.set_read_timeout(Some(HELLO_TIMEOUT))?;
-        let (region, epoch, primary, base) = match read_msg(&mut s)? {
-            ReplMessage::Hello { cluster, region, epoch, primary, base } => {
+        let (region, epoch, primary, base, life) = match read_msg(&mut s)? {
+            ReplMessage::Hello { cluster, region, epoch, primary, base, life } => {
                 if cluster != self.cluster {
                     return Self::refuse(
                         &mut s,
@@ -1183,7 +1198,7 @@ impl BackupHost {
                         format!("this node is in cluster {:?}", self.cluster),
                     );
                 }
-                (region, epoch, primary, base)
+                (region, epoch, primary, base, life.unwrap_or(0))
             }
             other => anyhow::bail!("expected hello, got {other:?}"),
         };
@@ -1215,9 +1230,10 @@ impl BackupHost {
         }
         let backup = self.backup(region)?;
         let from = match lock(&backup).as_mut() {
-            // Copies that followed another primary lose what that one wrote past this one's base.
+            // Copies that followed another primary, or another life of this one, lose what they
+            // hold past this life's base.
             Some(b) => {
-                b.follow(u64::from(primary), Lsn(base))?;
+                b.follow(u64::from(primary), life, Lsn(base))?;
                 b.resume_from()
             }
             None => {

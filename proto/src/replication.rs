@@ -79,8 +79,14 @@ pub enum ReplMessage {
         /// The primary's node id.
         primary: u32,
         /// The primary's log end when it began to lead (a position): a backup whose copies
-        /// followed another node drops what they hold from here on.
+        /// followed another node — or another life of this one — drops what they hold from
+        /// here on.
         base: u64,
+        /// The primary's life as the region's leader: a number it draws each time it begins to
+        /// lead the region (a restart is a new life). A primary that lost power may have lost
+        /// the end of its log that its backups received; a new life tells them to cut at `base`.
+        /// `None` from primaries older than this field (encoded as kind 1; with it, kind 9).
+        life: Option<u64>,
     },
     /// Backup -> primary: where to stream from (its log position, `None`: it has nothing and
     /// must be copied from the start).
@@ -207,6 +213,7 @@ mod kind {
     pub const INSTALLED: u8 = 6;
     pub const REFUSE: u8 = 7;
     pub const SEGMENTS: u8 = 8;
+    pub const HELLO_LIFE: u8 = 9;
 }
 
 /// Most segment ids a `Segments` message names (a region's log of 1 TiB in 64 MiB segments).
@@ -244,13 +251,16 @@ impl ReplMessage {
         out.extend_from_slice(&[0; 4]);
         out.push(REPL_VERSION);
         match self {
-            ReplMessage::Hello { cluster, region, epoch, primary, base } => {
-                out.push(kind::HELLO);
+            ReplMessage::Hello { cluster, region, epoch, primary, base, life } => {
+                out.push(if life.is_some() { kind::HELLO_LIFE } else { kind::HELLO });
                 put_u32(out, *region);
                 put_u64(out, *epoch);
                 put_u32(out, *primary);
                 put_u64(out, *base);
                 put_bytes(out, cluster.as_bytes());
+                if let Some(l) = life {
+                    put_u64(out, *l);
+                }
             }
             ReplMessage::Resume { region, epoch, from } => {
                 out.push(kind::RESUME);
@@ -339,11 +349,12 @@ impl ReplMessage {
             return Err(ReplDecodeError::Version(version));
         }
         let m = match r.u8()? {
-            kind::HELLO => {
+            k @ (kind::HELLO | kind::HELLO_LIFE) => {
                 let (region, epoch, primary, base) = (r.u32()?, r.u64()?, r.u32()?, r.u64()?);
                 let cluster = String::from_utf8(r.bytes(MAX_REPL_TEXT)?)
                     .map_err(|_| ReplDecodeError::Malformed("cluster name is not UTF-8"))?;
-                ReplMessage::Hello { cluster, region, epoch, primary, base }
+                let life = if k == kind::HELLO_LIFE { Some(r.u64()?) } else { None };
+                ReplMessage::Hello { cluster, region, epoch, primary, base, life }
             }
             kind::RESUME => {
                 let (region, epoch, has) = (r.u32()?, r.u64()?, r.u8()?);
@@ -482,8 +493,15 @@ mod tests {
             Just(ReplRefusal::Failed)
         ];
         prop_oneof![
-            ("[a-z-]{0,12}", any::<u32>(), any::<u64>(), any::<u32>(), any::<u64>()).prop_map(
-                |(cluster, region, epoch, primary, base)| ReplMessage::Hello { cluster, region, epoch, primary, base }
+            ("[a-z-]{0,12}", any::<u32>(), any::<u64>(), any::<u32>(), any::<u64>(), any::<Option<u64>>()).prop_map(
+                |(cluster, region, epoch, primary, base, life)| ReplMessage::Hello {
+                    cluster,
+                    region,
+                    epoch,
+                    primary,
+                    base,
+                    life
+                }
             ),
             (any::<u32>(), any::<u64>(), any::<Option<u64>>()).prop_map(|(region, epoch, from)| ReplMessage::Resume {
                 region,

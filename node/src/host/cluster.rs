@@ -88,6 +88,10 @@ struct Led {
     tail: LogTail,
     /// The log's end when this node began to lead the region.
     base: dpukv_storage::vlog::Lsn,
+    /// This life as the region's leader: drawn when it began to lead (a restart, or leading it
+    /// again, is a new life), so backups cut what they hold past `base` from an earlier life
+    /// whose log end this one may have lost.
+    life: u64,
     region_dir: std::path::PathBuf,
     senders: Vec<(u32, Arc<AtomicBool>, std::thread::JoinHandle<SenderEnd>)>,
     /// The node's replication figures (its senders count into them).
@@ -648,6 +652,7 @@ fn open_led(
         feed,
         tail,
         base,
+        life: new_life(),
         region_dir: opener.dir(r.id),
         senders: Vec::new(),
         stats: stats.clone(),
@@ -659,6 +664,15 @@ fn open_led(
     start_senders(args, &mut l, r, peers);
     tracing::info!(region = r.id, epoch = r.epoch, backups = ?r.backups, joining = ?r.joining, "leading the region");
     Ok(l)
+}
+
+/// A number for a new life as a region's leader: random (the process's hasher keys and the
+/// clock), never 0 (what an older primary's Hello stands for).
+fn new_life() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish().max(1)
 }
 
 /// A new epoch for a region this node still leads: the new backup set, senders under the new
@@ -690,6 +704,7 @@ fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, peers: &Peers)
             addr,
             region_dir: l.region_dir.clone(),
             base: l.base,
+            life: l.life,
             stats: l.stats.clone(),
             send_index: l.send_index,
             catch_up_bytes_per_sec: args.catch_up_bytes_per_sec,

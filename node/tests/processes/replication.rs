@@ -57,6 +57,7 @@ fn sender_cfg(region_dir: &std::path::Path, epoch: u64, backup: u32, addr: Socke
         addr: dpukv_node::replication::PeerAddr::new(format!("localhost:{}", addr.port())),
         region_dir: region_dir.to_path_buf(),
         base: dpukv_storage::vlog::Lsn(0),
+        life: 1,
         stats: Arc::default(),
         send_index: true,
         catch_up_bytes_per_sec: 0,

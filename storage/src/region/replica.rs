@@ -89,8 +89,9 @@ pub struct Backup {
     installed: Vec<(LevelMeta, LevelMeta)>,
     /// Primary log segments whose copy is complete and synced.
     sealed: BTreeSet<u64>,
-    /// The node whose log the copies follow since the last [`Backup::follow`] (0: none yet).
-    source: u64,
+    /// The node whose log the copies follow since the last [`Backup::follow`] (0: none yet),
+    /// and its life as the region's leader (0: not said).
+    source: (u64, u64),
     /// Copies being streamed: primary segment -> (local file, bytes received).
     open_logs: HashMap<u64, (Arc<dyn FsFile>, u32)>,
     /// Copies written since their last sync ([`Backup::sync_log`]).
@@ -119,7 +120,7 @@ impl Backup {
             next_level_segment: 1,
             installed: Vec::new(),
             sealed: BTreeSet::new(),
-            source: 0,
+            source: (0, 0),
             open_logs: HashMap::new(),
             unsynced: BTreeSet::new(),
             manifest: Manifest { next_segment: 1, ..Manifest::default() },
@@ -140,7 +141,12 @@ impl Backup {
             Ok(text) => {
                 for (i, line) in text.lines().enumerate() {
                     if let Some(n) = line.strip_prefix("source ") {
-                        b.source = n.parse().map_err(|_| Error::corrupt_file(&p, i as u64, "a bad source line"))?;
+                        // `source <node>` or `source <node> <life>`.
+                        let bad = || Error::corrupt_file(&p, i as u64, "a bad source line");
+                        let mut f = n.split(' ').map(|x| x.parse::<u64>().map_err(|_| bad()));
+                        let node = f.next().ok_or_else(bad)??;
+                        let life = f.next().transpose()?.unwrap_or(0);
+                        b.source = (node, life);
                         continue;
                     }
                     let f: Vec<u64> = line.split(' ').filter_map(|x| x.parse().ok()).collect();
@@ -259,13 +265,14 @@ impl Backup {
         open.max(sealed)
     }
 
-    /// Follows the log of primary `node`, whose log ended at `base` when it began to lead. If
-    /// the copies followed another node, whatever they hold from `base` on may be records that
-    /// node wrote and nobody acknowledged (the new primary never had them): cut there, so the
-    /// new primary's bytes are received in their place. Copies that followed `node` already are
-    /// its own bytes and are kept.
-    pub fn follow(&mut self, node: u64, base: Lsn) -> Result<()> {
-        if self.source == node {
+    /// Follows the log of primary `node` in its life `life` as the region's leader, whose log
+    /// ended at `base` when that life began. If the copies followed another node — or another
+    /// life of this one: a primary that lost power may have lost the end of its log that this
+    /// copy received — whatever they hold from `base` on may be records nobody acknowledged
+    /// that the primary does not have: cut there, so its bytes are received in their place.
+    /// Copies that followed this very life already are its own bytes and are kept.
+    pub fn follow(&mut self, node: u64, life: u64, base: Lsn) -> Result<()> {
+        if self.source == (node, life) {
             return Ok(());
         }
         let vdir = vlog_dir(&self.dir);
@@ -303,12 +310,12 @@ impl Backup {
                 self.open_logs.insert(id, (file, keep));
             }
         }
-        self.source = node;
+        self.source = (node, life);
         self.store_log_map()
     }
 
     fn store_log_map(&self) -> Result<()> {
-        let mut text = format!("source {}\n", self.source);
+        let mut text = format!("source {} {}\n", self.source.0, self.source.1);
         let mut entries: Vec<(&u64, &u64)> = self.log_map.iter().collect();
         entries.sort();
         for (p, l) in entries {

@@ -308,11 +308,11 @@ fn a_backup_following_a_new_primary_drops_what_the_old_one_wrote_past_its_base()
         at
     };
     let mut x = Backup::create(dir.path().join("x")).expect("x");
-    x.follow(1, Lsn(0)).expect("follow a");
+    x.follow(1, 0, Lsn(0)).expect("follow a");
     stream(&a, &mut x, None);
     // y is behind: it got only the first part of a's log.
     let mut y = Backup::create(dir.path().join("y")).expect("y");
-    y.follow(1, Lsn(0)).expect("follow a");
+    y.follow(1, 0, Lsn(0)).expect("follow a");
     let first = Lsn::new(a.vlog().segments()[0], 0);
     let c = a.vlog().tail().chunk(first, 500).expect("chunk").expect("bytes");
     let y_end = y.append_log(&c).expect("append");
@@ -328,7 +328,7 @@ fn a_backup_following_a_new_primary_drops_what_the_old_one_wrote_past_its_base()
     for i in 100..120u32 {
         b.put(format!("k{i:03}").as_bytes(), b"from b").expect("put");
     }
-    x.follow(2, base).expect("follow b");
+    x.follow(2, 0, base).expect("follow b");
     let from = x.resume_from();
     assert!(from.is_some_and(|f| f <= b.vlog().end()), "x resumes within b's log: {from:?}");
     stream(&b, &mut x, from);
@@ -337,12 +337,62 @@ fn a_backup_following_a_new_primary_drops_what_the_old_one_wrote_past_its_base()
     assert_eq!(promoted.scan(b"", b"\xff", usize::MAX).expect("scan"), b.scan(b"", b"\xff", usize::MAX).expect("scan"));
     assert_eq!(promoted.get(b"k140").expect("get"), None, "a's unacknowledged write is gone");
     // A copy behind the base goes on from its own end, not from the base (no gap of zeros).
-    y.follow(2, base).expect("follow b");
+    y.follow(2, 0, base).expect("follow b");
     assert_eq!(y.resume_from(), Some(y_end), "y resumes where its copy ends");
     stream(&b, &mut y, Some(y_end));
     drop(y);
     let promoted = Region::open(cfg(dir.path(), "y")).expect("promote y").0;
     assert_eq!(promoted.scan(b"", b"\xff", usize::MAX).expect("scan"), b.scan(b"", b"\xff", usize::MAX).expect("scan"));
+}
+
+/// A primary that lost power comes back with a shorter log than its backup received (bytes it
+/// streamed but had not synced; never acknowledged) and writes on from its shorter end. The
+/// backup's copy of the lost tail must go: had it been kept (the same node, so "its own
+/// bytes"), the new bytes would have been stitched onto it past the old end and a promoted copy
+/// would hold records the primary never had, in place of ones it acknowledged.
+#[test]
+fn a_backup_following_a_primary_s_new_life_drops_the_tail_the_primary_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut a = Region::open(cfg(dir.path(), "a")).expect("a").0;
+    for i in 0..100u32 {
+        a.put(format!("k{i:03}").as_bytes(), b"synced").expect("put");
+    }
+    // What a's disk holds when the power goes: this much.
+    copy_dir(&dir.path().join("a"), &dir.path().join("a2"));
+    for i in 100..150u32 {
+        a.put(format!("k{i:03}").as_bytes(), b"lost with the power").expect("put");
+    }
+    let stream = |from: &Region, to: &mut Backup, at: Option<Lsn>| -> Lsn {
+        let tail = from.vlog().tail();
+        let mut at = at.unwrap_or_else(|| Lsn::new(from.vlog().segments()[0], 0));
+        while let Some(c) = tail.chunk(at, 1000).expect("chunk") {
+            at = to.append_log(&c).expect("append");
+        }
+        at
+    };
+    let mut x = Backup::create(dir.path().join("x")).expect("x");
+    x.follow(1, 7, Lsn(0)).expect("follow a's first life");
+    let held = stream(&a, &mut x, None);
+    drop(a);
+    // a comes back (node 1 still) with its synced log only, in a new life, and writes on.
+    let mut a2 = Region::open(cfg(dir.path(), "a2")).expect("a again").0;
+    let base = a2.vlog().end();
+    assert!(base < held, "the backup holds more of the log than the restarted primary");
+    for i in 100..130u32 {
+        a2.put(format!("k{i:03}").as_bytes(), b"after the restart").expect("put");
+    }
+    x.follow(1, 8, base).expect("follow a's second life");
+    let from = x.resume_from();
+    assert!(from.is_some_and(|f| f <= base), "x resumes within the restarted primary's log: {from:?}");
+    stream(&a2, &mut x, from);
+    drop(x);
+    let promoted = Region::open(cfg(dir.path(), "x")).expect("promote x").0;
+    assert_eq!(
+        promoted.scan(b"", b"\xff", usize::MAX).expect("scan"),
+        a2.scan(b"", b"\xff", usize::MAX).expect("scan"),
+        "the promoted copy answers like the restarted primary"
+    );
+    assert_eq!(promoted.get(b"k140").expect("get"), None, "the lost, unacknowledged tail is gone");
 }
 
 /// A backup follows the primary's garbage collection: it drops its copy of a segment the
