@@ -433,6 +433,9 @@ async fn scan(up: &Upstream, cursors: &Cursors, args: &[Vec<u8>]) -> Reply {
         }
         i += 2;
     }
+    if pattern_arg.as_ref().is_some_and(|p| p.len() > pattern::MAX_PATTERN) {
+        return Reply::err(format!("MATCH patterns are at most {} bytes", pattern::MAX_PATTERN));
+    }
     let pos = if cursor == 0 {
         let pattern = pattern_arg.clone().unwrap_or_default();
         let (lo, hi) = pattern::prefix_range(&pattern::literal_prefix(&pattern));
@@ -444,6 +447,11 @@ async fn scan(up: &Upstream, cursors: &Cursors, args: &[Vec<u8>]) -> Reply {
             _ => return Reply::err("invalid cursor"),
         }
     };
+    // Compiled once for every key read; a pattern no key can match reads nothing.
+    let glob = pattern::Glob::new(&pos.pattern);
+    if !glob.can_match_a_key() {
+        return Reply::Array(vec![Reply::Bulk(b"0".to_vec()), Reply::Array(Vec::new())]);
+    }
     let req = ScanRequest {
         lo: pos.from.clone(),
         hi: pos.hi.clone(),
@@ -462,10 +470,7 @@ async fn scan(up: &Upstream, cursors: &Cursors, args: &[Vec<u8>]) -> Reply {
         Some(t) => cursors.put(Position { from: dpukv_client::successor(&t.after), ..pos.clone() }),
         None => 0,
     };
-    let keys = items
-        .into_iter()
-        .filter(|(k, _)| pos.pattern.is_empty() || pattern::matches(&pos.pattern, k))
-        .map(|(k, _)| Reply::Bulk(k))
-        .collect();
+    let keys =
+        items.into_iter().filter(|(k, _)| glob.is_empty() || glob.matches(k)).map(|(k, _)| Reply::Bulk(k)).collect();
     Reply::Array(vec![Reply::Bulk(next.to_string().into_bytes()), Reply::Array(keys)])
 }
