@@ -133,16 +133,16 @@ async fn unauthenticated(
             Ok(Some(h)) if h.requests && h.total <= PRE_AUTH_FRAME => h,
             Ok(Some(h)) if h.requests => {
                 let e = "authenticate first: send an auth request alone in the connection's first frame";
-                let _ = write(stream, front, vec![Response::error(0, ErrorCode::FrameTooLarge, e)]).await;
+                refuse_and_close(stream, front, vec![Response::error(0, ErrorCode::FrameTooLarge, e)]).await;
                 return None;
             }
             Ok(_) => {
                 let e = "not a request frame";
-                let _ = write(stream, front, vec![Response::error(0, ErrorCode::BadRequest, e)]).await;
+                refuse_and_close(stream, front, vec![Response::error(0, ErrorCode::BadRequest, e)]).await;
                 return None;
             }
             Err(e) => {
-                let _ = write(stream, front, vec![Response::error(0, ErrorCode::BadRequest, e.to_string())]).await;
+                refuse_and_close(stream, front, vec![Response::error(0, ErrorCode::BadRequest, e.to_string())]).await;
                 return None;
             }
         };
@@ -154,7 +154,7 @@ async fn unauthenticated(
         let entries = match dpukv_proto::decode_requests(&buf) {
             Ok(e) => e,
             Err(e) => {
-                let _ = write(stream, front, vec![Response::error(0, ErrorCode::BadRequest, e.to_string())]).await;
+                refuse_and_close(stream, front, vec![Response::error(0, ErrorCode::BadRequest, e.to_string())]).await;
                 return None;
             }
         };
@@ -195,6 +195,13 @@ async fn unauthenticated(
         if caller.is_some() {
             return caller;
         }
+    }
+}
+
+/// Answers `resps` and lets the connection go (see `crate::resp::linger`).
+async fn refuse_and_close(stream: &mut dpukv_net::tls::Stream, front: &Front, resps: Vec<Response>) {
+    if write(stream, front, resps).await.is_ok() {
+        crate::resp::linger(stream).await;
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod cluster;
 mod gateway;
+mod gateway_attacks;
 mod hot_keys;
 mod linearizable;
 mod local;

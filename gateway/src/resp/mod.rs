@@ -301,7 +301,11 @@ impl<'a> Session<'a> {
                 Reply::Error(format!("ERR {e}")).encode(&mut self.out);
             }
             self.flush().await?;
-            if fatal.is_some() || self.state.quit || self.state.close {
+            if fatal.is_some() {
+                linger(&mut self.stream).await;
+                return Ok(());
+            }
+            if self.state.quit || self.state.close {
                 return Ok(());
             }
             if self.input.is_empty() {
@@ -327,6 +331,7 @@ impl<'a> Session<'a> {
             // Room to read into (charged to the share past the fixed buffer).
             if !self.grow_input(deadline).await {
                 let _ = self.write_now(&format!("-ERR Protocol error: {why}\r\n")).await;
+                linger(&mut self.stream).await;
                 return Ok(());
             }
             let got = tokio::select! {
@@ -344,6 +349,7 @@ impl<'a> Session<'a> {
                     tracing::debug!(why, "closing a RESP connection");
                     if why != "idle" {
                         let _ = self.write_now(&format!("-ERR Protocol error: {why}\r\n")).await;
+                        linger(&mut self.stream).await;
                     }
                     return Ok(());
                 }
@@ -697,6 +703,24 @@ impl<'a> Session<'a> {
             other => Reply::err(format!("wrong number of arguments for '{other}' command")),
         })
     }
+}
+
+/// After an error reply to a connection being closed: shuts the write side and reads (and
+/// drops) what the client still sends for a moment (1 s, 1 MiB at most), so that closing with
+/// unread input does not reset the connection before the client reads the reply.
+pub(crate) async fn linger<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(stream: &mut S) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+    let mut scratch = vec![0u8; 16 << 10];
+    let mut left = 1usize << 20;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while left > 0 {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 /// The metric label of a command (a fixed set: unknown names are `other`).
