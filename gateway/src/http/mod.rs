@@ -428,27 +428,7 @@ async fn batch(
     body: Result<JsonBody<BatchBody>, ApiError>,
 ) -> ApiResult<WriteReply> {
     let body = body?.0;
-    let enc = body.encoding.unwrap_or_default();
-    if body.ops.is_empty() || body.ops.len() > dpukv_proto::limits::MAX_BATCH_OPS {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "too_many_ops", "a batch holds 1 to 1024 writes"));
-    }
-    let mut ops = Vec::with_capacity(body.ops.len());
-    for (i, op) in body.ops.iter().enumerate() {
-        let key = key_of(enc, &op.key)?;
-        let value = |v: &Option<String>| -> Result<Vec<u8>, ApiError> {
-            let v = v.as_deref().ok_or_else(|| ApiError::bad_request(format!("ops[{i}]: a value is needed")))?;
-            enc.decode(v).map_err(|e| ApiError::bad_encoding(format!("ops[{i}].value: {e}")))
-        };
-        ops.push(match op.op {
-            BatchKind::Put => WriteOp::Put { key, value: value(&op.value)? },
-            BatchKind::Insert => WriteOp::Insert { key, value: value(&op.value)? },
-            BatchKind::Update => WriteOp::Update { key, value: value(&op.value)? },
-            BatchKind::Delete if op.value.is_some() => {
-                return Err(ApiError::bad_request(format!("ops[{i}]: a delete takes no value")));
-            }
-            BatchKind::Delete => WriteOp::Delete { key },
-        });
-    }
+    let ops = body.ops()?;
     let checked = dpukv_proto::Op::Batch { ops };
     caller.check(&checked)?;
     let dpukv_proto::Op::Batch { ops } = checked else { unreachable!("built above") };
@@ -470,6 +450,78 @@ async fn batch(
     Ok(axum::Json(WriteReply { version }))
 }
 
+impl BatchBody {
+    /// The writes the body asks for (checked: 1 to 1,024 of them, each with a value but
+    /// deletes, keys and values in the body's encoding).
+    pub fn ops(&self) -> Result<Vec<WriteOp>, ApiError> {
+        let enc = self.encoding.unwrap_or_default();
+        if self.ops.is_empty() || self.ops.len() > dpukv_proto::limits::MAX_BATCH_OPS {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "too_many_ops", "a batch holds 1 to 1024 writes"));
+        }
+        let mut ops = Vec::with_capacity(self.ops.len());
+        for (i, op) in self.ops.iter().enumerate() {
+            let key = key_of(enc, &op.key)?;
+            let value = |v: &Option<String>| -> Result<Vec<u8>, ApiError> {
+                let v = v.as_deref().ok_or_else(|| ApiError::bad_request(format!("ops[{i}]: a value is needed")))?;
+                enc.decode(v).map_err(|e| ApiError::bad_encoding(format!("ops[{i}].value: {e}")))
+            };
+            ops.push(match op.op {
+                BatchKind::Put => WriteOp::Put { key, value: value(&op.value)? },
+                BatchKind::Insert => WriteOp::Insert { key, value: value(&op.value)? },
+                BatchKind::Update => WriteOp::Update { key, value: value(&op.value)? },
+                BatchKind::Delete if op.value.is_some() => {
+                    return Err(ApiError::bad_request(format!("ops[{i}]: a delete takes no value")));
+                }
+                BatchKind::Delete => WriteOp::Delete { key },
+            });
+        }
+        Ok(ops)
+    }
+}
+
+impl AtomicBody {
+    /// The operation the body asks for (checked: `fetch_add` takes a delta only,
+    /// `compare_and_swap` `new` and maybe `expected`, in the body's encoding).
+    pub fn op(&self) -> Result<dpukv_proto::Op, ApiError> {
+        let enc = self.encoding.unwrap_or_default();
+        let key = key_of(enc, &self.key)?;
+        match self.op {
+            AtomicKind::FetchAdd => {
+                if self.expected.is_some() || self.new.is_some() {
+                    return Err(ApiError::bad_request("fetch_add takes a delta, not expected or new"));
+                }
+                let delta = self.delta.ok_or_else(|| ApiError::bad_request("fetch_add needs a delta"))?;
+                Ok(dpukv_proto::Op::FetchAdd { key, delta })
+            }
+            AtomicKind::CompareAndSwap => {
+                if self.delta.is_some() {
+                    return Err(ApiError::bad_request("compare_and_swap takes expected and new, not a delta"));
+                }
+                let new = self.new.as_deref().ok_or_else(|| ApiError::bad_request("compare_and_swap needs new"))?;
+                let new = enc.decode(new).map_err(|e| ApiError::bad_encoding(format!("new: {e}")))?;
+                let expected = self
+                    .expected
+                    .as_deref()
+                    .map(|e| enc.decode(e).map_err(|e| ApiError::bad_encoding(format!("expected: {e}"))))
+                    .transpose()?;
+                Ok(dpukv_proto::Op::CompareAndSwap { key, expected, new })
+            }
+        }
+    }
+}
+
+impl ApiError {
+    /// The stable code (`bad_request`, `too_many_ops`, ...).
+    pub fn code(&self) -> &str {
+        &self.body.code
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+}
+
 /// `fetch_add` or `compare_and_swap`.
 #[utoipa::path(post, path = "/v1/atomic", request_body = AtomicBody,
     responses((status = 200, body = AtomicReply), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
@@ -481,49 +533,18 @@ async fn atomic(
 ) -> ApiResult<AtomicReply> {
     let b = body?.0;
     let enc = b.encoding.unwrap_or_default();
-    let key = key_of(enc, &b.key)?;
-    let c = s.up.client();
-    match b.op {
-        AtomicKind::FetchAdd => {
-            if b.expected.is_some() || b.new.is_some() {
-                return Err(ApiError::bad_request("fetch_add takes a delta, not expected or new"));
-            }
-            let delta = b.delta.ok_or_else(|| ApiError::bad_request("fetch_add needs a delta"))?;
-            let op = dpukv_proto::Op::FetchAdd { key, delta };
-            caller.check(&op)?;
-            let (reply, version) = c.call(op).await?;
-            match reply {
-                Reply::Scalar(old) => Ok(axum::Json(AtomicReply {
-                    old: Some(u64::from_le_bytes(old)),
-                    swapped: None,
-                    current: None,
-                    version,
-                })),
-                _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
-            }
+    let op = b.op()?;
+    caller.check(&op)?;
+    let (reply, version) = s.up.client().call(op).await?;
+    match reply {
+        Reply::Scalar(old) => {
+            Ok(axum::Json(AtomicReply { old: Some(u64::from_le_bytes(old)), swapped: None, current: None, version }))
         }
-        AtomicKind::CompareAndSwap => {
-            if b.delta.is_some() {
-                return Err(ApiError::bad_request("compare_and_swap takes expected and new, not a delta"));
-            }
-            let new = b.new.as_deref().ok_or_else(|| ApiError::bad_request("compare_and_swap needs new"))?;
-            let new = enc.decode(new).map_err(|e| ApiError::bad_encoding(format!("new: {e}")))?;
-            let expected = b
-                .expected
-                .as_deref()
-                .map(|e| enc.decode(e).map_err(|e| ApiError::bad_encoding(format!("expected: {e}"))))
-                .transpose()?;
-            let op = dpukv_proto::Op::CompareAndSwap { key, expected, new };
-            caller.check(&op)?;
-            let (reply, version) = c.call(op).await?;
-            match reply {
-                Reply::Cas { swapped, current } => {
-                    let current = current.map(|v| text_of(enc, &v, "value")).transpose()?;
-                    Ok(axum::Json(AtomicReply { old: None, swapped: Some(swapped), current: Some(current), version }))
-                }
-                _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
-            }
+        Reply::Cas { swapped, current } => {
+            let current = current.map(|v| text_of(enc, &v, "value")).transpose()?;
+            Ok(axum::Json(AtomicReply { old: None, swapped: Some(swapped), current: Some(current), version }))
         }
+        _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
     }
 }
 
@@ -744,4 +765,79 @@ pub async fn serve(
     connections.close();
     connections.wait().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// JSON-ish text: the fields and values the bodies take, in any order and nesting.
+    fn jsonish() -> impl Strategy<Value = String> {
+        let atom = proptest::sample::select(vec![
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            ":",
+            "\"ops\"",
+            "\"op\"",
+            "\"key\"",
+            "\"value\"",
+            "\"put\"",
+            "\"insert\"",
+            "\"delete\"",
+            "\"encoding\"",
+            "\"base64\"",
+            "\"utf8\"",
+            "\"atomic\"",
+            "true",
+            "null",
+            "0",
+            "18446744073709551615",
+            "\"fetch_add\"",
+            "\"compare_and_swap\"",
+            "\"delta\"",
+            "\"expected\"",
+            "\"new\"",
+            "\"AA==\"",
+            "\"!!\"",
+            "\"\"",
+        ]);
+        proptest::collection::vec(atom, 0..40).prop_map(|v| v.concat())
+    }
+
+    proptest! {
+        /// Whatever the body, parsing and checking it answers (never panics), and what it
+        /// accepts is within the limits. (The fuzz target `http_bodies` is the long form.)
+        #[test]
+        fn bodies_never_panic(text in jsonish(), bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            for t in [text.as_bytes(), bytes.as_slice()] {
+                if let Ok(b) = serde_json::from_slice::<BatchBody>(t)
+                    && let Ok(ops) = b.ops()
+                {
+                    prop_assert!(!ops.is_empty() && ops.len() <= dpukv_proto::limits::MAX_BATCH_OPS);
+                }
+                if let Ok(a) = serde_json::from_slice::<AtomicBody>(t) {
+                    let _ = a.op();
+                }
+                let _ = serde_json::from_slice::<PutBody>(t);
+            }
+        }
+    }
+
+    #[test]
+    fn bodies_are_checked() {
+        let b: BatchBody =
+            serde_json::from_str(r#"{"ops": [{"op": "delete", "key": "k", "value": "v"}]}"#).expect("parses");
+        assert_eq!(b.ops().expect_err("a delete takes no value").code(), "bad_request");
+        let b: BatchBody =
+            serde_json::from_str(r#"{"ops": [{"op": "put", "key": "AA", "value": "/w"}], "encoding": "base64"}"#)
+                .expect("parses");
+        assert_eq!(b.ops().expect("valid"), vec![WriteOp::Put { key: vec![0], value: vec![0xff] }]);
+        let a: AtomicBody =
+            serde_json::from_str(r#"{"op": "fetch_add", "key": "n", "delta": 1, "new": "x"}"#).expect("parses");
+        assert_eq!(a.op().expect_err("mixed").status(), StatusCode::BAD_REQUEST);
+    }
 }

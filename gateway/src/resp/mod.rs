@@ -364,11 +364,12 @@ impl<'a> Session<'a> {
     /// charged to the share first (waiting until `deadline` at most). `false`: no room in time.
     async fn grow_input(&mut self, deadline: tokio::time::Instant) -> bool {
         let spare = self.input.capacity() - self.input.len();
-        if spare >= READ_CHUNK.min(1024) && spare > 0 {
+        if spare >= 1024 {
             return true;
         }
         // A command is never larger than the parser's limit: room for it and one read more.
-        let most = self.command_limits().max_command + READ_CHUNK;
+        // Before authentication the fixed buffer is all there is (a command holds 4 KiB).
+        let most = if self.authenticated() { self.command_limits().max_command + READ_CHUNK } else { READ_CHUNK };
         let want = (self.input.capacity() * 2).max(self.input.len() + READ_CHUNK).min(most);
         if want <= self.input.capacity() {
             return spare > 0;
