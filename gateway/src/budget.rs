@@ -9,8 +9,12 @@
 //! Reservations are taken only once the connection has authenticated (before that, a connection
 //! holds a fixed input buffer and nothing else), and given back when dropped — on every path,
 //! errors included.
+//!
+//! [`Starvation`] watches the process's budget: `/readyz` reports a budget that has stayed
+//! spent, so that a stalled gateway stops looking healthy to its load balancer.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use dpukv_net::conn::Budget;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -93,9 +97,65 @@ impl Share {
     }
 }
 
+/// Whether the process's budget has stayed spent: it is looked at every `every`, and counts as
+/// spent while less than `want` bytes of it are free (room for one value read).
+pub struct Starvation {
+    since: Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Starvation {
+    /// Starts watching `budget` until `stop`.
+    pub fn watch(
+        budget: Budget,
+        want: usize,
+        every: Duration,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Arc<Starvation> {
+        let me = Arc::new(Starvation { since: Mutex::new(None) });
+        let watched = me.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let mut since = watched.since.lock().unwrap_or_else(|e| e.into_inner());
+                if budget.available() >= want.min(budget.total()) {
+                    *since = None;
+                } else if since.is_none() {
+                    *since = Some(tokio::time::Instant::now());
+                }
+            }
+        });
+        me
+    }
+
+    /// How long the budget has been spent, if it is.
+    pub fn spent_for(&self) -> Option<Duration> {
+        self.since.lock().unwrap_or_else(|e| e.into_inner()).map(|t| t.elapsed())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gateway whose budget was held by one client looked healthy: `/readyz` now asks this.
+    #[tokio::test(start_paused = true)]
+    async fn a_spent_budget_is_seen_and_forgotten_when_it_comes_back() {
+        let budget = Budget::new(100);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let s = Starvation::watch(budget.clone(), 10, Duration::from_millis(500), stop.clone());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(s.spent_for(), None);
+        let all = budget.hold(95).await;
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert!(s.spent_for().is_some_and(|d| d >= Duration::from_secs(5)), "{:?}", s.spent_for());
+        drop(all);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(s.spent_for(), None);
+        stop.cancel();
+    }
 
     #[tokio::test]
     async fn a_share_bounds_one_connection_and_gives_everything_back() {

@@ -234,6 +234,12 @@ pub async fn run(
         throttle: throttle.clone(),
         limits: cfg.http_limits,
         budget: budget.clone(),
+        starvation: budget::Starvation::watch(
+            budget.clone(),
+            dpukv_proto::limits::MAX_VALUE + (64 << 10),
+            Duration::from_millis(500),
+            shutdown.clone(),
+        ),
         metrics: metrics.clone(),
     };
     for (l, router, what, tls) in [

@@ -71,9 +71,14 @@ pub struct HttpState {
     pub limits: HttpLimits,
     /// The process's memory budget.
     pub budget: Budget,
+    /// Whether the budget has stayed spent (`/readyz`).
+    pub starvation: Arc<crate::budget::Starvation>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
+
+/// How long the memory budget may stay spent before `/readyz` says the gateway is not ready.
+pub const STARVED_NOT_READY: Duration = Duration::from_secs(5);
 
 /// An error answer: a status and a JSON body with a stable code.
 #[derive(Debug)]
@@ -585,6 +590,11 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(s): State<HttpState>) -> Response {
+    if let Some(d) = s.starvation.spent_for().filter(|d| *d >= STARVED_NOT_READY) {
+        let message =
+            format!("the memory budget has been spent for {} s: requests are waiting for memory", d.as_secs());
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message).into_response();
+    }
     match s.up.client().current_map().await {
         Ok(m) if !m.regions.is_empty() => (StatusCode::OK, "ready\n").into_response(),
         Ok(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the cluster has no regions yet")
