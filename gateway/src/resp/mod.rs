@@ -213,6 +213,8 @@ struct Session<'a> {
     state: ConnState,
     /// Announces a new token document.
     changes: tokio::sync::watch::Receiver<u64>,
+    /// Since when the connection has had no token (it must authenticate within the limit).
+    unauthenticated_since: tokio::time::Instant,
 }
 
 impl<'a> Session<'a> {
@@ -228,6 +230,7 @@ impl<'a> Session<'a> {
             held: Vec::new(),
             state: ConnState::default(),
             changes: shared.access.changed(),
+            unauthenticated_since: tokio::time::Instant::now(),
         }
     }
 
@@ -260,7 +263,6 @@ impl<'a> Session<'a> {
 
     async fn run(mut self, stop: CancellationToken) -> std::io::Result<()> {
         let limits = self.shared.limits;
-        let opened = tokio::time::Instant::now();
         // When the first byte of a command not yet whole arrived.
         let mut partial_since: Option<tokio::time::Instant> = None;
         loop {
@@ -325,8 +327,9 @@ impl<'a> Session<'a> {
             {
                 (deadline, why) = (t + limits.command_timeout, "a command did not arrive whole in time");
             }
-            if !self.authenticated() && opened + limits.auth_timeout < deadline {
-                (deadline, why) = (opened + limits.auth_timeout, "not authenticated in time");
+            let auth_by = self.unauthenticated_since + limits.auth_timeout;
+            if !self.authenticated() && auth_by < deadline {
+                (deadline, why) = (auth_by, "not authenticated in time");
             }
             // Room to read into (charged to the share past the fixed buffer).
             if !self.grow_input(deadline).await {
@@ -604,15 +607,17 @@ impl<'a> Session<'a> {
         if !self.authenticated() && !matches!(name.as_str(), "auth" | "hello" | "quit" | "reset") {
             return Some(noauth());
         }
+        if name == "reset" {
+            // The token is forgotten: the connection has `--auth-timeout` again to present one.
+            self.state = ConnState::default();
+            self.unauthenticated_since = tokio::time::Instant::now();
+            return Some(Reply::Simple("RESET"));
+        }
         let state = &mut self.state;
         Some(match name.as_str() {
             "quit" => {
                 state.quit = true;
                 Reply::Simple("OK")
-            }
-            "reset" => {
-                *state = ConnState::default();
-                Reply::Simple("RESET")
             }
             // Redis Cluster's replica reads: READONLY lets gets go to replicas (here: spread over
             // the primary and the hot keys' replicas), READWRITE back to the primary only.
