@@ -7,7 +7,9 @@
 //! Tokens come from a JSON document (a file, re-read when it changes, or the `DPUKV_TOKENS`
 //! environment variable). Secrets are kept only as SHA-256 digests and looked up by digest (no
 //! comparison of secrets, so no timing to measure); a token is never logged or printed — only
-//! its name.
+//! its name. A secret given in clear must be at least [`MIN_TOKEN`] bytes. When the document
+//! changes, connections holding a token learn it ([`Access::changed`]): a token no longer in
+//! the document ends its sessions, a token whose grants changed runs with the new ones.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,11 @@ use std::time::{Duration, SystemTime};
 
 use dpukv_proto::{ErrorCode, ErrorReply, Op, WriteOp};
 use serde::Deserialize;
+
+/// The shortest secret accepted in clear (`token`): 16 bytes. Shorter ones can be guessed by
+/// trying; a document holding one does not load. (`token_sha256` cannot be checked: give the
+/// digest of a long random secret.)
+pub const MIN_TOKEN: usize = 16;
 
 /// What a grant allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -98,7 +105,7 @@ impl Grant {
 }
 
 /// Who a token belongs to, and what it may do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Principal {
     /// The token's name.
     pub name: String,
@@ -106,6 +113,18 @@ pub struct Principal {
     pub grants: Vec<Grant>,
     /// Its service level: how its gets may be served when a request does not say.
     pub consistency: Option<dpukv_proto::Consistency>,
+    /// The digest of its secret (how a reloaded document is searched for it).
+    digest: [u8; 32],
+}
+
+impl std::fmt::Debug for Principal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Principal")
+            .field("name", &self.name)
+            .field("grants", &self.grants)
+            .field("consistency", &self.consistency)
+            .finish_non_exhaustive()
+    }
 }
 
 fn forbidden(what: &str) -> ErrorReply {
@@ -140,19 +159,29 @@ impl Principal {
                 key(Perm::Read, k, "read this key")
             }
             Op::Put { key: k, .. }
-            | Op::Insert { key: k, .. }
-            | Op::Update { key: k, .. }
             | Op::Delete { key: k }
             | Op::VectorScalar { key: k, .. }
             | Op::VectorVector { key: k, .. } => key(Perm::Write, k, "write this key"),
-            // These answer what they found: reading too.
-            Op::FetchAdd { key: k, .. } | Op::CompareAndSwap { key: k, .. } => {
+            // These answer what they found (whether the key existed, its old value): reading
+            // too.
+            Op::FetchAdd { key: k, .. }
+            | Op::CompareAndSwap { key: k, .. }
+            | Op::Insert { key: k, .. }
+            | Op::Update { key: k, .. } => {
                 key(Perm::Write, k, "write this key")?;
-                key(Perm::Read, k, "read this key")
+                key(Perm::Read, k, "read this key (the operation tells whether it existed)")
             }
-            Op::Batch { ops } => {
-                ops.iter().try_for_each(|o| key(Perm::Write, WriteOp::key(o), "write every key of this batch"))
-            }
+            Op::Batch { ops } => ops.iter().try_for_each(|o| {
+                key(Perm::Write, WriteOp::key(o), "write every key of this batch")?;
+                match o {
+                    WriteOp::Insert { key: k, .. } | WriteOp::Update { key: k, .. } => key(
+                        Perm::Read,
+                        k,
+                        "read the keys this batch inserts or updates (it tells whether they existed)",
+                    ),
+                    _ => Ok(()),
+                }
+            }),
             Op::Scan { lo, hi, .. } | Op::FloorScan { lo, hi, .. } | Op::Pivots { lo, hi, .. } => {
                 if self.may_range(Perm::Read, lo, hi) {
                     Ok(())
@@ -205,7 +234,14 @@ impl Tokens {
         let mut by_digest = HashMap::new();
         for t in doc.tokens {
             let d = match (&t.token, &t.token_sha256) {
-                (Some(secret), None) if !secret.is_empty() && secret.len() <= dpukv_proto::limits::MAX_AUTH_TOKEN => {
+                // The message names the token, never its secret (nor the secret's length).
+                (Some(secret), None) if secret.len() < MIN_TOKEN => {
+                    return Err(format!(
+                        "token {:?}: the secret is shorter than {MIN_TOKEN} bytes (use a long random one)",
+                        t.name
+                    ));
+                }
+                (Some(secret), None) if secret.len() <= dpukv_proto::limits::MAX_AUTH_TOKEN => {
                     digest(secret.as_bytes())
                 }
                 (None, Some(hex)) => {
@@ -213,8 +249,9 @@ impl Tokens {
                 }
                 _ => {
                     return Err(format!(
-                        "token {:?}: give exactly one of token (1 to 256 bytes) and token_sha256",
-                        t.name
+                        "token {:?}: give exactly one of token ({MIN_TOKEN} to {} bytes) and token_sha256",
+                        t.name,
+                        dpukv_proto::limits::MAX_AUTH_TOKEN
                     ));
                 }
             };
@@ -236,7 +273,7 @@ impl Tokens {
                 })?),
                 None => None,
             };
-            let principal = Principal { name: t.name.clone(), grants, consistency };
+            let principal = Principal { name: t.name.clone(), grants, consistency, digest: d };
             if by_digest.insert(d, Arc::new(principal)).is_some() {
                 return Err(format!("token {:?}: the same secret is given twice", t.name));
             }
@@ -247,6 +284,11 @@ impl Tokens {
     /// Who `secret` belongs to, if anyone.
     pub fn authenticate(&self, secret: &[u8]) -> Option<Arc<Principal>> {
         self.by_digest.get(&digest(secret)).cloned()
+    }
+
+    /// The principal of the same secret as `p` in this document, if it is still there.
+    pub fn current(&self, p: &Principal) -> Option<Arc<Principal>> {
+        self.by_digest.get(&p.digest).cloned()
     }
 
     /// How many tokens.
@@ -286,12 +328,14 @@ impl std::fmt::Debug for TokenSource {
 #[derive(Debug, Clone)]
 pub struct Access {
     tokens: Option<Arc<RwLock<Arc<Tokens>>>>,
+    /// Bumped whenever a new document is in force.
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Access {
     /// No tokens: everything is allowed.
     pub fn open() -> Access {
-        Access { tokens: None }
+        Access { tokens: None, generation: Arc::new(tokio::sync::watch::Sender::new(0)) }
     }
 
     /// Loads the tokens of `source`.
@@ -301,7 +345,41 @@ impl Access {
             TokenSource::File(p) => read_file(p)?,
             TokenSource::Inline(text) => Tokens::parse(text)?,
         };
-        Ok(Access { tokens: Some(Arc::new(RwLock::new(Arc::new(tokens)))) })
+        Ok(Access { tokens: Some(Arc::new(RwLock::new(Arc::new(tokens)))), ..Access::open() })
+    }
+
+    /// Puts `tokens` in force (what a reload of the file does).
+    pub fn replace(&self, tokens: Tokens) {
+        let Some(slot) = &self.tokens else { return };
+        *slot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tokens);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Changes whenever a new token document is in force: a session holding a token then asks
+    /// [`Access::current`] whether it still may go on.
+    pub fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// `p` as the document in force has it (its grants may have changed); `None` once its
+    /// token is no longer there (revoked: the session must end).
+    pub fn current(&self, p: &Principal) -> Option<Arc<Principal>> {
+        let t = self.tokens.as_ref()?;
+        t.read().unwrap_or_else(|e| e.into_inner()).current(p)
+    }
+
+    /// Waits until `p`'s token is no longer in force (returns at once if it is not).
+    pub async fn revoked(&self, p: &Principal) {
+        let mut changes = self.changed();
+        loop {
+            if self.tokens.is_some() && self.current(p).is_none() {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                // The access rule is gone (shutting down): never revoked.
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// Whether requests need a token.
@@ -318,7 +396,10 @@ impl Access {
     /// Re-reads `path` every `every` while it changes (a bad new document is logged and the
     /// tokens in force are kept), until `stop`.
     pub fn reload_every(&self, path: PathBuf, every: Duration, stop: tokio_util::sync::CancellationToken) {
-        let Some(slot) = self.tokens.clone() else { return };
+        if self.tokens.is_none() {
+            return;
+        }
+        let me = self.clone();
         tokio::spawn(async move {
             let mut seen = modified(&path);
             loop {
@@ -334,7 +415,7 @@ impl Access {
                 match read_file(&path) {
                     Ok(t) => {
                         tracing::info!(tokens = t.len(), path = %path.display(), "reloaded the tokens");
-                        *slot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(t);
+                        me.replace(t);
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "the token file changed but is not valid; keeping the tokens in force")
@@ -345,8 +426,9 @@ impl Access {
     }
 }
 
-fn modified(p: &Path) -> Option<SystemTime> {
-    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+/// What tells a changed file: its modification time and length.
+fn modified(p: &Path) -> Option<(SystemTime, u64)> {
+    std::fs::metadata(p).and_then(|m| Ok((m.modified()?, m.len()))).ok()
 }
 
 fn read_file(p: &Path) -> Result<Tokens, String> {
@@ -367,17 +449,17 @@ mod tests {
     use super::*;
 
     const DOC: &str = r#"{"tokens": [
-        {"name": "app", "token": "s3cret", "grants": [{"prefix": "app/", "allow": ["read", "write"]}]},
+        {"name": "app", "token": "s3cret-app-0123456789", "grants": [{"prefix": "app/", "allow": ["read", "write"]}]},
         {"name": "reader", "token_sha256": "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b",
          "grants": [{"prefix": "", "allow": ["read"]}]},
-        {"name": "ops", "token": "root", "grants": [{"prefix_base64": "AAE=", "allow": ["admin"]}]}
+        {"name": "ops", "token": "root-ops-0123456789", "grants": [{"prefix_base64": "AAE=", "allow": ["admin"]}]}
     ]}"#;
 
     #[test]
     fn tokens_grant_what_they_say_and_nothing_more() {
         let t = Tokens::parse(DOC).expect("valid");
         assert!(t.authenticate(b"nope").is_none());
-        let app = t.authenticate(b"s3cret").expect("app");
+        let app = t.authenticate(b"s3cret-app-0123456789").expect("app");
         assert_eq!(app.name, "app");
         assert!(app.check(&Op::Put { key: b"app/x".to_vec(), value: vec![] }).is_ok());
         assert!(app.check(&Op::Get { key: b"app/x".to_vec() }).is_ok());
@@ -397,15 +479,15 @@ mod tests {
         assert!(reader.check(&scan(b"", b"")).is_ok());
         assert!(reader.check(&Op::Delete { key: b"k".to_vec() }).is_err());
         assert!(reader.check(&Op::FetchAdd { key: b"k".to_vec(), delta: 1 }).is_err(), "an atomic also writes");
-        let ops = t.authenticate(b"root").expect("ops");
+        let ops = t.authenticate(b"root-ops-0123456789").expect("ops");
         assert!(ops.check(&Op::FetchAdd { key: vec![0, 1, 2], delta: 1 }).is_ok(), "admin is read and write");
         assert!(ops.check(&Op::Get { key: vec![0, 2] }).is_err());
         assert!(!format!("{:?}", Tokens::parse(DOC).expect("valid")).contains("s3cret"), "secrets are never printed");
         assert_eq!(app.consistency, None, "no service level: the request's mode");
         // Service level: a token's class chooses how its gets are served.
-        let doc = r#"{"tokens": [{"name": "batch", "token": "b", "consistency": "bounded:200",
+        let doc = r#"{"tokens": [{"name": "batch", "token": "batch-secret-0123456789", "consistency": "bounded:200",
                        "grants": [{"prefix": "", "allow": ["read"]}]}]}"#;
-        let batch = Tokens::parse(doc).expect("valid").authenticate(b"b").expect("batch");
+        let batch = Tokens::parse(doc).expect("valid").authenticate(b"batch-secret-0123456789").expect("batch");
         assert_eq!(batch.consistency, Some(dpukv_proto::Consistency::Bounded { max_staleness_ms: 200 }));
         assert!(batch.check(&Op::ReplicaSync { watermark_ms: 1, reset: false, entries: vec![] }).is_err());
         assert!(batch.check(&Op::TreeNodes { key: vec![], nodes: vec![] }).is_ok(), "it may read every key");
@@ -416,14 +498,62 @@ mod tests {
     fn bad_documents_are_refused_with_reasons() {
         for bad in [
             r#"{"tokens": [{"name": "a", "grants": []}]}"#,
-            r#"{"tokens": [{"name": "a", "token": "x", "token_sha256": "00", "grants": []}]}"#,
-            r#"{"tokens": [{"name": "a", "token": "x", "grants": [{"allow": ["fly"]}]}]}"#,
-            r#"{"tokens": [{"name": "a", "token": "x", "grants": [], "extra": 1}]}"#,
-            r#"{"tokens": [{"name": "a", "token": "x", "grants": []}, {"name": "b", "token": "x", "grants": []}]}"#,
-            r#"{"tokens": [{"name": "a", "token": "x", "grants": [], "consistency": "eventual"}]}"#,
+            r#"{"tokens": [{"name": "a", "token": "x-long-enough-secret", "token_sha256": "00", "grants": []}]}"#,
+            r#"{"tokens": [{"name": "a", "token": "x-long-enough-secret", "grants": [{"allow": ["fly"]}]}]}"#,
+            r#"{"tokens": [{"name": "a", "token": "x-long-enough-secret", "grants": [], "extra": 1}]}"#,
+            r#"{"tokens": [{"name": "a", "token": "x-long-enough-secret", "grants": []}, {"name": "b", "token": "x-long-enough-secret", "grants": []}]}"#,
+            r#"{"tokens": [{"name": "a", "token": "x-long-enough-secret", "grants": [], "consistency": "eventual"}]}"#,
             "not json",
         ] {
             assert!(Tokens::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A 1-byte secret was accepted: anyone could guess it. Short secrets stop the document
+    /// from loading, and the error names the token, never the secret.
+    #[test]
+    fn short_secrets_are_refused_by_name() {
+        let doc = r#"{"tokens": [{"name": "ci-bot", "token": "hunter2", "grants": []}]}"#;
+        let e = Tokens::parse(doc).expect_err("a 7-byte secret");
+        assert!(e.contains("ci-bot") && e.contains("16"), "{e}");
+        assert!(!e.contains("hunter2"), "the secret is never printed: {e}");
+        let doc = r#"{"tokens": [{"name": "ok", "token": "sixteen-bytes-ok", "grants": []}]}"#;
+        assert!(Tokens::parse(doc).is_ok());
+    }
+
+    /// Insert and update tell whether the key existed, so a write-only token could probe keys
+    /// it may not read: they need `read` too (docs/gateway.md, "Tokens"), in batches as well.
+    #[test]
+    fn insert_and_update_need_read_too() {
+        let doc = r#"{"tokens": [{"name": "w", "token": "write-only-0123456789",
+                      "grants": [{"prefix": "w/", "allow": ["write"]}]}]}"#;
+        let w = Tokens::parse(doc).expect("valid").authenticate(b"write-only-0123456789").expect("w");
+        let k = b"w/k".to_vec();
+        assert!(w.check(&Op::Put { key: k.clone(), value: vec![] }).is_ok());
+        assert!(w.check(&Op::Delete { key: k.clone() }).is_ok());
+        for op in [Op::Insert { key: k.clone(), value: vec![] }, Op::Update { key: k.clone(), value: vec![] }] {
+            assert_eq!(w.check(&op).expect_err("needs read").code, ErrorCode::Forbidden, "{op:?}");
+        }
+        let batch = |o: WriteOp| Op::Batch { ops: vec![WriteOp::Put { key: k.clone(), value: vec![] }, o] };
+        assert!(w.check(&batch(WriteOp::Delete { key: k.clone() })).is_ok());
+        assert!(w.check(&batch(WriteOp::Insert { key: k.clone(), value: vec![] })).is_err());
+        assert!(w.check(&batch(WriteOp::Update { key: k.clone(), value: vec![] })).is_err());
+    }
+
+    /// A reloaded document: a token still there is found again (with its new grants), one
+    /// removed is not — its sessions end — and the change is announced.
+    #[tokio::test]
+    async fn a_reload_revokes_removed_tokens() {
+        let access = Access::load(&TokenSource::Inline(DOC.into())).expect("valid");
+        let app = access.authenticate(b"s3cret-app-0123456789").expect("app");
+        let mut changes = access.changed();
+        access.replace(Tokens::parse(&DOC.replace(r#""prefix": "app/""#, r#""prefix": "app2/""#)).expect("valid"));
+        changes.changed().await.expect("announced");
+        assert_eq!(access.current(&app).expect("still there").grants[0].prefix, b"app2/".to_vec());
+        let without = r#"{"tokens": [{"name": "other", "token": "another-secret-0123", "grants": []}]}"#;
+        let revoked = access.revoked(&app);
+        access.replace(Tokens::parse(without).expect("valid"));
+        tokio::time::timeout(Duration::from_secs(5), revoked).await.expect("revoked");
+        assert!(access.current(&app).is_none());
     }
 }

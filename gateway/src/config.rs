@@ -68,6 +68,22 @@ pub struct GatewayArgs {
     /// Seconds an HTTP request may take.
     #[arg(long, default_value_t = 60)]
     pub request_timeout: u64,
+    /// Seconds an HTTP connection may take to send a request's headers — on a new connection,
+    /// or between requests on a kept-alive one; then it is closed (idle or slow clients cannot
+    /// hold the front end's connections).
+    #[arg(long, default_value_t = 30)]
+    pub http_idle_timeout: u64,
+    /// With tokens configured: seconds a binary or RESP connection may take to authenticate
+    /// before it is closed.
+    #[arg(long, default_value_t = 10)]
+    pub auth_timeout: u64,
+    /// Failed authentications a peer address may make in a row (any front end); then one per
+    /// `--auth-failure-window` / this, and its attempts in between are refused unheard.
+    #[arg(long, default_value_t = 10)]
+    pub auth_failures: u32,
+    /// Seconds over which `--auth-failures` failures come back.
+    #[arg(long, default_value_t = 10)]
+    pub auth_failure_window: u64,
     /// Seconds between forced refreshes of the region map.
     #[arg(long, default_value_t = 5)]
     pub map_refresh: u64,
@@ -108,9 +124,16 @@ impl GatewayArgs {
                 bail!("{flag} must be positive");
             }
         }
-        if self.http_max_body < 1024 || self.request_timeout == 0 || self.map_refresh == 0 || self.scan_cursor_ttl == 0
+        if self.http_max_body < 1024
+            || self.request_timeout == 0
+            || self.map_refresh == 0
+            || self.scan_cursor_ttl == 0
+            || self.http_idle_timeout == 0
+            || self.auth_timeout == 0
+            || self.auth_failures == 0
+            || self.auth_failure_window == 0
         {
-            bail!("--http-max-body must be at least 1024, and timeouts positive");
+            bail!("--http-max-body must be at least 1024, and timeouts and --auth-failures positive");
         }
         let conn = self.conn.config().map_err(anyhow::Error::msg)?;
         Ok(GatewayConfig {
@@ -127,6 +150,7 @@ impl GatewayArgs {
                 max_connections: self.max_connections,
                 max_body: self.http_max_body,
                 request_timeout: Duration::from_secs(self.request_timeout),
+                idle_timeout: Duration::from_secs(self.http_idle_timeout),
             },
             resp_limits: RespLimits {
                 max_connections: self.max_connections,
@@ -134,7 +158,13 @@ impl GatewayArgs {
                 idle_timeout: conn.idle_timeout,
                 write_timeout: conn.write_timeout,
                 command: crate::resp::frame::Limits::default(),
+                command_timeout: conn.frame_timeout,
+                conn_memory: conn.conn_bytes,
+                auth_timeout: Duration::from_secs(self.auth_timeout),
             },
+            auth_timeout: Duration::from_secs(self.auth_timeout),
+            auth_failures: self.auth_failures,
+            auth_failure_window: Duration::from_secs(self.auth_failure_window),
             memory_budget: self.conn.memory_budget,
             scan_parallelism: self.scan_parallelism,
             scan_parts: self.scan_parts,

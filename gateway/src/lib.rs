@@ -10,6 +10,8 @@
 //! # Layout
 //! - `config`: the binary's flags.
 //! - `auth`: bearer tokens and their per-prefix grants.
+//! - `throttle`: failed authentications, throttled per peer address.
+//! - `budget`: each connection's share of the process's memory budget.
 //! - `upstream`: the cluster as the gateway sees it; forwarding binary requests with their
 //!   senders' exactly-once tags; the one-region map binary clients are shown.
 //! - `scan`: scans across regions, read in parallel and taken in key order.
@@ -28,10 +30,14 @@
 //!   front ends' writes carry the gateway's own tag, so its retries after a failover are
 //!   answered from the node's session table.
 //! - Every front end is bounded: connections, bytes held (the process's memory budget, from
-//!   which requests reserve their largest reply) and time.
+//!   which requests reserve their largest reply; a connection at most its share) and time.
+//! - Nothing is reserved for a client before it has authenticated (with tokens configured):
+//!   an unauthenticated connection holds a fixed buffer and its place under the connection cap,
+//!   for a bounded time.
 
 pub mod auth;
 pub mod binary;
+pub mod budget;
 pub mod config;
 pub mod http;
 pub mod join;
@@ -39,6 +45,7 @@ pub mod metrics;
 pub mod pivots;
 pub mod resp;
 pub mod scan;
+pub mod throttle;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -100,6 +107,12 @@ pub struct GatewayConfig {
     pub scan_cursor_ttl: Duration,
     /// How long a shutdown waits for connections.
     pub shutdown_grace: Duration,
+    /// With tokens, how long a binary or RESP connection may take to authenticate.
+    pub auth_timeout: Duration,
+    /// Failed authentications a peer address may make in a row.
+    pub auth_failures: u32,
+    /// Over which those failures come back.
+    pub auth_failure_window: Duration,
     /// Where the bearer tokens come from (none: the gateway is open).
     pub tokens: auth::TokenSource,
     /// TLS on the front ends (the admin endpoint stays plain).
@@ -121,6 +134,12 @@ impl GatewayConfig {
         }
     }
 }
+
+/// How often the token file is looked at (a revoked token's sessions end within this).
+pub const TOKEN_RELOAD: Duration = Duration::from_secs(2);
+
+/// Peer addresses whose failed authentications are remembered.
+const THROTTLED_PEERS: usize = 65_536;
 
 /// Where a started gateway listens.
 #[derive(Debug, Clone)]
@@ -190,24 +209,37 @@ pub async fn run(
     };
     let access = auth::Access::load(&cfg.tokens).map_err(anyhow::Error::msg)?;
     if let auth::TokenSource::File(p) = &cfg.tokens {
-        access.reload_every(p.clone(), Duration::from_secs(2), shutdown.clone());
+        access.reload_every(p.clone(), TOKEN_RELOAD, shutdown.clone());
     }
+    let throttle = Arc::new(throttle::AuthThrottle::new(cfg.auth_failures, cfg.auth_failure_window, THROTTLED_PEERS));
+    metrics.watch_budget(budget.clone());
     tracker.spawn(binary::serve(
         binary_listener,
-        up.clone(),
-        access.clone(),
-        cfg.tls_server.clone(),
-        cfg.binary,
-        budget.clone(),
-        metrics.clone(),
+        binary::Front {
+            up: up.clone(),
+            access: access.clone(),
+            throttle: throttle.clone(),
+            tls: cfg.tls_server.clone(),
+            limits: cfg.binary,
+            auth_timeout: cfg.auth_timeout,
+            budget: budget.clone(),
+            metrics: metrics.clone(),
+        },
         shutdown.clone(),
         tracker.clone(),
     ));
     let state = http::HttpState {
         up: up.clone(),
         access: access.clone(),
+        throttle: throttle.clone(),
         limits: cfg.http_limits,
         budget: budget.clone(),
+        starvation: budget::Starvation::watch(
+            budget.clone(),
+            dpukv_proto::limits::MAX_VALUE + (64 << 10),
+            Duration::from_millis(500),
+            shutdown.clone(),
+        ),
         metrics: metrics.clone(),
     };
     for (l, router, what, tls) in [
@@ -226,6 +258,7 @@ pub async fn run(
         let shared = Arc::new(resp::Shared {
             up: up.clone(),
             access: access.clone(),
+            throttle: throttle.clone(),
             limits: cfg.resp_limits,
             budget: budget.clone(),
             cursors: resp::cursors::Cursors::new(cfg.scan_cursors, cfg.scan_cursor_ttl),

@@ -1,6 +1,6 @@
 //! The gateway's metrics (their names are an interface: docs/operations.md): request latency per
 //! front end and operation (a histogram, seconds), errors per front end and stable error code,
-//! connections open per front end, and the scans' sub-range reads.
+//! connections open per front end, the scans' sub-range reads, and the memory budget's use.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
@@ -56,6 +56,37 @@ pub struct Metrics {
     pub scan_parts: Counter,
     /// Gets by who served them (the upstream client's counts, once it is connected).
     reads: Arc<std::sync::OnceLock<Arc<dpukv_client::ReadCounts>>>,
+    /// The memory budget, once there is one.
+    budget: Arc<std::sync::OnceLock<dpukv_net::conn::Budget>>,
+}
+
+/// `dpukv_gateway_memory_budget_bytes{state="used"|"total"}`, read at scrape time.
+struct BudgetCollector(Arc<std::sync::OnceLock<dpukv_net::conn::Budget>>);
+
+impl std::fmt::Debug for BudgetCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BudgetCollector")
+    }
+}
+
+impl prometheus_client::collector::Collector for BudgetCollector {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+        let Some(b) = self.0.get() else { return Ok(()) };
+        let g = prometheus_client::metrics::gauge::ConstGauge::new(0i64);
+        let mut me = enc.encode_descriptor(
+            "dpukv_gateway_memory_budget_bytes",
+            "The memory budget: bytes held by requests and connections (used), and its size (total)",
+            None,
+            g.metric_type(),
+        )?;
+        for (state, n) in [("used", b.used()), ("total", b.total())] {
+            let labels = [("state", state)];
+            let m: MetricEncoder<'_> = me.encode_family(&labels)?;
+            prometheus_client::metrics::gauge::ConstGauge::new(n as i64).encode(m)?;
+        }
+        Ok(())
+    }
 }
 
 /// `dpukv_gateway_reads_total{served_by="primary"|"replica"}`, read at scrape time.
@@ -99,7 +130,14 @@ impl Metrics {
         registry.register("dpukv_gateway_scan_parts", "Sub-range reads started by scans", scan_parts.clone());
         let reads = Arc::new(std::sync::OnceLock::new());
         registry.register_collector(Box::new(ReadsCollector(reads.clone())));
-        Arc::new(Metrics { registry, latency, errors, connections, scan_parts, reads })
+        let budget = Arc::new(std::sync::OnceLock::new());
+        registry.register_collector(Box::new(BudgetCollector(budget.clone())));
+        Arc::new(Metrics { registry, latency, errors, connections, scan_parts, reads, budget })
+    }
+
+    /// Reports the memory budget's use.
+    pub fn watch_budget(&self, budget: dpukv_net::conn::Budget) {
+        let _ = self.budget.set(budget);
     }
 
     /// Counts gets from the upstream client's counts.

@@ -137,6 +137,18 @@ impl Budget {
         self.total
     }
 
+    /// Bytes free now.
+    pub fn available(&self) -> usize {
+        self.sem.available_permits()
+    }
+
+    /// Takes `n` bytes (at most the whole budget) if they are free now; they are given back
+    /// when the permit is dropped.
+    pub fn try_hold(&self, n: usize) -> Option<OwnedSemaphorePermit> {
+        let n = n.min(self.total).min(u32::MAX as usize) as u32;
+        self.sem.clone().try_acquire_many_owned(n).ok()
+    }
+
     /// Takes `n` bytes (at most the whole budget), waiting while they are spent; they are
     /// given back when the permit is dropped. For servers of other protocols sharing the
     /// process's budget (the gateway's RESP and HTTP front ends).

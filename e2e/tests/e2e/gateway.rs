@@ -315,9 +315,9 @@ fn cli(gw: &Gateway, token: Option<&str>, args: &[&str]) -> (bool, String) {
 }
 
 const TOKENS: &str = r#"{"tokens": [
-    {"name": "app", "token": "app-secret", "grants": [{"prefix": "app/", "allow": ["read", "write"]}]},
-    {"name": "reader", "token": "reader-secret", "grants": [{"prefix": "", "allow": ["read"]}]},
-    {"name": "admin", "token": "admin-secret", "grants": [{"prefix": "", "allow": ["admin"]}]}
+    {"name": "app", "token": "app-secret-000000", "grants": [{"prefix": "app/", "allow": ["read", "write"]}]},
+    {"name": "reader", "token": "reader-secret-000", "grants": [{"prefix": "", "allow": ["read"]}]},
+    {"name": "admin", "token": "admin-secret-0000", "grants": [{"prefix": "", "allow": ["admin"]}]}
 ]}"#;
 
 /// Tokens with per-prefix grants, through all three front ends: a request without a valid token
@@ -348,43 +348,52 @@ fn tokens_grant_per_prefix_through_every_front_end() {
     let (s, b) = http("PUT", &u("/v1/kv/app/a"), Some(put));
     assert_eq!((s, json(&b)["code"].as_str()), (401, Some("unauthorized")), "{b}");
     must_fail(http_with("GET", &u("/v1/kv/app/a"), None, &[&bearer("nope")]), 401, "unauthorized");
-    must_fail(http_with("PUT", &u("/v1/kv/app/a"), Some(put), &[&bearer("reader-secret")]), 403, "forbidden");
-    assert_eq!(http_with("PUT", &u("/v1/kv/app/a"), Some(put), &[&bearer("app-secret")]).0, 200);
-    must_fail(http_with("PUT", &u("/v1/kv/zoo"), Some(put), &[&bearer("app-secret")]), 403, "forbidden");
-    must_fail(http_with("GET", &u("/v1/kv/zoo"), None, &[&bearer("admin-secret")]), 404, "key_not_found");
-    must_fail(http_with("GET", &u("/v1/scan?start=app/&end=b"), None, &[&bearer("app-secret")]), 403, "forbidden");
-    assert_eq!(http_with("GET", &u("/v1/scan?start=app/&end=app/z"), None, &[&bearer("app-secret")]).0, 200);
+    must_fail(http_with("PUT", &u("/v1/kv/app/a"), Some(put), &[&bearer("reader-secret-000")]), 403, "forbidden");
+    assert_eq!(http_with("PUT", &u("/v1/kv/app/a"), Some(put), &[&bearer("app-secret-000000")]).0, 200);
+    must_fail(http_with("PUT", &u("/v1/kv/zoo"), Some(put), &[&bearer("app-secret-000000")]), 403, "forbidden");
+    must_fail(http_with("GET", &u("/v1/kv/zoo"), None, &[&bearer("admin-secret-0000")]), 404, "key_not_found");
+    must_fail(
+        http_with("GET", &u("/v1/scan?start=app/&end=b"), None, &[&bearer("app-secret-000000")]),
+        403,
+        "forbidden",
+    );
+    assert_eq!(http_with("GET", &u("/v1/scan?start=app/&end=app/z"), None, &[&bearer("app-secret-000000")]).0, 200);
     let batch = r#"{"ops": [{"op": "put", "key": "app/b", "value": "1"}, {"op": "put", "key": "x", "value": "1"}], "atomic": false}"#;
-    must_fail(http_with("POST", &u("/v1/batch"), Some(batch), &[&bearer("app-secret")]), 403, "forbidden");
-    must_fail(http_with("GET", &u("/v1/kv/app/b"), None, &[&bearer("reader-secret")]), 404, "key_not_found");
+    must_fail(http_with("POST", &u("/v1/batch"), Some(batch), &[&bearer("app-secret-000000")]), 403, "forbidden");
+    must_fail(http_with("GET", &u("/v1/kv/app/b"), None, &[&bearer("reader-secret-000")]), 404, "key_not_found");
     assert_eq!(http("GET", &u("/healthz"), None).0, 200);
     assert_eq!(http("GET", &u("/v1/openapi.json"), None).0, 200);
     // RESP.
     assert!(redis_as(&gw, &[], &["GET", "app/a"]).contains("NOAUTH"));
     assert!(redis_as(&gw, &["--user", "app", "--pass", "wrong"], &["GET", "app/a"]).contains("WRONGPASS"));
-    assert_eq!(redis_as(&gw, &["--user", "app", "--pass", "app-secret"], &["GET", "app/a"]), "v");
-    assert!(redis_as(&gw, &["--user", "app", "--pass", "app-secret"], &["SET", "zoo", "1"]).contains("NOPERM"));
-    assert!(redis_as(&gw, &["--pass", "reader-secret"], &["INCR", "app/n"]).contains("NOPERM"));
-    assert_eq!(redis_as(&gw, &["--pass", "admin-secret"], &["GET", "zoo"]), "", "nothing was written");
-    assert_eq!(redis_as(&gw, &["--pass", "app-secret"], &["--scan", "--pattern", "app/*"]), "app/a");
+    assert_eq!(redis_as(&gw, &["--user", "app", "--pass", "app-secret-000000"], &["GET", "app/a"]), "v");
+    assert!(redis_as(&gw, &["--user", "app", "--pass", "app-secret-000000"], &["SET", "zoo", "1"]).contains("NOPERM"));
+    assert!(redis_as(&gw, &["--pass", "reader-secret-000"], &["INCR", "app/n"]).contains("NOPERM"));
+    assert_eq!(redis_as(&gw, &["--pass", "admin-secret-0000"], &["GET", "zoo"]), "", "nothing was written");
+    assert_eq!(redis_as(&gw, &["--pass", "app-secret-000000"], &["--scan", "--pattern", "app/*"]), "app/a");
     // The binary protocol: an auth request on each connection's first frame.
     let (ok, out) = cli(&gw, None, &["get", "app/a"]);
     assert!(!ok && out.contains("unauthorized"), "{out}");
-    let (ok, out) = cli(&gw, Some("reader-secret"), &["put", "app/c", "x"]);
+    let (ok, out) = cli(&gw, Some("reader-secret-000"), &["put", "app/c", "x"]);
     assert!(!ok && out.contains("forbidden"), "{out}");
-    assert!(cli(&gw, Some("app-secret"), &["put", "app/c", "x"]).0);
-    assert_eq!(cli(&gw, Some("reader-secret"), &["get", "app/c"]).1.trim(), "x");
-    let (ok, out) = cli(&gw, Some("app-secret"), &["scan", "a", "z"]);
+    assert!(cli(&gw, Some("app-secret-000000"), &["put", "app/c", "x"]).0);
+    assert_eq!(cli(&gw, Some("reader-secret-000"), &["get", "app/c"]).1.trim(), "x");
+    let (ok, out) = cli(&gw, Some("app-secret-000000"), &["scan", "a", "z"]);
     assert!(!ok && out.contains("forbidden"), "{out}");
+    // The region map shows a token only the boundaries it may read: "m" is outside app/.
+    let (ok, out) = cli(&gw, Some("admin-secret-0000"), &["regions"]);
+    assert!(ok && out.lines().count() == 2, "{out}");
+    let (ok, out) = cli(&gw, Some("app-secret-000000"), &["regions"]);
+    assert!(ok && out.lines().count() == 1 && !out.contains("\tm\t"), "{out}");
     // The token file is re-read when it changes: a new token works within a few seconds, a
     // removed one stops working.
-    std::fs::write(&file, TOKENS.replace("app-secret", "app-secret-2")).expect("rewrite tokens");
+    std::fs::write(&file, TOKENS.replace("app-secret-000000", "app-secret-000000-2")).expect("rewrite tokens");
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while http_with("GET", &u("/v1/kv/app/a"), None, &[&bearer("app-secret-2")]).0 != 200 {
+    while http_with("GET", &u("/v1/kv/app/a"), None, &[&bearer("app-secret-000000-2")]).0 != 200 {
         assert!(std::time::Instant::now() < deadline, "the new token never took effect");
         std::thread::sleep(Duration::from_millis(200));
     }
-    must_fail(http_with("GET", &u("/v1/kv/app/a"), None, &[&bearer("app-secret")]), 401, "unauthorized");
+    must_fail(http_with("GET", &u("/v1/kv/app/a"), None, &[&bearer("app-secret-000000")]), 401, "unauthorized");
 }
 
 /// The `dpukv_gateway_scan_parts_total` a gateway reports on its HTTP front end.

@@ -4,6 +4,7 @@
 mod cluster;
 mod faults;
 mod gateway;
+mod gateway_attacks;
 mod hot_keys;
 mod linearizable;
 mod local;

@@ -3,10 +3,16 @@
 //! (generated from the handlers and the types of `api`). Errors are JSON `{"code", "message"}`
 //! with the status their code implies (docs/gateway.md).
 //!
-//! Bounds: connections are capped (more are closed at once); a request body may hold at most
-//! `max_body` bytes; every request reserves its body and its largest reply from the gateway's
-//! memory budget before it is read, and each request must be answered within
-//! `request_timeout`.
+//! Bounds: connections are capped (more are closed at once); a connection must send a
+//! request's headers within `idle_timeout` — when it opens, and between requests when kept
+//! alive — or it is closed (hyper's header-read timeout), so idle or slow clients cannot hold
+//! the connections; a request body may hold at most `max_body` bytes; a `/v1/` request reserves
+//! its body and its largest reply from the gateway's memory budget only once its token is
+//! checked (an unauthenticated request reserves nothing), and gives them back when answered;
+//! each request, its wait for the budget included, must be answered within `request_timeout`.
+//! HTTP/1 runs one request at a time per connection, so a connection holds at most one
+//! request's reservation. Unknown bearer tokens count as failed authentications of the peer's
+//! address (`crate::throttle`): past its allowance, `429 too_many_attempts`.
 //!
 //! # Layout
 //! - `api`: the JSON types.
@@ -14,7 +20,6 @@
 
 pub mod api;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,13 +33,14 @@ use axum::routing::{get, post};
 use dpukv_client::ClientError;
 use dpukv_net::conn::Budget;
 use dpukv_proto::{ErrorCode, Reply, WriteOp};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use utoipa::OpenApi;
 
 use crate::auth::{self, Access, Principal};
 use crate::metrics::Metrics;
 use crate::scan::ScanRequest;
+use crate::throttle::AuthThrottle;
 use crate::upstream::Upstream;
 use api::*;
 
@@ -47,6 +53,9 @@ pub struct HttpLimits {
     pub max_body: usize,
     /// A request must be answered within this.
     pub request_timeout: Duration,
+    /// A connection must send a request's headers within this (when it opens, and between
+    /// requests).
+    pub idle_timeout: Duration,
 }
 
 /// What every request shares.
@@ -56,13 +65,20 @@ pub struct HttpState {
     pub up: Arc<Upstream>,
     /// Who may do what.
     pub access: Access,
+    /// Failed authentications per peer address.
+    pub throttle: Arc<AuthThrottle>,
     /// Limits.
     pub limits: HttpLimits,
     /// The process's memory budget.
     pub budget: Budget,
+    /// Whether the budget has stayed spent (`/readyz`).
+    pub starvation: Arc<crate::budget::Starvation>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
+
+/// How long the memory budget may stay spent before `/readyz` says the gateway is not ready.
+pub const STARVED_NOT_READY: Duration = Duration::from_secs(5);
 
 /// An error answer: a status and a JSON body with a stable code.
 #[derive(Debug)]
@@ -167,28 +183,79 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
     }
 }
 
-/// Checks the bearer token of every `/v1/` request but the OpenAPI document (`401
-/// unauthorized` when one is needed and missing or unknown) and records who made it.
-async fn authenticate(State(s): State<HttpState>, mut req: Request, next: Next) -> Response {
+/// The address a request came from (set for every request by `serve`).
+#[derive(Debug, Clone, Copy)]
+struct Peer(std::net::IpAddr);
+
+/// Whether a request is one of the API's (`/v1/` but the OpenAPI document): these need a token
+/// and reserve from the memory budget.
+fn is_api(req: &Request) -> bool {
     let path = req.uri().path();
-    if s.access.required() && path.starts_with("/v1/") && path != "/v1/openapi.json" {
+    path.starts_with("/v1/") && path != "/v1/openapi.json"
+}
+
+/// Checks the bearer token of every API request (`401 unauthorized` when one is needed and
+/// missing or unknown; `429 too_many_attempts` while the peer's failed attempts are throttled)
+/// and records who made it.
+async fn authenticate(State(s): State<HttpState>, mut req: Request, next: Next) -> Response {
+    if s.access.required() && is_api(&req) {
         let token = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim);
+        let peer = req.extensions().get::<Peer>().map(|p| p.0);
+        if token.is_some()
+            && let Some(ip) = peer
+            && let Err(wait) = s.throttle.check(ip)
+        {
+            let message =
+                format!("too many failed authentications from this address: retry in {} s", wait.as_secs().max(1));
+            let mut resp = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_attempts", message).into_response();
+            if let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            return resp;
+        }
         match token.and_then(|t| s.access.authenticate(t.as_bytes())) {
             Some(p) => {
                 req.extensions_mut().insert(Caller(Some(p)));
             }
             None => {
+                if token.is_some()
+                    && let Some(ip) = peer
+                {
+                    s.throttle.failed(ip);
+                }
                 let mut resp = ApiError::from(auth::unauthorized()).into_response();
                 resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
                 return resp;
             }
         }
     }
+    next.run(req).await
+}
+
+/// Reserves an API request's body and largest reply from the memory budget — after its token
+/// was checked, inside its time limit — until it is answered.
+async fn reserve(State(s): State<HttpState>, req: Request, next: Next) -> Response {
+    if !is_api(&req) {
+        return next.run(req).await;
+    }
+    let body = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(s.limits.max_body)
+        .min(s.limits.max_body);
+    let reply = match op_of(&req) {
+        "scan" => 3 * dpukv_proto::limits::MAX_SCAN_BYTES as usize,
+        "get" => 2 * dpukv_proto::limits::MAX_VALUE,
+        _ => 4096,
+    };
+    let _held = s.budget.hold(body + reply).await;
     next.run(req).await
 }
 
@@ -366,27 +433,7 @@ async fn batch(
     body: Result<JsonBody<BatchBody>, ApiError>,
 ) -> ApiResult<WriteReply> {
     let body = body?.0;
-    let enc = body.encoding.unwrap_or_default();
-    if body.ops.is_empty() || body.ops.len() > dpukv_proto::limits::MAX_BATCH_OPS {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "too_many_ops", "a batch holds 1 to 1024 writes"));
-    }
-    let mut ops = Vec::with_capacity(body.ops.len());
-    for (i, op) in body.ops.iter().enumerate() {
-        let key = key_of(enc, &op.key)?;
-        let value = |v: &Option<String>| -> Result<Vec<u8>, ApiError> {
-            let v = v.as_deref().ok_or_else(|| ApiError::bad_request(format!("ops[{i}]: a value is needed")))?;
-            enc.decode(v).map_err(|e| ApiError::bad_encoding(format!("ops[{i}].value: {e}")))
-        };
-        ops.push(match op.op {
-            BatchKind::Put => WriteOp::Put { key, value: value(&op.value)? },
-            BatchKind::Insert => WriteOp::Insert { key, value: value(&op.value)? },
-            BatchKind::Update => WriteOp::Update { key, value: value(&op.value)? },
-            BatchKind::Delete if op.value.is_some() => {
-                return Err(ApiError::bad_request(format!("ops[{i}]: a delete takes no value")));
-            }
-            BatchKind::Delete => WriteOp::Delete { key },
-        });
-    }
+    let ops = body.ops()?;
     let checked = dpukv_proto::Op::Batch { ops };
     caller.check(&checked)?;
     let dpukv_proto::Op::Batch { ops } = checked else { unreachable!("built above") };
@@ -408,6 +455,78 @@ async fn batch(
     Ok(axum::Json(WriteReply { version }))
 }
 
+impl BatchBody {
+    /// The writes the body asks for (checked: 1 to 1,024 of them, each with a value but
+    /// deletes, keys and values in the body's encoding).
+    pub fn ops(&self) -> Result<Vec<WriteOp>, ApiError> {
+        let enc = self.encoding.unwrap_or_default();
+        if self.ops.is_empty() || self.ops.len() > dpukv_proto::limits::MAX_BATCH_OPS {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "too_many_ops", "a batch holds 1 to 1024 writes"));
+        }
+        let mut ops = Vec::with_capacity(self.ops.len());
+        for (i, op) in self.ops.iter().enumerate() {
+            let key = key_of(enc, &op.key)?;
+            let value = |v: &Option<String>| -> Result<Vec<u8>, ApiError> {
+                let v = v.as_deref().ok_or_else(|| ApiError::bad_request(format!("ops[{i}]: a value is needed")))?;
+                enc.decode(v).map_err(|e| ApiError::bad_encoding(format!("ops[{i}].value: {e}")))
+            };
+            ops.push(match op.op {
+                BatchKind::Put => WriteOp::Put { key, value: value(&op.value)? },
+                BatchKind::Insert => WriteOp::Insert { key, value: value(&op.value)? },
+                BatchKind::Update => WriteOp::Update { key, value: value(&op.value)? },
+                BatchKind::Delete if op.value.is_some() => {
+                    return Err(ApiError::bad_request(format!("ops[{i}]: a delete takes no value")));
+                }
+                BatchKind::Delete => WriteOp::Delete { key },
+            });
+        }
+        Ok(ops)
+    }
+}
+
+impl AtomicBody {
+    /// The operation the body asks for (checked: `fetch_add` takes a delta only,
+    /// `compare_and_swap` `new` and maybe `expected`, in the body's encoding).
+    pub fn op(&self) -> Result<dpukv_proto::Op, ApiError> {
+        let enc = self.encoding.unwrap_or_default();
+        let key = key_of(enc, &self.key)?;
+        match self.op {
+            AtomicKind::FetchAdd => {
+                if self.expected.is_some() || self.new.is_some() {
+                    return Err(ApiError::bad_request("fetch_add takes a delta, not expected or new"));
+                }
+                let delta = self.delta.ok_or_else(|| ApiError::bad_request("fetch_add needs a delta"))?;
+                Ok(dpukv_proto::Op::FetchAdd { key, delta })
+            }
+            AtomicKind::CompareAndSwap => {
+                if self.delta.is_some() {
+                    return Err(ApiError::bad_request("compare_and_swap takes expected and new, not a delta"));
+                }
+                let new = self.new.as_deref().ok_or_else(|| ApiError::bad_request("compare_and_swap needs new"))?;
+                let new = enc.decode(new).map_err(|e| ApiError::bad_encoding(format!("new: {e}")))?;
+                let expected = self
+                    .expected
+                    .as_deref()
+                    .map(|e| enc.decode(e).map_err(|e| ApiError::bad_encoding(format!("expected: {e}"))))
+                    .transpose()?;
+                Ok(dpukv_proto::Op::CompareAndSwap { key, expected, new })
+            }
+        }
+    }
+}
+
+impl ApiError {
+    /// The stable code (`bad_request`, `too_many_ops`, ...).
+    pub fn code(&self) -> &str {
+        &self.body.code
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+}
+
 /// `fetch_add` or `compare_and_swap`.
 #[utoipa::path(post, path = "/v1/atomic", request_body = AtomicBody,
     responses((status = 200, body = AtomicReply), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
@@ -419,49 +538,18 @@ async fn atomic(
 ) -> ApiResult<AtomicReply> {
     let b = body?.0;
     let enc = b.encoding.unwrap_or_default();
-    let key = key_of(enc, &b.key)?;
-    let c = s.up.client();
-    match b.op {
-        AtomicKind::FetchAdd => {
-            if b.expected.is_some() || b.new.is_some() {
-                return Err(ApiError::bad_request("fetch_add takes a delta, not expected or new"));
-            }
-            let delta = b.delta.ok_or_else(|| ApiError::bad_request("fetch_add needs a delta"))?;
-            let op = dpukv_proto::Op::FetchAdd { key, delta };
-            caller.check(&op)?;
-            let (reply, version) = c.call(op).await?;
-            match reply {
-                Reply::Scalar(old) => Ok(axum::Json(AtomicReply {
-                    old: Some(u64::from_le_bytes(old)),
-                    swapped: None,
-                    current: None,
-                    version,
-                })),
-                _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
-            }
+    let op = b.op()?;
+    caller.check(&op)?;
+    let (reply, version) = s.up.client().call(op).await?;
+    match reply {
+        Reply::Scalar(old) => {
+            Ok(axum::Json(AtomicReply { old: Some(u64::from_le_bytes(old)), swapped: None, current: None, version }))
         }
-        AtomicKind::CompareAndSwap => {
-            if b.delta.is_some() {
-                return Err(ApiError::bad_request("compare_and_swap takes expected and new, not a delta"));
-            }
-            let new = b.new.as_deref().ok_or_else(|| ApiError::bad_request("compare_and_swap needs new"))?;
-            let new = enc.decode(new).map_err(|e| ApiError::bad_encoding(format!("new: {e}")))?;
-            let expected = b
-                .expected
-                .as_deref()
-                .map(|e| enc.decode(e).map_err(|e| ApiError::bad_encoding(format!("expected: {e}"))))
-                .transpose()?;
-            let op = dpukv_proto::Op::CompareAndSwap { key, expected, new };
-            caller.check(&op)?;
-            let (reply, version) = c.call(op).await?;
-            match reply {
-                Reply::Cas { swapped, current } => {
-                    let current = current.map(|v| text_of(enc, &v, "value")).transpose()?;
-                    Ok(axum::Json(AtomicReply { old: None, swapped: Some(swapped), current: Some(current), version }))
-                }
-                _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
-            }
+        Reply::Cas { swapped, current } => {
+            let current = current.map(|v| text_of(enc, &v, "value")).transpose()?;
+            Ok(axum::Json(AtomicReply { old: None, swapped: Some(swapped), current: Some(current), version }))
         }
+        _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected reply")),
     }
 }
 
@@ -502,6 +590,11 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(s): State<HttpState>) -> Response {
+    if let Some(d) = s.starvation.spent_for().filter(|d| *d >= STARVED_NOT_READY) {
+        let message =
+            format!("the memory budget has been spent for {} s: requests are waiting for memory", d.as_secs());
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message).into_response();
+    }
     match s.up.client().current_map().await {
         Ok(m) if !m.regions.is_empty() => (StatusCode::OK, "ready\n").into_response(),
         Ok(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the cluster has no regions yet")
@@ -537,24 +630,11 @@ fn op_of(req: &Request) -> &'static str {
     }
 }
 
-/// Reserves the request's body and largest reply from the budget, bounds its time, and
-/// counts it.
+/// Bounds a request's time (its token check and its wait for the budget included) and counts
+/// it.
 async fn bounded(State(s): State<HttpState>, req: Request, next: Next) -> Response {
     let started = Instant::now();
     let op = op_of(&req);
-    let body = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(s.limits.max_body)
-        .min(s.limits.max_body);
-    let reply = match op {
-        "scan" => 3 * dpukv_proto::limits::MAX_SCAN_BYTES as usize,
-        "get" => 2 * dpukv_proto::limits::MAX_VALUE,
-        _ => 4096,
-    };
-    let _held = s.budget.hold(body + reply).await;
     // A span joined to the caller's trace (`traceparent`), or a new trace; the cluster's
     // requests for it carry it.
     let parent = req
@@ -588,6 +668,7 @@ async fn bounded(State(s): State<HttpState>, req: Request, next: Next) -> Respon
             StatusCode::CONFLICT => "conflict",
             StatusCode::UNAUTHORIZED => "unauthorized",
             StatusCode::FORBIDDEN => "forbidden",
+            StatusCode::TOO_MANY_REQUESTS => "too_many_attempts",
             _ => "bad_request",
         };
         s.metrics.error("http", code);
@@ -610,6 +691,8 @@ pub fn router(state: HttpState) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Innermost last: time and counts, then the token, then the reservation.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), reserve))
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(axum::middleware::from_fn_with_state(state.clone(), bounded))
         .layer(DefaultBodyLimit::max(state.limits.max_body))
@@ -626,86 +709,26 @@ pub fn admin_router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-/// A listener that keeps at most `max` connections open (more are closed at once). Handshakes
-/// (TLS) run in their own tasks, so one slow client cannot hold up the others' accepts; finished
-/// connections reach axum through a bounded channel.
-struct Limited {
-    ready: tokio::sync::mpsc::Receiver<(Counted, SocketAddr)>,
-    local: SocketAddr,
-}
-
-/// A connection holding its place under the limit.
-struct Counted {
-    stream: dpukv_net::tls::Stream,
-    _permit: OwnedSemaphorePermit,
-    _guard: crate::metrics::ConnectionGuard,
-}
-
-impl tokio::io::AsyncRead for Counted {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for Counted {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-}
-
-impl axum::serve::Listener for Limited {
-    type Io = Counted;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Counted, SocketAddr) {
-        match self.ready.recv().await {
-            Some(c) => c,
-            // The accepting task ended (shutdown): wait for axum's graceful stop.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.local)
-    }
-}
-
-/// Accepts connections up to the limit, runs each one's handshake in a task of its own and
-/// hands the finished ones on.
-async fn accept_loop(
+/// Serves `router` on `listener` (with TLS when `tls` is given) until `stop` (then finishes the
+/// requests in progress). At most `max_connections` connections are open (more are closed at
+/// once); each runs its handshake and requests in a task of its own (a slow client holds up no
+/// one's accepts), and must send each request's headers within `idle_timeout`.
+pub async fn serve(
     listener: tokio::net::TcpListener,
+    router: Router,
+    state: &HttpState,
     tls: Option<Arc<dpukv_net::tls::ServerTls>>,
-    open: Arc<Semaphore>,
-    metrics: Arc<Metrics>,
-    ready: tokio::sync::mpsc::Sender<(Counted, SocketAddr)>,
     stop: CancellationToken,
-) {
+) -> std::io::Result<()> {
+    let open = Arc::new(Semaphore::new(state.limits.max_connections));
+    let connections = tokio_util::task::TaskTracker::new();
     loop {
         let accepted = tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => break,
             a = listener.accept() => a,
         };
         let Ok((stream, addr)) = accepted else {
+            // Out of descriptors, say: give the others a moment.
             tokio::time::sleep(Duration::from_millis(5)).await;
             continue;
         };
@@ -714,8 +737,9 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (tls, metrics, ready) = (tls.clone(), metrics.clone(), ready.clone());
-        tokio::spawn(async move {
+        let (tls, router, metrics, stop) = (tls.clone(), router.clone(), state.metrics.clone(), stop.clone());
+        let idle = state.limits.idle_timeout;
+        connections.spawn(async move {
             let stream = match dpukv_net::tls::accept(tls.as_deref(), stream).await {
                 Ok(s) => s,
                 Err(e) => {
@@ -723,27 +747,107 @@ async fn accept_loop(
                     return;
                 }
             };
-            let conn = Counted { stream, _permit: permit, _guard: metrics.connection("http") };
-            let _ = ready.send((conn, addr)).await;
+            let _counted = metrics.connection("http");
+            let peer = Peer(addr.ip());
+            let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let mut req = req.map(axum::body::Body::new);
+                req.extensions_mut().insert(peer);
+                // A router is always ready.
+                tower::Service::call(&mut router.clone(), req)
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(idle).keep_alive(true);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            let ended = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!(error = %e, "HTTP connection ended");
+            }
+            drop(permit);
         });
     }
+    connections.close();
+    connections.wait().await;
+    Ok(())
 }
 
-/// Serves `router` on `listener` (with TLS when `tls` is given) until `stop` (then finishes the
-/// requests in progress).
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    state: &HttpState,
-    tls: Option<Arc<dpukv_net::tls::ServerTls>>,
-    stop: CancellationToken,
-) -> std::io::Result<()> {
-    let local = listener.local_addr()?;
-    // Connections whose handshake is done but that axum has not taken yet (each holds a place
-    // under the connection limit meanwhile).
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let open = Arc::new(Semaphore::new(state.limits.max_connections));
-    tokio::spawn(accept_loop(listener, tls, open, state.metrics.clone(), tx, stop.clone()));
-    let limited = Limited { ready: rx, local };
-    axum::serve(limited, router).with_graceful_shutdown(async move { stop.cancelled().await }).await
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// JSON-ish text: the fields and values the bodies take, in any order and nesting.
+    fn jsonish() -> impl Strategy<Value = String> {
+        let atom = proptest::sample::select(vec![
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            ":",
+            "\"ops\"",
+            "\"op\"",
+            "\"key\"",
+            "\"value\"",
+            "\"put\"",
+            "\"insert\"",
+            "\"delete\"",
+            "\"encoding\"",
+            "\"base64\"",
+            "\"utf8\"",
+            "\"atomic\"",
+            "true",
+            "null",
+            "0",
+            "18446744073709551615",
+            "\"fetch_add\"",
+            "\"compare_and_swap\"",
+            "\"delta\"",
+            "\"expected\"",
+            "\"new\"",
+            "\"AA==\"",
+            "\"!!\"",
+            "\"\"",
+        ]);
+        proptest::collection::vec(atom, 0..40).prop_map(|v| v.concat())
+    }
+
+    proptest! {
+        /// Whatever the body, parsing and checking it answers (never panics), and what it
+        /// accepts is within the limits. (The fuzz target `http_bodies` is the long form.)
+        #[test]
+        fn bodies_never_panic(text in jsonish(), bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            for t in [text.as_bytes(), bytes.as_slice()] {
+                if let Ok(b) = serde_json::from_slice::<BatchBody>(t)
+                    && let Ok(ops) = b.ops()
+                {
+                    prop_assert!(!ops.is_empty() && ops.len() <= dpukv_proto::limits::MAX_BATCH_OPS);
+                }
+                if let Ok(a) = serde_json::from_slice::<AtomicBody>(t) {
+                    let _ = a.op();
+                }
+                let _ = serde_json::from_slice::<PutBody>(t);
+            }
+        }
+    }
+
+    #[test]
+    fn bodies_are_checked() {
+        let b: BatchBody =
+            serde_json::from_str(r#"{"ops": [{"op": "delete", "key": "k", "value": "v"}]}"#).expect("parses");
+        assert_eq!(b.ops().expect_err("a delete takes no value").code(), "bad_request");
+        let b: BatchBody =
+            serde_json::from_str(r#"{"ops": [{"op": "put", "key": "AA", "value": "/w"}], "encoding": "base64"}"#)
+                .expect("parses");
+        assert_eq!(b.ops().expect("valid"), vec![WriteOp::Put { key: vec![0], value: vec![0xff] }]);
+        let a: AtomicBody =
+            serde_json::from_str(r#"{"op": "fetch_add", "key": "n", "delta": 1, "new": "x"}"#).expect("parses");
+        assert_eq!(a.op().expect_err("mixed").status(), StatusCode::BAD_REQUEST);
+    }
 }

@@ -3,8 +3,8 @@
 //! `DEL`, `EXISTS`, `TYPE`, `STRLEN`), counters (`INCR`, `INCRBY`, `DECR`, `DECRBY`, on decimal
 //! text as in Redis), `SCAN` in key order, and what `redis-cli` and `redis-benchmark` ask at
 //! start (`PING`, `ECHO`, `INFO`, `COMMAND`, `CONFIG GET`, `TIME`). Connection commands (`AUTH`,
-//! `HELLO`, `QUIT`, `SELECT`, `CLIENT`, and the read modes `READONLY`, `READWRITE`,
-//! `CONSISTENCY`) are the server loop's.
+//! `HELLO`, `QUIT`, `SELECT`, `CLIENT`, the read modes `READONLY`, `READWRITE`, `CONSISTENCY`,
+//! and the transaction's `MULTI`, `EXEC`, `DISCARD`, `WATCH`, `UNWATCH`) are the server loop's.
 
 use dpukv_client::ClientError;
 use dpukv_proto::{ErrorCode, WriteOp};
@@ -44,9 +44,8 @@ pub fn touches(args: &[Vec<u8>]) -> Touches {
         "mget" | "del" | "exists" | "unlink" => Touches::Keys(rest()),
         "mset" => Touches::Keys(args[1..].iter().step_by(2).cloned().collect()),
         "scan" => Touches::Everything,
-        "auth" | "hello" | "quit" | "select" | "client" | "reset" | "readonly" | "readwrite" | "consistency" => {
-            Touches::Connection
-        }
+        "auth" | "hello" | "quit" | "select" | "client" | "reset" | "readonly" | "readwrite" | "consistency"
+        | "multi" | "exec" | "discard" | "watch" | "unwatch" => Touches::Connection,
         _ => Touches::Nothing,
     }
 }
@@ -89,15 +88,21 @@ pub fn permitted(caller: &crate::auth::Principal, args: &[Vec<u8>]) -> bool {
     }
 }
 
-/// The largest reply `args` can produce, reserved from the gateway's memory budget before it
-/// runs (like the binary protocol's requests).
+/// What a value read costs at most (the value and its framing).
+const PER_VALUE: usize = dpukv_proto::limits::MAX_VALUE + 64;
+
+/// The most bytes `args` holds while it runs — its reply, a value it reads on the way, the
+/// copies it sends — reserved from the connection's share before it runs (like the binary
+/// protocol's requests). `MGET` may ask for more than a share holds: it is given what the share
+/// can, and reads its keys in waves within it.
 pub fn reply_bound(args: &[Vec<u8>]) -> usize {
-    let value = dpukv_proto::limits::MAX_VALUE + 64;
+    let sent = args.iter().map(|a| a.len() + 16).sum::<usize>();
     match name(args).as_str() {
-        "get" | "getset" | "set" => value,
-        "mget" => value * args.len().saturating_sub(1),
+        "get" | "getset" | "set" | "setnx" | "type" | "strlen" | "exists" | "del" | "unlink" | "incr" | "decr"
+        | "incrby" | "decrby" => PER_VALUE + sent,
+        "mget" => PER_VALUE.saturating_mul(args.len().saturating_sub(1)),
         "scan" => dpukv_proto::limits::MAX_SCAN_BYTES as usize + 64 * 1024,
-        _ => 4096 + args.iter().map(Vec::len).sum::<usize>(),
+        _ => 4096 + sent,
     }
 }
 
@@ -128,13 +133,15 @@ fn bulk_or_nil(v: Option<Vec<u8>>) -> Reply {
     v.map_or(Reply::Nil, Reply::Bulk)
 }
 
-/// Runs a command that is not a connection command; its gets are served with `consistency`.
+/// Runs a command that is not a connection command; its gets are served with `consistency`;
+/// `room` is what was reserved for it (`MGET` keeps within it).
 pub async fn run(
     up: &Upstream,
     cursors: &Cursors,
     info: &str,
     args: Vec<Vec<u8>>,
     consistency: dpukv_proto::Consistency,
+    room: usize,
 ) -> Reply {
     let cmd = name(&args);
     let n = args.len();
@@ -160,24 +167,7 @@ pub async fn run(
             Err(e) => error_reply(e),
         },
         "getset" if n == 3 => swap(up, &args[1], &args[2], None).await,
-        "mget" if n >= 2 => {
-            let tasks: Vec<_> = args[1..]
-                .iter()
-                .map(|k| {
-                    let (c, k, trace) = (c.clone(), k.clone(), dpukv_client::trace::current());
-                    tokio::spawn(dpukv_client::trace::scope(trace, async move { c.get(&k).await }))
-                })
-                .collect();
-            let mut out = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                match t.await {
-                    Ok(Ok(v)) => out.push(bulk_or_nil(v)),
-                    Ok(Err(e)) => return error_reply(e),
-                    Err(_) => return Reply::err("a read failed"),
-                }
-            }
-            Reply::Array(out)
-        }
+        "mget" if n >= 2 => mget(c, &args[1..], room).await,
         "mset" if n >= 3 && n % 2 == 1 => {
             let ops = args[1..].chunks(2).map(|kv| WriteOp::Put { key: kv[0].clone(), value: kv[1].clone() }).collect();
             match c.batch_across_regions(ops).await {
@@ -273,6 +263,42 @@ pub async fn run(
     }
 }
 
+/// `MGET`: the keys are read concurrently, in waves that keep what is held (the values read
+/// so far and those being read) within `room`; a reply that would outgrow it is an error.
+async fn mget(c: &dpukv_client::Client, keys: &[Vec<u8>], room: usize) -> Reply {
+    let mut out = Vec::with_capacity(keys.len());
+    let mut used = 0usize;
+    let mut rest = keys;
+    while !rest.is_empty() {
+        let wave = (room.saturating_sub(used) / PER_VALUE).min(rest.len());
+        if wave == 0 {
+            return Reply::err(format!(
+                "MGET's reply would outgrow what this connection may hold ({room} bytes): ask for fewer keys"
+            ));
+        }
+        let (now, later) = rest.split_at(wave);
+        let tasks: Vec<_> = now
+            .iter()
+            .map(|k| {
+                let (c, k, trace) = (c.clone(), k.clone(), dpukv_client::trace::current());
+                tokio::spawn(dpukv_client::trace::scope(trace, async move { c.get(&k).await }))
+            })
+            .collect();
+        for t in tasks {
+            match t.await {
+                Ok(Ok(v)) => {
+                    used += 16 + v.as_ref().map_or(0, Vec::len);
+                    out.push(bulk_or_nil(v));
+                }
+                Ok(Err(e)) => return error_reply(e),
+                Err(_) => return Reply::err("a read failed"),
+            }
+        }
+        rest = later;
+    }
+    Reply::Array(out)
+}
+
 /// The commands answered (for arity errors and `COMMAND COUNT`).
 pub const COMMANDS: &[&str] = &[
     "ping",
@@ -306,6 +332,11 @@ pub const COMMANDS: &[&str] = &[
     "readonly",
     "readwrite",
     "consistency",
+    "multi",
+    "exec",
+    "discard",
+    "watch",
+    "unwatch",
 ];
 
 /// What `CONFIG GET` reports (what clients and `redis-benchmark` ask about).
@@ -433,6 +464,9 @@ async fn scan(up: &Upstream, cursors: &Cursors, args: &[Vec<u8>]) -> Reply {
         }
         i += 2;
     }
+    if pattern_arg.as_ref().is_some_and(|p| p.len() > pattern::MAX_PATTERN) {
+        return Reply::err(format!("MATCH patterns are at most {} bytes", pattern::MAX_PATTERN));
+    }
     let pos = if cursor == 0 {
         let pattern = pattern_arg.clone().unwrap_or_default();
         let (lo, hi) = pattern::prefix_range(&pattern::literal_prefix(&pattern));
@@ -444,6 +478,11 @@ async fn scan(up: &Upstream, cursors: &Cursors, args: &[Vec<u8>]) -> Reply {
             _ => return Reply::err("invalid cursor"),
         }
     };
+    // Compiled once for every key read; a pattern no key can match reads nothing.
+    let glob = pattern::Glob::new(&pos.pattern);
+    if !glob.can_match_a_key() {
+        return Reply::Array(vec![Reply::Bulk(b"0".to_vec()), Reply::Array(Vec::new())]);
+    }
     let req = ScanRequest {
         lo: pos.from.clone(),
         hi: pos.hi.clone(),
@@ -462,10 +501,7 @@ async fn scan(up: &Upstream, cursors: &Cursors, args: &[Vec<u8>]) -> Reply {
         Some(t) => cursors.put(Position { from: dpukv_client::successor(&t.after), ..pos.clone() }),
         None => 0,
     };
-    let keys = items
-        .into_iter()
-        .filter(|(k, _)| pos.pattern.is_empty() || pattern::matches(&pos.pattern, k))
-        .map(|(k, _)| Reply::Bulk(k))
-        .collect();
+    let keys =
+        items.into_iter().filter(|(k, _)| glob.is_empty() || glob.matches(k)).map(|(k, _)| Reply::Bulk(k)).collect();
     Reply::Array(vec![Reply::Bulk(next.to_string().into_bytes()), Reply::Array(keys)])
 }

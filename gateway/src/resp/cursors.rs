@@ -1,7 +1,8 @@
 //! `SCAN` cursors. Redis clients parse a cursor as a 64-bit number (`redis-cli --scan` reads it
 //! with `strtoull`), so a continuation key cannot travel in it: the gateway keeps, per cursor
-//! number, where the scan goes on. The table is bounded (oldest cursors go first) and entries
-//! expire; a cursor it no longer knows is answered `ERR invalid cursor`. A cursor is valid on
+//! number, where the scan goes on. The table is bounded — in entries and in bytes
+//! ([`MAX_BYTES`]: a position holds two keys and a `MATCH` pattern of up to 16 KiB); oldest
+//! cursors go first — and entries expire; a cursor it no longer knows is answered `ERR invalid cursor`. A cursor is valid on
 //! any connection to this gateway (clients with connection pools move between connections); a
 //! scan continued at another gateway replica is not.
 
@@ -20,6 +21,16 @@ pub struct Position {
     pub pattern: Vec<u8>,
 }
 
+/// Most bytes of positions the table keeps.
+pub const MAX_BYTES: usize = 64 << 20;
+
+impl Position {
+    /// About the bytes it holds.
+    fn size(&self) -> usize {
+        64 + self.from.len() + self.hi.len() + self.pattern.len()
+    }
+}
+
 /// See the module documentation.
 pub struct Cursors {
     table: Mutex<Table>,
@@ -32,6 +43,7 @@ struct Table {
     by_id: HashMap<u64, (Position, Instant)>,
     order: VecDeque<u64>,
     next: u64,
+    bytes: usize,
 }
 
 impl Cursors {
@@ -51,12 +63,15 @@ impl Cursors {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         t.next = (t.next + 1) & (u64::MAX >> 2);
         let id = t.next.max(1);
-        while t.order.len() >= self.capacity {
-            if let Some(old) = t.order.pop_front() {
-                t.by_id.remove(&old);
+        while t.order.len() >= self.capacity || (t.bytes + p.size() > MAX_BYTES && !t.order.is_empty()) {
+            if let Some(old) = t.order.pop_front()
+                && let Some((gone, _)) = t.by_id.remove(&old)
+            {
+                t.bytes -= gone.size();
             }
         }
         t.order.push_back(id);
+        t.bytes += p.size();
         t.by_id.insert(id, (p, Instant::now()));
         id
     }

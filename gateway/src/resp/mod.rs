@@ -7,39 +7,58 @@
 //! the group (so commands on one key apply in the order sent — unlike Redis, pipelined commands
 //! on *different* keys may apply in any order; each is linearizable). Unknown commands are
 //! answered with an error, never by closing the connection; only bytes that are not RESP (or
-//! exceed the limits) close it, after an error reply.
+//! exceed the limits) close it, after an error reply. `CLIENT REPLY OFF|SKIP` suppress replies
+//! as in Redis; `MULTI` ... `EXEC` of plain writes runs as one atomic batch (`transaction`).
 //!
 //! # Layout
 //! - `frame`: parsing commands and encoding replies.
 //! - `command`: the commands.
+//! - `transaction`: `MULTI`, `EXEC`, `DISCARD`.
 //! - `cursors`: `SCAN` cursors.
 //! - `pattern`: `MATCH` globs.
 //!
-//! Bounds: a connection's read buffer holds at most one command beyond what it has taken (16
-//! MiB); each command reserves its largest reply from the gateway's memory budget before it
-//! runs, and the reservation is given back once its reply is written; connections are capped.
+//! # Bounds
+//! - Before it authenticates (with tokens configured), a connection holds a fixed 16 KiB input
+//!   buffer and nothing else: its commands may hold 4 KiB (`AUTH` and `HELLO` fit), every other
+//!   command is answered `NOAUTH` without reserving anything, and it must authenticate within
+//!   `auth_timeout`.
+//! - Once authenticated, everything it holds comes from its share of the memory budget
+//!   (`crate::budget`, `--conn-memory`): its input buffer past 16 KiB (charged before it grows),
+//!   and each command's largest reply, reserved before it runs and given back once the reply is
+//!   written. A command whose reservation the connection's share cannot give now waits only
+//!   after the replies before it are written (holding nothing else), at most `command_timeout`,
+//!   then is answered `-OOM`; a command must arrive whole within `command_timeout` of its first
+//!   byte (slow clients cannot hold a large buffer).
+//! - Connections are capped; an idle connection is closed after `idle_timeout`; a reply write
+//!   must finish within `write_timeout`; a session whose token is revoked (removed from the
+//!   token file) is closed when the file is re-read.
 
 mod command;
 pub mod cursors;
 pub mod frame;
-mod pattern;
+pub mod pattern;
+mod transaction;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dpukv_net::conn::Budget;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{Access, Principal};
+use crate::budget::{Held, Share};
 use crate::metrics::Metrics;
+use crate::throttle::AuthThrottle;
 use crate::upstream::Upstream;
 use command::Touches;
 use cursors::Cursors;
 use frame::{Limits, ParseError, Reply, parse_command};
+use transaction::Multi;
 
 /// The front end's limits.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +73,13 @@ pub struct RespLimits {
     pub write_timeout: Duration,
     /// What one command may hold.
     pub command: Limits,
+    /// A command must arrive whole within this of its first byte, and waits at most this for
+    /// memory for its reply.
+    pub command_timeout: Duration,
+    /// Bytes one connection may hold (its share of the memory budget).
+    pub conn_memory: usize,
+    /// With tokens configured, a connection must authenticate within this.
+    pub auth_timeout: Duration,
 }
 
 /// What every connection shares.
@@ -62,9 +88,11 @@ pub struct Shared {
     pub up: Arc<Upstream>,
     /// Who may do what.
     pub access: Access,
+    /// Failed authentications per peer address.
+    pub throttle: Arc<AuthThrottle>,
     /// Limits.
     pub limits: RespLimits,
-    /// The process's memory budget (replies reserve from it).
+    /// The process's memory budget (connections take their shares from it).
     pub budget: Budget,
     /// `SCAN` cursors.
     pub cursors: Cursors,
@@ -84,13 +112,18 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Cancellatio
             _ = stop.cancelled() => return,
             a = listener.accept() => a,
         };
-        let Ok((stream, _)) = accepted else { continue };
+        let Ok((stream, peer)) = accepted else { continue };
         let Ok(permit) = open.clone().try_acquire_owned() else {
-            // Redis's own answer when its client limit is reached.
-            let mut s = stream;
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), s.write_all(b"-ERR max number of clients reached\r\n"))
-                    .await;
+            // Redis's own answer when its client limit is reached (written off the accepting
+            // task: a client that does not read cannot hold up the others' accepts).
+            tokio::spawn(async move {
+                let mut s = stream;
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    s.write_all(b"-ERR max number of clients reached\r\n"),
+                )
+                .await;
+            });
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -104,7 +137,8 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Cancellatio
                     return;
                 }
             };
-            if let Err(e) = connection(stream, &shared, stop).await {
+            let session = Session::new(stream, &shared, peer.ip());
+            if let Err(e) = session.run(stop).await {
                 tracing::debug!(error = %e, "RESP connection ended");
             }
             drop(permit);
@@ -112,15 +146,35 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Cancellatio
     }
 }
 
+/// What `CLIENT REPLY` chose.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum ReplyMode {
+    /// Every command is answered.
+    #[default]
+    On,
+    /// No command is answered.
+    Off,
+    /// The next command is not answered.
+    Skip,
+}
+
 /// A connection's own state.
 #[derive(Default)]
 struct ConnState {
     quit: bool,
+    /// Close once the replies so far are written (too many failed `AUTH`s).
+    close: bool,
     /// Who authenticated (`AUTH`), if anyone.
     caller: Option<Arc<Principal>>,
     /// How gets are served, if the connection chose (`CONSISTENCY`, `READONLY`, `READWRITE`);
     /// else the token's service level, else linearizable.
     consistency: Option<dpukv_proto::Consistency>,
+    /// `CLIENT REPLY`.
+    reply: ReplyMode,
+    /// A transaction being queued (`MULTI`).
+    multi: Option<Multi>,
+    /// Failed `AUTH`s on this connection.
+    auth_failures: u32,
 }
 
 impl ConnState {
@@ -129,133 +183,550 @@ impl ConnState {
     }
 }
 
+/// Input read at a time; also the input buffer every connection holds outside the budget (a
+/// fixed cost per connection, bounded by `--max-connections`).
 const READ_CHUNK: usize = 16 << 10;
 
-async fn connection(
-    mut stream: dpukv_net::tls::Stream,
-    shared: &Shared,
-    stop: CancellationToken,
-) -> std::io::Result<()> {
-    let limits = shared.limits;
-    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-    let mut state = ConnState::default();
-    let mut out = Vec::with_capacity(READ_CHUNK);
-    loop {
-        // Take every complete command buffered (up to the pipeline limit).
-        let mut cmds = Vec::new();
-        let mut used = 0;
-        let mut fatal = None;
-        while cmds.len() < limits.max_pipeline {
-            match parse_command(&buf[used..], &limits.command) {
-                Ok((args, n)) => {
-                    used += n;
-                    if !args.is_empty() {
-                        cmds.push(args);
+/// What a command may hold before the connection has authenticated: `AUTH [user] token` and
+/// `HELLO 2 AUTH user token SETNAME name` fit.
+const PRE_AUTH: Limits = Limits { max_args: 16, max_arg: 1024, max_command: 4096 };
+
+/// One command of a group: run it with the bytes reserved for its reply, or answer it as is.
+enum Entry {
+    Run { args: Vec<Vec<u8>>, room: usize },
+    Answer { name: String, reply: Reply },
+}
+
+/// One connection.
+struct Session<'a> {
+    stream: dpukv_net::tls::Stream,
+    shared: &'a Shared,
+    peer: IpAddr,
+    share: Share,
+    /// What the client sent and was not taken yet.
+    input: Vec<u8>,
+    /// The input buffer's capacity past `READ_CHUNK`, charged to the share.
+    input_held: Held,
+    /// Replies not yet written, and what they hold.
+    out: Vec<u8>,
+    held: Vec<Held>,
+    state: ConnState,
+    /// Announces a new token document.
+    changes: tokio::sync::watch::Receiver<u64>,
+    /// Since when the connection has had no token (it must authenticate within the limit).
+    unauthenticated_since: tokio::time::Instant,
+}
+
+impl<'a> Session<'a> {
+    fn new(stream: dpukv_net::tls::Stream, shared: &'a Shared, peer: IpAddr) -> Session<'a> {
+        Session {
+            stream,
+            shared,
+            peer,
+            share: Share::new(&shared.budget, shared.limits.conn_memory),
+            input: Vec::with_capacity(READ_CHUNK),
+            input_held: Held::default(),
+            out: Vec::with_capacity(READ_CHUNK),
+            held: Vec::new(),
+            state: ConnState::default(),
+            changes: shared.access.changed(),
+            unauthenticated_since: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Whether the connection may run commands (it authenticated, or no token is needed).
+    fn authenticated(&self) -> bool {
+        !self.shared.access.required() || self.state.caller.is_some()
+    }
+
+    fn command_limits(&self) -> Limits {
+        if self.authenticated() { self.shared.limits.command } else { PRE_AUTH }
+    }
+
+    /// Takes the token document in force: `false` if the connection's token was revoked.
+    fn refresh_caller(&mut self) -> bool {
+        self.changes.borrow_and_update();
+        match &self.state.caller {
+            Some(p) => match self.shared.access.current(p) {
+                Some(now) => {
+                    self.state.caller = Some(now);
+                    true
+                }
+                None => {
+                    tracing::info!(token = %p.name, "a revoked token's RESP session is closed");
+                    false
+                }
+            },
+            None => true,
+        }
+    }
+
+    async fn run(mut self, stop: CancellationToken) -> std::io::Result<()> {
+        let limits = self.shared.limits;
+        // When the first byte of a command not yet whole arrived.
+        let mut partial_since: Option<tokio::time::Instant> = None;
+        loop {
+            if self.changes.has_changed().unwrap_or(false) && !self.refresh_caller() {
+                return Ok(());
+            }
+            // Take every complete command buffered (up to the pipeline limit).
+            let mut cmds = Vec::new();
+            let mut used = 0;
+            let mut fatal = None;
+            let authenticated = self.authenticated();
+            let command_limits = self.command_limits();
+            while cmds.len() < limits.max_pipeline {
+                match parse_command(&self.input[used..], &command_limits) {
+                    Ok((args, n)) => {
+                        used += n;
+                        if !args.is_empty() {
+                            // What follows an AUTH is parsed once it ran (with its limits).
+                            let auth = !authenticated && matches!(command::name(&args).as_str(), "auth" | "hello");
+                            cmds.push(args);
+                            if auth {
+                                break;
+                            }
+                        }
+                    }
+                    Err(ParseError::Incomplete) => break,
+                    Err(e) => {
+                        fatal = Some(e);
+                        break;
                     }
                 }
-                Err(ParseError::Incomplete) => break,
-                Err(e) => {
-                    fatal = Some(e);
-                    break;
+            }
+            self.input.drain(..used);
+            if !cmds.is_empty() {
+                self.run_pipeline(cmds).await?;
+            }
+            if let Some(e) = &fatal {
+                Reply::Error(format!("ERR {e}")).encode(&mut self.out);
+            }
+            self.flush().await?;
+            if fatal.is_some() {
+                linger(&mut self.stream).await;
+                return Ok(());
+            }
+            if self.state.quit || self.state.close {
+                return Ok(());
+            }
+            if self.input.is_empty() {
+                partial_since = None;
+            } else {
+                if !matches!(parse_command(&self.input, &self.command_limits()), Err(ParseError::Incomplete)) {
+                    continue; // more commands are buffered (the pipeline limit stopped the taking)
                 }
+                partial_since.get_or_insert_with(tokio::time::Instant::now);
+            }
+            self.shrink_input();
+            // The next deadline: idle, a command arriving whole, authenticating.
+            let mut deadline = tokio::time::Instant::now() + limits.idle_timeout;
+            let mut why = "idle";
+            if let Some(t) = partial_since
+                && t + limits.command_timeout < deadline
+            {
+                (deadline, why) = (t + limits.command_timeout, "a command did not arrive whole in time");
+            }
+            let auth_by = self.unauthenticated_since + limits.auth_timeout;
+            if !self.authenticated() && auth_by < deadline {
+                (deadline, why) = (auth_by, "not authenticated in time");
+            }
+            // Room to read into (charged to the share past the fixed buffer).
+            if !self.grow_input(deadline).await {
+                let _ = self.write_now(&format!("-ERR Protocol error: {why}\r\n")).await;
+                linger(&mut self.stream).await;
+                return Ok(());
+            }
+            let got = tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                changed = self.changes.changed() => {
+                    if changed.is_err() || !self.refresh_caller() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                got = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.input)) => got,
+            };
+            match got {
+                Err(_) => {
+                    tracing::debug!(why, "closing a RESP connection");
+                    if why != "idle" {
+                        let _ = self.write_now(&format!("-ERR Protocol error: {why}\r\n")).await;
+                        linger(&mut self.stream).await;
+                    }
+                    return Ok(());
+                }
+                Ok(Ok(0)) => return Ok(()),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e),
             }
         }
-        buf.drain(..used);
-        let mut held = Vec::new();
-        if !cmds.is_empty() {
-            run_pipeline(shared, &mut state, cmds, &mut out, &mut held).await;
+    }
+
+    /// Makes room in the input buffer for a read: past the fixed `READ_CHUNK`, its capacity is
+    /// charged to the share first (waiting until `deadline` at most). `false`: no room in time.
+    async fn grow_input(&mut self, deadline: tokio::time::Instant) -> bool {
+        let spare = self.input.capacity() - self.input.len();
+        if spare >= 1024 {
+            return true;
         }
-        if let Some(e) = &fatal {
-            Reply::Error(format!("ERR {e}")).encode(&mut out);
+        // A command is never larger than the parser's limit: room for it and one read more.
+        // Before authentication the fixed buffer is all there is (a command holds 4 KiB).
+        let most = if self.authenticated() { self.command_limits().max_command + READ_CHUNK } else { READ_CHUNK };
+        let want = (self.input.capacity() * 2).max(self.input.len() + READ_CHUNK).min(most);
+        if want <= self.input.capacity() {
+            return spare > 0;
         }
-        if !out.is_empty() {
-            match tokio::time::timeout(limits.write_timeout, stream.write_all(&out)).await {
+        let charge = want.saturating_sub(READ_CHUNK).saturating_sub(self.input_held.bytes());
+        if charge > 0 {
+            let more = match self.share.try_take(charge) {
+                Some(h) => h,
+                // Only the input is held here (replies were written): waiting cannot be for
+                // the connection's own bytes.
+                None => match tokio::time::timeout_at(deadline, self.share.take(charge)).await {
+                    Ok(h) => h,
+                    Err(_) => return false,
+                },
+            };
+            self.input_held.merge(more);
+        }
+        self.input.reserve_exact(want - self.input.len());
+        true
+    }
+
+    /// Gives back a large input buffer once what it holds is small again.
+    fn shrink_input(&mut self) {
+        if self.input.capacity() > 4 * READ_CHUNK && self.input.len() <= READ_CHUNK / 2 {
+            let mut small = Vec::with_capacity(READ_CHUNK);
+            small.extend_from_slice(&self.input);
+            self.input = small;
+            self.input_held = Held::default();
+        }
+    }
+
+    /// Writes the replies so far and gives back what they held.
+    async fn flush(&mut self) -> std::io::Result<()> {
+        if !self.out.is_empty() {
+            match tokio::time::timeout(self.shared.limits.write_timeout, self.stream.write_all(&self.out)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
             }
-            out.clear();
-            drop(held);
-            if out.capacity() > 4 * READ_CHUNK {
-                out = Vec::with_capacity(READ_CHUNK);
+            self.out.clear();
+            if self.out.capacity() > 4 * READ_CHUNK {
+                self.out = Vec::with_capacity(READ_CHUNK);
             }
         }
-        if fatal.is_some() || state.quit {
-            return Ok(());
-        }
-        if cmds_pending(&buf, &limits.command) {
-            continue; // more commands are buffered (the pipeline limit stopped the taking)
-        }
-        // Read more (a command is never larger than the limit, checked by the parser).
-        if buf.capacity() - buf.len() < READ_CHUNK {
-            buf.reserve(READ_CHUNK);
-        }
-        let got = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            got = tokio::time::timeout(limits.idle_timeout, stream.read_buf(&mut buf)) => got,
-        };
-        match got {
-            Err(_) => return Ok(()), // idle
-            Ok(Ok(0)) => return Ok(()),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(e),
-        }
-        if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
-            buf = Vec::with_capacity(READ_CHUNK);
+        self.held.clear();
+        Ok(())
+    }
+
+    /// Writes `text` at once (the connection is closing).
+    async fn write_now(&mut self, text: &str) -> std::io::Result<()> {
+        match tokio::time::timeout(self.shared.limits.write_timeout, self.stream.write_all(text.as_bytes())).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
         }
     }
-}
 
-/// Whether a complete command is buffered.
-fn cmds_pending(buf: &[u8], limits: &Limits) -> bool {
-    !matches!(parse_command(buf, limits), Err(ParseError::Incomplete))
-}
-
-/// Runs `cmds` in groups (see the module documentation) and appends their replies in order;
-/// their reservations go into `held` (given back once the replies are written).
-async fn run_pipeline(
-    shared: &Shared,
-    state: &mut ConnState,
-    cmds: Vec<Vec<Vec<u8>>>,
-    out: &mut Vec<u8>,
-    held: &mut Vec<OwnedSemaphorePermit>,
-) {
-    let mut group: Vec<Vec<Vec<u8>>> = Vec::new();
-    let mut touched: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
-    for args in cmds {
-        let t = command::touches(&args);
-        let conflicts = match &t {
-            Touches::Nothing => false,
-            Touches::Keys(keys) => keys.iter().any(|k| touched.contains(k)),
-            Touches::Everything | Touches::Connection => !group.is_empty(),
-        };
-        if conflicts {
-            run_group(shared, state, std::mem::take(&mut group), out, held).await;
-            touched.clear();
+    /// Appends a reply, unless `CLIENT REPLY` suppresses it.
+    fn emit(&mut self, r: Reply) {
+        match self.state.reply {
+            ReplyMode::On => r.encode(&mut self.out),
+            ReplyMode::Off => {}
+            ReplyMode::Skip => self.state.reply = ReplyMode::On,
         }
-        match t {
-            Touches::Connection => {
+    }
+
+    /// The most one command may reserve: the share, less what the input buffer holds.
+    fn room(&self) -> usize {
+        self.share.size().saturating_sub(self.input_held.bytes()).max(1)
+    }
+
+    /// Why `args` is answered without running, if it is: no token, or a key not granted.
+    fn refusal(&self, args: &[Vec<u8>]) -> Option<Reply> {
+        if !self.shared.access.required() {
+            return None;
+        }
+        match &self.state.caller {
+            None => Some(noauth()),
+            Some(p) if !command::permitted(p, args) => Some(noperm()),
+            Some(_) => None,
+        }
+    }
+
+    /// Runs `cmds` in groups (see the module documentation) and appends their replies in order.
+    async fn run_pipeline(&mut self, cmds: Vec<Vec<Vec<u8>>>) -> std::io::Result<()> {
+        let mut group: Vec<Entry> = Vec::new();
+        let mut touched: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+        for args in cmds {
+            if self.state.quit || self.state.close {
+                break;
+            }
+            let name = command::name(&args);
+            if self.state.multi.is_some() && !transaction::controls(&name) {
                 let started = Instant::now();
-                let name = command::name(&args);
-                let r = connection_command(shared, state, &args);
-                record(shared, &name, &r, started);
-                r.encode(out);
-                if state.quit {
-                    return;
+                let r = self.queue(&args);
+                record(self.shared, &name, &r, started);
+                self.emit(r);
+                continue;
+            }
+            let t = command::touches(&args);
+            let conflicts = match &t {
+                Touches::Nothing => false,
+                Touches::Keys(keys) => keys.iter().any(|k| touched.contains(k)),
+                Touches::Everything | Touches::Connection => !group.is_empty(),
+            };
+            if conflicts {
+                self.run_group(std::mem::take(&mut group)).await;
+                touched.clear();
+            }
+            if let Touches::Connection = t {
+                let started = Instant::now();
+                let r = self.connection_command(&args).await;
+                if let Some(r) = r {
+                    record(self.shared, &name, &r, started);
+                    self.emit(r);
+                }
+                continue;
+            }
+            // Checked before anything is reserved, read or written for the command.
+            if let Some(reply) = self.refusal(&args) {
+                group.push(Entry::Answer { name, reply });
+                continue;
+            }
+            let need = command::reply_bound(&args).min(self.room());
+            let held = match self.share.try_take(need) {
+                Some(h) => h,
+                None => {
+                    // Run and write what came before, so that nothing of this connection is
+                    // held while it waits; then wait (bounded) for the share and the budget.
+                    self.run_group(std::mem::take(&mut group)).await;
+                    touched.clear();
+                    self.flush().await?;
+                    match tokio::time::timeout(self.shared.limits.command_timeout, self.share.take(need)).await {
+                        Ok(h) => h,
+                        Err(_) => {
+                            let reply = Reply::Error(
+                                "OOM the gateway's memory budget is spent: retry (its reply could not be reserved in time)"
+                                    .into(),
+                            );
+                            record(self.shared, &name, &reply, Instant::now());
+                            self.emit(reply);
+                            continue;
+                        }
+                    }
+                }
+            };
+            group.push(Entry::Run { args, room: held.bytes() });
+            self.held.push(held);
+            match t {
+                Touches::Everything => {
+                    self.run_group(std::mem::take(&mut group)).await;
+                }
+                Touches::Keys(keys) => touched.extend(keys),
+                Touches::Nothing | Touches::Connection => {}
+            }
+        }
+        self.run_group(group).await;
+        Ok(())
+    }
+
+    /// Runs a group's commands concurrently; appends their replies in order.
+    async fn run_group(&mut self, group: Vec<Entry>) {
+        if group.is_empty() {
+            return;
+        }
+        let shared = self.shared;
+        let info = info(shared);
+        let consistency = self.state.consistency();
+        let futs: Vec<_> = group
+            .into_iter()
+            .map(|e| {
+                let info = info.as_str();
+                async move {
+                    let started = Instant::now();
+                    match e {
+                        Entry::Answer { name, reply } => (name, reply, started),
+                        Entry::Run { args, room } => {
+                            let name = command::name(&args);
+                            // Each command starts a trace (sampled as the exporter's sampler says).
+                            let op = op_label(&name);
+                            let traced = dpukv_net::telemetry::request_span("gateway redis", op, None, true);
+                            let (_span, ctx) = traced.map_or((None, None), |(s, c)| (Some(s), Some(c)));
+                            let run = command::run(&shared.up, &shared.cursors, info, args, consistency, room);
+                            let r = dpukv_client::trace::scope(ctx, run).await;
+                            (name, r, started)
+                        }
+                    }
+                }
+            })
+            .collect();
+        for (name, r, started) in crate::join::join_all(futs).await {
+            record(shared, &name, &r, started);
+            self.emit(r);
+        }
+    }
+
+    /// `AUTH [user] token`: the user, if given, must be the token's name (or `default`).
+    /// Failures are throttled per peer address, and end the connection after a few.
+    fn authenticate(&mut self, user: Option<&Vec<u8>>, token: &[u8]) -> Reply {
+        let shared = self.shared;
+        if !shared.access.required() {
+            return Reply::err(
+                "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+            );
+        }
+        if let Err(wait) = shared.throttle.check(self.peer) {
+            return Reply::err(format!(
+                "too many failed authentications from this address: retry in {} s",
+                wait.as_secs().max(1)
+            ));
+        }
+        match shared.access.authenticate(token) {
+            Some(p) if user.is_none_or(|u| u.as_slice() == b"default" || u.as_slice() == p.name.as_bytes()) => {
+                self.state.caller = Some(p);
+                Reply::Simple("OK")
+            }
+            _ => {
+                shared.throttle.failed(self.peer);
+                self.state.auth_failures += 1;
+                if self.state.auth_failures >= crate::throttle::PER_CONNECTION {
+                    self.state.close = true;
+                }
+                Reply::Error("WRONGPASS invalid username-password pair or user is disabled.".into())
+            }
+        }
+    }
+
+    /// `AUTH`, `HELLO`, `QUIT`, `SELECT`, `CLIENT`, `RESET`, the read modes, and `MULTI`,
+    /// `EXEC`, `DISCARD`, `WATCH`, `UNWATCH`. `None`: no reply (`CLIENT REPLY OFF|SKIP`).
+    async fn connection_command(&mut self, args: &[Vec<u8>]) -> Option<Reply> {
+        let n = args.len();
+        let name = command::name(args);
+        if !self.authenticated() && !matches!(name.as_str(), "auth" | "hello" | "quit" | "reset") {
+            return Some(noauth());
+        }
+        if name == "reset" {
+            // The token is forgotten: the connection has `--auth-timeout` again to present one.
+            self.state = ConnState::default();
+            self.unauthenticated_since = tokio::time::Instant::now();
+            return Some(Reply::Simple("RESET"));
+        }
+        let state = &mut self.state;
+        Some(match name.as_str() {
+            "quit" => {
+                state.quit = true;
+                Reply::Simple("OK")
+            }
+            // Redis Cluster's replica reads: READONLY lets gets go to replicas (here: spread over
+            // the primary and the hot keys' replicas), READWRITE back to the primary only.
+            "readonly" if n == 1 => {
+                state.consistency = Some(dpukv_proto::Consistency::Interleaved);
+                Reply::Simple("OK")
+            }
+            "readwrite" if n == 1 => {
+                state.consistency = Some(dpukv_proto::Consistency::Linearizable);
+                Reply::Simple("OK")
+            }
+            // CONSISTENCY [linearizable | bounded:MS | extended | interleaved]: sets (or shows) how
+            // this connection's gets are served.
+            "consistency" if n == 1 => Reply::Bulk(state.consistency().name().into_bytes()),
+            "consistency" if n == 2 => match dpukv_proto::Consistency::parse(&String::from_utf8_lossy(&args[1])) {
+                Some(c) => {
+                    state.consistency = Some(c);
+                    Reply::Simple("OK")
+                }
+                None => Reply::err(format!("consistency must be {}", dpukv_proto::Consistency::SPELLINGS)),
+            },
+            "select" if n == 2 => match args[1].as_slice() {
+                b"0" => Reply::Simple("OK"),
+                _ => Reply::err("DB index is out of range"),
+            },
+            "auth" if n == 2 || n == 3 => self.authenticate(args.get(n - 2).filter(|_| n == 3), &args[n - 1]),
+            "hello" => {
+                if let Some(v) = args.get(1)
+                    && v.as_slice() != b"2"
+                {
+                    return Some(Reply::Error("NOPROTO sorry, this protocol version is not supported".into()));
+                }
+                // HELLO 2 AUTH user password [SETNAME name]
+                if let Some(i) = args.iter().position(|a| a.eq_ignore_ascii_case(b"auth")) {
+                    let (Some(user), Some(password)) = (args.get(i + 1), args.get(i + 2)) else {
+                        return Some(Reply::err("syntax error in HELLO option 'auth'"));
+                    };
+                    if let r @ Reply::Error(_) = self.authenticate(Some(user), password) {
+                        return Some(r);
+                    }
+                } else if !self.authenticated() {
+                    return Some(noauth());
+                }
+                let s = |x: &str| Reply::Bulk(x.as_bytes().to_vec());
+                Reply::Array(vec![
+                    s("server"),
+                    s("dpukv"),
+                    s("version"),
+                    s(env!("CARGO_PKG_VERSION")),
+                    s("proto"),
+                    Reply::Integer(2),
+                    s("mode"),
+                    s("standalone"),
+                    s("role"),
+                    s("master"),
+                    s("modules"),
+                    Reply::Array(Vec::new()),
+                ])
+            }
+            // CLIENT REPLY ON|OFF|SKIP: OFF answers nothing until ON, SKIP skips the next
+            // command's answer; neither is answered itself (as in Redis).
+            "client" if n == 3 && args[1].eq_ignore_ascii_case(b"reply") => {
+                match args[2].to_ascii_lowercase().as_slice() {
+                    b"on" => {
+                        state.reply = ReplyMode::On;
+                        Reply::Simple("OK")
+                    }
+                    b"off" => {
+                        state.reply = ReplyMode::Off;
+                        return None;
+                    }
+                    b"skip" => {
+                        // Under OFF nothing is answered anyway.
+                        if state.reply == ReplyMode::On {
+                            state.reply = ReplyMode::Skip;
+                        }
+                        return None;
+                    }
+                    _ => Reply::err("syntax error"),
                 }
             }
-            Touches::Everything => {
-                group.push(args);
-                run_group(shared, state, std::mem::take(&mut group), out, held).await;
-            }
-            Touches::Keys(keys) => {
-                touched.extend(keys);
-                group.push(args);
-            }
-            Touches::Nothing => group.push(args),
-        }
+            "client" => match args.get(1).map(|a| a.to_ascii_lowercase()).as_deref() {
+                Some(b"setname" | b"setinfo" | b"no-evict" | b"no-touch") => Reply::Simple("OK"),
+                Some(b"getname") => Reply::Nil,
+                Some(b"id") => Reply::Integer(1),
+                _ => Reply::err("unknown CLIENT subcommand"),
+            },
+            "multi" | "exec" | "discard" | "watch" | "unwatch" => return Some(self.transaction(&name, args).await),
+            other => Reply::err(format!("wrong number of arguments for '{other}' command")),
+        })
     }
-    run_group(shared, state, group, out, held).await;
+}
+
+/// After an error reply to a connection being closed: shuts the write side and reads (and
+/// drops) what the client still sends for a moment (1 s, 1 MiB at most), so that closing with
+/// unread input does not reset the connection before the client reads the reply.
+pub(crate) async fn linger<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(stream: &mut S) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+    let mut scratch = vec![0u8; 16 << 10];
+    let mut left = 1usize << 20;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while left > 0 {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 /// The metric label of a command (a fixed set: unknown names are `other`).
@@ -271,64 +742,12 @@ fn record(shared: &Shared, name: &str, r: &Reply, started: Instant) {
             Some("WRONGTYPE") => "type_mismatch",
             Some("NOAUTH") | Some("WRONGPASS") => "unauthorized",
             Some("NOPERM") => "forbidden",
+            Some("OOM") => "overloaded",
             _ => "error",
         };
         shared.metrics.error("resp", code);
     }
     shared.metrics.observe("resp", op, started);
-}
-
-/// Runs commands concurrently, each after reserving its largest reply from the budget; appends
-/// their replies in order.
-async fn run_group(
-    shared: &Shared,
-    state: &ConnState,
-    group: Vec<Vec<Vec<u8>>>,
-    out: &mut Vec<u8>,
-    held: &mut Vec<OwnedSemaphorePermit>,
-) {
-    if group.is_empty() {
-        return;
-    }
-    let info = info(shared);
-    let (caller, consistency) = (state.caller.as_deref(), state.consistency());
-    for args in &group {
-        held.push(shared.budget.hold(command::reply_bound(args)).await);
-    }
-    let required = shared.access.required();
-    let futs: Vec<_> = group
-        .iter()
-        .map(|args| {
-            let (started, info) = (Instant::now(), info.as_str());
-            // Checked before anything is read or written for the command.
-            let refusal = match caller {
-                None if required => Some(noauth()),
-                Some(p) if required && !command::permitted(p, args) => Some(Reply::Error(
-                    "NOPERM this user has no permissions to access one of the keys used as arguments".into(),
-                )),
-                _ => None,
-            };
-            async move {
-                let r = match refusal {
-                    Some(r) => r,
-                    None => {
-                        // Each command starts a trace (sampled as the exporter's sampler says).
-                        let op = op_label(&command::name(args));
-                        let traced = dpukv_net::telemetry::request_span("gateway redis", op, None, true);
-                        let (_span, ctx) = traced.map_or((None, None), |(s, c)| (Some(s), Some(c)));
-                        let run = command::run(&shared.up, &shared.cursors, info, args.clone(), consistency);
-                        dpukv_client::trace::scope(ctx, run).await
-                    }
-                };
-                (r, started)
-            }
-        })
-        .collect();
-    let results = crate::join::join_all(futs).await;
-    for ((r, started), args) in results.into_iter().zip(&group) {
-        record(shared, &command::name(args), &r, started);
-        r.encode(out);
-    }
 }
 
 /// `INFO`'s text.
@@ -348,105 +767,6 @@ fn noauth() -> Reply {
     Reply::Error("NOAUTH Authentication required.".into())
 }
 
-/// `AUTH [user] token`: the user, if given, must be the token's name (or `default`).
-fn authenticate(shared: &Shared, state: &mut ConnState, user: Option<&Vec<u8>>, token: &[u8]) -> Reply {
-    if !shared.access.required() {
-        return Reply::err(
-            "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-        );
-    }
-    match shared.access.authenticate(token) {
-        Some(p) if user.is_none_or(|u| u.as_slice() == b"default" || u.as_slice() == p.name.as_bytes()) => {
-            state.caller = Some(p);
-            Reply::Simple("OK")
-        }
-        _ => Reply::Error("WRONGPASS invalid username-password pair or user is disabled.".into()),
-    }
-}
-
-/// `AUTH`, `HELLO`, `QUIT`, `SELECT`, `CLIENT`, `RESET`.
-fn connection_command(shared: &Shared, state: &mut ConnState, args: &[Vec<u8>]) -> Reply {
-    let n = args.len();
-    let name = command::name(args);
-    if shared.access.required()
-        && state.caller.is_none()
-        && !matches!(name.as_str(), "auth" | "hello" | "quit" | "reset")
-    {
-        return noauth();
-    }
-    match name.as_str() {
-        "quit" => {
-            state.quit = true;
-            Reply::Simple("OK")
-        }
-        "reset" => {
-            *state = ConnState::default();
-            Reply::Simple("RESET")
-        }
-        // Redis Cluster's replica reads: READONLY lets gets go to replicas (here: spread over
-        // the primary and the hot keys' replicas), READWRITE back to the primary only.
-        "readonly" if n == 1 => {
-            state.consistency = Some(dpukv_proto::Consistency::Interleaved);
-            Reply::Simple("OK")
-        }
-        "readwrite" if n == 1 => {
-            state.consistency = Some(dpukv_proto::Consistency::Linearizable);
-            Reply::Simple("OK")
-        }
-        // CONSISTENCY [linearizable | bounded:MS | extended | interleaved]: sets (or shows) how
-        // this connection's gets are served.
-        "consistency" if n == 1 => Reply::Bulk(state.consistency().name().into_bytes()),
-        "consistency" if n == 2 => match dpukv_proto::Consistency::parse(&String::from_utf8_lossy(&args[1])) {
-            Some(c) => {
-                state.consistency = Some(c);
-                Reply::Simple("OK")
-            }
-            None => Reply::err(format!("consistency must be {}", dpukv_proto::Consistency::SPELLINGS)),
-        },
-        "select" if n == 2 => match args[1].as_slice() {
-            b"0" => Reply::Simple("OK"),
-            _ => Reply::err("DB index is out of range"),
-        },
-        "auth" if n == 2 || n == 3 => authenticate(shared, state, args.get(n - 2).filter(|_| n == 3), &args[n - 1]),
-        "hello" => {
-            if let Some(v) = args.get(1)
-                && v.as_slice() != b"2"
-            {
-                return Reply::Error("NOPROTO sorry, this protocol version is not supported".into());
-            }
-            // HELLO 2 AUTH user password [SETNAME name]
-            if let Some(i) = args.iter().position(|a| a.eq_ignore_ascii_case(b"auth")) {
-                let (Some(user), Some(password)) = (args.get(i + 1), args.get(i + 2)) else {
-                    return Reply::err("syntax error in HELLO option 'auth'");
-                };
-                if let r @ Reply::Error(_) = authenticate(shared, state, Some(user), password) {
-                    return r;
-                }
-            } else if shared.access.required() && state.caller.is_none() {
-                return noauth();
-            }
-            let s = |x: &str| Reply::Bulk(x.as_bytes().to_vec());
-            Reply::Array(vec![
-                s("server"),
-                s("dpukv"),
-                s("version"),
-                s(env!("CARGO_PKG_VERSION")),
-                s("proto"),
-                Reply::Integer(2),
-                s("mode"),
-                s("standalone"),
-                s("role"),
-                s("master"),
-                s("modules"),
-                Reply::Array(Vec::new()),
-            ])
-        }
-        "client" => match args.get(1).map(|a| a.to_ascii_lowercase()).as_deref() {
-            Some(b"setname" | b"setinfo" | b"no-evict" | b"no-touch" | b"reply") => Reply::Simple("OK"),
-            Some(b"getname") => Reply::Nil,
-            Some(b"id") => Reply::Integer(1),
-            _ => Reply::err("unknown CLIENT subcommand"),
-        },
-        other => Reply::err(format!("wrong number of arguments for '{other}' command")),
-    }
+fn noperm() -> Reply {
+    Reply::Error("NOPERM this user has no permissions to access one of the keys used as arguments".into())
 }
