@@ -303,7 +303,8 @@ async fn power_loss_of_every_replica_loses_no_acknowledged_write() {
                 .expect("node")
         })
         .collect();
-    let acked: Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>> = Arc::default();
+    type Acked = Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>>;
+    let acked: Acked = Arc::default();
     for seed in first..first + runs {
         must_see_map(&nodes, |_| true, Duration::from_secs(90), whole(3, 3)).await;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
