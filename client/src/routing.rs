@@ -52,6 +52,8 @@ impl Pool {
         r
     }
 }
+/// How long a map refresh waits for the other nodes once one answered.
+const REFRESH_GRACE: Duration = Duration::from_millis(250);
 /// How long dialling a replica may take, and how long one that failed is not tried again.
 const REPLICA_DIAL: Duration = Duration::from_millis(500);
 const REPLICA_DOWN: Duration = Duration::from_secs(1);
@@ -65,6 +67,8 @@ pub(crate) struct Router {
     /// TLS on every connection, if given.
     tls: Option<Arc<dpukv_net::tls::ClientTls>>,
     map: RwLock<Option<Arc<RegionMap>>>,
+    /// The last map learned, kept when `map` is forgotten: its nodes are asked for a newer one.
+    last: RwLock<Option<Arc<RegionMap>>>,
     pools: Mutex<HashMap<String, Arc<Pool>>>,
     /// Replicas that could not be dialled, and until when they are not tried again.
     down: Mutex<HashMap<String, std::time::Instant>>,
@@ -100,6 +104,7 @@ impl Router {
             token,
             tls,
             map: RwLock::new(None),
+            last: RwLock::new(None),
             pools: Mutex::new(pools),
             down: Mutex::new(HashMap::new()),
             refreshing: tokio::sync::Mutex::new(()),
@@ -139,33 +144,59 @@ impl Router {
         Ok(pools.entry(addr.to_string()).or_insert(p).clone())
     }
 
-    /// Learns the map: asks the seed, then every node of the last map, and keeps the newest
-    /// (highest metadata revision) answer. One refresh at a time; callers that waited for one
-    /// use its result.
+    /// Learns the map: asks the seed, every node of the last map learned and every node this
+    /// client has talked to — all at once, each within `timeout` — and keeps the newest (highest
+    /// metadata revision) answer. Every node of the last map is asked because the one this
+    /// client talks to may be the one that fell behind: a primary whose host is paused still
+    /// answers with the map it last had, naming itself (a gateway that asked only its seed and
+    /// the devices it had used kept sending writes to such a node). One refresh at a time;
+    /// callers that waited for one use its result.
     pub(crate) async fn refresh(&self, timeout: Duration) -> Result<Arc<RegionMap>, ClientError> {
         let _one = self.refreshing.lock().await;
         if let Some(m) = self.map() {
             return Ok(m);
         }
-        // The seed first, then every node this client has talked to.
         let mut addrs = vec![self.seed.clone()];
-        for a in lock(&self.pools).keys() {
-            if !addrs.contains(a) {
-                addrs.push(a.clone());
-            }
+        if let Some(last) = self.last.read().unwrap_or_else(|e| e.into_inner()).clone() {
+            addrs.extend(last.nodes.iter().filter_map(|n| self.device(&last, n.id)));
+        }
+        addrs.extend(lock(&self.pools).keys().cloned());
+        let mut seen = std::collections::HashSet::new();
+        addrs.retain(|a| seen.insert(a.clone()));
+        let mut asks = tokio::task::JoinSet::new();
+        for a in addrs {
+            // A node this client has a pool for is asked on it; another on a connection of its
+            // own, dialled for this question only (nothing is kept for a node no request used).
+            let pool = lock(&self.pools).get(&a).cloned();
+            let (token, tls) = (self.token.clone(), self.tls.clone());
+            asks.spawn(async move {
+                let ask = async {
+                    let req = Request::new(0, Op::RegionMap);
+                    match pool {
+                        Some(p) => p.call(0, req, timeout).await,
+                        None => Connection::open(&a, token, tls).await?.call(req, timeout).await,
+                    }
+                };
+                tokio::time::timeout(timeout, ask).await.unwrap_or(Err(ClientError::TimedOut))
+            });
         }
         let mut newest: Option<RegionMap> = None;
         let mut last_err = None;
-        for a in addrs {
-            let pool = match self.pool_for(&a).await {
-                Ok(p) => p,
-                Err(e) => {
-                    last_err = Some(e);
-                    continue;
-                }
+        // Once a map came back, the others get REFRESH_GRACE more: a paused or cut-off node
+        // (which holds no newer map than the rest) does not hold the refresh up for `timeout`.
+        let mut until: Option<tokio::time::Instant> = None;
+        loop {
+            let next = match until {
+                Some(t) => match tokio::time::timeout_at(t, asks.join_next()).await {
+                    Ok(n) => n,
+                    Err(_) => break,
+                },
+                None => asks.join_next().await,
             };
-            match pool.call(0, Request::new(0, Op::RegionMap), timeout).await {
+            let Some(done) = next else { break };
+            match done.unwrap_or_else(|_| Err(unavailable("asking a node for the region map failed"))) {
                 Ok(dpukv_proto::Response { result: Ok(Reply::RegionMap(m)), .. }) => {
+                    until.get_or_insert_with(|| tokio::time::Instant::now() + REFRESH_GRACE);
                     if newest.as_ref().is_none_or(|x| m.revision > x.revision) {
                         newest = Some(m);
                     }
@@ -180,6 +211,7 @@ impl Router {
         };
         let m = Arc::new(m);
         *self.map.write().unwrap_or_else(|e| e.into_inner()) = Some(m.clone());
+        *self.last.write().unwrap_or_else(|e| e.into_inner()) = Some(m.clone());
         Ok(m)
     }
 

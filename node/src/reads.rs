@@ -285,6 +285,11 @@ impl Regions {
     }
 
     /// The map.
+    /// Whether the host vouches for the map now (its lease-bound authority holds).
+    pub(crate) fn vouched(&self) -> bool {
+        self.announcement.valid_now()
+    }
+
     pub(crate) fn map(&self) -> &RegionMap {
         &self.map
     }

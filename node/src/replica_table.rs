@@ -57,6 +57,9 @@ pub enum Miss {
     TooStale,
     /// A linearizable read is never served by a replica.
     Linearizable,
+    /// The reader knows a newer epoch of the region than the copies came from: another
+    /// primary leads it now, whose writes they may not reflect.
+    OlderEpoch,
 }
 
 #[derive(Debug)]
@@ -172,10 +175,19 @@ impl ReplicaTable {
     }
 
     /// The copy of `key` in `region` and its version, if it may answer a read with `consistency`
-    /// at `now_ms` (this node's clock).
-    pub fn read(&self, region: u32, key: &[u8], consistency: Consistency, now_ms: u64) -> Result<(Vec<u8>, u64), Miss> {
+    /// at `now_ms` (this node's clock) from a reader that routes by `epoch` of the region: a
+    /// reader that knows a newer epoch than the copies' is not served by them (their primary
+    /// may have been deposed; its successor's writes may be missing).
+    pub fn read(
+        &self,
+        region: u32,
+        epoch: u64,
+        key: &[u8],
+        consistency: Consistency,
+        now_ms: u64,
+    ) -> Result<(Vec<u8>, u64), Miss> {
         use std::sync::atomic::Ordering::Relaxed;
-        let out = self.lookup(region, key, consistency, now_ms);
+        let out = self.lookup(region, epoch, key, consistency, now_ms);
         match out {
             Ok(_) => self.counters.reads.fetch_add(1, Relaxed),
             Err(_) => self.counters.misses.fetch_add(1, Relaxed),
@@ -183,15 +195,26 @@ impl ReplicaTable {
         out
     }
 
-    fn lookup(&self, region: u32, key: &[u8], consistency: Consistency, now_ms: u64) -> Result<(Vec<u8>, u64), Miss> {
+    fn lookup(
+        &self,
+        region: u32,
+        epoch: u64,
+        key: &[u8],
+        consistency: Consistency,
+        now_ms: u64,
+    ) -> Result<(Vec<u8>, u64), Miss> {
         let bound = match consistency {
             Consistency::Linearizable => return Err(Miss::Linearizable),
             Consistency::Bounded { max_staleness_ms } => u64::from(max_staleness_ms).min(self.cfg.max_lag_ms),
             Consistency::Extended | Consistency::Interleaved => self.cfg.max_lag_ms,
         };
         let t = self.lock();
+        let state = t.regions.get(&region).copied().unwrap_or_default();
+        if epoch > state.epoch {
+            return Err(Miss::OlderEpoch);
+        }
         let c = t.copies.get(key).filter(|c| c.region == region).ok_or(Miss::Absent)?;
-        let w = t.regions.get(&region).map_or(0, |s| s.watermark_ms);
+        let w = state.watermark_ms;
         // Age of the newest watermark, as seen with the worst clock skew.
         let age = now_ms.saturating_sub(w).saturating_add(self.cfg.max_clock_skew_ms);
         if w == 0 || age > bound {
@@ -235,15 +258,15 @@ mod tests {
     fn a_copy_is_served_only_within_its_bound_after_a_watermark() {
         let t = table();
         t.apply(1, 1, 0, false, vec![put("a", 3, "x")]).expect("test step");
-        assert_eq!(t.read(1, b"a", B, 1_000), Err(Miss::TooStale), "no watermark yet: nothing is vouched for");
+        assert_eq!(t.read(1, 0, b"a", B, 1_000), Err(Miss::TooStale), "no watermark yet: nothing is vouched for");
         t.apply(1, 1, 1_000, false, vec![]).expect("test step");
-        assert_eq!(t.read(1, b"a", B, 1_040), Ok((b"x".to_vec(), 3)));
-        assert_eq!(t.read(1, b"a", B, 1_046), Err(Miss::TooStale), "45 ms + 5 ms skew is the bound");
-        assert_eq!(t.read(1, b"a", Consistency::Extended, 1_190), Ok((b"x".to_vec(), 3)));
-        assert_eq!(t.read(1, b"a", Consistency::Interleaved, 1_196), Err(Miss::TooStale), "max lag");
-        assert_eq!(t.read(1, b"a", Consistency::Bounded { max_staleness_ms: 10_000 }, 1_196), Err(Miss::TooStale));
-        assert_eq!(t.read(1, b"a", Consistency::Linearizable, 1_000), Err(Miss::Linearizable));
-        assert_eq!(t.read(2, b"a", B, 1_010), Err(Miss::Absent), "another region's copy");
+        assert_eq!(t.read(1, 0, b"a", B, 1_040), Ok((b"x".to_vec(), 3)));
+        assert_eq!(t.read(1, 0, b"a", B, 1_046), Err(Miss::TooStale), "45 ms + 5 ms skew is the bound");
+        assert_eq!(t.read(1, 0, b"a", Consistency::Extended, 1_190), Ok((b"x".to_vec(), 3)));
+        assert_eq!(t.read(1, 0, b"a", Consistency::Interleaved, 1_196), Err(Miss::TooStale), "max lag");
+        assert_eq!(t.read(1, 0, b"a", Consistency::Bounded { max_staleness_ms: 10_000 }, 1_196), Err(Miss::TooStale));
+        assert_eq!(t.read(1, 0, b"a", Consistency::Linearizable, 1_000), Err(Miss::Linearizable));
+        assert_eq!(t.read(2, 0, b"a", B, 1_010), Err(Miss::Absent), "another region's copy");
     }
 
     #[test]
@@ -251,10 +274,22 @@ mod tests {
         let t = table();
         t.apply(1, 1, 100, false, vec![put("a", 5, "new")]).expect("test step");
         t.apply(1, 1, 110, false, vec![put("a", 4, "old")]).expect("test step");
-        assert_eq!(t.read(1, b"a", B, 110).expect("test step").0, b"new");
+        assert_eq!(t.read(1, 0, b"a", B, 110).expect("test step").0, b"new");
         t.apply(1, 1, 120, false, vec![SyncEntry { key: "a".into(), version: 6, value: None }]).expect("test step");
-        assert_eq!(t.read(1, b"a", B, 120), Err(Miss::Absent));
+        assert_eq!(t.read(1, 0, b"a", B, 120), Err(Miss::Absent));
         assert_eq!(t.size(), (0, 0));
+    }
+
+    /// A reader that routes by a newer epoch than the copies came from (a new primary leads
+    /// the region, and may have taken writes the old one never synced) was served them anyway:
+    /// the table ignored the request's epoch.
+    #[test]
+    fn a_reader_that_knows_a_newer_epoch_is_not_served_an_older_primary_s_copies() {
+        let t = table();
+        t.apply(1, 4, 1_000, true, vec![put("a", 3, "x")]).expect("sync");
+        assert_eq!(t.read(1, 4, b"a", B, 1_010), Ok((b"x".to_vec(), 3)), "the same epoch is served");
+        assert_eq!(t.read(1, 3, b"a", B, 1_010), Ok((b"x".to_vec(), 3)), "a reader behind the copies is too");
+        assert_eq!(t.read(1, 5, b"a", B, 1_010), Err(Miss::OlderEpoch), "a newer epoch is not");
     }
 
     #[test]
@@ -263,16 +298,16 @@ mod tests {
         t.apply(1, 2, 100, false, vec![put("a", 1, "x"), put("b", 1, "y")]).expect("test step");
         t.apply(7, 1, 100, false, vec![put("c", 1, "z")]).expect("test step");
         assert_eq!(t.apply(1, 1, 200, false, vec![put("a", 9, "stale primary")]), Err(SyncError::StaleEpoch));
-        assert_eq!(t.read(1, b"a", B, 110).expect("test step").0, b"x");
+        assert_eq!(t.read(1, 0, b"a", B, 110).expect("test step").0, b"x");
         // A new primary (epoch 3) starts from nothing, and vouches for nothing until it says so.
         t.apply(1, 3, 0, false, vec![put("a", 10, "x3")]).expect("test step");
-        assert_eq!(t.read(1, b"b", B, 110), Err(Miss::Absent));
-        assert_eq!(t.read(1, b"a", B, 110), Err(Miss::TooStale));
+        assert_eq!(t.read(1, 0, b"b", B, 110), Err(Miss::Absent));
+        assert_eq!(t.read(1, 0, b"a", B, 110), Err(Miss::TooStale));
         t.apply(1, 3, 0, true, vec![]).expect("test step");
-        assert_eq!(t.read(1, b"a", B, 110), Err(Miss::Absent));
-        assert_eq!(t.read(7, b"c", B, 110).expect("test step").0, b"z", "other regions untouched");
+        assert_eq!(t.read(1, 0, b"a", B, 110), Err(Miss::Absent));
+        assert_eq!(t.read(7, 0, b"c", B, 110).expect("test step").0, b"z", "other regions untouched");
         t.forget_regions([7].into_iter());
-        assert_eq!(t.read(7, b"c", B, 110), Err(Miss::Absent));
+        assert_eq!(t.read(7, 0, b"c", B, 110), Err(Miss::Absent));
         assert_eq!(t.size(), (0, 0));
     }
 
@@ -284,7 +319,7 @@ mod tests {
         assert_eq!(t.size().0, 3);
         let big = SyncEntry { key: "k0".into(), version: 2, value: Some(vec![0; 2000]) };
         t.apply(1, 1, 100, false, vec![big]).expect("test step");
-        assert_eq!(t.read(1, b"k0", B, 100), Err(Miss::Absent), "an update that does not fit drops the old copy");
+        assert_eq!(t.read(1, 0, b"k0", B, 100), Err(Miss::Absent), "an update that does not fit drops the old copy");
         assert!(t.size().1 <= 1000);
         assert!(t.counters.dropped.load(std::sync::atomic::Ordering::Relaxed) >= 8);
     }

@@ -243,6 +243,9 @@ struct Link {
     seen: u64,
     /// Regions whose copies this link must resend whole (after a reset).
     needs_full: HashSet<u32>,
+    /// The epoch of each led region this link's replica was told of (a new primary tells its
+    /// backups' replica tables at once: their copies of the old primary's keys go).
+    announced: HashMap<u32, u64>,
     stop: CancellationToken,
 }
 
@@ -350,14 +353,41 @@ impl Syncer {
                 // A new connection (or the first): the replica's table starts over.
                 link.seen = g;
                 link.needs_full = led.clone();
+                link.announced.clear();
             }
         }
+        // A watermark says every write acknowledged before it is reflected: true only while the
+        // host's lease-bound authority holds (checked after reading the clock). Once it lapsed
+        // another node may lead these regions and acknowledge writes — a paused host's device
+        // once went on stamping fresh watermarks. Dirty keys wait for a round that may vouch.
         let t = now_ms();
+        if !self.state.as_ref().is_some_and(|s| s.0.vouched()) {
+            return;
+        }
         for (i, r) in map.regions().iter().enumerate() {
             if !map.serves(i) {
                 continue;
             }
             let addrs: Vec<&String> = wanted.iter().filter(|(_, is)| is.contains(&i)).map(|(a, _)| a).collect();
+            // A region led at a new epoch (this node was just promoted, or its backups changed):
+            // the replicas hear the epoch now — their copies from an older primary go — not at
+            // the first get of a popular key.
+            for a in &addrs {
+                let link = self.links.get_mut(*a).expect("opened above");
+                if link.announced.get(&r.id) != Some(&r.epoch) {
+                    let announce = requests(r.id, r.epoch, 0, true, Vec::new());
+                    if link.tx.capacity() >= announce.len() {
+                        for req in announce {
+                            self.hot.counters.outstanding.fetch_add(1, Ordering::Relaxed);
+                            if link.tx.try_send((link.seen, req)).is_err() {
+                                self.hot.counters.outstanding.fetch_sub(1, Ordering::Relaxed);
+                            }
+                        }
+                        link.announced.insert(r.id, r.epoch);
+                        link.needs_full.insert(r.id);
+                    }
+                }
+            }
             let want_all = addrs.iter().any(|a| self.links[*a].needs_full.contains(&r.id));
             let Some(round) = self.hot.take(r.id, want_all) else {
                 // Nothing read yet: still vouch for "no copies" being current (nothing to send).
@@ -437,7 +467,7 @@ impl Syncer {
             max_outstanding: self.hot.cfg.max_outstanding.max(1),
         };
         self.rt.spawn(task.run(rx, stop.clone()));
-        Link { tx, generation, seen: 0, needs_full: HashSet::new(), stop }
+        Link { tx, generation, seen: 0, needs_full: HashSet::new(), announced: HashMap::new(), stop }
     }
 }
 

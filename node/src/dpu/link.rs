@@ -3,6 +3,12 @@
 //! and routing the replies back. A link that breaks, or a request the host leaves unanswered for
 //! the link timeout, fails what it carried with `outcome_unknown` (the host may or may not have
 //! applied it); a write that could not even be sent fails with `unavailable` (it was not).
+//!
+//! Writes follow a failover as fast as reads do: once the host stops vouching for its region map
+//! (its lease-bound authority lapsed: it is paused, cut off, or dead — [`HostVouch`]), the
+//! device forwards no write (`unavailable`, not applied) and fails those it forwarded
+//! (`outcome_unknown`) within [`VOUCH_CHECK`], so clients and gateways look the map up again
+//! instead of waiting on a host that may never answer.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -61,6 +67,7 @@ pub struct HostLinks {
     ids: AtomicU64,
     timeout: Duration,
     hot: Arc<HotKeys>,
+    vouch: Arc<HostVouch>,
     /// Requests forwarded.
     pub forwarded: Arc<AtomicU64>,
     /// Requests failed because the host could not be reached or did not answer.
@@ -69,6 +76,32 @@ pub struct HostLinks {
 
 /// Requests a link keeps in flight (and queued to send).
 const LINK_QUEUE: usize = 8192;
+/// How often a link looks at its host's vouch and at requests left unanswered.
+pub const VOUCH_CHECK: Duration = Duration::from_millis(100);
+
+/// Whether the host vouches for the region map it published (the announcement's valid-until
+/// word, extended while its lease-bound authority lasts; docs/cluster.md §6): reopened when the
+/// host publishes a new one. No announcement yet: the host is left to decide.
+pub struct HostVouch {
+    shm: PathBuf,
+    cur: Mutex<Option<dpukv_storage::announce::Announcement>>,
+}
+
+impl HostVouch {
+    /// The vouch of the host publishing in `shm`.
+    pub fn new(shm: PathBuf) -> Arc<HostVouch> {
+        Arc::new(HostVouch { shm, cur: Mutex::new(None) })
+    }
+
+    /// Whether the host vouches for its map now.
+    pub fn holds(&self) -> bool {
+        let mut cur = self.cur.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.as_ref().is_none_or(|a| a.closed()) {
+            *cur = crate::pod::open_map(&self.shm).ok().map(|(_, a)| a);
+        }
+        cur.as_ref().is_none_or(|a| a.valid_now())
+    }
+}
 
 fn lock(p: &Pending) -> std::sync::MutexGuard<'_, InFlight> {
     p.lock().unwrap_or_else(|e| e.into_inner())
@@ -77,7 +110,15 @@ fn lock(p: &Pending) -> std::sync::MutexGuard<'_, InFlight> {
 impl HostLinks {
     /// `n` links to the host socket at `socket`, failing requests unanswered after `timeout`.
     /// `hot`: told each write's keys once the host answered it (or may have applied it).
-    pub fn new(socket: PathBuf, n: usize, timeout: Duration, hot: Arc<HotKeys>) -> Arc<HostLinks> {
+    /// `vouch`: whether the host still vouches for its map (writes are neither forwarded nor
+    /// left waiting once it does not).
+    pub fn new(
+        socket: PathBuf,
+        n: usize,
+        timeout: Duration,
+        hot: Arc<HotKeys>,
+        vouch: Arc<HostVouch>,
+    ) -> Arc<HostLinks> {
         Arc::new(HostLinks {
             socket,
             links: (0..n.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
@@ -85,6 +126,7 @@ impl HostLinks {
             ids: AtomicU64::new(1),
             timeout,
             hot,
+            vouch,
             forwarded: Arc::new(AtomicU64::new(0)),
             unavailable: Arc::new(AtomicU64::new(0)),
         })
@@ -92,6 +134,17 @@ impl HostLinks {
 
     /// Forwards `req`; its reply (or the failure) goes to `sink` under its own id.
     pub async fn forward(&self, mut req: Request, charge: Charge, sink: Sink) {
+        if !self.vouch.holds() {
+            // Another node may lead these regions by now: not forwarded (not applied); the
+            // client looks the map up again.
+            self.unavailable.fetch_add(1, Ordering::Relaxed);
+            let r = Response::error(
+                req.id,
+                ErrorCode::Unavailable,
+                "this node's host is not renewing its authority: its region map may be stale",
+            );
+            return sink.send(r, charge);
+        }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.links.len();
         let (tx, pending) = {
             let mut slot = self.links[i].lock().await;
@@ -182,7 +235,7 @@ impl HostLinks {
             b.store(true, Ordering::Release);
         });
         let (p, b, unavailable, timeout) = (pending.clone(), broken.clone(), self.unavailable.clone(), self.timeout);
-        let hot = self.hot.clone();
+        let (hot, vouch) = (self.hot.clone(), self.vouch.clone());
         tokio::spawn(async move {
             // A write whose outcome is unknown may be applied now or later (within the link's
             // timeout, while the host works through what it read): its keys are synced now and
@@ -211,7 +264,7 @@ impl HostLinks {
                 }
             };
             let mut buf: Vec<u8> = Vec::with_capacity(128 << 10);
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut tick = tokio::time::interval(VOUCH_CHECK);
             loop {
                 buf.reserve(64 << 10);
                 tokio::select! {
@@ -221,18 +274,29 @@ impl HostLinks {
                         }
                     }
                     _ = tick.tick() => {
-                        // Requests the host has not answered in time: their outcome is unknown.
+                        // Requests the host has not answered in time — or at all, once it no
+                        // longer vouches for its map (it may never answer: paused, cut off):
+                        // their outcome is unknown.
+                        let lapsed = !vouch.holds();
                         let late: Vec<Route> = {
                             let mut p = lock(&p);
-                            let ids: Vec<u64> =
-                                p.routes.iter().filter(|(_, r)| r.sent.elapsed() > timeout).map(|(id, _)| *id).collect();
+                            let ids: Vec<u64> = p
+                                .routes
+                                .iter()
+                                .filter(|(_, r)| lapsed || r.sent.elapsed() > timeout)
+                                .map(|(id, _)| *id)
+                                .collect();
                             ids.into_iter().filter_map(|id| p.routes.remove(&id)).collect()
+                        };
+                        let why = if lapsed {
+                            "the host stopped renewing its authority; the write's outcome is unknown"
+                        } else {
+                            "the host did not answer in time"
                         };
                         for r in late {
                             unavailable.fetch_add(1, Ordering::Relaxed);
                             unknown(r.keys);
-                            let e = Response::error(r.client_id, ErrorCode::OutcomeUnknown, "the host did not answer in time");
-                            r.sink.send(e, r.charge);
+                            r.sink.send(Response::error(r.client_id, ErrorCode::OutcomeUnknown, why), r.charge);
                         }
                         continue;
                     }

@@ -93,7 +93,8 @@ pub async fn run(
     let reads_counters = Arc::new(ReadCounters::default());
     let hot = HotKeys::new(cfg.hot.clone());
     let table = Arc::new(ReplicaTable::new(cfg.replica_table));
-    let links = HostLinks::new(pod::socket_path(&cfg.shm_dir), cfg.host_links, cfg.host_timeout, hot.clone());
+    let vouch = link::HostVouch::new(cfg.shm_dir.clone());
+    let links = HostLinks::new(pod::socket_path(&cfg.shm_dir), cfg.host_links, cfg.host_timeout, hot.clone(), vouch);
     let ready = Arc::new(AtomicBool::new(false));
     let mut registry = Registry::default();
     registry.register_collector(Box::new(StatsCollector {
@@ -219,7 +220,7 @@ fn replica_op(req: &Request, table: &ReplicaTable) -> Option<Response> {
             })
         }
         Op::Get { key } if req.replica => {
-            Some(match table.read(req.region, key, req.consistency, hot_keys::now_ms()) {
+            Some(match table.read(req.region, req.epoch, key, req.consistency, hot_keys::now_ms()) {
                 Ok((v, version)) => {
                     Response { id: req.id, version, replicated: true, result: Ok(Reply::Value(Some(v))) }
                 }
