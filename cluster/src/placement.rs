@@ -324,8 +324,15 @@ fn decide(
         return Some((next, Reason::Joined));
     }
     let in_sync_staying = r.backups.iter().filter(|&&b| eligible(b)).count();
-    // 5. Hand over a draining primary.
-    if facts.draining.contains(&r.primary) && in_sync_staying >= target {
+    // A region whose copies are all placed on eligible nodes, but some of them are joining
+    // nodes its primary cannot feed (stalled): only a new primary may feed them.
+    let placed_but_stalled = in_sync_staying >= 1
+        && r.replicas().filter(|&n| eligible(n)).count() >= target
+        && r.joining.iter().any(|&j| stalled(j));
+    // 5. Hand over a draining primary (once the region has its target without it — or, when
+    // its own links are what keeps copies from catching up, to an in-sync backup that may feed
+    // them: a drain around a backup the primary cannot reach would otherwise wait forever).
+    if facts.draining.contains(&r.primary) && (in_sync_staying >= target || placed_but_stalled) {
         let to = r
             .backups
             .iter()
@@ -516,6 +523,37 @@ mod tests {
         assert_eq!(plan(&next, &three, &facts, policy), vec![]);
     }
 
+    /// A drain of a primary whose packets to a backup are dropped once waited forever: the
+    /// backup stalled and was demoted, every other eligible node already held a copy, so the
+    /// region never had its target without the draining primary — and only a new primary could
+    /// feed the stalled copy.
+    #[test]
+    fn a_draining_primary_that_cannot_feed_a_copy_hands_over_to_a_backup_that_may() {
+        let nodes: Vec<NodeInfo> = (1..=4).map(|i| node(i, "")).collect();
+        let policy = Policy { replication: 3, max_moves: 2 };
+        // Node 1 leads and drains; node 2 (joining) stalled; 3 and 4 hold it in sync.
+        let r = RegionInfo {
+            primary: 1,
+            backups: vec![3, 4],
+            joining: vec![2],
+            epoch: 7,
+            ..RegionInfo::split(&[], 0)[0].clone()
+        };
+        let mut facts = Facts::default();
+        facts.draining.insert(1);
+        assert_eq!(plan(std::slice::from_ref(&r), &nodes, &facts, policy), vec![], "not stalled: it catches up first");
+        facts.stalled.insert((r.id, 2, 7));
+        let changes = plan(std::slice::from_ref(&r), &nodes, &facts, policy);
+        assert_eq!(changes.len(), 1);
+        let c = &changes[0];
+        assert_eq!(c.reason, Reason::HandOver);
+        assert!(
+            [3, 4].contains(&c.region.primary) && c.region.joining == vec![2],
+            "to an in-sync backup: {:?}",
+            c.region
+        );
+    }
+
     #[test]
     fn a_stepping_down_primary_moves_to_a_backup_and_keeps_a_copy() {
         let nodes: Vec<NodeInfo> = (1..=3).map(|i| node(i, "")).collect();
@@ -624,7 +662,11 @@ mod tests {
                     let eligible = nodes.iter().filter(|n| !facts.draining.contains(&n.id)).count();
                     let target = rf.min(eligible).max(1);
                     let copies = |r: &RegionInfo| std::iter::once(r.primary).chain(r.backups.iter().copied()).filter(|x| live.contains(x)).count();
-                    if matches!(c.reason, Reason::Trim | Reason::HandOver | Reason::Joined | Reason::Repair | Reason::BalanceReplica) {
+                    let around_stalled = c.reason == Reason::HandOver
+                        && old.joining.iter().any(|j| facts.stalled.contains(&(old.id, *j, old.epoch)));
+                    if matches!(c.reason, Reason::Trim | Reason::HandOver | Reason::Joined | Reason::Repair | Reason::BalanceReplica)
+                        && !around_stalled
+                    {
                         prop_assert!(copies(&c.region) >= copies(&old).min(target), "{:?} lowered redundancy: {:?} -> {:?}", c.reason, old, c.region);
                     }
                     *regions.iter_mut().find(|r| r.id == c.region.id).expect("a region") = c.region.clone();

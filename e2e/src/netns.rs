@@ -1,7 +1,8 @@
 //! Hosts on one machine for partition tests: a Linux bridge in the test's namespace and one
 //! network namespace per host, each with a veth pair onto the bridge and its own address in a
 //! private /24; [`Net::isolate`] cuts a host off with nftables drop rules inside its namespace
-//! (everything but the test process itself), [`Net::heal`] removes them. Everything is removed on
+//! (everything but the test process itself), [`Net::heal`] removes them; [`Net::cut`] drops one
+//! direction between two hosts. Everything is removed on
 //! drop, also when the test fails. Needs root (CAP_NET_ADMIN), `ip` and `nft`.
 
 use std::process::{Command, Stdio};
@@ -119,6 +120,26 @@ impl Net {
     /// Removes host `h`'s drop rules.
     pub fn heal(&self, h: u8) -> Result<()> {
         nft(&self.ns(h), "delete table inet partition\n")
+    }
+
+    /// Cuts one way: packets host `from` sends to host `to` are dropped (in `from`'s namespace);
+    /// what `to` sends to `from` still arrives. (A TCP connection between them stalls both ways
+    /// — its acknowledgements go the cut way — but new ones from `to` are accepted.)
+    pub fn cut(&self, from: u8, to: u8) -> Result<()> {
+        let to = self.addr(to);
+        nft(
+            &self.ns(from),
+            &format!(
+                "table inet cut {{\n\
+                 chain out {{ type filter hook output priority 0; policy accept; ip daddr {to} drop; }}\n\
+                 }}\n"
+            ),
+        )
+    }
+
+    /// Removes host `from`'s one-way cut.
+    pub fn uncut(&self, from: u8) -> Result<()> {
+        nft(&self.ns(from), "delete table inet cut\n")
     }
 }
 

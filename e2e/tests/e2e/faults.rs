@@ -486,3 +486,88 @@ async fn writes_through_the_gateway_move_off_a_paused_primary_within_3_s() {
         gw.logs()
     );
 }
+
+/// A drain around a backup the primary cannot reach (packets from the primary to it dropped)
+/// once froze: the primary's sender to that backup sat in a blocking write that ignored its stop
+/// flag, and the primary's member loop waited for it when it handed the region over
+/// (`handovers_waiting` stayed 1 until TCP gave up, ~15 minutes). Now writes on replication
+/// links look at their stop flag and time out, nothing in the member loop waits for a sender,
+/// and the stalled backup leaves the write set: the drain completes within 10 s while a client
+/// writes. Four pods in network namespaces; needs root, `ip` and `nft`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_completes_within_10_s_around_a_one_way_partition_from_the_primary_to_a_backup() {
+    use dpukv_e2e::netns::Net;
+    // Declared first: dropped last, after every process in its namespaces is gone.
+    let net = Net::new(&[2, 11, 12, 13, 14]).expect("network namespaces (root, iproute2 and nftables)");
+    let host = |id: u32| 10 + id as u8;
+    let etcd = Etcd::start_in(net.exec_prefix(2), &net.addr(2)).expect("etcd");
+    let nodes: Vec<ClusterNode> = (1..=4)
+        .map(|id| {
+            ClusterNode::start_in(id, "faults", &etcd.url(), &ARGS, net.exec_prefix(host(id)), &net.addr(host(id)))
+                .expect("node")
+        })
+        .collect();
+    let map = must_see_map(&nodes, |_| true, Duration::from_secs(90), whole(4, 3)).await;
+    let region = map.regions[0].clone();
+    let (p, b) = (region.primary, region.backups[0]);
+    let others: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != p).collect();
+    // Clients write 64 KiB values throughout (through whoever leads): the log grows well past
+    // what the cut-off backup's socket buffers hold, so the primary's sender to it blocks.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..4u64 {
+        let (stop, seed) = (stop.clone(), nodes[w as usize % 4].device.clone());
+        writers.push(tokio::spawn(async move {
+            let c = dpukv_client::Client::connect(&seed, 1).await.expect("connect");
+            let value = vec![b'v'; 64 << 10];
+            let mut acked = 0u64;
+            for i in 0u64.. {
+                if stop.load(std::sync::atomic::Ordering::Acquire) {
+                    break;
+                }
+                if c.put(format!("d{w}-{i:06}").as_bytes(), &value).await.is_ok() {
+                    acked += 1;
+                }
+            }
+            acked
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    net.cut(host(p), host(b)).expect("cut the primary's packets to a backup");
+    // Until the backup left the write set (stalled) and the log went on without it.
+    must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(30),
+        |m| m.region(region.id).is_some_and(|r| !r.backups.contains(&b)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let asked = Instant::now();
+    others[0].admin_post(&format!("/cluster/drain/{p}")).expect("drain request");
+    let deadline = asked + Duration::from_secs(30);
+    loop {
+        let status = others[0].admin_get(&format!("/cluster/drain/{p}")).unwrap_or_default();
+        if status.contains("\"done\": true") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the drain did not complete in 30 s: {status}\n{}", logs(&nodes));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Done in the map; the new primary serves once the old one released the region (a frozen
+    // member loop never did): a write is acknowledged through the others.
+    let key = if region.start.is_empty() { b"a".to_vec() } else { region.start.clone() };
+    first_ack(&nodes, |n| n.id != p, &key).await;
+    let took = asked.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let mut acked = 0;
+    for w in writers {
+        acked += w.await.expect("writer");
+    }
+    eprintln!(
+        "node {p} drained, and a write acknowledged by the new primary, {took:?} after the request (its packets to node {b} dropped); {acked} writes acknowledged"
+    );
+    net.uncut(host(p)).expect("uncut");
+    assert!(took <= Duration::from_secs(10), "the drain took {took:?}\n{}", logs(&nodes));
+    assert!(acked > 0, "writes went on");
+}
