@@ -131,6 +131,24 @@ impl ClusterNode {
         Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), prefix, ip, device, admin, None)
     }
 
+    /// Like [`ClusterNode::start_in`], with environment variables `env` for both processes and,
+    /// with `disk_mib`, its data directory on a tmpfs of that size (root only).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_in_with(
+        id: u32,
+        cluster: &str,
+        etcd: &str,
+        extra: &[&str],
+        prefix: Vec<String>,
+        ip: &str,
+        env: &[(&str, &str)],
+        disk_mib: Option<u64>,
+    ) -> Result<ClusterNode> {
+        let (device, admin) = (format!("{ip}:7070"), format!("{ip}:7071"));
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Self::start_at(id, cluster, etcd, extra, &[], env, prefix, ip, device, admin, disk_mib)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn start_at(
         id: u32,

@@ -82,6 +82,16 @@ impl Etcd {
         self.dir.path().join("data")
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the member.
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        let Some(p) = &self.proc else { bail!("etcd is not running") };
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(p.0.id().to_string()).status()?;
+        if !status.success() {
+            bail!("kill -{signal} etcd failed");
+        }
+        Ok(())
+    }
+
     /// Kills the member (SIGKILL); its data stays for [`Etcd::resume`].
     pub fn stop(&mut self) {
         self.proc = None;

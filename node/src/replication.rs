@@ -175,6 +175,30 @@ impl Acks {
         }
     }
 
+    /// A new session with `node` began where it says it holds the log (`Resume`): its position
+    /// is that, not the highest an earlier session reported — the node may have lost its copy
+    /// since (a backup dropped from a region deletes it, and may be given the region back), and
+    /// positions from before would have it reported caught up, or counted as holding writes,
+    /// with nothing on its disk. Its index is shipped again on this session.
+    pub fn reset(&self, node: u32, pos: Lsn) {
+        let mut st = lock(&self.st);
+        st.held.insert(node, pos);
+        st.installed.remove(&node);
+        st.progress.insert(node, Instant::now());
+        st.show();
+        self.cv.notify_all();
+    }
+
+    /// Forgets what `node` held (it left the region, or joined it anew: only a session of its
+    /// own says again what it holds).
+    pub fn forget(&self, node: u32) {
+        let mut st = lock(&self.st);
+        st.held.remove(&node);
+        st.installed.remove(&node);
+        st.progress.remove(&node);
+        st.show();
+    }
+
     /// Also waits for `node` from now on (a joining node about to be reported caught up: every
     /// write acknowledged after the report is on it too).
     pub fn require_also(&self, node: u32) {
@@ -758,9 +782,10 @@ fn send_session(
         other => anyhow::bail!("expected resume, got {other:?}"),
     };
     tracing::debug!(region, backup = cfg.backup, epoch, from = ?pos, end = ?tail.end(), "streaming to a backup");
-    // The backup holds everything before where it resumes: a write that adds nothing to the
-    // log (a retry answered from the sessions) must not wait for an Append that never comes.
-    acks.held(cfg.backup, pos);
+    // The backup holds everything before where it resumes (and nothing more, whatever an
+    // earlier session said): a write that adds nothing to the log (a retry answered from the
+    // sessions) must not wait for an Append that never comes.
+    acks.reset(cfg.backup, pos);
     // The backup's answers, read on their own thread.
     let mut rs = s.try_clone()?;
     let (acks2, backup) = (acks.clone(), cfg.backup);

@@ -571,3 +571,80 @@ async fn a_drain_completes_within_10_s_around_a_one_way_partition_from_the_prima
     assert!(took <= Duration::from_secs(10), "the drain took {took:?}\n{}", logs(&nodes));
     assert!(acked > 0, "writes went on");
 }
+
+/// A backup dropped from its region while away (its host paused past its lease) deletes its copy
+/// when it resumes and is given the region back as a joining node — and was reported caught up
+/// at once: its primary judged it by the positions the node's earlier session had reported. It
+/// became a backup with an empty copy and, promoted, lost the region's acknowledged writes (the
+/// nemesis found it). Now a node that joins anew, and every new session, starts from what the
+/// node says it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_dropped_while_away_is_caught_up_only_once_it_holds_the_log_again() {
+    use dpukv_client::Client;
+    let etcd = Etcd::start().expect("etcd");
+    let mut nodes: Vec<ClusterNode> =
+        (1..=3).map(|id| ClusterNode::start(id, "faults", &etcd.url(), &ARGS).expect("node")).collect();
+    let map = must_see_map(&nodes, |_| true, Duration::from_secs(60), whole(3, 3)).await;
+    let region = map.regions[0].clone();
+    let (p, b, other) = (region.primary, region.backups[0], region.backups[1]);
+    if b == map.master {
+        eprintln!("(node {b} is also the master)");
+    }
+    let c = Client::connect(&map.node(p).expect("primary").device, 2).await.expect("connect");
+    let value = vec![b'x'; 16 << 10];
+    let mut acked = Vec::new();
+    for i in 0..600u32 {
+        let k = format!("r{i:05}");
+        c.put(k.as_bytes(), &value).await.expect("a write");
+        acked.push(k);
+    }
+    // The backup's host is away past its lease: dropped from the region.
+    nodes[b as usize - 1].signal("STOP", false).expect("pause");
+    must_see_map(
+        &nodes,
+        |n| n.id != b,
+        Duration::from_secs(30),
+        |m| m.region(region.id).is_some_and(|r| !r.replicas().any(|n| n == b)),
+    )
+    .await;
+    nodes[b as usize - 1].signal("CONT", false).expect("resume");
+    // It comes back as a backup (having copied the region again)...
+    must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(60),
+        |m| m.region(region.id).is_some_and(|r| r.backups.contains(&b) && r.joining.is_empty()),
+    )
+    .await;
+    // ...and then holds every acknowledged write: the other two die and it is promoted.
+    nodes[p as usize - 1].kill();
+    nodes[other as usize - 1].kill();
+    let after = must_see_map(
+        &nodes,
+        |n| n.id == b,
+        Duration::from_secs(30),
+        |m| m.region(region.id).is_some_and(|r| r.primary == b),
+    )
+    .await;
+    let c = Client::connect(&after.node(b).expect("registered").device, 2).await.expect("connect");
+    let mut lost = Vec::new();
+    for k in &acked {
+        let mut got = c.get(k.as_bytes()).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while got.is_err() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            got = c.get(k.as_bytes()).await;
+        }
+        if got.as_ref().ok().and_then(|v| v.as_deref()) != Some(value.as_slice()) {
+            lost.push(k.clone());
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged writes lost: {:?}\n{}",
+        lost.len(),
+        acked.len(),
+        &lost[..lost.len().min(5)],
+        logs(&nodes)
+    );
+}

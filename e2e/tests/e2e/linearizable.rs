@@ -25,9 +25,9 @@ fn key(i: usize) -> Vec<u8> {
 /// When the clients of a test stop: the test's own condition (work done, not time spent, so a
 /// slow machine runs longer instead of failing), and how many times the host was restarted.
 #[derive(Clone, Default)]
-struct Run {
-    stop: Arc<AtomicBool>,
-    restarts: Arc<AtomicU64>,
+pub(crate) struct Run {
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) restarts: Arc<AtomicU64>,
 }
 
 impl Run {
@@ -36,7 +36,7 @@ impl Run {
     }
 
     /// Stops the clients once `enough` holds (checked every 20 ms), at the latest after `cap`.
-    fn stop_when(&self, cap: Duration, enough: impl Fn() -> bool) {
+    pub(crate) fn stop_when(&self, cap: Duration, enough: impl Fn() -> bool) {
         let deadline = Instant::now() + cap;
         while !enough() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
@@ -49,14 +49,23 @@ impl Run {
 /// fetch_add: a fetch_add whose outcome a crash made unknown can be placed almost anywhere,
 /// which makes the search blow up; counters are checked in the steady run.
 async fn client(addr: String, id: u64, h: History, run: Run, atomics: bool) {
-    client_with(addr, id, h, run, atomics, false).await
+    client_with(addr, id, h, run, atomics, false, String::new()).await
 }
 
 /// Like [`client`]; with `retrying`, each operation goes through the library's retries (reads
 /// again, writes again with their exactly-once tag, following the region map), so its outcome
-/// is known unless the retries run out.
-async fn client_with(addr: String, id: u64, h: History, run: Run, atomics: bool, retrying: bool) {
+/// is known unless the retries run out. Its keys start with `prefix`.
+pub(crate) async fn client_with(
+    addr: String,
+    id: u64,
+    h: History,
+    run: Run,
+    atomics: bool,
+    retrying: bool,
+    prefix: String,
+) {
     let c = Client::connect(&addr, 1).await.expect("connect");
+    let key = |i: usize| [prefix.as_bytes(), &key(i)].concat();
     let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
     let mut x = id * 7919 + 1;
     let mut n = 0u64;
@@ -71,7 +80,7 @@ async fn client_with(addr: String, id: u64, h: History, run: Run, atomics: bool,
         x ^= x << 17;
         n += 1;
         let k = key((x % KEYS as u64) as usize);
-        let ctr = format!("c{}", x % 2).into_bytes();
+        let ctr = [prefix.as_bytes(), format!("c{}", x % 2).as_bytes()].concat();
         let val = format!("v{id}-{n}").into_bytes();
         if reads_only
             .is_some_and(|(t, r)| t.elapsed() > Duration::from_millis(300) && run.restarts.load(Ordering::Relaxed) > r)
@@ -92,7 +101,13 @@ async fn client_with(addr: String, id: u64, h: History, run: Run, atomics: bool,
             6 => (Op::CompareAndSwap { key: k.clone(), expected: None, new: val }, k),
             7 => (Op::FetchAdd { key: ctr.clone(), delta: 1 }, ctr),
             _ => (
-                Op::Scan { lo: b"k".to_vec(), hi: b"k\xff".to_vec(), limit: 100, max_bytes: 0, token: vec![] },
+                Op::Scan {
+                    lo: [prefix.as_bytes(), b"k"].concat(),
+                    hi: [prefix.as_bytes(), b"k\xff"].concat(),
+                    limit: 100,
+                    max_bytes: 0,
+                    token: vec![],
+                },
                 Vec::new(),
             ),
         };
@@ -224,7 +239,7 @@ fn spawn_retrying_clients(
     (0..6u64)
         .map(|i| {
             let seed = nodes[i as usize % nodes.len()].device.clone();
-            rt.spawn(client_with(seed, i, h.clone(), run.clone(), false, true))
+            rt.spawn(client_with(seed, i, h.clone(), run.clone(), false, true, String::new()))
         })
         .collect()
 }
@@ -242,7 +257,7 @@ fn write_op(op: &Op) -> Option<KeyOp> {
     })
 }
 
-fn must_be_linearizable(h: &History) {
+pub(crate) fn must_be_linearizable(h: &History) {
     let events = h.events();
     assert!(events.len() >= ENOUGH_EVENTS, "only {} events recorded", events.len());
     match check(&events, 50_000_000) {
@@ -1018,8 +1033,9 @@ fn linearizable_through_the_gateway_across_failovers() {
     let seeds: Vec<&str> = nodes.iter().map(|n| n.device.as_str()).collect();
     let gw = dpukv_e2e::gateway::Gateway::start(&seeds, &[]).expect("gateway");
     let (h, run) = (History::default(), Run::default());
-    let tasks: Vec<_> =
-        (0..6u64).map(|i| rt.spawn(client_with(gw.binary.clone(), i, h.clone(), run.clone(), false, true))).collect();
+    let tasks: Vec<_> = (0..6u64)
+        .map(|i| rt.spawn(client_with(gw.binary.clone(), i, h.clone(), run.clone(), false, true, String::new())))
+        .collect();
     for it in 0..iterations {
         std::thread::sleep(Duration::from_millis(300));
         let map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), both));

@@ -9,6 +9,7 @@ mod hot_keys;
 mod linearizable;
 mod local;
 mod meta;
+mod nemesis;
 mod operator;
 mod tls;
 mod traces;

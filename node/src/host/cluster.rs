@@ -106,6 +106,8 @@ struct Led {
     reported: BTreeSet<u32>,
     /// Nodes reported stalled (at this epoch).
     stalled: BTreeSet<u32>,
+    /// Its backups and joining nodes at this epoch.
+    members: BTreeSet<u32>,
 }
 
 /// Runs the member until `shutdown`; returns the writer threads of the regions it still led
@@ -660,6 +662,7 @@ fn open_led(
         serving: false,
         reported: BTreeSet::new(),
         stalled: BTreeSet::new(),
+        members: r.backups.iter().chain(&r.joining).copied().collect(),
     };
     start_senders(args, &mut l, r, peers);
     tracing::info!(region = r.id, epoch = r.epoch, backups = ?r.backups, joining = ?r.joining, "leading the region");
@@ -682,6 +685,14 @@ fn retarget(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, peers: &Peers) {
         stop.store(true, Ordering::Release);
     }
     l.acks.set_required(r.epoch, r.backups.clone());
+    // A node that left the region, or joined it anew, held nothing as far as this region knows
+    // until a session of its own says (a node dropped while away deleted its copy; its earlier
+    // positions would have it reported caught up at once, with an empty copy).
+    let members: BTreeSet<u32> = r.backups.iter().chain(&r.joining).copied().collect();
+    for &n in l.members.symmetric_difference(&members) {
+        l.acks.forget(n);
+    }
+    l.members = members;
     l.epoch = r.epoch;
     l.reported.clear();
     l.stalled.clear();
