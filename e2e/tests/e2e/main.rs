@@ -5,6 +5,7 @@ mod cluster;
 mod faults;
 mod gateway;
 mod hot_keys;
+mod identity;
 mod linearizable;
 mod local;
 mod meta;
