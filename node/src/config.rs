@@ -499,4 +499,87 @@ mod tests {
         assert!(cluster_of(&["--advertise-device", "a:1"]).is_err(), "neither");
         assert!(cluster_of(&["--node-id", "0", "--advertise-device", "a:1"]).is_err(), "0 is no id");
     }
+
+    /// Each node's host and device take their own certificate by their id (`{node}`), require
+    /// client certificates with TLS, and refuse to start with another node's certificate.
+    #[test]
+    fn each_node_takes_its_own_certificate_by_its_id() {
+        use dpukv_net::identity::{Identity, Role};
+        use dpukv_net::tls::{LocalCa, TlsFiles};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = LocalCa::new().expect("CA");
+        let ca_pem = dir.path().join("ca.pem");
+        ca.write_ca(&ca_pem).expect("CA");
+        for id in 1..=2 {
+            let f = TlsFiles {
+                cert: dir.path().join(format!("node-{id}.pem")),
+                key: dir.path().join(format!("node-{id}.key")),
+                ca: None,
+            };
+            let me = Identity::new("local", "c", Role::Node, &id.to_string()).expect("identity");
+            ca.issue(&["127.0.0.1"], Some(&me), &f).expect("issue");
+        }
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let (cert, key, ca_arg) = (path("node-{node}.pem"), path("node-{node}.key"), path("ca.pem"));
+        let device = |extra: &[&str], mutual: bool| {
+            let mut argv =
+                vec!["dpukv-dpu", "--shm-dir", "/s", "--tls-cert", &cert, "--tls-key", &key, "--tls-ca", &ca_arg];
+            if mutual {
+                argv.push("--tls-client-auth");
+            }
+            argv.extend_from_slice(extra);
+            DeviceArgs::try_parse_from(argv).expect("flags").config().map(|_| ()).map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(device(&["--node-index", "1"], true), Ok(()), "node 2 by its index");
+        assert_eq!(device(&["--node-id", "1"], true), Ok(()));
+        assert!(device(&["--node-id", "1"], false).expect_err("no client auth").contains("--tls-client-auth"));
+        assert!(device(&[], true).expect_err("no id").contains("{node}"));
+        assert!(device(&["--node-id", "3"], true).is_err(), "no certificate for node 3");
+        // A fixed path to another node's certificate.
+        let other = path("node-1.pem");
+        let other_key = path("node-1.key");
+        let argv = [
+            "dpukv-dpu",
+            "--shm-dir",
+            "/s",
+            "--tls-cert",
+            &other,
+            "--tls-key",
+            &other_key,
+            "--tls-ca",
+            &ca_arg,
+            "--tls-client-auth",
+            "--node-id",
+            "2",
+        ];
+        let e = DeviceArgs::try_parse_from(argv).expect("flags").config().expect_err("another node's certificate");
+        assert!(format!("{e:#}").contains("not node 2"), "{e:#}");
+        // A host: its replication listener and control API by its id.
+        let host = |extra: &[&str]| {
+            let mut argv = vec![
+                "dpukv-node",
+                "--data-dir",
+                "/d",
+                "--shm-dir",
+                "/s",
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--tls-ca",
+                &ca_arg,
+                "--tls-client-auth",
+            ];
+            argv.extend_from_slice(extra);
+            HostArgs::try_parse_from(argv).expect("flags").config().map_err(|e| format!("{e:#}"))
+        };
+        let cluster =
+            ["--cluster", "c", "--node-index", "0", "--advertise-device", "a:1", "--control-listen", "127.0.0.1:0"];
+        let c = host(&cluster).expect("a host with its control API");
+        let control = c.control.expect("control");
+        assert_eq!(control.tls.expect("TLS").own_identity().and_then(|i| i.node_id()), Some(1));
+        assert!(c.cluster.expect("cluster").tls_server.is_some());
+        let standalone = host(&["--node-id", "1", "--control-listen", "127.0.0.1:0"]);
+        assert!(standalone.expect_err("no cluster").contains("--control-listen needs --cluster"));
+    }
 }
