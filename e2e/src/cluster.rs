@@ -1,7 +1,7 @@
 //! Cluster nodes for a test: a node pod (host and device processes) that joins a cluster in a
 //! real etcd, on free loopback ports, with its logs in its directory; it can be SIGKILLed and
-//! started again on the same data. Each host serves its control API (`/cluster/*`) with an admin
-//! token of its own, which [`ClusterNode::admin_post`] and the others present (and over TLS,
+//! started again on the same data. Each host serves its control API (`/cluster/*`) with its
+//! cluster's admin token ([`ClusterNode::admin_token`]), which [`ClusterNode::admin_post`] and the others present (and over TLS,
 //! trusting the CA of [`ClusterNode::set_control_tls`], when the node runs with TLS).
 
 use std::process::{Command, Stdio};
@@ -147,15 +147,9 @@ impl ClusterNode {
         disk_mib: Option<u64>,
     ) -> Result<ClusterNode> {
         let dir = tempfile::tempdir()?;
-        // A token of the control API of its own (random: the test's processes only).
-        let token = {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u32(id);
-            let mut h2 = std::collections::hash_map::RandomState::new().build_hasher();
-            h2.write_u32(id);
-            format!("{:016x}{:016x}", h.finish(), h2.finish())
-        };
+        // The control API's token: one per cluster, so `dpukv cluster` (with DPUKV_ADMIN_TOKEN)
+        // may call any of its nodes.
+        let token = format!("e2e-admin-token-of-{cluster}");
         let token_file = dir.path().join("admin-token");
         std::fs::write(&token_file, format!("{token}\n"))?;
         if let Some(mib) = disk_mib {
