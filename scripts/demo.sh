@@ -32,7 +32,7 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 NODE1=$(python3 -c "import json; print(json.load(open('$DIR/cluster.json'))['nodes'][0]['device'])")
-echo "== the cluster: nodes (id, device, replication, admin, zone) and regions (id, start, end, primary, backups, epoch)"
+echo "== the cluster: nodes (id, device, replication, control API, zone) and regions (id, start, end, primary, backups, epoch)"
 $BIN/dpukv --endpoint "$NODE1" nodes
 $BIN/dpukv --endpoint "$EP" regions
 echo "== one endpoint, three protocols: the dpukv CLI (binary protocol), curl (HTTP/JSON), redis-cli"

@@ -3,6 +3,7 @@
 //! be reached answers [`MetaError::Unavailable`] rather than hanging, so a node's lease keeper can
 //! tell "etcd is down" from "etcd is slow" by the clock alone.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -20,17 +21,100 @@ use crate::meta::{
 /// How to reach etcd.
 #[derive(Debug, Clone)]
 pub struct EtcdOptions {
-    /// Client URLs (`http://host:port`), any member of the cluster.
+    /// Client URLs (`http://host:port`, or `https://host:port` with [`EtcdOptions::tls`]), any
+    /// member of the cluster.
     pub endpoints: Vec<String>,
     /// Deadline of one request (and of connecting).
     pub op_timeout: Duration,
+    /// TLS (for `https://` endpoints).
+    pub tls: Option<EtcdTls>,
 }
 
 impl EtcdOptions {
-    /// Options for these endpoints with a 2 s deadline per request.
+    /// Options for these endpoints with a 2 s deadline per request, without TLS.
     pub fn new(endpoints: impl IntoIterator<Item = impl Into<String>>) -> EtcdOptions {
-        EtcdOptions { endpoints: endpoints.into_iter().map(Into::into).collect(), op_timeout: Duration::from_secs(2) }
+        EtcdOptions {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            op_timeout: Duration::from_secs(2),
+            tls: None,
+        }
     }
+
+    /// The same, over TLS.
+    pub fn with_tls(self, tls: EtcdTls) -> EtcdOptions {
+        EtcdOptions { tls: Some(tls), ..self }
+    }
+}
+
+/// TLS to etcd: where the client configuration in force comes from (trusting etcd's CA, with a
+/// client certificate for etcd's `--client-cert-auth`), asked at every new connection.
+#[derive(Clone)]
+pub struct EtcdTls(Arc<dyn Fn() -> Arc<rustls::ClientConfig> + Send + Sync>);
+
+impl EtcdTls {
+    /// `config` answers the configuration in force (say, `ClientTls::config` of `dpukv-net`).
+    pub fn new(config: impl Fn() -> Arc<rustls::ClientConfig> + Send + Sync + 'static) -> EtcdTls {
+        EtcdTls(Arc::new(config))
+    }
+
+    /// The configuration for a new connection: the one in force, speaking HTTP/2 (ALPN `h2`:
+    /// etcd's TLS server picks gRPC's protocol by it).
+    fn config(&self) -> Arc<rustls::ClientConfig> {
+        let mut c = (*(self.0)()).clone();
+        c.alpn_protocols = vec![b"h2".to_vec()];
+        Arc::new(c)
+    }
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EtcdTls")
+    }
+}
+
+/// `host:port` of `url` (`scheme://host:port[/]`), and whether it is `https`.
+fn endpoint_addr(url: &str) -> Result<(bool, String)> {
+    let (https, rest) = if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else {
+        (false, url)
+    };
+    let addr = rest.trim_end_matches('/');
+    if addr.is_empty() || addr.contains('/') || !addr.contains(':') {
+        return Err(MetaError::Invalid(format!("the etcd endpoint {url:?} is not scheme://host:port")));
+    }
+    Ok((https, addr.to_string()))
+}
+
+/// The name a server certificate must carry for `addr` (`host:port`, `[v6]:port`).
+fn server_name(addr: &str) -> std::io::Result<rustls::pki_types::ServerName<'static>> {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{host:?}: {e}")))
+}
+
+/// A TLS connection to the first of `addrs` that answers (each within `timeout`).
+async fn dial_tls(
+    addrs: &[String],
+    tls: &EtcdTls,
+    timeout: Duration,
+) -> std::io::Result<hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>> {
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no etcd endpoint");
+    for addr in addrs {
+        let one = async {
+            let tcp = tokio::net::TcpStream::connect(addr.as_str()).await?;
+            tcp.set_nodelay(true)?;
+            tokio_rustls::TlsConnector::from(tls.config()).connect(server_name(addr)?, tcp).await
+        };
+        match tokio::time::timeout(timeout, one).await {
+            Ok(Ok(s)) => return Ok(hyper_util::rt::TokioIo::new(s)),
+            Ok(Err(e)) => last = std::io::Error::new(e.kind(), format!("etcd at {addr}: {e}")),
+            Err(_) => last = std::io::Error::new(std::io::ErrorKind::TimedOut, format!("etcd at {addr}: no answer")),
+        }
+    }
+    Err(last)
 }
 
 /// A [`MetaStore`] on etcd. Clones share one connection.
@@ -119,12 +203,46 @@ impl EtcdStore {
         if opts.endpoints.is_empty() {
             return Err(MetaError::Invalid("no etcd endpoints".into()));
         }
+        let mut addrs = Vec::with_capacity(opts.endpoints.len());
+        for url in &opts.endpoints {
+            let (https, addr) = endpoint_addr(url)?;
+            if https != opts.tls.is_some() {
+                return Err(MetaError::Invalid(if https {
+                    format!("the etcd endpoint {url} is https: it needs TLS (--etcd-ca, --etcd-cert, --etcd-key)")
+                } else {
+                    format!("the etcd endpoint {url} is not https, and TLS to etcd is configured")
+                }));
+            }
+            addrs.push(addr);
+        }
         let co = ConnectOptions::new()
             .with_timeout(opts.op_timeout)
             .with_connect_timeout(opts.op_timeout)
             .with_keep_alive(Duration::from_secs(1), opts.op_timeout)
             .with_keep_alive_while_idle(true);
-        let client = Client::connect(&opts.endpoints, Some(co)).await.map_err(|e| map_err(e, None))?;
+        let client = match &opts.tls {
+            None => Client::connect(&opts.endpoints, Some(co)).await.map_err(|e| map_err(e, None))?,
+            Some(tls) => {
+                // The channel's own URI only names the first endpoint for the requests' origin;
+                // the connector dials (and fails over among) all of them, with TLS.
+                let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", addrs[0]))
+                    .map_err(|e| MetaError::Invalid(format!("etcd endpoint {}: {e}", addrs[0])))?
+                    .timeout(opts.op_timeout)
+                    .connect_timeout(opts.op_timeout)
+                    .http2_keep_alive_interval(Duration::from_secs(1))
+                    .keep_alive_timeout(opts.op_timeout)
+                    .keep_alive_while_idle(true);
+                let (addrs, tls, timeout) = (Arc::new(addrs), tls.clone(), opts.op_timeout);
+                let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+                    let (addrs, tls) = (addrs.clone(), tls.clone());
+                    async move { dial_tls(&addrs, &tls, timeout).await }
+                });
+                let channel = endpoint.connect_with_connector_lazy(connector);
+                Client::from_channel(etcd_client::Channel::Tonic(channel), Some(co))
+                    .await
+                    .map_err(|e| map_err(e, None))?
+            }
+        };
         Ok(EtcdStore { client, op_timeout: opts.op_timeout })
     }
 

@@ -6,7 +6,8 @@
 //!
 //! - [`meta`]: the [`MetaStore`] trait — ranges, transactions with compares, leases with
 //!   keepalive, watches from a revision — the subset of etcd's API the cluster uses.
-//! - [`etcd`]: [`EtcdStore`], the trait on a real etcd (v3 API), every request with a deadline.
+//! - [`etcd`]: [`EtcdStore`], the trait on a real etcd (v3 API), every request with a deadline;
+//!   TLS with a client certificate ([`EtcdTls`]).
 //! - [`mem`]: [`MemStore`], an in-process implementation with etcd's semantics (one revision
 //!   counter, leases that expire and delete their keys, ordered watch events) for the single-node
 //!   mode and unit tests.
@@ -43,6 +44,6 @@ pub mod meta;
 pub mod placement;
 
 pub use election::{Leadership, campaign, leader, resign};
-pub use etcd::{EtcdOptions, EtcdStore};
+pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};
 pub use mem::MemStore;
 pub use meta::{Compare, KeyValue, LeaseId, MetaError, MetaStore, Revision, Txn, TxnOp, TxnResult, Watch, WatchEvent};

@@ -1,12 +1,17 @@
 //! Cluster nodes for a test: a node pod (host and device processes) that joins a cluster in a
 //! real etcd, on free loopback ports, with its logs in its directory; it can be SIGKILLed and
-//! started again on the same data.
+//! started again on the same data. Each host serves its control API (`/cluster/*`) with its
+//! cluster's admin token ([`ClusterNode::admin_token`]), which [`ClusterNode::admin_post`] and the others present (and over TLS,
+//! trusting the CA of [`ClusterNode::set_control_tls`], when the node runs with TLS).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use anyhow::{Context, Result, bail};
 use dpukv_client::Client;
+use dpukv_net::tls::ClientTls;
 use dpukv_proto::regionmap::RegionMap;
 use dpukv_proto::{Request, Response, decode_responses, encode_requests, frame_header};
 
@@ -20,8 +25,14 @@ pub struct ClusterNode {
     pub dir: tempfile::TempDir,
     /// Its device's data port.
     pub device: String,
-    /// Its host's admin endpoint.
+    /// Its host's admin endpoint (`/metrics`, `/healthz`, `/readyz`).
     pub admin: String,
+    /// Its host's control API (`/cluster/*`).
+    pub control: String,
+    /// The admin token its control API takes.
+    token: String,
+    /// TLS to its control API (with TLS flags), if set.
+    control_tls: Option<Arc<ClientTls>>,
     host_args: Vec<String>,
     device_args: Vec<String>,
     /// Environment variables of both processes.
@@ -46,17 +57,27 @@ impl Drop for ClusterNode {
 impl ClusterNode {
     /// Starts node `id` of cluster `cluster` on etcd `etcd` (host flags `extra` added).
     pub fn start(id: u32, cluster: &str, etcd: &str, extra: &[&str]) -> Result<ClusterNode> {
-        let device = format!("127.0.0.1:{}", free_port()?);
-        let admin = format!("127.0.0.1:{}", free_port()?);
-        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), Vec::new(), "127.0.0.1", device, admin, None)
+        let (device, admin, control) = loopback_ports()?;
+        Self::start_at(
+            id,
+            cluster,
+            etcd,
+            extra,
+            &[],
+            Vec::new(),
+            Vec::new(),
+            "127.0.0.1",
+            [device, admin, control],
+            None,
+        )
     }
 
     /// Like [`ClusterNode::start`], with its data directory on a tmpfs of `mib` MiB: a disk the
     /// test can fill ([`ClusterNode::fill_disk`]). Needs root (to mount).
     pub fn start_on_small_disk(id: u32, cluster: &str, etcd: &str, extra: &[&str], mib: u64) -> Result<ClusterNode> {
-        let device = format!("127.0.0.1:{}", free_port()?);
-        let admin = format!("127.0.0.1:{}", free_port()?);
-        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), Vec::new(), "127.0.0.1", device, admin, Some(mib))
+        let (device, admin, control) = loopback_ports()?;
+        let ports = [device, admin, control];
+        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), Vec::new(), "127.0.0.1", ports, Some(mib))
     }
 
     /// Cuts its power: both processes SIGKILLed, then its data directory turned into what its
@@ -111,10 +132,9 @@ impl ClusterNode {
         both: &[&str],
         env: &[(&str, &str)],
     ) -> Result<ClusterNode> {
-        let device = format!("127.0.0.1:{}", free_port()?);
-        let admin = format!("127.0.0.1:{}", free_port()?);
+        let (device, admin, control) = loopback_ports()?;
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Self::start_at(id, cluster, etcd, extra, both, env, Vec::new(), "127.0.0.1", device, admin, None)
+        Self::start_at(id, cluster, etcd, extra, both, env, Vec::new(), "127.0.0.1", [device, admin, control], None)
     }
 
     /// Like [`ClusterNode::start`], in the network namespace `prefix` enters (`ip netns exec
@@ -127,8 +147,8 @@ impl ClusterNode {
         prefix: Vec<String>,
         ip: &str,
     ) -> Result<ClusterNode> {
-        let (device, admin) = (format!("{ip}:7070"), format!("{ip}:7071"));
-        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), prefix, ip, device, admin, None)
+        let ports = [format!("{ip}:7070"), format!("{ip}:7071"), format!("{ip}:7073")];
+        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), prefix, ip, ports, None)
     }
 
     /// Like [`ClusterNode::start_in`], with environment variables `env` for both processes and,
@@ -144,9 +164,9 @@ impl ClusterNode {
         env: &[(&str, &str)],
         disk_mib: Option<u64>,
     ) -> Result<ClusterNode> {
-        let (device, admin) = (format!("{ip}:7070"), format!("{ip}:7071"));
+        let ports = [format!("{ip}:7070"), format!("{ip}:7071"), format!("{ip}:7073")];
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Self::start_at(id, cluster, etcd, extra, &[], env, prefix, ip, device, admin, disk_mib)
+        Self::start_at(id, cluster, etcd, extra, &[], env, prefix, ip, ports, disk_mib)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -159,11 +179,15 @@ impl ClusterNode {
         env: Vec<(String, String)>,
         prefix: Vec<String>,
         ip: &str,
-        device: String,
-        admin: String,
+        [device, admin, control]: [String; 3],
         disk_mib: Option<u64>,
     ) -> Result<ClusterNode> {
         let dir = tempfile::tempdir()?;
+        // The control API's token: one per cluster, so `dpukv cluster` (with DPUKV_ADMIN_TOKEN)
+        // may call any of its nodes.
+        let token = format!("e2e-admin-token-of-{cluster}");
+        let token_file = dir.path().join("admin-token");
+        std::fs::write(&token_file, format!("{token}\n"))?;
         if let Some(mib) = disk_mib {
             let data = dir.path().join("data");
             std::fs::create_dir_all(&data)?;
@@ -191,17 +215,25 @@ impl ClusterNode {
             &repl,
             "--advertise-device",
             &device,
+            "--control-listen",
+            &control,
+            "--admin-token-file",
+            token_file.to_str().context("a UTF-8 temporary directory")?,
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
         host_args.extend(extra.iter().chain(both).map(|s| s.to_string()));
-        let device_args = both.iter().map(|s| s.to_string()).collect();
+        let mut device_args: Vec<String> = vec!["--node-id".into(), id.to_string()];
+        device_args.extend(both.iter().map(|s| s.to_string()));
         let mut n = ClusterNode {
             id,
             dir,
             device,
             admin,
+            control,
+            token,
+            control_tls: None,
             host_args,
             device_args,
             env,
@@ -283,7 +315,19 @@ impl ClusterNode {
         self.dev = None;
     }
 
-    /// The body of `GET path` at its host's admin endpoint (HTTP/1.0, within 5 s).
+    /// Speaks TLS to its control API with `tls` (a node started with TLS flags serves it over
+    /// HTTPS); the admin token still authenticates.
+    pub fn set_control_tls(&mut self, tls: Arc<ClientTls>) {
+        self.control_tls = Some(tls);
+    }
+
+    /// The admin token its control API takes.
+    pub fn admin_token(&self) -> &str {
+        &self.token
+    }
+
+    /// The body of `GET path` at its host's admin endpoint — the control API for `/cluster/*`
+    /// (HTTP/1.0, within 5 s).
     pub fn admin_get(&self, path: &str) -> Result<String> {
         self.admin_call("GET", path, Duration::from_secs(5))
     }
@@ -298,10 +342,20 @@ impl ClusterNode {
         self.admin_call("DELETE", path, Duration::from_secs(10))
     }
 
-    /// One HTTP/1.0 request without a body to its host's admin endpoint; the body of a 200
-    /// answer, else an error with the status line.
+    /// One HTTP/1.0 request without a body to its host's admin endpoint, or for `/cluster/*`
+    /// to its control API with its admin token; the body of a 200 answer, else an error with the
+    /// status line.
     fn admin_call(&self, method: &str, path: &str, timeout: Duration) -> Result<String> {
-        http_call(&self.admin, method, path, timeout).with_context(|| format!("node {}", self.id))
+        let answer = if path.starts_with("/cluster/") {
+            let auth = format!("Bearer {}", self.token);
+            http_request(&self.control, self.control_tls.as_deref(), &[("Authorization", &auth)], method, path, timeout)
+        } else {
+            http_request(&self.admin, None, &[], method, path, timeout)
+        };
+        match answer.with_context(|| format!("node {}", self.id))? {
+            (200, body) => Ok(body),
+            (code, body) => bail!("node {}: {method} {path}: {code}: {}", self.id, body.trim()),
+        }
     }
 
     /// The value of the metric sample `sample` (name with its labels, as exposed) at its host's
@@ -330,19 +384,59 @@ impl ClusterNode {
 /// One HTTP/1.0 request without a body to `addr` (an IP `host:port`): the body of a 200 answer
 /// (connecting within 5 s, answered within `timeout`, at most 16 MiB read).
 pub fn http_call(addr: &str, method: &str, path: &str, timeout: Duration) -> Result<String> {
+    match http_request(addr, None, &[], method, path, timeout)? {
+        (200, body) => Ok(body),
+        (code, body) => bail!("{method} {path} at {addr}: {code} {}", body.lines().next().unwrap_or_default()),
+    }
+}
+
+/// One HTTP/1.0 request without a body to `addr` (an IP `host:port`), over TLS with `tls` if
+/// given, with `headers`: the status and the body (connecting within 5 s, the TLS handshake
+/// within 10 s, answered within `timeout`, at most 16 MiB read). An error: no HTTP answer (a
+/// refused TLS session, a closed connection).
+pub fn http_request(
+    addr: &str,
+    tls: Option<&ClientTls>,
+    headers: &[(&str, &str)],
+    method: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, String)> {
     use std::io::{Read, Write};
     let sock: std::net::SocketAddr = addr.parse().with_context(|| format!("the address {addr:?}"))?;
-    let mut s = std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(timeout))?;
-    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n")?;
-    let mut out = String::new();
-    s.take(16 << 20).read_to_string(&mut out)?;
-    match out.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.") && head.split(' ').nth(1) == Some("200") => {
-            Ok(body.to_string())
+    let tcp = std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(5))?;
+    tcp.set_read_timeout(Some(timeout))?;
+    tcp.set_write_timeout(Some(timeout))?;
+    let mut s: Box<dyn ReadWrite> = match tls {
+        Some(t) => {
+            let s = t.connect_blocking(tcp, addr).with_context(|| format!("TLS to {addr}"))?;
+            s.set_read_timeout(Some(timeout))?;
+            s.set_write_timeout(Some(timeout))?;
+            Box::new(s)
         }
-        _ => bail!("{method} {path} at {addr}: {}", out.lines().next().unwrap_or("no answer")),
+        None => Box::new(tcp),
+    };
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\n\r\n")?;
+    let mut out = Vec::new();
+    let read = s.take(16 << 20).read_to_end(&mut out);
+    let out = String::from_utf8_lossy(&out).into_owned();
+    match out.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.") => {
+            let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).context("a status code")?;
+            Ok((code, body.to_string()))
+        }
+        _ => bail!("{method} {path} at {addr}: no HTTP answer ({read:?}): {out:?}"),
     }
+}
+
+trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
+
+/// A device, admin and control address on free loopback ports.
+fn loopback_ports() -> Result<(String, String, String)> {
+    let a = || -> Result<String> { Ok(format!("127.0.0.1:{}", free_port()?)) };
+    Ok((a()?, a()?, a()?))
 }
 
 /// The newest region map `nodes` answer (the highest metadata revision among them), once
@@ -439,4 +533,31 @@ pub fn call_direct(addr: &str, req: Request, timeout: Duration) -> Result<Respon
     frame.resize(total, 0);
     s.read_exact(&mut frame[8..])?;
     decode_responses(&frame)?.into_iter().find(|r| r.id == req.id).context("no response to the request")
+}
+
+/// Sends `req` over TLS (`tls`, presenting its certificate if it has one) to the node at `addr`
+/// itself — not routed, not retried — and returns its answer within `timeout`.
+pub async fn call_tls(addr: &str, tls: &ClientTls, req: Request, timeout: Duration) -> Result<Response> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let mut s = tls.connect(tcp, addr).await?;
+        let mut buf = Vec::new();
+        encode_requests(std::slice::from_ref(&req), &mut buf);
+        s.write_all(&buf).await?;
+        s.flush().await?;
+        let mut h = [0u8; 8];
+        s.read_exact(&mut h).await?;
+        let total = frame_header(&h)?.context("a complete frame header")?.total;
+        if total > 64 << 20 {
+            bail!("a response frame of {total} bytes");
+        }
+        let mut frame = h.to_vec();
+        frame.resize(total, 0);
+        s.read_exact(&mut frame[8..]).await?;
+        decode_responses(&frame)?.into_iter().find(|r| r.id == req.id).context("no response to the request")
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer from {addr} within {timeout:?}"))?
 }

@@ -8,7 +8,10 @@
 //! - `history`: recording invocations and responses from concurrent clients.
 //! - `staleness`: a checker of bounded-staleness reads (hot-key replicas).
 //! - `procs`: building the binaries and running a node pod (host + device).
-//! - `etcd`: a real etcd member per test (free ports, fast elections), stoppable and resumable.
+//! - `etcd`: a real etcd member per test (free ports, fast elections), stoppable and resumable,
+//!   with TLS if asked.
+//! - `certs`: a test cluster's certificates with identities (docs/security.md), and an
+//!   attacker's.
 //! - `cluster`: node pods that join a cluster in a real etcd; killable, resumable.
 //! - `gateway`: a gateway process in front of a cluster.
 //! - `netns`: hosts in network namespaces on a bridge, partitioned with nftables.
@@ -20,6 +23,7 @@
 //!   processes in network namespaces, over `apiserver`.
 
 pub mod apiserver;
+pub mod certs;
 pub mod cluster;
 pub mod delay;
 pub mod etcd;

@@ -7,6 +7,8 @@
 //! - `conn`: serving one binary-protocol connection within byte budgets, an in-flight cap and
 //!   timeouts; responses go back through a [`conn::Sink`] from any thread; the flags that set
 //!   those limits.
+//! - `identity`: who a peer is (`spiffe://dpukv/<namespace>/<cluster>/<role>/<id>` in its
+//!   certificate) and what its role lets it do: typed refusals (`unauthorized`, `forbidden`).
 //! - `latency`: request latency per operation as a Prometheus histogram, recorded by `conn`.
 //! - `process`: shutdown on signals, as every server binary starts; children that die with
 //!   their supervisor (`dpukv local`).
@@ -23,8 +25,11 @@
 //! - A request id is unique among a connection's requests in flight.
 //! - A TLS listener never serves a plain connection, and a listener with client authentication
 //!   never one without a certificate its CA signed.
+//! - A peer is a member of a cluster only by a certificate its CA signed whose URI SAN names
+//!   the same namespace and cluster as the server's own certificate.
 
 pub mod conn;
+pub mod identity;
 pub mod latency;
 pub mod process;
 pub mod socket;

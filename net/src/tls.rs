@@ -5,11 +5,16 @@
 //!
 //! - Async servers take a [`ServerTls`] and [`ServerTls::accept`] each TCP connection; async
 //!   clients a [`ClientTls`] and [`ClientTls::connect`]. Both yield a [`Stream`] (plain or TLS,
-//!   one type for the code above).
+//!   one type for the code above). [`accept_peer`] also says who the peer is (a
+//!   [`Peer`](crate::identity::Peer): its certificate's identity, checked against the server's
+//!   own — module `identity`).
 //! - Blocking code (replication runs on threads with `std::net`) uses
 //!   [`ServerTls::accept_blocking`] and [`ClientTls::connect_blocking`]: they return one end of a
 //!   local socket pair whose other end two threads pump through the TLS session, so the code
 //!   above keeps reading and writing a plain stream, with its own threads and timeouts.
+//! - A server that asks for client certificates ([`ClientAuth::Optional`] or
+//!   [`ClientAuth::Required`]) must itself hold a certificate naming a dpukv identity: it
+//!   places its peers in its cluster by it. A certificate without one does not load.
 //!
 //! Reloading: a thread per loaded configuration looks at the files' modification times every
 //! [`RELOAD_EVERY`]; when one changed and the files load, the configuration is swapped; when they
@@ -24,6 +29,7 @@ use std::sync::{Arc, RwLock, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use crate::identity::{Identity, IdentityError, Peer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -58,6 +64,14 @@ pub enum TlsError {
     /// rustls refused the configuration (a key that does not match its certificate, ...).
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
+    /// A server that checks its peers' identities holds a certificate naming none.
+    #[error("{path}: {source} (a server that asks for client certificates needs one: docs/security.md)")]
+    Identity {
+        /// The certificate file.
+        path: PathBuf,
+        /// Why it names none.
+        source: IdentityError,
+    },
 }
 
 /// Where a process's certificate, key and CA are.
@@ -91,7 +105,33 @@ pub struct TlsArgs {
     pub tls_client_auth: bool,
 }
 
+/// What `{node}` in a certificate or key path stands for: the node's id.
+pub const NODE_PLACEHOLDER: &str = "{node}";
+
 impl TlsArgs {
+    /// The flags with `{node}` in the certificate and key paths replaced by `node` (one Secret
+    /// holds every node's pair: `--tls-cert /etc/dpukv/tls/node-{node}.crt`). A path with
+    /// `{node}` needs the id (`--node-id` or `--node-index`).
+    pub fn for_node(&self, node: Option<u32>) -> Result<TlsArgs, String> {
+        let subst = |p: &Option<PathBuf>| -> Result<Option<PathBuf>, String> {
+            let Some(p) = p else { return Ok(None) };
+            let Some(text) = p.to_str() else { return Ok(Some(p.clone())) };
+            if !text.contains(NODE_PLACEHOLDER) {
+                return Ok(Some(p.clone()));
+            }
+            match node {
+                Some(n) => Ok(Some(PathBuf::from(text.replace(NODE_PLACEHOLDER, &n.to_string())))),
+                None => Err(format!("{text}: {NODE_PLACEHOLDER} needs the node's id (--node-id or --node-index)")),
+            }
+        };
+        Ok(TlsArgs {
+            tls_cert: subst(&self.tls_cert)?,
+            tls_key: subst(&self.tls_key)?,
+            tls_ca: self.tls_ca.clone(),
+            tls_client_auth: self.tls_client_auth,
+        })
+    }
+
     /// The files, if TLS is on (both a certificate and a key); checks the flags go together.
     pub fn files(&self) -> Result<Option<TlsFiles>, String> {
         match (&self.tls_cert, &self.tls_key) {
@@ -111,6 +151,18 @@ impl TlsArgs {
     pub fn server(&self) -> Result<Option<Arc<ServerTls>>, String> {
         match self.files()? {
             Some(f) => ServerTls::load(&f, self.tls_client_auth).map(Some).map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
+    }
+
+    /// The server side with client certificates asked for but not required (a listener that
+    /// also takes other credentials: the host's control API), if TLS is on.
+    pub fn server_optional_auth(&self) -> Result<Option<Arc<ServerTls>>, String> {
+        match self.files()? {
+            Some(f) if f.ca.is_some() => {
+                ServerTls::load_with(&f, ClientAuth::Optional).map(Some).map_err(|e| e.to_string())
+            }
+            Some(_) => Err("a listener that checks client certificates needs --tls-ca".into()),
             None => Ok(None),
         }
     }
@@ -232,29 +284,66 @@ fn watch<T: Send + Sync + 'static>(
     }
 }
 
+/// Whether a server asks its clients for certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// No (clients prove themselves otherwise: tokens).
+    None,
+    /// Asked for, not required: a client without one is served as [`Peer::Anonymous`].
+    Optional,
+    /// Required: mutual TLS (a client without a certificate the CA signed is refused).
+    Required,
+}
+
+/// What a server's configuration holds: the rustls configuration and the identity its own
+/// certificate names.
+#[derive(Debug)]
+struct ServerLoaded {
+    config: Arc<ServerConfig>,
+    own: Option<Identity>,
+}
+
 /// A server's TLS configuration, kept current (see the module documentation).
 #[derive(Debug)]
 pub struct ServerTls {
-    current: Arc<RwLock<Arc<ServerConfig>>>,
+    current: Arc<RwLock<Arc<ServerLoaded>>>,
 }
 
 impl ServerTls {
     /// Loads `files`; with `client_auth`, clients must present a certificate signed by `files.ca`.
     pub fn load(files: &TlsFiles, client_auth: bool) -> Result<Arc<ServerTls>, TlsError> {
+        ServerTls::load_with(files, if client_auth { ClientAuth::Required } else { ClientAuth::None })
+    }
+
+    /// Loads `files`, asking clients for certificates signed by `files.ca` as `auth` says. A
+    /// server that asks must hold a certificate naming a dpukv identity (see the module
+    /// documentation).
+    pub fn load_with(files: &TlsFiles, auth: ClientAuth) -> Result<Arc<ServerTls>, TlsError> {
         let build = {
             let files = files.clone();
-            move || -> Result<ServerConfig, TlsError> {
+            move || -> Result<ServerLoaded, TlsError> {
                 let builder = ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
-                let builder = match (&files.ca, client_auth) {
-                    (Some(ca), true) => {
-                        let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots(ca)?))
+                let builder = match (&files.ca, auth) {
+                    (Some(ca), ClientAuth::Required | ClientAuth::Optional) => {
+                        let v = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots(ca)?));
+                        let v = if auth == ClientAuth::Optional { v.allow_unauthenticated() } else { v };
+                        let verifier = v
                             .build()
                             .map_err(|e| TlsError::Pem { path: ca.clone(), what: format!("client verifier: {e}") })?;
                         builder.with_client_cert_verifier(verifier)
                     }
                     _ => builder.with_no_client_auth(),
                 };
-                Ok(builder.with_single_cert(certs(&files.cert)?, key(&files.key)?)?)
+                let chain = certs(&files.cert)?;
+                let own = match Identity::from_certificate(&chain[0]) {
+                    Ok(id) => Some(id),
+                    Err(source) if auth != ClientAuth::None => {
+                        return Err(TlsError::Identity { path: files.cert.clone(), source });
+                    }
+                    Err(_) => None,
+                };
+                let config = builder.with_single_cert(chain, key(&files.key)?)?;
+                Ok(ServerLoaded { config: Arc::new(config), own })
             }
         };
         let current = Arc::new(RwLock::new(Arc::new(build()?)));
@@ -264,9 +353,29 @@ impl ServerTls {
         Ok(Arc::new(ServerTls { current }))
     }
 
+    fn loaded(&self) -> Arc<ServerLoaded> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> Arc<ServerConfig> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.loaded().config.clone()
+    }
+
+    /// The identity the certificate in force names (None: it names none).
+    pub fn own_identity(&self) -> Option<Identity> {
+        self.loaded().own.clone()
+    }
+
+    /// Who the peer of `stream` (accepted by this server) is.
+    pub fn peer(&self, stream: &Stream) -> Peer {
+        match stream {
+            Stream::Server(s) => {
+                let cert = s.get_ref().1.peer_certificates().and_then(|c| c.first());
+                Peer::of(self.loaded().own.as_ref(), cert.map(|c| c.as_ref()))
+            }
+            _ => Peer::Unchecked,
+        }
     }
 
     /// Runs the handshake on an accepted connection (within [`HANDSHAKE_TIMEOUT`]).
@@ -280,10 +389,12 @@ impl ServerTls {
     }
 
     /// [`ServerTls::accept`] for blocking code: the handshake runs here; the plain end of a
-    /// local socket pair comes back (see the module documentation).
-    pub fn accept_blocking(&self, tcp: std::net::TcpStream) -> std::io::Result<UnixStream> {
-        let conn = rustls::ServerConnection::new(self.config()).map_err(std::io::Error::other)?;
-        bridge(rustls::Connection::Server(conn), tcp)
+    /// local socket pair comes back (see the module documentation), with who the peer is.
+    pub fn accept_blocking(&self, tcp: std::net::TcpStream) -> std::io::Result<(UnixStream, Peer)> {
+        let loaded = self.loaded();
+        let conn = rustls::ServerConnection::new(loaded.config.clone()).map_err(std::io::Error::other)?;
+        let (stream, cert) = bridge(rustls::Connection::Server(conn), tcp)?;
+        Ok((stream, Peer::of(loaded.own.as_ref(), cert.as_deref())))
     }
 }
 
@@ -343,7 +454,7 @@ impl ClientTls {
     pub fn connect_blocking(&self, tcp: std::net::TcpStream, addr: &str) -> std::io::Result<UnixStream> {
         let name = server_name(addr)?;
         let conn = rustls::ClientConnection::new(self.config(), name).map_err(std::io::Error::other)?;
-        bridge(rustls::Connection::Client(conn), tcp)
+        bridge(rustls::Connection::Client(conn), tcp).map(|(s, _)| s)
     }
 }
 
@@ -359,13 +470,17 @@ fn server_name(addr: &str) -> std::io::Result<ServerName<'static>> {
 }
 
 /// Completes the handshake of `conn` on `tcp` (blocking, within [`HANDSHAKE_TIMEOUT`]), then
-/// pumps between the TLS session and a new local socket pair; returns the pair's other end. Two
+/// pumps between the TLS session and a new local socket pair; returns the pair's other end and
+/// the first certificate the peer presented (DER), if any. Two
 /// threads pump: one reads the network and hands the plaintext on, one reads the plaintext and
 /// sends it encrypted. The session is locked only while records are processed or produced; the
 /// socket's write side has a lock of its own, taken before the session's is let go, so records
 /// leave in the order they were sealed, and no lock is held across a blocking read. Either side
 /// closing closes the other.
-fn bridge(mut conn: rustls::Connection, mut tcp: std::net::TcpStream) -> std::io::Result<UnixStream> {
+fn bridge(
+    mut conn: rustls::Connection,
+    mut tcp: std::net::TcpStream,
+) -> std::io::Result<(UnixStream, Option<Vec<u8>>)> {
     use std::sync::Mutex;
     tcp.set_nodelay(true)?;
     tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
@@ -373,6 +488,7 @@ fn bridge(mut conn: rustls::Connection, mut tcp: std::net::TcpStream) -> std::io
         conn.complete_io(&mut tcp)?;
     }
     tcp.set_read_timeout(None)?;
+    let peer_cert = conn.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec());
     // Plaintext the handshake's last read brought along: a peer may send data right behind its
     // Finished, in the same segment. It is handed on first — else it would sit in the session
     // while the pump waits for bytes the peer will not send until it is answered.
@@ -477,7 +593,7 @@ fn bridge(mut conn: rustls::Connection, mut tcp: std::net::TcpStream) -> std::io
         let _ = lock(&w2).shutdown(std::net::Shutdown::Write);
     })?;
     drop(tcp);
-    Ok(local)
+    Ok((local, peer_cert))
 }
 
 /// A connection, plain or TLS (one type for the code above).
@@ -564,16 +680,29 @@ pub async fn accept(tls: Option<&ServerTls>, tcp: TcpStream) -> std::io::Result<
     }
 }
 
+/// [`accept`], and who the peer is ([`Peer::Unchecked`] without TLS): what a listener that
+/// checks its callers' roles does.
+pub async fn accept_peer(tls: Option<&ServerTls>, tcp: TcpStream) -> std::io::Result<(Stream, Peer)> {
+    match tls {
+        Some(t) => {
+            let s = t.accept(tcp).await?;
+            let peer = t.peer(&s);
+            Ok((s, peer))
+        }
+        None => Ok((Stream::Plain(tcp), Peer::Unchecked)),
+    }
+}
+
 /// Makes a CA and one certificate signed by it for `hosts` (IP addresses or DNS names; the
-/// certificate serves as a server's and as a client's, for mutual TLS), written to `dir` as
-/// `ca.pem`, `cert.pem` and `key.pem` (the key readable by its owner only): what `dpukv local
-/// --tls` runs a cluster with. Not for production: use your own CA there.
+/// certificate serves as a server's and as a client's, for mutual TLS) naming `identity` (a URI
+/// SAN), written to `dir` as `ca.pem`, `cert.pem` and `key.pem` (the key readable by its owner
+/// only): for tests. Not for production: use your own CA there.
 #[cfg(any(test, feature = "local-ca"))]
-pub fn make_local_ca(dir: &Path, hosts: &[&str]) -> Result<TlsFiles, String> {
+pub fn make_local_ca(dir: &Path, hosts: &[&str], identity: Option<&Identity>) -> Result<TlsFiles, String> {
     let ca = LocalCa::new()?;
     let files = TlsFiles { cert: dir.join("cert.pem"), key: dir.join("key.pem"), ca: Some(dir.join("ca.pem")) };
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    ca.issue(hosts, &files)?;
+    ca.issue(hosts, identity, &files)?;
     ca.write_ca(&dir.join("ca.pem"))?;
     Ok(files)
 }
@@ -606,13 +735,17 @@ impl LocalCa {
         std::fs::write(path, &self.pem).map_err(|e| e.to_string())
     }
 
-    /// Writes a new certificate and key signed by this CA for `hosts` into `files` (replacing
-    /// them atomically: a reloading process never reads half a file).
-    pub fn issue(&self, hosts: &[&str], files: &TlsFiles) -> Result<(), String> {
-        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+    /// Writes a new certificate and key signed by this CA for `hosts`, naming `identity` (its
+    /// URI SAN) if given, into `files` (replacing them atomically: a reloading process never
+    /// reads half a file).
+    pub fn issue(&self, hosts: &[&str], identity: Option<&Identity>, files: &TlsFiles) -> Result<(), String> {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose, SanType};
         let e = |e: rcgen::Error| e.to_string();
         let key = KeyPair::generate().map_err(e)?;
         let mut leaf = CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>()).map_err(e)?;
+        if let Some(id) = identity {
+            leaf.subject_alt_names.push(SanType::URI(id.uri().try_into().map_err(e)?));
+        }
         leaf.distinguished_name.push(DnType::CommonName, hosts.first().copied().unwrap_or("dpukv"));
         leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
@@ -638,6 +771,11 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+    use crate::identity::Role;
+
+    fn node(id: u32) -> Identity {
+        Identity::new("local", "test", Role::Node, &id.to_string()).expect("identity")
+    }
 
     /// A server that echoes what it reads, with `tls`; its address.
     async fn echo_server(tls: Arc<ServerTls>) -> String {
@@ -680,8 +818,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mutual_tls_holds_and_refuses_strangers_and_plaintext() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let files = make_local_ca(&dir.path().join("a"), &["127.0.0.1"]).expect("CA a");
-        let other = make_local_ca(&dir.path().join("b"), &["127.0.0.1"]).expect("CA b");
+        let files = make_local_ca(&dir.path().join("a"), &["127.0.0.1"], Some(&node(1))).expect("CA a");
+        let other = make_local_ca(&dir.path().join("b"), &["127.0.0.1"], Some(&node(1))).expect("CA b");
         let server = ServerTls::load(&files, true).expect("server");
         let addr = echo_server(server).await;
         let ca = files.ca.clone().expect("ca");
@@ -716,7 +854,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn certificates_rotate_without_dropping_open_connections() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let files = make_local_ca(dir.path(), &["127.0.0.1"]).expect("CA");
+        let files = make_local_ca(dir.path(), &["127.0.0.1"], Some(&node(1))).expect("CA");
         let server = ServerTls::load(&files, false).expect("server");
         let addr = echo_server(server).await;
         let client = ClientTls::load(files.ca.as_deref().expect("ca"), None).expect("client");
@@ -725,7 +863,7 @@ mod tests {
         // A new certificate from the same CA (its key is gone: re-sign with a new CA key would
         // need clients to trust it; here the CA is made again from the same files' issuer).
         let ca_dir = dir.path().join("ca2");
-        let rotated = make_local_ca(&ca_dir, &["127.0.0.1"]).expect("new CA");
+        let rotated = make_local_ca(&ca_dir, &["127.0.0.1"], None).expect("new CA");
         std::fs::copy(&rotated.cert, &files.cert).expect("cert");
         std::fs::copy(&rotated.key, &files.key).expect("key");
         std::fs::copy(rotated.ca.as_deref().expect("ca"), files.ca.as_deref().expect("ca")).expect("ca");
@@ -746,7 +884,7 @@ mod tests {
     #[test]
     fn the_blocking_bridge_carries_both_directions_at_once() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let files = make_local_ca(dir.path(), &["127.0.0.1"]).expect("CA");
+        let files = make_local_ca(dir.path(), &["127.0.0.1"], Some(&node(1))).expect("CA");
         let server = ServerTls::load(&files, true).expect("server");
         let client =
             ClientTls::load(files.ca.as_deref().expect("ca"), Some((&files.cert, &files.key))).expect("client");
@@ -754,7 +892,7 @@ mod tests {
         let addr = l.local_addr().expect("addr");
         let srv = std::thread::spawn(move || {
             let (tcp, _) = l.accept().expect("accept");
-            let mut s = server.accept_blocking(tcp).expect("handshake");
+            let (mut s, _) = server.accept_blocking(tcp).expect("handshake");
             // Echo everything back while the client is still writing.
             let mut r = s.try_clone().expect("clone");
             let mut buf = vec![0u8; 8192];
@@ -790,7 +928,7 @@ mod tests {
     #[test]
     fn data_arriving_with_the_handshake_is_handed_on() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let files = make_local_ca(dir.path(), &["127.0.0.1"]).expect("CA");
+        let files = make_local_ca(dir.path(), &["127.0.0.1"], Some(&node(1))).expect("CA");
         let server = ServerTls::load(&files, false).expect("server");
         let client = ClientTls::load(files.ca.as_deref().expect("ca"), None).expect("client");
         let l = StdListener::bind("127.0.0.1:0").expect("bind");
@@ -799,7 +937,7 @@ mod tests {
             let (tcp, _) = l.accept().expect("accept");
             // The client's Finished and its data are both here before the handshake reads.
             std::thread::sleep(Duration::from_millis(300));
-            let mut s = server.accept_blocking(tcp).expect("handshake");
+            let (mut s, _) = server.accept_blocking(tcp).expect("handshake");
             s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
             let mut got = [0u8; 5];
             s.read_exact(&mut got).map(|_| got)
@@ -813,5 +951,103 @@ mod tests {
         }
         let got = srv.join().expect("server").expect("the early data reaches the server's reader");
         assert_eq!(&got, b"hello");
+    }
+
+    /// The server knows its own identity and its peers': a member of its cluster by its
+    /// certificate's URI SAN, a stranger of another cluster, anonymous without a certificate
+    /// (optional client authentication), and the same through the blocking bridge. A server
+    /// that asks for client certificates does not load a certificate naming no identity.
+    #[test]
+    fn servers_know_who_their_peers_are() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = LocalCa::new().expect("CA");
+        let ca_pem = dir.path().join("ca.pem");
+        ca.write_ca(&ca_pem).expect("CA");
+        let issue = |name: &str, id: Option<Identity>| {
+            let f = TlsFiles {
+                cert: dir.path().join(format!("{name}.pem")),
+                key: dir.path().join(format!("{name}.key")),
+                ca: Some(ca_pem.clone()),
+            };
+            ca.issue(&["127.0.0.1"], id.as_ref(), &f).expect("issue");
+            f
+        };
+        let server = issue("server", Some(node(1)));
+        let gateway = issue("gateway", Some(Identity::new("local", "test", Role::Gateway, "gw").expect("id")));
+        let stranger = issue("stranger", Some(Identity::new("local", "other", Role::Admin, "x").expect("id")));
+        let nameless = issue("nameless", None);
+        assert!(
+            matches!(ServerTls::load(&nameless, true), Err(TlsError::Identity { .. })),
+            "a server checking peers needs an identity"
+        );
+        assert!(ServerTls::load(&nameless, false).is_ok(), "one that does not, does not");
+        let tls = ServerTls::load_with(&server, ClientAuth::Optional).expect("server");
+        assert_eq!(tls.own_identity(), Some(node(1)));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let peer_of = |client: Option<&TlsFiles>| -> Peer {
+            let identity = client.map(|f| (f.cert.as_path(), f.key.as_path()));
+            // Through the blocking bridge.
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = l.local_addr().expect("addr").to_string();
+            let c = ClientTls::load(&ca_pem, identity).expect("client");
+            let t = std::thread::spawn(move || {
+                let tcp = std::net::TcpStream::connect(&addr).expect("tcp");
+                let mut s = c.connect_blocking(tcp, &addr).expect("handshake");
+                s.write_all(b"x").expect("write");
+                let mut b = [0u8; 1];
+                s.read_exact(&mut b).expect("read");
+            });
+            let (tcp, _) = l.accept().expect("accept");
+            let (mut s, peer) = tls.accept_blocking(tcp).expect("handshake");
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).expect("read");
+            s.write_all(b"y").expect("write");
+            t.join().expect("client");
+            // Through the async accept.
+            let c = ClientTls::load(&ca_pem, identity).expect("client");
+            let peer_async = rt.block_on(async {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let addr = l.local_addr().expect("addr").to_string();
+                let connect = tokio::spawn(async move {
+                    let tcp = TcpStream::connect(&addr).await.expect("tcp");
+                    let mut s = c.connect(tcp, &addr).await.expect("handshake");
+                    s.write_all(b"x").await.expect("write");
+                    s.flush().await.expect("flush");
+                    let mut b = [0u8; 1];
+                    s.read_exact(&mut b).await.expect("read");
+                });
+                let (tcp, _) = l.accept().await.expect("accept");
+                let (mut s, peer) = accept_peer(Some(&tls), tcp).await.expect("handshake");
+                let mut b = [0u8; 1];
+                s.read_exact(&mut b).await.expect("read");
+                s.write_all(b"y").await.expect("write");
+                s.flush().await.expect("flush");
+                connect.await.expect("client");
+                peer
+            });
+            assert_eq!(peer, peer_async, "the blocking and the async accept agree");
+            peer
+        };
+        let gw = Identity::new("local", "test", Role::Gateway, "gw").expect("id");
+        assert_eq!(peer_of(Some(&gateway)), Peer::Member(gw));
+        assert!(matches!(peer_of(Some(&stranger)), Peer::Stranger(_)));
+        assert!(matches!(peer_of(Some(&nameless)), Peer::Unrecognized(_)));
+        assert_eq!(peer_of(None), Peer::Anonymous);
+    }
+
+    #[test]
+    fn node_placeholders_are_replaced_by_the_node_id() {
+        let args = TlsArgs {
+            tls_cert: Some("/etc/dpukv/tls/node-{node}.crt".into()),
+            tls_key: Some("/etc/dpukv/tls/node-{node}.key".into()),
+            tls_ca: Some("/etc/dpukv/tls/ca.crt".into()),
+            tls_client_auth: true,
+        };
+        let a = args.for_node(Some(3)).expect("replaced");
+        assert_eq!(a.tls_cert.as_deref(), Some(Path::new("/etc/dpukv/tls/node-3.crt")));
+        assert_eq!(a.tls_key.as_deref(), Some(Path::new("/etc/dpukv/tls/node-3.key")));
+        assert_eq!(a.tls_ca.as_deref(), Some(Path::new("/etc/dpukv/tls/ca.crt")));
+        assert!(args.for_node(None).is_err(), "{{node}} without an id");
+        assert_eq!(TlsArgs::default().for_node(None).expect("no TLS").tls_cert, None);
     }
 }

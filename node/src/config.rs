@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use dpukv_storage::vlog::FsyncPolicy;
@@ -58,9 +59,20 @@ pub struct HostArgs {
     /// regions, within 64 MiB..4 GiB).
     #[arg(long, env = "DPUKV_L0_BUDGET", default_value_t = 0)]
     pub l0_budget: u64,
-    /// Admin HTTP address (/healthz, /readyz, /metrics).
+    /// Admin HTTP address (/healthz, /readyz, /metrics; read-only, plain HTTP).
     #[arg(long, env = "DPUKV_ADMIN")]
     pub admin: Option<SocketAddr>,
+    /// The control API's address (`/cluster/*`: drain, step-down, split, merge, summary; a
+    /// cluster's host only). With TLS (`--tls-*`) it speaks HTTPS and serves callers with a
+    /// certificate of role `operator` or `admin` of this cluster, or the token of
+    /// `--admin-token-file`; without TLS it is plain HTTP (bind it to loopback or a trusted
+    /// network). The address `dpukv cluster` finds in the region map.
+    #[arg(long, env = "DPUKV_CONTROL_LISTEN")]
+    pub control_listen: Option<SocketAddr>,
+    /// A file with a bearer token (16 to 4096 bytes; surrounding white space ignored) the
+    /// control API accepts too (`Authorization: Bearer ...`); re-read when it changes.
+    #[arg(long, env = "DPUKV_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// Most device connections.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
@@ -76,7 +88,10 @@ pub struct HostArgs {
     /// Cluster membership (without `--cluster`: a standalone node).
     #[command(flatten)]
     pub cluster: ClusterFlags,
-    /// TLS on the replication links (the host's listener, and its connections to backups).
+    /// TLS on the replication links (the host's listener, and its connections to backups) and
+    /// the control API. `{node}` in the certificate and key paths is replaced by the node id.
+    /// With TLS, `--tls-client-auth` is required: replication is taken only from the node the
+    /// region map names (docs/security.md).
     #[command(flatten)]
     pub tls: TlsArgs,
 }
@@ -95,9 +110,19 @@ pub struct ClusterFlags {
     /// each pod (its ordinal, the `apps.kubernetes.io/pod-index` label).
     #[arg(long, env = "DPUKV_NODE_INDEX")]
     pub node_index: Option<u32>,
-    /// etcd client URLs, comma separated.
+    /// etcd client URLs, comma separated (`https://` with `--etcd-ca`).
     #[arg(long, env = "DPUKV_ETCD", default_value = "http://127.0.0.1:2379")]
     pub etcd: String,
+    /// etcd's CA (PEM): TLS to etcd, whose certificate must chain to it.
+    #[arg(long, env = "DPUKV_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for etcd (`--client-cert-auth`), with `--etcd-key`; re-read
+    /// when it changes.
+    #[arg(long, env = "DPUKV_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The etcd client certificate's key (PEM).
+    #[arg(long, env = "DPUKV_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
     /// Where this host accepts replication connections from primaries.
     #[arg(long, env = "DPUKV_REPLICATION_LISTEN", default_value = "0.0.0.0:7071")]
     pub replication_listen: SocketAddr,
@@ -151,25 +176,80 @@ pub struct ClusterFlags {
     pub merge_bytes: u64,
 }
 
+/// The node id `--node-id` or `--node-index` give (None: neither).
+fn node_id_of(id: Option<u32>, index: Option<u32>) -> Result<Option<u32>> {
+    match id.or(index.and_then(|i| i.checked_add(1))) {
+        Some(0) => bail!("--node-id must not be 0"),
+        other => Ok(other),
+    }
+}
+
+/// The TLS flags with `{node}` replaced; with TLS, client certificates must be required, and
+/// the process's own certificate must name node `node` (when known) — a certificate of another
+/// node or role would make it refuse its peers or be refused by them.
+fn node_tls(tls: &TlsArgs, node: Option<u32>, what: &str) -> Result<TlsArgs> {
+    let tls = tls.for_node(node).map_err(anyhow::Error::msg)?;
+    if tls.files().map_err(anyhow::Error::msg)?.is_some() && !tls.tls_client_auth {
+        bail!(
+            "with TLS, {what} needs --tls-client-auth: it checks its callers' roles by their certificates              (docs/security.md)"
+        );
+    }
+    Ok(tls)
+}
+
+/// Checks that `server`'s certificate names node `node`.
+fn check_own_identity(server: &dpukv_net::tls::ServerTls, node: Option<u32>) -> Result<()> {
+    use dpukv_net::identity::Role;
+    let own = server.own_identity();
+    match (&own, node) {
+        (Some(id), Some(n)) if id.role == Role::Node && id.node_id() == Some(n) => Ok(()),
+        (Some(id), None) if id.role == Role::Node => Ok(()),
+        (Some(id), _) => bail!(
+            "this process's certificate names {id}, not node {}: give each node its own (node-{{node}} paths)",
+            node.map_or("?".into(), |n| n.to_string())
+        ),
+        (None, _) => bail!("this process's certificate names no spiffe://dpukv/... identity"),
+    }
+}
+
 impl ClusterFlags {
+    /// This node's id, if given.
+    fn node_id(&self) -> Result<Option<u32>> {
+        node_id_of(self.node_id, self.node_index)
+    }
+
+    /// How to reach etcd.
+    fn etcd_options(&self) -> Result<dpukv_cluster::EtcdOptions> {
+        let etcd: Vec<String> = self.etcd.split(',').filter(|u| !u.is_empty()).map(str::to_string).collect();
+        if etcd.is_empty() {
+            bail!("--etcd names no URL");
+        }
+        let opts = dpukv_cluster::EtcdOptions::new(etcd);
+        let tls = match (&self.etcd_ca, &self.etcd_cert, &self.etcd_key) {
+            (None, None, None) => return Ok(opts),
+            (Some(ca), Some(c), Some(k)) => dpukv_net::tls::ClientTls::load(ca, Some((c, k))),
+            (Some(ca), None, None) => dpukv_net::tls::ClientTls::load(ca, None),
+            (None, _, _) => bail!("--etcd-cert and --etcd-key need --etcd-ca"),
+            _ => bail!("--etcd-cert and --etcd-key go together"),
+        }
+        .map_err(|e| anyhow::anyhow!("TLS to etcd: {e}"))?;
+        Ok(opts.with_tls(dpukv_cluster::EtcdTls::new(move || tls.config())))
+    }
+
     fn config(
         &self,
         split_keys: &[Vec<u8>],
-        admin: Option<SocketAddr>,
+        advertise_admin: Option<SocketAddr>,
         tls: &TlsArgs,
     ) -> Result<Option<crate::host::cluster::ClusterArgs>> {
         let Some(name) = &self.cluster else { return Ok(None) };
-        let from_index = self.node_index.and_then(|i| i.checked_add(1));
-        let Some(node_id) = self.node_id.or(from_index).filter(|&n| n != 0) else {
+        let Some(node_id) = self.node_id()? else {
             bail!("--cluster needs --node-id (unique in the cluster, not 0) or --node-index");
         };
         let Some(device) = self.advertise_device.clone() else {
             bail!("--cluster needs --advertise-device (where clients reach this node's device)");
         };
-        let etcd: Vec<String> = self.etcd.split(',').filter(|u| !u.is_empty()).map(str::to_string).collect();
-        if etcd.is_empty() {
-            bail!("--etcd names no URL");
-        }
+        let etcd = self.etcd_options()?;
         if self.stall_timeout_ms >= self.replication_timeout_ms {
             bail!(
                 "--stall-timeout-ms ({}) must be below --replication-timeout-ms ({}), or 0 (never)",
@@ -187,7 +267,7 @@ impl ClusterFlags {
                 .advertise_replication
                 .clone()
                 .unwrap_or_else(|| self.replication_listen.to_string()),
-            advertise_admin: admin.map(|a| a.to_string()).unwrap_or_default(),
+            advertise_admin: advertise_admin.map(|a| a.to_string()).unwrap_or_default(),
             zone: self.zone.clone(),
             lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(100)),
             bootstrap: dpukv_cluster::keys::ClusterConfig {
@@ -204,7 +284,13 @@ impl ClusterFlags {
             replication_timeout: Duration::from_millis(self.replication_timeout_ms.max(1)),
             stall_timeout: (self.stall_timeout_ms > 0).then(|| Duration::from_millis(self.stall_timeout_ms)),
             catch_up_bytes_per_sec: self.catch_up_mib_per_sec.saturating_mul(1 << 20),
-            tls_server: tls.server().map_err(anyhow::Error::msg)?,
+            tls_server: match tls.server().map_err(anyhow::Error::msg)? {
+                Some(server) => {
+                    check_own_identity(&server, Some(node_id))?;
+                    Some(server)
+                }
+                None => None,
+            },
             tls_client: tls.client().map_err(anyhow::Error::msg)?,
         }))
     }
@@ -221,6 +307,23 @@ impl HostArgs {
         }
         let keys: Vec<Vec<u8>> =
             self.split_keys.split(',').filter(|k| !k.is_empty()).map(|k| k.as_bytes().to_vec()).collect();
+        let tls = node_tls(&self.tls, self.cluster.node_id()?, "a host")?;
+        let control = match self.control_listen {
+            None if self.admin_token_file.is_some() => bail!("--admin-token-file needs --control-listen"),
+            None => None,
+            Some(_) if self.cluster.cluster.is_none() => bail!("--control-listen needs --cluster"),
+            Some(listen) => {
+                let token = match &self.admin_token_file {
+                    Some(p) => Some(Arc::new(crate::control::AdminToken::load(p)?)),
+                    None => None,
+                };
+                let tls = tls.server_optional_auth().map_err(anyhow::Error::msg)?;
+                if let Some(t) = &tls {
+                    check_own_identity(t, self.cluster.node_id()?)?;
+                }
+                Some(crate::control::ControlConfig { listen, tls, token })
+            }
+        };
         Ok(HostConfig {
             data_dir: self.data_dir.clone(),
             shm_dir: self.shm_dir.clone(),
@@ -239,7 +342,8 @@ impl HostArgs {
             memory_budget: self.conn.memory_budget,
             read_threads: read_threads(self.read_threads)?,
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
-            cluster: self.cluster.config(&keys, self.admin, &self.tls)?,
+            cluster: self.cluster.config(&keys, self.control_listen.or(self.admin), &tls)?,
+            control,
         })
     }
 }
@@ -276,10 +380,17 @@ pub struct DeviceArgs {
     /// Connection limits.
     #[command(flatten)]
     pub conn: ConnArgs,
-    /// TLS on the data port (with `--tls-client-auth`, only clients with a certificate of the
-    /// cluster's CA — the gateway — are served).
+    /// TLS on the data port: `--tls-client-auth` is required with it; each request is checked
+    /// against the role its caller's certificate names (docs/security.md). `{node}` in the
+    /// certificate and key paths is replaced by the node id.
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// This node's id (for `{node}` in certificate paths; checked against its certificate).
+    #[arg(long, env = "DPUKV_NODE_ID", conflicts_with = "node_index")]
+    pub node_id: Option<u32>,
+    /// This node's index from 0 (its id is the index + 1), as a StatefulSet pod's ordinal.
+    #[arg(long, env = "DPUKV_NODE_INDEX")]
+    pub node_index: Option<u32>,
     /// Hot keys: most popular keys per led region, replicated to its backups' devices (0: none).
     #[arg(long, env = "DPUKV_POPULAR_CAPACITY", default_value_t = 10_000)]
     pub popular_capacity: usize,
@@ -320,6 +431,12 @@ impl DeviceArgs {
         if self.host_timeout == 0 {
             bail!("--host-timeout must be positive");
         }
+        let node = node_id_of(self.node_id, self.node_index)?;
+        let tls = node_tls(&self.tls, node, "a device")?;
+        let server = tls.server().map_err(anyhow::Error::msg)?;
+        if let Some(s) = &server {
+            check_own_identity(s, node)?;
+        }
         Ok(DeviceConfig {
             shm_dir: self.shm_dir.clone(),
             listen: self.listen,
@@ -332,7 +449,7 @@ impl DeviceArgs {
             host_links: self.host_links.max(1),
             host_timeout: Duration::from_secs(self.host_timeout),
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
-            tls: self.tls.server().map_err(anyhow::Error::msg)?,
+            tls: server,
             hot: crate::dpu::hot_keys::HotKeysConfig {
                 popularity: crate::popular::PopularityConfig {
                     k: self.popular_k.max(1),
@@ -344,7 +461,7 @@ impl DeviceArgs {
                 max_outstanding: self.replica_max_outstanding.max(1),
                 // Syncs to TLS data ports need `--tls-ca` (without it none are sent, and replicas
                 // simply answer nothing: reads go to primaries).
-                tls: self.tls.client().unwrap_or(None),
+                tls: tls.client().unwrap_or(None),
             },
             replica_table: crate::replica_table::ReplicaTableConfig {
                 max_keys: self.replica_table_keys,
@@ -381,5 +498,88 @@ mod tests {
         assert!(cluster_of(&["--node-id", "7", "--node-index", "2", "--advertise-device", "a:1"]).is_err());
         assert!(cluster_of(&["--advertise-device", "a:1"]).is_err(), "neither");
         assert!(cluster_of(&["--node-id", "0", "--advertise-device", "a:1"]).is_err(), "0 is no id");
+    }
+
+    /// Each node's host and device take their own certificate by their id (`{node}`), require
+    /// client certificates with TLS, and refuse to start with another node's certificate.
+    #[test]
+    fn each_node_takes_its_own_certificate_by_its_id() {
+        use dpukv_net::identity::{Identity, Role};
+        use dpukv_net::tls::{LocalCa, TlsFiles};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = LocalCa::new().expect("CA");
+        let ca_pem = dir.path().join("ca.pem");
+        ca.write_ca(&ca_pem).expect("CA");
+        for id in 1..=2 {
+            let f = TlsFiles {
+                cert: dir.path().join(format!("node-{id}.pem")),
+                key: dir.path().join(format!("node-{id}.key")),
+                ca: None,
+            };
+            let me = Identity::new("local", "c", Role::Node, &id.to_string()).expect("identity");
+            ca.issue(&["127.0.0.1"], Some(&me), &f).expect("issue");
+        }
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let (cert, key, ca_arg) = (path("node-{node}.pem"), path("node-{node}.key"), path("ca.pem"));
+        let device = |extra: &[&str], mutual: bool| {
+            let mut argv =
+                vec!["dpukv-dpu", "--shm-dir", "/s", "--tls-cert", &cert, "--tls-key", &key, "--tls-ca", &ca_arg];
+            if mutual {
+                argv.push("--tls-client-auth");
+            }
+            argv.extend_from_slice(extra);
+            DeviceArgs::try_parse_from(argv).expect("flags").config().map(|_| ()).map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(device(&["--node-index", "1"], true), Ok(()), "node 2 by its index");
+        assert_eq!(device(&["--node-id", "1"], true), Ok(()));
+        assert!(device(&["--node-id", "1"], false).expect_err("no client auth").contains("--tls-client-auth"));
+        assert!(device(&[], true).expect_err("no id").contains("{node}"));
+        assert!(device(&["--node-id", "3"], true).is_err(), "no certificate for node 3");
+        // A fixed path to another node's certificate.
+        let other = path("node-1.pem");
+        let other_key = path("node-1.key");
+        let argv = [
+            "dpukv-dpu",
+            "--shm-dir",
+            "/s",
+            "--tls-cert",
+            &other,
+            "--tls-key",
+            &other_key,
+            "--tls-ca",
+            &ca_arg,
+            "--tls-client-auth",
+            "--node-id",
+            "2",
+        ];
+        let e = DeviceArgs::try_parse_from(argv).expect("flags").config().expect_err("another node's certificate");
+        assert!(format!("{e:#}").contains("not node 2"), "{e:#}");
+        // A host: its replication listener and control API by its id.
+        let host = |extra: &[&str]| {
+            let mut argv = vec![
+                "dpukv-node",
+                "--data-dir",
+                "/d",
+                "--shm-dir",
+                "/s",
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--tls-ca",
+                &ca_arg,
+                "--tls-client-auth",
+            ];
+            argv.extend_from_slice(extra);
+            HostArgs::try_parse_from(argv).expect("flags").config().map_err(|e| format!("{e:#}"))
+        };
+        let cluster =
+            ["--cluster", "c", "--node-index", "0", "--advertise-device", "a:1", "--control-listen", "127.0.0.1:0"];
+        let c = host(&cluster).expect("a host with its control API");
+        let control = c.control.expect("control");
+        assert_eq!(control.tls.expect("TLS").own_identity().and_then(|i| i.node_id()), Some(1));
+        assert!(c.cluster.expect("cluster").tls_server.is_some());
+        let standalone = host(&["--node-id", "1", "--control-listen", "127.0.0.1:0"]);
+        assert!(standalone.expect_err("no cluster").contains("--control-listen needs --cluster"));
     }
 }

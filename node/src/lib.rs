@@ -18,7 +18,9 @@
 //!   backups' server, and the acknowledgement rule (every backup of the set holds the write).
 //! - `host`: the host process (`host::run`): per-region writers and releasers.
 //! - `dpu`: the device process (`dpu::run`): the data port and the links to the host.
-//! - `admin`: `/healthz`, `/readyz`, `/metrics`.
+//! - `admin`: `/healthz`, `/readyz`, `/metrics` (read-only).
+//! - `control`: a cluster host's control API (`/cluster/*`), for operators and admins only.
+//! - `http`: the bounded HTTP server under both.
 //! - `config`: the binaries' flags.
 //! - `sizing`: the automatic L0 budget (from the pod's memory).
 //!
@@ -28,9 +30,11 @@
 pub mod admin;
 pub mod atomics;
 pub mod config;
+pub mod control;
 pub use dpukv_net::conn;
 pub mod dpu;
 pub mod host;
+mod http;
 pub mod pod;
 pub mod popular;
 pub mod reads;

@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use dpukv_net::identity::Peer;
 use dpukv_net::tls::{ClientTls, ServerTls};
 use dpukv_proto::replication::{MAX_REPL_FRAME, ReplDecodeError, ReplMessage, ReplRefusal, ShippedLevelBytes};
 use dpukv_storage::region::{Backup, IndexExport, ReadGate, export_dir};
@@ -421,18 +422,18 @@ impl Link {
         Ok(link)
     }
 
-    /// Accepts `tcp`, with TLS when `tls` is given.
-    fn accept(tcp: TcpStream, tls: Option<&ServerTls>) -> std::io::Result<Link> {
+    /// Accepts `tcp`, with TLS when `tls` is given; who the peer is (its certificate's identity).
+    fn accept(tcp: TcpStream, tls: Option<&ServerTls>) -> std::io::Result<(Link, Peer)> {
         tcp.set_nonblocking(false)?;
         tcp.set_nodelay(true)?;
         dpukv_net::socket::bound_liveness(&tcp, LINK_DEAD_AFTER)?;
         tcp.set_write_timeout(Some(LINK_DEAD_AFTER))?;
-        let link = match tls {
-            Some(t) => Link::Tls(t.accept_blocking(tcp)?),
-            None => Link::Tcp(tcp),
+        let (link, peer) = match tls {
+            Some(t) => t.accept_blocking(tcp).map(|(s, peer)| (Link::Tls(s), peer))?,
+            None => (Link::Tcp(tcp), Peer::Unchecked),
         };
         link.set_write_timeout(Some(WRITE_SLICE))?;
-        Ok(link)
+        Ok((link, peer))
     }
 
     fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
@@ -704,7 +705,13 @@ pub fn spawn_sender(
             match send_session(&cfg, &tail, &feed, &acks, &stop) {
                 // The backup has not learned yet that it backs the region (its map lags this
                 // one), or it needs the stream again: try again shortly.
-                Ok(SenderEnd::Refused(ReplRefusal::WrongRegion | ReplRefusal::Gap | ReplRefusal::Failed, _, why)) => {
+                // (Forbidden: this node's certificate is not the one the backup wants — say, in a
+                // rotation; a new one is re-read, so it is tried again too.)
+                Ok(SenderEnd::Refused(
+                    ReplRefusal::WrongRegion | ReplRefusal::Gap | ReplRefusal::Failed | ReplRefusal::Forbidden,
+                    _,
+                    why,
+                )) => {
                     tracing::debug!(region = cfg.region, backup = cfg.backup, why, "the backup refused for now; reconnecting");
                     // The backup answered: its map lags, it will take the stream shortly.
                     wait = MIN_RECONNECT_WAIT;
@@ -1160,8 +1167,8 @@ impl BackupHost {
                         let (host, tls, stop, active2) = (host.clone(), tls.clone(), stop.clone(), active.clone());
                         let spawned = std::thread::Builder::new().name("dpukv-repl-backup".into()).spawn(move || {
                             match Link::accept(s, tls.as_deref()) {
-                                Ok(link) => {
-                                    if let Err(e) = host.session(link, &stop) {
+                                Ok((link, who)) => {
+                                    if let Err(e) = host.session(link, &who, &stop) {
                                         tracing::debug!(%peer, error = %e, "replication connection ended");
                                     }
                                 }
@@ -1210,7 +1217,7 @@ impl BackupHost {
         anyhow::bail!("refused: {}: {message}", reason.code())
     }
 
-    fn session(&self, mut s: Link, stop: &AtomicBool) -> anyhow::Result<()> {
+    fn session(&self, mut s: Link, peer: &Peer, stop: &AtomicBool) -> anyhow::Result<()> {
         s.set_read_timeout(Some(HELLO_TIMEOUT))?;
         let (region, epoch, primary, base, life) = match read_msg(&mut s)? {
             ReplMessage::Hello { cluster, region, epoch, primary, base, life } => {
@@ -1222,6 +1229,10 @@ impl BackupHost {
                         0,
                         format!("this node is in cluster {:?}", self.cluster),
                     );
+                }
+                // Only the node the Hello names may stream as it (its certificate says which).
+                if let Err(r) = peer.allow_node(primary, "a replication stream") {
+                    return Self::refuse(&mut s, region, ReplRefusal::Forbidden, 0, r.to_string());
                 }
                 (region, epoch, primary, base, life.unwrap_or(0))
             }

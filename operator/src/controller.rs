@@ -89,22 +89,15 @@ pub const WAIT: Duration = Duration::from_secs(5);
 /// tried in order, see `admin`).
 pub type AdminAddr = Box<dyn Fn(&DpuKvCluster) -> String + Send + Sync>;
 
-/// The control API endpoints of the cluster's first three node pods, pod 0 first (the first pods
-/// never go in a scale-in; the others answer while an upgrade restarts pod 0), by the DNS names
-/// their certificates carry.
-///
-/// TODO(issue 26): with TLS `Disabled` only, the admin port (9100) of the same pods follows, for
-/// node binaries that serve `/cluster/*` there and not yet on the control port; remove once every
-/// supported node version has `--control-listen`. Never with TLS: that would be a downgrade.
+/// The control API endpoints (port 9103) of the cluster's first three node pods, pod 0 first
+/// (the first pods never go in a scale-in; the others answer while an upgrade restarts pod 0),
+/// by the DNS names their certificates carry. Plain HTTP only with TLS `Disabled`; the admin
+/// port (9100) serves no `/cluster/*`.
 pub fn first_pod_admin(c: &DpuKvCluster) -> String {
-    let pods = |port: i32| {
-        (0..3).map(move |i| format!("{}:{port}", render::pod_host(c, &format!("{}-{i}", render::node_name(c)))))
-    };
-    let mut addrs: Vec<String> = pods(render::CONTROL_PORT).collect();
-    if !c.spec.tls.enabled() {
-        addrs.extend(pods(render::HOST_ADMIN_PORT));
-    }
-    addrs.join(",")
+    (0..3)
+        .map(|i| format!("{}:{}", render::pod_host(c, &format!("{}-{i}", render::node_name(c))), render::CONTROL_PORT))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// What reconciles share.

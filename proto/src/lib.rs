@@ -11,6 +11,7 @@
 //! - `error`: [`ErrorCode`] (on the wire) and [`DecodeError`] (a frame that cannot be parsed).
 //! - `message`: requests, operations, responses, replies.
 //! - `codec`: encoding and checked decoding of frames.
+//! - [`control`]: the routes of a host's control API (`/cluster/*`), parsed and printed.
 //! - [`regionmap`]: the cluster's region map (nodes, regions, epochs), its stored encoding, and
 //!   key routing — the one implementation clients, gateways and nodes share.
 //! - [`replication`]: the primary-to-backup protocol (log bytes, shipped index segments, what a
@@ -18,6 +19,7 @@
 //! - `token`: the scan continuation token.
 
 mod codec;
+pub mod control;
 mod error;
 pub mod limits;
 mod message;

@@ -56,7 +56,8 @@ pub struct NodeInfo {
     pub device: String,
     /// Where primaries stream replication to its host.
     pub replication: String,
-    /// Its host's admin endpoint (metrics, health).
+    /// Its host's control API (`/cluster/*`: what `dpukv cluster` calls), or — for a host
+    /// without one — its admin endpoint (metrics, health).
     pub admin: String,
     /// Its failure domain ("" = none given).
     pub zone: String,

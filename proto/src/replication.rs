@@ -30,6 +30,9 @@ pub enum ReplRefusal {
     Gap = 4,
     /// The backup failed to apply it (disk, corruption): it must be copied again.
     Failed = 5,
+    /// The connection's certificate does not name the node the `Hello` says is the primary
+    /// (docs/security.md): only that node may stream the region.
+    Forbidden = 6,
 }
 
 impl ReplRefusal {
@@ -40,6 +43,7 @@ impl ReplRefusal {
             3 => ReplRefusal::WrongCluster,
             4 => ReplRefusal::Gap,
             5 => ReplRefusal::Failed,
+            6 => ReplRefusal::Forbidden,
             _ => return None,
         })
     }
@@ -52,6 +56,7 @@ impl ReplRefusal {
             ReplRefusal::WrongCluster => "wrong_cluster",
             ReplRefusal::Gap => "gap",
             ReplRefusal::Failed => "failed",
+            ReplRefusal::Forbidden => "forbidden",
         }
     }
 }
@@ -490,7 +495,8 @@ mod tests {
             Just(ReplRefusal::WrongRegion),
             Just(ReplRefusal::WrongCluster),
             Just(ReplRefusal::Gap),
-            Just(ReplRefusal::Failed)
+            Just(ReplRefusal::Failed),
+            Just(ReplRefusal::Forbidden)
         ];
         prop_oneof![
             ("[a-z-]{0,12}", any::<u32>(), any::<u64>(), any::<u32>(), any::<u64>(), any::<Option<u64>>()).prop_map(

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use dpukv_client::Client;
+use dpukv_client::proto::control::{Action, ControlRoute};
 use dpukv_client::proto::{Cmp, Elem, ReduceOp, VecOp};
 
 #[derive(Parser)]
@@ -19,9 +20,18 @@ struct Cli {
     /// shows in the process list).
     #[arg(long, env = "DPUKV_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
-    /// TLS to the endpoint.
+    /// TLS to the endpoint (and to a host's control API for `dpukv cluster`, presenting the
+    /// certificate given — one of role admin).
     #[command(flatten)]
     tls: dpukv_net::tls::ClientTlsArgs,
+    /// A bearer token for the hosts' control API (`dpukv cluster`; hosts with
+    /// `--admin-token-file`), instead of an admin certificate (prefer the environment variable).
+    #[arg(long, env = "DPUKV_ADMIN_TOKEN", global = true, hide_env_values = true)]
+    admin_token: Option<String>,
+    /// The control API `dpukv cluster` calls (`host:port`; default: one a node advertises in the
+    /// region map).
+    #[arg(long, env = "DPUKV_CONTROL", global = true)]
+    control: Option<String>,
     /// How gets may be served: `linearizable` (the primary), `bounded:MS` (a hot key's replica
     /// no staler than MS), `extended` (replicas when the primary is busy), `interleaved`
     /// (spread over primary and replicas). docs/hot-keys.md.
@@ -132,9 +142,12 @@ enum Cmd {
         /// Forward reads to the host (the benchmark baseline).
         #[arg(long)]
         serve_reads_on_host: bool,
-        /// TLS everywhere: makes a local CA and a certificate for 127.0.0.1 in DIR/tls (kept
-        /// across runs), runs the devices and the replication links with mutual TLS and the
-        /// gateway's front ends with TLS; clients then trust DIR/tls/ca.pem (`--tls-ca`).
+        /// TLS everywhere: makes a local CA and a certificate per role in DIR/tls (kept across
+        /// runs): node-<id>, gateway, admin (for `dpukv cluster`), client; runs the devices,
+        /// the replication links and the control API with mutual TLS, the gateway's front ends
+        /// with TLS, and etcd (started here) with TLS and client certificates of a CA of its
+        /// own. Clients then trust DIR/tls/ca.pem (`--tls-ca`). Without it, every listener is
+        /// on 127.0.0.1.
         #[arg(long)]
         tls: bool,
     },
@@ -171,13 +184,96 @@ enum ClusterCmd {
     },
 }
 
-/// Any host's admin endpoint.
-fn any_admin(map: &dpukv_client::proto::regionmap::RegionMap) -> Result<String> {
-    map.nodes
-        .iter()
-        .find(|n| !n.admin.is_empty())
-        .map(|n| n.admin.clone())
-        .context("no node advertises an admin endpoint (hosts need --admin)")
+/// How `dpukv cluster` reaches the hosts' control API.
+struct ControlClient {
+    /// TLS (trusting `--tls-ca`, presenting `--tls-cert`), if given.
+    tls: Option<std::sync::Arc<dpukv_net::tls::ClientTls>>,
+    /// `--admin-token`.
+    token: Option<String>,
+    /// `--control`.
+    addr: Option<String>,
+}
+
+/// The most bytes of a control API answer read.
+const MAX_CONTROL_ANSWER: u64 = 1 << 20;
+
+impl ControlClient {
+    /// `--control`, or a control API a node advertises (preferring one not on node `avoid`).
+    fn endpoint(&self, map: &dpukv_client::proto::regionmap::RegionMap, avoid: Option<u32>) -> Result<String> {
+        if let Some(a) = &self.addr {
+            return Ok(a.clone());
+        }
+        map.nodes
+            .iter()
+            .filter(|n| !n.admin.is_empty())
+            .min_by_key(|n| Some(n.id) == avoid)
+            .map(|n| n.admin.clone())
+            .context("no node advertises a control API (hosts need --control-listen), and no --control was given")
+    }
+
+    /// One request to the control API at `addr` (connecting within 5 s, answered within 30 s);
+    /// the status code and the body.
+    async fn call(&self, addr: &str, route: &ControlRoute) -> Result<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let exchange = async {
+            let tcp = tokio::time::timeout(std::time::Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+                .await
+                .map_err(|_| anyhow::anyhow!("connecting to {addr}: no answer within 5 s"))?
+                .with_context(|| format!("connecting to {addr}"))?;
+            let mut s = match &self.tls {
+                Some(t) => t.connect(tcp, addr).await.map_err(|e| match dpukv_net::tls::refusal(&e) {
+                    Some(why) => anyhow::anyhow!("the control API at {addr}: TLS: {why}"),
+                    None => anyhow::anyhow!("the control API at {addr}: TLS: {e}"),
+                })?,
+                None => dpukv_net::tls::Stream::Plain(tcp),
+            };
+            let auth = self.token.as_deref().map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+            let req = format!(
+                "{} {} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n",
+                route.method(),
+                route.path()
+            );
+            s.write_all(req.as_bytes()).await?;
+            s.flush().await?;
+            let mut resp = Vec::new();
+            // A refused TLS session ends the read with an error after what was answered.
+            let read = (&mut s).take(MAX_CONTROL_ANSWER).read_to_end(&mut resp).await;
+            if resp.is_empty()
+                && let Err(e) = read
+            {
+                bail!("the control API at {addr}: {e}");
+            }
+            anyhow::Ok(resp)
+        };
+        let resp = tokio::time::timeout(std::time::Duration::from_secs(30), exchange)
+            .await
+            .map_err(|_| anyhow::anyhow!("the control API at {addr} did not answer within 30 s"))??;
+        if self.tls.is_none() && dpukv_net::tls::looks_like_tls(&resp) {
+            bail!("the control API at {addr} speaks TLS: give --tls-ca (and an admin certificate, or --admin-token)");
+        }
+        let text = String::from_utf8_lossy(&resp);
+        let code = text
+            .strip_prefix("HTTP/1.")
+            .and_then(|t| t.split_whitespace().nth(1))
+            .and_then(|c| c.parse().ok())
+            .with_context(|| format!("the control API at {addr} answered no HTTP"))?;
+        Ok((code, text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("").to_string()))
+    }
+
+    /// [`ControlClient::call`], failing unless the answer is a 200.
+    async fn must(&self, addr: &str, route: &ControlRoute) -> Result<String> {
+        let (code, body) = self.call(addr, route).await?;
+        if code != 200 {
+            let hint = match code {
+                401 | 403 => {
+                    " (the control API wants an admin certificate — --tls-ca, --tls-cert, --tls-key — or --admin-token)"
+                }
+                _ => "",
+            };
+            bail!("{addr} answered {code}: {}{hint}", body.trim());
+        }
+        Ok(body)
+    }
 }
 
 /// Waits (up to the master's handoff timeout and a margin) until `done` holds for the map.
@@ -200,27 +296,11 @@ async fn wait_for_map(
     }
 }
 
-/// One HTTP/1.1 request to an admin endpoint; returns the status code and the body.
-async fn admin_http(admin: &str, method: &str, path: &str) -> Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(admin).await.with_context(|| format!("connecting to {admin}"))?;
-    let req = format!("{method} {path} HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).await?;
-    let code = resp.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("a malformed HTTP answer")?;
-    Ok((code, resp.split("\r\n\r\n").nth(1).unwrap_or("").to_string()))
-}
-
-async fn cluster_cmd(c: &Client, cmd: ClusterCmd) -> Result<i32> {
+async fn cluster_cmd(c: &Client, cmd: ClusterCmd, ctl: &ControlClient) -> Result<i32> {
     match cmd {
         ClusterCmd::Split { region, key, no_wait } => {
-            let admin = any_admin(&c.region_map().await?)?;
-            let hex: String = key.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
-            let (code, body) = admin_http(&admin, "POST", &format!("/cluster/split/{region}/{hex}")).await?;
-            if code != 200 {
-                bail!("{admin} answered {code}: {}", body.trim());
-            }
+            let addr = ctl.endpoint(&c.region_map().await?, None)?;
+            ctl.must(&addr, &ControlRoute::Split { region, key: key.as_bytes().to_vec() }).await?;
             if !no_wait {
                 let k = key.as_bytes().to_vec();
                 wait_for_map(c, "the split", |m| m.regions.iter().any(|r| r.start == k)).await?;
@@ -229,11 +309,8 @@ async fn cluster_cmd(c: &Client, cmd: ClusterCmd) -> Result<i32> {
             Ok(0)
         }
         ClusterCmd::Merge { region, no_wait } => {
-            let admin = any_admin(&c.region_map().await?)?;
-            let (code, body) = admin_http(&admin, "POST", &format!("/cluster/merge/{region}")).await?;
-            if code != 200 {
-                bail!("{admin} answered {code}: {}", body.trim());
-            }
+            let addr = ctl.endpoint(&c.region_map().await?, None)?;
+            ctl.must(&addr, &ControlRoute::Merge { region }).await?;
             if !no_wait {
                 wait_for_map(c, "the merge", |m| m.region(region).is_none()).await?;
                 println!("merged region {region} into its left neighbour");
@@ -245,19 +322,10 @@ async fn cluster_cmd(c: &Client, cmd: ClusterCmd) -> Result<i32> {
             if map.node(node).is_none() && !cancel {
                 bail!("node {node} is not registered in the cluster");
             }
-            // Any host's admin endpoint will do; prefer one that is not being drained.
-            let admin = map
-                .nodes
-                .iter()
-                .filter(|n| !n.admin.is_empty())
-                .min_by_key(|n| n.id == node)
-                .map(|n| n.admin.clone())
-                .context("no node advertises an admin endpoint (hosts need --admin)")?;
-            let path = format!("/cluster/drain/{node}");
-            let (code, body) = admin_http(&admin, if cancel { "DELETE" } else { "POST" }, &path).await?;
-            if code != 200 {
-                bail!("{admin} answered {code}: {}", body.trim());
-            }
+            // Any host's control API will do; prefer one that is not being drained.
+            let addr = ctl.endpoint(&map, Some(node))?;
+            let action = if cancel { Action::Cancel } else { Action::Request };
+            let body = ctl.must(&addr, &ControlRoute::Drain { node, action }).await?;
             print!("{body}");
             if no_wait || cancel {
                 return Ok(0);
@@ -265,10 +333,7 @@ async fn cluster_cmd(c: &Client, cmd: ClusterCmd) -> Result<i32> {
             let mut last = body;
             while !last.contains("\"done\": true") {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                let (code, body) = admin_http(&admin, "GET", &path).await?;
-                if code != 200 {
-                    bail!("{admin} answered {code}: {}", body.trim());
-                }
+                let body = ctl.must(&addr, &ControlRoute::Drain { node, action: Action::Progress }).await?;
                 if body != last {
                     print!("{body}");
                 }
@@ -336,10 +401,12 @@ async fn run(cli: Cli) -> Result<i32> {
         return stats(admin).await;
     }
     let connections = if let Cmd::Load { connections, .. } = &cli.cmd { *connections } else { 1 };
+    let tls = cli.tls.client().map_err(anyhow::Error::msg)?;
+    let control = ControlClient { tls: tls.clone(), token: cli.admin_token.clone(), addr: cli.control.clone() };
     let opts = dpukv_client::Options {
         pool: connections,
         token: cli.token.as_deref().map(|t| std::sync::Arc::from(t.as_bytes())),
-        tls: cli.tls.client().map_err(anyhow::Error::msg)?,
+        tls,
         consistency: cli.consistency,
         ..Default::default()
     };
@@ -414,7 +481,7 @@ async fn run(cli: Cli) -> Result<i32> {
             writeln!(out, "{}", u64s(&c.filter(key.as_bytes(), Elem::U64, cmp, value.to_le_bytes()).await?))?;
         }
         Cmd::Load { count, prefix, value_size, .. } => load(&c, count, &prefix, value_size).await?,
-        Cmd::Cluster { cmd } => return cluster_cmd(&c, cmd).await,
+        Cmd::Cluster { cmd } => return cluster_cmd(&c, cmd, &control).await,
         Cmd::Regions => {
             for r in c.region_map().await?.regions {
                 out.write_all(format!("{}\t", r.id).as_bytes())?;
@@ -518,6 +585,8 @@ struct LocalNode {
     id: u32,
     device: String,
     admin: String,
+    /// Its host's control API (a cluster's nodes only).
+    control: String,
     procs: Vec<Supervised>,
 }
 
@@ -526,6 +595,9 @@ struct LocalNode {
 /// kubelet, it restarts a process that exits (with a backoff that doubles from 0.5 s to 30 s,
 /// reset once a process has run for a minute), so a crash costs a restart, not the pod; the
 /// device follows a restarted host by itself, and the gateway a restarted device.
+///
+/// Every listener it starts is on 127.0.0.1 (the gateway's too, unless `--tls`: then the
+/// gateway's front ends may be given another address).
 async fn local(
     dir: &std::path::Path,
     gw: &LocalGateway,
@@ -539,22 +611,36 @@ async fn local(
 
     use tokio::signal::unix::{SignalKind, signal};
     let exe_dir = std::env::current_exe()?.parent().context("binary directory")?.to_path_buf();
+    if !tls {
+        for (flag, a) in [("--listen", Some(&gw.binary)), ("--http", gw.http.as_ref()), ("--resp", gw.resp.as_ref())] {
+            if let Some(a) = a
+                && !loopback(a)
+            {
+                bail!("{flag} {a}: without --tls, dpukv local serves on 127.0.0.1 only (plain text, no credentials)");
+            }
+        }
+    }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tls = if tls { Some(local_tls(&dir.join("tls"))?) } else { None };
-    // TLS flags for a process: the certificate, its key and the CA; `mutual` asks peers for
-    // theirs. The processes' environment holds no DPUKV_TLS_* of this shell: TLS is as given here.
-    let with_tls = |cmd: &mut tokio::process::Command, mutual: bool| {
+    let nodes_wanted = cluster.as_ref().map_or(1, |c| c.nodes);
+    let starts_etcd = cluster.as_ref().is_some_and(|c| c.etcd.is_none());
+    let tls = if tls { Some(LocalTls::load_or_issue(&dir.join("tls"), nodes_wanted, starts_etcd)?) } else { None };
+    // TLS flags for a process: its certificate (a node's by `{node}`), its key and the CA;
+    // `mutual` asks peers for theirs. The processes' environment holds no DPUKV_TLS_* of this
+    // shell: TLS is as given here.
+    let with_tls = |cmd: &mut tokio::process::Command, who: &str, mutual: bool| {
         for var in ["DPUKV_TLS_CERT", "DPUKV_TLS_KEY", "DPUKV_TLS_CA", "DPUKV_TLS_CLIENT_AUTH"] {
             cmd.env_remove(var);
         }
-        if let Some(f) = &tls {
-            cmd.arg("--tls-cert").arg(&f.cert).arg("--tls-key").arg(&f.key);
-            cmd.arg("--tls-ca").arg(f.ca.as_ref().expect("a local CA"));
+        if let Some(t) = &tls {
+            cmd.arg("--tls-cert").arg(t.dir.join(format!("{who}.pem")));
+            cmd.arg("--tls-key").arg(t.dir.join(format!("{who}.key")));
+            cmd.arg("--tls-ca").arg(t.ca());
             if mutual {
                 cmd.arg("--tls-client-auth");
             }
         }
     };
+    let node_files = "node-{node}";
     let mut etcd: Option<Supervised> = None;
     let mut etcd_url = String::new();
     let mut nodes: Vec<LocalNode> = Vec::new();
@@ -566,16 +652,16 @@ async fn local(
             let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
             host_cmd.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm);
             host_cmd.args(["--fsync", fsync, "--split-keys", split_keys, "--admin", &admin]).kill_on_drop(true);
-            with_tls(&mut host_cmd, true);
+            with_tls(&mut host_cmd, "node-1", true);
             // The host publishes its regions before it serves; the device waits for them.
             let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
-            dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device]).kill_on_drop(true);
-            with_tls(&mut dev_cmd, true);
+            dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device, "--node-id", "1"]).kill_on_drop(true);
+            with_tls(&mut dev_cmd, node_files, true);
             if on_host {
                 dev_cmd.arg("--serve-reads-on-host");
             }
             let procs = vec![Supervised::new("host".into(), host_cmd), Supervised::new("device".into(), dev_cmd)];
-            nodes.push(LocalNode { id: 1, device, admin, procs });
+            nodes.push(LocalNode { id: 1, device, admin, control: String::new(), procs });
         }
         Some(c) => {
             etcd_url = match &c.etcd {
@@ -587,17 +673,26 @@ async fn local(
                             c.nodes
                         );
                     }
+                    let scheme = if tls.is_some() { "https" } else { "http" };
                     let (cp, pp) = (free_port()?, free_port()?);
-                    let (client, peer) = (format!("http://127.0.0.1:{cp}"), format!("http://127.0.0.1:{pp}"));
+                    let (client, peer) = (format!("{scheme}://127.0.0.1:{cp}"), format!("{scheme}://127.0.0.1:{pp}"));
                     let mut cmd = tokio::process::Command::new("etcd");
                     cmd.args(["--name", "local", "--data-dir"]).arg(dir.join("etcd"));
                     cmd.args(["--listen-client-urls", &client, "--advertise-client-urls", &client]);
                     cmd.args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer]);
                     cmd.arg("--initial-cluster").arg(format!("local={peer}"));
                     cmd.args(["--initial-cluster-state", "new"]);
+                    if let Some(t) = &tls {
+                        // Its own CA: only holders of an etcd client certificate (the hosts) get in.
+                        let (cert, key, ca) =
+                            (t.dir.join("etcd.pem"), t.dir.join("etcd.key"), t.dir.join("etcd-ca.pem"));
+                        cmd.arg("--cert-file").arg(&cert).arg("--key-file").arg(&key);
+                        cmd.arg("--trusted-ca-file").arg(&ca).arg("--client-cert-auth");
+                        cmd.arg("--peer-cert-file").arg(&cert).arg("--peer-key-file").arg(&key);
+                        cmd.arg("--peer-trusted-ca-file").arg(&ca).arg("--peer-client-cert-auth");
+                    }
                     cmd.stdout(std::process::Stdio::null()).stderr(std::fs::File::create(dir.join("etcd.log"))?);
                     cmd.kill_on_drop(true);
-                    std::fs::create_dir_all(dir)?;
                     etcd = Some(Supervised::new("etcd".into(), cmd));
                     client
                 }
@@ -609,24 +704,35 @@ async fn local(
                 let device = format!("127.0.0.1:{}", free_port()?);
                 // Replication on any free port (the host registers the one it bound).
                 let (repl, admin) = ("127.0.0.1:0".to_string(), format!("127.0.0.1:{}", free_port()?));
+                let control = format!("127.0.0.1:{}", free_port()?);
                 let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
                 host_cmd.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm);
                 host_cmd.args(["--fsync", fsync, "--split-keys", split_keys, "--admin", &admin]);
+                host_cmd.args(["--control-listen", &control]);
                 host_cmd.args(["--cluster", "local", "--node-id", &id.to_string(), "--etcd", &etcd_url]);
                 host_cmd.args(["--replication-listen", &repl, "--advertise-device", &device]);
                 host_cmd.args(["--replication-factor", &c.replication.to_string()]).kill_on_drop(true);
                 host_cmd.args(["--backup-index", &c.backup_index]);
                 host_cmd.stderr(std::fs::File::create(nd.join("host.log"))?);
-                with_tls(&mut host_cmd, true);
+                for var in ["DPUKV_ETCD_CA", "DPUKV_ETCD_CERT", "DPUKV_ETCD_KEY", "DPUKV_ADMIN_TOKEN_FILE"] {
+                    host_cmd.env_remove(var);
+                }
+                if let Some(t) = tls.as_ref().filter(|_| c.etcd.is_none()) {
+                    host_cmd.arg("--etcd-ca").arg(t.dir.join("etcd-ca.pem"));
+                    host_cmd.arg("--etcd-cert").arg(t.dir.join("etcd-client.pem"));
+                    host_cmd.arg("--etcd-key").arg(t.dir.join("etcd-client.key"));
+                }
+                with_tls(&mut host_cmd, node_files, true);
                 let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
-                dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device]).kill_on_drop(true);
-                with_tls(&mut dev_cmd, true);
+                dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device, "--node-id", &id.to_string()]);
+                dev_cmd.kill_on_drop(true);
+                with_tls(&mut dev_cmd, node_files, true);
                 dev_cmd.stderr(std::fs::File::create(nd.join("device.log"))?);
                 let procs = vec![
                     Supervised::new(format!("node {id} host"), host_cmd),
                     Supervised::new(format!("node {id} device"), dev_cmd),
                 ];
-                nodes.push(LocalNode { id, device, admin, procs });
+                nodes.push(LocalNode { id, device, admin, control, procs });
             }
         }
     }
@@ -643,8 +749,8 @@ async fn local(
     }
     gw_cmd.stderr(std::fs::File::create(dir.join("gateway.log"))?).kill_on_drop(true);
     // Clients of the front ends prove themselves with tokens, not certificates; the gateway
-    // presents its certificate to the devices.
-    with_tls(&mut gw_cmd, false);
+    // presents its certificate (role gateway) to the devices.
+    with_tls(&mut gw_cmd, "gateway", false);
     let mut gateway = Supervised::new("gateway".into(), gw_cmd);
     if let Some(e) = etcd.as_mut() {
         e.start()?;
@@ -659,19 +765,30 @@ async fn local(
             .iter()
             .map(|n| {
                 format!(
-                    "{{\"id\": {}, \"device\": \"{}\", \"admin\": \"{}\", \"host_pid\": {}, \"device_pid\": {}}}",
+                    "{{\"id\": {}, \"device\": \"{}\", \"admin\": \"{}\", \"control\": \"{}\", \"host_pid\": {}, \"device_pid\": {}}}",
                     n.id,
                     n.device,
                     n.admin,
+                    n.control,
                     pid(&n.procs[0]),
                     pid(&n.procs[1])
                 )
             })
             .collect();
         let opt = |a: &Option<String>| a.as_deref().unwrap_or_default().to_string();
-        let ca = tls.as_ref().and_then(|f| f.ca.as_ref()).map(|p| p.display().to_string()).unwrap_or_default();
+        let path = |f: &str| tls.as_ref().map(|t| t.dir.join(f).display().to_string()).unwrap_or_default();
+        let etcd_tls = |f: &str| if starts_etcd { path(f) } else { String::new() };
         let json = format!(
-            "{{\"etcd\": \"{etcd_url}\", \"tls_ca\": {ca:?}, \"nodes\": [\n  {}\n],\n \"gateway\": {{\"binary\": \"{}\", \"http\": \"{}\", \"resp\": \"{}\", \"admin\": \"{gw_admin}\", \"pid\": {}}}}}\n",
+            "{{\"etcd\": \"{etcd_url}\", \"tls_ca\": {:?}, \"tls\": {{\"ca\": {:?}, \"admin_cert\": {:?}, \"admin_key\": {:?}, \"client_cert\": {:?}, \"client_key\": {:?}, \"etcd_ca\": {:?}, \"etcd_client_cert\": {:?}, \"etcd_client_key\": {:?}}}, \"nodes\": [\n  {}\n],\n \"gateway\": {{\"binary\": \"{}\", \"http\": \"{}\", \"resp\": \"{}\", \"admin\": \"{gw_admin}\", \"pid\": {}}}}}\n",
+            path("ca.pem"),
+            path("ca.pem"),
+            path("admin.pem"),
+            path("admin.key"),
+            path("client.pem"),
+            path("client.key"),
+            etcd_tls("etcd-ca.pem"),
+            etcd_tls("etcd-client.pem"),
+            etcd_tls("etcd-client.key"),
             list.join(",\n  "),
             gw.binary,
             opt(&gw.http),
@@ -689,8 +806,11 @@ async fn local(
         gw.http.as_ref().map(|h| format!(", HTTP on {h}")).unwrap_or_default(),
         gw.resp.as_ref().map(|r| format!(", Redis protocol on {r}")).unwrap_or_default(),
         tls.as_ref()
-            .and_then(|f| f.ca.as_ref())
-            .map(|ca| format!(", all with TLS (trust {})", ca.display()))
+            .map(|t| format!(
+                ", all with TLS (trust {}; `dpukv cluster` takes --tls-cert/--tls-key {}/admin.pem/.key)",
+                t.ca().display(),
+                t.dir.display()
+            ))
             .unwrap_or_default()
     );
     match &cluster {
@@ -739,15 +859,77 @@ async fn local(
     Ok(0)
 }
 
-/// `dpukv local --tls`'s certificates in `dir`: the ones there from an earlier run, else a new
-/// local CA and a certificate for 127.0.0.1 and localhost signed by it.
-fn local_tls(dir: &std::path::Path) -> Result<dpukv_net::tls::TlsFiles> {
-    let files =
-        dpukv_net::tls::TlsFiles { cert: dir.join("cert.pem"), key: dir.join("key.pem"), ca: Some(dir.join("ca.pem")) };
-    if files.cert.exists() && files.key.exists() && dir.join("ca.pem").exists() {
-        return Ok(files);
+/// Whether `addr` (`host:port`) is a loopback address (`127.0.0.0/8`, `::1`, `localhost`).
+fn loopback(addr: &str) -> bool {
+    match addr.parse::<std::net::SocketAddr>() {
+        Ok(a) => a.ip().is_loopback(),
+        Err(_) => addr.rsplit_once(':').is_some_and(|(h, _)| h == "localhost"),
     }
-    dpukv_net::tls::make_local_ca(dir, &["127.0.0.1", "localhost"]).map_err(anyhow::Error::msg)
+}
+
+/// `dpukv local --tls`'s certificates in one directory, each naming its holder
+/// (`spiffe://dpukv/local/local/<role>/<id>`) and valid for 127.0.0.1 and localhost:
+/// `ca.pem`; `node-<id>.pem`/`.key` per node; `gateway`, `admin` (for `dpukv cluster`),
+/// `client` (data only); with an etcd started here, `etcd-ca.pem` (a CA of its own),
+/// `etcd.pem`/`.key` (the server) and `etcd-client.pem`/`.key` (the hosts'). The CAs' keys are
+/// never written: a set is kept across runs while it covers what is asked, else a new one is
+/// issued whole.
+struct LocalTls {
+    dir: PathBuf,
+}
+
+impl LocalTls {
+    fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    fn load_or_issue(dir: &std::path::Path, nodes: u32, etcd: bool) -> Result<LocalTls> {
+        use dpukv_net::identity::{Identity, Role};
+        use dpukv_net::tls::{LocalCa, TlsFiles};
+        let mut names: Vec<String> = (1..=nodes).map(|i| format!("node-{i}")).collect();
+        names.extend(["gateway", "admin", "client"].map(String::from));
+        if etcd {
+            names.extend(["etcd", "etcd-client"].map(String::from));
+        }
+        let mut files: Vec<PathBuf> = vec![dir.join("ca.pem")];
+        if etcd {
+            files.push(dir.join("etcd-ca.pem"));
+        }
+        for n in &names {
+            files.extend([dir.join(format!("{n}.pem")), dir.join(format!("{n}.key"))]);
+        }
+        let t = LocalTls { dir: dir.to_path_buf() };
+        if files.iter().all(|f| f.exists()) {
+            return Ok(t);
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let e = anyhow::Error::msg;
+        let (ca, etcd_ca) = (LocalCa::new().map_err(e)?, LocalCa::new().map_err(e)?);
+        let hosts = ["127.0.0.1", "localhost"];
+        let pair = |name: &str, ca: Option<PathBuf>| TlsFiles {
+            cert: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}.key")),
+            ca,
+        };
+        let id = |role: Role, name: &str| Identity::new("local", "local", role, name).map_err(anyhow::Error::new);
+        for i in 1..=nodes {
+            let name = format!("node-{i}");
+            ca.issue(&hosts, Some(&id(Role::Node, &i.to_string())?), &pair(&name, None)).map_err(e)?;
+        }
+        for (name, role, who) in
+            [("gateway", Role::Gateway, "gateway"), ("admin", Role::Admin, "cli"), ("client", Role::Client, "cli")]
+        {
+            ca.issue(&hosts, Some(&id(role, who)?), &pair(name, None)).map_err(e)?;
+        }
+        if etcd {
+            etcd_ca.issue(&hosts, None, &pair("etcd", None)).map_err(e)?;
+            etcd_ca.issue(&hosts, Some(&id(Role::Node, "etcd-client")?), &pair("etcd-client", None)).map_err(e)?;
+            etcd_ca.write_ca(&dir.join("etcd-ca.pem")).map_err(e)?;
+        }
+        // The CA last: an interrupted run leaves no complete-looking set.
+        ca.write_ca(&dir.join("ca.pem")).map_err(e)?;
+        Ok(t)
+    }
 }
 
 /// A child process kept running (see [`local`]). [`Supervised::poll`] never blocks: it looks at

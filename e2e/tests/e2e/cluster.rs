@@ -538,6 +538,7 @@ async fn draining_the_primary_s_node_under_load_moves_everything_off_it_and_lose
     tokio::time::sleep(Duration::from_millis(300)).await;
     let out = tokio::process::Command::new(dpukv_e2e::procs::bin_dir().expect("binaries").join("dpukv"))
         .args(["--endpoint", &seed, "cluster", "drain", &p.to_string()])
+        .env("DPUKV_ADMIN_TOKEN", nodes[0].admin_token())
         .output();
     let out = tokio::time::timeout(Duration::from_secs(90), out)
         .await
@@ -762,6 +763,7 @@ async fn dpukv_cli(seed: &str, args: &[&str], timeout: Duration, nodes: &[Cluste
     let out = tokio::process::Command::new(dpukv_e2e::procs::bin_dir().expect("binaries").join("dpukv"))
         .args(["--endpoint", seed])
         .args(args)
+        .env("DPUKV_ADMIN_TOKEN", nodes[0].admin_token())
         .output();
     let logs = || nodes.iter().map(ClusterNode::logs).collect::<String>();
     let out = tokio::time::timeout(timeout, out)

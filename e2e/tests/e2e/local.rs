@@ -110,8 +110,8 @@ fn regions_and_nodes_print_the_map_a_node_serves_by() {
 }
 
 /// `dpukv local --tls`: its own CA in DIR/tls, named in cluster.json; the CLI trusting it works
-/// through the gateway, without it is refused; the device wants a client certificate. And
-/// `dpukv local` killed with SIGKILL takes its processes with it.
+/// through the gateway, without it is refused; the device wants a client certificate (the
+/// `client` role's in DIR/tls). And `dpukv local` killed with SIGKILL takes its processes with it.
 #[test]
 fn local_tls_serves_only_clients_that_trust_its_ca() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -166,8 +166,9 @@ fn local_tls_serves_only_clients_that_trust_its_ca() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let cert = dir.path().join("tls/cert.pem");
-    let key = dir.path().join("tls/key.pem");
+    // A client's certificate (role client) writes and reads at the device.
+    let cert = dir.path().join("tls/client.pem");
+    let key = dir.path().join("tls/client.key");
     let (cert, key) = (cert.to_str().expect("utf-8"), key.to_str().expect("utf-8"));
     let out = cli(&device, &["--tls-ca", &ca, "--tls-cert", cert, "--tls-key", key], &["get", "k"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "v\n", "{}", String::from_utf8_lossy(&out.stderr));
@@ -184,4 +185,102 @@ fn local_tls_serves_only_clients_that_trust_its_ca() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// The local addresses of the TCP sockets `pid` listens on (from `/proc/net/tcp{,6}`, matched
+/// by the socket inodes among its descriptors).
+fn listening(pid: u32) -> Vec<std::net::SocketAddr> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(String::from))
+        .collect();
+    let mut out = Vec::new();
+    for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        for line in std::fs::read_to_string(file).unwrap_or_default().lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // local_address, st (0A: LISTEN), inode
+            if f.len() < 10 || f[3] != "0A" || !inodes.contains(f[9]) {
+                continue;
+            }
+            let (ip, port) = f[1].split_once(':').expect("address:port");
+            let port = u16::from_str_radix(port, 16).expect("port");
+            let ip: std::net::IpAddr = if v6 {
+                let mut b = [0u8; 16];
+                for (i, w) in b.chunks_mut(4).enumerate() {
+                    let word = u32::from_str_radix(&ip[i * 8..i * 8 + 8], 16).expect("hex");
+                    w.copy_from_slice(&word.to_le_bytes());
+                }
+                std::net::Ipv6Addr::from(b).into()
+            } else {
+                std::net::Ipv4Addr::from(u32::from_str_radix(ip, 16).expect("hex").to_le_bytes()).into()
+            };
+            out.push(std::net::SocketAddr::new(ip, port));
+        }
+    }
+    out
+}
+
+/// `dpukv local --nodes 3` without `--tls` runs everything in plain text without credentials,
+/// so every listener it starts — etcd's, each host's admin, control and replication ports,
+/// each device's, the gateway's — is on 127.0.0.1; and it refuses a gateway address that is not.
+#[test]
+fn local_without_tls_listens_on_loopback_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = bin_dir().expect("binaries");
+    let exposed_dir = tempfile::tempdir().expect("tempdir");
+    let mut refused = Proc(
+        Command::new(bin.join("dpukv"))
+            .args(["local", "--nodes", "3", "--listen", "0.0.0.0:7070", "--dir"])
+            .arg(exposed_dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("dpukv local"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = refused.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "a plain gateway on every interface was started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut why = String::new();
+    std::io::Read::read_to_string(&mut refused.0.stderr.take().expect("stderr"), &mut why).expect("stderr");
+    assert!(!status.success() && why.contains("127.0.0.1 only"), "{status}: {why}");
+    let addr = format!("127.0.0.1:{}", dpukv_e2e::procs::free_port().expect("port"));
+    let local = Command::new(bin.join("dpukv"))
+        .args(["local", "--nodes", "3", "--listen", &addr, "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("dpukv local");
+    let local = Proc(local);
+    let pid = local.0.id();
+    // Once all three hosts registered, every process listens where it will.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = Command::new(bin.join("dpukv")).args(["--endpoint", &addr, "nodes"]).output().expect("dpukv nodes");
+        if out.status.success() && String::from_utf8_lossy(&out.stdout).lines().count() == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "three nodes never registered: {out:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut all = Vec::new();
+    for binary in ["etcd", "dpukv-node", "dpukv-dpu", "dpukv-gateway"] {
+        for child in children_running(pid, binary) {
+            let l = listening(child);
+            assert!(!l.is_empty(), "{binary} ({child}) listens nowhere");
+            all.extend(l.into_iter().map(|a| (binary, a)));
+        }
+    }
+    // etcd: client and peer; hosts: admin, control, replication; devices: data; gateway:
+    // binary and admin.
+    assert!(all.len() >= 2 + 3 * 3 + 3 + 2, "{all:?}");
+    let exposed: Vec<_> = all.iter().filter(|(_, a)| !a.ip().is_loopback()).collect();
+    assert!(exposed.is_empty(), "listening beyond loopback: {exposed:?}");
 }

@@ -6,6 +6,7 @@ mod faults;
 mod gateway;
 mod gateway_attacks;
 mod hot_keys;
+mod identity;
 mod linearizable;
 mod local;
 mod meta;

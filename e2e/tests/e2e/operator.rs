@@ -27,8 +27,8 @@ use dpukv_e2e::procs::{Proc, bin_dir};
 use serde_json::{Value, json};
 
 const NS: &str = "db";
-/// The node pods' host admin port (operator/src/render.rs).
-const HOST_ADMIN: u16 = 9100;
+/// The node pods' control API port (operator/src/render.rs; plain HTTP in this scenario).
+const HOST_CONTROL: u16 = 9103;
 /// The gateway's binary port (the CRD's default).
 const GATEWAY_BINARY: u16 = 7379;
 /// Namespaces: the operator's, etcd's, and the pods' slots.
@@ -230,7 +230,7 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     let scene = Scene::start();
     let api = &scene.api;
     // Every node pod the StatefulSet controller takes away for a scale-in must be drained by the
-    // master first (nothing led, nothing held): asked of the pod's own admin API as it goes.
+    // master first (nothing led, nothing held): asked of the pod's own control API as it goes.
     // The same for every node pod an upgrade restarts: its primaries must have stepped down.
     let drained: Arc<Mutex<Vec<DrainSeen>>> = Arc::default();
     let stepped_down: Arc<Mutex<Vec<DrainSeen>>> = Arc::default();
@@ -249,7 +249,7 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
                 "ScaledIn" => (format!("/cluster/drain/{}", index + 1), &drained),
                 _ => (format!("/cluster/step-down/{}", index + 1), &stepped_down),
             };
-            let answer = http_call(&format!("{ip}:{HOST_ADMIN}"), "GET", &path, Duration::from_secs(3)).ok();
+            let answer = http_call(&format!("{ip}:{HOST_CONTROL}"), "GET", &path, Duration::from_secs(3)).ok();
             seen.lock().expect("seen").push((pod["metadata"]["name"].as_str().unwrap_or_default().into(), answer));
         });
     }
@@ -266,9 +266,9 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
             "regions": {"splitKeys": ["a-", "b-", "c-"]},
             "persistentVolumeClaimRetention": {"whenScaled": "Delete", "whenDeleted": "Delete"},
             "gateway": {"replicas": 1},
-            // TODO(issue 26): TLS is on by default; this scenario runs plain until the node
-            // binaries take `{node}` in their certificate paths and serve the control port, and
-            // the test kubelet mounts Secret volumes — then drop this line.
+            // TLS is on by default; this scenario runs plain until the test kubelet mounts Secret
+            // volumes (the node binaries take `{node}` paths and serve the control port) — then
+            // drop this line.
             "tls": {"mode": "Disabled"},
         },
     });

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dpukv_client::{Client, ClientError, Options};
+use dpukv_e2e::certs::ClusterCerts;
 use dpukv_e2e::cluster::ClusterNode;
 use dpukv_e2e::etcd::Etcd;
 use dpukv_e2e::gateway::Gateway;
-use dpukv_net::tls::{ClientTls, LocalCa, TlsFiles};
+use dpukv_net::identity::Role;
+use dpukv_net::tls::ClientTls;
 
 fn opts(tls: Arc<ClientTls>) -> Options {
     Options { pool: 1, token: None, tls: Some(tls), ..Options::default() }
@@ -95,38 +97,13 @@ fn must_refuse<T: std::fmt::Debug>(r: Result<T, ClientError>, started: Instant, 
 #[test]
 fn tls_everywhere_refuses_strangers_and_survives_failover_and_rotation() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ca = LocalCa::new().expect("CA");
-    let ca_pem = dir.path().join("ca.pem");
-    ca.write_ca(&ca_pem).expect("write CA");
-    let files = |name: &str| TlsFiles {
-        cert: dir.path().join(format!("{name}.pem")),
-        key: dir.path().join(format!("{name}.key")),
-        ca: Some(ca_pem.clone()),
-    };
-    let (node_tls, gw_tls) = (files("node"), files("gateway"));
-    ca.issue(&["127.0.0.1"], &node_tls).expect("node certificate");
-    ca.issue(&["127.0.0.1"], &gw_tls).expect("gateway certificate");
-    // A stranger: a certificate from another CA.
-    let other = LocalCa::new().expect("other CA");
-    let (other_ca, stranger) = (dir.path().join("other-ca.pem"), files("stranger"));
-    other.write_ca(&other_ca).expect("write other CA");
-    other.issue(&["127.0.0.1"], &stranger).expect("stranger certificate");
-
-    let flags = |f: &TlsFiles, mutual: bool| -> Vec<String> {
-        let mut v = vec![
-            "--tls-cert".to_string(),
-            f.cert.display().to_string(),
-            "--tls-key".into(),
-            f.key.display().to_string(),
-            "--tls-ca".into(),
-            ca_pem.display().to_string(),
-        ];
-        if mutual {
-            v.push("--tls-client-auth".into());
-        }
-        v
-    };
-    let node_flags = flags(&node_tls, true);
+    // A certificate per role (docs/security.md): node-<id>, the gateway's; and a stranger's of
+    // another CA.
+    let certs = ClusterCerts::issue(dir.path(), "tls", 3).expect("certificates");
+    let ca_pem = certs.ca();
+    let (node_tls, stranger) = (certs.files("node-1"), certs.files("foreign"));
+    let other_ca = certs.foreign_ca();
+    let node_flags = certs.node_flags();
     let node_flags: Vec<&str> = node_flags.iter().map(String::as_str).collect();
     let etcd = Etcd::start().expect("etcd");
     let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--split-keys", "m"];
@@ -139,7 +116,7 @@ fn tls_everywhere_refuses_strangers_and_survives_failover_and_rotation() {
         m.regions.len() == 2 && m.regions.iter().all(|r| r.primary != 0 && r.backups.len() == 2)
     }));
     let seeds: Vec<&str> = nodes.iter().map(|n| n.device.as_str()).collect();
-    let gw_flags = flags(&gw_tls, false);
+    let gw_flags = certs.gateway_flags();
     let gw_flags: Vec<&str> = gw_flags.iter().map(String::as_str).collect();
     let gw = Gateway::start(&seeds, &gw_flags).expect("gateway");
     let trusting = ClientTls::load(&ca_pem, None).expect("client TLS");
@@ -207,7 +184,7 @@ fn tls_everywhere_refuses_strangers_and_survives_failover_and_rotation() {
         // Rotation: the gateway's certificate is replaced under an open connection; new
         // connections get the new one, the open one goes on.
         let before = served_fingerprint(&gw.binary);
-        ca.issue(&["127.0.0.1"], &gw_tls).expect("new gateway certificate");
+        certs.issue_as("gateway", Some(Role::Gateway), "gateway").expect("new gateway certificate");
         let deadline = Instant::now() + Duration::from_secs(15);
         while served_fingerprint(&gw.binary) == before {
             assert!(Instant::now() < deadline, "the gateway never served its new certificate");

@@ -123,6 +123,11 @@ impl HotKeys {
     }
 
     /// Whether keys can become popular at all (a popular-set capacity above 0).
+    /// The region map the device serves (as of the syncer's last round; None before its first).
+    pub(crate) fn map(&self) -> Option<Arc<RegionMap>> {
+        self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     pub(crate) fn enabled(&self) -> bool {
         self.cfg.popularity.capacity > 0
     }

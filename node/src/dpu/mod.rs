@@ -13,10 +13,12 @@
 //! answers gets aimed at it as a replica.
 //!
 //! # Layout
+//! - `access`: who may do what at the data port (by the caller's certificate's role).
 //! - `link`: the links to the host (multiplexed, with a reply timeout).
 //! - `hot_keys`: popular keys of the led regions and their sync to replicas.
 //! - this module: [`DeviceConfig`], [`run`], the data port.
 
+mod access;
 pub mod hot_keys;
 mod link;
 
@@ -67,7 +69,8 @@ pub struct DeviceConfig {
     pub host_timeout: Duration,
     /// How long a shutdown waits for requests in flight.
     pub shutdown_grace: Duration,
-    /// TLS on the data port.
+    /// TLS on the data port (with client certificates: callers are checked by their role,
+    /// module `access`).
     pub tls: Option<Arc<dpukv_net::tls::ServerTls>>,
     /// Hot keys of the led regions (admission, popular sets, sync to replicas).
     pub hot: HotKeysConfig,
@@ -95,6 +98,7 @@ pub async fn run(
     let table = Arc::new(ReplicaTable::new(cfg.replica_table));
     let vouch = link::HostVouch::new(cfg.shm_dir.clone());
     let links = HostLinks::new(pod::socket_path(&cfg.shm_dir), cfg.host_links, cfg.host_timeout, hot.clone(), vouch);
+    let refused = Arc::new(AtomicU64::new(0));
     let ready = Arc::new(AtomicBool::new(false));
     let mut registry = Registry::default();
     registry.register_collector(Box::new(StatsCollector {
@@ -103,6 +107,7 @@ pub async fn run(
         unavailable: links.unavailable.clone(),
         hot: hot.clone(),
         table: table.clone(),
+        refused: refused.clone(),
     }));
     let latency = dpukv_net::latency::OpLatency::register(
         &mut registry,
@@ -110,14 +115,9 @@ pub async fn run(
         "Time from a request's arrival at the device to its answer written, by operation",
     );
     let admin_addr = match cfg.admin {
-        Some(a) => Some(
-            admin::serve(
-                a,
-                Admin { ready: ready.clone(), registry: Arc::new(registry), cluster: None },
-                shutdown.clone(),
-            )
-            .await?,
-        ),
+        Some(a) => {
+            Some(admin::serve(a, Admin { ready: ready.clone(), registry: Arc::new(registry) }, shutdown.clone()).await?)
+        }
         None => None,
     };
     let listener = TcpListener::bind(cfg.listen).await?;
@@ -158,19 +158,21 @@ pub async fn run(
                 };
                 let _ = stream.set_nodelay(true);
                 let (reads, links, budget, stop) = (reads.clone(), links.clone(), budget.clone(), shutdown.clone());
-                let table = table.clone();
+                let (table, hot, refused) = (table.clone(), hot.clone(), refused.clone());
                 let (conn_cfg, on_host, tls) = (cfg.conn, cfg.serve_reads_on_host, cfg.tls.clone());
                 let obs = conn::Observer { latency: Some(latency.clone()), component: Some("device"), root: false };
                 tracker.spawn(async move {
-                    let stream = match dpukv_net::tls::accept(tls.as_deref(), stream).await {
+                    let (stream, peer) = match dpukv_net::tls::accept_peer(tls.as_deref(), stream).await {
                         Ok(s) => s,
                         Err(e) => {
                             tracing::debug!(error = %e, "a client failed the TLS handshake");
                             return;
                         }
                     };
-                    let dispatch =
-                        |batch: Vec<Incoming>, sink: Sink| dispatch(batch, sink, &reads, &links, &table, on_host);
+                    let dispatch = |batch: Vec<Incoming>, sink: Sink| {
+                        let batch = access::admit(batch, &peer, || hot.map(), &sink, &refused);
+                        dispatch(batch, sink, &reads, &links, &table, on_host)
+                    };
                     if let Err(e) = conn::serve(stream, conn_cfg, budget, obs, stop, dispatch).await {
                         tracing::debug!(error = %e, "client connection ended");
                     }
@@ -236,6 +238,7 @@ fn replica_op(req: &Request, table: &ReplicaTable) -> Option<Response> {
 }
 
 struct StatsCollector {
+    refused: Arc<AtomicU64>,
     reads: Arc<ReadCounters>,
     forwarded: Arc<AtomicU64>,
     unavailable: Arc<AtomicU64>,
@@ -256,6 +259,11 @@ impl prometheus_client::collector::Collector for StatsCollector {
             &mut enc,
             &[
                 ("dpukv_device_reads_served", "reads executed on the device", &r.served),
+                (
+                    "dpukv_device_requests_refused",
+                    "requests refused for the caller's role (unauthorized, forbidden: docs/security.md)",
+                    &self.refused,
+                ),
                 ("dpukv_device_forwarded", "requests forwarded to the host", &self.forwarded),
                 (
                     "dpukv_device_unavailable",

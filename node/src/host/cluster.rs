@@ -45,15 +45,16 @@ pub struct ClusterArgs {
     pub name: String,
     /// This node's id (unique in the cluster, not 0).
     pub node_id: u32,
-    /// etcd client URLs.
-    pub etcd: Vec<String>,
+    /// How to reach etcd (its URLs, TLS).
+    pub etcd: EtcdOptions,
     /// Where this host accepts replication connections.
     pub replication_listen: SocketAddr,
     /// The address clients reach this node's device at.
     pub advertise_device: String,
     /// The address primaries reach this host's replication port at.
     pub advertise_replication: String,
-    /// The host's admin address, advertised.
+    /// The host's control API address (or, without one, its admin address), advertised: what
+    /// `dpukv cluster` calls.
     pub advertise_admin: String,
     /// Failure domain ("" = none).
     pub zone: String,
@@ -133,7 +134,7 @@ pub async fn run(
         announcement = Some(a);
         served.write().unwrap_or_else(|e| e.into_inner()).map = rmap;
     }
-    let opts = EtcdOptions::new(args.etcd.clone());
+    let opts = args.etcd.clone();
     let store = connect(&opts, &shutdown).await?;
     let Some(store) = store else { return Ok(vec![]) };
     // The configuration, written if the cluster has none (etcd may go away again: retried).

@@ -72,6 +72,8 @@ pub struct HostConfig {
     pub shutdown_grace: Duration,
     /// Membership of a cluster (None: a standalone node serving `regions`).
     pub cluster: Option<cluster::ClusterArgs>,
+    /// The control API (a cluster's host only).
+    pub control: Option<crate::control::ControlConfig>,
 }
 
 /// The map a host routes by and the writers of the regions it serves (the cluster agent swaps
@@ -133,6 +135,8 @@ pub struct HostInfo {
     pub socket: PathBuf,
     /// The admin endpoint, if any.
     pub admin: Option<SocketAddr>,
+    /// The control API, if any.
+    pub control: Option<SocketAddr>,
 }
 
 /// The environment variable that, set to `1`, sends every durable file operation of the host's
@@ -250,17 +254,20 @@ pub async fn run(
     }
     let admin_addr = match cfg.admin {
         Some(a) => {
-            let cluster = match &cfg.cluster {
-                Some(c) => Some(admin::ClusterControl {
-                    etcd: dpukv_cluster::EtcdOptions::new(c.etcd.clone()),
-                    keys: dpukv_cluster::keys::Keys::new(&c.name).map_err(|e| anyhow::anyhow!("{e}"))?,
-                }),
-                None => None,
-            };
-            let state = Admin { ready: ready.clone(), registry: Arc::new(registry), cluster };
+            let state = Admin { ready: ready.clone(), registry: Arc::new(registry) };
             Some(admin::serve(a, state, shutdown.clone()).await?)
         }
         None => None,
+    };
+    let control_addr = match (&cfg.control, &cfg.cluster) {
+        (Some(ctl), Some(c)) => {
+            let cluster = crate::control::ClusterControl {
+                etcd: c.etcd.clone(),
+                keys: dpukv_cluster::keys::Keys::new(&c.name).map_err(|e| anyhow::anyhow!("{e}"))?,
+            };
+            Some(crate::control::serve(ctl.clone(), cluster, shutdown.clone()).await?)
+        }
+        _ => None,
     };
 
     let socket = pod::socket_path(&cfg.shm_dir);
@@ -268,7 +275,7 @@ pub async fn run(
     let listener = UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
     ready.store(true, Ordering::Release);
     if let Some(tx) = started {
-        let _ = tx.send(HostInfo { socket: socket.clone(), admin: admin_addr });
+        let _ = tx.send(HostInfo { socket: socket.clone(), admin: admin_addr, control: control_addr });
     }
     tracing::info!(socket = %socket.display(), "host serving");
     let tracker = TaskTracker::new();

@@ -342,8 +342,9 @@ fn a_catching_up_backup_is_sent_the_log_at_the_capped_rate_and_a_current_one_at_
 fn replication_runs_over_mutual_tls_and_refuses_strangers() {
     use dpukv_net::tls::{ClientTls, ServerTls, make_local_ca};
     let dir = tempfile::tempdir().expect("tempdir");
-    let ours = make_local_ca(&dir.path().join("ours"), &["127.0.0.1", "localhost"]).expect("CA");
-    let theirs = make_local_ca(&dir.path().join("theirs"), &["127.0.0.1"]).expect("other CA");
+    let node1 = dpukv_net::identity::Identity::new("local", "test", dpukv_net::identity::Role::Node, "1").expect("id");
+    let ours = make_local_ca(&dir.path().join("ours"), &["127.0.0.1", "localhost"], Some(&node1)).expect("CA");
+    let theirs = make_local_ca(&dir.path().join("theirs"), &["127.0.0.1"], Some(&node1)).expect("other CA");
     let pdir = dir.path().join("primary");
     let mut primary =
         Region::open(RegionConfig::tiny(&pdir, dir.path().join("pshm"), FsyncPolicy::Always)).expect("open").0;
@@ -427,4 +428,64 @@ fn a_forged_hello_neither_raises_the_fence_nor_cuts_the_copy() {
     assert!(!real.is_finished(), "the real primary's stream goes on");
     stop.store(true, Ordering::Release);
     assert_eq!(ended(real), SenderEnd::Stopped);
+}
+
+/// A Hello over mutual TLS is taken only from the certificate of the node it names as the
+/// region's primary. Before identities were checked, any certificate of the cluster's CA — a
+/// gateway's, another node's — could open a stream as the map's primary and append to the
+/// backup's copy (here: the Hello was answered `Resume`).
+#[test]
+fn a_stream_is_taken_only_from_the_certificate_of_the_node_it_names() {
+    use dpukv_net::identity::{Identity, Role};
+    use dpukv_net::tls::{ClientTls, LocalCa, ServerTls, TlsFiles};
+    use dpukv_proto::replication::ReplMessage;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = LocalCa::new().expect("CA");
+    let ca_pem = dir.path().join("ca.pem");
+    ca.write_ca(&ca_pem).expect("CA");
+    let issue = |name: &str, role: Role, id: &str| {
+        let f = TlsFiles {
+            cert: dir.path().join(format!("{name}.pem")),
+            key: dir.path().join(format!("{name}.key")),
+            ca: Some(ca_pem.clone()),
+        };
+        let identity = Identity::new("local", "test", role, id).expect("identity");
+        ca.issue(&["127.0.0.1", "localhost"], Some(&identity), &f).expect("issue");
+        f
+    };
+    let backup_files = issue("node-2", Role::Node, "2");
+    let host = BackupHost::new("test", dir.path().join("node2"));
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let stop = Arc::new(AtomicBool::new(false));
+    host.serve(listener, Some(ServerTls::load(&backup_files, true).expect("server TLS")), stop.clone()).expect("serve");
+    // Region 1 at epoch 4, led by node 1, as this backup's map says.
+    host.back(1, 4, 1);
+    let hello = |files: &TlsFiles| -> ReplMessage {
+        let tls = ClientTls::load(&ca_pem, Some((&files.cert, &files.key))).expect("client TLS");
+        let tcp = TcpStream::connect(addr).expect("connect");
+        let mut s = tls.connect_blocking(tcp, &addr.to_string()).expect("handshake");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut frame = Vec::new();
+        ReplMessage::Hello { cluster: "test".into(), region: 1, epoch: 4, primary: 1, base: 0, life: Some(1) }
+            .encode(&mut frame);
+        s.write_all(&frame).expect("hello");
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).expect("an answer");
+        let mut answer = len.to_vec();
+        answer.resize(4 + u32::from_le_bytes(len) as usize, 0);
+        s.read_exact(&mut answer[4..]).expect("an answer");
+        ReplMessage::decode(&answer).expect("a frame").0
+    };
+    let refused = |m: ReplMessage| matches!(m, ReplMessage::Refuse { reason: ReplRefusal::Forbidden, .. });
+    let gateway = issue("gateway", Role::Gateway, "gw");
+    assert!(refused(hello(&gateway)), "a gateway's certificate claiming to be node 1");
+    let node3 = issue("node-3", Role::Node, "3");
+    assert!(refused(hello(&node3)), "node 3's certificate claiming to be node 1");
+    let admin = issue("admin", Role::Admin, "root");
+    assert!(refused(hello(&admin)), "an admin's certificate");
+    assert_eq!(host.held(1), None, "nothing was taken");
+    let node1 = issue("node-1", Role::Node, "1");
+    assert!(matches!(hello(&node1), ReplMessage::Resume { .. }), "node 1 itself is served");
+    stop.store(true, Ordering::Release);
 }

@@ -1,0 +1,454 @@
+//! A cluster host's control API (`--control-listen`, docs/operations.md "Control API"): the
+//! routes of `dpukv_proto::control` — `/cluster/drain/{node}` (POST: drain the node; GET: its
+//! progress; DELETE: stop draining it), `/cluster/step-down/{node}` (POST: move the node's
+//! primaries to backups elsewhere, keeping its copies — before a restart; GET: progress;
+//! DELETE: stop), `/cluster/split/{region}/{hex key}` and `/cluster/merge/{region}` (POST: ask
+//! the master to split a region at a key, or to merge it into its left neighbour; checked
+//! against the current map first) and `/cluster/summary` (GET: the master, live nodes, regions,
+//! regions without a live primary or short of copies) — what `dpukv cluster` and the operator
+//! call.
+//!
+//! Who may call (docs/security.md §3), checked before the route is looked at:
+//! - with TLS, a client certificate of role `operator` or `admin` of this cluster (the listener
+//!   asks for one, and serves clients without one only for a token);
+//! - or `Authorization: Bearer <token>` equal to the contents of `--admin-token-file`
+//!   (compared by SHA-256 digest, in constant time; the file is re-read when it changes);
+//! - without TLS and without a token file, anyone (plain mode: bind it to loopback).
+//!
+//! Refusals: 401 `unauthorized` (no credential), 403 `forbidden` (a credential that does not
+//! grant it). Bounded: [`LIMITS`] (module `http`), and every etcd request has its deadline.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use dpukv_cluster::keys::Keys;
+use dpukv_cluster::master::Snapshot;
+use dpukv_net::identity::{Peer, Refusal, Role};
+use dpukv_net::tls::ServerTls;
+use dpukv_proto::control::{Action, ControlRoute};
+use tokio_util::sync::CancellationToken;
+
+/// The control API's bounds: a few callers at once, one request per connection, its header
+/// within 5 s, its answer within 30 s.
+pub const LIMITS: crate::http::Limits = crate::http::Limits {
+    max_connections: 32,
+    header_timeout: Duration::from_secs(5),
+    max_life: Duration::from_secs(30),
+    keep_alive: false,
+};
+
+/// The roles whose certificates may call the control API.
+const CONTROL_ROLES: &[Role] = &[Role::Operator, Role::Admin];
+
+/// The longest token file read.
+const MAX_TOKEN_FILE: u64 = 4096;
+/// The shortest token accepted (a guessable token is no credential).
+pub const MIN_TOKEN: usize = 16;
+
+/// Where the control API listens and whom it serves.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// Its address.
+    pub listen: SocketAddr,
+    /// TLS (client certificates asked for, not required), if configured.
+    pub tls: Option<Arc<ServerTls>>,
+    /// The bearer token it also accepts, if any.
+    pub token: Option<Arc<AdminToken>>,
+}
+
+/// Where cluster requests go: the cluster's etcd and key layout.
+#[derive(Debug, Clone)]
+pub struct ClusterControl {
+    /// How to reach etcd.
+    pub etcd: dpukv_cluster::EtcdOptions,
+    /// The cluster's keys.
+    pub keys: dpukv_cluster::keys::Keys,
+}
+
+/// Why a token file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// It cannot be read.
+    #[error("reading the admin token file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Its token is too short or too long.
+    #[error("the admin token file {0} must hold one token of {MIN_TOKEN} to {MAX_TOKEN_FILE} bytes")]
+    Size(PathBuf),
+}
+
+/// The admin token (`--admin-token-file`): kept as its SHA-256 digest, re-read when the file's
+/// modification time changes (a new token that does not load is logged, the old one kept).
+#[derive(Debug)]
+pub struct AdminToken {
+    path: PathBuf,
+    current: Mutex<(Option<SystemTime>, [u8; 32])>,
+}
+
+fn digest(b: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, b);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// Equal, in time independent of where they differ.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+fn read_token(path: &Path) -> Result<[u8; 32], TokenError> {
+    use std::io::Read;
+    let err = |source| TokenError::Read { path: path.to_path_buf(), source };
+    let mut text = Vec::new();
+    std::fs::File::open(path).map_err(err)?.take(MAX_TOKEN_FILE + 1).read_to_end(&mut text).map_err(err)?;
+    let token = text.trim_ascii();
+    if token.len() < MIN_TOKEN || text.len() as u64 > MAX_TOKEN_FILE {
+        return Err(TokenError::Size(path.to_path_buf()));
+    }
+    Ok(digest(token))
+}
+
+impl AdminToken {
+    /// Reads the token in `path` (surrounding white space is not part of it).
+    pub fn load(path: &Path) -> Result<AdminToken, TokenError> {
+        let stamp = modified(path);
+        let d = read_token(path)?;
+        Ok(AdminToken { path: path.to_path_buf(), current: Mutex::new((stamp, d)) })
+    }
+
+    /// Whether `presented` is the token in force.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let stamp = modified(&self.path);
+        if stamp != cur.0 {
+            match read_token(&self.path) {
+                Ok(d) => *cur = (stamp, d),
+                Err(e) => {
+                    tracing::error!(error = %e, "the admin token file changed but does not load; keeping the token in force")
+                }
+            }
+        }
+        same(&cur.1, &digest(presented))
+    }
+}
+
+#[derive(Clone)]
+struct Control {
+    cluster: ClusterControl,
+    token: Option<Arc<AdminToken>>,
+    tls: bool,
+}
+
+/// Whether the caller may use the control API: see the module documentation.
+fn authorize(c: &Control, peer: &Peer, headers: &HeaderMap) -> Result<(), Refusal> {
+    const WHAT: &str = "the control API";
+    if let Some(auth) = headers.get(axum::http::header::AUTHORIZATION) {
+        let presented = auth.as_bytes().strip_prefix(b"Bearer ").map(<[u8]>::trim_ascii);
+        return match (&c.token, presented) {
+            (Some(t), Some(p)) if t.matches(p) => Ok(()),
+            (Some(_), Some(_)) => Err(Refusal::Forbidden("the bearer token is not the admin token".into())),
+            (None, Some(_)) => Err(Refusal::Forbidden("this node takes no admin token (--admin-token-file)".into())),
+            (_, None) => Err(Refusal::Unauthorized("the Authorization header is not `Bearer <token>`".into())),
+        };
+    }
+    match peer {
+        // Plain HTTP: only a token could be checked.
+        Peer::Unchecked if c.token.is_some() => {
+            Err(Refusal::Unauthorized(format!("{WHAT} needs the admin token (Authorization: Bearer)")))
+        }
+        Peer::Anonymous if c.token.is_some() => Err(Refusal::Unauthorized(format!(
+            "{WHAT} needs a client certificate of role operator or admin, or the admin token"
+        ))),
+        _ => peer.allow(CONTROL_ROLES, WHAT),
+    }
+}
+
+type Answer = (StatusCode, [(&'static str, &'static str); 1], String);
+
+fn text(code: StatusCode, body: String) -> Answer {
+    (code, [("content-type", "text/plain; charset=utf-8")], body)
+}
+
+fn json(body: String) -> Answer {
+    (StatusCode::OK, [("content-type", "application/json")], body)
+}
+
+/// A node's drain: requested, and what it still holds.
+fn drain_status(snap: &Snapshot, node: u32) -> String {
+    let led = snap.map.regions.iter().filter(|r| r.primary == node).count();
+    let held = snap.map.regions.iter().filter(|r| r.backups.contains(&node) || r.joining.contains(&node)).count();
+    let draining = snap.facts.draining.contains(&node);
+    let done = draining && led == 0 && held == 0;
+    format!(
+        "{{\"node\": {node}, \"draining\": {draining}, \"regions_led\": {led}, \"regions_held\": {held}, \"done\": {done}}}\n"
+    )
+}
+
+/// A node's step-down: requested, the regions it still leads, those of them a backup elsewhere
+/// could take, and whether it is done (nothing movable left, every handover released).
+fn step_down_status(snap: &Snapshot, node: u32) -> String {
+    let live: std::collections::HashSet<u32> = snap.map.nodes.iter().map(|n| n.id).collect();
+    let f = &snap.facts;
+    let takes = |b: u32| live.contains(&b) && !f.draining.contains(&b) && !f.stepping_down.contains(&b);
+    let led: Vec<_> = snap.map.regions.iter().filter(|r| r.primary == node).collect();
+    let movable = led.iter().filter(|r| r.backups.iter().any(|&b| takes(b))).count();
+    let unreleased = snap.handovers.keys().any(|&(_, n)| n == node);
+    let stepping = f.stepping_down.contains(&node);
+    let done = stepping && movable == 0 && !unreleased;
+    format!(
+        "{{\"node\": {node}, \"stepping_down\": {stepping}, \"regions_led\": {}, \"movable\": {movable}, \"done\": {done}}}\n",
+        led.len()
+    )
+}
+
+/// The cluster at a glance (`master::Snapshot::health`).
+fn summary_status(snap: &Snapshot) -> String {
+    let h = snap.health();
+    let age = h.master_round_age_ms.map_or("null".to_string(), |a| a.to_string());
+    format!(
+        "{{\"master\": {}, \"master_round_age_ms\": {age}, \"nodes\": {}, \"regions\": {}, \"without_primary\": {}, \"under_replicated\": {}}}\n",
+        h.master, h.nodes, h.regions, h.without_primary, h.under_replicated
+    )
+}
+
+fn unavailable(e: dpukv_cluster::MetaError) -> Answer {
+    text(StatusCode::SERVICE_UNAVAILABLE, format!("{}: {e}\n", e.code()))
+}
+
+/// A node's request key (drain, step-down) and its value: `Request` puts it, `Cancel` removes
+/// it, then `status` of the cluster as etcd has it now, as JSON.
+async fn node_request(
+    c: &ClusterControl,
+    action: Action,
+    key: fn(&Keys, u32) -> Vec<u8>,
+    node: u32,
+    value: &[u8],
+    status: impl FnOnce(&Snapshot) -> String,
+) -> Answer {
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    use dpukv_cluster::MetaStore;
+    let changed = match action {
+        Action::Request => store.put(&key(&c.keys, node), value, None).await.map(|_| ()),
+        Action::Cancel => store.delete(&key(&c.keys, node)).await.map(|_| ()),
+        Action::Progress => Ok(()),
+    };
+    if let Err(e) = changed {
+        return unavailable(e);
+    }
+    match dpukv_cluster::master::read(&store, &c.keys).await {
+        Ok(snap) => json(status(&snap)),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// The cluster at a glance, from etcd.
+async fn summary(c: &ClusterControl) -> Answer {
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    match dpukv_cluster::master::read(&store, &c.keys).await {
+        Ok(snap) => json(summary_status(&snap)),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// Checks a split or merge request against the current map and records it for the master.
+async fn request_handoff(c: &ClusterControl, region: u32, split_at: Option<Vec<u8>>) -> Answer {
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    let snap = match dpukv_cluster::master::read(&store, &c.keys).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    let regions = &snap.map.regions;
+    let Some(i) = regions.iter().position(|r| r.id == region) else {
+        return text(StatusCode::NOT_FOUND, format!("no region {region}\n"));
+    };
+    let r = &regions[i];
+    let bad = |m: String| text(StatusCode::BAD_REQUEST, m + "\n");
+    use dpukv_cluster::MetaStore;
+    let put = match &split_at {
+        Some(k) => {
+            if !(r.start.as_slice() < k.as_slice() && r.contains(k)) {
+                return bad(format!("the key is not strictly inside region {region}"));
+            }
+            store.put(&c.keys.split_request(region), k, None).await
+        }
+        None => {
+            let Some(l) = i.checked_sub(1).map(|j| &regions[j]) else {
+                return bad(format!("region {region} is the first: it has no left neighbour to merge into"));
+            };
+            let set =
+                |r: &dpukv_proto::regionmap::RegionInfo| r.replicas().collect::<std::collections::BTreeSet<u32>>();
+            if set(l) != set(r) {
+                return bad(format!(
+                    "regions {} and {region} are on different nodes ({:?} vs {:?}): only regions on the same \
+                     nodes merge",
+                    l.id,
+                    set(l),
+                    set(r)
+                ));
+            }
+            store.put(&c.keys.merge_request(region), b"merge", None).await
+        }
+    };
+    match put {
+        Ok(_) => json(format!("{{\"region\": {region}, \"requested\": true}}\n")),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// Every request: authorized first, then routed.
+async fn handle(
+    State(c): State<Control>,
+    Extension(peer): Extension<Peer>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = authorize(&c, &peer, &headers) {
+        tracing::info!(peer = ?peer, %method, path = uri.path(), refusal = %r, "a control API request was refused");
+        let status = match r {
+            Refusal::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
+        };
+        let mut resp = text(status, format!("{r}\n")).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"dpukv-control\""),
+            );
+        }
+        return resp;
+    }
+    let route = match uri.query() {
+        Some(_) => Err(dpukv_proto::control::RouteError::NotFound),
+        None => ControlRoute::parse(method.as_str(), uri.path()),
+    };
+    let route = match route {
+        Ok(r) => r,
+        Err(e) => {
+            let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+            return text(status, format!("{}: {e}\n", e.code())).into_response();
+        }
+    };
+    if route.mutates() {
+        tracing::info!(peer = ?peer.identity().map(|i| i.uri()), route = route.path(), method = route.method(), "control request");
+    }
+    let k = &c.cluster;
+    let answer = match route {
+        ControlRoute::Drain { node, action } => {
+            node_request(k, action, Keys::drain, node, b"drain", |s| drain_status(s, node)).await
+        }
+        ControlRoute::StepDown { node, action } => {
+            node_request(k, action, Keys::step_down, node, b"step-down", |s| step_down_status(s, node)).await
+        }
+        ControlRoute::Split { region, key } => request_handoff(k, region, Some(key)).await,
+        ControlRoute::Merge { region } => request_handoff(k, region, None).await,
+        ControlRoute::Summary => summary(k).await,
+    };
+    answer.into_response()
+}
+
+/// Binds `cfg.listen` and serves the control API for `cluster` until `shutdown` (within
+/// [`LIMITS`]); returns the bound address.
+pub async fn serve(
+    cfg: ControlConfig,
+    cluster: ClusterControl,
+    shutdown: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let state = Control { cluster, token: cfg.token.clone(), tls: cfg.tls.is_some() };
+    if !state.tls && state.token.is_none() {
+        tracing::warn!(listen = %cfg.listen, "the control API runs without TLS and without a token: anyone who reaches it can drain and split (plain mode)");
+    }
+    let app = Router::new().fallback(handle).with_state(state);
+    crate::http::serve(cfg.listen, cfg.tls, app, LIMITS, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use dpukv_net::identity::Identity;
+
+    use super::*;
+
+    fn control(token: Option<&Path>) -> Control {
+        Control {
+            cluster: ClusterControl {
+                etcd: dpukv_cluster::EtcdOptions::new(["http://127.0.0.1:1"]),
+                keys: Keys::new("c").expect("keys"),
+            },
+            token: token.map(|p| Arc::new(AdminToken::load(p).expect("token"))),
+            tls: false,
+        }
+    }
+
+    fn bearer(t: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(axum::http::header::AUTHORIZATION, format!("Bearer {t}").parse().expect("header"));
+        h
+    }
+
+    fn member(role: Role) -> Peer {
+        Peer::Member(Identity::new("db", "demo", role, "x").expect("id"))
+    }
+
+    #[test]
+    fn certificates_of_operator_or_admin_or_the_token_are_let_in() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("token");
+        std::fs::write(&file, "0123456789abcdef-secret\n").expect("write");
+        let with = control(Some(&file));
+        let without = control(None);
+        let none = HeaderMap::new();
+        let code = |c: &Control, p: &Peer, h: &HeaderMap| authorize(c, p, h).map_err(|r| r.code());
+        // Certificates.
+        for c in [&with, &without] {
+            assert_eq!(code(c, &member(Role::Admin), &none), Ok(()));
+            assert_eq!(code(c, &member(Role::Operator), &none), Ok(()));
+            assert_eq!(code(c, &member(Role::Gateway), &none), Err("forbidden"));
+            assert_eq!(code(c, &member(Role::Node), &none), Err("forbidden"));
+            assert_eq!(code(c, &Peer::Anonymous, &none), Err("unauthorized"));
+            let stranger = Peer::Stranger(Identity::new("db", "other", Role::Admin, "x").expect("id"));
+            assert_eq!(code(c, &stranger, &none), Err("forbidden"));
+        }
+        // The token, with or without TLS; surrounding white space in the file is not part of it.
+        assert_eq!(code(&with, &Peer::Anonymous, &bearer("0123456789abcdef-secret")), Ok(()));
+        assert_eq!(code(&with, &Peer::Unchecked, &bearer("0123456789abcdef-secret")), Ok(()));
+        assert_eq!(code(&with, &Peer::Unchecked, &bearer("0123456789abcdef-secreT")), Err("forbidden"));
+        assert_eq!(code(&with, &Peer::Unchecked, &none), Err("unauthorized"));
+        assert_eq!(code(&without, &Peer::Unchecked, &bearer("x")), Err("forbidden"));
+        // Plain mode without a token: open.
+        assert_eq!(code(&without, &Peer::Unchecked, &none), Ok(()));
+        // A rotated token is read again; the old one no longer works.
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(&file, "fedcba9876543210-new").expect("write");
+        let later = SystemTime::now() + Duration::from_secs(5);
+        std::fs::File::options().write(true).open(&file).and_then(|f| f.set_modified(later)).expect("touch");
+        assert_eq!(code(&with, &Peer::Unchecked, &bearer("fedcba9876543210-new")), Ok(()));
+        assert_eq!(code(&with, &Peer::Unchecked, &bearer("0123456789abcdef-secret")), Err("forbidden"));
+        // A token file with too short a token does not load.
+        std::fs::write(&file, "short").expect("write");
+        assert!(AdminToken::load(&file).is_err());
+    }
+}

@@ -1,0 +1,258 @@
+//! The host's control API routes (`/cluster/*`, docs/operations.md "Control API"): one parser
+//! for the server and one printer for its callers (`dpukv cluster`, the test harness), so both
+//! agree on every path. A route is a method and a path, nothing else: no query, no encoded
+//! characters, no trailing slash. Parsing is checked and fuzzed (`fuzz/fuzz_targets/control_route.rs`).
+//!
+//! | method | path | what |
+//! |---|---|---|
+//! | POST, GET, DELETE | `/cluster/drain/{node}` | drain a node; its progress; stop |
+//! | POST, GET, DELETE | `/cluster/step-down/{node}` | move its primaries away; progress; stop |
+//! | POST | `/cluster/split/{region}/{hex key}` | split a region at a key (1..=1024 bytes) |
+//! | POST | `/cluster/merge/{region}` | merge a region into its left neighbour |
+//! | GET | `/cluster/summary` | the cluster at a glance |
+
+use crate::limits::MAX_KEY;
+
+/// What a request to a node's drain or step-down does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// `POST`: ask for it.
+    Request,
+    /// `GET`: how far it is.
+    Progress,
+    /// `DELETE`: stop it.
+    Cancel,
+}
+
+impl Action {
+    fn method(self) -> &'static str {
+        match self {
+            Action::Request => "POST",
+            Action::Progress => "GET",
+            Action::Cancel => "DELETE",
+        }
+    }
+
+    fn parse(method: &str) -> Option<Action> {
+        Some(match method {
+            "POST" => Action::Request,
+            "GET" => Action::Progress,
+            "DELETE" => Action::Cancel,
+            _ => return None,
+        })
+    }
+}
+
+/// One control API request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlRoute {
+    /// `/cluster/drain/{node}`.
+    Drain {
+        /// The node.
+        node: u32,
+        /// Ask, look, or stop.
+        action: Action,
+    },
+    /// `/cluster/step-down/{node}`.
+    StepDown {
+        /// The node.
+        node: u32,
+        /// Ask, look, or stop.
+        action: Action,
+    },
+    /// `POST /cluster/split/{region}/{hex key}`.
+    Split {
+        /// The region.
+        region: u32,
+        /// Where the new region starts (1..=[`MAX_KEY`] bytes).
+        key: Vec<u8>,
+    },
+    /// `POST /cluster/merge/{region}`.
+    Merge {
+        /// The region merged into its left neighbour.
+        region: u32,
+    },
+    /// `GET /cluster/summary`.
+    Summary,
+}
+
+/// Why a method and path are not a control route: HTTP 404, 405 or 400.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// No such path (404).
+    #[error("no such control route")]
+    NotFound,
+    /// The path exists, not with this method (405).
+    #[error("the method is not allowed on this route")]
+    MethodNotAllowed,
+    /// The path's shape is right but a part is not (400).
+    #[error("{0}")]
+    BadRequest(&'static str),
+}
+
+impl RouteError {
+    /// The HTTP status it is answered with.
+    pub fn status(self) -> u16 {
+        match self {
+            RouteError::NotFound => 404,
+            RouteError::MethodNotAllowed => 405,
+            RouteError::BadRequest(_) => 400,
+        }
+    }
+
+    /// A stable code naming it.
+    pub fn code(self) -> &'static str {
+        match self {
+            RouteError::NotFound => "not_found",
+            RouteError::MethodNotAllowed => "method_not_allowed",
+            RouteError::BadRequest(_) => "bad_request",
+        }
+    }
+}
+
+/// The longest path looked at (a split's hex key is the longest route).
+pub const MAX_PATH: usize = 64 + 2 * MAX_KEY;
+
+/// A decimal u32 without sign or leading zeros (so a route prints back to the same path).
+fn number(s: &str, what: &'static str) -> Result<u32, RouteError> {
+    let plain =
+        !s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if !plain {
+        return Err(RouteError::BadRequest(what));
+    }
+    s.parse().map_err(|_| RouteError::BadRequest(what))
+}
+
+/// Lower- or upper-case hex, even length, to bytes.
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    let digit = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    };
+    let b = s.as_bytes();
+    if !b.len().is_multiple_of(2) {
+        return None;
+    }
+    b.chunks(2).map(|p| Some(digit(p[0])? << 4 | digit(p[1])?)).collect()
+}
+
+impl ControlRoute {
+    /// The route `method` and `path` ask for (see the module documentation).
+    pub fn parse(method: &str, path: &str) -> Result<ControlRoute, RouteError> {
+        if path.len() > MAX_PATH {
+            return Err(RouteError::NotFound);
+        }
+        let Some(rest) = path.strip_prefix("/cluster/") else { return Err(RouteError::NotFound) };
+        let parts: Vec<&str> = rest.split('/').collect();
+        let node_action = |node: &str| -> Result<(u32, Action), RouteError> {
+            let action = Action::parse(method).ok_or(RouteError::MethodNotAllowed)?;
+            Ok((number(node, "the node must be a decimal number")?, action))
+        };
+        let post = || if method == "POST" { Ok(()) } else { Err(RouteError::MethodNotAllowed) };
+        match parts[..] {
+            ["drain", node] => node_action(node).map(|(node, action)| ControlRoute::Drain { node, action }),
+            ["step-down", node] => node_action(node).map(|(node, action)| ControlRoute::StepDown { node, action }),
+            ["split", region, key] => {
+                post()?;
+                let region = number(region, "the region must be a decimal number")?;
+                match unhex(key) {
+                    Some(key) if !key.is_empty() && key.len() <= MAX_KEY => Ok(ControlRoute::Split { region, key }),
+                    _ => Err(RouteError::BadRequest("the key must be 1 to 1024 bytes, in hex")),
+                }
+            }
+            ["merge", region] => {
+                post()?;
+                Ok(ControlRoute::Merge { region: number(region, "the region must be a decimal number")? })
+            }
+            ["summary"] => {
+                if method == "GET" {
+                    Ok(ControlRoute::Summary)
+                } else {
+                    Err(RouteError::MethodNotAllowed)
+                }
+            }
+            _ => Err(RouteError::NotFound),
+        }
+    }
+
+    /// The HTTP method.
+    pub fn method(&self) -> &'static str {
+        match self {
+            ControlRoute::Drain { action, .. } | ControlRoute::StepDown { action, .. } => action.method(),
+            ControlRoute::Split { .. } | ControlRoute::Merge { .. } => "POST",
+            ControlRoute::Summary => "GET",
+        }
+    }
+
+    /// The path (keys in lower-case hex).
+    pub fn path(&self) -> String {
+        match self {
+            ControlRoute::Drain { node, .. } => format!("/cluster/drain/{node}"),
+            ControlRoute::StepDown { node, .. } => format!("/cluster/step-down/{node}"),
+            ControlRoute::Split { region, key } => {
+                let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+                format!("/cluster/split/{region}/{hex}")
+            }
+            ControlRoute::Merge { region } => format!("/cluster/merge/{region}"),
+            ControlRoute::Summary => "/cluster/summary".into(),
+        }
+    }
+
+    /// Whether it changes the cluster (everything but progress and the summary).
+    pub fn mutates(&self) -> bool {
+        match self {
+            ControlRoute::Drain { action, .. } | ControlRoute::StepDown { action, .. } => *action != Action::Progress,
+            ControlRoute::Split { .. } | ControlRoute::Merge { .. } => true,
+            ControlRoute::Summary => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn routes_parse_and_print_back() {
+        let r = |m: &str, p: &str| ControlRoute::parse(m, p);
+        assert_eq!(r("POST", "/cluster/drain/3"), Ok(ControlRoute::Drain { node: 3, action: Action::Request }));
+        assert_eq!(r("DELETE", "/cluster/step-down/2"), Ok(ControlRoute::StepDown { node: 2, action: Action::Cancel }));
+        assert_eq!(r("POST", "/cluster/split/1/6d"), Ok(ControlRoute::Split { region: 1, key: b"m".to_vec() }));
+        assert_eq!(r("POST", "/cluster/split/1/6D"), Ok(ControlRoute::Split { region: 1, key: b"m".to_vec() }));
+        assert_eq!(r("POST", "/cluster/merge/4"), Ok(ControlRoute::Merge { region: 4 }));
+        assert_eq!(r("GET", "/cluster/summary"), Ok(ControlRoute::Summary));
+        assert_eq!(r("POST", "/cluster/summary"), Err(RouteError::MethodNotAllowed));
+        assert_eq!(r("GET", "/cluster/split/1/6d"), Err(RouteError::MethodNotAllowed));
+        assert_eq!(r("PUT", "/cluster/drain/1"), Err(RouteError::MethodNotAllowed));
+        for bad in ["/cluster/drain/+1", "/cluster/drain/01", "/cluster/drain/4294967296", "/cluster/drain/"] {
+            assert!(matches!(r("POST", bad), Err(RouteError::BadRequest(_))), "{bad}");
+        }
+        for bad in ["/cluster/split/1/", "/cluster/split/1/6", "/cluster/split/1/+a", "/cluster/split/1/zz"] {
+            assert!(matches!(r("POST", bad), Err(RouteError::BadRequest(_))), "{bad}");
+        }
+        let long = format!("/cluster/split/1/{}", "61".repeat(MAX_KEY + 1));
+        assert!(matches!(r("POST", &long), Err(RouteError::BadRequest(_))));
+        for missing in
+            ["/metrics", "/cluster", "/cluster/", "/cluster/drain/1/", "/cluster/summary?x", "/x/cluster/summary"]
+        {
+            assert_eq!(r("GET", missing), Err(RouteError::NotFound), "{missing}");
+        }
+        assert!(!ControlRoute::Summary.mutates());
+        assert!(!ControlRoute::Drain { node: 1, action: Action::Progress }.mutates());
+        assert!(ControlRoute::Drain { node: 1, action: Action::Cancel }.mutates());
+    }
+
+    proptest! {
+        /// Any method and path: no panic; what parses prints back to a path that parses the same.
+        #[test]
+        fn any_request_parses_or_is_refused_and_routes_print_back(m in "[A-Z]{0,8}", p in "/cluster/[a-z0-9/+-]{0,40}") {
+            if let Ok(route) = ControlRoute::parse(&m, &p) {
+                prop_assert_eq!(route.method(), m.as_str());
+                prop_assert_eq!(ControlRoute::parse(route.method(), &route.path()), Ok(route));
+            }
+        }
+    }
+}
