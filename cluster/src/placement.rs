@@ -11,7 +11,8 @@
 //!    epoch (they took no data for a while: a full disk, a one-way partition, a stuck process)
 //!    leave the write set and go on as joining nodes; writes go on with fewer copies, and the
 //!    node rejoins once it has caught up.
-//! 3. **Repair**: while the region has fewer replicas than the target (the replication factor, or
+//! 3. **Repair** (at most `max_moves` regions copying at once, but always a region left with one
+//!    in-sync copy): while the region has fewer replicas than the target (the replication factor, or
 //!    the number of eligible nodes if smaller) on nodes that are not draining, add a joining node:
 //!    the eligible node with the fewest replicas that holds none of the region (nor, when zones
 //!    are given, a replica in the same zone). A joining node reported stalled does not count, so
@@ -97,7 +98,9 @@ pub struct Facts {
 pub struct Policy {
     /// Replicas per region (primary included).
     pub replication: usize,
-    /// Most regions catching up at once for balancing (repairs are not limited).
+    /// Most regions catching up at once (a joining node that is not stalled): repairs and
+    /// balancing alike, so a node's loss or arrival copies a few regions at a time; a region left
+    /// with one in-sync copy is repaired regardless (it is at risk).
     pub max_moves: usize,
 }
 
@@ -248,7 +251,13 @@ pub fn plan(regions: &[RegionInfo], nodes: &[NodeInfo], facts: &Facts, policy: P
     let eligible_count = nodes.iter().filter(|n| eligible(n.id)).count();
     let target = policy.replication.min(eligible_count).max(1);
     let mut load = Load::of(regions, nodes);
-    let mut moves = regions.iter().filter(|r| !r.joining.is_empty()).count();
+    // Regions copying now: a joining node being fed by a live primary (a stalled joiner copies
+    // nothing, nor does one whose region waits for its dead primary to return).
+    let mut moves = regions
+        .iter()
+        .filter(|r| live.contains(&r.primary))
+        .filter(|r| r.joining.iter().any(|&j| !facts.stalled.contains(&(r.id, j, r.epoch))))
+        .count();
     let mut out = Vec::new();
     for r in regions {
         let change = decide(r, nodes, facts, &live, &eligible, target, policy, &load, &mut moves);
@@ -310,11 +319,14 @@ fn decide(
         return Some((next, Reason::DemoteStalled));
     }
     let staying = r.replicas().filter(|&n| eligible(n) && !(r.joining.contains(&n) && stalled(n))).count();
-    // 3. Repair.
+    // 3. Repair (a few regions at a time, but always one left with a single in-sync copy).
+    let in_sync_live = std::iter::once(r.primary).chain(r.backups.iter().copied()).filter(|n| live.contains(n)).count();
     if staying < target
+        && (*moves < policy.max_moves.max(1) || in_sync_live <= 1)
         && let Some(n) = pick_new(r, nodes, eligible, load)
     {
         next.joining.push(n);
+        *moves += 1;
         return Some((next, Reason::Repair));
     }
     // 4. Joined.
@@ -716,7 +728,7 @@ mod tests {
                     prop_assert!(!elsewhere, "a stepping-down primary with a backup to take over: {:?}", r);
                 }
                 if !eligible.is_empty() {
-                    prop_assert_eq!(copies.len(), target, "the target of copies: {:?}", r);
+                    prop_assert_eq!(copies.len(), target, "the target of copies: {:?} (all {:?})", r, regions);
                     prop_assert!(copies.iter().all(|c| eligible.contains(c)), "only eligible nodes hold it: {:?} (draining {:?})", r, facts.draining);
                 }
             }

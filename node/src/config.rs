@@ -158,8 +158,9 @@ pub struct ClusterFlags {
     /// replay their log copies and compact themselves — the baseline).
     #[arg(long, env = "DPUKV_BACKUP_INDEX", default_value = "send", value_parser = ["send", "build"])]
     pub backup_index: String,
-    /// Most MiB per second a primary sends to each backup that is catching up (copying the
-    /// log it missed, or the whole index); 0: no cap. Steady replication is never slowed.
+    /// Most MiB per second this node sends, over all its senders, to backups that are catching
+    /// up (copying the log they missed, or the whole index); 0: no cap. Steady replication is
+    /// never slowed.
     #[arg(long, env = "DPUKV_CATCH_UP_MIB_PER_SEC", default_value_t = 128)]
     pub catch_up_mib_per_sec: u64,
     /// Split a region past this estimated size in bytes, for the cluster's first configuration
@@ -283,7 +284,7 @@ impl ClusterFlags {
             },
             replication_timeout: Duration::from_millis(self.replication_timeout_ms.max(1)),
             stall_timeout: (self.stall_timeout_ms > 0).then(|| Duration::from_millis(self.stall_timeout_ms)),
-            catch_up_bytes_per_sec: self.catch_up_mib_per_sec.saturating_mul(1 << 20),
+            catch_up: crate::replication::CatchUpCap::new(self.catch_up_mib_per_sec.saturating_mul(1 << 20)),
             tls_server: match tls.server().map_err(anyhow::Error::msg)? {
                 Some(server) => {
                     check_own_identity(&server, Some(node_id))?;
@@ -462,6 +463,7 @@ impl DeviceArgs {
                 // Syncs to TLS data ports need `--tls-ca` (without it none are sent, and replicas
                 // simply answer nothing: reads go to primaries).
                 tls: tls.client().unwrap_or(None),
+                max_clock_skew_ms: self.max_clock_skew_ms,
             },
             replica_table: crate::replica_table::ReplicaTableConfig {
                 max_keys: self.replica_table_keys,

@@ -584,9 +584,10 @@ pub struct SenderConfig {
     pub stats: Arc<ReplStats>,
     /// Ship the index (Send Index); false: the backup builds its own (Build Index).
     pub send_index: bool,
-    /// Most bytes per second sent to a backup that is catching up (more than a chunk behind, or
-    /// receiving the whole index); 0: no cap. Steady streaming is never slowed.
-    pub catch_up_bytes_per_sec: u64,
+    /// The node's cap on bytes per second sent to backups that are catching up (more than a
+    /// chunk behind, or receiving the whole index), shared by every sender of the node (None:
+    /// no cap). Steady streaming is never slowed.
+    pub catch_up: Option<Arc<CatchUpCap>>,
     /// TLS to the backup (presenting this node's certificate), if the cluster uses it.
     pub tls: Option<Arc<ClientTls>>,
 }
@@ -649,31 +650,43 @@ impl Peers {
     }
 }
 
-/// Paces a catch-up to a rate (see [`SenderConfig::catch_up_bytes_per_sec`]).
-struct Pacer {
+/// One node's cap on catch-up bytes per second, shared by all its senders: a node that copies
+/// many regions at once (after another node died, or when one joins) takes at most this much of
+/// its disk and network from its clients, however many senders run. A token bucket holding at
+/// most one second's worth.
+#[derive(Debug)]
+pub struct CatchUpCap {
     rate: u64,
-    since: Instant,
-    sent: u64,
+    /// (last refill, tokens: bytes that may be sent now; negative: owed).
+    st: Mutex<(Instant, f64)>,
 }
 
-impl Pacer {
-    fn new(rate: u64) -> Pacer {
-        Pacer { rate, since: Instant::now(), sent: 0 }
+impl CatchUpCap {
+    /// A cap of `rate` bytes per second (None for 0: no cap).
+    pub fn new(rate: u64) -> Option<Arc<CatchUpCap>> {
+        (rate > 0).then(|| Arc::new(CatchUpCap { rate, st: Mutex::new((Instant::now(), rate as f64)) }))
     }
 
-    /// `n` bytes were sent; `catching_up` says whether they count against the cap. Sleeps
-    /// until the bytes of the current catch-up fit the rate (at most 1 s at a time; the caller
-    /// checks its stop flag between calls).
-    fn sent(&mut self, n: u64, catching_up: bool) {
-        if self.rate == 0 || !catching_up {
-            (self.since, self.sent) = (Instant::now(), 0);
-            return;
-        }
-        self.sent += n;
-        let due = Duration::from_secs_f64(self.sent as f64 / self.rate as f64);
-        if let Some(wait) = due.checked_sub(self.since.elapsed()) {
-            std::thread::sleep(wait.min(Duration::from_secs(1)));
-        }
+    /// Takes `n` bytes from the bucket (refilled for the time since): how long until the node
+    /// owes nothing again.
+    fn spend(&self, n: u64) -> Duration {
+        let mut st = lock(&self.st);
+        let now = Instant::now();
+        let rate = self.rate as f64;
+        st.1 = (st.1 + now.duration_since(st.0).as_secs_f64() * rate).min(rate) - n as f64;
+        st.0 = now;
+        if st.1 >= 0.0 { Duration::ZERO } else { Duration::from_secs_f64(-st.1 / rate) }
+    }
+}
+
+/// After `n` bytes of a catch-up, waits until the node's cap owes nothing (every sender waits
+/// its turn: the debt is the node's), looking at `stop` every 100 ms.
+fn pace(cap: Option<&CatchUpCap>, n: u64, catching_up: bool, stop: &AtomicBool) {
+    let Some(cap) = cap.filter(|_| catching_up) else { return };
+    let mut wait = cap.spend(n);
+    while !wait.is_zero() && !stop.load(Ordering::Acquire) {
+        std::thread::sleep(wait.min(Duration::from_millis(100)));
+        wait = cap.spend(0);
     }
 }
 
@@ -818,7 +831,6 @@ fn send_session(
         let mut shipped_generation = 0u64;
         let mut whole_index_due = true;
         let (mut last_live, mut last_segments_check) = (Vec::new(), Instant::now());
-        let mut pacer = Pacer::new(cfg.catch_up_bytes_per_sec);
         let mut seen = 0u64;
         loop {
             if stop.load(Ordering::Acquire) {
@@ -864,7 +876,7 @@ fn send_session(
                     stop,
                 )?;
                 cfg.stats.log_bytes_shipped.fetch_add(n, Ordering::Relaxed);
-                pacer.sent(n, behind);
+                pace(cfg.catch_up.as_deref(), n, behind, stop);
                 pos = next;
                 sent = true;
                 if stop.load(Ordering::Acquire) {
@@ -890,7 +902,7 @@ fn send_session(
                                 let n = index_bytes(&m);
                                 cfg.stats.index_bytes_shipped.fetch_add(n, Ordering::Relaxed);
                                 cfg.stats.whole_index_shipments.fetch_add(1, Ordering::Relaxed);
-                                pacer.sent(n, true);
+                                pace(cfg.catch_up.as_deref(), n, true, stop);
                                 shipped_generation = e.manifest.generation;
                             }
                             None => acks.set_installed(cfg.backup, true),

@@ -48,6 +48,10 @@ pub struct HotKeysConfig {
     pub max_outstanding: usize,
     /// TLS to other devices' data ports (the cluster's certificate), if they use it.
     pub tls: Option<Arc<dpukv_net::tls::ClientTls>>,
+    /// How far the nodes' wall clocks may be apart: a jump of this device's wall clock against
+    /// its monotonic clock by more (at least 50 ms), between two sync rounds, stops that
+    /// round's watermarks.
+    pub max_clock_skew_ms: u64,
 }
 
 impl Default for HotKeysConfig {
@@ -57,6 +61,7 @@ impl Default for HotKeysConfig {
             sync_interval: Duration::from_millis(10),
             max_outstanding: 64,
             tls: None,
+            max_clock_skew_ms: 5,
         }
     }
 }
@@ -76,6 +81,8 @@ pub struct HotCounters {
     pub evicted: AtomicU64,
     /// Rounds a backup's link could not take (back-pressure).
     pub overflows: AtomicU64,
+    /// Sync rounds skipped because the wall clock jumped.
+    pub clock_jumps: AtomicU64,
 }
 
 /// One led region's popular keys.
@@ -260,6 +267,10 @@ impl Drop for Link {
     }
 }
 
+/// The least wall-clock jump (ms, against the monotonic clock between two sync rounds) that
+/// stops a round's watermarks: below it, the two clocks' reading granularity and NTP's slewing.
+const CLOCK_JUMP_FLOOR_MS: u64 = 50;
+
 /// Most entries and bytes of one sync request.
 const MAX_ENTRIES: usize = 512;
 const MAX_BYTES: usize = 256 << 10;
@@ -282,6 +293,7 @@ pub fn start_sync(
             state: None,
             links: HashMap::new(),
             refreshed: std::time::Instant::now(),
+            clock_offset: None,
         };
         while !s.stop.is_cancelled() {
             std::thread::sleep(s.hot.cfg.sync_interval);
@@ -302,6 +314,9 @@ struct Syncer {
     links: HashMap<String, Link>,
     /// When the readers last let go of what the host retired.
     refreshed: std::time::Instant,
+    /// The wall clock minus the monotonic clock (ms) at the last round: how the wall clock
+    /// moved against real time since.
+    clock_offset: Option<i128>,
 }
 
 impl Syncer {
@@ -367,6 +382,21 @@ impl Syncer {
         // once went on stamping fresh watermarks. Dirty keys wait for a round that may vouch.
         let t = now_ms();
         if !self.state.as_ref().is_some_and(|s| s.0.vouched()) {
+            return;
+        }
+        // A wall clock that jumped (against the monotonic clock, which counts real time) makes
+        // `t` no promise about real time: no watermark this round, and every replica drops this
+        // node's copies (a reset) until a round on a steady clock sends them again.
+        let offset = i128::from(t) - i128::from(dpukv_storage::announce::monotonic_ns() / 1_000_000);
+        let limit = u128::from(self.hot.cfg.max_clock_skew_ms.max(CLOCK_JUMP_FLOOR_MS));
+        let jumped = self.clock_offset.is_some_and(|o| (offset - o).unsigned_abs() > limit);
+        self.clock_offset = Some(offset);
+        if jumped {
+            self.hot.counters.clock_jumps.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("the wall clock jumped against the monotonic clock: replicas drop this node's copies");
+            for link in self.links.values_mut() {
+                link.announced.clear();
+            }
             return;
         }
         for (i, r) in map.regions().iter().enumerate() {

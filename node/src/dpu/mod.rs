@@ -309,6 +309,11 @@ impl prometheus_client::collector::Collector for StatsCollector {
                     "sync rounds a backup's link could not take (back-pressure; it resyncs whole)",
                     &self.hot.counters.overflows,
                 ),
+                (
+                    "dpukv_device_sync_clock_jumps",
+                    "sync rounds that sent no watermark because the wall clock jumped (replicas dropped this node's copies)",
+                    &self.hot.counters.clock_jumps,
+                ),
             ],
         )?;
         let c = &self.hot.counters;

@@ -67,8 +67,9 @@ pub struct ClusterArgs {
     /// A backup or joining node that took no log for this long is reported stalled (None:
     /// never).
     pub stall_timeout: Option<Duration>,
-    /// Most bytes per second sent to a backup catching up (0: no cap).
-    pub catch_up_bytes_per_sec: u64,
+    /// The node's cap on bytes per second sent to backups catching up, shared by all its
+    /// senders (None: no cap).
+    pub catch_up: Option<Arc<crate::replication::CatchUpCap>>,
     /// TLS on this host's replication listener.
     pub tls_server: Option<Arc<dpukv_net::tls::ServerTls>>,
     /// TLS to the backups this host streams to.
@@ -719,7 +720,7 @@ fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, peers: &Peers)
             life: l.life,
             stats: l.stats.clone(),
             send_index: l.send_index,
-            catch_up_bytes_per_sec: args.catch_up_bytes_per_sec,
+            catch_up: args.catch_up.clone(),
             tls: args.tls_client.clone(),
         };
         let stop = Arc::new(AtomicBool::new(false));

@@ -60,7 +60,7 @@ fn sender_cfg(region_dir: &std::path::Path, epoch: u64, backup: u32, addr: Socke
         life: 1,
         stats: Arc::default(),
         send_index: true,
-        catch_up_bytes_per_sec: 0,
+        catch_up: None,
         tls: None,
     }
 }
@@ -305,7 +305,7 @@ fn malformed_replication_frames_close_the_connection_and_change_nothing() {
 }
 
 #[test]
-fn a_catching_up_backup_is_sent_the_log_at_the_capped_rate_and_a_current_one_at_full_speed() {
+fn catching_up_backups_are_sent_the_log_at_the_node_s_capped_rate_and_a_current_one_at_full_speed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pdir = dir.path().join("primary");
     let mut primary = Region::open(RegionConfig::new(&pdir, dir.path().join("pshm"))).expect("open").0;
@@ -315,24 +315,37 @@ fn a_catching_up_backup_is_sent_the_log_at_the_capped_rate_and_a_current_one_at_
     }
     let end = primary.vlog().end();
     primary.wait_durable(end).expect("durable");
-    let catch_up = |rate: u64, n: u32| {
-        let b = BackupNode::start(&dir.path().join(format!("node{n}")), "test");
-        b.host.back(1, 1, 1);
-        let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![n]), Arc::new(AtomicBool::new(false)));
-        let mut cfg = sender_cfg(&pdir, 1, n, b.addr);
-        cfg.catch_up_bytes_per_sec = rate;
+    // Backups `ns` catch up at once, their senders sharing one node-wide cap of `rate`.
+    let catch_up = |rate: u64, ns: &[u32]| {
+        let cap = dpukv_node::replication::CatchUpCap::new(rate);
         let started = std::time::Instant::now();
-        let h = spawn_sender(cfg, primary.vlog().tail(), feed, acks.clone(), stop.clone()).expect("sender");
-        acks.wait(end, Duration::from_secs(30)).expect("caught up");
+        let mut running = Vec::new();
+        for &n in ns {
+            let b = BackupNode::start(&dir.path().join(format!("node{n}")), "test");
+            b.host.back(1, 1, 1);
+            let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![n]), Arc::new(AtomicBool::new(false)));
+            let mut cfg = sender_cfg(&pdir, 1, n, b.addr);
+            cfg.catch_up = cap.clone();
+            let h = spawn_sender(cfg, primary.vlog().tail(), feed, acks.clone(), stop.clone()).expect("sender");
+            running.push((b, acks, stop, h));
+        }
+        for (_, acks, _, _) in &running {
+            acks.wait(end, Duration::from_secs(30)).expect("caught up");
+        }
         let took = started.elapsed();
-        stop.store(true, Ordering::Release);
-        assert_eq!(ended(h), SenderEnd::Stopped);
+        for (_b, _, stop, h) in running {
+            stop.store(true, Ordering::Release);
+            assert_eq!(ended(h), SenderEnd::Stopped);
+        }
         took
     };
-    let capped = catch_up(1 << 20, 2);
-    let free = catch_up(0, 3);
+    let capped = catch_up(1 << 20, &[2]);
+    let free = catch_up(0, &[3]);
     assert!(capped >= Duration::from_millis(1800), "3 MiB at 1 MiB/s took {capped:?}");
     assert!(free < capped / 2, "uncapped {free:?}, capped {capped:?}");
+    // Two at once share the node's cap (it was per sender: two took as long as one).
+    let two = catch_up(1 << 20, &[4, 5]);
+    assert!(two >= Duration::from_millis(4500), "6 MiB over two senders at 1 MiB/s took {two:?}");
 }
 
 /// Replication over mutual TLS: a backup serving TLS (client certificates of the cluster's CA
