@@ -181,11 +181,17 @@ impl Acks {
     /// since (a backup dropped from a region deletes it, and may be given the region back), and
     /// positions from before would have it reported caught up, or counted as holding writes,
     /// with nothing on its disk. Its index is shipped again on this session.
+    /// A new session is not progress: a node whose sessions keep failing at the same place
+    /// (a full disk refuses each one) stays stalled; only a position past the last one is.
     pub fn reset(&self, node: u32, pos: Lsn) {
         let mut st = lock(&self.st);
-        st.held.insert(node, pos);
+        let before = st.held.insert(node, pos);
         st.installed.remove(&node);
-        st.progress.insert(node, Instant::now());
+        if before.is_none_or(|b| pos > b) {
+            if let Some(t) = st.progress.get_mut(&node) {
+                *t = Instant::now();
+            }
+        }
         st.show();
         self.cv.notify_all();
     }
@@ -1423,5 +1429,32 @@ mod tests {
         assert!(!a.holds(Lsn(5)), "backup 3 holds nothing yet");
         a.held(3, Lsn(15));
         assert!(a.holds(Lsn(15)) && !a.holds(Lsn(16)), "the joining node does not count");
+    }
+
+    /// A backup whose disk is full refuses every session at the same position; the primary
+    /// reconnects every 100 ms. New sessions are not progress: it is reported stalled after the
+    /// bound all the same (it was never reported when a session counted as moving).
+    #[test]
+    fn a_node_whose_sessions_restart_where_they_failed_is_stalled_after_the_bound() {
+        let a = Acks::new(1, vec![2, 3]);
+        let bound = Duration::from_millis(200);
+        a.held(2, Lsn(100));
+        a.held(3, Lsn(100));
+        assert!(a.stalled(&[2, 3], Lsn(150), bound).is_empty(), "watched from now on");
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(400) {
+            a.reset(3, Lsn(100)); // a new session, refused where the last one was
+            a.held(2, Lsn(150 + t.elapsed().as_millis() as u64));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let end = Lsn(1_000);
+        assert_eq!(a.stalled(&[2, 3], end, bound), vec![3], "only the node that takes no log");
+        // A session that resumes further on is progress.
+        a.reset(3, Lsn(120));
+        assert!(a.stalled(&[3], end, bound).is_empty());
+        // A node that holds the whole log is never stalled, however long it is quiet.
+        a.held(3, end);
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(a.stalled(&[3], end, bound).is_empty());
     }
 }
