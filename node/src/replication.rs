@@ -27,8 +27,10 @@ use std::time::{Duration, Instant};
 
 use dpukv_net::identity::Peer;
 use dpukv_net::tls::{ClientTls, ServerTls};
-use dpukv_proto::replication::{MAX_REPL_FRAME, ReplDecodeError, ReplMessage, ReplRefusal, ShippedLevelBytes};
-use dpukv_storage::region::{Backup, IndexExport, ReadGate, export_dir};
+use dpukv_proto::replication::{MAX_REPL_FRAME, ReplDecodeError, ReplMessage, ReplRefusal};
+use dpukv_storage::region::{
+    Backup, IndexExport, IndexInstall, MAX_SHIPPED_SEGMENT, ReadGate, ShippedIndex, export_dir,
+};
 use dpukv_storage::vlog::{FsyncPolicy, LogTail, Lsn};
 
 /// Largest log chunk a sender reads and sends at once.
@@ -187,10 +189,10 @@ impl Acks {
         let mut st = lock(&self.st);
         let before = st.held.insert(node, pos);
         st.installed.remove(&node);
-        if before.is_none_or(|b| pos > b) {
-            if let Some(t) = st.progress.get_mut(&node) {
-                *t = Instant::now();
-            }
+        if before.is_none_or(|b| pos > b)
+            && let Some(t) = st.progress.get_mut(&node)
+        {
+            *t = Instant::now();
         }
         st.show();
         self.cv.notify_all();
@@ -548,19 +550,72 @@ fn read_msg(s: &mut impl Read) -> Result<ReplMessage, ReadError> {
     Ok(ReplMessage::decode(&frame)?.0)
 }
 
-fn export_msg(region: u32, epoch: u64, e: &IndexExport) -> ReplMessage {
-    let (manifest, sessions, levels) = e.clone().into_parts();
-    let levels = levels.into_iter().map(|(meta, segments)| ShippedLevelBytes { meta, segments }).collect();
-    ReplMessage::Index { region, epoch, manifest, sessions, levels }
+/// An index shipment under way on one connection (Send Index): its metadata went ahead in an
+/// `IndexBegin`; its segments go one chunk per turn of the sender's loop, between the log's
+/// chunks (a large index never holds the log back for long, and never sits in memory).
+struct Shipment {
+    export: Arc<IndexExport>,
+    /// The whole index (paced by the catch-up cap), not one compaction's output.
+    whole: bool,
+    /// Segments not sent yet, in order.
+    segments: VecDeque<u64>,
+    /// The segment being sent: its id, file, size and the offset reached.
+    current: Option<(u64, std::fs::File, u64, u64)>,
 }
 
-/// The level segment bytes an Index message carries (Send Index's shipped index).
-fn index_bytes(m: &ReplMessage) -> u64 {
-    match m {
-        ReplMessage::Index { levels, .. } => levels.iter().flat_map(|l| &l.segments).map(|(_, b)| b.len() as u64).sum(),
-        _ => 0,
+impl Shipment {
+    /// Begins shipping `export`: its metadata goes now.
+    fn begin(
+        s: &mut Link,
+        region: u32,
+        epoch: u64,
+        export: Arc<IndexExport>,
+        whole: bool,
+        stop: &AtomicBool,
+    ) -> anyhow::Result<Shipment> {
+        let (manifest, sessions, levels) = export.parts();
+        let m = ReplMessage::IndexBegin { region, epoch, manifest, sessions, levels };
+        let mut b = Vec::new();
+        m.encode(&mut b);
+        if b.len() > MAX_REPL_FRAME {
+            anyhow::bail!("the index's metadata ({} bytes) exceeds a replication frame", b.len());
+        }
+        write_msg(s, &m, stop)?;
+        let segments = export.levels.iter().flat_map(|l| l.segments.iter().copied()).collect();
+        Ok(Shipment { export, whole, segments, current: None })
+    }
+
+    /// Sends the next chunk (or, all sent, the `IndexEnd`): Ok(Some(bytes)) while parts remain
+    /// to send after this one or this was a part, Ok(None) once the end went.
+    fn step(&mut self, s: &mut Link, region: u32, epoch: u64, stop: &AtomicBool) -> anyhow::Result<Option<u64>> {
+        if self.current.is_none() {
+            let Some(id) = self.segments.pop_front() else {
+                write_msg(s, &ReplMessage::IndexEnd { region, epoch }, stop)?;
+                return Ok(None);
+            };
+            let p = self.export.segment_path(id);
+            let f = std::fs::File::open(&p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            let size = f.metadata()?.len();
+            self.current = Some((id, f, size, 0));
+        }
+        let Some((id, f, size, offset)) = self.current.as_mut() else { unreachable!("set above") };
+        let n = (*size - *offset).min(CHUNK as u64) as usize;
+        let mut bytes = vec![0u8; n];
+        f.read_exact(&mut bytes)?;
+        let last = *offset + n as u64 == *size;
+        let m = ReplMessage::IndexPart { region, epoch, segment: *id, offset: *offset, last, bytes };
+        write_msg(s, &m, stop)?;
+        *offset += n as u64;
+        if last {
+            self.current = None;
+        }
+        Ok(Some(n as u64))
     }
 }
+
+/// A backup connection's index shipment being installed, and the segment being received (its
+/// id and the bytes so far).
+type Installing = (IndexInstall, Option<(u64, Vec<u8>)>);
 
 /// Who a sender is and where its backup is.
 #[derive(Debug, Clone)]
@@ -836,6 +891,7 @@ fn send_session(
     let result = (|| -> anyhow::Result<Option<SenderEnd>> {
         let mut shipped_generation = 0u64;
         let mut whole_index_due = true;
+        let mut shipment: Option<Shipment> = None;
         let (mut last_live, mut last_segments_check) = (Vec::new(), Instant::now());
         let mut seen = 0u64;
         loop {
@@ -890,37 +946,48 @@ fn send_session(
                 }
             }
             // Then the index: whole once per connection (or when exports were missed), then
-            // each compaction's export in order. (A Build Index backup builds its own.)
+            // each compaction's export in order, a chunk per turn. (A Build Index backup builds
+            // its own.) A shipment begins only with the log sent as far as it is written: the
+            // levels it ships point into log the backup then has.
             if !cfg.send_index {
                 if whole_index_due {
                     acks.set_installed(cfg.backup, true);
                     whole_index_due = false;
                 }
             } else {
-                let exports = if whole_index_due { None } else { feed.exports_after(shipped_generation) };
-                match exports {
-                    None => {
+                if shipment.is_none() {
+                    if whole_index_due {
+                        whole_index_due = false;
                         acks.set_installed(cfg.backup, false);
                         match export_dir(&cfg.region_dir)? {
                             Some(e) => {
-                                let m = export_msg(region, epoch, &e);
-                                write_msg(&mut s, &m, stop)?;
-                                let n = index_bytes(&m);
-                                cfg.stats.index_bytes_shipped.fetch_add(n, Ordering::Relaxed);
+                                shipment = Some(Shipment::begin(&mut s, region, epoch, Arc::new(e), true, stop)?);
                                 cfg.stats.whole_index_shipments.fetch_add(1, Ordering::Relaxed);
-                                pace(cfg.catch_up.as_deref(), n, true, stop);
-                                shipped_generation = e.manifest.generation;
                             }
                             None => acks.set_installed(cfg.backup, true),
                         }
-                        whole_index_due = false;
+                    } else {
+                        match feed.exports_after(shipped_generation) {
+                            None => whole_index_due = true,
+                            Some(list) => {
+                                if let Some(e) = list.into_iter().next() {
+                                    shipment = Some(Shipment::begin(&mut s, region, epoch, e, false, stop)?);
+                                }
+                            }
+                        }
                     }
-                    Some(list) => {
-                        for e in list {
-                            let m = export_msg(region, epoch, &e);
-                            write_msg(&mut s, &m, stop)?;
-                            cfg.stats.index_bytes_shipped.fetch_add(index_bytes(&m), Ordering::Relaxed);
-                            shipped_generation = e.manifest.generation;
+                    sent |= shipment.is_some() || whole_index_due;
+                }
+                if let Some(sh) = shipment.as_mut() {
+                    sent = true;
+                    match sh.step(&mut s, region, epoch, stop)? {
+                        Some(n) => {
+                            cfg.stats.index_bytes_shipped.fetch_add(n, Ordering::Relaxed);
+                            pace(cfg.catch_up.as_deref(), n, sh.whole, stop);
+                        }
+                        None => {
+                            shipped_generation = sh.export.manifest.generation;
+                            shipment = None;
                         }
                     }
                 }
@@ -1224,6 +1291,41 @@ impl BackupHost {
         Ok(())
     }
 
+    /// Takes one part of the index shipment begun on a connection: a segment's bytes arrive in
+    /// order, one segment after another, each at most [`MAX_SHIPPED_SEGMENT`]; a whole segment is
+    /// installed at once (rewritten through the segment maps and written). Err: why the
+    /// shipment cannot go on (the connection is refused; the primary ships again).
+    fn index_part(
+        backup: &Mutex<Option<Backup>>,
+        install: &mut Option<Installing>,
+        segment: u64,
+        offset: u64,
+        last: bool,
+        bytes: &[u8],
+    ) -> Result<(), String> {
+        let Some((inst, current)) = install.as_mut() else { return Err("an index part with no index begun".into()) };
+        let buf = match current {
+            Some((id, buf)) if *id == segment => buf,
+            Some((id, _)) => return Err(format!("index segment {segment} began before segment {id} ended")),
+            None if inst.lacks(segment) => &mut current.insert((segment, Vec::new())).1,
+            None => return Err(format!("index segment {segment} is not one the shipment lacks")),
+        };
+        if offset != buf.len() as u64 {
+            return Err(format!("index segment {segment}: part at {offset}, {} bytes received", buf.len()));
+        }
+        if offset + bytes.len() as u64 > MAX_SHIPPED_SEGMENT {
+            return Err(format!("index segment {segment} is larger than {MAX_SHIPPED_SEGMENT} bytes"));
+        }
+        buf.extend_from_slice(bytes);
+        if last {
+            let (_, whole) = current.take().unwrap_or_default();
+            let mut g = lock(backup);
+            let b = g.as_mut().ok_or("released here")?;
+            b.install_segment(inst, segment, &whole).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     fn refuse(
         s: &mut impl Write,
         region: u32,
@@ -1308,6 +1410,9 @@ impl BackupHost {
         // Applied but not yet answered (under `always`: not yet synced): the position, and how
         // many chunks.
         let mut unanswered: Option<(Lsn, usize)> = None;
+        // The index shipment being installed, and the segment being received (its id and bytes
+        // so far: at most MAX_SHIPPED_SEGMENT, the only part of an index held in memory).
+        let mut install: Option<Installing> = None;
         loop {
             if let Some((upto, frames)) = unanswered
                 && (!always || r.buffer().is_empty() || frames >= SYNC_GROUP_FRAMES)
@@ -1340,7 +1445,6 @@ impl BackupHost {
             // The fence: once a newer primary has spoken, this connection's epoch is stale.
             let known = lock(&self.roles).get(&region).map_or(u64::MAX, |&(e, _)| e);
             Self::fence(&mut s, region, epoch, known)?;
-            let size = index_bytes(&m);
             match m {
                 ReplMessage::Append { segment, offset, segment_size, sealed, bytes, .. } => {
                     self.stats.log_bytes_received.fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -1356,20 +1460,42 @@ impl BackupHost {
                         Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Gap, known, e.to_string()),
                     }
                 }
-                ReplMessage::Index { manifest, sessions, levels, .. } => {
-                    let parts = (manifest, sessions, levels.into_iter().map(|l| (l.meta, l.segments)).collect());
-                    let r = IndexExport::from_parts(parts).and_then(|e| {
+                ReplMessage::IndexBegin { manifest, sessions, levels, .. } => {
+                    let r = ShippedIndex::from_parts((manifest, sessions, levels)).and_then(|shipped| {
                         let mut g = lock(&backup);
                         let b = g.as_mut().ok_or_else(|| dpukv_storage::Error::Config("released here".into()))?;
-                        b.apply_send_index(&e)?;
-                        Ok(b.manifest().generation)
+                        b.begin_index(shipped)
                     });
                     match r {
+                        Ok(inst) => install = Some((inst, None)),
+                        Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Failed, known, e.to_string()),
+                    }
+                }
+                ReplMessage::IndexPart { segment, offset, last, bytes, .. } => {
+                    self.stats.index_bytes_installed.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    if let Err(why) = Self::index_part(&backup, &mut install, segment, offset, last, &bytes) {
+                        return Self::refuse(&mut s, region, ReplRefusal::Failed, known, why);
+                    }
+                }
+                ReplMessage::IndexEnd { .. } => {
+                    let r = match install.take() {
+                        Some((inst, None)) => {
+                            let mut g = lock(&backup);
+                            match g.as_mut() {
+                                Some(b) => {
+                                    b.finish_index(inst).map(|()| b.manifest().generation).map_err(|e| e.to_string())
+                                }
+                                None => Err("released here".to_string()),
+                            }
+                        }
+                        Some((_, Some(_))) => Err("the index ended inside a segment".to_string()),
+                        None => Err("an index end with no index begun".to_string()),
+                    };
+                    match r {
                         Ok(generation) => {
-                            self.stats.index_bytes_installed.fetch_add(size, Ordering::Relaxed);
                             write_msg(&mut s, &ReplMessage::Installed { region, epoch, generation }, stop)?;
                         }
-                        Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Failed, known, e.to_string()),
+                        Err(why) => return Self::refuse(&mut s, region, ReplRefusal::Failed, known, why),
                     }
                 }
                 ReplMessage::Segments { live, .. } => {

@@ -61,15 +61,6 @@ impl ReplRefusal {
     }
 }
 
-/// A shipped level: its metadata (storage's encoding) and its segments (primary id, bytes).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShippedLevelBytes {
-    /// The level's metadata, as the storage layer encodes it.
-    pub meta: Vec<u8>,
-    /// Its segments.
-    pub segments: Vec<(u64, Vec<u8>)>,
-}
-
 /// One replication message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplMessage {
@@ -129,8 +120,11 @@ pub enum ReplMessage {
         /// The position.
         upto: u64,
     },
-    /// Primary -> backup: one compaction's output for Send Index.
-    Index {
+    /// Primary -> backup: an index shipment begins (Send Index: one compaction's output, or
+    /// the whole index). Only metadata: the levels' segments follow as [`ReplMessage::IndexPart`]s
+    /// — a chunk of one segment at a time, interleaved with the log — and [`ReplMessage::IndexEnd`]
+    /// installs it. Neither side holds more than one segment of it in memory.
+    IndexBegin {
         /// The region.
         region: u32,
         /// The epoch.
@@ -139,8 +133,32 @@ pub enum ReplMessage {
         manifest: Vec<u8>,
         /// The exactly-once sessions snapshot stored with it.
         sessions: Vec<u8>,
-        /// The new levels.
-        levels: Vec<ShippedLevelBytes>,
+        /// The levels shipped, each its metadata (storage's encoding).
+        levels: Vec<Vec<u8>>,
+    },
+    /// Primary -> backup: bytes of one level segment of the shipment begun, from `offset`;
+    /// `last` ends the segment. A segment's parts come in order, one segment after another.
+    IndexPart {
+        /// The region.
+        region: u32,
+        /// The epoch.
+        epoch: u64,
+        /// The primary's segment id (one of a shipped level's).
+        segment: u64,
+        /// Where the bytes start in the segment.
+        offset: u64,
+        /// Whether they end the segment.
+        last: bool,
+        /// The bytes (at most a chunk).
+        bytes: Vec<u8>,
+    },
+    /// Primary -> backup: every segment of the shipment was sent: install it (answered with
+    /// [`ReplMessage::Installed`]).
+    IndexEnd {
+        /// The region.
+        region: u32,
+        /// The epoch.
+        epoch: u64,
     },
     /// Backup -> primary: the index of that manifest generation is installed.
     Installed {
@@ -214,7 +232,10 @@ mod kind {
     pub const RESUME: u8 = 2;
     pub const APPEND: u8 = 3;
     pub const HELD: u8 = 4;
-    pub const INDEX: u8 = 5;
+    /// Kind 5 was a whole index in one frame (before shipments were chunked); no longer sent.
+    pub const INDEX_BEGIN: u8 = 10;
+    pub const INDEX_PART: u8 = 11;
+    pub const INDEX_END: u8 = 12;
     pub const INSTALLED: u8 = 6;
     pub const REFUSE: u8 = 7;
     pub const SEGMENTS: u8 = 8;
@@ -243,7 +264,9 @@ impl ReplMessage {
             | ReplMessage::Resume { region, .. }
             | ReplMessage::Append { region, .. }
             | ReplMessage::Held { region, .. }
-            | ReplMessage::Index { region, .. }
+            | ReplMessage::IndexBegin { region, .. }
+            | ReplMessage::IndexPart { region, .. }
+            | ReplMessage::IndexEnd { region, .. }
             | ReplMessage::Installed { region, .. }
             | ReplMessage::Segments { region, .. }
             | ReplMessage::Refuse { region, .. } => *region,
@@ -290,21 +313,30 @@ impl ReplMessage {
                 put_u64(out, *epoch);
                 put_u64(out, *upto);
             }
-            ReplMessage::Index { region, epoch, manifest, sessions, levels } => {
-                out.push(kind::INDEX);
+            ReplMessage::IndexBegin { region, epoch, manifest, sessions, levels } => {
+                out.push(kind::INDEX_BEGIN);
                 put_u32(out, *region);
                 put_u64(out, *epoch);
                 put_bytes(out, manifest);
                 put_bytes(out, sessions);
                 put_u32(out, levels.len() as u32);
                 for l in levels {
-                    put_bytes(out, &l.meta);
-                    put_u32(out, l.segments.len() as u32);
-                    for (id, b) in &l.segments {
-                        put_u64(out, *id);
-                        put_bytes(out, b);
-                    }
+                    put_bytes(out, l);
                 }
+            }
+            ReplMessage::IndexPart { region, epoch, segment, offset, last, bytes } => {
+                out.push(kind::INDEX_PART);
+                put_u32(out, *region);
+                put_u64(out, *epoch);
+                put_u64(out, *segment);
+                put_u64(out, *offset);
+                out.push(u8::from(*last));
+                put_bytes(out, bytes);
+            }
+            ReplMessage::IndexEnd { region, epoch } => {
+                out.push(kind::INDEX_END);
+                put_u32(out, *region);
+                put_u64(out, *epoch);
             }
             ReplMessage::Installed { region, epoch, generation } => {
                 out.push(kind::INSTALLED);
@@ -381,23 +413,20 @@ impl ReplMessage {
                 ReplMessage::Append { region, epoch, segment, offset, segment_size, sealed, bytes }
             }
             kind::HELD => ReplMessage::Held { region: r.u32()?, epoch: r.u64()?, upto: r.u64()? },
-            kind::INDEX => {
+            kind::INDEX_BEGIN => {
                 let (region, epoch) = (r.u32()?, r.u64()?);
                 let manifest = r.bytes(MAX_REPL_FRAME)?;
                 let sessions = r.bytes(MAX_REPL_FRAME)?;
                 let n = r.count(4)?;
-                let mut levels = Vec::new();
-                for _ in 0..n {
-                    let meta = r.bytes(MAX_REPL_FRAME)?;
-                    let k = r.count(12)?;
-                    let mut segments = Vec::new();
-                    for _ in 0..k {
-                        segments.push((r.u64()?, r.bytes(MAX_REPL_FRAME)?));
-                    }
-                    levels.push(ShippedLevelBytes { meta, segments });
-                }
-                ReplMessage::Index { region, epoch, manifest, sessions, levels }
+                let levels = (0..n).map(|_| r.bytes(MAX_REPL_FRAME)).collect::<Result<Vec<_>, _>>()?;
+                ReplMessage::IndexBegin { region, epoch, manifest, sessions, levels }
             }
+            kind::INDEX_PART => {
+                let (region, epoch, segment, offset) = (r.u32()?, r.u64()?, r.u64()?, r.u64()?);
+                let last = r.flag()?;
+                ReplMessage::IndexPart { region, epoch, segment, offset, last, bytes: r.bytes(MAX_REPL_FRAME)? }
+            }
+            kind::INDEX_END => ReplMessage::IndexEnd { region: r.u32()?, epoch: r.u64()? },
             kind::INSTALLED => ReplMessage::Installed { region: r.u32()?, epoch: r.u64()?, generation: r.u64()? },
             kind::SEGMENTS => {
                 let (region, epoch) = (r.u32()?, r.u64()?);
@@ -530,20 +559,26 @@ mod tests {
                 epoch,
                 upto
             }),
-            (
-                any::<u32>(),
-                any::<u64>(),
-                bytes(),
-                bytes(),
-                prop::collection::vec((bytes(), prop::collection::vec((any::<u64>(), bytes()), 0..3)), 0..3)
-            )
-                .prop_map(|(region, epoch, manifest, sessions, levels)| ReplMessage::Index {
+            (any::<u32>(), any::<u64>(), bytes(), bytes(), prop::collection::vec(bytes(), 0..3)).prop_map(
+                |(region, epoch, manifest, sessions, levels)| ReplMessage::IndexBegin {
                     region,
                     epoch,
                     manifest,
                     sessions,
-                    levels: levels.into_iter().map(|(meta, segments)| ShippedLevelBytes { meta, segments }).collect(),
-                }),
+                    levels
+                }
+            ),
+            (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>(), bytes()).prop_map(
+                |(region, epoch, segment, offset, last, bytes)| ReplMessage::IndexPart {
+                    region,
+                    epoch,
+                    segment,
+                    offset,
+                    last,
+                    bytes
+                }
+            ),
+            (any::<u32>(), any::<u64>()).prop_map(|(region, epoch)| ReplMessage::IndexEnd { region, epoch }),
             (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(region, epoch, generation)| ReplMessage::Installed {
                 region,
                 epoch,

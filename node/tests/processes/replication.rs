@@ -502,3 +502,77 @@ fn a_stream_is_taken_only_from_the_certificate_of_the_node_it_names() {
     assert!(matches!(hello(&node1), ReplMessage::Resume { .. }), "node 1 itself is served");
     stop.store(true, Ordering::Release);
 }
+
+/// Peak resident memory of this process (VmHWM), in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse().ok())
+        .expect("VmHWM");
+    kib << 10
+}
+
+/// Resets the peak resident memory to the current one (Linux: `echo 5 > clear_refs`).
+fn reset_peak_rss() {
+    std::fs::write("/proc/self/clear_refs", "5").expect("clear_refs");
+}
+
+/// An index larger than a replication frame (64 MiB) once never reached a backup: it went as
+/// one frame, the backup refused it, and the sender reconnected forever; it was also held in
+/// memory twice on each side. Now a shipment is its metadata, then a chunk of one segment at a
+/// time, interleaved with the log: the backup installs it and answers like the primary, and
+/// neither side's memory grows by more than a few segments (both sides live in this process).
+#[test]
+fn an_index_larger_than_a_frame_is_shipped_in_parts_with_memory_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pdir = dir.path().join("primary");
+    let mut cfg = RegionConfig::new(&pdir, dir.path().join("pshm"));
+    cfg.vlog.fsync = FsyncPolicy::Never;
+    cfg.l0_budget = 24 << 20;
+    let mut primary = Region::open(cfg).expect("open").0;
+    // 24-byte keys and 232-byte values, stored in the levels' leaves (not the log): ~72 MiB of
+    // index.
+    let n = 290_000u32;
+    let value = |i: u32| format!("{i:010}-{}", "v".repeat(221));
+    for i in 0..n {
+        primary
+            .put(format!("key-{:020}", (i as u64 * 2_654_435_761) % 1_000_000_007).as_bytes(), value(i).as_bytes())
+            .expect("put");
+    }
+    primary.flush_now().expect("flush");
+    let index: u64 = primary.manifest().levels.iter().map(|l| l.bytes).sum();
+    assert!(
+        index > dpukv_proto::replication::MAX_REPL_FRAME as u64,
+        "the index ({index} bytes) is larger than a frame"
+    );
+    let b = BackupNode::start(&dir.path().join("node2"), "test");
+    b.host.back(1, 1, 1);
+    let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![2]), Arc::new(AtomicBool::new(false)));
+    let cfg = sender_cfg(&pdir, 1, 2, b.addr);
+    let stats = cfg.stats.clone();
+    reset_peak_rss();
+    let before = peak_rss();
+    let h = spawn_sender(cfg, primary.vlog().tail(), feed, acks.clone(), stop.clone()).expect("sender");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !acks.installed(2) || acks.position(2) < Some(primary.vlog().end()) {
+        assert!(std::time::Instant::now() < deadline, "the backup installs the whole index");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let grew = peak_rss().saturating_sub(before);
+    stop.store(true, Ordering::Release);
+    assert_eq!(ended(h), SenderEnd::Stopped);
+    assert_eq!(stats.whole_index_shipments.load(Ordering::Relaxed), 1, "shipped once, no reconnect");
+    assert!(stats.index_bytes_shipped.load(Ordering::Relaxed) >= index);
+    assert!(grew < 32 << 20, "shipping {index} bytes of index grew the peak memory by {grew} bytes");
+    // The backup, promoted, answers like the primary — from the shipped levels, not a replay.
+    let bdir = b.host.dir(1);
+    b.host.release(1);
+    let (promoted, rec) = Region::open(RegionConfig::new(&bdir, dir.path().join("bshm"))).expect("promote");
+    assert!(rec.replayed < 1000, "the shipped index covers the log: replayed {}", rec.replayed);
+    for i in (0..n).step_by(997) {
+        let key = format!("key-{:020}", (i as u64 * 2_654_435_761) % 1_000_000_007);
+        assert_eq!(promoted.get(key.as_bytes()).expect("get"), Some(value(i).into_bytes()), "key {i}");
+    }
+}

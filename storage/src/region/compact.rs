@@ -15,7 +15,7 @@ use super::{RegionConfig, levels_dir};
 use crate::btree::{ReadPublisher, Reader};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
-use crate::levels::{Level, LevelBuilder, LevelMeta, Manifest, segment_path};
+use crate::levels::{Level, LevelBuilder, LevelMeta, Manifest};
 use crate::vlog::{DurabilityWaiter, Lsn};
 
 /// Everything a compaction needs, owned so it can move to another thread.
@@ -199,19 +199,10 @@ impl Compactor {
         Ok(meta)
     }
 
-    /// The levels of `manifest` that the previous manifest does not have, with their bytes.
+    /// The levels of `manifest` that the previous manifest does not have, pinned for shipping.
     fn export(&self, manifest: &Manifest, sessions: Vec<u8>) -> Result<IndexExport> {
-        let dir = levels_dir(&self.cfg.dir);
-        let mut levels = Vec::new();
-        for m in manifest.levels.iter().filter(|m| !self.manifest.levels.contains(m)) {
-            let mut segs = Vec::new();
-            for &id in &m.segments {
-                let p: PathBuf = segment_path(&dir, id);
-                segs.push((id, std::fs::read(&p).map_err(|e| Error::io(&p, e))?));
-            }
-            levels.push((m.clone(), segs));
-        }
-        Ok(IndexExport { manifest: manifest.clone(), sessions, levels })
+        let levels = manifest.levels.iter().filter(|m| !self.manifest.levels.contains(m)).cloned().collect();
+        IndexExport::pin(&self.cfg.dir, manifest.clone(), sessions, levels)
     }
 }
 

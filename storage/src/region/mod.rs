@@ -44,7 +44,10 @@ pub use gc::GcStep;
 use merge::{Src, Stored};
 use publish::Publications;
 pub use publish::ReadGate;
-pub use replica::{Backup, ExportParts, IndexExport, ShippedLevel, adopt_built_index, build_dir, build_index};
+pub use replica::{
+    Backup, ExportParts, IndexExport, IndexInstall, MAX_SHIPPED_SEGMENT, ShippedIndex, adopt_built_index, build_dir,
+    build_index,
+};
 
 pub use sessions::{Lookup, SessionEntry, SessionLimits, Sessions};
 pub use tables::RegionReader;
@@ -60,28 +63,27 @@ use crate::levels::{Level, Manifest};
 use crate::vlog::{FsyncPolicy, Lsn, RecoveryReport, ValueLog, VlogConfig, VlogReader};
 
 /// The whole durable index of the region in `dir` as one export — its manifest, sessions
-/// snapshot and every level's segments, read from the files — for a backup that starts from
-/// nothing or missed exports (None: nothing compacted yet; the log alone holds everything).
-/// Callable from any thread while the region runs: its level files never change; if a newer
-/// compaction retires one while it is read, the error says so and the caller tries again.
+/// snapshot and every level, pinned — for a backup that starts from nothing or missed exports
+/// (None: nothing compacted yet; the log alone holds everything). Callable from any thread while
+/// the region runs: its level files never change; if a newer compaction retires one before it
+/// is pinned, this tries the newer manifest (a few times, then says so).
 pub fn export_dir(dir: &Path) -> Result<Option<IndexExport>> {
-    let Some(manifest) = Manifest::load(dir)? else { return Ok(None) };
-    if manifest.generation == 0 {
-        return Ok(None);
-    }
-    let sp = sessions_path(dir, manifest.generation);
-    let sessions = std::fs::read(&sp).map_err(|e| Error::io(&sp, e))?;
-    let ldir = levels_dir(dir);
-    let mut levels = Vec::new();
-    for m in &manifest.levels {
-        let mut segs = Vec::new();
-        for &id in &m.segments {
-            let p = crate::levels::segment_path(&ldir, id);
-            segs.push((id, std::fs::read(&p).map_err(|e| Error::io(&p, e))?));
+    let mut tries = 0;
+    loop {
+        let Some(manifest) = Manifest::load(dir)? else { return Ok(None) };
+        if manifest.generation == 0 {
+            return Ok(None);
         }
-        levels.push((m.clone(), segs));
+        let sp = sessions_path(dir, manifest.generation);
+        let pinned = std::fs::read(&sp)
+            .map_err(|e| Error::io(&sp, e))
+            .and_then(|sessions| IndexExport::pin(dir, manifest.clone(), sessions, manifest.levels.clone()));
+        match pinned {
+            Ok(e) => return Ok(Some(e)),
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound && tries < 8 => tries += 1,
+            Err(e) => return Err(e),
+        }
     }
-    Ok(Some(IndexExport { manifest, sessions, levels }))
 }
 
 /// Region configuration.
@@ -290,6 +292,11 @@ impl Region {
         if cfg.growth_factor < 2 || cfg.l0_budget == 0 {
             return Err(Error::Config("growth_factor must be >= 2 and l0_budget > 0".into()));
         }
+        if u64::from(cfg.level_segment_size) > MAX_SHIPPED_SEGMENT {
+            return Err(Error::Config(format!(
+                "level_segment_size must be at most {MAX_SHIPPED_SEGMENT} (what a backup takes)"
+            )));
+        }
         for d in [&cfg.dir, &levels_dir(&cfg.dir)] {
             cfg.fs().create_dir_all(d).map_err(|e| Error::io(d, e))?;
         }
@@ -303,6 +310,13 @@ impl Region {
             .open(&lock_path)
             .map_err(|e| Error::io(&lock_path, e))?;
         lock.try_lock().map_err(|_| Error::RegionBusy(cfg.dir.clone()))?;
+        // Pins of level files shipped by an earlier process (its senders are gone).
+        let ship = replica::ship_dir(&cfg.dir);
+        if let Err(e) = std::fs::remove_dir_all(&ship)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(Error::io(&ship, e));
+        }
         std::fs::create_dir_all(&cfg.shm_dir).map_err(|e| Error::io(&cfg.shm_dir, e))?;
         let control = HostControl::create(&cfg.shm_dir)?;
         tables::remove_stale_files(&cfg.shm_dir)?;

@@ -24,57 +24,156 @@ fn primary_levels_path(dir: &Path, generation: u64) -> PathBuf {
     dir.join(format!("PRIMARY-LEVELS-{generation}"))
 }
 
-/// A level as shipped: its metadata and its segments as (primary segment id, bytes).
-pub type ShippedLevel = (LevelMeta, Vec<(u64, Vec<u8>)>);
+/// Level files pinned for shipping: hard links in `<region>/ship/<n>/`, so that a later
+/// compaction retiring a level does not pull its files from under a sender still shipping it
+/// (level files never change). Removed when the last holder drops it; a region removes the
+/// whole `ship/` directory when it opens (pins never outlive their process).
+#[derive(Debug)]
+struct Pinned(PathBuf);
 
-/// One compaction's output as the primary ships it: the new manifest and the bytes of every
-/// level in it that the backup does not have yet.
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Where a region pins the level files it ships.
+pub(crate) fn ship_dir(region_dir: &Path) -> PathBuf {
+    region_dir.join("ship")
+}
+
+/// One index shipment as the primary ships it (Send Index): the manifest after a compaction —
+/// or the current one, for the whole index — and the metadata of the levels to ship (those the
+/// backup does not have yet). Their segments stay on disk, pinned ([`IndexExport::read_segment`]):
+/// memory holds only metadata, whatever the region's size.
 #[derive(Debug, Clone)]
 pub struct IndexExport {
     /// The primary's manifest after the compaction.
     pub manifest: Manifest,
     /// The exactly-once sessions snapshot stored with that manifest (its file's bytes).
     pub sessions: Vec<u8>,
-    /// New levels with their segments, in allocation order.
-    pub levels: Vec<ShippedLevel>,
+    /// Levels to ship, in allocation order.
+    pub levels: Vec<LevelMeta>,
+    pinned: Arc<Pinned>,
 }
 
-/// An [`IndexExport`] as bytes: the manifest, the sessions snapshot, and per level its metadata
-/// and segments (what the replication protocol carries).
-pub type ExportParts = (Vec<u8>, Vec<u8>, Vec<(Vec<u8>, Vec<(u64, Vec<u8>)>)>);
+/// An [`IndexExport`]'s metadata as bytes: the manifest, the sessions snapshot, and each
+/// level's metadata (what the replication protocol's `IndexBegin` carries).
+pub type ExportParts = (Vec<u8>, Vec<u8>, Vec<Vec<u8>>);
+
+/// Pin directories made by this process (names are unique within it; `ship/` is emptied when a
+/// region opens).
+static PINS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl IndexExport {
-    /// Bytes shipped.
-    pub fn bytes(&self) -> u64 {
-        self.levels.iter().flat_map(|(_, s)| s.iter()).map(|(_, b)| b.len() as u64).sum()
+    /// Pins `levels` of the region in `region_dir` (hard links to their segments) for shipping
+    /// with `manifest`. Fails if a segment is gone already (a newer compaction retired it): the
+    /// caller takes the newer manifest.
+    pub(crate) fn pin(
+        region_dir: &Path,
+        manifest: Manifest,
+        sessions: Vec<u8>,
+        levels: Vec<LevelMeta>,
+    ) -> Result<IndexExport> {
+        let n = PINS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = ship_dir(region_dir).join(format!("{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let pinned = Arc::new(Pinned(dir));
+        let from = levels_dir(region_dir);
+        for id in levels.iter().flat_map(|l| &l.segments) {
+            let (src, dst) = (segment_path(&from, *id), segment_path(&pinned.0, *id));
+            std::fs::hard_link(&src, &dst).map_err(|e| Error::io(&src, e))?;
+        }
+        Ok(IndexExport { manifest, sessions, levels, pinned })
     }
 
-    /// Encodes it for the wire (a level's metadata as a manifest of that one level).
-    pub fn into_parts(self) -> ExportParts {
+    /// Bytes shipped (every level's segments).
+    pub fn bytes(&self) -> u64 {
+        self.levels.iter().map(|l| l.bytes).sum()
+    }
+
+    /// The pinned file of segment `id` of one of the levels (to read in chunks).
+    pub fn segment_path(&self, id: u64) -> PathBuf {
+        segment_path(&self.pinned.0, id)
+    }
+
+    /// The bytes of segment `id` of one of the levels.
+    pub fn read_segment(&self, id: u64) -> Result<Vec<u8>> {
+        let p = self.segment_path(id);
+        std::fs::read(&p).map_err(|e| Error::io(&p, e))
+    }
+
+    /// Its metadata for the wire (a level's metadata as a manifest of that one level).
+    pub fn parts(&self) -> ExportParts {
         let levels = self
             .levels
-            .into_iter()
-            .map(|(meta, segs)| (Manifest { levels: vec![meta], ..Manifest::default() }.encode(), segs))
+            .iter()
+            .map(|meta| Manifest { levels: vec![meta.clone()], ..Manifest::default() }.encode())
             .collect();
-        (self.manifest.encode(), self.sessions, levels)
+        (self.manifest.encode(), self.sessions.clone(), levels)
     }
+}
 
-    /// Decodes what [`IndexExport::into_parts`] made (input from another machine: checked).
-    pub fn from_parts(parts: ExportParts) -> Result<IndexExport> {
+/// A shipment's metadata as a backup receives it ([`ExportParts`] decoded and checked: input
+/// from another machine).
+#[derive(Debug, Clone)]
+pub struct ShippedIndex {
+    /// The primary's manifest.
+    pub manifest: Manifest,
+    /// Its sessions snapshot.
+    pub sessions: Vec<u8>,
+    /// The levels shipped.
+    pub levels: Vec<LevelMeta>,
+}
+
+impl ShippedIndex {
+    /// Decodes what [`IndexExport::parts`] made.
+    pub fn from_parts(parts: ExportParts) -> Result<ShippedIndex> {
         let (manifest, sessions, levels) = parts;
         let name = Path::new("shipped manifest");
         let manifest = Manifest::decode(&manifest, name)?;
         let levels = levels
             .into_iter()
-            .map(|(meta, segs)| {
+            .map(|meta| {
                 let mut m = Manifest::decode(&meta, name)?;
                 if m.levels.len() != 1 {
                     return Err(Error::corrupt_file(name, 0, "a shipped level's metadata holds no single level"));
                 }
-                Ok((m.levels.remove(0), segs))
+                Ok(m.levels.remove(0))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(IndexExport { manifest, sessions, levels })
+        Ok(ShippedIndex { manifest, sessions, levels })
+    }
+}
+
+impl From<&IndexExport> for ShippedIndex {
+    fn from(e: &IndexExport) -> ShippedIndex {
+        ShippedIndex { manifest: e.manifest.clone(), sessions: e.sessions.clone(), levels: e.levels.clone() }
+    }
+}
+
+/// Largest level segment a backup takes (a region's `level_segment_size` is at most this): what
+/// it holds of a shipment in memory.
+pub const MAX_SHIPPED_SEGMENT: u64 = 64 << 20;
+
+/// A Send Index shipment being installed, one segment at a time ([`Backup::begin_index`]).
+#[derive(Debug)]
+pub struct IndexInstall {
+    shipped: ShippedIndex,
+    /// Per level: primary segment id -> local id.
+    maps: Vec<HashMap<u64, u64>>,
+    /// Segments not installed yet.
+    missing: BTreeSet<u64>,
+    /// The backup's install this is (a newer begin supersedes it).
+    token: u64,
+    /// Local ids taken (the backup's next level segment once installed).
+    next: u64,
+}
+
+impl IndexInstall {
+    /// Whether `segment` is one this shipment still lacks.
+    pub fn lacks(&self, segment: u64) -> bool {
+        self.missing.contains(&segment)
     }
 }
 
@@ -99,6 +198,8 @@ pub struct Backup {
     manifest: Manifest,
     /// Bytes written to disk here (log copies, level segments, manifests).
     pub bytes_written: u64,
+    /// The newest [`IndexInstall`] begun (an older one may no longer install).
+    install_token: u64,
 }
 
 impl Backup {
@@ -125,6 +226,7 @@ impl Backup {
             unsynced: BTreeSet::new(),
             manifest: Manifest { next_segment: 1, ..Manifest::default() },
             bytes_written: 0,
+            install_token: 0,
         })
     }
 
@@ -471,30 +573,79 @@ impl Backup {
         Ok(())
     }
 
-    /// **Send Index**: installs the levels of one shipped compaction. Each new level's segments
-    /// get local ids (the index segment map), are rewritten and written; then the local manifest
-    /// (levels translated, log start translated through the log map) replaces the old one, and
-    /// segments of levels that are gone are deleted.
+    /// **Send Index**: installs the levels of one shipped compaction (or the whole index) read
+    /// from the primary's pinned files — [`Backup::begin_index`], each segment, then
+    /// [`Backup::finish_index`] (what a replication connection does as the parts arrive).
     pub fn apply_send_index(&mut self, export: &IndexExport) -> Result<()> {
+        let mut inst = self.begin_index(ShippedIndex::from(export))?;
+        for id in export.levels.iter().flat_map(|l| l.segments.clone()) {
+            self.install_segment(&mut inst, id, &export.read_segment(id)?)?;
+        }
+        self.finish_index(inst)
+    }
+
+    /// Begins installing a shipment: each new level's segments get local ids (the index segment
+    /// map). Supersedes any install begun before (its segments are written again).
+    pub fn begin_index(&mut self, shipped: ShippedIndex) -> Result<IndexInstall> {
+        let mut next = self.next_level_segment;
+        let mut maps = Vec::new();
+        let mut missing = BTreeSet::new();
+        for meta in &shipped.levels {
+            let map: HashMap<u64, u64> = meta.segments.iter().enumerate().map(|(i, &s)| (s, next + i as u64)).collect();
+            if map.len() != meta.segments.len() {
+                return Err(Error::Config("a shipped level names a segment twice".into()));
+            }
+            for &s in &meta.segments {
+                if !missing.insert(s) {
+                    return Err(Error::Config(format!("shipped segment {s} is in two levels")));
+                }
+            }
+            next += meta.segments.len() as u64;
+            maps.push(map);
+        }
+        self.install_token += 1;
+        Ok(IndexInstall { shipped, maps, missing, token: self.install_token, next })
+    }
+
+    /// Installs one segment of the shipment begun: rewritten through the segment maps and
+    /// written under its local id.
+    pub fn install_segment(&mut self, inst: &mut IndexInstall, primary_id: u64, bytes: &[u8]) -> Result<()> {
+        if inst.token != self.install_token {
+            return Err(Error::Config("a newer index shipment began".into()));
+        }
+        if !inst.missing.contains(&primary_id) {
+            return Err(Error::Config(format!("shipped segment {primary_id} is not one the shipment lacks")));
+        }
+        let (i, meta) = inst
+            .shipped
+            .levels
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.segments.contains(&primary_id))
+            .ok_or_else(|| Error::Config(format!("shipped segment {primary_id} is not in its level")))?;
+        let index_map = &inst.maps[i];
+        let local = index_map[&primary_id];
+        let shipped = PathBuf::from(format!("shipped segment {primary_id}"));
+        let out = rewrite_segment(bytes, meta.node_size, primary_id, local, index_map, &self.log_map, &shipped)?;
+        let p = segment_path(&levels_dir(&self.dir), local);
+        crate::fs::write_atomic(self.fs.as_ref(), &p, &out).map_err(|e| Error::io(&p, e))?;
+        self.bytes_written += out.len() as u64;
+        inst.missing.remove(&primary_id);
+        Ok(())
+    }
+
+    /// Installs the shipment once every segment is: the local manifest (levels translated, log
+    /// start translated through the log map) replaces the old one, and segments of levels that
+    /// are gone are deleted.
+    pub fn finish_index(&mut self, inst: IndexInstall) -> Result<()> {
+        if inst.token != self.install_token {
+            return Err(Error::Config("a newer index shipment began".into()));
+        }
+        if let Some(s) = inst.missing.first() {
+            return Err(Error::Config(format!("shipped level is missing segments (segment {s})")));
+        }
         let seg_dir = levels_dir(&self.dir);
-        for (meta, segments) in &export.levels {
-            let index_map: HashMap<u64, u64> =
-                meta.segments.iter().enumerate().map(|(i, &s)| (s, self.next_level_segment + i as u64)).collect();
-            if segments.len() != meta.segments.len() {
-                return Err(Error::Config("shipped level is missing segments".into()));
-            }
-            for (primary_id, bytes) in segments {
-                let local = *index_map
-                    .get(primary_id)
-                    .ok_or_else(|| Error::Config(format!("shipped segment {primary_id} is not in its level")))?;
-                let shipped = PathBuf::from(format!("shipped segment {primary_id}"));
-                let out =
-                    rewrite_segment(bytes, meta.node_size, *primary_id, local, &index_map, &self.log_map, &shipped)?;
-                let p = segment_path(&seg_dir, local);
-                crate::fs::write_atomic(self.fs.as_ref(), &p, &out).map_err(|e| Error::io(&p, e))?;
-                self.bytes_written += out.len() as u64;
-            }
-            self.next_level_segment += meta.segments.len() as u64;
+        for (meta, index_map) in inst.shipped.levels.iter().zip(&inst.maps) {
             let root = if meta.root == 0 {
                 0
             } else {
@@ -516,6 +667,8 @@ impl Backup {
             };
             self.installed.push((meta.clone(), local));
         }
+        self.next_level_segment = inst.next;
+        let export = &inst.shipped;
         let mut levels = Vec::new();
         for m in &export.manifest.levels {
             let local = self.installed.iter().find(|(p, _)| p == m).map(|(_, l)| l.clone());

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use dpukv_storage::BatchOp;
-use dpukv_storage::region::{Backup, IndexExport, Region, RegionConfig, adopt_built_index, build_dir, build_index};
+use dpukv_storage::region::{Backup, Region, RegionConfig, ShippedIndex, adopt_built_index, build_dir, build_index};
 use dpukv_storage::vlog::{FsyncPolicy, Lsn};
 use proptest::prelude::*;
 
@@ -130,8 +130,14 @@ proptest! {
                         at = joined.append_log(&c).expect("append");
                     }
                     if let Some(e) = primary.export_all().expect("export") {
-                        let e = IndexExport::from_parts(e.into_parts()).expect("the wire encoding round-trips");
-                        joined.apply_send_index(&e).expect("install the whole index");
+                        // As a connection installs it: the metadata through its wire encoding,
+                        // then one segment at a time.
+                        let shipped = ShippedIndex::from_parts(e.parts()).expect("the wire encoding round-trips");
+                        let mut inst = joined.begin_index(shipped).expect("begin");
+                        for id in e.levels.iter().flat_map(|l| l.segments.clone()) {
+                            joined.install_segment(&mut inst, id, &e.read_segment(id).expect("pinned")).expect("segment");
+                        }
+                        joined.finish_index(inst).expect("install the whole index");
                     }
                     drop(joined);
                     let promoted = Region::open(RegionConfig::tiny(&jdir, dir.path().join(format!("joined{promotions}-shm")), FsyncPolicy::Never)).expect("promote").0;
@@ -192,7 +198,10 @@ fn a_crafted_shipped_segment_is_refused_not_a_panic() {
     }
     primary.flush_now().expect("flush");
     let exports = primary.take_exports();
-    let (meta, segments) = exports.iter().flat_map(|e| e.levels.iter()).next().expect("a shipped level").clone();
+    let (export, meta) =
+        exports.iter().find_map(|e| e.levels.first().map(|l| (e, l.clone()))).expect("a shipped level");
+    let segments: Vec<(u64, Vec<u8>)> =
+        meta.segments.iter().map(|&id| (id, export.read_segment(id).expect("pinned"))).collect();
     let ns = meta.node_size as usize;
     let fix_checksums = |b: &mut Vec<u8>| {
         let body = crc32c::crc32c(&b[ns..]);
@@ -227,11 +236,15 @@ fn a_crafted_shipped_segment_is_refused_not_a_panic() {
         for (id, bytes) in primary.log_segments().expect("log") {
             backup.receive_log_segment(id, &bytes).expect("receive log");
         }
-        let mut export = exports[0].clone();
-        let mut shipped = segments.clone();
-        shipped[0] = (seg_id, bad);
-        export.levels = vec![(meta.clone(), shipped)];
-        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| backup.apply_send_index(&export)));
+        let mut shipped = ShippedIndex::from(export);
+        shipped.levels = vec![meta.clone()];
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> dpukv_storage::Result<()> {
+            let mut inst = backup.begin_index(shipped.clone())?;
+            for (id, bytes) in &segments {
+                backup.install_segment(&mut inst, *id, if *id == seg_id { &bad } else { bytes })?;
+            }
+            backup.finish_index(inst)
+        }));
         match out {
             Ok(Err(_)) => refused += 1,
             Ok(Ok(_)) => {} // the lie landed where nothing reads it
