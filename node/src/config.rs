@@ -153,6 +153,16 @@ pub struct ClusterFlags {
     /// 0: never (a stuck backup then holds up its regions' writes until its lease ends).
     #[arg(long, env = "DPUKV_STALL_TIMEOUT_MS", default_value_t = 2000)]
     pub stall_timeout_ms: u64,
+    /// A copy of a region this node stops backing (its lease lapsed, a move was cancelled) is
+    /// kept aside this long (s): given the region back, the node resumes from its own log —
+    /// streamed only what it lacks — instead of being copied again. 0: deleted at once.
+    #[arg(long, env = "DPUKV_RETAIN_COPIES_SECS", default_value_t = 600)]
+    pub retain_copies_secs: u64,
+    /// A primary keeps up to this much of its log (MiB per region) from garbage collection
+    /// while a backup is behind, or for 10 minutes after one left the region: such a backup
+    /// resumes from its own copy. Further behind, it is copied again. 0: nothing kept.
+    #[arg(long, env = "DPUKV_RETAIN_LOG_MIB", default_value_t = 1024)]
+    pub retain_log_mib: u64,
     /// How backups index their copies, for the cluster's first configuration: `send` (Send
     /// Index: they install the primary's compaction outputs) or `build` (Build Index: they
     /// replay their log copies and compact themselves — the baseline).
@@ -284,6 +294,8 @@ impl ClusterFlags {
             },
             replication_timeout: Duration::from_millis(self.replication_timeout_ms.max(1)),
             stall_timeout: (self.stall_timeout_ms > 0).then(|| Duration::from_millis(self.stall_timeout_ms)),
+            retain_copies: Duration::from_secs(self.retain_copies_secs),
+            retain_log: self.retain_log_mib.saturating_mul(1 << 20),
             catch_up: crate::replication::CatchUpCap::new(self.catch_up_mib_per_sec.saturating_mul(1 << 20)),
             tls_server: match tls.server().map_err(anyhow::Error::msg)? {
                 Some(server) => {

@@ -85,6 +85,9 @@ struct AckState {
     /// When each watched node last moved forward (or held the whole log): one that has not for
     /// a while is stalled ([`Acks::stalled`]).
     progress: HashMap<u32, Instant>,
+    /// Nodes that left the region, with where they were and when they left: the log they lack
+    /// is kept a while ([`Acks::retention_floor`]), in case they come back.
+    departed: HashMap<u32, (Lsn, Instant)>,
 }
 
 impl AckState {
@@ -187,6 +190,7 @@ impl Acks {
     /// (a full disk refuses each one) stays stalled; only a position past the last one is.
     pub fn reset(&self, node: u32, pos: Lsn) {
         let mut st = lock(&self.st);
+        st.departed.remove(&node);
         let before = st.held.insert(node, pos);
         st.installed.remove(&node);
         if before.is_none_or(|b| pos > b)
@@ -202,7 +206,9 @@ impl Acks {
     /// own says again what it holds).
     pub fn forget(&self, node: u32) {
         let mut st = lock(&self.st);
-        st.held.remove(&node);
+        if let Some(at) = st.held.remove(&node) {
+            st.departed.insert(node, (at, Instant::now()));
+        }
         st.installed.remove(&node);
         st.progress.remove(&node);
         st.show();
@@ -226,6 +232,21 @@ impl Acks {
         } else {
             st.installed.remove(&node);
         }
+    }
+
+    /// The oldest log position a backup may still resume from: the least of what every node
+    /// streaming the region holds, and of where nodes that left it in the last `departed_for`
+    /// were (None: no one is behind or away). Garbage collection keeps the log from there on,
+    /// within a bound the caller sets.
+    pub fn retention_floor(&self, departed_for: Duration) -> Option<Lsn> {
+        let mut st = lock(&self.st);
+        st.departed.retain(|_, (_, at)| at.elapsed() < departed_for);
+        st.held.values().chain(st.departed.values().map(|(l, _)| l)).min().copied()
+    }
+
+    /// Whether writes wait for `node`.
+    pub fn required(&self, node: u32) -> bool {
+        lock(&self.st).required.contains(&node)
     }
 
     /// Whether `node` has the whole index (a joining node is caught up once it also holds the
@@ -306,6 +327,13 @@ pub const FEED_MARKS: usize = 4096;
 pub struct ReplStats {
     /// Log bytes sent to backups (Append frames).
     pub log_bytes_shipped: AtomicU64,
+    /// Sessions to a backup that resumed from a log position of its own (past the log's start:
+    /// it was not copied again).
+    pub sessions_resumed: AtomicU64,
+    /// Backups told to copy a region again: the log they lacked was collected here.
+    pub copies_restarted: AtomicU64,
+    /// Copies this node retired and took back when given their region again.
+    pub copies_reused: AtomicU64,
     /// Index bytes sent to backups (Index frames: Send Index).
     pub index_bytes_shipped: AtomicU64,
     /// Log bytes this node received and holds as a backup.
@@ -862,6 +890,18 @@ fn send_session(
         }
         other => anyhow::bail!("expected resume, got {other:?}"),
     };
+    if !tail.continues_from(pos)? {
+        // What the backup lacks was collected here while it was away: it starts over — unless
+        // writes wait for it (then it holds every acknowledged write, so nothing it lacks can
+        // have been collected; a contradiction left to the stall report, never a wipe).
+        if acks.required(cfg.backup) {
+            anyhow::bail!("backup {} in the write set resumes at {pos:?}, which this log no longer has", cfg.backup);
+        }
+        write_msg(&mut s, &ReplMessage::Restart { region, epoch }, stop)?;
+        cfg.stats.copies_restarted.fetch_add(1, Ordering::Relaxed);
+        anyhow::bail!("backup {} resumes at {pos:?}, collected here: told to copy the region again", cfg.backup);
+    }
+    cfg.stats.sessions_resumed.fetch_add(u64::from(pos > tail.start()?), Ordering::Relaxed);
     tracing::debug!(region, backup = cfg.backup, epoch, from = ?pos, end = ?tail.end(), "streaming to a backup");
     // The backup holds everything before where it resumes (and nothing more, whatever an
     // earlier session said): a write that adds nothing to the log (a retry answered from the
@@ -1032,6 +1072,12 @@ pub struct BackupHost {
     builders: Mutex<HashMap<u32, Builder>>,
     /// When received log bytes are made durable (the node's `--fsync`; `always` by default).
     fsync: Mutex<FsyncPolicy>,
+    /// Copies of regions this node stopped backing, kept in `retained/` for a while: if it is
+    /// given the region back (a short lease lapse, a cancelled move), it resumes from its own
+    /// log instead of being copied again. Region -> when it was retired.
+    retained: Mutex<HashMap<u32, Instant>>,
+    /// How long a retired copy is kept (zero: copies are deleted at once).
+    retain_for: Mutex<Duration>,
 }
 
 impl std::fmt::Debug for BackupHost {
@@ -1060,7 +1106,86 @@ impl BackupHost {
             build: AtomicBool::new(false),
             builders: Mutex::default(),
             fsync: Mutex::new(FsyncPolicy::Always),
+            retained: Mutex::default(),
+            retain_for: Mutex::new(Duration::ZERO),
         })
+    }
+
+    /// Keeps copies of regions this node stops backing for `d` ([`BackupHost::retire`]), and
+    /// takes on the copies an earlier process of this node retired (kept `d` from now).
+    pub fn set_retain_for(&self, d: Duration) {
+        *lock(&self.retain_for) = d;
+        let now = Instant::now();
+        let mut kept = lock(&self.retained);
+        if let Ok(dir) = std::fs::read_dir(self.retained_dir()) {
+            for e in dir.flatten() {
+                let name = e.file_name();
+                if let Some(id) = name.to_str().and_then(|n| n.strip_prefix("region-")?.parse().ok()) {
+                    kept.entry(id).or_insert(now);
+                }
+            }
+        }
+    }
+
+    fn retained_dir(&self) -> PathBuf {
+        self.data_dir.join("retained")
+    }
+
+    fn retained_copy(&self, region: u32) -> PathBuf {
+        self.retained_dir().join(format!("region-{region}"))
+    }
+
+    /// Stops backing `region` ([`BackupHost::release`]) and keeps its copy aside for the
+    /// retention time, if the directory is a backup copy (`LOGMAP`) and retention is on;
+    /// otherwise the caller removes it. Whether it was kept.
+    pub fn retire(&self, region: u32) -> bool {
+        self.release(region);
+        let (dir, to) = (self.dir(region), self.retained_copy(region));
+        if lock(&self.retain_for).is_zero() || !dir.join("LOGMAP").exists() {
+            return false;
+        }
+        let _ = std::fs::remove_dir_all(&to);
+        let kept = std::fs::create_dir_all(self.retained_dir()).and_then(|()| std::fs::rename(&dir, &to));
+        match kept {
+            Ok(()) => {
+                lock(&self.retained).insert(region, Instant::now());
+                tracing::info!(region, "kept the copy of a region this node no longer backs, in case it comes back");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(region, error = %e, "keeping a retired copy failed");
+                false
+            }
+        }
+    }
+
+    /// Deletes retired copies older than the retention time, and those of `gone` regions.
+    pub fn sweep_retained(&self, gone: impl Fn(u32) -> bool) {
+        let keep_for = *lock(&self.retain_for);
+        let old: Vec<u32> = lock(&self.retained)
+            .iter()
+            .filter(|&(&id, &at)| gone(id) || at.elapsed() >= keep_for)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in old {
+            lock(&self.retained).remove(&id);
+            let _ = std::fs::remove_dir_all(self.retained_copy(id));
+            tracing::debug!(region = id, "dropped a retired copy");
+        }
+    }
+
+    /// Takes a retired copy of `region` back into place, if one is kept and nothing is there.
+    fn unretire(&self, region: u32) {
+        if lock(&self.retained).remove(&region).is_none() {
+            return;
+        }
+        let (from, dir) = (self.retained_copy(region), self.dir(region));
+        if dir.exists() || std::fs::rename(&from, &dir).is_err() {
+            let _ = std::fs::remove_dir_all(&from);
+            return;
+        }
+        self.stats.copies_reused.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(region, "backing a region again from the copy kept when it was retired");
     }
 
     /// When received log bytes become durable, as the node's own log (`--fsync`): `always` syncs
@@ -1219,6 +1344,7 @@ impl BackupHost {
         if let Some(x) = b.get(&region) {
             return Ok(x.clone());
         }
+        self.unretire(region);
         let x = Arc::new(Mutex::new(Some(Backup::open_with(self.dir(region), crate::host::durable_fs())?)));
         b.insert(region, x.clone());
         if self.build.load(Ordering::Acquire) {
@@ -1459,6 +1585,31 @@ impl BackupHost {
                         Ok(upto) => unanswered = Some((upto, unanswered.map_or(1, |(_, n)| n + 1))),
                         Err(e) => return Self::refuse(&mut s, region, ReplRefusal::Gap, known, e.to_string()),
                     }
+                }
+                ReplMessage::Restart { .. } => {
+                    // The region's primary (its Hello checked against the map) no longer has
+                    // the log this copy lacks: start over, from nothing.
+                    let mut g = lock(&backup);
+                    if g.take().is_some() {
+                        let dir = self.dir(region);
+                        let fresh = std::fs::remove_dir_all(&dir)
+                            .map_err(|source| dpukv_storage::Error::Io { path: dir.clone(), source })
+                            .and_then(|()| Backup::open_with(&dir, crate::host::durable_fs()));
+                        match fresh {
+                            Ok(b) => *g = Some(b),
+                            Err(e) => {
+                                drop(g);
+                                lock(&self.backups).remove(&region);
+                                tracing::warn!(region, error = %e, "starting the copy over failed");
+                            }
+                        }
+                        tracing::info!(
+                            region,
+                            epoch,
+                            "the primary no longer has the log this copy lacks: copying the region again"
+                        );
+                    }
+                    return Ok(());
                 }
                 ReplMessage::IndexBegin { manifest, sessions, levels, .. } => {
                     let r = ShippedIndex::from_parts((manifest, sessions, levels)).and_then(|shipped| {

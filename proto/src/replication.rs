@@ -160,6 +160,16 @@ pub enum ReplMessage {
         /// The epoch.
         epoch: u64,
     },
+    /// Primary -> backup, answering its `Resume`: the log from where the backup resumes is no
+    /// longer here (collected while it was away): it drops its copy, and the next connection
+    /// copies the region from the start. Sent only by the region's current primary (the
+    /// backup checked its `Hello` against the map) and only to a backup outside the write set.
+    Restart {
+        /// The region.
+        region: u32,
+        /// The epoch.
+        epoch: u64,
+    },
     /// Backup -> primary: the index of that manifest generation is installed.
     Installed {
         /// The region.
@@ -236,6 +246,7 @@ mod kind {
     pub const INDEX_BEGIN: u8 = 10;
     pub const INDEX_PART: u8 = 11;
     pub const INDEX_END: u8 = 12;
+    pub const RESTART: u8 = 13;
     pub const INSTALLED: u8 = 6;
     pub const REFUSE: u8 = 7;
     pub const SEGMENTS: u8 = 8;
@@ -267,6 +278,7 @@ impl ReplMessage {
             | ReplMessage::IndexBegin { region, .. }
             | ReplMessage::IndexPart { region, .. }
             | ReplMessage::IndexEnd { region, .. }
+            | ReplMessage::Restart { region, .. }
             | ReplMessage::Installed { region, .. }
             | ReplMessage::Segments { region, .. }
             | ReplMessage::Refuse { region, .. } => *region,
@@ -332,6 +344,11 @@ impl ReplMessage {
                 put_u64(out, *offset);
                 out.push(u8::from(*last));
                 put_bytes(out, bytes);
+            }
+            ReplMessage::Restart { region, epoch } => {
+                out.push(kind::RESTART);
+                put_u32(out, *region);
+                put_u64(out, *epoch);
             }
             ReplMessage::IndexEnd { region, epoch } => {
                 out.push(kind::INDEX_END);
@@ -427,6 +444,7 @@ impl ReplMessage {
                 ReplMessage::IndexPart { region, epoch, segment, offset, last, bytes: r.bytes(MAX_REPL_FRAME)? }
             }
             kind::INDEX_END => ReplMessage::IndexEnd { region: r.u32()?, epoch: r.u64()? },
+            kind::RESTART => ReplMessage::Restart { region: r.u32()?, epoch: r.u64()? },
             kind::INSTALLED => ReplMessage::Installed { region: r.u32()?, epoch: r.u64()?, generation: r.u64()? },
             kind::SEGMENTS => {
                 let (region, epoch) = (r.u32()?, r.u64()?);
@@ -579,6 +597,7 @@ mod tests {
                 }
             ),
             (any::<u32>(), any::<u64>()).prop_map(|(region, epoch)| ReplMessage::IndexEnd { region, epoch }),
+            (any::<u32>(), any::<u64>()).prop_map(|(region, epoch)| ReplMessage::Restart { region, epoch }),
             (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(region, epoch, generation)| ReplMessage::Installed {
                 region,
                 epoch,

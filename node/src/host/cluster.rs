@@ -67,6 +67,10 @@ pub struct ClusterArgs {
     /// A backup or joining node that took no log for this long is reported stalled (None:
     /// never).
     pub stall_timeout: Option<Duration>,
+    /// How long a copy of a region this node stops backing is kept aside (zero: deleted).
+    pub retain_copies: Duration,
+    /// Most log bytes a primary keeps from collection for backups behind or away.
+    pub retain_log: u64,
     /// The node's cap on bytes per second sent to backups catching up, shared by all its
     /// senders (None: no cap).
     pub catch_up: Option<Arc<crate::replication::CatchUpCap>>,
@@ -170,6 +174,10 @@ pub async fn run(
     let timing = Timing { ttl: args.lease_ttl, ..Timing::default() };
     let authority = Authority::new();
     let backups = BackupHost::with_stats(&args.name, opener.data_dir.clone(), metrics.repl.clone());
+    // Copies are synced like the node's own log (`--fsync`): under `always`, a backup says it
+    // holds a write only once it is on its disk.
+    backups.set_fsync(opener.fsync());
+    backups.set_retain_for(args.retain_copies);
     let stop_backups = Arc::new(AtomicBool::new(false));
     backups.serve(listener, args.tls_server.clone(), stop_backups.clone())?;
     let member = register_loop(&store, &keys, &info, timing, &authority, &shutdown).await;
@@ -262,7 +270,13 @@ pub async fn run(
                 let backing = r.backups.contains(&me) || r.joining.contains(&me);
                 let is_backup_copy = opener.dir(r.id).join("LOGMAP").exists();
                 if r.primary != me && !(backing && is_backup_copy) {
-                    remove_region_files(&opener, r.id).await;
+                    // A backup copy is kept aside for a while (given the region back, this node
+                    // resumes from it); a copy of a region it led may hold records the new
+                    // primary never had, and goes.
+                    let (b, id) = (backups.clone(), r.id);
+                    if !(is_backup_copy && blocking(move || b.retire(id)).await) {
+                        remove_region_files(&opener, r.id).await;
+                    }
                 }
             }
         }
@@ -338,12 +352,19 @@ pub async fn run(
             } else if backing {
                 backups.back(r.id, r.epoch, r.primary);
             } else if backups.backs(r.id) {
+                // Kept aside for a while: given the region back, this node resumes from it.
                 let (b, id) = (backups.clone(), r.id);
-                blocking(move || b.release(id)).await;
-                remove_region_files(&opener, r.id).await;
+                if !blocking(move || b.retire(id)).await {
+                    remove_region_files(&opener, r.id).await;
+                }
             }
         }
         report_positions(&snap, me, &backups, &store, &keys, member.lease, &mut reported_positions).await;
+        {
+            let (b, ids): (_, BTreeSet<u32>) =
+                (backups.clone(), snap.map.regions.iter().chain(&split_targets).map(|r| r.id).collect());
+            blocking(move || b.sweep_retained(|id| !ids.contains(&id))).await;
+        }
         // Copies of regions that are gone (a merge's source, an aborted split's new region).
         for id in backups.backed_ids() {
             if !snap.map.regions.iter().chain(&split_targets).any(|r| r.id == id) {
@@ -643,6 +664,7 @@ fn open_led(
         feed: feed.clone(),
         authority: authority.clone(),
         timeout: args.replication_timeout,
+        retain_log: args.retain_log,
     };
     let (started, tail) = opener.open(r.id, Some(repl))?;
     let base = tail.end();

@@ -118,6 +118,21 @@ impl prometheus_client::collector::Collector for ClusterCollector {
                     "whole indexes sent (a backup joining or rejoining the stream)",
                     &r.whole_index_shipments,
                 ),
+                (
+                    "dpukv_replication_sessions_resumed",
+                    "streams to a backup that resumed from its own copy (not copied from the start)",
+                    &r.sessions_resumed,
+                ),
+                (
+                    "dpukv_replication_copies_restarted",
+                    "backups told to copy a region again: the log they lacked was collected",
+                    &r.copies_restarted,
+                ),
+                (
+                    "dpukv_replication_copies_reused",
+                    "copies this node kept when it stopped backing a region and resumed from when given it back",
+                    &r.copies_reused,
+                ),
                 ("dpukv_replication_log_bytes_received", "log bytes received as a backup", &r.log_bytes_received),
                 (
                     "dpukv_replication_index_bytes_installed",

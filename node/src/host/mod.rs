@@ -100,6 +100,13 @@ pub struct Opener {
 }
 
 impl Opener {
+    /// The node's `--fsync` (backups' copies follow it too).
+    pub fn fsync(&self) -> dpukv_storage::vlog::FsyncPolicy {
+        self.fsync
+    }
+}
+
+impl Opener {
     /// Region `id`'s data directory.
     pub fn dir(&self, id: u32) -> PathBuf {
         self.data_dir.join(format!("region-{id}"))

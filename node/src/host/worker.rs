@@ -169,7 +169,13 @@ pub struct Replicated {
     pub authority: Authority,
     /// How long a write waits for its backups before its outcome is declared unknown.
     pub timeout: Duration,
+    /// Most log bytes kept from collection for backups that are behind or away (0: none kept):
+    /// past it, a backup that far behind is copied again.
+    pub retain_log: u64,
 }
+
+/// How long the log a node that left a region lacked is kept for its return.
+pub const RETAIN_FOR_DEPARTED: Duration = Duration::from_secs(600);
 
 /// A started writer: its job queue, its control queue and its thread (it ends, after closing
 /// the region, once the job queue is dropped).
@@ -525,6 +531,15 @@ impl Worker {
 
     fn upkeep(&mut self) {
         self.trim();
+        // Backups behind or away keep the log they lack from collection, within the bound.
+        if let Some(repl) = &self.repl {
+            let seg = u64::from(self.region.vlog().segment_size()).max(1);
+            let floor = repl.acks.retention_floor(RETAIN_FOR_DEPARTED).map(|l| l.segment()).filter(|&f| {
+                let held = self.region.vlog().active_segment().saturating_sub(f).saturating_mul(seg);
+                held <= repl.retain_log
+            });
+            self.region.hold_log_from(floor);
+        }
         match self.region.maintain() {
             Ok(m) => {
                 self.stats.gc_segments.fetch_add(m.gc.deleted, Ordering::Relaxed);
@@ -787,6 +802,7 @@ mod tests {
             feed,
             authority: member.authority.clone(),
             timeout: Duration::from_millis(200),
+            retain_log: 0,
         };
         let w = start(1, region, false, Arc::default(), 64, rt.handle().clone(), Some(repl)).expect("start");
         let (sink, mut next) = collecting_sink();

@@ -576,3 +576,75 @@ fn an_index_larger_than_a_frame_is_shipped_in_parts_with_memory_bounded() {
         assert_eq!(promoted.get(key.as_bytes()).expect("get"), Some(value(i).into_bytes()), "key {i}");
     }
 }
+
+/// A backup that comes back after the primary collected the log it lacks once could never catch
+/// up: each session resumed at a segment that was gone, the sender failed reading it, and
+/// reconnected forever. Now the primary tells it to start over (`Restart`), and it is copied
+/// from the start — and, resumed where the log is all still there, it is streamed only the rest.
+#[test]
+fn a_backup_resuming_where_the_log_was_collected_is_copied_again_and_one_resuming_in_time_is_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pdir = dir.path().join("primary");
+    let mut primary =
+        Region::open(RegionConfig::tiny(&pdir, dir.path().join("pshm"), FsyncPolicy::Never)).expect("open").0;
+    primary.capture_exports();
+    let b = BackupNode::start(&dir.path().join("node2"), "test");
+    b.host.back(1, 1, 1);
+    let write = |primary: &mut Region, from: u32, to: u32| {
+        for i in from..to {
+            primary
+                .put(format!("key{:04}", i % 300).as_bytes(), format!("value {i} {}", "x".repeat(60)).as_bytes())
+                .expect("put");
+        }
+        let end = primary.vlog().end();
+        primary.wait_durable(end).expect("durable");
+        end
+    };
+    let session = |primary: &mut Region, end| {
+        let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![]), Arc::new(AtomicBool::new(false)));
+        let cfg = sender_cfg(&pdir, 1, 2, b.addr);
+        let stats = cfg.stats.clone();
+        let h = spawn_sender(cfg, primary.vlog().tail(), feed, acks.clone(), stop.clone()).expect("sender");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while acks.position(2) < Some(end) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the backup catches up: at {:?} of {end:?}",
+                acks.position(2)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Release);
+        assert_eq!(ended(h), SenderEnd::Stopped);
+        stats
+    };
+    let end = write(&mut primary, 0, 400);
+    session(&mut primary, end);
+    // Away a moment: the log it lacks is all still here; it is streamed only the rest.
+    let end = write(&mut primary, 400, 500);
+    let stats = session(&mut primary, end);
+    assert_eq!(stats.sessions_resumed.load(Ordering::Relaxed), 1, "resumed from its own copy");
+    assert_eq!(stats.copies_restarted.load(Ordering::Relaxed), 0);
+    // Away long: overwrites and garbage collection take the segments where it stopped.
+    let away = primary.vlog().end();
+    let mut end = away;
+    for round in 0..40u32 {
+        end = write(&mut primary, 500 + round * 300, 800 + round * 300);
+        primary.flush_now().expect("flush");
+        for _ in 0..50 {
+            primary.maintain().expect("maintain");
+        }
+        if !primary.vlog().tail().continues_from(away).expect("segments") {
+            break;
+        }
+    }
+    assert!(!primary.vlog().tail().continues_from(away).expect("segments"), "collection took the log it lacks");
+    let stats = session(&mut primary, end);
+    assert_eq!(stats.copies_restarted.load(Ordering::Relaxed), 1, "told to copy the region again");
+    let bdir = b.host.dir(1);
+    b.host.release(1);
+    let (promoted, _) =
+        Region::open(RegionConfig::tiny(&bdir, dir.path().join("bshm"), FsyncPolicy::Never)).expect("promote");
+    let all = |r: &Region| r.scan(b"", b"\xff", usize::MAX).expect("scan");
+    assert_eq!(all(&promoted), all(&primary), "the copy made again answers like the primary");
+}

@@ -37,6 +37,9 @@ pub struct GcStep {
 #[derive(Debug, Default)]
 pub(super) struct GcState {
     cursor: Option<(u64, u32)>,
+    /// Segments from this one on are not collected: a backup behind reads them
+    /// ([`Region::hold_log_from`]).
+    floor: Option<u64>,
 }
 
 impl GcState {
@@ -47,6 +50,13 @@ impl GcState {
 }
 
 impl Region {
+    /// Keeps log segments from `segment` on out of garbage collection (None: no hold): a backup
+    /// that is behind — catching up, or away for a moment — resumes from its own copy only if
+    /// the log it lacks is still here. The caller bounds how much it holds.
+    pub fn hold_log_from(&mut self, segment: Option<u64>) {
+        self.gc.floor = segment;
+    }
+
     /// Live bytes per log segment: what the levels' value pointers name.
     fn live_log_bytes(&self) -> BTreeMap<u64, u64> {
         let mut live = BTreeMap::new();
@@ -69,7 +79,7 @@ impl Region {
             .vlog
             .segments()
             .into_iter()
-            .filter(|&s| s < start && s != self.vlog.active_segment())
+            .filter(|&s| s < start && s != self.vlog.active_segment() && self.gc.floor.is_none_or(|f| s < f))
             .map(|s| (s, live.get(&s).copied().unwrap_or(0)))
             .filter(|&(_, l)| l <= most_live)
             .collect();

@@ -616,6 +616,18 @@ impl LogTail {
         Ok(Lsn::new(first, 0))
     }
 
+    /// Whether the log from `from` on is all here: its segment and every later one up to the
+    /// end (a backup resuming there can be streamed the rest). False once garbage collection
+    /// took one of them, or if `from` is past the end.
+    pub fn continues_from(&self, from: Lsn) -> Result<bool> {
+        let end = self.end();
+        if from > end {
+            return Ok(false);
+        }
+        let have: std::collections::BTreeSet<u64> = self.segments()?.into_iter().collect();
+        Ok((from.segment()..=end.segment()).all(|s| have.contains(&s)))
+    }
+
     /// The log's segments as their files are now, ascending (a collected segment whose file is
     /// not deleted yet is still named: readers may use it).
     pub fn segments(&self) -> Result<Vec<u64>> {
