@@ -3,7 +3,7 @@
 # whole test suite (unit, model, concurrency, multi-process, corruption).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh nft=nftables ip=iproute2 redis-cli=redis-tools curl=curl openssl=openssl  # partitions: network namespaces; the gateway: redis-cli, curl, openssl (TLS)
+bash scripts/setup.sh nft=nftables ip=iproute2 redis-cli=redis-tools curl=curl openssl=openssl faketime=faketime  # partitions: network namespaces; the gateway: redis-cli, curl, openssl (TLS)
 
 echo "== rustfmt"
 cargo fmt --all -- --check

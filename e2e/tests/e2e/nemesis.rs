@@ -10,9 +10,10 @@
 //!
 //! Faults: SIGKILL of a pod, SIGSTOP of a pod or of its host past the lease, a partition of a
 //! node (both ways), a one-way cut between two nodes, etcd killed and restarted or paused, a
-//! node's disk full, and a power loss of every node at once. `DPUKV_NEMESIS_SECONDS` (default
-//! 60) sets how long the schedule runs and `DPUKV_NEMESIS_SEED` the seed (printed, to reproduce a
-//! failure). Needs root, `ip` and `nft`. Each round prints its fault, the longest gap between two
+//! node's disk full, a power loss of every node at once, and a jump of one node's wall clock
+//! (libfaketime, both ways, up to a minute). `DPUKV_NEMESIS_SECONDS` (default
+//! 60) sets how long the schedule runs, `DPUKV_NEMESIS_SEED` the seed (printed, to reproduce a
+//! failure) and `DPUKV_NEMESIS_FAULTS` (`ClockJump,Kill`, ...) limits the faults drawn. Needs root, `ip` and `nft`. Each round prints its fault, the longest gap between two
 //! acknowledged writes across the clients (the unavailability the fault caused) and how long the
 //! cluster took to be whole again.
 
@@ -41,9 +42,10 @@ enum Fault {
     EtcdPause,
     DiskFull,
     PowerLoss,
+    ClockJump,
 }
 
-const FAULTS: [Fault; 9] = [
+const FAULTS: [Fault; 10] = [
     Fault::Kill,
     Fault::Pause,
     Fault::PauseHost,
@@ -53,7 +55,18 @@ const FAULTS: [Fault; 9] = [
     Fault::EtcdPause,
     Fault::DiskFull,
     Fault::PowerLoss,
+    Fault::ClockJump,
 ];
+
+/// libfaketime (Debian's `faketime` package): a node's processes run under it with their wall
+/// clock offset read from a file of their own (its monotonic clock stays real), so a round can
+/// jump one node's wall clock and jump it back.
+fn libfaketime() -> &'static str {
+    ["/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1", "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("libfaketime (apt-get install faketime; scripts/test.sh installs it)")
+}
 
 /// xorshift64: the schedule's only source of chance, so a seed reproduces it.
 struct Rng(u64);
@@ -124,14 +137,24 @@ fn nemesis() {
     let seed = std::env::var("DPUKV_NEMESIS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
     });
-    eprintln!("nemesis: {seconds} s, DPUKV_NEMESIS_SEED={seed}");
+    // DPUKV_NEMESIS_FAULTS=ClockJump,Kill: only those (to reproduce or study one).
+    let faults: Vec<Fault> = match std::env::var("DPUKV_NEMESIS_FAULTS") {
+        Ok(only) => FAULTS.into_iter().filter(|f| only.split(',').any(|o| o.trim() == format!("{f:?}"))).collect(),
+        Err(_) => FAULTS.to_vec(),
+    };
+    assert!(!faults.is_empty(), "DPUKV_NEMESIS_FAULTS names none of {FAULTS:?}");
+    eprintln!("nemesis: {seconds} s, DPUKV_NEMESIS_SEED={seed}, faults {faults:?}");
     let mut rng = Rng(seed);
     // Declared first: dropped last, after every process in its namespaces is gone.
     let net = Net::new(&[2, 11, 12, 13]).expect("network namespaces (root, iproute2 and nftables)");
     let host = |id: u32| 10 + id as u8;
     let mut etcd = Etcd::start_in(net.exec_prefix(2), &net.addr(2)).expect("etcd");
+    let clocks = tempfile::tempdir().expect("tempdir");
+    let clock = |id: u32| clocks.path().join(format!("clock-{id}"));
     let mut nodes: Vec<ClusterNode> = (1..=3)
         .map(|id| {
+            std::fs::write(clock(id), "+0\n").expect("clock file");
+            let file = clock(id).to_string_lossy().into_owned();
             ClusterNode::start_in_with(
                 id,
                 "nemesis",
@@ -139,7 +162,13 @@ fn nemesis() {
                 &ARGS,
                 net.exec_prefix(host(id)),
                 &net.addr(host(id)),
-                &[("DPUKV_FAULT_JOURNAL", "1")],
+                &[
+                    ("DPUKV_FAULT_JOURNAL", "1"),
+                    ("LD_PRELOAD", libfaketime()),
+                    ("FAKETIME_TIMESTAMP_FILE", &file),
+                    ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+                    ("FAKETIME_CACHE_DURATION", "1"),
+                ],
                 Some(512),
             )
             .expect("node")
@@ -155,7 +184,7 @@ fn nemesis() {
         let n = rounds.len();
         // Each round's keys in one of the three regions, in turn.
         let prefix = format!("{}{n}-", ["c", "k", "t"][n % 3]);
-        let fault = FAULTS[rng.below(FAULTS.len() as u64) as usize];
+        let fault = faults[rng.below(faults.len() as u64) as usize];
         let (h, run) = (History::default(), Run::default());
         let mut tasks = Vec::new();
         for i in 0..6u64 {
@@ -204,6 +233,18 @@ fn nemesis() {
                 std::thread::sleep(hold);
                 nodes[victim as usize - 1].free_disk().expect("free the disk");
             }
+            Fault::ClockJump => {
+                // One node's wall clock (host and device) jumps by up to a minute either way,
+                // and back: nothing may depend on it but the bounded-staleness clocks, which
+                // must notice.
+                let secs = 5 + rng.below(56);
+                let jump = if rng.below(2) == 0 { format!("+{secs}s") } else { format!("-{secs}s") };
+                eprintln!("  node {victim}'s wall clock jumps {jump}");
+                std::fs::write(clock(victim), format!("{jump}\n")).expect("jump");
+                std::thread::sleep(hold + Duration::from_secs(1));
+                std::fs::write(clock(victim), "+0\n").expect("jump back");
+                std::thread::sleep(Duration::from_millis(1100));
+            }
             Fault::PowerLoss => {
                 for node in nodes.iter_mut() {
                     node.kill();
@@ -234,8 +275,12 @@ fn nemesis() {
         rounds.push(Round { fault, history: h.clone(), prefix, gap, whole_after });
         // Every round's keys, this one's too, after this round's fault: each history with these
         // reads must still be linearizable (an acknowledged write lost shows here).
-        rt.block_on(read_back(&nodes[0].device, &rounds));
-        for r in &rounds {
+        // (All of them every fifth round and at the end; the last two otherwise: a long run's
+        // checks would otherwise grow with the square of its rounds.)
+        let last = started.elapsed() >= Duration::from_secs(seconds);
+        let from = if n % 5 == 4 || last { 0 } else { rounds.len().saturating_sub(2) };
+        rt.block_on(read_back(&nodes[0].device, &rounds[from..]));
+        for r in &rounds[from..] {
             checked(&r.history, &nodes, &gw);
         }
         eprintln!(

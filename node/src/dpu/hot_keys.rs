@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::popular::{Event, Popularity, PopularityConfig};
 use crate::reads::{ReadObserver, Regions};
 use crate::regions::RegionMap;
-use crate::replica_table::ReplicaTable;
+use crate::replica_table::{CLOCK_JUMP_FLOOR_MS, ReplicaTable};
 
 /// Hot-key settings of a device.
 #[derive(Debug, Clone)]
@@ -266,10 +266,6 @@ impl Drop for Link {
         self.stop.cancel();
     }
 }
-
-/// The least wall-clock jump (ms, against the monotonic clock between two sync rounds) that
-/// stops a round's watermarks: below it, the two clocks' reading granularity and NTP's slewing.
-const CLOCK_JUMP_FLOOR_MS: u64 = 50;
 
 /// Most entries and bytes of one sync request.
 const MAX_ENTRIES: usize = 512;

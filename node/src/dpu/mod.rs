@@ -41,7 +41,7 @@ use crate::admin::{self, Admin};
 use crate::conn::{self, Budget, ConnConfig, Incoming, Sink};
 use crate::pod;
 use crate::reads::{ReadCounters, ReadPool};
-use crate::replica_table::{ReplicaTable, ReplicaTableConfig};
+use crate::replica_table::{Clocks, ReplicaTable, ReplicaTableConfig};
 use hot_keys::{HotKeys, HotKeysConfig};
 
 /// Device configuration.
@@ -216,13 +216,13 @@ async fn dispatch(
 fn replica_op(req: &Request, table: &ReplicaTable) -> Option<Response> {
     match &req.op {
         Op::ReplicaSync { watermark_ms, reset, entries } => {
-            Some(match table.apply(req.region, req.epoch, *watermark_ms, *reset, entries.clone()) {
+            Some(match table.apply(req.region, req.epoch, *watermark_ms, *reset, entries.clone(), Clocks::now()) {
                 Ok(()) => Response { id: req.id, version: 0, replicated: false, result: Ok(Reply::Done) },
                 Err(e) => Response::error(req.id, ErrorCode::StaleEpoch, e.to_string()),
             })
         }
         Op::Get { key } if req.replica => {
-            Some(match table.read(req.region, req.epoch, key, req.consistency, hot_keys::now_ms()) {
+            Some(match table.read(req.region, req.epoch, key, req.consistency, Clocks::now()) {
                 Ok((v, version)) => {
                     Response { id: req.id, version, replicated: true, result: Ok(Reply::Value(Some(v))) }
                 }
@@ -313,6 +313,11 @@ impl prometheus_client::collector::Collector for StatsCollector {
                     "dpukv_device_sync_clock_jumps",
                     "sync rounds that sent no watermark because the wall clock jumped (replicas dropped this node's copies)",
                     &self.hot.counters.clock_jumps,
+                ),
+                (
+                    "dpukv_device_replica_clock_jumps",
+                    "replica syncs whose watermark was not taken because this node's wall clock jumped",
+                    &self.table.counters.clock_jumps,
                 ),
             ],
         )?;
