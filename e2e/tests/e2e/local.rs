@@ -51,9 +51,28 @@ fn local_restarts_a_process_that_dies() {
         .spawn()
         .expect("start dpukv local");
     let stderr = local.stderr.take().expect("stderr");
-    let log = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>());
+    let (lines, said) = std::sync::mpsc::channel::<String>();
+    let log = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines.send(line.clone());
+            all.push(line);
+        }
+        all
+    });
     let local = Proc(local);
     let pid = local.0.id();
+    // Ready when it says so (on a loaded machine starting takes a while: wait for the event,
+    // not a guess; it failed once at a 30 s guess). Its stderr ending first is a failure.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match said.recv_timeout(left) {
+            Ok(line) if line.contains("the gateway serves on") => break,
+            Ok(_) => {}
+            Err(e) => panic!("dpukv local never said it serves within 300 s ({e})"),
+        }
+    }
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(30);
