@@ -337,7 +337,8 @@ async fn cleanup(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Error> {
     if let Some(left) = stop_nodes(c, ctx).await? {
         return Err(Error::Waiting(format!("{left} node pods to stop before the keys under {shown} are deleted")));
     }
-    match (ctx.etcd_keys)(endpoints, prefix).await {
+    let tls = tls::external_etcd_tls(&ctx.client, c).await?;
+    match (ctx.etcd_keys)(etcd_keys::EtcdTarget { endpoints, tls }, prefix).await {
         Ok(n) => {
             let note = format!("deleted the cluster's {n} keys under {shown} in etcd {at}");
             events::publish(&ctx.recorder, c, normal(events::ETCD_KEYS_DELETED, "Cleanup", note)).await;

@@ -238,6 +238,7 @@ fn default_shm() -> String {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("(has(self.endpoints) && size(self.endpoints) > 0) != has(self.managed)").message("give etcd.endpoints or etcd.managed, not both"))]
 #[x_kube(validation = Rule::new("has(self.managed) == has(oldSelf.managed) && (!has(self.managed) || self.managed.replicas == oldSelf.managed.replicas)").message("a managed etcd's members cannot change (nor can etcd switch between managed and endpoints)"))]
+#[x_kube(validation = Rule::new("!has(self.clientSecret) || (has(self.endpoints) && size(self.endpoints) > 0)").message("etcd.clientSecret goes with etcd.endpoints (a managed etcd's certificates are the operator's)"))]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdSpec {
     /// Client URLs of an existing etcd.
@@ -246,6 +247,12 @@ pub struct EtcdSpec {
     /// An etcd StatefulSet run by the operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub managed: Option<ManagedEtcd>,
+    /// With `endpoints` (`https://`): a Secret holding `ca.crt` (etcd's CA), `tls.crt` and
+    /// `tls.key` (a client certificate etcd's `--client-cert-auth` accepts). The node hosts
+    /// mount it and speak TLS to etcd with it; the operator reads it to delete the cluster's keys
+    /// when the cluster is deleted. (A managed etcd's certificates are the operator's own.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<String>,
 }
 
 /// An etcd the operator runs.

@@ -27,9 +27,18 @@ pub const SKIP_ANNOTATION: &str = "dpukv.io/skip-etcd-cleanup";
 /// How long one cleanup may take (connecting included) before it fails and is retried.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
-/// Deletes every key under a prefix (the second argument) in the etcd at these endpoints (the
-/// first) and answers how many there were: [`delete_in_etcd`], or a test's in-memory store.
-pub type KeyCleaner = Box<dyn Fn(Vec<String>, Vec<u8>) -> BoxFuture<'static, Result<u64, MetaError>> + Send + Sync>;
+/// An external etcd: its endpoints, and TLS with a client certificate if it asks for one.
+#[derive(Clone)]
+pub struct EtcdTarget {
+    /// Client URLs.
+    pub endpoints: Vec<String>,
+    /// Trusting its CA and presenting the client certificate of `etcd.clientSecret`.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+}
+
+/// Deletes every key under a prefix (the second argument) in the etcd the first names and
+/// answers how many there were: [`delete_in_etcd`], or a test's in-memory store.
+pub type KeyCleaner = Box<dyn Fn(EtcdTarget, Vec<u8>) -> BoxFuture<'static, Result<u64, MetaError>> + Send + Sync>;
 
 /// The external etcd's endpoints (None: a managed etcd).
 pub fn external_endpoints(c: &DpuKvCluster) -> Option<Vec<String>> {
@@ -58,14 +67,17 @@ pub fn prefix(c: &DpuKvCluster) -> Result<Vec<u8>, MetaError> {
 
 /// The cleaner the operator runs with: [`delete_in_etcd`].
 pub fn etcd_cleaner() -> KeyCleaner {
-    Box::new(|endpoints, prefix| Box::pin(delete_in_etcd(endpoints, prefix)))
+    Box::new(|target, prefix| Box::pin(delete_in_etcd(target, prefix)))
 }
 
-/// Connects to the etcd at `endpoints` and deletes every key under `prefix` (one range delete),
+/// Connects to the etcd `target` names and deletes every key under `prefix` (one range delete),
 /// within [`DEADLINE`].
-pub async fn delete_in_etcd(endpoints: Vec<String>, prefix: Vec<u8>) -> Result<u64, MetaError> {
-    let mut opts = EtcdOptions::new(endpoints);
+pub async fn delete_in_etcd(target: EtcdTarget, prefix: Vec<u8>) -> Result<u64, MetaError> {
+    let mut opts = EtcdOptions::new(target.endpoints);
     opts.op_timeout = DEADLINE / 2;
+    if let Some(cfg) = target.tls {
+        opts = opts.with_tls(dpukv_cluster::EtcdTls::new(move || cfg.clone()));
+    }
     let delete = async {
         let store = EtcdStore::connect(&opts).await?;
         store.delete_prefix(&prefix).await
@@ -109,7 +121,8 @@ mod tests {
     async fn an_unreachable_etcd_fails_the_cleanup_within_the_deadline() {
         let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
         let started = std::time::Instant::now();
-        let r = delete_in_etcd(vec![format!("http://{dead}")], b"/dpukv/db.demo/".to_vec()).await;
+        let target = EtcdTarget { endpoints: vec![format!("http://{dead}")], tls: None };
+        let r = delete_in_etcd(target, b"/dpukv/db.demo/".to_vec()).await;
         assert!(matches!(r, Err(MetaError::Unavailable(_))), "{r:?}");
         assert!(started.elapsed() <= DEADLINE + Duration::from_secs(1), "{:?}", started.elapsed());
     }

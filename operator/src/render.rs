@@ -92,15 +92,20 @@ pub fn etcd_tls_secret(c: &DpuKvCluster) -> String {
 }
 
 /// The node hosts' etcd client certificate (`ca.crt`, `tls.crt`, `tls.key`): mounted in the host
-/// container only.
+/// container only. The operator's own for a managed etcd; `etcd.clientSecret` for an external one.
 pub fn etcd_client_secret(c: &DpuKvCluster) -> String {
-    format!("{}-etcd-client", c.name_any())
+    c.spec.etcd.client_secret.clone().unwrap_or_else(|| format!("{}-etcd-client", c.name_any()))
 }
 
-/// Whether the node hosts talk to etcd over TLS with a client certificate (a managed etcd with
-/// TLS on).
-pub fn etcd_tls(c: &DpuKvCluster) -> bool {
+/// Whether the operator runs etcd with TLS and issues its certificates (a managed etcd, TLS on).
+pub fn managed_etcd_tls(c: &DpuKvCluster) -> bool {
     c.spec.tls.enabled() && c.spec.etcd.managed.is_some()
+}
+
+/// Whether the node hosts talk to etcd over TLS with a client certificate: a managed etcd with
+/// TLS on, or an external one given `etcd.clientSecret`.
+pub fn etcd_tls(c: &DpuKvCluster) -> bool {
+    managed_etcd_tls(c) || (c.spec.etcd.managed.is_none() && c.spec.etcd.client_secret.is_some())
 }
 
 /// The per-node file names in the node Secret: the node binary replaces `{node}` with its id.
@@ -272,7 +277,7 @@ fn etcd_endpoints(c: &DpuKvCluster) -> String {
         (Some(e), _) if !e.is_empty() => e.join(","),
         // The managed etcd's Service (by the name its certificate carries).
         _ => {
-            let scheme = if etcd_tls(c) { "https" } else { "http" };
+            let scheme = if managed_etcd_tls(c) { "https" } else { "http" };
             let ns = c.namespace().unwrap_or_else(|| "default".into());
             format!("{scheme}://{}.{ns}.svc:{ETCD_CLIENT_PORT}", etcd_name(c))
         }
@@ -312,7 +317,7 @@ pub fn etcd_statefulset(c: &DpuKvCluster) -> Option<StatefulSet> {
     let m = c.spec.etcd.managed.as_ref()?;
     let name = etcd_name(c);
     let ns = c.namespace().unwrap_or_else(|| "default".into());
-    let tls = etcd_tls(c);
+    let tls = managed_etcd_tls(c);
     let scheme = if tls { "https" } else { "http" };
     let peer = |pod: &str| format!("{scheme}://{pod}.{name}.{ns}.svc:{ETCD_PEER_PORT}");
     let members: Vec<String> =
@@ -1260,6 +1265,39 @@ mod tests {
         let gc = &g.spec.template.spec.as_ref().expect("pod").containers[0];
         assert_eq!(env_of(gc, "DPUKV_TLS_CERT"), Some("/etc/dpukv/tls/tls.crt"));
         assert_eq!(env_of(gc, "DPUKV_TLS_CLIENT_AUTH"), None, "the front ends ask no client certificate");
+    }
+
+    /// An external etcd that asks for client certificates (issue 26, item 3): `etcd.clientSecret`
+    /// is mounted in the host container only and named in the node configuration; the
+    /// endpoints are the user's; no etcd certificate of the operator's is involved.
+    #[test]
+    fn an_external_etcd_is_reached_over_tls_with_the_client_secret_given() {
+        let c = cluster(serde_json::json!({"nodes": 3, "storage": {"size": "1Gi"},
+            "etcd": {"endpoints": ["https://etcd.infra.svc:2379"], "clientSecret": "infra-etcd-client"}}));
+        assert!(etcd_tls(&c) && !managed_etcd_tls(&c));
+        let s = node_statefulset(&c, false);
+        let pod = s.spec.template.spec.as_ref().expect("pod");
+        let vol = pod.volumes.as_ref().expect("volumes").iter().find(|x| x.name == "etcd-tls").expect("etcd-tls");
+        assert_eq!(vol.secret.as_ref().and_then(|x| x.secret_name.as_deref()), Some("infra-etcd-client"));
+        let mounts = |name| -> Vec<String> {
+            container(&s, name).volume_mounts.as_ref().expect("m").iter().map(|m| m.name.clone()).collect()
+        };
+        assert!(mounts("host").contains(&"etcd-tls".to_string()));
+        assert!(!mounts("device").contains(&"etcd-tls".to_string()), "the device never talks to etcd");
+        for (k, v) in [
+            ("DPUKV_ETCD", "https://etcd.infra.svc:2379"),
+            ("DPUKV_ETCD_CA", "/etc/dpukv/etcd/ca.crt"),
+            ("DPUKV_ETCD_CERT", "/etc/dpukv/etcd/tls.crt"),
+            ("DPUKV_ETCD_KEY", "/etc/dpukv/etcd/tls.key"),
+        ] {
+            assert_eq!(config_of(&c, k).as_deref(), Some(v), "{k}");
+        }
+        assert!(etcd_statefulset(&c).is_none());
+        // Without the Secret, plain as before.
+        let plain = cluster(serde_json::json!({"nodes": 3, "storage": {"size": "1Gi"},
+            "etcd": {"endpoints": ["http://etcd.infra.svc:2379"]}}));
+        assert!(!etcd_tls(&plain));
+        assert_eq!(config_of(&plain, "DPUKV_ETCD_CA"), None);
     }
 
     /// Plain text only when asked for: no certificate anywhere, etcd over http.

@@ -274,7 +274,7 @@ impl OperatorCerts {
 
 /// The managed etcd's CA and certificates (nothing without a managed etcd or with TLS off).
 async fn etcd(api: &Api<Secret>, c: &DpuKvCluster, now: OffsetDateTime) -> Result<(), TlsError> {
-    if !render::etcd_tls(c) {
+    if !render::managed_etcd_tls(c) {
         return Ok(());
     }
     let cn = format!("dpukv etcd {}/{}", ns(c), c.name_any());
@@ -342,6 +342,25 @@ pub fn certificates(c: &DpuKvCluster, ids: u32) -> Vec<DynamicObject> {
 /// The Secret holding the operator's certificate (user-given, or cert-manager's).
 fn operator_secret_name(c: &DpuKvCluster) -> String {
     c.spec.tls.operator_secret.clone().unwrap_or_else(|| format!("{}-operator-tls", c.name_any()))
+}
+
+/// How the operator reaches an external etcd given `etcd.clientSecret` (None: plain, or a
+/// managed etcd): trusting its `ca.crt`, presenting its `tls.crt`/`tls.key`.
+pub async fn external_etcd_tls(
+    client: &Client,
+    c: &DpuKvCluster,
+) -> Result<Option<Arc<rustls::ClientConfig>>, TlsError> {
+    let Some(name) = c.spec.etcd.client_secret.as_deref().filter(|_| c.spec.etcd.managed.is_none()) else {
+        return Ok(None);
+    };
+    let api: Api<Secret> = Api::namespaced(client.clone(), &ns(c));
+    match from_secret(&api, name).await? {
+        Some(cfg) => Ok(Some(cfg)),
+        None => Err(TlsError::Missing {
+            secret: name.into(),
+            key: "ca.crt, tls.crt, tls.key (the Secret does not exist)".into(),
+        }),
+    }
 }
 
 /// The operator's client configuration from a Secret with `tls.crt`, `tls.key`, `ca.crt`.

@@ -188,6 +188,13 @@ fn rules_refuse_what_they_are_written_for() {
     );
     refused(&with(|v| v["spec"]["etcd"] = json!({})), None, "give etcd.endpoints or etcd.managed, not both");
     refused(&with(|v| v["spec"]["etcd"] = json!({"managed": {"replicas": 2}})), None, "etcd members are 1, 3 or 5");
+    refused(
+        &with(|v| v["spec"]["etcd"] = json!({"managed": {"replicas": 3}, "clientSecret": "mine"})),
+        None,
+        "etcd.clientSecret goes with etcd.endpoints",
+    );
+    let external = with(|v| v["spec"]["etcd"] = json!({"endpoints": ["https://etcd:2379"], "clientSecret": "mine"}));
+    assert_eq!(broken(&external, None), Vec::<String>::new(), "an external etcd with its client Secret");
     refused(&with(|v| v["spec"]["regions"] = json!({"count": 4, "splitKeys": ["m"]})), None, "give regions.count");
     refused(&with(|v| v["spec"]["fsync"] = json!("sometimes")), None, "fsync is always, never or interval:MS");
     refused(&with(|v| v["spec"]["version"] = json!("1.0 beta")), None, "version must be an image tag");

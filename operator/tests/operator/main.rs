@@ -4,6 +4,7 @@
 
 mod calls;
 mod crd;
+mod etcd_tls;
 mod lease;
 mod rbac;
 mod reconcile;

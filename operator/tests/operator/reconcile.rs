@@ -1017,8 +1017,8 @@ const JSON_PATCH: &str = "application/json-patch+json";
 /// A context whose "etcd" is `store`; the endpoints of every cleanup are recorded.
 fn mock_etcd(store: MemStore, calls: Arc<Mutex<Vec<Vec<String>>>>) -> (Arc<Context>, Server) {
     mock_with(move |client| {
-        let cleaner: etcd_keys::KeyCleaner = Box::new(move |endpoints, prefix| {
-            calls.lock().expect("lock").push(endpoints);
+        let cleaner: etcd_keys::KeyCleaner = Box::new(move |target, prefix| {
+            calls.lock().expect("lock").push(target.endpoints);
             let store = store.clone();
             Box::pin(async move { store.delete_prefix(&prefix).await })
         });
