@@ -304,6 +304,11 @@ impl ClusterNode {
         Ok(())
     }
 
+    /// The host process's pid (to signal it from another task).
+    pub fn host_pid(&self) -> Option<u32> {
+        self.host.as_ref().map(|p| p.0.id())
+    }
+
     /// SIGKILLs the host only (the device goes on).
     pub fn kill_host(&mut self) {
         self.host = None;
