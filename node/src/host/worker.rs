@@ -711,10 +711,29 @@ impl Worker {
         let results: Vec<dpukv_storage::Result<WriteAck>> =
             if group.is_empty() { Vec::new() } else { self.region.write_group_tagged(&group) };
         let current = self.region.version();
+        // A group whose log write failed: the station's read-only answers (a failed
+        // compare-and-swap, a reduce) may have read values of its write-backs that were never
+        // written; they are withdrawn like the group's writes (the storage layer withdraws its
+        // precondition answers likewise).
+        let log_failed = results.iter().any(|r| r.as_ref().is_err_and(|e| e.is_retryable() || e.outcome_unknown()));
         let mut decided: Vec<Option<Response>> = Vec::with_capacity(round.pending.len());
         let mut responses = Vec::with_capacity(round.pending.len());
         for (sink, id, charge, p, _) in round.pending {
             let resp = match p {
+                // (An atomic's error found in the station's values: withdrawn too.)
+                Pending::Ready(resp)
+                    if log_failed
+                        && resp
+                            .result
+                            .as_ref()
+                            .is_err_and(|e| matches!(e.code, ErrorCode::KeyNotFound | ErrorCode::TypeMismatch)) =>
+                {
+                    Response::error(
+                        id,
+                        ErrorCode::Unavailable,
+                        "the log failed while this was decided in its round: retry",
+                    )
+                }
                 Pending::Ready(resp) => resp,
                 Pending::Same(i) => match decided.get(i).and_then(Option::as_ref) {
                     Some(r) => Response { id, ..r.clone() },
@@ -730,6 +749,11 @@ impl Worker {
                         Err(e) => storage_error(id, e, true),
                     },
                     // Read-only results (a failed compare-and-swap) change nothing.
+                    None if log_failed => Response::error(
+                        id,
+                        ErrorCode::Unavailable,
+                        "the log failed while this was answered from values of its round: retry",
+                    ),
                     None => Response { id, version: current, replicated: false, result: Ok(reply) },
                 },
             };

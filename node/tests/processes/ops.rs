@@ -159,8 +159,19 @@ fn latency_histograms_count_each_operation_on_device_and_host() {
     for i in 0..7 {
         assert_eq!(value(&c.one(Op::Get { key: format!("k{i}").into_bytes() })).is_some(), i < 5);
     }
-    let device = metrics(&device_admin);
-    let host = metrics(&host_admin);
+    // A request's latency is recorded once its answer is sent: the last ones may land a moment
+    // after the client has them (it failed once on a loaded machine). Wait for them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (device, host) = loop {
+        let (device, host) = (metrics(&device_admin), metrics(&host_admin));
+        let seen = sample(&device, "dpukv_device_request_duration_seconds_count{op=\"get\"}") == Some(7.0)
+            && sample(&device, "dpukv_device_request_duration_seconds_count{op=\"put\"}") == Some(5.0)
+            && sample(&host, "dpukv_host_request_duration_seconds_count{op=\"put\"}") == Some(5.0);
+        if seen || std::time::Instant::now() >= deadline {
+            break (device, host);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert_eq!(sample(&device, "dpukv_device_request_duration_seconds_count{op=\"put\"}"), Some(5.0), "{device}");
     assert_eq!(sample(&device, "dpukv_device_request_duration_seconds_count{op=\"get\"}"), Some(7.0), "{device}");
     assert_eq!(sample(&device, "dpukv_device_request_duration_seconds_count{op=\"scan\"}"), Some(0.0), "{device}");

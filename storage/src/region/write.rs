@@ -165,8 +165,8 @@ impl Region {
                             for a in chunk.drain(..) {
                                 results[a.index] = Some(Err(err.duplicate()));
                             }
-                            results[i] = Some(Err(e));
-                            return finish(results, self.refusal());
+                            results[i] = Some(Err(e.duplicate()));
+                            return failed_group(results, self.refusal().unwrap_or(e));
                         }
                     }
                 }
@@ -187,7 +187,7 @@ impl Region {
                     for a in chunk {
                         results[a.index] = Some(Err(e.duplicate()));
                     }
-                    return finish(results, Some(e));
+                    return failed_group(results, e);
                 }
             };
             for a in chunk {
@@ -505,4 +505,21 @@ fn finish(results: Vec<Option<Result<WriteAck>>>, e: Option<Error>) -> Vec<Resul
             })
         })
         .collect()
+}
+
+/// The results of a group whose log write failed: a batch refused for a precondition was
+/// checked against the batches before it in the group — some of them never written — so its
+/// answer (`KeyExists`, `KeyNotFound`) may describe state that does not exist. It is withdrawn:
+/// refused as unavailable (retryable), like the writes. Every other result stands.
+fn failed_group(results: Vec<Option<Result<WriteAck>>>, e: Error) -> Vec<Result<WriteAck>> {
+    let results = results
+        .into_iter()
+        .map(|r| match r {
+            Some(Err(Error::KeyExists | Error::KeyNotFound)) => Some(Err(Error::Unavailable(format!(
+                "the log failed while the batch's precondition was checked against its group: {e}"
+            )))),
+            r => r,
+        })
+        .collect();
+    finish(results, Some(e))
 }

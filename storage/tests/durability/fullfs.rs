@@ -118,3 +118,35 @@ fn a_full_tmpfs_refuses_writes_before_they_are_logged() {
         assert_eq!(r.get(k).expect("get"), Some(value.clone()), "{}", String::from_utf8_lossy(k));
     }
 }
+
+/// A group whose log write fails once answered a batch of it from a batch that was never
+/// written: `[put k, insert k]` — the insert was checked against the put (the group's overlay)
+/// and refused as `KeyExists`, then the put's write failed; the answer revealed a key that does
+/// not exist (found by the nemesis: a disk-full primary answered an insert "exists" and then
+/// every read said the key was absent). Now a failed group's precondition answers are
+/// withdrawn: they are refused as unavailable (retryable), as the writes are.
+#[test]
+fn a_group_whose_log_write_fails_answers_no_precondition_from_it() {
+    use dpukv_storage::BatchOp;
+    use dpukv_storage::fs::FaultFs;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fs = FaultFs::new(7);
+    let cfg =
+        RegionConfig::tiny(dir.path().join("data"), dir.path().join("shm"), FsyncPolicy::Always).with_fs(fs.as_fs());
+    let mut r = Region::open(cfg).expect("open").0;
+    let before = r.put(b"other", b"1").expect("put");
+    r.wait_durable(before.end).expect("durable");
+    fs.fail_write(1);
+    let (put, insert, update) =
+        ([BatchOp::Put(b"k", b"v")], [BatchOp::Insert(b"k", b"w")], [BatchOp::Update(b"k", b"x")]);
+    let out = r.write_group(&[&put, &insert, &update]);
+    assert!(out[0].is_err(), "the put's write failed: {:?}", out[0]);
+    for (name, res) in [("insert", &out[1]), ("update", &out[2])] {
+        match res {
+            Err(Error::KeyExists) => panic!("the {name} was answered \"exists\" from a write that failed"),
+            Err(e) => assert!(e.is_retryable(), "the {name}: {e} (retryable, like the failed put)"),
+            Ok(a) => panic!("the {name} was acknowledged in a failed group: {a:?}"),
+        }
+    }
+    assert_eq!(r.get(b"k").expect("get"), None, "nothing of the group is there");
+}
