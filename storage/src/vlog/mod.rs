@@ -618,14 +618,25 @@ impl LogTail {
 
     /// Whether the log from `from` on is all here: its segment and every later one up to the
     /// end (a backup resuming there can be streamed the rest). False once garbage collection
-    /// took one of them, or if `from` is past the end.
+    /// took one of them, or if `from` is past the end — of the log, or of its sealed segment.
     pub fn continues_from(&self, from: Lsn) -> Result<bool> {
         let end = self.end();
         if from > end {
             return Ok(false);
         }
         let have: std::collections::BTreeSet<u64> = self.segments()?.into_iter().collect();
-        Ok((from.segment()..=end.segment()).all(|s| have.contains(&s)))
+        if !(from.segment()..=end.segment()).all(|s| have.contains(&s)) {
+            return Ok(false);
+        }
+        // A sealed segment ends where its file does: a copy that reaches past that holds bytes
+        // this log does not have (a primary that lost power sealed the segment shorter than
+        // what its backups had received) and cannot be continued from there.
+        if from.segment() < end.segment() {
+            let p = segment::path(&self.dir, from.segment());
+            let size = self.fs.open(&p).and_then(|f| f.size()).map_err(|e| Error::io(&p, e))?;
+            return Ok(u64::from(from.offset()) <= size);
+        }
+        Ok(true)
     }
 
     /// The log's segments as their files are now, ascending (a collected segment whose file is

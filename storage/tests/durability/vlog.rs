@@ -290,3 +290,26 @@ fn sigkill_loses_no_acknowledged_record() {
     }
     assert!(acked > 50, "the writer acknowledged only {acked} records");
 }
+
+/// Where a backup may resume: every segment from its position to the end is here, and its
+/// position lies within its segment. A copy that reaches past a sealed segment's end (its
+/// primary lost the end of that segment in a power loss, then sealed it shorter) cannot be
+/// continued: the sender once read past the segment's end on every connection, forever.
+#[test]
+fn a_tail_continues_only_from_positions_inside_its_log() {
+    use dpukv_storage::region::{Region, RegionConfig};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut r = Region::open(RegionConfig::tiny(dir.path().join("d"), dir.path().join("s"), FsyncPolicy::Never))
+        .expect("open")
+        .0;
+    while r.vlog().segments().len() < 3 {
+        r.put(b"k", &[7u8; 200]).expect("put");
+    }
+    let tail = r.vlog().tail();
+    let (first, end) = (r.vlog().segments()[0], tail.end());
+    assert!(tail.continues_from(Lsn::new(first, 0)).expect("check"));
+    assert!(tail.continues_from(end).expect("check"));
+    assert!(!tail.continues_from(Lsn(end.0 + 1)).expect("check"), "past the end");
+    assert!(!tail.continues_from(Lsn::new(first, u32::MAX >> 1)).expect("check"), "past its sealed segment's end");
+    assert!(!tail.continues_from(Lsn::new(first - 1, 0)).expect("check"), "a segment that is not here");
+}
