@@ -800,7 +800,38 @@ pub fn spawn_sender(
     acks: Arc<Acks>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<SenderEnd>> {
+    spawn_sender_after(cfg, tail, feed, acks, stop, None)
+}
+
+/// How long a new sender waits for the one it replaces (stopped) to end before it connects.
+pub const PREVIOUS_SENDER_WAIT: Duration = Duration::from_secs(5);
+
+/// [`spawn_sender`], replacing `previous` — the stopped sender of the same backup under an older
+/// epoch: the new one connects only once that one has ended (up to [`PREVIOUS_SENDER_WAIT`]). Two
+/// sessions to one backup at once shared its positions and index flag in [`Acks`]: the old
+/// one, beginning its whole-index shipment after the new one's was installed, marked the backup
+/// as lacking the index for good — a joining node that never counted as caught up (found by the
+/// nemesis after a power loss).
+pub fn spawn_sender_after(
+    cfg: SenderConfig,
+    tail: LogTail,
+    feed: Arc<Feed>,
+    acks: Arc<Acks>,
+    stop: Arc<AtomicBool>,
+    previous: Option<JoinHandle<SenderEnd>>,
+) -> std::io::Result<JoinHandle<SenderEnd>> {
     std::thread::Builder::new().name(format!("dpukv-repl-{}-{}", cfg.region, cfg.backup)).spawn(move || {
+        if let Some(prev) = previous {
+            let began = Instant::now();
+            while !prev.is_finished() && began.elapsed() < PREVIOUS_SENDER_WAIT && !stop.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if prev.is_finished() {
+                let _ = prev.join();
+            } else {
+                tracing::warn!(region = cfg.region, backup = cfg.backup, "the sender replaced has not ended; going on");
+            }
+        }
         let mut wait = MIN_RECONNECT_WAIT;
         while !stop.load(Ordering::Acquire) {
             let began = std::time::Instant::now();
@@ -903,6 +934,10 @@ fn send_session(
     }
     cfg.stats.sessions_resumed.fetch_add(u64::from(pos > tail.start()?), Ordering::Relaxed);
     tracing::debug!(region, backup = cfg.backup, epoch, from = ?pos, end = ?tail.end(), "streaming to a backup");
+    // A stopped session touches nothing shared (its successor's may have begun).
+    if stop.load(Ordering::Acquire) {
+        return Ok(SenderEnd::Stopped);
+    }
     // The backup holds everything before where it resumes (and nothing more, whatever an
     // earlier session said): a write that adds nothing to the log (a retry answered from the
     // sessions) must not wait for an Append that never comes.
@@ -998,6 +1033,9 @@ fn send_session(
                 if shipment.is_none() {
                     if whole_index_due {
                         whole_index_due = false;
+                        if stop.load(Ordering::Acquire) {
+                            return Ok(Some(SenderEnd::Stopped));
+                        }
                         acks.set_installed(cfg.backup, false);
                         match export_dir(&cfg.region_dir)? {
                             Some(e) => {

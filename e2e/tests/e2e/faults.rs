@@ -237,9 +237,7 @@ async fn a_backup_back_on_a_new_port_before_the_master_noticed_gets_its_streams_
             m.master == 1
                 && m.nodes.len() == 4
                 && m.regions.len() == 4
-                && m.regions.iter().all(|r| {
-                    m.node(r.primary).is_some() && r.backups.len() == 2 && r.joining.is_empty()
-                })
+                && m.regions.iter().all(|r| m.node(r.primary).is_some() && r.backups.len() == 2 && r.joining.is_empty())
                 && m.regions.iter().any(|r| !r.replicas().any(|n| n == 1))
         },
     )

@@ -36,7 +36,7 @@ use super::worker::{Control, Job, KeyRange, Replicated};
 use super::{Opener, SharedServed};
 use crate::pod;
 use crate::regions::RegionMap;
-use crate::replication::{Acks, BackupHost, Feed, Peers, ReplStats, SenderConfig, SenderEnd, spawn_sender};
+use crate::replication::{Acks, BackupHost, Feed, Peers, ReplStats, SenderConfig, SenderEnd, spawn_sender_after};
 
 /// How this host joins a cluster.
 #[derive(Debug, Clone)]
@@ -688,7 +688,7 @@ fn open_led(
         stalled: BTreeSet::new(),
         members: r.backups.iter().chain(&r.joining).copied().collect(),
     };
-    start_senders(args, &mut l, r, peers);
+    start_senders(args, &mut l, r, peers, HashMap::new());
     tracing::info!(region = r.id, epoch = r.epoch, backups = ?r.backups, joining = ?r.joining, "leading the region");
     Ok(l)
 }
@@ -705,8 +705,11 @@ fn new_life() -> u64 {
 /// A new epoch for a region this node still leads: the new backup set, senders under the new
 /// epoch.
 fn retarget(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, peers: &Peers) {
-    for (_, stop, _) in l.senders.drain(..) {
+    // Each new sender takes over from the old one of its backup once that one has ended.
+    let mut previous = HashMap::new();
+    for (b, stop, h) in l.senders.drain(..) {
         stop.store(true, Ordering::Release);
+        previous.insert(b, h);
     }
     l.acks.set_required(r.epoch, r.backups.clone());
     // A node that left the region, or joined it anew, held nothing as far as this region knows
@@ -720,14 +723,20 @@ fn retarget(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, peers: &Peers) {
     l.epoch = r.epoch;
     l.reported.clear();
     l.stalled.clear();
-    start_senders(args, l, r, peers);
+    start_senders(args, l, r, peers, previous);
     tracing::info!(region = r.id, epoch = r.epoch, backups = ?r.backups, joining = ?r.joining, "region changed");
 }
 
 /// A sender for every backup and joining node of `r`. Each dials the node where its current
 /// registration says (a DNS name on Kubernetes, resolved at each connection); one not
 /// registered now is waited for.
-fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, peers: &Peers) {
+fn start_senders(
+    args: &ClusterArgs,
+    l: &mut Led,
+    r: &RegionInfo,
+    peers: &Peers,
+    mut previous: HashMap<u32, std::thread::JoinHandle<SenderEnd>>,
+) {
     for &b in r.backups.iter().chain(&r.joining) {
         let addr = peers.addr(b);
         let cfg = SenderConfig {
@@ -746,7 +755,8 @@ fn start_senders(args: &ClusterArgs, l: &mut Led, r: &RegionInfo, peers: &Peers)
             tls: args.tls_client.clone(),
         };
         let stop = Arc::new(AtomicBool::new(false));
-        match spawn_sender(cfg, l.tail.clone(), l.feed.clone(), l.acks.clone(), stop.clone()) {
+        let before = previous.remove(&b);
+        match spawn_sender_after(cfg, l.tail.clone(), l.feed.clone(), l.acks.clone(), stop.clone(), before) {
             Ok(h) => l.senders.push((b, stop, h)),
             Err(e) => tracing::error!(error = %e, "starting a replication sender failed"),
         }
