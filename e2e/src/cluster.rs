@@ -57,27 +57,60 @@ impl Drop for ClusterNode {
 impl ClusterNode {
     /// Starts node `id` of cluster `cluster` on etcd `etcd` (host flags `extra` added).
     pub fn start(id: u32, cluster: &str, etcd: &str, extra: &[&str]) -> Result<ClusterNode> {
-        let (device, admin, control) = loopback_ports()?;
-        Self::start_at(
-            id,
-            cluster,
-            etcd,
-            extra,
-            &[],
-            Vec::new(),
-            Vec::new(),
-            "127.0.0.1",
-            [device, admin, control],
-            None,
-        )
+        Self::start_loopback(id, cluster, etcd, extra, &[], Vec::new(), None)
+    }
+
+    /// Starts a node on free loopback ports — again on others if another process took one of
+    /// them between the check and the bind (it happens when tests run side by side: a node
+    /// once exited with "Address already in use" and its test failed).
+    fn start_loopback(
+        id: u32,
+        cluster: &str,
+        etcd: &str,
+        extra: &[&str],
+        both: &[&str],
+        env: Vec<(String, String)>,
+        disk_mib: Option<u64>,
+    ) -> Result<ClusterNode> {
+        let mut attempt = 0;
+        loop {
+            let (device, admin, control) = loopback_ports()?;
+            let ports = [device, admin, control];
+            let mut n =
+                Self::start_at(id, cluster, etcd, extra, both, env.clone(), Vec::new(), "127.0.0.1", ports, disk_mib)?;
+            attempt += 1;
+            if attempt >= 4 || !n.lost_a_port_race() {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// Whether a process of the node exited at start because its port was taken (waits until
+    /// both serve, up to 10 s).
+    fn lost_a_port_race(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let serving = |a: &str| {
+            a.parse().is_ok_and(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_millis(100)).is_ok())
+        };
+        while Instant::now() < deadline {
+            for (p, log) in [(&mut self.host, "host.log"), (&mut self.dev, "device.log")] {
+                if p.as_mut().is_some_and(|p| p.0.try_wait().ok().flatten().is_some()) {
+                    let text = std::fs::read_to_string(self.dir.path().join(log)).unwrap_or_default();
+                    return text.contains("Address already in use");
+                }
+            }
+            if serving(&self.admin) && serving(&self.device) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
     }
 
     /// Like [`ClusterNode::start`], with its data directory on a tmpfs of `mib` MiB: a disk the
     /// test can fill ([`ClusterNode::fill_disk`]). Needs root (to mount).
     pub fn start_on_small_disk(id: u32, cluster: &str, etcd: &str, extra: &[&str], mib: u64) -> Result<ClusterNode> {
-        let (device, admin, control) = loopback_ports()?;
-        let ports = [device, admin, control];
-        Self::start_at(id, cluster, etcd, extra, &[], Vec::new(), Vec::new(), "127.0.0.1", ports, Some(mib))
+        Self::start_loopback(id, cluster, etcd, extra, &[], Vec::new(), Some(mib))
     }
 
     /// Cuts its power: both processes SIGKILLed, then its data directory turned into what its
@@ -132,9 +165,8 @@ impl ClusterNode {
         both: &[&str],
         env: &[(&str, &str)],
     ) -> Result<ClusterNode> {
-        let (device, admin, control) = loopback_ports()?;
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Self::start_at(id, cluster, etcd, extra, both, env, Vec::new(), "127.0.0.1", [device, admin, control], None)
+        Self::start_loopback(id, cluster, etcd, extra, both, env, None)
     }
 
     /// Like [`ClusterNode::start`], in the network namespace `prefix` enters (`ip netns exec
