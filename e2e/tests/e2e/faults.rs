@@ -20,6 +20,24 @@ fn logs(nodes: &[ClusterNode]) -> String {
     nodes.iter().map(ClusterNode::logs).collect()
 }
 
+/// The keys of `acked` (key, value written) that `c` does not read back with their value (each
+/// get retried for 10 s while it fails: the region may be failing over).
+async fn lost_writes(c: &dpukv_client::Client, acked: &[(String, String)]) -> Vec<String> {
+    let mut lost = Vec::new();
+    for (k, v) in acked {
+        let mut got = c.get(k.as_bytes()).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.is_err() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            got = c.get(k.as_bytes()).await;
+        }
+        if got.as_ref().ok().and_then(|g| g.as_deref()) != Some(v.as_bytes()) {
+            lost.push(k.clone());
+        }
+    }
+    lost
+}
+
 /// Every region has a live primary and `copies - 1` backups, and every node is registered.
 fn whole(nodes: usize, copies: usize) -> impl Fn(&RegionMap) -> bool {
     move |m: &RegionMap| {
@@ -180,18 +198,7 @@ async fn a_backup_with_a_full_disk_leaves_the_write_set_and_rejoins_once_space_i
     .await;
     let p = after.region(region.id).expect("region").primary;
     let c = Client::connect(&after.node(p).expect("registered").device, 2).await.expect("connect");
-    let mut lost = Vec::new();
-    for (k, v) in &acked {
-        let mut got = c.get(k.as_bytes()).await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while got.is_err() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            got = c.get(k.as_bytes()).await;
-        }
-        if got.as_ref().ok().and_then(|g| g.as_deref()) != Some(v.as_bytes()) {
-            lost.push(k.clone());
-        }
-    }
+    let lost = lost_writes(&c, &acked).await;
     assert!(
         lost.is_empty(),
         "{} acknowledged writes lost (node {p} leads now): {:?}\n{}",
@@ -728,17 +735,6 @@ async fn a_backup_back_from_a_short_lapse_resumes_from_its_own_copy() {
     .await;
     let p = after.region(region.id).expect("region").primary;
     let c = Client::connect(&after.node(p).expect("registered").device, 2).await.expect("connect");
-    let mut lost = 0;
-    for (k, v) in &acked {
-        let mut got = c.get(k.as_bytes()).await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while got.is_err() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            got = c.get(k.as_bytes()).await;
-        }
-        if got.as_ref().ok().and_then(|g| g.as_deref()) != Some(v.as_bytes()) {
-            lost += 1;
-        }
-    }
-    assert_eq!(lost, 0, "acknowledged writes lost (node {p} leads now)\n{}", logs(&nodes));
+    let lost = lost_writes(&c, &acked).await;
+    assert!(lost.is_empty(), "acknowledged writes lost (node {p} leads now): {lost:?}\n{}", logs(&nodes));
 }
