@@ -31,6 +31,11 @@ pub mod admin;
 pub mod atomics;
 pub mod config;
 pub mod control;
+/// A tmpfs for unit tests that need a full disk (shared with the storage and node suites).
+#[cfg(test)]
+#[path = "../../storage/tests/support/tmpfs.rs"]
+#[allow(dead_code)]
+mod tmpfs;
 pub use dpukv_net::conn;
 pub mod dpu;
 pub mod host;

@@ -195,7 +195,7 @@ const CONTROL_QUEUE: usize = 16;
 /// for every backup to hold its round and for the node's authority (a region of a cluster).
 pub fn start(
     id: u32,
-    mut region: Region,
+    region: Region,
     per_op_atomics: bool,
     stats: Arc<WriterStats>,
     queue: usize,
@@ -203,6 +203,20 @@ pub fn start(
     repl: Option<Replicated>,
 ) -> std::io::Result<Started> {
     let (tx, rx) = mpsc::channel(queue);
+    start_on((tx, rx), id, region, per_op_atomics, stats, rt, repl)
+}
+
+/// [`start`] on a job queue made by the caller (a test queues jobs before the writer runs, so
+/// they make one round).
+fn start_on(
+    (tx, rx): (mpsc::Sender<Job>, mpsc::Receiver<Job>),
+    id: u32,
+    mut region: Region,
+    per_op_atomics: bool,
+    stats: Arc<WriterStats>,
+    rt: tokio::runtime::Handle,
+    repl: Option<Replicated>,
+) -> std::io::Result<Started> {
     let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
     let (rel_tx, rel_rx) = std::sync::mpsc::sync_channel::<Release>(RELEASE_QUEUE);
     if let Some(r) = &repl {
@@ -855,5 +869,56 @@ mod tests {
         assert_eq!(r.result.map_err(|e| e.code), Err(ErrorCode::KeySize), "an empty key is refused as such");
         drop(w.queue);
         w.thread.join().expect("writer");
+    }
+
+    /// A round whose log write fails (a full disk) answers nothing it decided from the station's
+    /// values: a fetch-add and a compare-and-swap on one key in one round — whichever runs
+    /// second read what the first would have written, which never was. A failed swap or a type
+    /// mismatch found there is read-only, yet it was answered as if the write had happened, and
+    /// every read after said otherwise (found by the nemesis: not linearizable).
+    #[test]
+    fn a_round_whose_log_write_fails_answers_nothing_from_its_own_values() {
+        let Some(fs) = crate::tmpfs::Tmpfs::mount(1 << 20) else { return };
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let shm = tempfile::tempdir().expect("tempdir");
+        let mut region =
+            Region::open(RegionConfig::tiny(fs.path().join("r"), shm.path(), FsyncPolicy::Always)).expect("open").0;
+        // Full to the last byte: even an 8-byte write is refused.
+        let mut refused = 0;
+        for size in [16 << 10, 1 << 10, 64, 8] {
+            for j in 0..1_000_000u32 {
+                if region.put(format!("fill{size}-{j}").as_bytes(), &vec![1; size]).is_err() {
+                    refused += 1;
+                    break;
+                }
+            }
+        }
+        assert_eq!(refused, 4, "the disk filled up");
+        let (sink, mut next) = collecting_sink();
+        let (tx, rx) = mpsc::channel(8);
+        let job = |id: u64, op: Op| Job { req: Request::new(id, op), charge: Charge::default(), sink: sink.clone() };
+        for (id, op) in [
+            (1, Op::FetchAdd { key: b"n".to_vec(), delta: 1 }),
+            (2, Op::CompareAndSwap { key: b"n".to_vec(), expected: None, new: b"x".to_vec() }),
+            // The other order: the swap succeeds, and the fetch-add finds a value that is not a
+            // counter — a type mismatch read from the swap's unwritten value.
+            (3, Op::CompareAndSwap { key: b"m".to_vec(), expected: None, new: b"x".to_vec() }),
+            (4, Op::FetchAdd { key: b"m".to_vec(), delta: 1 }),
+        ] {
+            tx.try_send(job(id, op)).unwrap_or_else(|_| panic!("queue"));
+        }
+        let w = start_on((tx, rx), 1, region, false, Arc::default(), rt.handle().clone(), None).expect("start");
+        let mut answers: Vec<Response> = (0..4).map(|_| next(Duration::from_secs(5)).expect("answer")).collect();
+        answers.sort_by_key(|r| r.id);
+        for r in &answers {
+            assert_eq!(
+                r.result.as_ref().map_err(|e| e.code),
+                Err(ErrorCode::Unavailable),
+                "answered from a round whose log write failed: {r:?}"
+            );
+        }
+        drop(w.queue);
+        w.thread.join().expect("writer");
+        drop(fs);
     }
 }

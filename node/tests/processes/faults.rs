@@ -254,6 +254,37 @@ fn a_full_disk_refuses_writes_and_takes_them_again_without_a_restart() {
         Err(ErrorCode::Unavailable)
     );
     assert_eq!(c.one(Op::Get { key: key(acked[0]) }).result, Ok(Reply::Value(Some(value(acked[0])))));
+    // Atomics on a disk full to the last byte are refused too, whatever they read, and write
+    // nothing (the deterministic case — both in one round — is the writer's unit test
+    // a_round_whose_log_write_fails_answers_nothing_from_its_own_values).
+    // (Filled to the last byte first: small writes still fit after the first large one is refused.)
+    let mut tiny_refused = false;
+    'fill: for size in [16 << 10, 1 << 10, 64, 8] {
+        for j in 0..100_000u32 {
+            match c.one(Op::Put { key: format!("fill{size}-{j}").into_bytes(), value: vec![1; size] }).result {
+                Ok(Reply::Done) => {}
+                Err(e) if e.code == ErrorCode::Unavailable => {
+                    tiny_refused = size == 8;
+                    continue 'fill;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert!(tiny_refused, "the disk is full even for 8-byte values");
+    let ctr = b"full-counter".to_vec();
+    let round = c.call(vec![
+        Op::FetchAdd { key: ctr.clone(), delta: 1 },
+        Op::CompareAndSwap { key: ctr.clone(), expected: None, new: b"x".to_vec() },
+    ]);
+    for r in &round {
+        assert_eq!(
+            r.result.as_ref().map_err(|e| e.code),
+            Err(ErrorCode::Unavailable),
+            "answered from an unwritten round: {r:?}"
+        );
+    }
+    assert_eq!(c.one(Op::Get { key: ctr.clone() }).result, Ok(Reply::Value(None)), "the refused round wrote nothing");
     let host_pid = pod.host_pid();
     disk.resize(256 << 20);
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dpukv_node::replication::{Acks, BackupHost, Feed, SenderConfig, SenderEnd, spawn_sender};
+use dpukv_node::replication::{Acks, BackupHost, Feed, SenderConfig, SenderEnd, spawn_sender, spawn_sender_after};
 use dpukv_proto::replication::ReplRefusal;
 use dpukv_storage::region::{Region, RegionConfig, RegionReader};
 use dpukv_storage::vlog::FsyncPolicy;
@@ -647,4 +647,55 @@ fn a_backup_resuming_where_the_log_was_collected_is_copied_again_and_one_resumin
         Region::open(RegionConfig::tiny(&bdir, dir.path().join("bshm"), FsyncPolicy::Never)).expect("promote");
     let all = |r: &Region| r.scan(b"", b"\xff", usize::MAX).expect("scan");
     assert_eq!(all(&promoted), all(&primary), "the copy made again answers like the primary");
+}
+
+/// A retarget replaces a backup's sender (a new epoch) while the old one may still be inside its
+/// session; the new one must not open its own until the old one has ended: two sessions at once
+/// shared the backup's position and index flag, and the old one marked the backup as lacking the
+/// index for good (found by the nemesis after a power loss). Here the old sender is a thread that
+/// ends only when told; the backup is a bare listener that records when it is dialled.
+#[test]
+fn a_new_sender_connects_only_once_the_sender_it_replaces_has_ended() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pdir = dir.path().join("primary");
+    let primary = Region::open(RegionConfig::tiny(&pdir, dir.path().join("pshm"), FsyncPolicy::Never)).expect("open").0;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let addr = listener.local_addr().expect("addr");
+    let release = Arc::new(AtomicBool::new(false));
+    let previous = {
+        let release = release.clone();
+        std::thread::spawn(move || {
+            while !release.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            SenderEnd::Stopped
+        })
+    };
+    let (feed, acks, stop) = (Feed::new(), Acks::new(1, vec![2]), Arc::new(AtomicBool::new(false)));
+    let h = spawn_sender_after(
+        sender_cfg(&pdir, 2, 2, addr),
+        primary.vlog().tail(),
+        feed,
+        acks,
+        stop.clone(),
+        Some(previous),
+    )
+    .expect("sender");
+    let dialled = |within: Duration| {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            match listener.accept() {
+                Ok(_) => return true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => panic!("accept: {e}"),
+            }
+        }
+        false
+    };
+    assert!(!dialled(Duration::from_millis(700)), "the new sender dialled while the one it replaces was still running");
+    release.store(true, Ordering::Release);
+    assert!(dialled(Duration::from_secs(5)), "the new sender dials once the one it replaces has ended");
+    stop.store(true, Ordering::Release);
+    assert_eq!(ended(h), SenderEnd::Stopped);
 }
