@@ -46,6 +46,19 @@ pub struct Snapshot {
     pub master_round: Option<(u32, u64)>,
 }
 
+/// A node's step-down ([`Snapshot::step_down_progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepDown {
+    /// A step-down is requested.
+    pub requested: bool,
+    /// Regions it leads.
+    pub led: usize,
+    /// Of those, regions a backup elsewhere could take.
+    pub movable: usize,
+    /// Requested, nothing movable left, every handover released.
+    pub done: bool,
+}
+
 /// The cluster at a glance (the admin API's `/cluster/summary`, the operator's status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Health {
@@ -87,6 +100,20 @@ impl Snapshot {
             under_replicated: regions.iter().filter(|r| copies(r) < target).count(),
             master_round_age_ms: self.master_round.map(|(_, at)| unix_ms().saturating_sub(at)),
         }
+    }
+
+    /// A node's step-down as the metadata has it: requested or not, the regions it leads, those
+    /// of them a live backup elsewhere (not draining or stepping down) could take, and whether
+    /// a handover from it is still unreleased. Done: requested, nothing movable, all released.
+    pub fn step_down_progress(&self, node: u32) -> StepDown {
+        let live: std::collections::HashSet<u32> = self.map.nodes.iter().map(|n| n.id).collect();
+        let f = &self.facts;
+        let takes = |b: u32| live.contains(&b) && !f.draining.contains(&b) && !f.stepping_down.contains(&b);
+        let led: Vec<_> = self.map.regions.iter().filter(|r| r.primary == node).collect();
+        let movable = led.iter().filter(|r| r.backups.iter().any(|&b| takes(b))).count();
+        let unreleased = self.handovers.keys().any(|&(_, n)| n == node);
+        let requested = f.stepping_down.contains(&node);
+        StepDown { requested, led: led.len(), movable, done: requested && movable == 0 && !unreleased }
     }
 
     /// Whether a node other than `me` may still serve `region` by an older map: the region's

@@ -50,6 +50,10 @@ pub struct HostArgs {
     /// Region split keys, comma separated (UTF-8); none = one region.
     #[arg(long, env = "DPUKV_SPLIT_KEYS", default_value = "")]
     pub split_keys: String,
+    /// The first layout as a number of regions, split evenly over the first two bytes of the
+    /// key space (instead of `--split-keys`; 1 = one region).
+    #[arg(long, env = "DPUKV_REGIONS", default_value_t = 1)]
+    pub regions: u32,
     /// Log durability: `always` (a write is acknowledged once synced), `interval:MS`
     /// (acknowledged once written to the OS, synced within MS) or `never`.
     #[arg(long, env = "DPUKV_FSYNC", default_value = "always")]
@@ -158,6 +162,11 @@ pub struct ClusterFlags {
     /// streamed only what it lacks — instead of being copied again. 0: deleted at once.
     #[arg(long, env = "DPUKV_RETAIN_COPIES_SECS", default_value_t = 600)]
     pub retain_copies_secs: u64,
+    /// On SIGTERM (a pod deleted or evicted), wait up to this long (s) for this node's
+    /// primaries to move to backups elsewhere before stopping: writers see a handover, not a
+    /// failover. 0: stop at once (the regions fail over when the lease ends).
+    #[arg(long, env = "DPUKV_LEAVE_TIMEOUT_SECS", default_value_t = 20)]
+    pub leave_timeout_secs: u64,
     /// A primary keeps up to this much of its log (MiB per region) from garbage collection
     /// while a backup is behind, or for 10 minutes after one left the region: such a backup
     /// resumes from its own copy. Further behind, it is copied again. 0: nothing kept.
@@ -295,6 +304,7 @@ impl ClusterFlags {
             replication_timeout: Duration::from_millis(self.replication_timeout_ms.max(1)),
             stall_timeout: (self.stall_timeout_ms > 0).then(|| Duration::from_millis(self.stall_timeout_ms)),
             retain_copies: Duration::from_secs(self.retain_copies_secs),
+            leave_timeout: Duration::from_secs(self.leave_timeout_secs),
             retain_log: self.retain_log_mib.saturating_mul(1 << 20),
             catch_up: crate::replication::CatchUpCap::new(self.catch_up_mib_per_sec.saturating_mul(1 << 20)),
             tls_server: match tls.server().map_err(anyhow::Error::msg)? {
@@ -318,8 +328,14 @@ impl HostArgs {
                 bail!("{flag} must be a UTF-8 path: {}", p.display());
             }
         }
-        let keys: Vec<Vec<u8>> =
+        let mut keys: Vec<Vec<u8>> =
             self.split_keys.split(',').filter(|k| !k.is_empty()).map(|k| k.as_bytes().to_vec()).collect();
+        if self.regions > 1 {
+            if !keys.is_empty() {
+                bail!("give --regions or --split-keys, not both");
+            }
+            keys = even_split_keys(self.regions)?;
+        }
         let tls = node_tls(&self.tls, self.cluster.node_id()?, "a host")?;
         let control = match self.control_listen {
             None if self.admin_token_file.is_some() => bail!("--admin-token-file needs --control-listen"),
@@ -390,6 +406,10 @@ pub struct DeviceArgs {
     /// unknown.
     #[arg(long, default_value_t = 30)]
     pub host_timeout: u64,
+    /// On SIGTERM, go on serving while this pod's host still runs — it leaves first, handing
+    /// its primaries over (`dpukv-node --leave-timeout-secs`) — up to this long (s); then stop.
+    #[arg(long, env = "DPUKV_DEVICE_LEAVE_TIMEOUT_SECS", default_value_t = 25)]
+    pub leave_timeout_secs: u64,
     /// Connection limits.
     #[command(flatten)]
     pub conn: ConnArgs,
@@ -461,6 +481,7 @@ impl DeviceArgs {
             read_threads: read_threads(self.read_threads)?,
             host_links: self.host_links.max(1),
             host_timeout: Duration::from_secs(self.host_timeout),
+            leave_timeout: Duration::from_secs(self.leave_timeout_secs),
             shutdown_grace: Duration::from_secs(self.conn.shutdown_grace),
             tls: server,
             hot: crate::dpu::hot_keys::HotKeysConfig {
@@ -487,6 +508,15 @@ impl DeviceArgs {
     }
 }
 
+/// Split keys for `n` regions of equal shares of the key space, by its first two bytes: region
+/// i begins at the two bytes of `i * 65536 / n` (at most 65536 regions).
+pub fn even_split_keys(n: u32) -> Result<Vec<Vec<u8>>> {
+    if n == 0 || n > 65_536 {
+        bail!("--regions must be 1 to 65536, not {n}");
+    }
+    Ok((1..u64::from(n)).map(|i| (i * 65_536 / u64::from(n)) as u16).map(|v| v.to_be_bytes().to_vec()).collect())
+}
+
 pub use dpukv_net::process::shutdown_on_signals;
 pub use dpukv_net::telemetry;
 
@@ -495,6 +525,23 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+
+    #[test]
+    fn regions_split_the_key_space_evenly_by_its_first_two_bytes() {
+        assert!(even_split_keys(1).expect("one").is_empty());
+        assert_eq!(even_split_keys(4).expect("four"), [vec![0x40, 0], vec![0x80, 0], vec![0xc0, 0]]);
+        let k = even_split_keys(64).expect("64");
+        assert_eq!(k.len(), 63);
+        assert!(k.windows(2).all(|w| w[0] < w[1]), "ascending");
+        assert!(even_split_keys(0).is_err() && even_split_keys(70_000).is_err());
+        let host = |args: &[&str]| {
+            let mut argv = vec!["dpukv-node", "--data-dir", "/d", "--shm-dir", "/s"];
+            argv.extend_from_slice(args);
+            HostArgs::try_parse_from(argv).expect("args").config()
+        };
+        assert_eq!(host(&["--regions", "8"]).expect("config").regions.regions().len(), 8);
+        assert!(host(&["--regions", "8", "--split-keys", "m"]).is_err(), "one or the other");
+    }
 
     fn cluster_of(args: &[&str]) -> Result<Option<crate::host::cluster::ClusterArgs>> {
         let mut argv = vec!["dpukv-node", "--data-dir", "/d", "--shm-dir", "/s", "--cluster", "c"];

@@ -202,27 +202,28 @@ fn drain_status(snap: &Snapshot, node: u32) -> String {
 /// A node's step-down: requested, the regions it still leads, those of them a backup elsewhere
 /// could take, and whether it is done (nothing movable left, every handover released).
 fn step_down_status(snap: &Snapshot, node: u32) -> String {
-    let live: std::collections::HashSet<u32> = snap.map.nodes.iter().map(|n| n.id).collect();
-    let f = &snap.facts;
-    let takes = |b: u32| live.contains(&b) && !f.draining.contains(&b) && !f.stepping_down.contains(&b);
-    let led: Vec<_> = snap.map.regions.iter().filter(|r| r.primary == node).collect();
-    let movable = led.iter().filter(|r| r.backups.iter().any(|&b| takes(b))).count();
-    let unreleased = snap.handovers.keys().any(|&(_, n)| n == node);
-    let stepping = f.stepping_down.contains(&node);
-    let done = stepping && movable == 0 && !unreleased;
+    let p = snap.step_down_progress(node);
     format!(
-        "{{\"node\": {node}, \"stepping_down\": {stepping}, \"regions_led\": {}, \"movable\": {movable}, \"done\": {done}}}\n",
-        led.len()
+        "{{\"node\": {node}, \"stepping_down\": {}, \"regions_led\": {}, \"movable\": {}, \"done\": {}}}\n",
+        p.requested, p.led, p.movable, p.done
     )
 }
 
-/// The cluster at a glance (`master::Snapshot::health`).
+/// The cluster at a glance (`master::Snapshot::health`), and the nodes asked to drain or step
+/// down (the operator takes back requests nothing needs any more: a scale-in cancelled midway).
 fn summary_status(snap: &Snapshot) -> String {
     let h = snap.health();
     let age = h.master_round_age_ms.map_or("null".to_string(), |a| a.to_string());
+    let list = |s: &std::collections::BTreeSet<u32>| s.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
     format!(
-        "{{\"master\": {}, \"master_round_age_ms\": {age}, \"nodes\": {}, \"regions\": {}, \"without_primary\": {}, \"under_replicated\": {}}}\n",
-        h.master, h.nodes, h.regions, h.without_primary, h.under_replicated
+        "{{\"master\": {}, \"master_round_age_ms\": {age}, \"nodes\": {}, \"regions\": {}, \"without_primary\": {}, \"under_replicated\": {}, \"draining\": [{}], \"stepping_down\": [{}]}}\n",
+        h.master,
+        h.nodes,
+        h.regions,
+        h.without_primary,
+        h.under_replicated,
+        list(&snap.facts.draining),
+        list(&snap.facts.stepping_down)
     )
 }
 

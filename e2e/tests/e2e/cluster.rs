@@ -564,6 +564,82 @@ async fn draining_the_primary_s_node_under_load_moves_everything_off_it_and_lose
     eprintln!("drain progress:\n{progress}{} writes during the drain", acked.len());
 }
 
+/// A node pod deleted or evicted (SIGTERM to its host and device, as the kubelet sends) leaves on
+/// purpose: its host asks the master to move its primaries to backups elsewhere and stops only
+/// once they are handed over — a handover, not a failover after its lease ends. A client
+/// writing all along sees no failed write, nothing acknowledged is lost, and the host says so in
+/// its log before it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_with_sigterm_hands_its_primaries_over_before_it_stops() {
+    let etcd = Etcd::start().expect("etcd");
+    let mut nodes = start(&etcd, 3, &[]);
+    let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
+    let all: Vec<&ClusterNode> = nodes.iter().collect();
+    let full = |m: &dpukv_proto::regionmap::RegionMap| {
+        m.regions.len() == 1
+            && m.regions[0].primary != 0
+            && m.regions[0].backups.len() == 2
+            && m.regions[0].joining.is_empty()
+    };
+    let map =
+        wait_for_map(&all, Duration::from_secs(60), full).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    let (p, epoch) = (map.regions[0].primary, map.regions[0].epoch);
+    let seed = nodes.iter().find(|n| n.id != p).expect("another node").device.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (seed, stop) = (seed.clone(), stop.clone());
+        tokio::spawn(async move {
+            let c = Client::connect(&seed, 1).await.expect("connect");
+            let (mut acked, mut longest, mut i) = (Vec::new(), Duration::ZERO, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (k, v) = (format!("key{i:06}"), format!("v{i}"));
+                let began = Instant::now();
+                match c.put(k.as_bytes(), v.as_bytes()).await {
+                    Ok(_) => acked.push((k, v)),
+                    Err(e) => return Err(format!("write {i} failed while node {p} left: {e}")),
+                }
+                longest = longest.max(began.elapsed());
+                i += 1;
+            }
+            Ok((acked, longest))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let host = nodes[p as usize - 1].host_pid().expect("host");
+    let signalled = Instant::now();
+    nodes[p as usize - 1].signal("TERM", true).expect("SIGTERM");
+    // The host exits by itself once its primaries moved (well within its 20 s leave).
+    while std::path::Path::new(&format!("/proc/{host}/stat")).exists()
+        && !std::fs::read_to_string(format!("/proc/{host}/stat")).unwrap_or_default().contains(") Z")
+    {
+        assert!(signalled.elapsed() < Duration::from_secs(25), "the host did not stop\n{}", logs(&nodes));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stopped = signalled.elapsed();
+    let left = nodes[p as usize - 1].logs();
+    assert!(left.contains("left: primaries handed over"), "the host handed its primaries over first:\n{left}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (acked, longest) = writer.await.expect("writer").unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    nodes[p as usize - 1].kill();
+    let survivors: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != p).collect();
+    let m =
+        wait_for_map(&survivors, Duration::from_secs(30), |m| m.regions[0].primary != p && m.regions[0].primary != 0)
+            .await
+            .expect("map");
+    assert!(m.regions[0].epoch > epoch, "a new epoch: {:?}", m.regions[0]);
+    let c = Client::connect(&seed, 1).await.expect("connect");
+    let mut lost = 0;
+    for (k, v) in &acked {
+        if c.get(k.as_bytes()).await.expect("read").as_deref() != Some(v.as_bytes()) {
+            lost += 1;
+        }
+    }
+    assert!(acked.len() > 50, "the client wrote throughout: {}", acked.len());
+    assert_eq!(lost, 0, "of {} acknowledged writes, {lost} lost\n{}", acked.len(), logs(&nodes));
+    eprintln!("SIGTERM to exit {stopped:?}; longest write {longest:?}; {} writes", acked.len());
+}
+
 /// The master's node pod is SIGKILLed while a client writes to every region: another node wins
 /// the election and fails over the regions the dead node led (a bumped epoch, a backup promoted),
 /// no acknowledged write is lost, and the node, restarted, comes back as a member whose copies

@@ -69,6 +69,9 @@ pub struct DeviceConfig {
     pub host_timeout: Duration,
     /// How long a shutdown waits for requests in flight.
     pub shutdown_grace: Duration,
+    /// On the signal to stop, how long the device goes on serving while its host still runs
+    /// (the host leaves first: its primaries move elsewhere while clients still reach them).
+    pub leave_timeout: Duration,
     /// TLS on the data port (with client certificates: callers are checked by their role,
     /// module `access`).
     pub tls: Option<Arc<dpukv_net::tls::ServerTls>>,
@@ -87,12 +90,32 @@ pub struct DeviceInfo {
     pub admin: Option<SocketAddr>,
 }
 
-/// Serves the data port until `shutdown`.
+/// Serves the data port until `signal` — and past it while this pod's host still runs (its
+/// socket is there), up to `leave_timeout`: a pod's containers get SIGTERM together, and the host
+/// hands its primaries over before it stops; a device gone first would refuse the clients still
+/// routed to those primaries.
 pub async fn run(
     cfg: DeviceConfig,
-    shutdown: CancellationToken,
+    signal: CancellationToken,
     started: Option<tokio::sync::oneshot::Sender<DeviceInfo>>,
 ) -> Result<()> {
+    let shutdown = CancellationToken::new();
+    let _stopped = shutdown.clone().drop_guard();
+    {
+        let (shutdown, socket, bound) = (shutdown.clone(), pod::socket_path(&cfg.shm_dir), cfg.leave_timeout);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = signal.cancelled() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            // The host runs while its socket takes connections.
+            let began = std::time::Instant::now();
+            while began.elapsed() < bound && std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            shutdown.cancel();
+        });
+    }
     let reads_counters = Arc::new(ReadCounters::default());
     let hot = HotKeys::new(cfg.hot.clone());
     let table = Arc::new(ReplicaTable::new(cfg.replica_table));

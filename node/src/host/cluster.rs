@@ -69,6 +69,9 @@ pub struct ClusterArgs {
     pub stall_timeout: Option<Duration>,
     /// How long a copy of a region this node stops backing is kept aside (zero: deleted).
     pub retain_copies: Duration,
+    /// How long a SIGTERM waits for this node's primaries to move elsewhere (`leave`; zero: no
+    /// wait).
+    pub leave_timeout: Duration,
     /// Most log bytes a primary keeps from collection for backups behind or away.
     pub retain_log: u64,
     /// The node's cap on bytes per second sent to backups catching up, shared by all its
@@ -183,6 +186,11 @@ pub async fn run(
     let member = register_loop(&store, &keys, &info, timing, &authority, &shutdown).await;
     let Some(mut member) = member else { return Ok(vec![]) };
     tracing::info!(node = args.node_id, cluster = %args.name, lease = member.lease, "registered");
+    // Back after leaving on purpose (`leave`): this node may lead again. (An operator stepping it
+    // down for a rollout asks again if it still must.)
+    if let Err(e) = store.delete(&keys.step_down(args.node_id)).await {
+        tracing::warn!(error = %e, "lifting this node's own step-down failed");
+    }
     // The lease is given back only after the device stopped trusting the map (`Unvouch`), never
     // on the shutdown signal itself: the master fails over on the lease's end.
     let lease_stop = CancellationToken::new();
@@ -493,6 +501,49 @@ pub async fn run(
     served.write().unwrap_or_else(|e| e.into_inner()).writers.clear();
     let _ = store.revoke(member.lease).await;
     Ok(threads)
+}
+
+/// Leaving on purpose (SIGTERM: a pod deleted or evicted, a rolling restart, a node drained by
+/// Kubernetes): asks the master to move this node's primaries to backups elsewhere — its own
+/// step-down request — and waits, `timeout` at most, until it leads nothing a backup could take
+/// and every handover from it is released; only then does the shutdown go on. Writers then see
+/// one handover per region (as in an upgrade step) instead of a failover once the lease expires.
+/// The request is lifted when the node registers again. With nothing to hand over (no backups)
+/// it is done at once; etcd unreachable, the wait ends at `timeout` and the shutdown goes on.
+pub async fn leave(args: &ClusterArgs, timeout: Duration) {
+    if timeout.is_zero() {
+        return;
+    }
+    let node = args.node_id;
+    let work = async {
+        let keys = Keys::new(&args.name).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let store = EtcdStore::connect(&args.etcd).await?;
+        store.put(&keys.step_down(node), b"leaving", None).await?;
+        loop {
+            let p = master::read(&store, &keys).await?.step_down_progress(node);
+            if p.done {
+                return anyhow::Ok(p);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let began = std::time::Instant::now();
+    match tokio::time::timeout(timeout, work).await {
+        Ok(Ok(p)) => tracing::info!(
+            node,
+            regions_led = p.led,
+            elapsed_ms = began.elapsed().as_millis() as u64,
+            "left: primaries handed over"
+        ),
+        Ok(Err(e)) => {
+            tracing::warn!(node, error = %format!("{e:#}"), "leaving: the step-down could not be asked; stopping anyway")
+        }
+        Err(_) => tracing::warn!(
+            node,
+            timeout_s = timeout.as_secs(),
+            "leaving: primaries not all handed over in time; stopping anyway"
+        ),
+    }
 }
 
 /// For every region this node leads, reports the backups and joining nodes that took no log

@@ -185,9 +185,27 @@ const WRITER_QUEUE: usize = 4096;
 /// addresses once serving.
 pub async fn run(
     cfg: HostConfig,
-    shutdown: CancellationToken,
+    signal: CancellationToken,
     started: Option<tokio::sync::oneshot::Sender<HostInfo>>,
 ) -> Result<()> {
+    // The signal to stop, and the stop itself: a member of a cluster first leaves — its
+    // primaries move to backups elsewhere (`cluster::leave`, bounded) — while it still serves.
+    let shutdown = CancellationToken::new();
+    let _stopped = shutdown.clone().drop_guard();
+    {
+        let (shutdown, cluster) = (shutdown.clone(), cfg.cluster.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = signal.cancelled() => {
+                    if let Some(c) = &cluster {
+                        cluster::leave(c, c.leave_timeout).await;
+                    }
+                    shutdown.cancel();
+                }
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
     std::fs::create_dir_all(&cfg.shm_dir).with_context(|| format!("creating {}", cfg.shm_dir.display()))?;
     choose_durable_fs(&cfg.data_dir, &cfg.shm_dir)?;
     let stats = Arc::new(WriterStats::default());
