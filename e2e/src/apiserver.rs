@@ -18,9 +18,15 @@
 //!   goes when the last finalizer is removed; then the garbage collector deletes every object
 //!   whose owner references name it (background cascade).
 //!
+//! - Pod Security admission at level `restricted` in the namespaces a test names
+//!   ([`ApiServer::enforce_restricted`]; pods that violate it: 403 with the admission's words);
+//! - validation of updates where the real one refuses them (422 `Invalid`, its messages):
+//!   immutable StatefulSet spec fields, claims' specs (but their storage request, which only
+//!   grows), a Service's `clusterIP`.
+//!
 //! Simplifications, on purpose: a server-side apply merges the applied object into the live one
 //! (maps key by key, lists replaced whole) instead of tracking field ownership per manager — the
-//! operator is the only manager of what it applies; no admission, defaulting or schema
+//! operator is the only manager of what it applies; no other admission, no defaulting or schema
 //! validation (the CRD's schema is checked elsewhere, `scripts/check-manifests.py`); no
 //! authentication. Changes kept for watches are bounded ([`MAX_CHANGES`]).
 //!
@@ -125,6 +131,86 @@ struct Store {
     expired_through: u64,
     /// Requests served: "METHOD path?query" (bounded like the changes).
     requests: std::collections::VecDeque<String>,
+    /// Namespaces whose pods must pass Pod Security `restricted` (`enforce` label).
+    restricted: std::collections::BTreeSet<String>,
+}
+
+/// The volume types Pod Security `restricted` allows.
+const RESTRICTED_VOLUMES: &[&str] =
+    &["configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"];
+
+/// What Pod Security admission at level `restricted` (latest) finds wrong with a pod, in its
+/// words (https://kubernetes.io/docs/concepts/security/pod-security-standards/): the baseline
+/// controls (host namespaces, privileged, capabilities beyond the default set, host paths and
+/// ports) and the restricted ones (volume types, privilege escalation, non-root, seccomp,
+/// capabilities dropped to ALL, only NET_BIND_SERVICE added).
+pub fn restricted_violations(pod: &Value) -> Vec<String> {
+    let spec = &pod["spec"];
+    let psc = &spec["securityContext"];
+    let mut out = Vec::new();
+    for f in ["hostNetwork", "hostPID", "hostIPC"] {
+        if spec[f] == true {
+            out.push(format!("host namespaces ({f}=true)"));
+        }
+    }
+    let containers: Vec<&Value> = ["initContainers", "containers", "ephemeralContainers"]
+        .iter()
+        .flat_map(|k| spec[*k].as_array().map(|a| a.iter().collect::<Vec<_>>()).unwrap_or_default())
+        .collect();
+    let name = |c: &Value| c["name"].as_str().unwrap_or_default().to_string();
+    for c in &containers {
+        let sc = &c["securityContext"];
+        if sc["privileged"] == true {
+            out.push(format!("privileged (container {:?} must not set securityContext.privileged=true)", name(c)));
+        }
+        if sc["allowPrivilegeEscalation"] != false {
+            out.push(format!(
+                "allowPrivilegeEscalation != false (container {:?} must set securityContext.allowPrivilegeEscalation=false)",
+                name(c)
+            ));
+        }
+        let drops = sc["capabilities"]["drop"].as_array().is_some_and(|d| d.iter().any(|x| x == "ALL"));
+        if !drops {
+            out.push(format!(
+                "unrestricted capabilities (container {:?} must set securityContext.capabilities.drop=[\"ALL\"])",
+                name(c)
+            ));
+        }
+        if let Some(add) = sc["capabilities"]["add"].as_array()
+            && add.iter().any(|x| x != "NET_BIND_SERVICE")
+        {
+            out.push(format!("unrestricted capabilities (container {:?} must not include {add:?} in securityContext.capabilities.add)", name(c)));
+        }
+        let non_root = sc["runAsNonRoot"] == true || (sc["runAsNonRoot"].is_null() && psc["runAsNonRoot"] == true);
+        if !non_root {
+            out.push(format!(
+                "runAsNonRoot != true (container {:?} must set securityContext.runAsNonRoot=true)",
+                name(c)
+            ));
+        }
+        if sc["runAsUser"] == 0 || (sc["runAsUser"].is_null() && psc["runAsUser"] == 0) {
+            out.push(format!("runAsUser=0 (container {:?} must not set runAsUser=0)", name(c)));
+        }
+        let seccomp = |v: &Value| matches!(v["seccompProfile"]["type"].as_str(), Some("RuntimeDefault" | "Localhost"));
+        if !(seccomp(sc) || (sc["seccompProfile"].is_null() && seccomp(psc))) {
+            out.push(format!(
+                "seccompProfile (container {:?} must set securityContext.seccompProfile.type to \"RuntimeDefault\" or \"Localhost\")",
+                name(c)
+            ));
+        }
+        for p in c["ports"].as_array().into_iter().flatten() {
+            if p["hostPort"].as_i64().unwrap_or(0) != 0 {
+                out.push(format!("hostPort (container {:?} uses hostPort {})", name(c), p["hostPort"]));
+            }
+        }
+    }
+    for v in spec["volumes"].as_array().into_iter().flatten() {
+        let kind = v.as_object().and_then(|o| o.keys().find(|k| *k != "name").cloned()).unwrap_or_default();
+        if !RESTRICTED_VOLUMES.contains(&kind.as_str()) {
+            out.push(format!("restricted volume types (volume {:?} uses restricted volume type {kind:?})", v["name"]));
+        }
+    }
+    out
 }
 
 struct Shared {
@@ -378,6 +464,20 @@ impl Store {
             };
             self.uids += 1;
             obj["metadata"]["name"] = json!(format!("{prefix}{:05x}", self.uids));
+        }
+        if res.plural == "pods" && self.restricted.contains(ns) {
+            let v = restricted_violations(&obj);
+            if !v.is_empty() {
+                return Err(err(
+                    403,
+                    "Forbidden",
+                    format!(
+                        "pods {:?} is forbidden: violates PodSecurity \"restricted:latest\": {}",
+                        name_of(&obj),
+                        v.join(", ")
+                    ),
+                ));
+            }
         }
         let key = (res.plural.to_string(), ns.to_string(), name_of(&obj));
         if self.objects.contains_key(&key) {
@@ -654,6 +754,101 @@ fn create(shared: &Shared, res: &Resource, ns: &str, body: Value) -> Result<Valu
     out
 }
 
+/// The fields of a StatefulSet's spec an update may change (the rest are immutable).
+const STATEFULSET_MUTABLE: &[&str] =
+    &["replicas", "ordinals", "template", "updateStrategy", "persistentVolumeClaimRetentionPolicy", "minReadySeconds"];
+
+/// The bytes of a quantity as claims write them (`10Gi`, `500M`, `1.5Ti`); None for others.
+fn quantity(q: &str) -> Option<f64> {
+    let split = q.find(|ch: char| !(ch.is_ascii_digit() || ch == '.')).unwrap_or(q.len());
+    let (n, suffix) = q.split_at(split);
+    let m = match suffix {
+        "" => 1.0,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        _ => return None,
+    };
+    Some(n.parse::<f64>().ok()? * m)
+}
+
+/// What the real API server's validation refuses in an update of the main resource, with its
+/// messages (422 `Invalid`): a StatefulSet's spec beyond [`STATEFULSET_MUTABLE`]
+/// (`ValidateStatefulSetUpdate`), a claim's spec beyond `resources.requests` and
+/// `volumeAttributesClassName`, or a claim's storage request lowered
+/// (`ValidatePersistentVolumeClaimUpdate`), a Service's `clusterIP` (`ValidateServiceUpdate`).
+fn validate_update(res: &Resource, old: &Value, new: &Value) -> Result<(), ApiError> {
+    let name = name_of(new);
+    let invalid = |kind: &str, detail: String| err(422, "Invalid", format!("{kind} {name:?} is invalid: {detail}"));
+    let without = |spec: &Value, keep: &dyn Fn(&str) -> bool| -> Value {
+        let mut s = spec.clone();
+        if let Some(m) = s.as_object_mut() {
+            m.retain(|k, _| !keep(k));
+        }
+        s
+    };
+    match res.plural {
+        "statefulsets" => {
+            let frozen = |o: &Value| without(&o["spec"], &|k| STATEFULSET_MUTABLE.contains(&k));
+            if frozen(old) != frozen(new) {
+                return Err(invalid(
+                    "StatefulSet.apps",
+                    "spec: Forbidden: updates to statefulset spec for fields other than 'replicas', 'ordinals', \
+                     'template', 'updateStrategy', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are \
+                     forbidden"
+                        .into(),
+                ));
+            }
+        }
+        "persistentvolumeclaims" => {
+            let frozen = |o: &Value| {
+                let mut s = without(&o["spec"], &|k| k == "volumeAttributesClassName");
+                if let Some(r) = s.get_mut("resources").and_then(Value::as_object_mut) {
+                    r.remove("requests");
+                }
+                s
+            };
+            if frozen(old) != frozen(new) {
+                return Err(invalid(
+                    "PersistentVolumeClaim",
+                    "spec: Forbidden: spec is immutable after creation except resources.requests and \
+                     volumeAttributesClassName for bound claims"
+                        .into(),
+                ));
+            }
+            let storage = |o: &Value| o["spec"]["resources"]["requests"]["storage"].as_str().and_then(quantity);
+            if let (Some(before), Some(after)) = (storage(old), storage(new))
+                && after < before
+            {
+                return Err(invalid(
+                    "PersistentVolumeClaim",
+                    "spec.resources.requests.storage: Forbidden: field can not be less than previous value".into(),
+                ));
+            }
+        }
+        "services" => {
+            let ip = |o: &Value| o["spec"]["clusterIP"].as_str().map(String::from);
+            if let (Some(before), after) = (ip(old), ip(new))
+                && after.as_ref() != Some(&before)
+            {
+                return Err(invalid(
+                    "Service",
+                    format!("spec.clusterIP: Invalid value: {:?}: field is immutable", after.unwrap_or_default()),
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// The new object from a write to the main resource or its status: the other part kept.
 fn writable(res: &Resource, old: &Value, mut new: Value, sub: Option<&str>) -> Value {
     if sub == Some("status") {
@@ -693,6 +888,9 @@ fn put(
         return Err(err(409, "Conflict", format!("the object has been modified; resourceVersion {rv} is stale")));
     }
     let new = writable(res, &old, body, sub);
+    if sub.is_none() {
+        validate_update(res, &old, &new)?;
+    }
     let out = s.replace(&key, new);
     notify(shared, &s);
     Ok(out)
@@ -726,6 +924,9 @@ fn patch(
                 other => return Err(err(415, "UnsupportedMediaType", format!("patch type {other:?}"))),
             }
             let new = writable(res, &old, new, sub);
+            if sub.is_none() {
+                validate_update(res, &old, &new)?;
+            }
             Ok((200, s.replace(&key, new)))
         }
     };
@@ -897,6 +1098,13 @@ impl ApiServer {
         delete(&self.shared, res, ns, name)
     }
 
+    /// Enforces Pod Security `restricted` on the pods created in `ns` from now on (what the
+    /// namespace label `pod-security.kubernetes.io/enforce: restricted` does): a pod that
+    /// violates it is refused, 403 with the admission's message.
+    pub fn enforce_restricted(&self, ns: &str) {
+        self.shared.store.lock().expect("store").restricted.insert(ns.to_string());
+    }
+
     /// The requests served so far ("METHOD path?query").
     pub fn requests(&self) -> Vec<String> {
         self.shared.store.lock().expect("store").requests.iter().cloned().collect()
@@ -967,5 +1175,92 @@ mod tests {
         api.merge("dpukvclusters", "db", "demo", &json!({"metadata": {"finalizers": null}})).expect("patch");
         assert!(api.get("dpukvclusters", "db", "demo").is_none());
         assert!(api.get("statefulsets", "db", "demo-node").is_none(), "collected with its owner");
+    }
+
+    /// As the real API server: a StatefulSet's claim templates (any spec field but the mutable
+    /// ones) never change; a claim's storage request only grows; a Service keeps its clusterIP.
+    #[test]
+    fn updates_the_real_api_server_refuses_are_422() {
+        let api = ApiServer::start("127.0.0.1").expect("start");
+        let claim = |size: &str| json!([{"metadata": {"name": "data"}, "spec": {"resources": {"requests": {"storage": size}}}}]);
+        api.create(
+            "statefulsets",
+            "db",
+            json!({"metadata": {"name": "s"}, "spec": {"replicas": 1, "volumeClaimTemplates": claim("10Gi")}}),
+        )
+        .expect("create");
+        api.merge("statefulsets", "db", "s", &json!({"spec": {"replicas": 3, "template": {"x": 1}}}))
+            .expect("mutable fields");
+        let e = api
+            .merge("statefulsets", "db", "s", &json!({"spec": {"volumeClaimTemplates": claim("20Gi")}}))
+            .expect_err("immutable");
+        assert_eq!((e.code, e.reason), (422, "Invalid"));
+        assert!(e.message.contains("updates to statefulset spec for fields other than 'replicas'"), "{}", e.message);
+        assert_eq!(
+            api.get("statefulsets", "db", "s").expect("s")["spec"]["volumeClaimTemplates"],
+            claim("10Gi"),
+            "unchanged"
+        );
+        api.create("persistentvolumeclaims", "db", json!({"metadata": {"name": "c"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}}))
+            .expect("claim");
+        api.merge(
+            "persistentvolumeclaims",
+            "db",
+            "c",
+            &json!({"spec": {"resources": {"requests": {"storage": "20Gi"}}}}),
+        )
+        .expect("grows");
+        let e = api
+            .merge(
+                "persistentvolumeclaims",
+                "db",
+                "c",
+                &json!({"spec": {"resources": {"requests": {"storage": "15Gi"}}}}),
+            )
+            .expect_err("shrinks");
+        assert!(e.message.contains("field can not be less than previous value"), "{}", e.message);
+        let e = api
+            .merge("persistentvolumeclaims", "db", "c", &json!({"spec": {"accessModes": ["ReadWriteMany"]}}))
+            .expect_err("immutable");
+        assert!(e.message.contains("spec is immutable after creation"), "{}", e.message);
+        api.create("services", "db", json!({"metadata": {"name": "v"}, "spec": {"clusterIP": "None"}}))
+            .expect("service");
+        let e = api.merge("services", "db", "v", &json!({"spec": {"clusterIP": "10.0.0.1"}})).expect_err("clusterIP");
+        assert!(e.message.contains("field is immutable"), "{}", e.message);
+    }
+
+    /// Pod Security `restricted`: a pod as the operator renders it passes; the same pod with
+    /// privilege escalation allowed, a host path, or running as root is refused, with the
+    /// admission's words.
+    #[test]
+    fn pod_security_restricted_refuses_what_the_standard_forbids() {
+        let api = ApiServer::start("127.0.0.1").expect("start");
+        api.enforce_restricted("db");
+        let good = json!({"metadata": {"name": "p"}, "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": false,
+                            "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": true}}],
+            "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "x"}}, {"name": "s", "emptyDir": {}}]}});
+        api.create("pods", "db", good.clone()).expect("admitted");
+        let mut escalating = good.clone();
+        escalating["metadata"]["name"] = json!("q");
+        escalating["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true);
+        let e = api.create("pods", "db", escalating).expect_err("refused");
+        assert_eq!((e.code, e.reason), (403, "Forbidden"));
+        assert!(
+            e.message.contains("violates PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false"),
+            "{}",
+            e.message
+        );
+        let mut host = good.clone();
+        host["metadata"]["name"] = json!("r");
+        host["spec"]["volumes"] = json!([{"name": "h", "hostPath": {"path": "/"}}]);
+        host["spec"]["securityContext"]["runAsUser"] = json!(0);
+        let e = api.create("pods", "db", host).expect_err("refused");
+        assert!(e.message.contains("restricted volume types") && e.message.contains("runAsUser=0"), "{}", e.message);
+        // Other namespaces: not enforced.
+        let mut elsewhere = good;
+        elsewhere["spec"]["containers"][0]["securityContext"] = json!({});
+        api.create("pods", "other", elsewhere).expect("not enforced there");
     }
 }

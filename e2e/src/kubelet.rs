@@ -3,8 +3,9 @@
 //!
 //! - **StatefulSet controller**: pods `NAME-0..replicas` (all at once, as `Parallel` does), one
 //!   `PersistentVolumeClaim` per claim template and ordinal (`TEMPLATE-NAME-ORDINAL`), rolling
-//!   updates held by the partition (one pod at a time, highest ordinal first, only while every
-//!   pod is ready), scale-in deleting the highest ordinals and then — `whenScaled: Delete` —
+//!   updates held by the partition (one pod at a time, highest ordinal first, as Kubernetes'
+//!   controller walks them: the first pod off the update revision is deleted, an unhealthy one
+//!   on it stops the walk), scale-in deleting the highest ordinals and then — `whenScaled: Delete` —
 //!   their claims; status (`replicas`, `readyReplicas`, `currentRevision`, `updateRevision`,
 //!   `updatedReplicas`, `observedGeneration`); claims owned by the StatefulSet when
 //!   `whenDeleted: Delete`.
@@ -342,16 +343,22 @@ impl Loop {
             });
             self.api.create("pods", ns, pod)?;
         }
-        // A rolling update: one pod at a time, once every pod is ready.
-        let live: Vec<&Value> = pods.range(..replicas).map(|(_, p)| p).collect();
-        let settled = live.len() as i64 == replicas && live.iter().all(|p| !terminating(p) && pod_ready(p));
-        if settled
-            && let Some((_, p)) = pods
-                .range(partition.clamp(0, replicas.max(0))..replicas.max(0))
-                .rev()
-                .find(|(_, p)| p["metadata"]["labels"]["controller-revision-hash"] != update.as_str())
-        {
-            self.delete_pod(p, "Updated");
+        // A rolling update as Kubernetes' StatefulSet controller makes it
+        // (`updateStatefulSet`, `pkg/controller/statefulset/stateful_set_control.go`): from the
+        // highest ordinal down to the partition, the first pod not on the update revision is
+        // deleted — whether or not the others are ready —, and a pod on it that is not healthy
+        // (running, ready, not terminating) stops the walk. Pods below the partition are never
+        // touched: one broken there waits for ever (the operator lowers the partition to it).
+        for i in (partition.clamp(0, replicas.max(0))..replicas.max(0)).rev() {
+            // (A pod created in this pass is not healthy yet.)
+            let Some(p) = pods.get(&i) else { break };
+            if p["metadata"]["labels"]["controller-revision-hash"] != update.as_str() && !terminating(p) {
+                self.delete_pod(p, "Updated");
+                break;
+            }
+            if terminating(p) || !pod_ready(p) {
+                break;
+            }
         }
         // Status: as Kubernetes counts it, pods still terminating are among `replicas` (and
         // `readyReplicas` while ready) — they run until they are gone — but on no revision.
