@@ -24,14 +24,18 @@ HTTP=18080
 say() { printf '\n== %s\n' "$*"; }
 fail() { echo "FAILED: $*" >&2; exit 1; }
 
-# Waits until `kubectl get dpukv NAME` reports phase $1 (and, with $2, that many ready nodes).
+# Waits until `kubectl get dpukv NAME` reports phase $1 (and, with $2, that many ready nodes) for
+# the resource's current generation: right after a patch the status still describes the spec
+# before it (its observedGeneration is behind) and says nothing yet.
 wait_phase() {
   local want=$1 nodes=${2:-} deadline=$((SECONDS + ${3:-900}))
   while ((SECONDS < deadline)); do
-    local phase ready
+    local phase ready generation observed
     phase=$(kubectl -n "$NS" get dpukv "$NAME" -o jsonpath='{.status.phase}' 2>/dev/null || true)
     ready=$(kubectl -n "$NS" get dpukv "$NAME" -o jsonpath='{.status.readyNodes}' 2>/dev/null || true)
-    if [[ $phase == "$want" && ( -z $nodes || $ready == "$nodes" ) ]]; then
+    generation=$(kubectl -n "$NS" get dpukv "$NAME" -o jsonpath='{.metadata.generation}' 2>/dev/null || true)
+    observed=$(kubectl -n "$NS" get dpukv "$NAME" -o jsonpath='{.status.observedGeneration}' 2>/dev/null || true)
+    if [[ -n $generation && $observed == "$generation" && $phase == "$want" && ( -z $nodes || $ready == "$nodes" ) ]]; then
       echo "phase $phase, $ready nodes ready"
       return 0
     fi

@@ -86,6 +86,12 @@ pub struct Summary {
     pub without_primary: u32,
     /// Regions with fewer in-sync copies than the replication factor allows on the live nodes.
     pub under_replicated: u32,
+    /// Nodes asked to drain (absent from nodes of an older version: none).
+    #[serde(default)]
+    pub draining: Vec<u32>,
+    /// Nodes asked to step down.
+    #[serde(default)]
+    pub stepping_down: Vec<u32>,
 }
 
 /// What a call to the admin API can fail with.

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -44,7 +44,7 @@ use crate::etcd_keys::{self, KeyCleaner};
 use crate::events::{self, normal, warning};
 use crate::render::OperatorPods;
 use crate::tls::{self, OperatorCerts};
-use crate::{admin, render};
+use crate::{admin, claims, render};
 
 /// The field manager of everything the operator applies.
 pub const MANAGER: &str = "dpukv-operator";
@@ -159,13 +159,44 @@ pub fn backoff(n: u32) -> Duration {
     Duration::from_secs(1u64 << n.min(9).saturating_sub(1)).min(Duration::from_secs(300))
 }
 
-/// Whether some Kubernetes node advertises `resource` (allocatable > 0): `Auto` mode's choice.
-async fn dpu_available(client: &Client, resource: &str) -> Result<bool, Error> {
+/// Whether the Kubernetes nodes advertise at least `wanted` of `resource` in all (allocatable):
+/// `Auto` mode's choice for a new cluster. (Allocatable, not free: a DPU other pods hold is
+/// still counted — the scheduler then keeps a pod Pending, which the status shows.)
+async fn dpus_advertised(client: &Client, resource: &str, wanted: i32) -> Result<bool, Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     let list = nodes.list(&ListParams::default()).await?;
-    Ok(list.items.iter().any(|n| {
-        n.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(resource)).is_some_and(|q| q.0 != "0")
-    }))
+    let total: i64 = list
+        .items
+        .iter()
+        .filter_map(|n| n.status.as_ref()?.allocatable.as_ref()?.get(resource)?.0.parse::<i64>().ok())
+        .sum();
+    Ok(total >= i64::from(wanted.max(1)))
+}
+
+/// The name `status.deviceMode` gives a decision.
+fn mode_name(dpu: bool) -> &'static str {
+    if dpu { "Device" } else { "Emulator" }
+}
+
+/// Whether the node pods get a DPU. `Device` and `Emulator` say so; `Auto` is decided once and
+/// kept: from `status.deviceMode`, else from the live StatefulSet's template (a cluster created
+/// before the status had the field, or whose first status write failed), else — a new cluster —
+/// from what the nodes advertise. Re-deciding on every reconcile flipped running clusters: a DPU
+/// node joining, or allocatable dropping to 0 while the device plugin restarts, changed the pod
+/// template and restarted every pod.
+pub async fn device_mode(c: &DpuKvCluster, live: Option<&StatefulSet>, client: &Client) -> Result<bool, Error> {
+    match c.spec.device.mode {
+        DeviceMode::Device => return Ok(true),
+        DeviceMode::Emulator => return Ok(false),
+        DeviceMode::Auto => {}
+    }
+    if let Some(m) = c.status.as_ref().and_then(|s| s.device_mode.as_deref()) {
+        return Ok(m == "Device");
+    }
+    if let Some(l) = live {
+        return Ok(render::requests_device(l, &c.spec.device.resource_name));
+    }
+    dpus_advertised(client, &c.spec.device.resource_name, c.spec.nodes).await
 }
 
 async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
@@ -185,6 +216,31 @@ fn condition(type_: &str, ok: bool, reason: &str, message: &str, generation: Opt
         observed_generation: generation,
         last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
     }
+}
+
+/// `StorageResized`: whether every claim has the size the spec asks for (True), or why not —
+/// a shrink refused (volumes never shrink), or an expansion not done yet or refused.
+fn storage_condition(resizes: &[(&str, claims::Resize)], generation: Option<i64>) -> Condition {
+    let mut why = Vec::new();
+    let mut reason = "AsSpecified";
+    for (field, r) in resizes {
+        match r {
+            claims::Resize::Done => {}
+            claims::Resize::ShrinkRefused { from, to } => {
+                reason = "ShrinkRefused";
+                why.push(format!(
+                    "{field}: {to} is smaller than the volumes' {from}; volumes never shrink (set it back)"
+                ));
+            }
+            claims::Resize::Pending(m) => {
+                if reason == "AsSpecified" {
+                    reason = "Expanding";
+                }
+                why.push(format!("{field}: {m}"));
+            }
+        }
+    }
+    condition("StorageResized", why.is_empty(), reason, &why.join("; "), generation)
 }
 
 /// A condition's `lastTransitionTime` says when its status last changed: kept from `before`
@@ -228,12 +284,49 @@ fn rolling_message(l: &StatefulSet) -> Option<String> {
         .then(|| format!("upgrading: {updated} of {} pods on the new revision", st.replicas))
 }
 
+/// A node pod as a rollout sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PodState {
+    /// The StatefulSet revision it runs (`controller-revision-hash`).
+    revision: String,
+    /// Ready (its `Ready` condition True), and not being deleted.
+    ready: bool,
+}
+
+/// The node pods by ordinal (pods being deleted count as not ready).
+async fn node_pods(c: &DpuKvCluster, client: &Client) -> Result<HashMap<i32, PodState>, Error> {
+    let ns = c.namespace().ok_or(Error::NoNamespace)?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let list = pods.list(&ListParams::default().labels(&render::selector_string(c))).await?;
+    let prefix = format!("{}-", render::node_name(c));
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|p| {
+            let ordinal = p.metadata.name.as_deref()?.strip_prefix(&prefix)?.parse().ok()?;
+            let revision = p.labels().get("controller-revision-hash").cloned().unwrap_or_default();
+            let ready = p.metadata.deletion_timestamp.is_none()
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            Some((ordinal, PodState { revision, ready }))
+        })
+        .collect())
+}
+
 /// One step of an upgrade (docs/kubernetes.md "Upgrades"): pods restart one at a time, highest
 /// ordinal first, each only after its primaries moved to backups elsewhere
 /// (`/cluster/step-down/{node}`) and the cluster is whole again (no region without a live
-/// primary or short of copies); the previous pod must be ready on the new revision first — a
-/// new version whose pods never get ready stops the rollout there.
-async fn upgrade_step(c: &DpuKvCluster, ep: &Endpoint, l: &StatefulSet) -> Result<Step, Error> {
+/// primary or short of copies); the pods restarted so far must be ready on the new revision
+/// first — a new version whose pods never get ready stops the rollout there. Reverting
+/// `version` (or any template change) recovers such a rollout by itself: the next pod not on
+/// the new revision and not ready — the one the failed version broke — is restarted at once
+/// (its step-down asked, not awaited: it serves nothing); a pod already on the new revision is
+/// passed over without a restart. (The StatefulSet controller restarts only pods from the
+/// partition up; a broken pod below it would wait for ever — Kubernetes documents this as
+/// needing a manual pod deletion under `OrderedReady`.)
+async fn upgrade_step(c: &DpuKvCluster, ep: &Endpoint, l: &StatefulSet, client: &Client) -> Result<Step, Error> {
     let replicas = l.spec.replicas.unwrap_or(0);
     let partition = held(l).min(replicas);
     let Some(message) = rolling_message(l) else {
@@ -246,12 +339,15 @@ async fn upgrade_step(c: &DpuKvCluster, ep: &Endpoint, l: &StatefulSet) -> Resul
         // Settled: hold every pod, so a changed template restarts none by itself.
         return Ok(Step { partition: replicas, upgrading: None, restarting: None });
     };
-    let st = l.status.as_ref();
-    let updated = st.and_then(|s| s.updated_replicas).unwrap_or(0);
-    let ready = st.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let update = l.status.as_ref().and_then(|s| s.update_revision.clone()).unwrap_or_default();
+    let pods = node_pods(c, client).await?;
+    let name = render::node_name(c);
     let hold = |why: String| Ok(Step { partition, upgrading: Some(format!("{message}; {why}")), restarting: None });
-    if updated < replicas - partition || ready < replicas {
-        return hold(format!("waiting for {}-{partition} to be ready on the new revision", render::node_name(c)));
+    let on_update = |o: i32| pods.get(&o).is_some_and(|p| p.revision == update);
+    let ready = |o: i32| pods.get(&o).is_some_and(|p| p.ready);
+    // The pods restarted so far: ready on the new revision.
+    if let Some(o) = (partition..replicas).rev().find(|&o| !(on_update(o) && ready(o))) {
+        return hold(format!("waiting for {name}-{o} to be ready on the new revision"));
     }
     let addr = ep;
     if partition < replicas {
@@ -261,6 +357,30 @@ async fn upgrade_step(c: &DpuKvCluster, ep: &Endpoint, l: &StatefulSet) -> Resul
     if partition == 0 {
         return Ok(Step { partition: 0, upgrading: Some(format!("{message}; every pod restarted")), restarting: None });
     }
+    let next = partition - 1;
+    if on_update(next) && ready(next) {
+        // Already on the new revision (a rollout reverted): nothing restarts it.
+        return Ok(Step {
+            partition: next,
+            upgrading: Some(format!("{message}; {name}-{next} already on it")),
+            restarting: None,
+        });
+    }
+    if !on_update(next) && !ready(next) {
+        // Broken by the revision it runs (a failed upgrade, reverted): restarted at once.
+        if let Err(e) = admin::step_down(addr, next as u32 + 1).await {
+            tracing::debug!(cluster = %key(c), error = %e, "step-down of a pod that is not ready");
+        }
+        return Ok(Step {
+            partition: next,
+            upgrading: Some(format!("{message}; restarting {name}-{next}, not ready on the revision it runs")),
+            restarting: Some(next),
+        });
+    }
+    // Every other pod ready before one more goes.
+    if let Some(o) = (0..next).find(|&o| !ready(o)) {
+        return hold(format!("waiting for {name}-{o} to be ready"));
+    }
     let s = admin::summary(addr).await?;
     if s.without_primary > 0 || s.under_replicated > 0 {
         return hold(format!(
@@ -268,19 +388,16 @@ async fn upgrade_step(c: &DpuKvCluster, ep: &Endpoint, l: &StatefulSet) -> Resul
             s.without_primary, s.under_replicated
         ));
     }
-    let next = partition - 1;
     let st = admin::step_down(addr, next as u32 + 1).await?;
     if !st.done {
         return hold(format!(
-            "moving the primaries of {}-{next} ({} regions led, {} movable)",
-            render::node_name(c),
-            st.regions_led,
-            st.movable
+            "moving the primaries of {name}-{next} ({} regions led, {} movable)",
+            st.regions_led, st.movable
         ));
     }
     Ok(Step {
         partition: next,
-        upgrading: Some(format!("{message}; restarting {}-{next}", render::node_name(c))),
+        upgrading: Some(format!("{message}; restarting {name}-{next}")),
         restarting: Some(next),
     })
 }
@@ -316,8 +433,31 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         && !matches!(e, Error::EtcdCleanup(_))
     {
         events::publish(&ctx.recorder, &c, warning(events::RECONCILE_FAILED, "Reconcile", e.to_string())).await;
+        report_failure(&c, &ctx, e).await;
     }
     r
+}
+
+/// A failed reconcile says so in the status too (a status written only after a success showed
+/// a cluster whose every reconcile failed — an edit the API server refuses — as healthy): the
+/// last status, with `Reconciled` False carrying the error and the generation that failed. Best
+/// effort: a status that cannot be written is logged (the event says it too).
+async fn report_failure(c: &DpuKvCluster, ctx: &Context, e: &Error) {
+    let Some(ns) = c.namespace() else { return };
+    let before = c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+    let mut status = c.status.clone().unwrap_or_default();
+    status.conditions.retain(|x| x.type_ != "Reconciled");
+    status.conditions.push(condition("Reconciled", false, "ReconcileFailed", &e.to_string(), c.metadata.generation));
+    keep_transition_times(&mut status.conditions, before);
+    let api: Api<DpuKvCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = serde_json::json!({
+        "apiVersion": DpuKvCluster::api_version(&()),
+        "kind": DpuKvCluster::kind(&()),
+        "status": status,
+    });
+    if let Err(e) = api.patch_status(&c.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await {
+        tracing::warn!(cluster = %key(c), error = %e, "the failure could not be written to the status");
+    }
 }
 
 /// The finalizer's cleanup of a deleted cluster: its keys in the external etcd, once no node pod
@@ -419,12 +559,9 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     let ns = c.namespace().ok_or(Error::NoNamespace)?;
     let client = &ctx.client;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    let dpu = match c.spec.device.mode {
-        DeviceMode::Auto => dpu_available(client, &c.spec.device.resource_name).await?,
-        _ => false,
-    };
-    let mut set = render::node_statefulset(c, dpu);
     let live = sets.get_opt(&render::node_name(c)).await?;
+    let dpu = device_mode(c, live.as_ref(), client).await?;
+    let mut set = render::node_statefulset(c, dpu);
     let running = live.as_ref().and_then(|s| s.spec.replicas).unwrap_or(0);
     let desired = c.spec.nodes;
     // The certificates first: every node id the StatefulSet has or is about to have (a scale-out
@@ -433,11 +570,23 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     let ids = running.max(desired).max(0) as u32;
     let tls = tls::ensure(c, client, &ctx.operator_certs, ids, now).await?;
     let ep = Endpoint { addrs: (ctx.admin)(c), tls: tls.control.clone() };
-    // The managed etcd next: the node pods need it to start.
-    if let (Some(svc), Some(etcd)) = (render::etcd_service(c), render::etcd_statefulset(c)) {
+    // The managed etcd next: the node pods need it to start. (Its claim templates stay as they
+    // were made; a larger size goes to its claims: `claims`.)
+    let mut resizes = Vec::new();
+    if let (Some(svc), Some(mut etcd)) = (render::etcd_service(c), render::etcd_statefulset(c)) {
         apply(&Api::<Service>::namespaced(client.clone(), &ns), &svc).await?;
+        let live_etcd = sets.get_opt(&render::etcd_name(c)).await?;
+        let members = etcd.spec.replicas.unwrap_or(0);
+        resizes.push((
+            "etcd.managed.storage",
+            claims::keep_and_expand(client, &ns, &mut etcd, live_etcd.as_ref(), members).await?,
+        ));
         apply(&sets, &etcd).await?;
     }
+    resizes.push((
+        "storage.size",
+        claims::keep_and_expand(client, &ns, &mut set, live.as_ref(), running.max(desired)).await?,
+    ));
     // Scale-in: drain the pods that would go; shrink only when all are drained.
     let mut pending = Vec::new();
     if running > desired {
@@ -481,7 +630,7 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
         Some(l) if running != desired || waiting_for_drain => {
             Step { partition: held(l), upgrading: rolling_message(l), restarting: None }
         }
-        Some(l) => upgrade_step(c, &ep, l).await?,
+        Some(l) => upgrade_step(c, &ep, l, client).await?,
     };
     if let Some(u) = set.spec.update_strategy.as_mut().and_then(|u| u.rolling_update.as_mut()) {
         u.partition = Some(rollout.partition);
@@ -528,7 +677,12 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::node_service(c)).await?;
     apply(&Api::<Deployment>::namespaced(client.clone(), &ns), &render::gateway_deployment(c)).await?;
     apply(&Api::<Service>::namespaced(client.clone(), &ns), &render::gateway_service(c)).await?;
-    apply(&Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns), &render::node_pdb(c)).await?;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    apply(&pdbs, &render::node_pdb(c)).await?;
+    apply(&pdbs, &render::gateway_pdb(c)).await?;
+    if let Some(p) = render::etcd_pdb(c) {
+        apply(&pdbs, &p).await?;
+    }
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
     for p in render::network_policies(c, &ctx.operator_pods) {
         apply(&policies, &p).await?;
@@ -536,7 +690,8 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
 
     let ready = set.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
     let generation = c.metadata.generation;
-    let available = ready >= c.spec.nodes && !waiting_for_drain && rollout.upgrading.is_none();
+    // Settled: every pod ready, nothing under way (else looked at again soon).
+    let settled = ready >= c.spec.nodes && !waiting_for_drain && rollout.upgrading.is_none();
     let upgrading = rollout.upgrading.is_some();
     let phase = if waiting_for_drain {
         "Draining"
@@ -558,6 +713,14 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     } else {
         Err("no node pod is ready".to_string())
     };
+    // Requests nothing needs any more, taken back on every reconcile (not only on the scale-out
+    // edge: a scale-in cancelled midway — 5 to 3 to 5 — left its nodes drained for good, and an
+    // un-drain that failed was never tried again): a drain of a node the cluster keeps, a
+    // step-down while no rollout is under way. A failure is retried after the status is written.
+    let mut leftover = Ok(());
+    if let Ok(s) = &summary {
+        leftover = take_back_requests(c, ctx, &ep, s, desired, upgrading).await;
+    }
     let degraded = match &summary {
         Ok(s) if s.without_primary > 0 => condition(
             "Degraded",
@@ -585,6 +748,37 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
             ..condition("Degraded", false, "SummaryUnavailable", why, generation)
         },
     };
+    // Available: the cluster serves every key — every region has a live primary (the summary
+    // says), whatever else is under way: a rolling upgrade or a drain restarts or empties one pod
+    // at a time and keeps it so. Without a summary, every pod ready is the best sign there is.
+    let available = match &summary {
+        Ok(s) if s.without_primary > 0 => condition(
+            "Available",
+            false,
+            "RegionsWithoutPrimary",
+            &format!(
+                "{} of {} regions have no live primary; {ready} of {} node pods ready",
+                s.without_primary, s.regions, c.spec.nodes
+            ),
+            generation,
+        ),
+        Ok(s) => condition(
+            "Available",
+            s.regions > 0,
+            if s.regions > 0 { "RegionsServed" } else { "NoRegions" },
+            &format!("every region has a live primary; {ready} of {} node pods ready", c.spec.nodes),
+            generation,
+        ),
+        Err(_) => condition(
+            "Available",
+            settled,
+            if settled { "NodesReady" } else { "NodesNotReady" },
+            &format!("{ready} of {} node pods ready (the cluster's summary could not be read)", c.spec.nodes),
+            generation,
+        ),
+    };
+    // A running cluster short of primaries or copies says so in its phase too.
+    let phase = if phase == "Running" && degraded.status == "True" { "Degraded" } else { phase };
     let drain_message = pending
         .iter()
         .map(|p| format!("node {}: {} regions led, {} held", p.node, p.regions_led, p.regions_held))
@@ -593,14 +787,8 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     let mut status = DpuKvClusterStatus {
         phase: Some(phase.into()),
         conditions: vec![
-            condition(
-                "Available",
-                available,
-                if available { "NodesReady" } else { "NodesNotReady" },
-                &format!("{ready} of {} node pods ready", c.spec.nodes),
-                generation,
-            ),
-            condition("Progressing", !available, phase, rollout.upgrading.as_deref().unwrap_or(""), generation),
+            available,
+            condition("Progressing", !settled, phase, rollout.upgrading.as_deref().unwrap_or(""), generation),
             degraded,
             condition(
                 "Draining",
@@ -610,8 +798,11 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
                 generation,
             ),
             condition("Secure", tls.secure, tls.reason, &tls.message, generation),
+            storage_condition(&resizes, generation),
+            condition("Reconciled", true, "ReconcileSucceeded", "", generation),
         ],
         ready_nodes: ready,
+        nodes: set.status.as_ref().map_or(0, |s| s.replicas),
         regions: summary.as_ref().map_or(0, |s| s.regions as i32),
         master: summary
             .as_ref()
@@ -621,6 +812,7 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
         observed_generation: generation,
         version: (ready >= c.spec.nodes && !upgrading).then(|| c.spec.version.clone()),
         selector: Some(render::selector_string(c)),
+        device_mode: Some(mode_name(dpu).into()),
     };
     keep_transition_times(&mut status.conditions, c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]));
     let api: Api<DpuKvCluster> = Api::namespaced(client.clone(), &ns);
@@ -653,8 +845,38 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
         let note = format!("every node pod runs the new pod template (version {})", c.spec.version);
         events::publish(&ctx.recorder, c, normal(events::ROLLOUT_FINISHED, "Upgrade", note)).await;
     }
+    leftover?;
     ctx.failures.lock().expect("failures lock").remove(&key(c));
-    Ok(Action::requeue(if available { Duration::from_secs(60) } else { Duration::from_secs(5) }))
+    Ok(Action::requeue(if settled { Duration::from_secs(60) } else { Duration::from_secs(5) }))
+}
+
+/// Takes back the drains of nodes the cluster keeps (ids up to `desired`: a scale-in drains only
+/// those above) and, while no rollout is under way, every step-down; an event says which.
+async fn take_back_requests(
+    c: &DpuKvCluster,
+    ctx: &Context,
+    ep: &Endpoint,
+    s: &admin::Summary,
+    desired: i32,
+    upgrading: bool,
+) -> Result<(), Error> {
+    let kept = |n: &u32| i64::from(*n) <= i64::from(desired);
+    let drained: Vec<u32> = s.draining.iter().copied().filter(kept).collect();
+    let stepping: Vec<u32> = if upgrading { Vec::new() } else { s.stepping_down.clone() };
+    for &n in &drained {
+        admin::undrain(ep, n).await?;
+        admin::step_up(ep, n).await?;
+    }
+    for &n in stepping.iter().filter(|n| !drained.contains(n)) {
+        admin::step_up(ep, n).await?;
+    }
+    if !drained.is_empty() {
+        let nodes: Vec<String> =
+            drained.iter().map(|n| format!("node {n} ({}-{})", render::node_name(c), n - 1)).collect();
+        let note = format!("{} no longer drained: the cluster keeps {desired} node pods", nodes.join(", "));
+        events::publish(&ctx.recorder, c, normal(events::UNDRAINED, "Drain", note)).await;
+    }
+    Ok(())
 }
 
 /// Retries a failed cluster after its backoff (one that waits, soon).

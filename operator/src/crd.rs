@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
     category = "dpukv",
     scale(
         spec_replicas_path = ".spec.nodes",
-        status_replicas_path = ".status.readyNodes",
+        status_replicas_path = ".status.nodes",
         label_selector_path = ".status.selector"
     ),
     printcolumn(name = "Nodes", type_ = "integer", json_path = ".spec.nodes"),
@@ -155,7 +155,10 @@ pub struct RegionsSpec {
 #[serde(rename_all = "camelCase")]
 pub struct DeviceSpec {
     /// `Device`: on a DPU given by the device plugin; `Emulator`: an emulator sidecar;
-    /// `Auto`: `Device` when some Kubernetes node advertises the resource.
+    /// `Auto`: decided once, when the cluster is created — `Device` when the Kubernetes nodes
+    /// advertise at least one of the resource per node pod, else `Emulator` — and kept
+    /// (`status.deviceMode`): a DPU node joining or a device plugin restarting never changes a
+    /// running cluster's pods.
     #[serde(default)]
     pub mode: DeviceMode,
     /// The extended resource the device plugin advertises.
@@ -180,7 +183,8 @@ pub enum DeviceMode {
     Device,
     /// The emulator sidecar.
     Emulator,
-    /// Device where any node advertises the resource, else Emulator.
+    /// Decided once at creation: Device when the nodes advertise enough of the resource, else
+    /// Emulator (see [`DeviceSpec::mode`]).
     #[default]
     Auto,
 }
@@ -587,16 +591,21 @@ pub enum RetentionPolicy {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct DpuKvClusterStatus {
-    /// `Pending`, `Creating`, `Running`, `Scaling`, `Draining`, `Upgrading`, `Degraded` or
-    /// `Deleting`.
+    /// `Creating` (no node pod ready yet), `Running`, `Degraded` (running, with regions short
+    /// of a primary or of copies), `Scaling`, `Draining` or `Upgrading`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    /// `Available`, `Progressing`, `Degraded`, `Draining`, `Secure`.
+    /// `Available`, `Progressing`, `Degraded`, `Draining`, `Secure`, `StorageResized`, `Reconciled` (False with
+    /// the error when the last reconcile failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Node pods ready.
     #[serde(default)]
     pub ready_nodes: i32,
+    /// Node pods running, ready or not (the scale subresource's current replicas: an autoscaler
+    /// reading ready pods would take pods still starting for missing ones and scale again).
+    #[serde(default)]
+    pub nodes: i32,
     /// Regions in the cluster's map.
     #[serde(default)]
     pub regions: i32,
@@ -612,4 +621,9 @@ pub struct DpuKvClusterStatus {
     /// The node pods' label selector (the scale subresource's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// Where the device half runs, as decided (`Device` or `Emulator`): `Auto` is decided once,
+    /// when the cluster is created, and kept — a DPU node joining or a device plugin restarting
+    /// never changes a running cluster's pods; set `device.mode` to change it on purpose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_mode: Option<String>,
 }

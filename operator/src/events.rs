@@ -25,6 +25,8 @@ pub const REPORTER: &str = "dpukv-operator";
 
 /// Pods that will go in a scale-in are being drained.
 pub const DRAIN_STARTED: &str = "DrainStarted";
+/// Drains the cluster no longer needs were taken back (a scale-in cancelled midway).
+pub const UNDRAINED: &str = "Undrained";
 /// The drained pods are gone: the node StatefulSet shrank.
 pub const SCALED_IN: &str = "ScaledIn";
 /// The node StatefulSet grew.

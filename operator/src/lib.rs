@@ -15,6 +15,7 @@
 //! - `events`: the Kubernetes events it publishes on a cluster, and their reasons.
 //! - `etcd_keys`: a cluster's keys in an external etcd — the finalizer, the skip annotation, the
 //!   deletion (injectable: tests delete from an in-memory store).
+//! - `claims`: volume sizes after creation — claim templates kept, claims expanded, shrinks refused.
 //! - `admin`: a cluster's admin API — drains (and stopping them), the summary the status shows.
 //! - `run`: the controller over every cluster and what it owns; metrics and health.
 //! - `lease`: leader election over a coordination Lease (several replicas, one reconciles).
@@ -32,6 +33,7 @@
 
 pub mod admin;
 pub mod certs;
+pub mod claims;
 pub mod controller;
 pub mod crd;
 pub mod etcd_keys;

@@ -43,6 +43,10 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule { group: "events.k8s.io", resource: "events", verbs: &["create", "patch"] },
     // `device.mode: Auto` asks whether some node advertises the device resource.
     Rule { group: "", resource: "nodes", verbs: &["list"] },
+    // A larger `storage.size` (or `etcd.managed.storage`) goes to each claim (`claims`).
+    Rule { group: "", resource: "persistentvolumeclaims", verbs: &["get", "patch"] },
+    // The node pods' revisions and readiness during a rollout (a broken pod is restarted).
+    Rule { group: "", resource: "pods", verbs: &["list"] },
 ];
 
 /// In the operator's own namespace: its leader-election Lease (`lease`).

@@ -113,14 +113,24 @@ pub const NODE_CERT_FILE: &str = "node-{node}.crt";
 /// See [`NODE_CERT_FILE`].
 pub const NODE_KEY_FILE: &str = "node-{node}.key";
 
-/// Whether the device half gets a DPU: `Device` mode, or `Auto` when some Kubernetes node
-/// advertises the resource (the controller looks; `dpu_available`).
+/// Whether the device half gets a DPU: `Device` mode, or `Auto` decided as `Device` (the
+/// controller decides once and keeps it: `controller::device_mode`).
 pub fn uses_device(c: &DpuKvCluster, dpu_available: bool) -> bool {
     match c.spec.device.mode {
         DeviceMode::Device => true,
         DeviceMode::Emulator => false,
         DeviceMode::Auto => dpu_available,
     }
+}
+
+/// Whether a node StatefulSet's device container asks for `resource` (a DPU): what a running
+/// cluster was decided to run on.
+pub fn requests_device(set: &StatefulSet, resource: &str) -> bool {
+    let Some(pod) = set.spec.template.spec.as_ref() else { return false };
+    pod.containers
+        .iter()
+        .filter(|c| c.name == "device")
+        .any(|c| c.resources.as_ref().and_then(|r| r.limits.as_ref()).is_some_and(|l| l.contains_key(resource)))
 }
 
 /// The labels of a component's objects (`node` or `gateway`).
@@ -395,6 +405,13 @@ pub fn etcd_statefulset(c: &DpuKvCluster) -> Option<StatefulSet> {
                 }),
             },
             volume_claim_templates: Some(vec![data_claim(&m.storage, &s.storage.storage_class_name)]),
+            // The metadata is the cluster's: its volumes go with the cluster — a cluster created
+            // again under the same name must not find the old one's regions and nodes. (A
+            // member's volume stays across restarts; members never scale.)
+            persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+                when_deleted: Some("Delete".into()),
+                when_scaled: Some("Retain".into()),
+            }),
             ..Default::default()
         },
         ..Default::default()
@@ -459,6 +476,9 @@ fn node_config_data(c: &DpuKvCluster) -> BTreeMap<String, String> {
     }
     if let Some(keys) = s.regions.as_ref().and_then(|r| r.split_keys.as_ref()) {
         data.insert("DPUKV_SPLIT_KEYS".into(), keys.join(","));
+    }
+    if let Some(n) = s.regions.as_ref().and_then(|r| r.count) {
+        data.insert("DPUKV_REGIONS".into(), n.to_string());
     }
     if let Some(t) = &s.telemetry {
         data.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), t.otlp_endpoint.clone());
@@ -546,6 +566,16 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     let mut device_env = vec![node_index, env("DPUKV_LISTEN", format!("0.0.0.0:{DEVICE_PORT}"))];
     if let Some(t) = &s.telemetry {
         device_env.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", t.otlp_endpoint.clone()));
+    }
+    // Hot keys (the device tracks each led region's popular keys and replicates them to its
+    // backups' devices): as `hotKeys` says; off without it (capacity 0).
+    match &s.hot_keys {
+        Some(h) => {
+            device_env.push(env("DPUKV_POPULAR_CAPACITY", if h.enabled { h.capacity } else { 0 }.to_string()));
+            device_env.push(env("DPUKV_POPULAR_K", h.k.to_string()));
+            device_env.push(env("DPUKV_POPULAR_WINDOW", h.window.to_string()));
+        }
+        None => device_env.push(env("DPUKV_POPULAR_CAPACITY", "0")),
     }
     device_env.extend(node_tls_env(c));
     let mut device_resources = s.resources.device.clone().unwrap_or_default();
@@ -792,11 +822,27 @@ pub fn gateway_service(c: &DpuKvCluster) -> Service {
 
 /// At most one node pod down at a time by voluntary disruptions (drains, upgrades).
 pub fn node_pdb(c: &DpuKvCluster) -> PodDisruptionBudget {
+    pdb(c, node_name(c), "node")
+}
+
+/// The gateway pods' disruption budget: one voluntary eviction at a time (the Service keeps the
+/// others).
+pub fn gateway_pdb(c: &DpuKvCluster) -> PodDisruptionBudget {
+    pdb(c, gateway_name(c), "gateway")
+}
+
+/// The managed etcd's disruption budget: one member evicted at a time (a quorum stays).
+pub fn etcd_pdb(c: &DpuKvCluster) -> Option<PodDisruptionBudget> {
+    c.spec.etcd.managed.as_ref()?;
+    Some(pdb(c, etcd_name(c), "etcd"))
+}
+
+fn pdb(c: &DpuKvCluster, name: String, component: &str) -> PodDisruptionBudget {
     PodDisruptionBudget {
-        metadata: meta(c, node_name(c), "node"),
+        metadata: meta(c, name, component),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector { match_labels: Some(selector(c, "node")), ..Default::default() }),
+            selector: Some(LabelSelector { match_labels: Some(selector(c, component)), ..Default::default() }),
             ..Default::default()
         }),
         ..Default::default()
@@ -1112,6 +1158,34 @@ mod tests {
         assert!(dpu_limit(container(&device, "host")).is_none());
     }
 
+    /// Every field of the spec reaches the pods: `hotKeys` the device's popularity settings (off:
+    /// capacity 0), `regions.count` the hosts' first layout.
+    #[test]
+    fn hot_keys_and_a_region_count_reach_the_pods() {
+        let c = cluster(
+            serde_json::json!({"nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"endpoints": ["http://e:2379"]},
+            "regions": {"count": 64}, "hotKeys": {"enabled": true, "capacity": 500, "k": 8, "window": 2000}}),
+        );
+        assert_eq!(config_of(&c, "DPUKV_REGIONS").as_deref(), Some("64"));
+        let set = node_statefulset(&c, false);
+        let device = container(&set, "device");
+        assert_eq!(env_of(device, "DPUKV_POPULAR_CAPACITY"), Some("500"));
+        assert_eq!(env_of(device, "DPUKV_POPULAR_K"), Some("8"));
+        assert_eq!(env_of(device, "DPUKV_POPULAR_WINDOW"), Some("2000"));
+        let off = cluster(
+            serde_json::json!({"nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"endpoints": ["http://e:2379"]},
+            "hotKeys": {"enabled": false}}),
+        );
+        assert_eq!(env_of(container(&node_statefulset(&off, false), "device"), "DPUKV_POPULAR_CAPACITY"), Some("0"));
+        let none = base("Emulator");
+        assert_eq!(
+            env_of(container(&node_statefulset(&none, false), "device"), "DPUKV_POPULAR_CAPACITY"),
+            Some("0"),
+            "off without hotKeys"
+        );
+        assert_eq!(config_of(&none, "DPUKV_REGIONS"), None);
+    }
+
     #[test]
     fn node_pods_share_memory_not_processes_and_keep_their_volume() {
         let c = base("Emulator");
@@ -1169,6 +1243,8 @@ mod tests {
         }
         assert!(args.contains(&"--name=$(POD_NAME)".to_string()));
         let claim = &s.spec.volume_claim_templates.as_ref().expect("claims")[0];
+        let retention = s.spec.persistent_volume_claim_retention_policy.as_ref().expect("a retention policy");
+        assert_eq!(retention.when_deleted.as_deref(), Some("Delete"), "a reused name must not revive old metadata");
         let size = claim.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref());
         assert_eq!(size.and_then(|r| r.get("storage")), Some(&Quantity("2Gi".into())));
         let pod = s.spec.template.spec.as_ref().expect("pod");

@@ -102,6 +102,29 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
     tokio::net::TcpListener::bind(addr).await
 }
 
+/// Runs `work` until it ends, or drops it — every reconcile in flight with it, mid-request — the
+/// moment `lost` fires while `stop` has not (leadership lost: another replica may lead within
+/// the lease's margin, and a reconcile that went on — one admin call can take seconds — would
+/// act beside it). A `stop` (the process asked to end) leaves `work` to its graceful shutdown.
+/// Whether `work` ran to its end.
+pub async fn unless_lost(
+    work: impl std::future::Future<Output = ()>,
+    lost: CancellationToken,
+    stop: CancellationToken,
+) -> bool {
+    let lost_alone = async {
+        lost.cancelled().await;
+        if stop.is_cancelled() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = lost_alone => false,
+        _ = work => true,
+    }
+}
+
 /// Runs the controller until `stop`, as if the operator ran where the chart puts it by default.
 pub async fn run(client: Client, m: Arc<Metrics>, stop: CancellationToken) {
     run_as(client, m, stop, OperatorPods::default()).await
@@ -168,6 +191,35 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).await.expect("read");
         out
+    }
+
+    /// Leadership lost: a reconcile halfway through is dropped at once, not finished; a stop lets
+    /// the work end by itself.
+    #[tokio::test]
+    async fn work_is_dropped_at_once_when_leadership_is_lost_and_ends_by_itself_on_stop() {
+        let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
+        let finished = Arc::new(AtomicBool::new(false));
+        let work = {
+            let finished = finished.clone();
+            async move {
+                tokio::time::sleep(std::time::Duration::from_secs(9)).await;
+                finished.store(true, Ordering::Release);
+            }
+        };
+        let l = lost.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            l.cancel();
+        });
+        let began = Instant::now();
+        assert!(!unless_lost(work, lost, stop).await, "dropped");
+        assert!(began.elapsed() < std::time::Duration::from_secs(2) && !finished.load(Ordering::Acquire));
+        // A stop (its child token `lost` fires too): the work finishes.
+        let stop = CancellationToken::new();
+        let lost = stop.child_token();
+        stop.cancel();
+        let work = async { tokio::time::sleep(std::time::Duration::from_millis(100)).await };
+        assert!(unless_lost(work, lost, stop).await, "graceful");
     }
 
     #[tokio::test]

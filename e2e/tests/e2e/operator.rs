@@ -56,6 +56,9 @@ impl Scene {
         let etcd = Etcd::start_in(net.exec_prefix(ETCD_HOST), &net.addr(ETCD_HOST)).expect("etcd");
         let dir = tempfile::tempdir().expect("dir");
         let api = Arc::new(ApiServer::start(&net.addr(dpukv_e2e::netns::TEST_HOST)).expect("API server"));
+        // The namespace enforces Pod Security `restricted`: every pod the operator renders (node,
+        // gateway) must be admitted under it.
+        api.enforce_restricted(NS);
         // One Kubernetes node, without a DPU.
         api.create("nodes", "", json!({"metadata": {"name": "worker-1"}, "status": {"allocatable": {"cpu": "2"}}}))
             .expect("node");
@@ -353,11 +356,61 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     });
     scene.more_writes(&acked, 100, "writes after the upgrade");
 
-    // Scale out to 4, then in to 2, under writes.
+    // A larger volume: the claim templates cannot change (the API server refuses: 422), so each
+    // claim grows instead, and everything else goes on being reconciled. A smaller one is
+    // refused, and the status says so.
+    let claim_size = |c: &str| {
+        api.get("persistentvolumeclaims", NS, c).map(|c| c["spec"]["resources"]["requests"]["storage"].clone())
+    };
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"storage": {"size": "2Gi"}}})).expect("grow the volumes");
+    scene.wait("every claim grown to 2Gi", Duration::from_secs(60), || {
+        let c = api.get("dpukvclusters", NS, "demo")?;
+        let grown = (0..3).all(|o| claim_size(&format!("data-demo-node-{o}")) == Some(json!("2Gi")));
+        (grown && c["status"]["observedGeneration"] == c["metadata"]["generation"] && c["status"]["phase"] == "Running")
+            .then_some(())
+    });
+    let set = api.get("statefulsets", NS, "demo-node").expect("set");
+    assert_eq!(
+        set["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"], "1Gi",
+        "templates kept"
+    );
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"storage": {"size": "1Gi"}}})).expect("shrink");
+    scene.wait("the shrink refused in the status", Duration::from_secs(60), || {
+        let c = api.get("dpukvclusters", NS, "demo")?;
+        let cond = c["status"]["conditions"].as_array()?.iter().find(|x| x["type"] == "StorageResized")?.clone();
+        (c["status"]["observedGeneration"] == c["metadata"]["generation"] && cond["reason"] == "ShrinkRefused")
+            .then_some(())
+    });
+    assert_eq!(claim_size("data-demo-node-0"), Some(json!("2Gi")), "no claim shrank");
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"storage": {"size": "2Gi"}}})).expect("back to 2Gi");
+
+    // Scale out to 4 (the new pod's claim, made at the template's 1Gi, grows to 2Gi too).
     let gateway_before = ready_gateway(api);
     api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 4}})).expect("scale out");
     scene.wait_running(4);
+    scene.wait("the new pod's claim grown", Duration::from_secs(60), || {
+        (claim_size("data-demo-node-3") == Some(json!("2Gi"))).then_some(())
+    });
     scene.more_writes(&acked, 200, "writes on 4 nodes");
+    // A scale-in to 2 cancelled while it drains: no node stays drained (the master would move
+    // every region off them for good).
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 2}})).expect("scale in");
+    scene.wait("the drain under way", Duration::from_secs(60), || {
+        let c = api.get("dpukvclusters", NS, "demo")?;
+        (c["status"]["phase"] == "Draining").then_some(())
+    });
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 4}})).expect("cancel the scale-in");
+    scene.wait_running(4);
+    scene.wait("no node left draining", Duration::from_secs(60), || {
+        let ip = api.get("pods", NS, "demo-node-0")?["status"]["podIP"].as_str()?.to_string();
+        let summary =
+            http_call(&format!("{ip}:{HOST_CONTROL}"), "GET", "/cluster/summary", Duration::from_secs(3)).ok()?;
+        let summary: Value = serde_json::from_str(&summary).ok()?;
+        (summary["draining"] == json!([])).then_some(())
+    });
+    scene.more_writes(&acked, 100, "writes after the cancelled scale-in");
+    let scaled_in_before = scene.kubelet.deletions().into_iter().filter(|d| d.reason == "ScaledIn").count();
+    let drained_before = drained.lock().expect("drained").len();
     api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 2}})).expect("scale in");
     let status = scene.wait_running(2);
     scene.more_writes(&acked, 100, "writes on 2 nodes");
@@ -369,12 +422,20 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     assert_eq!(ready_gateway(api), gateway_before, "scaling the nodes left the gateway pod alone");
 
     // The pods that went were drained first, and their volumes went after them.
-    let mut scaled_in: Vec<String> =
-        scene.kubelet.deletions().into_iter().filter(|d| d.reason == "ScaledIn").map(|d| d.pod).collect();
+    // (The cancelled scale-in may have shrunk the StatefulSet before it was cancelled: only the
+    // last one's are counted.)
+    let mut scaled_in: Vec<String> = scene
+        .kubelet
+        .deletions()
+        .into_iter()
+        .filter(|d| d.reason == "ScaledIn")
+        .skip(scaled_in_before)
+        .map(|d| d.pod)
+        .collect();
     scaled_in.sort();
     assert_eq!(scaled_in, ["db/demo-node-2", "db/demo-node-3"], "the highest ordinals went, once each");
     let drained = drained.lock().expect("drained").clone();
-    assert_eq!(drained.len(), 2, "{drained:?}");
+    assert_eq!(drained.len(), drained_before + 2, "{drained:?}");
     for (pod, answer) in &drained {
         let answer = as_it_went(pod, answer, "drain status");
         assert_eq!(

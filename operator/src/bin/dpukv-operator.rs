@@ -71,7 +71,10 @@ async fn main() -> Result<()> {
         labels.insert(k.trim().to_string(), v.trim().to_string());
     }
     let pods = dpukv_operator::render::OperatorPods { namespace: args.namespace.clone(), labels };
-    dpukv_operator::run::run_as(client, m, until.clone(), pods).await;
+    let work = dpukv_operator::run::run_as(client, m.clone(), until.clone(), pods);
+    if !dpukv_operator::run::unless_lost(work, until.clone(), stop.clone()).await {
+        m.leader.set(0);
+    }
     if !stop.is_cancelled() {
         // Leadership lost: exit, to start again as a follower.
         anyhow::bail!("leadership lost");

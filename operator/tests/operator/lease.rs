@@ -1,11 +1,13 @@
 //! Leader election against a mock API server: every request scripted (method, path, body), the
 //! Lease answered as the apiserver would — created when absent, left alone while another replica
-//! holds it fresh, taken over (with the `resourceVersion` it read, one more transition) when it
-//! expired, renewed when ours, and a 409 Conflict of a racing write meaning "not leader".
+//! holds it, taken over (with the `resourceVersion` it read, one more transition) once its record
+//! stayed unchanged for the lease's duration by this replica's own clock — whatever the holder's
+//! wall clock wrote —, renewed when ours, and a 409 Conflict of a racing write meaning "not
+//! leader".
 
 use std::time::Duration;
 
-use dpukv_operator::lease::{LeaseConfig, try_acquire};
+use dpukv_operator::lease::{Elector, LeaseConfig};
 use http::{Request, Response};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
@@ -48,9 +50,9 @@ async fn ended(t: tokio::task::JoinHandle<Result<bool, kube::Error>>) -> Result<
     tokio::time::timeout(Duration::from_secs(10), t).await.expect("the attempt ends").expect("task")
 }
 
-fn held(holder: &str, renewed: Timestamp) -> Value {
+fn held(holder: &str, renewed: Timestamp, version: &str) -> Value {
     json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-           "metadata": {"name": "dpukv-operator", "namespace": "ops", "resourceVersion": "41"},
+           "metadata": {"name": "dpukv-operator", "namespace": "ops", "resourceVersion": version},
            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": renewed.to_string(),
                     "acquireTime": renewed.to_string(), "leaseTransitions": 2}})
 }
@@ -64,36 +66,64 @@ pub(crate) async fn the_lease_is_created_taken_over_when_expired_and_left_alone_
     let (svc, mut h) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let api: Api<Lease> = Api::namespaced(Client::new(svc, "ops"), "ops");
     let now = Timestamp::now();
+    let t0 = std::time::Instant::now();
+    let at = |secs: u64| t0 + Duration::from_secs(secs);
+    let secs = |n: i64| k8s_openapi::jiff::SignedDuration::from_secs(n);
+    let attempt = |elector: std::sync::Arc<tokio::sync::Mutex<Elector>>, mono: std::time::Instant| {
+        let api = api.clone();
+        tokio::spawn(async move { elector.lock().await.try_acquire(&api, &cfg(), now, mono).await })
+    };
 
     // Absent: created, ours.
-    let t = tokio::spawn({
-        let api = api.clone();
-        async move { try_acquire(&api, &cfg(), now).await }
-    });
+    let a = std::sync::Arc::new(tokio::sync::Mutex::new(Elector::new()));
+    let t = attempt(a.clone(), at(0));
     next(&mut h, "GET", &format!("{PATH}/dpukv-operator"), 404, status(404, "NotFound")).await;
     let created = next(&mut h, "POST", PATH, 201, Value::Null).await;
     assert_eq!(created["spec"]["holderIdentity"], "op-a");
     assert_eq!(created["spec"]["leaseDurationSeconds"], 15);
     assert!(ended(t).await.expect("ok"), "leader");
 
-    // Held by another replica, renewed 3 s ago: not ours, nothing written.
-    let t = tokio::spawn({
-        let api = api.clone();
-        async move { try_acquire(&api, &cfg(), now).await }
-    });
-    let three = now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(3)).expect("time");
-    next(&mut h, "GET", &format!("{PATH}/dpukv-operator"), 200, held("op-b", three)).await;
-    assert!(!ended(t).await.expect("ok"), "follower");
+    // Held by another replica whose wall clock runs an hour behind (its renew time looks long
+    // expired by ours): judged by this replica's clock from when it first saw the record, it is
+    // fresh — left alone, nothing written.
+    let b = std::sync::Arc::new(tokio::sync::Mutex::new(Elector::new()));
+    let behind = now.checked_sub(secs(3600)).expect("time");
+    let t = attempt(b.clone(), at(0));
+    next(&mut h, "GET", &format!("{PATH}/dpukv-operator"), 200, held("op-b", behind, "41")).await;
+    assert!(!ended(t).await.expect("ok"), "a skewed clock is not an expired lease");
+    // Renewed 10 s later (a new record): still fresh at 20 s, 10 s after the change.
+    let t = attempt(b.clone(), at(10));
+    next(
+        &mut h,
+        "GET",
+        &format!("{PATH}/dpukv-operator"),
+        200,
+        held("op-b", behind.checked_add(secs(5)).expect("t"), "42"),
+    )
+    .await;
+    assert!(!ended(t).await.expect("ok"));
+    let t = attempt(b.clone(), at(20));
+    next(
+        &mut h,
+        "GET",
+        &format!("{PATH}/dpukv-operator"),
+        200,
+        held("op-b", behind.checked_add(secs(5)).expect("t"), "42"),
+    )
+    .await;
+    assert!(!ended(t).await.expect("ok"), "10 s since the last renewal: fresh");
 
-    // Held by another replica, last renewed 20 s ago (> 15 s): taken over with the version read.
-    let t = tokio::spawn({
-        let api = api.clone();
-        async move { try_acquire(&api, &cfg(), now).await }
-    });
-    let twenty = now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(20)).expect("time");
-    next(&mut h, "GET", &format!("{PATH}/dpukv-operator"), 200, held("op-b", twenty)).await;
+    // Unchanged for more than 15 s by this replica's clock: taken over with the version read —
+    // even though the holder's clock, an hour ahead, wrote a renew time in our future.
+    let c = std::sync::Arc::new(tokio::sync::Mutex::new(Elector::new()));
+    let ahead = now.checked_add(secs(3600)).expect("time");
+    let t = attempt(c.clone(), at(0));
+    next(&mut h, "GET", &format!("{PATH}/dpukv-operator"), 200, held("op-b", ahead, "43")).await;
+    assert!(!ended(t).await.expect("ok"));
+    let t = attempt(c.clone(), at(16));
+    next(&mut h, "GET", &format!("{PATH}/dpukv-operator"), 200, held("op-b", ahead, "43")).await;
     let replaced = next(&mut h, "PUT", &format!("{PATH}/dpukv-operator"), 200, Value::Null).await;
-    assert_eq!(replaced["metadata"]["resourceVersion"], "41", "an optimistic write");
+    assert_eq!(replaced["metadata"]["resourceVersion"], "43", "an optimistic write");
     assert_eq!(
         (replaced["spec"]["holderIdentity"].as_str(), replaced["spec"]["leaseTransitions"].as_i64()),
         (Some("op-a"), Some(3))
@@ -101,20 +131,14 @@ pub(crate) async fn the_lease_is_created_taken_over_when_expired_and_left_alone_
     assert!(ended(t).await.expect("ok"), "leader after the takeover");
 
     // Expired, but another replica wrote first: 409, not leader.
-    let t = tokio::spawn({
-        let api = api.clone();
-        async move { try_acquire(&api, &cfg(), now).await }
-    });
-    next(&mut h, "GET", &format!("{PATH}/dpukv-operator"), 200, held("op-b", twenty)).await;
+    let t = attempt(c.clone(), at(40));
+    next(&mut h, "GET", &format!("{PATH}/dpukv-operator"), 200, held("op-b", ahead, "43")).await;
     next(&mut h, "PUT", &format!("{PATH}/dpukv-operator"), 409, status(409, "Conflict")).await;
     assert!(!ended(t).await.expect("ok"), "lost the race");
 
-    // Ours: renewed, same acquire time and transitions.
-    let t = tokio::spawn({
-        let api = api.clone();
-        async move { try_acquire(&api, &cfg(), now).await }
-    });
-    next(&mut h, "GET", &format!("{PATH}/dpukv-operator"), 200, held("op-a", three)).await;
+    // Ours: renewed, same acquire time and transitions, at once.
+    let t = attempt(a.clone(), at(1));
+    next(&mut h, "GET", &format!("{PATH}/dpukv-operator"), 200, held("op-a", now, "44")).await;
     let renewed = next(&mut h, "PUT", &format!("{PATH}/dpukv-operator"), 200, Value::Null).await;
     assert_eq!(renewed["spec"]["leaseTransitions"], 2);
     // MicroTime: microseconds on the wire.

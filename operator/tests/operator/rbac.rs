@@ -88,19 +88,22 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
 
 /// Least privilege: the controller's watches, a reconcile (in `Auto` device mode, so it asks for
 /// the nodes), failing reconciles (an event, then the same event again), a new cluster getting
-/// its finalizer, a rollout of changed settings (the old node ConfigMap deleted) and leader election
-/// (created, renewed, taken over) together use every verb the rules grant, and nothing else.
+/// its finalizer, a rollout of changed settings (the old node ConfigMap deleted), leader election
+/// (created, renewed, taken over), an upgrade (the node pods listed) and a volume grown (its
+/// claims read and patched) together use every verb the rules grant, and nothing else.
 #[test]
 fn every_rule_is_used_by_a_request_the_operator_makes() {
     crate::calls::reset();
     the_controller_lists_and_watches_the_clusters_and_what_they_own();
-    crate::reconcile::auto_mode_asks_for_a_dpu_when_a_node_advertises_one();
+    crate::reconcile::auto_mode_asks_for_a_dpu_when_the_nodes_advertise_one_per_pod();
     crate::reconcile::failures_back_off_per_cluster_and_a_success_resets();
     crate::reconcile::a_cluster_with_an_external_etcd_gets_the_finalizer_first();
     crate::reconcile::a_changed_setting_gets_a_new_config_map_and_the_old_one_goes_when_the_rollout_ended();
     crate::reconcile::the_operator_issues_the_certificates_renews_none_that_are_good_and_adds_new_nodes_first();
     crate::reconcile::cert_manager_gets_a_certificate_per_node_the_gateway_and_the_operator();
     crate::lease::the_lease_is_created_taken_over_when_expired_and_left_alone_when_held();
+    crate::reconcile::an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest_first();
+    crate::reconcile::a_larger_volume_grows_each_claim_and_the_claim_templates_stay();
     let mut all = grants(CLUSTER_RULES);
     all.extend(grants(NAMESPACE_RULES));
     let seen = crate::calls::seen();

@@ -274,6 +274,14 @@ async fn children_with(h: &mut Server, ready: i64, etcd: bool) -> Applied {
     expect(h, "PATCH", "/api/v1/namespaces/db/services/demo", echo(json!({}))).await;
     let pdb = expect(h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-node", echo(json!({}))).await;
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    let pdb =
+        expect(h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-gateway", echo(json!({}))).await;
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"], "gateway");
+    if etcd {
+        let pdb =
+            expect(h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-etcd", echo(json!({}))).await;
+        assert_eq!(pdb["spec"]["maxUnavailable"], 1, "a quorum stays");
+    }
     policies(h, etcd).await;
     Applied { config, set }
 }
@@ -289,6 +297,16 @@ async fn status(h: &mut Server, c: &DpuKvCluster) -> Value {
     .await;
     assert_eq!((s["apiVersion"].as_str(), s["kind"].as_str()), (Some("dpukv.io/v1alpha1"), Some("DpuKvCluster")));
     s["status"].clone()
+}
+
+/// The status a failed reconcile patches: the last one, with `Reconciled` False carrying the
+/// error; returns that condition's message.
+async fn failure_status(h: &mut Server, c: &DpuKvCluster) -> String {
+    let st = status(h, c).await;
+    let r = condition(&st, "Reconciled");
+    assert_eq!((r["status"].as_str(), r["reason"].as_str()), (Some("False"), Some("ReconcileFailed")), "{st}");
+    assert_eq!(r["observedGeneration"], 2, "the generation that failed");
+    r["message"].as_str().expect("message").to_string()
 }
 
 /// `c` as the next reconcile sees it: with the status the last one patched.
@@ -321,25 +339,161 @@ async fn a_new_cluster_gets_its_children_applied_and_a_status() {
 }
 
 #[tokio::test]
-pub(crate) async fn auto_mode_asks_for_a_dpu_when_a_node_advertises_one() {
+pub(crate) async fn auto_mode_asks_for_a_dpu_when_the_nodes_advertise_one_per_pod() {
     let (ctx, mut h) = mock(Some(Master::default().start().await));
     let c = cluster(spec(3, "Auto"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
     expect(&mut h, "GET", "/api/v1/nodes", |_| {
         (
             200,
             json!({"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [
             {"metadata": {"name": "plain"}, "status": {"allocatable": {"cpu": "8"}}},
+            {"metadata": {"name": "bf3"}, "status": {"allocatable": {"cpu": "8", "dpukv.io/dpu": "2"}}},
+            {"metadata": {"name": "bf3-b"}, "status": {"allocatable": {"cpu": "8", "dpukv.io/dpu": "1"}}}]}),
+        )
+    })
+    .await;
+    let set = children(&mut h, 3).await.set;
+    assert_eq!(set["spec"]["template"]["spec"]["containers"][1]["resources"]["limits"]["dpukv.io/dpu"], "1");
+    let st = status(&mut h, &c).await;
+    assert_eq!(st["deviceMode"], "Device", "the decision is recorded");
+    assert_eq!((st["phase"].as_str(), st["readyNodes"].as_i64()), (Some("Running"), Some(3)));
+    assert_eq!(condition(&st, "Available")["status"], "True");
+    finished(task).await.expect("reconciled");
+}
+
+/// The node StatefulSet of `c` as the API server holds it once applied (with or without a DPU),
+/// `replicas` pods ready.
+fn live_set(c: &DpuKvCluster, dpu: bool, replicas: i64) -> Value {
+    let mut set = serde_json::to_value(dpukv_operator::render::node_statefulset(c, dpu)).expect("json");
+    set["spec"]["replicas"] = json!(replicas);
+    set["status"] = json!({"replicas": replicas, "readyReplicas": replicas});
+    set
+}
+
+fn dpu_limit(set: &Value) -> &Value {
+    &set["spec"]["template"]["spec"]["containers"][1]["resources"]["limits"]["dpukv.io/dpu"]
+}
+
+/// `Auto` is decided once, when the cluster is created, and kept: a device plugin restarting
+/// (allocatable 0 on every node for a while) or a DPU node joining never changes the pod
+/// template of a running cluster — which would restart every pod, and could leave them Pending
+/// for a DPU that is not there. The nodes are not even listed (the mock fails on any request the
+/// test did not script). A new cluster gets a DPU only when the nodes advertise one per node pod.
+#[tokio::test]
+async fn auto_mode_is_decided_once_and_a_device_plugin_restart_changes_no_pod_template() {
+    let (ctx, mut h) = mock(Some(Master::default().start().await));
+    let decided = {
+        let mut c = cluster(spec(3, "Auto"));
+        c.status.get_or_insert_with(Default::default).device_mode = Some("Device".into());
+        c
+    };
+    // Created before the status had the field (or its first status write failed): the live
+    // StatefulSet says what it runs on.
+    let older = {
+        let mut c = decided.clone();
+        c.status.get_or_insert_with(Default::default).device_mode = None;
+        c
+    };
+    for c in [decided, older] {
+        let live = live_set(&c, true, 3);
+        let hash = live["metadata"]["annotations"][dpukv_operator::render::POD_TEMPLATE_ANNOTATION].clone();
+        let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+        expect(&mut h, "GET", &format!("{SETS}/demo-node"), move |_| (200, live)).await;
+        let set = children(&mut h, 3).await.set;
+        assert_eq!(dpu_limit(&set), "1", "still on its DPU");
+        assert_eq!(
+            set["metadata"]["annotations"][dpukv_operator::render::POD_TEMPLATE_ANNOTATION],
+            hash,
+            "same template"
+        );
+        let st = status(&mut h, &c).await;
+        assert_eq!(st["deviceMode"], "Device");
+        assert_eq!(st["phase"], "Running", "no rollout");
+        finished(task).await.expect("reconciled");
+    }
+    // A new cluster of 3 node pods where the nodes advertise 2 DPUs in all: the emulator.
+    let c = cluster(spec(3, "Auto"));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
+    expect(&mut h, "GET", "/api/v1/nodes", |_| {
+        (
+            200,
+            json!({"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [
             {"metadata": {"name": "bf3"}, "status": {"allocatable": {"cpu": "8", "dpukv.io/dpu": "2"}}}]}),
         )
     })
     .await;
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
-    let set = children(&mut h, 3).await.set;
-    assert_eq!(set["spec"]["template"]["spec"]["containers"][1]["resources"]["limits"]["dpukv.io/dpu"], "1");
+    let set = children(&mut h, 0).await.set;
+    assert!(dpu_limit(&set).is_null(), "2 DPUs for 3 pods: {set}");
+    assert_eq!(status(&mut h, &c).await["deviceMode"], "Emulator");
+    finished(task).await.expect("reconciled");
+}
+
+/// A claim as the API server holds it, of `size`.
+fn claim(name: &str, size: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "db"},
+           "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}})
+}
+
+/// `storage.size` is rendered into the claim templates, which Kubernetes never lets change (one
+/// such edit wedged every reconcile: 422): the applied StatefulSet keeps its live templates, and
+/// each claim grows instead (a merge patch of its storage request); once they all have the size,
+/// nothing is read again. A smaller size patches nothing and says so in the status.
+#[tokio::test]
+pub(crate) async fn a_larger_volume_grows_each_claim_and_the_claim_templates_stay() {
+    const PVCS: &str = "/api/v1/namespaces/db/persistentvolumeclaims";
+    let (ctx, mut h) = mock(Some(Master::default().start().await));
+    let sized = |size: &str| {
+        let mut s = spec(2, "Emulator");
+        s["storage"]["size"] = json!(size);
+        cluster(s)
+    };
+    let templates =
+        |set: &Value| set["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"].clone();
+    let annotation =
+        |set: &Value| set["metadata"]["annotations"][dpukv_operator::claims::CLAIM_SIZE_ANNOTATION].clone();
+    let mut live = live_set(&sized("10Gi"), false, 2);
+    assert_eq!(templates(&live), "10Gi");
+    // 10Gi -> 20Gi: claim 0 is patched, claim 1 already has it.
+    let c = sized("20Gi");
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    let l = live.clone();
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), move |_| (200, l)).await;
+    expect(&mut h, "GET", &format!("{PVCS}/data-demo-node-0"), |_| (200, claim("data-demo-node-0", "10Gi"))).await;
+    let patch = expect_patch(&mut h, &format!("{PVCS}/data-demo-node-0"), "application/merge-patch+json", |_| {
+        (200, claim("data-demo-node-0", "20Gi"))
+    })
+    .await;
+    assert_eq!(patch, json!({"spec": {"resources": {"requests": {"storage": "20Gi"}}}}));
+    expect(&mut h, "GET", &format!("{PVCS}/data-demo-node-1"), |_| (200, claim("data-demo-node-1", "20Gi"))).await;
+    let set = children(&mut h, 2).await.set;
+    assert_eq!(templates(&set), "10Gi", "the claim templates as they were made");
+    assert_eq!(annotation(&set), "20Gi/2");
     let st = status(&mut h, &c).await;
-    assert_eq!((st["phase"].as_str(), st["readyNodes"].as_i64()), (Some("Running"), Some(3)));
-    assert_eq!(condition(&st, "Available")["status"], "True");
+    assert_eq!(condition(&st, "StorageResized")["status"], "True", "{st}");
+    finished(task).await.expect("reconciled");
+    // Done: the next reconcile reads no claim.
+    live["metadata"]["annotations"][dpukv_operator::claims::CLAIM_SIZE_ANNOTATION] = json!("20Gi/2");
+    let task = tokio::spawn(reconcile(Arc::new(with_status(&c, &st)), ctx.clone()));
+    let l = live.clone();
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), move |_| (200, l)).await;
+    let set = children(&mut h, 2).await.set;
+    assert_eq!((templates(&set), annotation(&set)), (json!("10Gi"), json!("20Gi/2")));
+    status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    // 20Gi -> 5Gi: refused, nothing patched, the status says why.
+    let c = sized("5Gi");
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    let l = live.clone();
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), move |_| (200, l)).await;
+    let set = children(&mut h, 2).await.set;
+    assert_eq!((templates(&set), annotation(&set)), (json!("10Gi"), json!("20Gi/2")));
+    let st = status(&mut h, &c).await;
+    let cond = condition(&st, "StorageResized");
+    assert_eq!((cond["status"].as_str(), cond["reason"].as_str()), (Some("False"), Some("ShrinkRefused")), "{st}");
+    assert!(cond["message"].as_str().expect("message").contains("5Gi is smaller than the volumes' 20Gi"), "{cond}");
     finished(task).await.expect("reconciled");
 }
 
@@ -371,7 +525,10 @@ impl Master {
             .to_string()
         }
         async fn summary(State(m): State<Master>) -> String {
-            let healthy = json!({"master": 1, "nodes": 3, "regions": 1, "without_primary": 0, "under_replicated": 0});
+            let draining: Vec<u32> =
+                m.draining.lock().expect("lock").iter().filter(|(_, d)| **d).map(|(n, _)| *n).collect();
+            let healthy = json!({"master": 1, "nodes": 3, "regions": 1, "without_primary": 0, "under_replicated": 0,
+                                 "draining": draining, "stepping_down": []});
             m.summary.lock().expect("lock").clone().unwrap_or(healthy).to_string()
         }
         async fn step_down(State(m): State<Master>, method: axum::http::Method, Path(node): Path<u32>) -> String {
@@ -468,9 +625,11 @@ async fn an_unreachable_master_stops_a_scale_in_before_anything_shrinks() {
     let c = cluster(spec(3, "Emulator"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
+    assert!(failure_status(&mut h, &c).await.contains("admin"), "the status says why");
     let e = finished(task).await.expect_err("no drain, no scale-in");
     assert!(matches!(e, dpukv_operator::controller::Error::Admin(_)), "{e}");
-    // Nothing was applied: the client is gone without another request (but the failure's event).
+    // Nothing was applied: the client is gone without another request (but the failure's event
+    // and status).
     let next = tokio::time::timeout(Duration::from_secs(5), h.next()).await.expect("the client is dropped");
     assert!(next.is_none(), "no request after the failed drain");
     assert_eq!(h.reasons(), ["ReconcileFailed"]);
@@ -496,6 +655,39 @@ async fn a_scale_out_stops_draining_the_nodes_that_come_back() {
     let events = h.take_events();
     assert_eq!(events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), ["ScaledOut"]);
     assert!(events[0].note.contains("from 3 to 5 pods"), "{events:?}");
+}
+
+/// A scale-in cancelled midway (5 → 3 → 5, nodes 4 and 5 draining when `nodes` went back to 5):
+/// the StatefulSet never shrank, so there is no scale-out edge — the drains are taken back
+/// anyway, from the summary's list, and a failed un-drain is tried again on the next reconcile.
+#[tokio::test]
+async fn a_scale_in_cancelled_midway_leaves_no_node_drained() {
+    let master = Master::default();
+    master.draining.lock().expect("lock").extend([(4, true), (5, true)]);
+    let addr = master.clone().start().await;
+    let (ctx, mut h) = mock(Some(addr));
+    let c = cluster(spec(5, "Emulator"));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
+    assert_eq!(children(&mut h, 5).await.set["spec"]["replicas"], 5);
+    status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    assert_eq!(
+        *master.calls.lock().expect("lock"),
+        ["DELETE 4", "DELETE step-down 4", "DELETE 5", "DELETE step-down 5"],
+        "the drains of nodes the cluster keeps are taken back"
+    );
+    let events = h.take_events();
+    assert_eq!(events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), ["Undrained"]);
+    assert!(events[0].note.contains("node 4 (demo-node-3), node 5 (demo-node-4)"), "{events:?}");
+    // Nothing left: the next reconcile asks nothing.
+    master.calls.lock().expect("lock").clear();
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
+    children(&mut h, 5).await;
+    status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    assert!(master.calls.lock().expect("lock").is_empty(), "{:?}", master.calls.lock().expect("lock"));
 }
 
 /// An event the API server refuses fails no reconcile (it is logged, and that is all).
@@ -532,6 +724,8 @@ pub(crate) async fn failures_back_off_per_cluster_and_a_success_resets() {
             (500, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is down"}))
         })
         .await;
+        // The failure is in the status too (a status written only on success hid it).
+        assert!(failure_status(&mut h, &c).await.contains("etcd is down"));
         e = Some(finished(task).await.expect_err("an API failure is an error"));
     }
     let e = e.expect("an error");
@@ -654,6 +848,7 @@ async fn a_managed_etcd_is_applied_before_the_nodes() {
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
     let etcd_svc = expect(&mut h, "PATCH", "/api/v1/namespaces/db/services/demo-etcd", echo(json!({}))).await;
     assert_eq!(etcd_svc["spec"]["clusterIP"], "None");
+    expect(&mut h, "GET", &format!("{SETS}/demo-etcd"), |_| not_found()).await;
     let etcd = expect(&mut h, "PATCH", &format!("{SETS}/demo-etcd"), echo(json!({"replicas": 0}))).await;
     assert_eq!(
         (etcd["spec"]["replicas"].as_i64(), etcd["metadata"]["ownerReferences"][0]["kind"].as_str()),
@@ -689,12 +884,30 @@ fn rolling_set(
     }
 }
 
+/// The node pods listed during a rollout: revision (`1` or `2`) and ready, by ordinal.
+async fn node_pods(h: &mut Server, pods: &[(&str, bool)]) {
+    let items: Vec<Value> = pods
+        .iter()
+        .enumerate()
+        .map(|(o, (rev, ready))| {
+            json!({"metadata": {"name": format!("demo-node-{o}"), "namespace": "db",
+                                "labels": {"controller-revision-hash": format!("demo-node-{rev}")}},
+                   "status": {"conditions": [{"type": "Ready", "status": if *ready { "True" } else { "False" }}]}})
+        })
+        .collect();
+    let q = expect(h, "GET", "/api/v1/namespaces/db/pods", move |_| {
+        (200, json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}))
+    })
+    .await;
+    assert!(q.is_null(), "a list has no body");
+}
+
 /// Upgrades restart one pod at a time, highest ordinal first, each only once its primaries moved
 /// to backups elsewhere and the cluster is whole; the pod restarted last may lead again once it
 /// is ready; a pod that does not get ready on the new version stops the rollout; a settled
 /// StatefulSet holds every pod (a changed template restarts none by itself).
 #[tokio::test]
-async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest_first() {
+pub(crate) async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest_first() {
     let master = Master::default();
     let addr = master.clone().start().await;
     let c = cluster(spec(3, "Emulator"));
@@ -705,6 +918,9 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         /// The live StatefulSet's template hash (None: the one `c` renders).
         hash: Option<&'static str>,
         live: (i64, i64, i64, bool),
+        /// The node pods the reconcile lists (a rollout under way): revision (`1` or `2`) and
+        /// ready, by ordinal.
+        pods: Option<&'static [(&'static str, bool)]>,
         not_done: Option<u32>,
         summary: Option<Value>,
         partition: i64,
@@ -718,6 +934,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         Case {
             hash: None,
             live: (3, 3, 3, true),
+            pods: None,
             not_done: None,
             summary: None,
             partition: 3,
@@ -729,6 +946,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         Case {
             hash: None,
             live: (3, 0, 3, false),
+            pods: Some(&[("1", true), ("1", true), ("1", true)]),
             not_done: Some(3),
             summary: None,
             partition: 3,
@@ -740,6 +958,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         Case {
             hash: None,
             live: (3, 0, 3, false),
+            pods: Some(&[("1", true), ("1", true), ("1", true)]),
             not_done: None,
             summary: None,
             partition: 2,
@@ -751,6 +970,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         Case {
             hash: None,
             live: (2, 1, 2, false),
+            pods: Some(&[("1", true), ("1", true), ("2", false)]),
             not_done: None,
             summary: None,
             partition: 2,
@@ -762,6 +982,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         Case {
             hash: None,
             live: (2, 1, 3, false),
+            pods: Some(&[("1", true), ("1", true), ("2", true)]),
             not_done: None,
             summary: Some(json!({"master": 1, "nodes": 3, "regions": 4, "without_primary": 0, "under_replicated": 1})),
             partition: 2,
@@ -773,6 +994,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         Case {
             hash: None,
             live: (2, 1, 3, false),
+            pods: Some(&[("1", true), ("1", true), ("2", true)]),
             not_done: None,
             summary: Some(healthy.clone()),
             partition: 1,
@@ -785,6 +1007,7 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         Case {
             hash: None,
             live: (0, 3, 3, true),
+            pods: None,
             not_done: None,
             summary: None,
             partition: 3,
@@ -797,12 +1020,40 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
         Case {
             hash: Some("0000000000000000"),
             live: (1, 2, 3, false),
+            pods: None,
             not_done: None,
             summary: None,
             partition: 3,
             calls: &[],
             phase: "Upgrading",
             events: &[],
+        },
+        // The new version never got ready on pod 2 (case 3 forever) and `version` is reverted
+        // (the template above): Kubernetes makes the old revision the update revision again;
+        // pod 2, broken on the revision it runs, is restarted at once — its step-down asked, not
+        // awaited, no wait for the cluster to be whole (it is what makes it not whole).
+        Case {
+            hash: None,
+            live: (3, 2, 2, true),
+            pods: Some(&[("1", true), ("1", true), ("2", false)]),
+            not_done: Some(3),
+            summary: Some(json!({"master": 1, "nodes": 3, "regions": 4, "without_primary": 0, "under_replicated": 4})),
+            partition: 2,
+            calls: &["POST step-down 3"],
+            phase: "Upgrading",
+            events: &["RestartingPod demo-node-2", "Degraded"],
+        },
+        // Pod 2 back on the old revision and ready: the rollout is over, every node may lead.
+        Case {
+            hash: None,
+            live: (2, 3, 3, true),
+            pods: None,
+            not_done: None,
+            summary: None,
+            partition: 3,
+            calls: &["DELETE step-down 1", "DELETE step-down 2", "DELETE step-down 3"],
+            phase: "Running",
+            events: &["Recovered", "RolloutFinished"],
         },
     ];
     let mut c = c;
@@ -820,6 +1071,9 @@ async fn an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest
             rolling_set(case.hash.map_or_else(|| template_hash(&c), String::from), 3, p, u, r, settled),
         )
         .await;
+        if let Some(pods) = case.pods {
+            node_pods(&mut h, pods).await;
+        }
         let set = children(&mut h, r).await.set;
         let st = status(&mut h, &c).await;
         finished(task).await.expect("reconciled");
@@ -888,13 +1142,17 @@ fn config_set(
 async fn reconcile_configs(
     addr: &str,
     c: &DpuKvCluster,
-    live: impl FnOnce(&Value) -> (u16, Value),
+    (live, rolling): (impl FnOnce(&Value) -> (u16, Value), bool),
     deleted: &[&str],
     delete_answer: fn(&str) -> (u16, Value),
 ) -> Applied {
     let (ctx, mut h) = mock(Some(addr.to_string()));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), live).await;
+    if rolling {
+        // (pod 2 restarted on the new revision, not ready yet)
+        node_pods(&mut h, &[("1", true), ("1", true), ("2", false)]).await;
+    }
     let name = render::node_config_name(c);
     let config = expect(&mut h, "PATCH", &format!("{CONFIGS}/{name}"), echo(json!({}))).await;
     assert_eq!(config["immutable"], true);
@@ -907,6 +1165,7 @@ async fn reconcile_configs(
     expect(&mut h, "PATCH", "/apis/apps/v1/namespaces/db/deployments/demo-gateway", echo(json!({}))).await;
     expect(&mut h, "PATCH", "/api/v1/namespaces/db/services/demo", echo(json!({}))).await;
     expect(&mut h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-node", echo(json!({}))).await;
+    expect(&mut h, "PATCH", "/apis/policy/v1/namespaces/db/poddisruptionbudgets/demo-gateway", echo(json!({}))).await;
     policies(&mut h, false).await;
     status(&mut h, c).await;
     finished(task).await.expect("reconciled");
@@ -942,22 +1201,22 @@ pub(crate) async fn a_changed_setting_gets_a_new_config_map_and_the_old_one_goes
     assert_ne!(old_name, new_name);
     // The setting changed: a new template, which names the new ConfigMap; the old one is remembered.
     let live = config_set(template_hash(&old), &old_name, "", false, false);
-    let a = reconcile_configs(&addr, &new, live, &[], deleted_config).await;
+    let a = reconcile_configs(&addr, &new, (live, false), &[], deleted_config).await;
     assert_eq!(a.config["metadata"]["name"], new_name.as_str());
     assert_eq!(host_config(&a.set), new_name);
     assert_eq!(a.set["spec"]["updateStrategy"]["rollingUpdate"]["partition"], 3, "every pod held");
     assert_eq!(previous_of(&a.set), old_name, "the old ConfigMap kept");
     // Its status not yet of the new template (all pods "current"): kept.
     let live = config_set(template_hash(&new), &new_name, &old_name, false, true);
-    let a = reconcile_configs(&addr, &new, live, &[], deleted_config).await;
+    let a = reconcile_configs(&addr, &new, (live, false), &[], deleted_config).await;
     assert_eq!(previous_of(&a.set), old_name, "kept while the status lags");
     // Rolling: pods 0 and 1 still run the old template: kept.
     let live = config_set(template_hash(&new), &new_name, &old_name, true, false);
-    let a = reconcile_configs(&addr, &new, live, &[], deleted_config).await;
+    let a = reconcile_configs(&addr, &new, (live, true), &[], deleted_config).await;
     assert_eq!(previous_of(&a.set), old_name, "kept during the rollout");
     // Every pod on the new template: the old ConfigMap goes, and is forgotten.
     let live = config_set(template_hash(&new), &new_name, &old_name, false, false);
-    let a = reconcile_configs(&addr, &new, live, &[old_name.as_str()], deleted_config).await;
+    let a = reconcile_configs(&addr, &new, (live, false), &[old_name.as_str()], deleted_config).await;
     assert_eq!(previous_of(&a.set), "", "one node ConfigMap left");
 }
 
@@ -973,17 +1232,17 @@ async fn a_reverted_setting_never_deletes_the_config_map_in_use() {
     let (a, b) = (render::node_config_name(&a_cluster), render::node_config_name(&b_cluster));
     // B rolling out (pods on A remembered), then A again: B is remembered, A is not.
     let live = config_set(template_hash(&b_cluster), &b, &a, true, false);
-    let out = reconcile_configs(&addr, &a_cluster, live, &[], deleted_config).await;
+    let out = reconcile_configs(&addr, &a_cluster, (live, false), &[], deleted_config).await;
     assert_eq!(host_config(&out.set), a);
     assert_eq!(previous_of(&out.set), b, "the ConfigMap in use is not a previous one");
     // Settled on A: B goes (already gone), A stays.
     let live = config_set(template_hash(&a_cluster), &a, &b, false, false);
-    let out = reconcile_configs(&addr, &a_cluster, live, &[b.as_str()], |_| not_found()).await;
+    let out = reconcile_configs(&addr, &a_cluster, (live, false), &[b.as_str()], |_| not_found()).await;
     assert_eq!(previous_of(&out.set), "");
     // Settled, nothing changed, even if A were remembered (an older annotation): no deletion.
     for remembered in ["", a.as_str()] {
         let live = config_set(template_hash(&a_cluster), &a, remembered, false, false);
-        let out = reconcile_configs(&addr, &a_cluster, live, &[], deleted_config).await;
+        let out = reconcile_configs(&addr, &a_cluster, (live, false), &[], deleted_config).await;
         assert_eq!(previous_of(&out.set), "");
     }
 }
@@ -1370,6 +1629,7 @@ async fn the_operator_refuses_a_control_api_the_cluster_s_ca_did_not_sign() {
     secret(&mut h, "demo-gateway-tls", None, true).await;
     expect(&mut h, "PATCH", &format!("{CONFIGS}/demo-node-config-*"), echo(json!({}))).await;
     expect(&mut h, "PATCH", &format!("{SETS}/demo-node"), echo(json!({"replicas": 3, "readyReplicas": 3}))).await;
+    assert!(failure_status(&mut h, &c).await.contains("TLS"));
     let e = finished(task).await.expect_err("the scale-out's undrain fails");
     assert!(e.to_string().contains("TLS"), "{e}");
     assert!(master.calls.lock().expect("lock").is_empty(), "the impostor was never asked anything");
