@@ -194,11 +194,15 @@ impl Load {
 }
 
 /// The eligible node with the fewest replicas (then fewest primaries, then lowest id) that holds
-/// none of `r` and, with zones, shares no zone with its replicas.
+/// none of `r` and, with zones, shares no zone with its replicas that stay — a replica on a node
+/// that is leaving (draining) does not hold its zone against the copy that replaces it (a drain
+/// of the only node of a zone holding a region's copy would wait for ever otherwise: found by the
+/// operator's scenario, a scale-in with two nodes in one zone).
 fn pick_new(r: &RegionInfo, nodes: &[NodeInfo], eligible: &dyn Fn(u32) -> bool, load: &Load) -> Option<u32> {
     let zone_of = |id: u32| nodes.iter().find(|n| n.id == id).map(|n| n.zone.as_str());
     let taken: Vec<u32> = r.replicas().collect();
-    let zones: Vec<&str> = taken.iter().filter_map(|&id| zone_of(id)).filter(|z| !z.is_empty()).collect();
+    let zones: Vec<&str> =
+        taken.iter().filter(|&&id| eligible(id)).filter_map(|&id| zone_of(id)).filter(|z| !z.is_empty()).collect();
     nodes
         .iter()
         .filter(|n| {
@@ -473,6 +477,37 @@ mod tests {
         );
         assert_eq!(initial(&nodes[..2], &keys(2), 3), Err(PlacementError::NotEnoughNodes { need: 3, have: 2 }));
         assert_eq!(initial(&nodes, &keys(2), 0), Err(PlacementError::BadFactor(0)));
+    }
+
+    /// Draining a node whose zone holds a region's copy: the copy that replaces it may go to
+    /// another node of that zone (the draining one is leaving), and the drain completes.
+    #[test]
+    fn a_drained_node_s_copy_is_replaced_in_its_own_zone() {
+        let nodes = vec![node(1, "a"), node(2, "b"), node(3, "c"), node(4, "a")];
+        let r = RegionInfo {
+            id: 4,
+            primary: 4,
+            backups: vec![2],
+            epoch: 1,
+            ..initial(&nodes, &[], 2).expect("layout")[0].clone()
+        };
+        let mut facts = Facts::default();
+        facts.draining.extend([3, 4]);
+        let policy = Policy { replication: 2, max_moves: 2 };
+        let mut regions = vec![r];
+        for _ in 0..10 {
+            let changes = plan(&regions, &nodes, &facts, policy);
+            for c in changes {
+                regions = vec![c.region];
+            }
+            // Copies the new node is given are caught up at once here.
+            for r in &mut regions {
+                r.backups.append(&mut r.joining);
+            }
+        }
+        let r = &regions[0];
+        assert!(!r.replicas().any(|n| n == 4 || n == 3), "the drained nodes hold nothing: {r:?}");
+        assert_eq!(r.replicas().collect::<BTreeSet<u32>>(), BTreeSet::from([1, 2]), "zones a and b: {r:?}");
     }
 
     #[test]

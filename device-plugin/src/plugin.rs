@@ -1,8 +1,10 @@
 //! The `DevicePlugin` service the kubelet calls: the inventory (every device seen, healthy while
-//! present), `ListAndWatch` streaming the list whenever a device's health changes,
-//! `GetPreferredAllocation` choosing NUMA-aligned devices, `Allocate` answering what the device
-//! container needs (`DPUKV_DEVICE_IDS`, the VFIO device nodes of PCI functions, their sysfs
-//! directories read-only), and `PreStartContainer` (nothing to do: not requested).
+//! present and its probe passes — drivers bound, a link up: `FoundDevice::probe`), `ListAndWatch`
+//! streaming the list whenever a device's health changes, `GetPreferredAllocation` choosing
+//! NUMA-aligned devices, `Allocate` answering what the device container needs
+//! (`DPUKV_DEVICE_IDS`, the VFIO device nodes of the functions bound to `vfio-pci` — a function a
+//! kernel driver runs has none to give —, every function's sysfs directory read-only), and
+//! `PreStartContainer` (nothing to do: not requested).
 //!
 //! Bounds: the inventory holds at most [`MAX_DEVICES`] devices (more found are not offered, and
 //! said so in the log); each `ListAndWatch` stream has a queue of [`STREAM_QUEUE`] lists and
@@ -26,7 +28,7 @@ use crate::api::{
     PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse, TopologyInfo,
 };
 use crate::metrics::Metrics;
-use crate::sysfs::FoundDevice;
+use crate::sysfs::{FoundDevice, VFIO_DRIVER};
 
 /// The kubelet's health strings (constants.go of the API).
 pub const HEALTHY: &str = "Healthy";
@@ -42,7 +44,8 @@ pub const STREAM_QUEUE: usize = 4;
 /// Environment variable naming the allocated devices (comma-separated ids) in the container.
 pub const ENV_DEVICE_IDS: &str = "DPUKV_DEVICE_IDS";
 
-/// Where an allocated PCI function's sysfs directory is mounted (read-only), `/<id>` appended.
+/// Where an allocated PCI function's sysfs directory is mounted (read-only), `/<address>`
+/// appended (`dpukv-dpu` checks its devices there).
 pub const SYSFS_MOUNT: &str = "/run/dpukv/devices";
 
 /// A device as the plugin knows it.
@@ -50,7 +53,7 @@ pub const SYSFS_MOUNT: &str = "/run/dpukv/devices";
 pub struct Known {
     /// What was found last time it was present.
     pub found: FoundDevice,
-    /// Present at the last scan.
+    /// Present at the last scan, and its probe passed.
     pub healthy: bool,
 }
 
@@ -67,8 +70,8 @@ impl Default for Inventory {
 }
 
 impl Inventory {
-    /// Takes a scan: present devices are healthy (new ones added), missing ones unhealthy.
-    /// Returns whether anything changed.
+    /// Takes a scan: present devices are healthy when their probe passes (new ones added),
+    /// missing ones unhealthy. Returns whether anything changed.
     pub fn update(&self, scan: BTreeMap<String, FoundDevice>) -> bool {
         self.tx.send_if_modified(|known| {
             let mut changed = false;
@@ -80,17 +83,26 @@ impl Inventory {
             }
             for (id, found) in scan {
                 let full = known.len() >= MAX_DEVICES;
+                let healthy = match found.probe() {
+                    Ok(()) => true,
+                    Err(why) => {
+                        if known.get(&id).is_none_or(|k| k.healthy) {
+                            tracing::warn!(device = %id, why, "device unhealthy");
+                        }
+                        false
+                    }
+                };
                 match known.get_mut(&id) {
-                    Some(k) if k.healthy && k.found == found => {}
+                    Some(k) if k.healthy == healthy && k.found == found => {}
                     Some(k) => {
-                        *k = Known { found, healthy: true };
+                        *k = Known { found, healthy };
                         changed = true;
                     }
                     None if full => {
                         tracing::warn!(device = %id, max = MAX_DEVICES, "too many devices: not offered");
                     }
                     None => {
-                        known.insert(id, Known { found, healthy: true });
+                        known.insert(id, Known { found, healthy });
                         changed = true;
                     }
                 }
@@ -250,18 +262,20 @@ impl DevicePlugin for Plugin {
                     self.metrics.allocation_errors.inc();
                     return Err(Status::failed_precondition(format!("device {id} is unhealthy")));
                 }
-                if let Some(g) = &k.found.iommu_group {
-                    resp.devices.push(DeviceSpec {
-                        container_path: format!("/dev/vfio/{g}"),
-                        host_path: format!("/dev/vfio/{g}"),
-                        permissions: "rw".into(),
-                    });
-                    vfio = true;
-                }
-                if let Some(dir) = &k.found.sysfs {
+                for f in &k.found.functions {
+                    // Only a function bound to vfio-pci has device nodes user space may use (a
+                    // BlueField's functions run mlx5_core: its group's node would fail the start).
+                    if let (Some(g), Some(VFIO_DRIVER)) = (&f.iommu_group, f.driver.as_deref()) {
+                        resp.devices.push(DeviceSpec {
+                            container_path: format!("/dev/vfio/{g}"),
+                            host_path: format!("/dev/vfio/{g}"),
+                            permissions: "rw".into(),
+                        });
+                        vfio = true;
+                    }
                     resp.mounts.push(Mount {
-                        container_path: format!("{SYSFS_MOUNT}/{id}"),
-                        host_path: dir.display().to_string(),
+                        container_path: format!("{SYSFS_MOUNT}/{}", f.address),
+                        host_path: f.sysfs.display().to_string(),
                         read_only: true,
                     });
                 }
@@ -298,7 +312,7 @@ mod tests {
     use super::*;
 
     fn dev(id: &str, numa: Option<u32>) -> (String, FoundDevice) {
-        (id.into(), FoundDevice { id: id.into(), numa, iommu_group: None, sysfs: None })
+        (id.into(), FoundDevice { id: id.into(), numa, functions: Vec::new() })
     }
 
     fn inv(devs: &[(&str, Option<u32>)]) -> BTreeMap<String, Known> {

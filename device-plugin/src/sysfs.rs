@@ -82,17 +82,59 @@ impl fmt::Display for PciId {
     }
 }
 
-/// One device the plugin offers.
+/// One PCI function of a device (a port of a card).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Function {
+    /// Its PCI address (`0000:03:00.1`).
+    pub address: String,
+    /// Its IOMMU group (`/dev/vfio/<group>` gives user space the function, once it is bound to
+    /// `vfio-pci`), if any.
+    pub iommu_group: Option<String>,
+    /// The driver bound to it (`mlx5_core`, `vfio-pci`, ...): None when unbound.
+    pub driver: Option<String>,
+    /// Its sysfs directory.
+    pub sysfs: PathBuf,
+    /// Its network interfaces (a function a kernel driver runs) and whether each link is up
+    /// (`net/<name>/operstate`).
+    pub links: Vec<(String, bool)>,
+}
+
+/// The driver through which user space owns a function: only then are its VFIO nodes of use.
+pub const VFIO_DRIVER: &str = "vfio-pci";
+
+/// One device the plugin offers: a card, with all its functions (a dual-port DPU is one DPU, not
+/// two), or an emulated one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FoundDevice {
-    /// Its id towards the kubelet: the PCI address (`0000:03:00.0`) or `emulated-N`.
+    /// Its id towards the kubelet: the card's PCI slot (`0000:03:00`, its functions `.0`, `.1`
+    /// ...) or `emulated-N`.
     pub id: String,
     /// NUMA node, when the machine has several.
     pub numa: Option<u32>,
-    /// Its IOMMU group (`/dev/vfio/<group>` gives user space the function), if any.
-    pub iommu_group: Option<String>,
-    /// Its sysfs directory (None for an emulated device).
-    pub sysfs: Option<PathBuf>,
+    /// Its functions, by address (none for an emulated device).
+    pub functions: Vec<Function>,
+}
+
+impl FoundDevice {
+    /// Whether it can serve, or why not: every function has a driver bound (an unbound function
+    /// is a card being reset or reconfigured), and of the functions with network interfaces at
+    /// least one link is up (a DPU whose ports are all down serves no one). Emulated: always.
+    pub fn probe(&self) -> Result<(), String> {
+        if let Some(f) = self.functions.iter().find(|f| f.driver.is_none()) {
+            return Err(format!("function {} has no driver bound", f.address));
+        }
+        let links: Vec<&(String, bool)> = self.functions.iter().flat_map(|f| &f.links).collect();
+        if !links.is_empty() && !links.iter().any(|(_, up)| *up) {
+            let names: Vec<&str> = links.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(format!("every link is down ({})", names.join(", ")));
+        }
+        Ok(())
+    }
+}
+
+/// A card's slot: a function's address without its function number (`0000:03:00.1` -> `0000:03:00`).
+pub fn slot_of(address: &str) -> &str {
+    address.rsplit_once('.').map_or(address, |(slot, _)| slot)
 }
 
 /// Where devices come from.
@@ -122,7 +164,7 @@ impl Source {
             Source::Emulated(n) => {
                 for i in 0..*n {
                     let id = format!("emulated-{i}");
-                    out.insert(id.clone(), FoundDevice { id, numa: None, iommu_group: None, sysfs: None });
+                    out.insert(id.clone(), FoundDevice { id, numa: None, functions: Vec::new() });
                 }
             }
             Source::Pci { root, ids } => {
@@ -136,8 +178,18 @@ impl Source {
                 for entry in entries {
                     let entry = entry?;
                     let path = entry.path();
-                    let Some(found) = read_function(&path, ids) else { continue };
-                    out.insert(found.id.clone(), found);
+                    let Some((f, numa)) = read_function(&path, ids) else { continue };
+                    let slot = slot_of(&f.address).to_string();
+                    let d = out.entry(slot.clone()).or_insert_with(|| FoundDevice {
+                        id: slot,
+                        numa,
+                        functions: Vec::new(),
+                    });
+                    d.numa = d.numa.or(numa);
+                    d.functions.push(f);
+                }
+                for d in out.values_mut() {
+                    d.functions.sort_by(|a, b| a.address.cmp(&b.address));
                 }
             }
         }
@@ -145,20 +197,31 @@ impl Source {
     }
 }
 
-/// The function at `path`, if it is one of `ids` (unreadable or malformed files: not ours —
-/// a function being removed while it is read looks like that).
-fn read_function(path: &Path, ids: &[PciId]) -> Option<FoundDevice> {
-    let id = path.file_name()?.to_str()?.to_string();
+/// The function at `path` and its NUMA node, if it is one of `ids` (unreadable or malformed
+/// files: not ours — a function being removed while it is read looks like that).
+fn read_function(path: &Path, ids: &[PciId]) -> Option<(Function, Option<u32>)> {
+    let address = path.file_name()?.to_str()?.to_string();
     let vendor = parse_hex16(&std::fs::read_to_string(path.join("vendor")).ok()?).ok()?;
     let device = parse_hex16(&std::fs::read_to_string(path.join("device")).ok()?).ok()?;
     if !ids.contains(&PciId { vendor, device }) {
         return None;
     }
     let numa = std::fs::read_to_string(path.join("numa_node")).ok().and_then(|s| parse_numa(&s).ok()).flatten();
-    let iommu_group = std::fs::read_link(path.join("iommu_group"))
-        .ok()
-        .and_then(|l| l.file_name().and_then(|n| n.to_str()).map(str::to_string));
-    Some(FoundDevice { id, numa, iommu_group, sysfs: Some(path.to_path_buf()) })
+    let link_name = |p: PathBuf| std::fs::read_link(p).ok()?.file_name()?.to_str().map(str::to_string);
+    let iommu_group = link_name(path.join("iommu_group"));
+    let driver = link_name(path.join("driver"));
+    let mut links = Vec::new();
+    if let Ok(nets) = std::fs::read_dir(path.join("net")) {
+        for n in nets.flatten() {
+            let Some(name) = n.file_name().to_str().map(str::to_string) else { continue };
+            let state = std::fs::read_to_string(n.path().join("operstate")).unwrap_or_default();
+            // `unknown` is what many drivers report for a working link; the others are down.
+            let up = !matches!(state.trim(), "down" | "lowerlayerdown" | "notpresent" | "dormant" | "");
+            links.push((name, up));
+        }
+        links.sort();
+    }
+    Some((Function { address, iommu_group, driver, sysfs: path.to_path_buf(), links }, numa))
 }
 
 #[cfg(test)]
@@ -193,13 +256,27 @@ mod tests {
             std::fs::write(d.join("numa_node"), numa).expect("numa");
         };
         fake("0000:03:00.0", "0x15b3\n", "0xa2d6\n", "0\n");
+        fake("0000:03:00.1", "0x15b3\n", "0xa2d6\n", "0\n"); // the same card's second port
         fake("0000:81:00.0", "0x15b3\n", "0xa2dc\n", "1\n");
         fake("0000:00:1f.0", "0x8086\n", "0xa2d6\n", "-1\n"); // another vendor
         fake("0000:04:00.0", "garbage", "0xa2d6\n", "0\n"); // unreadable
         let src = Source::Pci { root: root.path().to_path_buf(), ids: BLUEFIELD.to_vec() };
         let found = src.scan().expect("scan");
-        assert_eq!(found.keys().collect::<Vec<_>>(), ["0000:03:00.0", "0000:81:00.0"]);
-        assert_eq!(found["0000:81:00.0"].numa, Some(1));
+        assert_eq!(found.keys().collect::<Vec<_>>(), ["0000:03:00", "0000:81:00"], "one device per card");
+        let ports: Vec<&str> = found["0000:03:00"].functions.iter().map(|f| f.address.as_str()).collect();
+        assert_eq!(ports, ["0000:03:00.0", "0000:03:00.1"]);
+        assert_eq!(found["0000:81:00"].numa, Some(1));
+        // No driver bound: not healthy; bound, its links say.
+        assert!(found["0000:81:00"].probe().is_err_and(|e| e.contains("no driver")));
+        let d = pci_devices(root.path()).join("0000:81:00.0");
+        std::os::unix::fs::symlink("../../../bus/pci/drivers/mlx5_core", d.join("driver")).expect("driver");
+        std::fs::create_dir_all(d.join("net/p0")).expect("net");
+        std::fs::write(d.join("net/p0/operstate"), "down\n").expect("operstate");
+        let card = src.scan().expect("scan").remove("0000:81:00").expect("card");
+        assert_eq!(card.functions[0].driver.as_deref(), Some("mlx5_core"));
+        assert!(card.probe().is_err_and(|e| e.contains("every link is down")), "{:?}", card.probe());
+        std::fs::write(d.join("net/p0/operstate"), "up\n").expect("operstate");
+        assert_eq!(src.scan().expect("scan")["0000:81:00"].probe(), Ok(()));
         let none = Source::Pci { root: root.path().join("nothing"), ids: BLUEFIELD.to_vec() };
         assert!(none.scan().expect("no bus").is_empty());
         assert_eq!(Source::Emulated(2).scan().expect("emulated").len(), 2);

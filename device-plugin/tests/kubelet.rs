@@ -80,7 +80,7 @@ impl Drop for Plugin {
     }
 }
 
-fn fake_function(sysfs: &Path, addr: &str, device: &str, numa: &str, iommu: Option<&str>) {
+fn fake_function(sysfs: &Path, addr: &str, device: &str, numa: &str, iommu: Option<&str>, driver: &str) {
     let d = sysfs.join("bus/pci/devices").join(addr);
     std::fs::create_dir_all(&d).expect("dir");
     std::fs::write(d.join("vendor"), "0x15b3\n").expect("vendor");
@@ -89,6 +89,14 @@ fn fake_function(sysfs: &Path, addr: &str, device: &str, numa: &str, iommu: Opti
     if let Some(g) = iommu {
         std::os::unix::fs::symlink(format!("../../../kernel/iommu_groups/{g}"), d.join("iommu_group")).expect("link");
     }
+    std::os::unix::fs::symlink(format!("../../../bus/pci/drivers/{driver}"), d.join("driver")).expect("driver");
+}
+
+/// A network interface of a function, its link `state` (`up`, `down`).
+fn fake_link(sysfs: &Path, addr: &str, name: &str, state: &str) {
+    let d = sysfs.join("bus/pci/devices").join(addr).join("net").join(name);
+    std::fs::create_dir_all(&d).expect("dir");
+    std::fs::write(d.join("operstate"), format!("{state}\n")).expect("operstate");
 }
 
 async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
@@ -128,9 +136,15 @@ async fn the_plugin_registers_lists_allocates_tracks_health_and_survives_a_kubel
     let tmp = tempfile::tempdir().expect("tempdir");
     let (dir, sysfs) = (tmp.path().join("device-plugins"), tmp.path().join("sys"));
     std::fs::create_dir_all(&dir).expect("dir");
-    fake_function(&sysfs, "0000:03:00.0", "0xa2d6\n", "0\n", Some("7"));
-    fake_function(&sysfs, "0000:81:00.0", "0xa2dc\n", "1\n", None);
-    fake_function(&sysfs, "0000:00:1f.0", "0x1234\n", "0\n", None); // not a DPU
+    // A dual-port card (two functions, one DPU): one port bound to vfio-pci (its IOMMU group is
+    // given to the container), the other run by mlx5_core (its group is not: nothing in user
+    // space may open it).
+    fake_function(&sysfs, "0000:03:00.0", "0xa2d6\n", "0\n", Some("7"), "vfio-pci");
+    fake_function(&sysfs, "0000:03:00.1", "0xa2d6\n", "0\n", Some("8"), "mlx5_core");
+    fake_link(&sysfs, "0000:03:00.1", "p1", "up");
+    fake_function(&sysfs, "0000:81:00.0", "0xa2dc\n", "1\n", None, "mlx5_core");
+    fake_link(&sysfs, "0000:81:00.0", "p0", "up");
+    fake_function(&sysfs, "0000:00:1f.0", "0x1234\n", "0\n", None, "e1000e"); // not a DPU
     let seen = Registrations::default();
     let kubelet = FakeKubelet::start(&dir, seen.clone());
     let port = free_port();
@@ -155,49 +169,68 @@ async fn the_plugin_registers_lists_allocates_tracks_health_and_survives_a_kubel
     let opts = c.get_device_plugin_options(Empty {}).await.expect("options").into_inner();
     assert!(opts.get_preferred_allocation_available);
 
-    // The list: both DPUs, healthy, with their NUMA nodes.
+    // The list: both DPUs (cards, not functions), healthy, with their NUMA nodes.
     let mut stream = c.list_and_watch(Empty {}).await.expect("list and watch").into_inner();
     let healthy = |ids: &[&str]| ids.iter().map(|i| (i.to_string(), "Healthy".to_string())).collect::<Vec<_>>();
-    assert_eq!(next_list(&mut stream).await, healthy(&["0000:03:00.0", "0000:81:00.0"]));
+    assert_eq!(next_list(&mut stream).await, healthy(&["0000:03:00", "0000:81:00"]));
 
     // Allocation: the ids in the environment, the VFIO nodes of a function in an IOMMU group,
     // its sysfs directory read-only.
     let alloc = |ids: &[&str]| AllocateRequest {
         container_requests: vec![ContainerAllocateRequest { devices_ids: ids.iter().map(|s| s.to_string()).collect() }],
     };
-    let a = c.allocate(alloc(&["0000:03:00.0"])).await.expect("allocate").into_inner();
+    let a = c.allocate(alloc(&["0000:03:00"])).await.expect("allocate").into_inner();
     let r = &a.container_responses[0];
-    assert_eq!(r.envs["DPUKV_DEVICE_IDS"], "0000:03:00.0");
+    assert_eq!(r.envs["DPUKV_DEVICE_IDS"], "0000:03:00");
     let nodes: Vec<&str> = r.devices.iter().map(|d| d.host_path.as_str()).collect();
-    assert_eq!(nodes, ["/dev/vfio/7", "/dev/vfio/vfio"]);
-    assert!(r.mounts[0].read_only && r.mounts[0].host_path.ends_with("0000:03:00.0"));
-    let unknown = c.allocate(alloc(&["0000:99:00.0"])).await.expect_err("unknown device");
+    assert_eq!(nodes, ["/dev/vfio/7", "/dev/vfio/vfio"], "only the vfio-pci function's group");
+    let mounts: Vec<&str> = r.mounts.iter().map(|m| m.container_path.as_str()).collect();
+    assert_eq!(mounts, ["/run/dpukv/devices/0000:03:00.0", "/run/dpukv/devices/0000:03:00.1"]);
+    assert!(r.mounts.iter().all(|m| m.read_only));
+    // A card run by kernel drivers only: no VFIO node at all.
+    let a = c.allocate(alloc(&["0000:81:00"])).await.expect("allocate").into_inner();
+    assert!(a.container_responses[0].devices.is_empty(), "{:?}", a.container_responses[0].devices);
+    let unknown = c.allocate(alloc(&["0000:99:00"])).await.expect_err("unknown device");
     assert_eq!(unknown.code(), tonic::Code::NotFound);
     let pref = c
         .get_preferred_allocation(PreferredAllocationRequest {
             container_requests: vec![ContainerPreferredAllocationRequest {
-                available_device_i_ds: vec!["0000:03:00.0".into(), "0000:81:00.0".into()],
-                must_include_device_i_ds: vec!["0000:81:00.0".into()],
+                available_device_i_ds: vec!["0000:03:00".into(), "0000:81:00".into()],
+                must_include_device_i_ds: vec!["0000:81:00".into()],
                 allocation_size: 1,
             }],
         })
         .await
         .expect("preferred")
         .into_inner();
-    assert_eq!(pref.container_responses[0].device_i_ds, ["0000:81:00.0"]);
+    assert_eq!(pref.container_responses[0].device_i_ds, ["0000:81:00"]);
 
     // A function falls off the bus: unhealthy, and not allocated; back: healthy.
     let gone = sysfs.join("bus/pci/devices/0000:81:00.0");
     let saved = tmp.path().join("saved");
     std::fs::rename(&gone, &saved).expect("remove the function");
-    assert_eq!(
-        next_list(&mut stream).await,
-        vec![("0000:03:00.0".into(), "Healthy".into()), ("0000:81:00.0".into(), "Unhealthy".into())]
-    );
-    let refused = c.allocate(alloc(&["0000:81:00.0"])).await.expect_err("unhealthy");
+    let one_down = |down: &str| {
+        ["0000:03:00", "0000:81:00"]
+            .iter()
+            .map(|i| (i.to_string(), if *i == down { "Unhealthy" } else { "Healthy" }.to_string()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(next_list(&mut stream).await, one_down("0000:81:00"));
+    let refused = c.allocate(alloc(&["0000:81:00"])).await.expect_err("unhealthy");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     std::fs::rename(&saved, &gone).expect("restore the function");
-    assert_eq!(next_list(&mut stream).await, healthy(&["0000:03:00.0", "0000:81:00.0"]));
+    assert_eq!(next_list(&mut stream).await, healthy(&["0000:03:00", "0000:81:00"]));
+    // Present but not working: every link down (a hung or cut-off DPU), then back up.
+    fake_link(&sysfs, "0000:81:00.0", "p0", "down");
+    assert_eq!(next_list(&mut stream).await, one_down("0000:81:00"));
+    fake_link(&sysfs, "0000:81:00.0", "p0", "up");
+    assert_eq!(next_list(&mut stream).await, healthy(&["0000:03:00", "0000:81:00"]));
+    // A function whose driver is unbound (a card being reset): unhealthy.
+    std::fs::remove_file(sysfs.join("bus/pci/devices/0000:03:00.1/driver")).expect("unbind");
+    assert_eq!(next_list(&mut stream).await, one_down("0000:03:00"));
+    std::os::unix::fs::symlink("../../../bus/pci/drivers/mlx5_core", sysfs.join("bus/pci/devices/0000:03:00.1/driver"))
+        .expect("bind");
+    assert_eq!(next_list(&mut stream).await, healthy(&["0000:03:00", "0000:81:00"]));
 
     // Health and metrics.
     let h = tokio::task::spawn_blocking(move || http_get(port, "/healthz")).await.expect("healthz");
@@ -205,7 +238,7 @@ async fn the_plugin_registers_lists_allocates_tracks_health_and_survives_a_kubel
     let m = tokio::task::spawn_blocking(move || http_get(port, "/metrics")).await.expect("metrics");
     assert!(m.contains("dpukv_device_plugin_registrations_total 1"), "{m}");
     assert!(m.contains("dpukv_device_plugin_healthy_devices 2"), "{m}");
-    assert!(m.contains("dpukv_device_plugin_allocations_total 1"), "{m}");
+    assert!(m.contains("dpukv_device_plugin_allocations_total 2"), "{m}");
 
     // The kubelet restarts (removing every socket): the plugin serves on a new socket and
     // registers again; the old stream ends.
@@ -216,7 +249,7 @@ async fn the_plugin_registers_lists_allocates_tracks_health_and_survives_a_kubel
     eventually("a second registration", || (seen.0.lock().expect("lock").len() == 2).then_some(())).await;
     let mut c = client().await;
     let mut stream = c.list_and_watch(Empty {}).await.expect("list and watch again").into_inner();
-    assert_eq!(next_list(&mut stream).await, healthy(&["0000:03:00.0", "0000:81:00.0"]));
+    assert_eq!(next_list(&mut stream).await, healthy(&["0000:03:00", "0000:81:00"]));
 
     // A clean shutdown removes the plugin's socket.
     let pid = plugin.0.id().to_string();

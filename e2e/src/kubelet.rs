@@ -18,7 +18,7 @@
 //!   (`envFrom` ConfigMaps, `env` values with `$(VAR)` expansion, the downward API's
 //!   `metadata.name`, `metadata.namespace`, `metadata.labels['..']`, `status.podIP`); volumes are
 //!   directories (`emptyDir` per pod — under `/dev/shm` with `medium: Memory` —, a claim's
-//!   directory kept while the claim exists) and a
+//!   directory kept while the claim exists, a `configMap`'s keys as files kept current) and a
 //!   container's mount paths in its command and environment are rewritten to them (no mount
 //!   namespaces); readiness from the `httpGet`/`tcpSocket` probes; exited containers restarted;
 //!   a deleted pod's containers get SIGTERM, then SIGKILL after its grace period (at most 10 s),
@@ -204,7 +204,7 @@ fn field_ref(pod: &Value, path: &str, ip: &str) -> Result<String> {
     Ok(match path {
         "metadata.name" | "metadata.namespace" | "metadata.uid" => meta(pod, &path[9..]).to_string(),
         "status.podIP" => ip.to_string(),
-        "spec.nodeName" => "test-kubelet".to_string(),
+        "spec.nodeName" => pod["spec"]["nodeName"].as_str().unwrap_or("test-kubelet").to_string(),
         _ => label("metadata.labels['", "labels")
             .or_else(|| label("metadata.annotations['", "annotations"))
             .with_context(|| format!("the test kubelet does not support fieldRef {path}"))?,
@@ -332,6 +332,12 @@ impl Loop {
             let mut pod_spec = template["spec"].clone();
             pod_spec["volumes"] = json!(volumes);
             pod_spec["hostname"] = json!(pod_name);
+            // The scheduler, as far as a scenario needs: with Node objects, pods go round-robin
+            // over them by ordinal (spreading them over zones as the default constraint asks).
+            let nodes: Vec<String> = self.api.list("nodes", None).iter().map(|n| meta(n, "name").to_string()).collect();
+            if !nodes.is_empty() {
+                pod_spec["nodeName"] = json!(nodes[i as usize % nodes.len()]);
+            }
             pod_spec["subdomain"] = spec["serviceName"].clone();
             let pod = json!({
                 "metadata": {"name": pod_name, "labels": labels,
@@ -492,10 +498,54 @@ impl Loop {
                     }
                 }
             }
+            self.refresh_config_maps(&pod);
             self.watch_over(&pod);
         }
         let mut s = lock(&self.shared);
         s.running = self.pods.keys().cloned().collect();
+    }
+
+    /// A configMap volume's files: one per key (as the kubelet projects them; kept current by
+    /// [`Loop::refresh_config_maps`]). A missing ConfigMap is an error unless `optional` (then
+    /// the directory is empty).
+    fn project_config_map(&self, pod: &Value, v: &Value, dir: &Path) -> Result<()> {
+        let cm_name = v["configMap"]["name"].as_str().unwrap_or_default();
+        std::fs::create_dir_all(dir)?;
+        let data = match self.api.get("configmaps", meta(pod, "namespace"), cm_name) {
+            Some(cm) => cm["data"].as_object().cloned().unwrap_or_default(),
+            None if v["configMap"]["optional"] == true => Default::default(),
+            None => bail!("configMap volume: ConfigMap {cm_name} not found"),
+        };
+        for (k, val) in &data {
+            let text = val.as_str().unwrap_or_default();
+            let file = dir.join(k);
+            if std::fs::read_to_string(&file).ok().as_deref() != Some(text) {
+                // Whole files only (the kubelet swaps a directory of them atomically).
+                let tmp = dir.join(format!(".{k}.tmp"));
+                std::fs::write(&tmp, text)?;
+                std::fs::rename(&tmp, &file)?;
+            }
+        }
+        for e in std::fs::read_dir(dir)?.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if !n.starts_with('.') && !data.contains_key(&n) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings every running pod's configMap volumes up to date with their ConfigMaps.
+    fn refresh_config_maps(&self, pod: &Value) {
+        for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+            if v.get("configMap").is_some() {
+                let dir =
+                    self.cfg.root.join("pods").join(meta(pod, "uid")).join(v["name"].as_str().unwrap_or_default());
+                if let Err(e) = self.project_config_map(pod, v, &dir) {
+                    self.error(format!("pod {}: {e:#}", key(pod)));
+                }
+            }
+        }
     }
 
     fn volumes(&self, pod: &Value) -> Result<BTreeMap<String, PathBuf>> {
@@ -508,8 +558,14 @@ impl Loop {
                 self.cfg.root.join("pods").join(meta(pod, "uid")).join(name)
             } else if let Some(claim) = v["persistentVolumeClaim"]["claimName"].as_str() {
                 self.cfg.root.join("claims").join(meta(pod, "namespace")).join(claim)
+            } else if v.get("configMap").is_some() {
+                let dir = self.cfg.root.join("pods").join(meta(pod, "uid")).join(name);
+                self.project_config_map(pod, v, &dir)?;
+                dir
             } else {
-                bail!("volume {name}: the test kubelet supports emptyDir and persistentVolumeClaim volumes only");
+                bail!(
+                    "volume {name}: the test kubelet supports emptyDir, persistentVolumeClaim and configMap volumes only"
+                );
             };
             std::fs::create_dir_all(&dir)?;
             out.insert(name.to_string(), dir);
@@ -809,6 +865,12 @@ impl Kubelet {
     /// What failed (a pod that could not start, a controller error), oldest first.
     pub fn errors(&self) -> Vec<String> {
         lock(&self.shared).errors.clone()
+    }
+
+    /// The log of one container of a pod (every life of it: restarts append).
+    pub fn container_log(&self, namespace: &str, pod: &str, container: &str) -> String {
+        let f = self.root.join("logs").join(format!("{namespace}_{pod}_{container}.log"));
+        String::from_utf8_lossy(&std::fs::read(f).unwrap_or_default()).into_owned()
     }
 
     /// Every container's log (the last `tail` bytes of each), for a failing test to print.

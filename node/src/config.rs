@@ -140,6 +140,18 @@ pub struct ClusterFlags {
     /// Failure domain (replicas of a region go to different zones when zones are given).
     #[arg(long, env = "DPUKV_ZONE", default_value = "")]
     pub zone: String,
+    /// Without `--zone`: a directory holding one file per Kubernetes node, named by the node,
+    /// holding its zone (the operator's `NAME-zones` ConfigMap, mounted); this host's file is
+    /// `--k8s-node`'s.
+    #[arg(long, env = "DPUKV_ZONE_DIR")]
+    pub zone_dir: Option<PathBuf>,
+    /// The Kubernetes node this pod runs on (the downward API's `spec.nodeName`).
+    #[arg(long, env = "DPUKV_K8S_NODE")]
+    pub k8s_node: Option<String>,
+    /// How long (s) to wait for this node's zone file to appear (a ConfigMap volume is updated
+    /// a while after the operator writes a new node's zone) before registering without a zone.
+    #[arg(long, env = "DPUKV_ZONE_WAIT_SECS", default_value_t = 90)]
+    pub zone_wait_secs: u64,
     /// Node lease TTL in milliseconds (failover takes about this long; etcd's minimum is 1.5 ×
     /// its election timeout).
     #[arg(long, env = "DPUKV_LEASE_TTL_MS", default_value_t = 2000)]
@@ -289,6 +301,11 @@ impl ClusterFlags {
                 .unwrap_or_else(|| self.replication_listen.to_string()),
             advertise_admin: advertise_admin.map(|a| a.to_string()).unwrap_or_default(),
             zone: self.zone.clone(),
+            zone_file: match (&self.zone_dir, &self.k8s_node) {
+                (Some(d), Some(n)) if self.zone.is_empty() && !n.is_empty() => Some(d.join(n)),
+                _ => None,
+            },
+            zone_wait: Duration::from_secs(self.zone_wait_secs),
             lease_ttl: Duration::from_millis(self.lease_ttl_ms.max(100)),
             bootstrap: dpukv_cluster::keys::ClusterConfig {
                 backup_index: if self.backup_index == "build" {
@@ -393,6 +410,17 @@ pub struct DeviceArgs {
     /// Admin HTTP address.
     #[arg(long, env = "DPUKV_DEVICE_ADMIN")]
     pub admin: Option<SocketAddr>,
+    /// The DPUs this container was given (the device plugin's `DPUKV_DEVICE_IDS`: card slots,
+    /// comma-separated); each is checked at start in `--device-dir`.
+    #[arg(long, env = "DPUKV_DEVICE_IDS", default_value = "")]
+    pub device_ids: String,
+    /// Refuse to start without a DPU given and present (`Device` mode: the operator sets it) —
+    /// a pod that got none would otherwise run as an emulator unnoticed.
+    #[arg(long, env = "DPUKV_REQUIRE_DEVICE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub require_device: bool,
+    /// Where the device plugin mounts the given functions' sysfs directories (`/<address>`).
+    #[arg(long, env = "DPUKV_DEVICE_DIR", default_value = "/run/dpukv/devices")]
+    pub device_dir: PathBuf,
     /// Most client connections (more are closed at once).
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
@@ -464,6 +492,7 @@ impl DeviceArgs {
         if self.host_timeout == 0 {
             bail!("--host-timeout must be positive");
         }
+        check_devices(&self.device_ids, &self.device_dir, self.require_device)?;
         let node = node_id_of(self.node_id, self.node_index)?;
         let tls = node_tls(&self.tls, node, "a device")?;
         let server = tls.server().map_err(anyhow::Error::msg)?;
@@ -508,6 +537,41 @@ impl DeviceArgs {
     }
 }
 
+/// Checks the DPUs a device container was given: each id (a card's slot, `0000:03:00`) must have
+/// at least one function mounted under `dir` (`dir/0000:03:00.0`, with its `vendor` file) — an
+/// id whose functions are missing is a device that went away between allocation and start; with
+/// `require`, at least one must be given.
+pub fn check_devices(ids: &str, dir: &std::path::Path, require: bool) -> Result<Vec<String>> {
+    let ids: Vec<String> = ids.split(',').map(str::trim).filter(|i| !i.is_empty()).map(String::from).collect();
+    if ids.is_empty() {
+        if require {
+            bail!(
+                "no DPU was given to this container (DPUKV_DEVICE_IDS is empty) and --require-device is set \
+                 (device mode Device): is the dpukv device plugin running on this node, and does the pod \
+                 ask for its resource?"
+            );
+        }
+        return Ok(ids);
+    }
+    let mounted: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str().map(String::from)).collect())
+        .unwrap_or_default();
+    for id in &ids {
+        let present = mounted
+            .iter()
+            .filter(|m| m.strip_prefix(id.as_str()).is_some_and(|rest| rest.starts_with('.')))
+            .any(|m| dir.join(m).join("vendor").is_file());
+        if !present {
+            bail!(
+                "DPU {id} was given to this container but none of its functions is present under {} \
+                 (the device went away, or the device plugin did not mount it)",
+                dir.display()
+            );
+        }
+    }
+    Ok(ids)
+}
+
 /// Split keys for `n` regions of equal shares of the key space, by its first two bytes: region
 /// i begins at the two bytes of `i * 65536 / n` (at most 65536 regions).
 pub fn even_split_keys(n: u32) -> Result<Vec<Vec<u8>>> {
@@ -525,6 +589,22 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+
+    #[test]
+    fn a_device_checks_the_dpus_it_was_given_and_refuses_to_start_without_one_when_required() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(check_devices("", dir.path(), false).expect("no DPU, none required").is_empty());
+        let e = check_devices("", dir.path(), true).expect_err("required").to_string();
+        assert!(e.contains("no DPU was given"), "{e}");
+        let f = dir.path().join("0000:03:00.1");
+        std::fs::create_dir_all(&f).expect("dir");
+        std::fs::write(f.join("vendor"), "0x15b3\n").expect("vendor");
+        assert_eq!(check_devices("0000:03:00", dir.path(), true).expect("present"), ["0000:03:00"]);
+        let e = check_devices("0000:03:00,0000:81:00", dir.path(), true).expect_err("one missing").to_string();
+        assert!(e.contains("DPU 0000:81:00 was given") && e.contains("none of its functions"), "{e}");
+        // A prefix of another address is not a match.
+        assert!(check_devices("0000:03:0", dir.path(), false).is_err());
+    }
 
     #[test]
     fn regions_split_the_key_space_evenly_by_its_first_two_bytes() {

@@ -114,6 +114,9 @@ pub struct Context {
     pub operator_pods: OperatorPods,
     /// The operator's certificates, per cluster (made in memory from each cluster's CA).
     pub operator_certs: OperatorCerts,
+    /// The Kubernetes nodes' zones (`topology.kubernetes.io/zone`), by node name, kept by a
+    /// watch of the nodes (`run`): what each cluster's zones ConfigMap says. Empty: no zones.
+    pub zones: Arc<std::sync::RwLock<std::collections::BTreeMap<String, String>>>,
     /// Consecutive failures per cluster (namespace/name), for the backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -145,6 +148,7 @@ impl Context {
             etcd_keys,
             operator_pods,
             operator_certs: OperatorCerts::default(),
+            zones: Arc::default(),
             failures: Mutex::new(HashMap::new()),
         })
     }
@@ -554,8 +558,40 @@ fn previous<'a>(c: &'a DpuKvCluster, type_: &str) -> &'a str {
     conditions.iter().find(|x| x.type_ == type_).map_or("", |x| x.status.as_str())
 }
 
+/// The annotation that pauses the operator on a cluster (`"true"`): nothing is applied, no drain,
+/// step-down or rollout step is taken, until it is removed — for an operator's hands-on repair.
+/// The status says so (`Paused`); deleting the cluster still cleans up.
+pub const PAUSED_ANNOTATION: &str = "dpukv.io/paused";
+
+fn paused(c: &DpuKvCluster) -> bool {
+    c.annotations().get(PAUSED_ANNOTATION).is_some_and(|v| v == "true")
+}
+
+/// A paused cluster's status: the last one, with `Paused` True.
+async fn report_paused(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Error> {
+    let ns = c.namespace().ok_or(Error::NoNamespace)?;
+    let before = c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+    let mut status = c.status.clone().unwrap_or_default();
+    status.conditions.retain(|x| x.type_ != "Paused");
+    let note =
+        format!("{PAUSED_ANNOTATION} is \"true\": nothing is applied and no drain, step-down or rollout step taken");
+    status.conditions.push(condition("Paused", true, "PausedByAnnotation", &note, c.metadata.generation));
+    keep_transition_times(&mut status.conditions, before);
+    let api: Api<DpuKvCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = serde_json::json!({
+        "apiVersion": DpuKvCluster::api_version(&()),
+        "kind": DpuKvCluster::kind(&()),
+        "status": status,
+    });
+    api.patch_status(&c.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
+    Ok(Action::await_change())
+}
+
 /// Makes one cluster's children what they should be, and reports its status.
 async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Error> {
+    if paused(c) {
+        return report_paused(c, ctx).await;
+    }
     let ns = c.namespace().ok_or(Error::NoNamespace)?;
     let client = &ctx.client;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
@@ -639,6 +675,12 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     // the template names: pods restart for it one at a time, as for a new version).
     let configs: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let config = apply(&configs, &render::node_config_map(c)).await?;
+    // Where each Kubernetes node is (a host reads its own zone from it at start, before it
+    // registers): only when some node has a zone.
+    let zones = ctx.zones.read().unwrap_or_else(|e| e.into_inner()).clone();
+    if !zones.is_empty() {
+        apply(&configs, &render::zones_config_map(c, zones)).await?;
+    }
     // The ConfigMaps pods of an earlier template may still read: kept until the rollout ended.
     let current = config.name_any();
     let mut earlier = live.as_ref().map(previous_configs).unwrap_or_default();
@@ -713,13 +755,14 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     } else {
         Err("no node pod is ready".to_string())
     };
-    // Requests nothing needs any more, taken back on every reconcile (not only on the scale-out
+    // Drains nothing needs any more, taken back on every reconcile (not only on the scale-out
     // edge: a scale-in cancelled midway — 5 to 3 to 5 — left its nodes drained for good, and an
-    // un-drain that failed was never tried again): a drain of a node the cluster keeps, a
-    // step-down while no rollout is under way. A failure is retried after the status is written.
+    // un-drain that failed was never tried again). (Step-downs are not: a rollout lifts its own
+    // at its end, and a host leaving on SIGTERM asked for its own, which must hold until it is
+    // gone.) A failure is retried after the status is written.
     let mut leftover = Ok(());
     if let Ok(s) = &summary {
-        leftover = take_back_requests(c, ctx, &ep, s, desired, upgrading).await;
+        leftover = take_back_drains(c, ctx, &ep, s, desired).await;
     }
     let degraded = match &summary {
         Ok(s) if s.without_primary > 0 => condition(
@@ -799,6 +842,7 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
             ),
             condition("Secure", tls.secure, tls.reason, &tls.message, generation),
             storage_condition(&resizes, generation),
+            condition("Paused", false, "NotPaused", "", generation),
             condition("Reconciled", true, "ReconcileSucceeded", "", generation),
         ],
         ready_nodes: ready,
@@ -847,27 +891,24 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     }
     leftover?;
     ctx.failures.lock().expect("failures lock").remove(&key(c));
-    Ok(Action::requeue(if settled { Duration::from_secs(60) } else { Duration::from_secs(5) }))
+    // Looked at again soon while anything is under way or the cluster is degraded (its status
+    // follows the cluster's repair), else within a minute.
+    let calm = settled && phase == "Running";
+    Ok(Action::requeue(if calm { Duration::from_secs(60) } else { Duration::from_secs(5) }))
 }
 
 /// Takes back the drains of nodes the cluster keeps (ids up to `desired`: a scale-in drains only
-/// those above) and, while no rollout is under way, every step-down; an event says which.
-async fn take_back_requests(
+/// those above); an event says which.
+async fn take_back_drains(
     c: &DpuKvCluster,
     ctx: &Context,
     ep: &Endpoint,
     s: &admin::Summary,
     desired: i32,
-    upgrading: bool,
 ) -> Result<(), Error> {
-    let kept = |n: &u32| i64::from(*n) <= i64::from(desired);
-    let drained: Vec<u32> = s.draining.iter().copied().filter(kept).collect();
-    let stepping: Vec<u32> = if upgrading { Vec::new() } else { s.stepping_down.clone() };
+    let drained: Vec<u32> = s.draining.iter().copied().filter(|n| i64::from(*n) <= i64::from(desired)).collect();
     for &n in &drained {
         admin::undrain(ep, n).await?;
-        admin::step_up(ep, n).await?;
-    }
-    for &n in stepping.iter().filter(|n| !drained.contains(n)) {
         admin::step_up(ep, n).await?;
     }
     if !drained.is_empty() {

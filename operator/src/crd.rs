@@ -595,8 +595,8 @@ pub struct DpuKvClusterStatus {
     /// of a primary or of copies), `Scaling`, `Draining` or `Upgrading`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    /// `Available`, `Progressing`, `Degraded`, `Draining`, `Secure`, `StorageResized`, `Reconciled` (False with
-    /// the error when the last reconcile failed).
+    /// `Available`, `Progressing`, `Degraded`, `Draining`, `Secure`, `StorageResized`, `Paused`,
+    /// `Reconciled` (False with the error when the last reconcile failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Node pods ready.

@@ -41,8 +41,9 @@ pub const CLUSTER_RULES: &[Rule] = &[
     // Events on the clusters (`events`): kube's recorder creates one, and patches its series
     // when it happens again.
     Rule { group: "events.k8s.io", resource: "events", verbs: &["create", "patch"] },
-    // `device.mode: Auto` asks whether some node advertises the device resource.
-    Rule { group: "", resource: "nodes", verbs: &["list"] },
+    // `device.mode: Auto` asks once what the nodes advertise; the nodes' zones are watched
+    // (metadata only) for the zones ConfigMap.
+    Rule { group: "", resource: "nodes", verbs: &["list", "watch"] },
     // A larger `storage.size` (or `etcd.managed.storage`) goes to each claim (`claims`).
     Rule { group: "", resource: "persistentvolumeclaims", verbs: &["get", "patch"] },
     // The node pods' revisions and readiness during a rollout (a broken pod is restarted).
@@ -181,6 +182,6 @@ mod tests {
     fn the_yaml_lists_every_rule() {
         let y = rules_yaml(CLUSTER_RULES);
         assert_eq!(y.matches("- apiGroups:").count(), CLUSTER_RULES.len());
-        assert!(y.contains("- apiGroups: [\"\"]\n  resources: [\"nodes\"]\n  verbs: [\"list\"]\n"), "{y}");
+        assert!(y.contains("- apiGroups: [\"\"]\n  resources: [\"nodes\"]\n  verbs: [\"list\", \"watch\"]\n"), "{y}");
     }
 }

@@ -18,11 +18,12 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapEnvSource, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar,
-    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
-    SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    Affinity, Capabilities, ConfigMap, ConfigMapEnvSource, ConfigMapVolumeSource, Container, ContainerPort,
+    EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
+    ServicePort, ServiceSpec, TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount,
+    VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -468,6 +469,7 @@ fn node_config_data(c: &DpuKvCluster) -> BTreeMap<String, String> {
         ("DPUKV_REPLICATION_LISTEN".to_string(), format!("0.0.0.0:{REPLICATION_PORT}")),
         // The control API: mutual TLS with the node certificate (plain HTTP when TLS is off).
         ("DPUKV_CONTROL_LISTEN".to_string(), format!("0.0.0.0:{CONTROL_PORT}")),
+        ("DPUKV_ZONE_DIR".to_string(), ZONES_DIR.to_string()),
     ]);
     if etcd_tls(c) {
         for (k, file) in [("DPUKV_ETCD_CA", "ca.crt"), ("DPUKV_ETCD_CERT", "tls.crt"), ("DPUKV_ETCD_KEY", "tls.key")] {
@@ -484,6 +486,24 @@ fn node_config_data(c: &DpuKvCluster) -> BTreeMap<String, String> {
         data.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), t.otlp_endpoint.clone());
     }
     data
+}
+
+/// The label Kubernetes puts on a node for its zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// Where a host finds the zones ConfigMap (a file per Kubernetes node, holding its zone).
+pub const ZONES_DIR: &str = "/etc/dpukv/zones";
+
+/// The zones ConfigMap's name: `NAME-zones`.
+pub fn zones_config_name(c: &DpuKvCluster) -> String {
+    format!("{}-zones", c.name_any())
+}
+
+/// The zones ConfigMap: each Kubernetes node's zone, by node name. Mounted in the node pods (a
+/// volume, updated in place), where each host reads the file of the node it runs on
+/// (`DPUKV_ZONE_DIR`, `DPUKV_K8S_NODE`) and registers with that zone: the master keeps a
+/// region's copies in distinct zones.
+pub fn zones_config_map(c: &DpuKvCluster, zones: BTreeMap<String, String>) -> ConfigMap {
+    ConfigMap { metadata: meta(c, zones_config_name(c), "node"), data: Some(zones), ..Default::default() }
 }
 
 /// The node hosts' ConfigMap ([`node_config_data`]), named by its content
@@ -514,6 +534,7 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     let node_index = env_field("DPUKV_NODE_INDEX", "metadata.labels['apps.kubernetes.io/pod-index']");
     let mut host_env = vec![
         env_field("POD_NAME", "metadata.name"),
+        env_field("DPUKV_K8S_NODE", "spec.nodeName"),
         node_index.clone(),
         env("DPUKV_ADVERTISE_DEVICE", format!("{dns}:{DEVICE_PORT}")),
         env("DPUKV_ADVERTISE_REPLICATION", format!("{dns}:{REPLICATION_PORT}")),
@@ -523,8 +544,12 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     // read-only, at the same path: the host records absolute paths), the shared memory (both
     // write: the device its reader slots), a scratch /tmp each (the root file system is
     // read-only), the node Secret (both), the etcd client Secret (the host only).
-    let mut host_mounts =
-        vec![mount("data", "/var/lib/dpukv", false), mount("shm", "/dev/shm", false), mount("tmp", "/tmp", false)];
+    let mut host_mounts = vec![
+        mount("data", "/var/lib/dpukv", false),
+        mount("shm", "/dev/shm", false),
+        mount("tmp", "/tmp", false),
+        mount("zones", ZONES_DIR, true),
+    ];
     let mut device_mounts =
         vec![mount("data", "/var/lib/dpukv", true), mount("shm", "/dev/shm", false), mount("tmp", "/tmp", false)];
     if tls {
@@ -578,6 +603,10 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
         None => device_env.push(env("DPUKV_POPULAR_CAPACITY", "0")),
     }
     device_env.extend(node_tls_env(c));
+    if device {
+        // Device mode: a container that got no DPU (or lost it) refuses to start, saying why.
+        device_env.push(env("DPUKV_REQUIRE_DEVICE", "true"));
+    }
     let mut device_resources = s.resources.device.clone().unwrap_or_default();
     if device {
         // One DPU from the device plugin: an extended resource is asked for in limits.
@@ -614,6 +643,16 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
             ..Default::default()
         },
         empty_dir("tmp"),
+        // Optional: absent until some Kubernetes node has a zone.
+        Volume {
+            name: "zones".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: zones_config_name(c),
+                optional: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
     ];
     if tls {
         volumes.push(secret_volume("tls", &node_tls_secret(c)));
@@ -661,9 +700,12 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
                     volumes: Some(volumes),
                     node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
                     tolerations: (!s.tolerations.is_empty()).then(|| s.tolerations.clone()),
-                    affinity: s.affinity.clone(),
-                    topology_spread_constraints: (!s.topology_spread_constraints.is_empty())
-                        .then(|| s.topology_spread_constraints.clone()),
+                    affinity: Some(s.affinity.clone().unwrap_or_else(|| default_affinity(c))),
+                    topology_spread_constraints: Some(if s.topology_spread_constraints.is_empty() {
+                        default_spread(c)
+                    } else {
+                        s.topology_spread_constraints.clone()
+                    }),
                     priority_class_name: s.priority_class_name.clone(),
                     termination_grace_period_seconds: Some(60),
                     ..Default::default()
@@ -677,6 +719,40 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     let hash = pod_template_hash(&set);
     set.metadata.annotations = Some(BTreeMap::from([(POD_TEMPLATE_ANNOTATION.to_string(), hash)]));
     set
+}
+
+/// Node pods' affinity unless the resource gives one: preferably not two on one Kubernetes node
+/// (a node lost would take two copies of some regions).
+fn default_affinity(c: &DpuKvCluster) -> Affinity {
+    Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
+                weight: 100,
+                pod_affinity_term: PodAffinityTerm {
+                    label_selector: Some(LabelSelector {
+                        match_labels: Some(selector(c, "node")),
+                        ..Default::default()
+                    }),
+                    topology_key: "kubernetes.io/hostname".into(),
+                    ..Default::default()
+                },
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Node pods' spread unless the resource gives one: evenly over the zones, as far as the
+/// scheduler can (`ScheduleAnyway`: a cluster in one zone still starts).
+fn default_spread(c: &DpuKvCluster) -> Vec<TopologySpreadConstraint> {
+    vec![TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: ZONE_LABEL.into(),
+        when_unsatisfiable: "ScheduleAnyway".into(),
+        label_selector: Some(LabelSelector { match_labels: Some(selector(c, "node")), ..Default::default() }),
+        ..Default::default()
+    }]
 }
 
 /// The node StatefulSet's annotation holding [`pod_template_hash`] of the template it was
@@ -1093,7 +1169,8 @@ mod tests {
                 "DPUKV_ETCD",
                 "DPUKV_FSYNC",
                 "DPUKV_REPLICATION_FACTOR",
-                "DPUKV_REPLICATION_LISTEN"
+                "DPUKV_REPLICATION_LISTEN",
+                "DPUKV_ZONE_DIR"
             ],
             "no split keys or OTLP endpoint unless set"
         );
@@ -1106,6 +1183,7 @@ mod tests {
             env,
             [
                 "POD_NAME",
+                "DPUKV_K8S_NODE",
                 "DPUKV_NODE_INDEX",
                 "DPUKV_ADVERTISE_DEVICE",
                 "DPUKV_ADVERTISE_REPLICATION",
@@ -1156,6 +1234,9 @@ mod tests {
         assert!(dpu_limit(container(&node_statefulset(&base("Auto"), false), "device")).is_none());
         // The host never asks for the device.
         assert!(dpu_limit(container(&device, "host")).is_none());
+        // With a DPU, the device container refuses to start without one.
+        assert_eq!(env_of(container(&device, "device"), "DPUKV_REQUIRE_DEVICE"), Some("true"));
+        assert_eq!(env_of(container(&emulator, "device"), "DPUKV_REQUIRE_DEVICE"), None);
     }
 
     /// Every field of the spec reaches the pods: `hotKeys` the device's popularity settings (off:
@@ -1184,6 +1265,48 @@ mod tests {
             "off without hotKeys"
         );
         assert_eq!(config_of(&none, "DPUKV_REGIONS"), None);
+    }
+
+    /// Zones: the hosts read their Kubernetes node's zone from the zones ConfigMap (mounted,
+    /// optional) by the node name the downward API gives; without the resource's own, node pods
+    /// prefer distinct hosts and spread over zones.
+    #[test]
+    fn node_pods_find_their_zone_and_spread_over_zones_by_default() {
+        let c = base("Emulator");
+        let zones = zones_config_map(&c, BTreeMap::from([("worker-1".to_string(), "zone-a".to_string())]));
+        assert_eq!(zones.metadata.name.as_deref(), Some("demo-zones"));
+        assert_eq!(zones.data.as_ref().expect("data")["worker-1"], "zone-a");
+        assert_eq!(config_of(&c, "DPUKV_ZONE_DIR").as_deref(), Some(ZONES_DIR));
+        let s = node_statefulset(&c, false);
+        let host = container(&s, "host");
+        let node = host.env.as_ref().expect("env").iter().find(|e| e.name == "DPUKV_K8S_NODE").expect("node name");
+        let field = node.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).expect("downward API");
+        assert_eq!(field.field_path, "spec.nodeName");
+        assert!(
+            host.volume_mounts
+                .as_ref()
+                .expect("mounts")
+                .iter()
+                .any(|m| m.mount_path == ZONES_DIR && m.read_only == Some(true))
+        );
+        let pod = s.spec.template.spec.as_ref().expect("pod");
+        let v = pod.volumes.as_ref().expect("volumes").iter().find(|v| v.name == "zones").expect("zones volume");
+        let cm = v.config_map.as_ref().expect("a configMap volume");
+        assert_eq!((cm.name.as_str(), cm.optional), ("demo-zones", Some(true)));
+        let spread = &pod.topology_spread_constraints.as_ref().expect("spread")[0];
+        assert_eq!((spread.topology_key.as_str(), spread.when_unsatisfiable.as_str()), (ZONE_LABEL, "ScheduleAnyway"));
+        let anti = pod.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref()).expect("anti-affinity");
+        let term = &anti.preferred_during_scheduling_ignored_during_execution.as_ref().expect("preferred")[0];
+        assert_eq!(term.pod_affinity_term.topology_key, "kubernetes.io/hostname");
+        // The resource's own win.
+        let own = cluster(
+            serde_json::json!({"nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"endpoints": ["http://e:2379"]},
+            "topologySpreadConstraints": [{"maxSkew": 2, "topologyKey": "rack", "whenUnsatisfiable": "DoNotSchedule"}],
+            "affinity": {}}),
+        );
+        let pod = node_statefulset(&own, false).spec.template.spec.expect("pod");
+        assert_eq!(pod.topology_spread_constraints.expect("spread")[0].topology_key, "rack");
+        assert!(pod.affinity.expect("affinity").pod_anti_affinity.is_none());
     }
 
     #[test]

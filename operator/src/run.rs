@@ -15,11 +15,11 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -125,6 +125,42 @@ pub async fn unless_lost(
     }
 }
 
+/// Keeps `zones` what the Kubernetes nodes' `topology.kubernetes.io/zone` labels say (a watch of
+/// their metadata only), until `stop`; a watch error is retried by the watcher's backoff.
+pub async fn watch_zones(
+    nodes: Api<kube::core::PartialObjectMeta<Node>>,
+    zones: Arc<std::sync::RwLock<std::collections::BTreeMap<String, String>>>,
+    stop: CancellationToken,
+) {
+    use kube::runtime::{WatchStreamExt, reflector};
+    let (store, writer) = reflector::store();
+    // Every event, not just the objects it touched: the store takes a list's objects only at its
+    // end (`InitDone`), which touches none.
+    let stream = reflector(writer, watcher(nodes, watcher::Config::default())).default_backoff();
+    futures::pin_mut!(stream);
+    loop {
+        let next = tokio::select! {
+            n = stream.next() => n,
+            _ = stop.cancelled() => return,
+        };
+        match next {
+            None => return,
+            Some(Err(e)) => tracing::debug!(error = %e, "watching the nodes' zones"),
+            Some(Ok(_)) => {
+                let now: std::collections::BTreeMap<String, String> = store
+                    .state()
+                    .iter()
+                    .filter_map(|n| {
+                        let zone = n.metadata.labels.as_ref()?.get(crate::render::ZONE_LABEL)?.clone();
+                        Some((n.metadata.name.clone()?, zone))
+                    })
+                    .collect();
+                *zones.write().unwrap_or_else(|e| e.into_inner()) = now;
+            }
+        }
+    }
+}
+
 /// Runs the controller until `stop`, as if the operator ran where the chart puts it by default.
 pub async fn run(client: Client, m: Arc<Metrics>, stop: CancellationToken) {
     run_as(client, m, stop, OperatorPods::default()).await
@@ -137,6 +173,7 @@ pub async fn run_as(client: Client, m: Arc<Metrics>, stop: CancellationToken, po
         Context::full(client.clone(), Box::new(controller::first_pod_admin), crate::etcd_keys::etcd_cleaner(), pods);
     let clusters: Api<DpuKvCluster> = Api::all(client.clone());
     let cfg = watcher::Config::default();
+    tokio::spawn(watch_zones(Api::all(client.clone()), ctx.zones.clone(), stop.clone()));
     let reconcile = {
         let m = m.clone();
         move |c: Arc<DpuKvCluster>, ctx: Arc<Context>| {
@@ -155,14 +192,17 @@ pub async fn run_as(client: Client, m: Arc<Metrics>, stop: CancellationToken, po
     };
     m.running.store(true, Ordering::Release);
     m.leader.set(1);
-    Controller::new(clusters, cfg.clone())
-        .owns(Api::<StatefulSet>::all(client.clone()), cfg.clone())
-        .owns(Api::<Deployment>::all(client.clone()), cfg.clone())
-        .owns(Api::<Service>::all(client.clone()), cfg.clone())
-        .owns(Api::<PodDisruptionBudget>::all(client.clone()), cfg.clone())
-        .owns(Api::<NetworkPolicy>::all(client.clone()), cfg.clone())
-        // Only the operator's ConfigMaps: a cluster holds many others, often large.
-        .owns(Api::<ConfigMap>::all(client), cfg.labels("app.kubernetes.io/managed-by=dpukv-operator"))
+    // Only what the operator made (its label): a Kubernetes cluster holds many other
+    // StatefulSets, Services, ConfigMaps — often large —, which it would otherwise cache and
+    // watch every change of.
+    let owned = cfg.clone().labels("app.kubernetes.io/managed-by=dpukv-operator");
+    Controller::new(clusters, cfg)
+        .owns(Api::<StatefulSet>::all(client.clone()), owned.clone())
+        .owns(Api::<Deployment>::all(client.clone()), owned.clone())
+        .owns(Api::<Service>::all(client.clone()), owned.clone())
+        .owns(Api::<PodDisruptionBudget>::all(client.clone()), owned.clone())
+        .owns(Api::<NetworkPolicy>::all(client.clone()), owned.clone())
+        .owns(Api::<ConfigMap>::all(client), owned)
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(
             reconcile,
@@ -220,6 +260,46 @@ mod tests {
         stop.cancel();
         let work = async { tokio::time::sleep(std::time::Duration::from_millis(100)).await };
         assert!(unless_lost(work, lost, stop).await, "graceful");
+    }
+
+    /// The nodes' zones are kept from a watch of their metadata: a list, then changes.
+    #[tokio::test]
+    async fn the_nodes_zones_are_kept_from_a_watch_of_their_metadata() {
+        use http::{Request, Response};
+        let (svc, mut h) = tower_test::mock::pair::<Request<kube::client::Body>, Response<kube::client::Body>>();
+        let zones: Arc<std::sync::RwLock<std::collections::BTreeMap<String, String>>> = Arc::default();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(watch_zones(Api::all(Client::new(svc, "default")), zones.clone(), stop.clone()));
+        let node = |name: &str, zone: &str| {
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "resourceVersion": "3",
+                "labels": {"topology.kubernetes.io/zone": zone}}, "status": {"allocatable": {"cpu": "2"}}})
+        };
+        let respond = |send: tower_test::mock::SendResponse<Response<kube::client::Body>>, v: serde_json::Value| {
+            send.send_response(
+                Response::builder()
+                    .status(200)
+                    .body(kube::client::Body::from(serde_json::to_vec(&v).expect("json")))
+                    .expect("response"),
+            );
+        };
+        let (req, send) = h.next_request().await.expect("a list");
+        assert_eq!(req.uri().path(), "/api/v1/nodes");
+        let accept = req.headers().get("accept").and_then(|a| a.to_str().ok()).unwrap_or_default().to_string();
+        assert!(accept.contains("PartialObjectMetadata"), "metadata only: {accept}");
+        respond(
+            send,
+            serde_json::json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "3"},
+            "items": [node("worker-1", "zone-a"), node("worker-2", "zone-b")]}),
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while zones.read().expect("zones").len() < 2 {
+            assert!(std::time::Instant::now() < deadline, "the zones were never kept");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(zones.read().expect("zones")["worker-2"], "zone-b");
+        stop.cancel();
+        drop(h);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
     }
 
     #[tokio::test]

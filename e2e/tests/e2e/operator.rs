@@ -59,9 +59,14 @@ impl Scene {
         // The namespace enforces Pod Security `restricted`: every pod the operator renders (node,
         // gateway) must be admitted under it.
         api.enforce_restricted(NS);
-        // One Kubernetes node, without a DPU.
-        api.create("nodes", "", json!({"metadata": {"name": "worker-1"}, "status": {"allocatable": {"cpu": "2"}}}))
-            .expect("node");
+        // Three Kubernetes nodes, without a DPU, one per zone (the test kubelet puts pod N on
+        // node N mod 3).
+        for (n, zone) in [(1, "zone-a"), (2, "zone-b"), (3, "zone-c")] {
+            let node = json!({"metadata": {"name": format!("worker-{n}"),
+                                           "labels": {"topology.kubernetes.io/zone": zone}},
+                              "status": {"allocatable": {"cpu": "2"}}});
+            api.create("nodes", "", node).expect("node");
+        }
         let kubelet = Kubelet::start(
             api.clone(),
             KubeletConfig {
@@ -96,8 +101,9 @@ impl Scene {
         let status = self.api.get("dpukvclusters", NS, "demo").map(|c| c["status"].clone());
         let op = std::fs::read_to_string(&self.operator_log).unwrap_or_default();
         format!(
-            "status: {status:#?}\nkubelet errors: {:#?}\n--- operator log (tail) ---\n{}\n--- pods (tails) ---\n{}",
+            "status: {status:#?}\nkubelet errors: {:#?}\nrequests for nodes: {:?}\n--- operator log (tail) ---\n{}\n--- pods (tails) ---\n{}",
             self.kubelet.errors(),
+            self.api.requests().iter().filter(|r| r.contains("/nodes")).take(10).collect::<Vec<_>>(),
             &op[op.len().saturating_sub(6000)..],
             self.kubelet.logs(3000),
         )
@@ -277,6 +283,9 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     });
     api.create("dpukvclusters", NS, resource).expect("create the DpuKvCluster");
 
+    // The operator knows the Kubernetes nodes' zones (a watch of their metadata) and wrote them
+    // for the hosts, which read theirs before they register.
+    scene.wait("the zones ConfigMap", Duration::from_secs(60), || api.get("configmaps", NS, "demo-zones"));
     // 3 nodes: the operator created the children; the cluster serves.
     let status = scene.wait_running(3);
     assert!(status["master"].as_str().is_some_and(|m| m.starts_with("demo-node-")), "{status:#}");
@@ -392,6 +401,61 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         (claim_size("data-demo-node-3") == Some(json!("2Gi"))).then_some(())
     });
     scene.more_writes(&acked, 200, "writes on 4 nodes");
+    // Zones: each host read its Kubernetes node's zone (the operator's zones ConfigMap) and
+    // registered with it; pods 0 and 3 share zone-a, so no region may have its copies on both.
+    let zones = api.get("configmaps", NS, "demo-zones").expect("the zones ConfigMap");
+    assert_eq!(zones["data"]["worker-3"], "zone-c", "{zones}");
+    let map = scene.wait("every region's copies in distinct zones", Duration::from_secs(60), || {
+        let map = rt.block_on(async {
+            let c = Client::connect(&scene.gateway(), 1).await.ok()?;
+            c.region_map().await.ok()
+        })?;
+        let zone = |id: u32| map.node(id).map(|n| n.zone.clone()).unwrap_or_default();
+        let zoned = map.nodes.len() == 4 && map.nodes.iter().all(|n| n.zone.starts_with("zone-"));
+        let apart = map.regions.iter().all(|r| {
+            let mut zs: Vec<String> = std::iter::once(r.primary).chain(r.backups.iter().copied()).map(zone).collect();
+            let n = zs.len();
+            zs.sort();
+            zs.dedup();
+            zs.len() == n && n == 2
+        });
+        (zoned && apart).then_some(map)
+    });
+    assert_eq!(map.node(1).map(|n| n.zone.as_str()), Some("zone-a"), "{map:?}");
+    assert_eq!(map.node(4).map(|n| n.zone.as_str()), Some("zone-a"), "{map:?}");
+    // A node pod evicted (deleted) under writes: its host hands its primaries over before it
+    // stops (SIGTERM), so the writers wait for a handover, never for a failover after a lease
+    // ends; the StatefulSet makes the pod again and it rejoins.
+    let victim = api.get("pods", NS, "demo-node-1").expect("pod");
+    let (acked_len, watching) = (acked.clone(), Arc::new(AtomicBool::new(true)));
+    let stall = {
+        let watching = watching.clone();
+        std::thread::spawn(move || {
+            let (mut longest, mut last, mut since) = (Duration::ZERO, 0, Instant::now());
+            while watching.load(Ordering::Acquire) {
+                let n = acked_len.lock().expect("acked").len();
+                if n != last {
+                    (last, since) = (n, Instant::now());
+                }
+                longest = longest.max(since.elapsed());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            longest
+        })
+    };
+    api.delete("pods", NS, "demo-node-1").expect("evict demo-node-1");
+    scene.wait("demo-node-1 made again", Duration::from_secs(60), || {
+        let p = api.get("pods", NS, "demo-node-1")?;
+        (p["metadata"]["uid"] != victim["metadata"]["uid"]).then_some(())
+    });
+    scene.wait_running(4);
+    scene.more_writes(&acked, 100, "writes after the eviction");
+    watching.store(false, Ordering::Release);
+    let longest = stall.join().expect("stall watcher");
+    let host_log = scene.kubelet.container_log(NS, "demo-node-1", "host");
+    assert!(host_log.contains("left: primaries handed over"), "the evicted host handed its primaries over first");
+    eprintln!("eviction of demo-node-1: the writers' longest stall {longest:?}");
+    assert!(longest < Duration::from_secs(5), "the writers stalled {longest:?}: more than a failover");
     // A scale-in to 2 cancelled while it drains: no node stays drained (the master would move
     // every region off them for good).
     api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 2}})).expect("scale in");

@@ -58,6 +58,11 @@ pub struct ClusterArgs {
     pub advertise_admin: String,
     /// Failure domain ("" = none).
     pub zone: String,
+    /// Without `zone`: the file holding this node's zone (the operator's zones ConfigMap,
+    /// mounted, by Kubernetes node name), read at start.
+    pub zone_file: Option<std::path::PathBuf>,
+    /// How long to wait for `zone_file` to appear.
+    pub zone_wait: Duration,
     /// Lease TTL (failover takes about this long).
     pub lease_ttl: Duration,
     /// The configuration to write if the cluster has none yet.
@@ -167,12 +172,13 @@ pub async fn run(
         } else {
             args.advertise_replication.clone()
         };
+    let Some(zone) = resolve_zone(&args, &shutdown).await else { return Ok(vec![]) };
     let info = NodeInfo {
         id: args.node_id,
         device: args.advertise_device.clone(),
         replication: advertise_replication,
         admin: args.advertise_admin.clone(),
-        zone: args.zone.clone(),
+        zone,
     };
     let timing = Timing { ttl: args.lease_ttl, ..Timing::default() };
     let authority = Authority::new();
@@ -501,6 +507,31 @@ pub async fn run(
     served.write().unwrap_or_else(|e| e.into_inner()).writers.clear();
     let _ = store.revoke(member.lease).await;
     Ok(threads)
+}
+
+/// This node's zone: `--zone`, else its line in the zones directory (the operator's ConfigMap,
+/// by Kubernetes node name), waited for up to `zone_wait` — then none, said loudly (placement
+/// then cannot keep this node's copies apart from others in its zone). None on shutdown.
+async fn resolve_zone(args: &ClusterArgs, shutdown: &CancellationToken) -> Option<String> {
+    let Some(file) = args.zone_file.as_ref().filter(|_| args.zone.is_empty()) else { return Some(args.zone.clone()) };
+    let began = std::time::Instant::now();
+    loop {
+        if let Ok(z) = std::fs::read_to_string(file) {
+            let z = z.trim();
+            if !z.is_empty() {
+                tracing::info!(zone = z, file = %file.display(), "zone");
+                return Some(z.to_string());
+            }
+        }
+        if began.elapsed() >= args.zone_wait {
+            tracing::warn!(file = %file.display(), waited_s = args.zone_wait.as_secs(), "no zone for this node: registering without one");
+            return Some(String::new());
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = shutdown.cancelled() => return None,
+        }
+    }
 }
 
 /// Leaving on purpose (SIGTERM: a pod deleted or evicted, a rolling restart, a node drained by

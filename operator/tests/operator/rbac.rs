@@ -46,6 +46,7 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
         "poddisruptionbudgets",
         "configmaps",
         "networkpolicies",
+        "nodes",
     ]
     .iter()
     .flat_map(|r| [(*r, "list"), (*r, "watch")])
@@ -61,10 +62,10 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
         assert!(!path.contains("/namespaces/"), "watches cover every namespace: {path}");
         let resource = path.rsplit('/').next().unwrap_or_default().to_string();
         let watch = query.split('&').any(|kv| kv == "watch=true");
-        if resource == "configmaps" {
+        if resource != "dpukvclusters" && resource != "nodes" {
             assert!(
                 query.contains("labelSelector=app.kubernetes.io%2Fmanaged-by%3Ddpukv-operator"),
-                "only the operator's ConfigMaps are watched: {query}"
+                "only the operator's {resource} are listed and watched: {query}"
             );
         }
         got.insert((resource, if watch { "watch" } else { "list" }.to_string()));

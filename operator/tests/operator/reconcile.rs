@@ -690,6 +690,32 @@ async fn a_scale_in_cancelled_midway_leaves_no_node_drained() {
     assert!(master.calls.lock().expect("lock").is_empty(), "{:?}", master.calls.lock().expect("lock"));
 }
 
+/// `dpukv.io/paused: "true"`: the reconcile reads nothing, applies nothing and asks the master
+/// nothing — only the status says it is paused; removed, the next reconcile is a normal one.
+#[tokio::test]
+async fn a_paused_cluster_is_left_alone_and_says_so() {
+    let master = Master::default();
+    master.draining.lock().expect("lock").extend([(3, true)]);
+    let addr = master.clone().start().await;
+    let (ctx, mut h) = mock(Some(addr));
+    let mut c = cluster(spec(2, "Emulator"));
+    c.metadata.annotations = Some(BTreeMap::from([("dpukv.io/paused".to_string(), "true".to_string())]));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    let st = status(&mut h, &c).await;
+    let p = condition(&st, "Paused");
+    assert_eq!((p["status"].as_str(), p["reason"].as_str()), (Some("True"), Some("PausedByAnnotation")), "{st}");
+    assert_eq!(finished(task).await.expect("reconciled"), kube::runtime::controller::Action::await_change());
+    assert!(master.calls.lock().expect("lock").is_empty(), "nothing asked of the master");
+    // Unpaused: a normal reconcile, `Paused` False.
+    c.metadata.annotations = None;
+    let task = tokio::spawn(reconcile(Arc::new(with_status(&c, &st)), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
+    children(&mut h, 3).await;
+    let st = status(&mut h, &c).await;
+    assert_eq!(condition(&st, "Paused")["status"], "False");
+    finished(task).await.expect("reconciled");
+}
+
 /// An event the API server refuses fails no reconcile (it is logged, and that is all).
 #[tokio::test]
 async fn a_refused_event_fails_no_reconcile() {
@@ -1554,10 +1580,9 @@ pub(crate) async fn the_operator_issues_the_certificates_renews_none_that_are_go
         (condition(&st, "Secure")["status"].as_str(), condition(&st, "Secure")["reason"].as_str()),
         (Some("True"), Some("OperatorIssued"))
     );
-    assert_eq!(
-        applied.set["spec"]["template"]["spec"]["containers"][0]["env"][4]["value"],
-        "/etc/dpukv/tls/node-{node}.crt"
-    );
+    let host_env = applied.set["spec"]["template"]["spec"]["containers"][0]["env"].as_array().expect("env").clone();
+    let cert = host_env.iter().find(|e| e["name"] == "DPUKV_TLS_CERT").expect("DPUKV_TLS_CERT");
+    assert_eq!(cert["value"], "/etc/dpukv/tls/node-{node}.crt");
     let now = time::OffsetDateTime::now_utc();
     let ca_pair = certs::Pair { cert: secret_text(&ca, "ca.crt"), key: secret_text(&ca, "ca.key") };
     assert!(certs::ca_good(&ca_pair, now));
