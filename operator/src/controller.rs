@@ -82,6 +82,18 @@ impl Error {
     }
 }
 
+/// How long what is under way (a rollout step, a drain, pods getting ready) may stay the same
+/// before the cluster is `Stalled` (a condition and a warning event: a rollout waiting on a pod
+/// that never gets ready, a drain that cannot move a region, a pod Pending for a DPU).
+pub const STALL_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// What is under way, as the status says it (phase, the rollout's and the drain's messages):
+/// its change is progress.
+fn progress_of(phase: Option<&str>, conditions: &[Condition]) -> String {
+    let message = |t: &str| conditions.iter().find(|c| c.type_ == t).map_or("", |c| c.message.as_str()).to_string();
+    format!("{}|{}|{}", phase.unwrap_or(""), message("Progressing"), message("Draining"))
+}
+
 /// How soon a cluster whose cleanup waits is looked at again.
 pub const WAIT: Duration = Duration::from_secs(5);
 
@@ -857,7 +869,38 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
         version: (ready >= c.spec.nodes && !upgrading).then(|| c.spec.version.clone()),
         selector: Some(render::selector_string(c)),
         device_mode: Some(mode_name(dpu).into()),
+        last_progress_time: None,
     };
+    // Progress: what is under way changed, or nothing is; else, for STALL_AFTER, Stalled.
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let before = c.status.as_ref();
+    let same = before.is_some_and(|b| {
+        progress_of(b.phase.as_deref(), &b.conditions) == progress_of(status.phase.as_deref(), &status.conditions)
+    });
+    status.last_progress_time = match before.and_then(|b| b.last_progress_time.clone()) {
+        _ if settled => None,
+        Some(t) if same => Some(t),
+        _ => Some(Time(now)),
+    };
+    let still_for = status.last_progress_time.as_ref().map(|t| now.duration_since(t.0).unsigned_abs());
+    let stalled = still_for.is_some_and(|d| d >= STALL_AFTER);
+    let stall_message = match still_for {
+        Some(d) if stalled => format!(
+            "no progress for {} min: {}",
+            d.as_secs() / 60,
+            [status.phase.as_deref().unwrap_or(""), rollout.upgrading.as_deref().unwrap_or(""), drain_message.as_str()]
+                .iter()
+                .filter(|m| !m.is_empty())
+                .copied()
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+        _ => String::new(),
+    };
+    status.conditions.insert(
+        2,
+        condition("Stalled", stalled, if stalled { "NoProgress" } else { "NotStalled" }, &stall_message, generation),
+    );
     keep_transition_times(&mut status.conditions, c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]));
     let api: Api<DpuKvCluster> = Api::namespaced(client.clone(), &ns);
     let patch = serde_json::json!({
@@ -883,6 +926,9 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     if c.spec.tls.source() == TlsSource::Disabled && previous(c, "Secure") != "False" {
         let ev = warning(events::PLAINTEXT_OPT_IN, "Security", tls.message.clone());
         events::publish(&ctx.recorder, c, ev).await;
+    }
+    if stalled && previous(c, "Stalled") != "True" {
+        events::publish(&ctx.recorder, c, warning(events::STALLED, "Progress", stall_message.clone())).await;
     }
     let was_upgrading = c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Upgrading");
     if was_upgrading && !upgrading {

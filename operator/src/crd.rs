@@ -595,8 +595,8 @@ pub struct DpuKvClusterStatus {
     /// of a primary or of copies), `Scaling`, `Draining` or `Upgrading`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    /// `Available`, `Progressing`, `Degraded`, `Draining`, `Secure`, `StorageResized`, `Paused`,
-    /// `Reconciled` (False with the error when the last reconcile failed).
+    /// `Available`, `Progressing`, `Stalled`, `Degraded`, `Draining`, `Secure`, `StorageResized`,
+    /// `Paused`, `Reconciled` (False with the error when the last reconcile failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Node pods ready.
@@ -621,6 +621,10 @@ pub struct DpuKvClusterStatus {
     /// The node pods' label selector (the scale subresource's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// When what is under way (a rollout, a drain, pods getting ready) last changed; absent
+    /// when nothing is. Unchanged for [`crate::controller::STALL_AFTER`]: `Stalled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_progress_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     /// Where the device half runs, as decided (`Device` or `Emulator`): `Auto` is decided once,
     /// when the cluster is created, and kept — a DPU node joining or a device plugin restarting
     /// never changes a running cluster's pods; set `device.mode` to change it on purpose.

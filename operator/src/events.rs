@@ -35,6 +35,8 @@ pub const SCALED_OUT: &str = "ScaledOut";
 pub const RESTARTING_POD: &str = "RestartingPod";
 /// Every node pod runs the new pod template.
 pub const ROLLOUT_FINISHED: &str = "RolloutFinished";
+/// A rollout, drain or scale has made no progress for [`crate::controller::STALL_AFTER`].
+pub const STALLED: &str = "Stalled";
 /// The `Degraded` condition turned True.
 pub const DEGRADED: &str = "Degraded";
 /// The `Degraded` condition turned False again.

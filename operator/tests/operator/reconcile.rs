@@ -716,6 +716,56 @@ async fn a_paused_cluster_is_left_alone_and_says_so() {
     finished(task).await.expect("reconciled");
 }
 
+/// What is under way (here a drain that cannot move a region) unchanged for 15 minutes:
+/// `Stalled` True, its message saying what waits, and one warning event; progress clears it.
+#[tokio::test]
+async fn a_drain_that_makes_no_progress_is_reported_stalled() {
+    let master = Master::default();
+    master.left.lock().expect("lock").extend([(4, (1, 2))]);
+    let addr = master.clone().start().await;
+    let (ctx, mut h) = mock(Some(addr));
+    let c = cluster(spec(3, "Emulator"));
+    let round = |c: DpuKvCluster, ctx: Arc<Context>| reconcile(Arc::new(c), ctx);
+    let task = tokio::spawn(round(c.clone(), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 4)).await;
+    children(&mut h, 4).await;
+    let st = status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    assert!(st["lastProgressTime"].is_string(), "a drain under way: {st}");
+    assert_eq!(condition(&st, "Stalled")["status"], "False");
+    h.take_events();
+    // Twenty minutes on, the same.
+    let mut earlier = st.clone();
+    let twenty =
+        k8s_openapi::jiff::Timestamp::now().checked_sub(k8s_openapi::jiff::SignedDuration::from_mins(20)).expect("t");
+    earlier["lastProgressTime"] = json!(twenty.to_string());
+    let c2 = with_status(&c, &earlier);
+    let task = tokio::spawn(round(c2.clone(), ctx.clone()));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c2, 4)).await;
+    children(&mut h, 4).await;
+    let st = status(&mut h, &c2).await;
+    finished(task).await.expect("reconciled");
+    let stalled = condition(&st, "Stalled");
+    assert_eq!((stalled["status"].as_str(), stalled["reason"].as_str()), (Some("True"), Some("NoProgress")), "{st}");
+    let m = stalled["message"].as_str().expect("message");
+    assert!(m.starts_with("no progress for 20 min") && m.contains("node 4: 1 regions led, 2 held"), "{m}");
+    let events = h.take_events();
+    assert_eq!(
+        events.iter().map(|e| (e.type_.as_str(), e.reason.as_str())).collect::<Vec<_>>(),
+        [("Warning", "Stalled")]
+    );
+    // The drain moves on: no longer stalled, progress dated now.
+    master.left.lock().expect("lock").insert(4, (0, 1));
+    let c3 = with_status(&c, &st);
+    let task = tokio::spawn(round(c3.clone(), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c3, 4)).await;
+    children(&mut h, 4).await;
+    let st = status(&mut h, &c3).await;
+    finished(task).await.expect("reconciled");
+    assert_eq!(condition(&st, "Stalled")["status"], "False", "{st}");
+    assert_ne!(st["lastProgressTime"], json!(twenty.to_string()));
+}
+
 /// An event the API server refuses fails no reconcile (it is logged, and that is all).
 #[tokio::test]
 async fn a_refused_event_fails_no_reconcile() {
