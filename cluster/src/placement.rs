@@ -194,15 +194,23 @@ impl Load {
 }
 
 /// The eligible node with the fewest replicas (then fewest primaries, then lowest id) that holds
-/// none of `r` and, with zones, shares no zone with its replicas that stay — a replica on a node
-/// that is leaving (draining) does not hold its zone against the copy that replaces it (a drain
+/// none of `r` and, with zones, shares no zone with its replicas on `staying` nodes — a replica on
+/// a node that is leaving (draining) does not hold its zone against the copy that replaces it (a drain
 /// of the only node of a zone holding a region's copy would wait for ever otherwise: found by the
 /// operator's scenario, a scale-in with two nodes in one zone).
-fn pick_new(r: &RegionInfo, nodes: &[NodeInfo], eligible: &dyn Fn(u32) -> bool, load: &Load) -> Option<u32> {
+fn pick_new(
+    r: &RegionInfo,
+    nodes: &[NodeInfo],
+    eligible: &dyn Fn(u32) -> bool,
+    staying: &dyn Fn(u32) -> bool,
+    load: &Load,
+) -> Option<u32> {
     let zone_of = |id: u32| nodes.iter().find(|n| n.id == id).map(|n| n.zone.as_str());
     let taken: Vec<u32> = r.replicas().collect();
+    // (`staying`, not `eligible`: a node that may not take one more copy — a loaded one — still
+    // holds its zone; only one that is leaving does not.)
     let zones: Vec<&str> =
-        taken.iter().filter(|&&id| eligible(id)).filter_map(|&id| zone_of(id)).filter(|z| !z.is_empty()).collect();
+        taken.iter().filter(|&&id| staying(id)).filter_map(|&id| zone_of(id)).filter(|z| !z.is_empty()).collect();
     nodes
         .iter()
         .filter(|n| {
@@ -235,7 +243,7 @@ pub fn initial(nodes: &[NodeInfo], split_keys: &[Vec<u8>], rf: usize) -> Result<
             .map(|n| n.id)
             .expect("at least rf >= 1 nodes");
         while r.backups.len() + 1 < rf {
-            match pick_new(r, nodes, &|_| true, &load) {
+            match pick_new(r, nodes, &|_| true, &|_| true, &load) {
                 Some(b) => r.backups.push(b),
                 None => unreachable!("enough nodes and zones were checked"),
             }
@@ -327,7 +335,7 @@ fn decide(
     let in_sync_live = std::iter::once(r.primary).chain(r.backups.iter().copied()).filter(|n| live.contains(n)).count();
     if staying < target
         && (*moves < policy.max_moves.max(1) || in_sync_live <= 1)
-        && let Some(n) = pick_new(r, nodes, eligible, load)
+        && let Some(n) = pick_new(r, nodes, eligible, eligible, load)
     {
         next.joining.push(n);
         *moves += 1;
@@ -421,7 +429,7 @@ fn decide(
     backups.sort_by_key(|&b| std::cmp::Reverse((load.replicas(b), b)));
     for b in backups {
         let lighter = |n: u32| eligible(n) && load.replicas(n) + 1 < load.replicas(b);
-        if let Some(to) = pick_new(r, nodes, &lighter, load) {
+        if let Some(to) = pick_new(r, nodes, &lighter, eligible, load) {
             next.joining.push(to);
             *moves += 1;
             return Some((next, Reason::BalanceReplica));
@@ -508,6 +516,48 @@ mod tests {
         let r = &regions[0];
         assert!(!r.replicas().any(|n| n == 4 || n == 3), "the drained nodes hold nothing: {r:?}");
         assert_eq!(r.replicas().collect::<BTreeSet<u32>>(), BTreeSet::from([1, 2]), "zones a and b: {r:?}");
+    }
+
+    /// A node joins a zone that already holds copies: balancing moves copies to it, but never
+    /// into the zone of a region's other copy — however loaded that copy's node is (found by the
+    /// operator's scenario under load: a balance move put a region's two copies in one zone).
+    #[test]
+    fn balancing_onto_a_new_node_keeps_every_region_s_copies_in_distinct_zones() {
+        let three = vec![node(1, "a"), node(2, "b"), node(3, "c")];
+        let mut regions = initial(&three, &keys(12), 2).expect("layout");
+        let nodes = vec![node(1, "a"), node(2, "b"), node(3, "c"), node(4, "a")];
+        let zone = |id: u32| nodes.iter().find(|n| n.id == id).expect("node").zone.clone();
+        let policy = Policy { replication: 2, max_moves: 2 };
+        let mut moved = 0;
+        for _ in 0..50 {
+            let changes = plan(&regions, &nodes, &Facts::default(), policy);
+            if changes.is_empty() {
+                break;
+            }
+            for c in changes {
+                moved += 1;
+                let all: Vec<u32> = c.region.replicas().chain(c.region.joining.iter().copied()).collect();
+                let zones: BTreeSet<String> = all.iter().map(|&n| zone(n)).collect();
+                // A copy being trimmed may briefly share a zone with its replacement's others;
+                // the region's copies that serve (primary and backups) never do.
+                let serving: Vec<u32> = c.region.replicas().collect();
+                let serving_zones: BTreeSet<String> = serving.iter().map(|&n| zone(n)).collect();
+                assert_eq!(
+                    serving_zones.len(),
+                    serving.len(),
+                    "{:?}: copies in one zone: {:?} ({zones:?})",
+                    c.reason,
+                    c.region
+                );
+                let i = regions.iter().position(|r| r.id == c.region.id).expect("region");
+                regions[i] = c.region;
+            }
+            for r in &mut regions {
+                r.backups.append(&mut r.joining);
+            }
+        }
+        assert!(moved > 0, "the new node got copies");
+        assert!(regions.iter().any(|r| r.replicas().any(|n| n == 4)), "{regions:?}");
     }
 
     #[test]
