@@ -460,20 +460,39 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
 /// effort: a status that cannot be written is logged (the event says it too).
 async fn report_failure(c: &DpuKvCluster, ctx: &Context, e: &Error) {
     let Some(ns) = c.namespace() else { return };
+    let failed = condition("Reconciled", false, "ReconcileFailed", &e.to_string(), c.metadata.generation);
+    if let Err(e) = write_status(&ctx.client, &ns, c, &last_status_with(c, failed)).await {
+        tracing::warn!(cluster = %key(c), error = %e, "the failure could not be written to the status");
+    }
+}
+
+/// The cluster's last status with `cond` in place of its condition of that type (its transition
+/// time kept while its status holds).
+fn last_status_with(c: &DpuKvCluster, cond: Condition) -> DpuKvClusterStatus {
     let before = c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
     let mut status = c.status.clone().unwrap_or_default();
-    status.conditions.retain(|x| x.type_ != "Reconciled");
-    status.conditions.push(condition("Reconciled", false, "ReconcileFailed", &e.to_string(), c.metadata.generation));
+    status.conditions.retain(|x| x.type_ != cond.type_);
+    status.conditions.push(cond);
     keep_transition_times(&mut status.conditions, before);
-    let api: Api<DpuKvCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    status
+}
+
+/// Writes `status` as the cluster's whole status (server-side apply, the operator's field
+/// manager, forced).
+async fn write_status(
+    client: &Client,
+    ns: &str,
+    c: &DpuKvCluster,
+    status: &DpuKvClusterStatus,
+) -> Result<(), kube::Error> {
+    let api: Api<DpuKvCluster> = Api::namespaced(client.clone(), ns);
     let patch = serde_json::json!({
         "apiVersion": DpuKvCluster::api_version(&()),
         "kind": DpuKvCluster::kind(&()),
         "status": status,
     });
-    if let Err(e) = api.patch_status(&c.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await {
-        tracing::warn!(cluster = %key(c), error = %e, "the failure could not be written to the status");
-    }
+    api.patch_status(&c.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
+    Ok(())
 }
 
 /// The finalizer's cleanup of a deleted cluster: its keys in the external etcd, once no node pod
@@ -582,20 +601,10 @@ fn paused(c: &DpuKvCluster) -> bool {
 /// A paused cluster's status: the last one, with `Paused` True.
 async fn report_paused(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Error> {
     let ns = c.namespace().ok_or(Error::NoNamespace)?;
-    let before = c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
-    let mut status = c.status.clone().unwrap_or_default();
-    status.conditions.retain(|x| x.type_ != "Paused");
     let note =
         format!("{PAUSED_ANNOTATION} is \"true\": nothing is applied and no drain, step-down or rollout step taken");
-    status.conditions.push(condition("Paused", true, "PausedByAnnotation", &note, c.metadata.generation));
-    keep_transition_times(&mut status.conditions, before);
-    let api: Api<DpuKvCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = serde_json::json!({
-        "apiVersion": DpuKvCluster::api_version(&()),
-        "kind": DpuKvCluster::kind(&()),
-        "status": status,
-    });
-    api.patch_status(&c.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
+    let paused = condition("Paused", true, "PausedByAnnotation", &note, c.metadata.generation);
+    write_status(&ctx.client, &ns, c, &last_status_with(c, paused)).await?;
     Ok(Action::await_change())
 }
 
@@ -902,13 +911,7 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
         condition("Stalled", stalled, if stalled { "NoProgress" } else { "NotStalled" }, &stall_message, generation),
     );
     keep_transition_times(&mut status.conditions, c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]));
-    let api: Api<DpuKvCluster> = Api::namespaced(client.clone(), &ns);
-    let patch = serde_json::json!({
-        "apiVersion": DpuKvCluster::api_version(&()),
-        "kind": DpuKvCluster::kind(&()),
-        "status": status,
-    });
-    api.patch_status(&c.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
+    write_status(client, &ns, c, &status).await?;
     // Transitions, against the status the cluster had.
     let degraded = status.conditions.iter().find(|x| x.type_ == "Degraded").expect("a Degraded condition");
     match (previous(c, "Degraded") == "True", degraded.status.as_str()) {
