@@ -7,17 +7,26 @@
 //!   resources in [`RESOURCES`] (anything else: 404 `NotFound`);
 //! - `GET` (one object; a list with `labelSelector`/`fieldSelector` equality terms; `watch=true`
 //!   streams `{"type","object"}` lines from a `resourceVersion`, 410 `Expired` when it is older
-//!   than the retained changes), `POST` (create, `generateName`, 409 `AlreadyExists`), `PUT`
-//!   (replace, 409 `Conflict` on a stale `resourceVersion`), `PATCH` (server-side apply — creates
-//!   when absent —, JSON merge patch and JSON patch), `DELETE`;
+//!   than the retained changes; a selector watch gets `DELETED` for an object that stops
+//!   matching and `ADDED` for one that starts), `POST` (create, `generateName`, 409
+//!   `AlreadyExists`), `PUT` (replace), `PATCH` (server-side apply — creates when absent —, JSON
+//!   merge patch and JSON patch), `DELETE` (with `DeleteOptions`);
+//! - optimistic concurrency on every write path: a `metadata.resourceVersion` sent with a PUT,
+//!   set by a patch (merge, JSON, apply) or given in a DELETE's `preconditions` (with `uid`) must
+//!   be the live object's, else 409 `Conflict` in the real server's words;
 //! - one global, increasing `resourceVersion`; `uid`, `creationTimestamp`, `generation` (bumped
 //!   when anything but metadata and status changes); a status subresource (`.../status`) for the
 //!   kinds that have one — writes to the main resource keep the status, writes to `/status`
 //!   change nothing else;
 //! - deletion as Kubernetes does it: an object with finalizers gets a `deletionTimestamp` and
 //!   goes when the last finalizer is removed; then the garbage collector deletes every object
-//!   whose owner references name it (background cascade).
-//!
+//!   whose owner references name it ([`Propagation`]: background by default; foreground keeps
+//!   the owner with finalizer `foregroundDeletion` until every dependent with
+//!   `blockOwnerDeletion` is gone; orphan drops the dependents' references);
+//! - custom resources admitted by their CRD: once a `CustomResourceDefinition` is created, its
+//!   resources are pruned, defaulted and validated on every create and update, status included,
+//!   CEL rules and all (`crd_schema`); a CRD whose schema or rules the double cannot hold is
+//!   refused (422);
 //! - Pod Security admission at level `restricted` in the namespaces a test names
 //!   ([`ApiServer::enforce_restricted`]; pods that violate it: 403 with the admission's words);
 //! - validation of updates where the real one refuses them (422 `Invalid`, its messages):
@@ -26,12 +35,12 @@
 //!
 //! Simplifications, on purpose: a server-side apply merges the applied object into the live one
 //! (maps key by key, lists replaced whole) instead of tracking field ownership per manager — the
-//! operator is the only manager of what it applies; no other admission, no defaulting or schema
-//! validation (the CRD's schema is checked elsewhere, `scripts/check-manifests.py`); no
-//! authentication. Changes kept for watches are bounded ([`MAX_CHANGES`]).
+//! operator is the only manager of what it applies; no other admission and no schema for the
+//! built-in kinds; no authentication. Changes kept for watches are bounded ([`MAX_CHANGES`]).
 //!
 //! The test reads and writes objects in process ([`ApiServer::get`], [`ApiServer::create`],
-//! [`ApiServer::mutate`], ...), as the test kubelet (`kubelet`) does.
+//! [`ApiServer::mutate`], ...), as the test kubelet (`kubelet`) does; `mutate` is the test's own
+//! hand and skips admission.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -44,6 +53,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use serde_json::{Value, json};
+
+use crate::crd_schema::{self, CrdSchema, Quantity};
 
 /// How many changes are kept for watches to resume from.
 pub const MAX_CHANGES: usize = 100_000;
@@ -91,7 +102,12 @@ pub const RESOURCES: &[Resource] = &[
     r("coordination.k8s.io", "v1", "leases", "Lease", true, false),
     r("events.k8s.io", "v1", "events", "Event", true, false),
     r("dpukv.io", "v1alpha1", "dpukvclusters", "DpuKvCluster", true, true),
+    r("dpukv.io", "v1alpha1", "dpukvoperations", "DpuKvOperation", true, true),
+    r("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, true),
 ];
+
+/// The plural of CRDs: creating one makes the double admit its custom resources by its schema.
+const CRDS: &str = "customresourcedefinitions";
 
 /// The resource named `plural`, or 404.
 fn known(plural: &str) -> Result<&'static Resource, ApiError> {
@@ -119,6 +135,9 @@ struct Change {
     namespace: String,
     type_: &'static str,
     object: Value,
+    /// The object before a `MODIFIED` change (a selector watch turns a change that makes it stop
+    /// or start matching into `DELETED` or `ADDED`).
+    previous: Option<Value>,
 }
 
 #[derive(Debug, Default)]
@@ -133,7 +152,53 @@ struct Store {
     requests: std::collections::VecDeque<String>,
     /// Namespaces whose pods must pass Pod Security `restricted` (`enforce` label).
     restricted: std::collections::BTreeSet<String>,
+    /// The schemas of the CRDs created, by the plural they define.
+    crds: BTreeMap<String, Arc<CrdSchema>>,
 }
+
+/// How a deletion treats the objects the deleted one owns (`DeleteOptions.propagationPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Propagation {
+    /// The owner goes at once; the garbage collector deletes what it owned afterwards.
+    Background,
+    /// The owner stays (`deletionTimestamp`, finalizer `foregroundDeletion`) until every object
+    /// it owns with `blockOwnerDeletion` is gone.
+    Foreground,
+    /// What it owned stays, its owner reference to it removed.
+    Orphan,
+}
+
+impl Propagation {
+    /// From a `DeleteOptions` body or the `propagationPolicy` query parameter.
+    fn from_options(body: &Value, q: &BTreeMap<String, String>) -> Result<Propagation, ApiError> {
+        let policy = body["propagationPolicy"].as_str().or_else(|| q.get("propagationPolicy").map(String::as_str));
+        let orphan = body["orphanDependents"] == true || q.get("orphanDependents").is_some_and(|v| v == "true");
+        match (policy, orphan) {
+            (Some("Foreground"), _) => Ok(Propagation::Foreground),
+            (Some("Orphan"), _) | (None, true) => Ok(Propagation::Orphan),
+            (Some("Background") | None, _) => Ok(Propagation::Background),
+            (Some(other), _) => Err(err(
+                422,
+                "Invalid",
+                format!(
+                    "propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+                ),
+            )),
+        }
+    }
+}
+
+/// The finalizer a foreground deletion puts on the owner.
+const FOREGROUND: &str = "foregroundDeletion";
+
+/// The 409 the real API server answers a write whose precondition (`resourceVersion`) is stale.
+fn conflict(res: &Resource, name: &str, why: &str) -> ApiError {
+    let what = if res.group.is_empty() { res.plural.to_string() } else { format!("{}.{}", res.plural, res.group) };
+    err(409, "Conflict", format!("Operation cannot be fulfilled on {what} {name:?}: {why}"))
+}
+
+const MODIFIED_SINCE: &str =
+    "the object has been modified; please apply your changes to the latest version and try again";
 
 /// The volume types Pod Security `restricted` allows.
 const RESTRICTED_VOLUMES: &[&str] =
@@ -433,13 +498,14 @@ fn spec_part(o: &Value) -> Value {
 }
 
 impl Store {
-    fn record(&mut self, type_: &'static str, plural: &str, namespace: &str, object: Value) {
+    fn record(&mut self, type_: &'static str, plural: &str, namespace: &str, object: Value, previous: Option<Value>) {
         self.changes.push_back(Change {
             rv: self.rv,
             plural: plural.into(),
             namespace: namespace.into(),
             type_,
             object,
+            previous,
         });
         while self.changes.len() > MAX_CHANGES {
             if let Some(c) = self.changes.pop_front() {
@@ -479,6 +545,7 @@ impl Store {
                 ));
             }
         }
+        self.admit(res, &mut obj, None)?;
         let key = (res.plural.to_string(), ns.to_string(), name_of(&obj));
         if self.objects.contains_key(&key) {
             return Err(err(409, "AlreadyExists", format!("{} {:?} already exists", res.plural, key.2)));
@@ -498,8 +565,37 @@ impl Store {
         obj["apiVersion"] = json!(res.api_version());
         obj["kind"] = json!(res.kind);
         self.objects.insert(key, obj.clone());
-        self.record("ADDED", res.plural, ns, obj.clone());
+        self.record("ADDED", res.plural, ns, obj.clone(), None);
+        self.written(res, &obj);
         Ok(obj)
+    }
+
+    /// Admission of a write (`old`: the live object on an update): a custom resource whose CRD
+    /// the double holds is pruned, defaulted and validated by its schema; a CRD must have a
+    /// schema the double can hold. 422 `Invalid` with the real server's words otherwise.
+    fn admit(&self, res: &Resource, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
+        if res.plural == CRDS {
+            return CrdSchema::from_crd(obj).map(|_| ()).map_err(|e| {
+                err(
+                    422,
+                    "Invalid",
+                    format!("CustomResourceDefinition.apiextensions.k8s.io {:?} is invalid: {e}", name_of(obj)),
+                )
+            });
+        }
+        let Some(schema) = self.crds.get(res.plural) else { return Ok(()) };
+        schema.admit(obj, old).map_err(|errors| {
+            err(422, "Invalid", crd_schema::invalid_message(schema.kind(), schema.group(), &name_of(obj), &errors))
+        })
+    }
+
+    /// After a write: a CRD's schema is what its custom resources are admitted by from now on.
+    fn written(&mut self, res: &Resource, obj: &Value) {
+        if res.plural == CRDS
+            && let Ok(schema) = CrdSchema::from_crd(obj)
+        {
+            self.crds.insert(schema.plural().to_string(), Arc::new(schema));
+        }
     }
 
     /// Stores `new` in place of the live object (bookkeeping: resourceVersion, generation);
@@ -541,41 +637,114 @@ impl Store {
         let finalizers = new["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
         if !new["metadata"]["deletionTimestamp"].is_null() && !finalizers {
             self.objects.remove(key);
-            self.record("DELETED", &key.0, &key.1, new.clone());
+            self.record("DELETED", &key.0, &key.1, new.clone(), None);
+            if key.0 == CRDS {
+                self.crds.retain(|_, s| s.plural() != new["spec"]["names"]["plural"].as_str().unwrap_or_default());
+            }
             self.collect_garbage(&new);
+            self.release_owners(&new);
             return new;
         }
         self.objects.insert(key.clone(), new.clone());
-        self.record("MODIFIED", &key.0, &key.1, new.clone());
+        self.record("MODIFIED", &key.0, &key.1, new.clone(), Some(old));
         new
     }
 
-    fn delete(&mut self, key: &Key) -> Result<Value, ApiError> {
+    fn delete(&mut self, key: &Key, propagation: Propagation) -> Result<Value, ApiError> {
         let Some(obj) = self.objects.get(key).cloned() else {
             return Err(err(404, "NotFound", format!("{} {:?} not found", key.0, key.2)));
         };
         if !obj["metadata"]["deletionTimestamp"].is_null() {
             return Ok(obj);
         }
+        let uid = obj["metadata"]["uid"].clone();
         let mut new = obj;
         new["metadata"]["deletionTimestamp"] = json!(timestamp(SystemTime::now()));
-        Ok(self.replace_deleting(key, new))
+        match propagation {
+            Propagation::Background => Ok(self.replace_deleting(key, new)),
+            Propagation::Orphan => {
+                for k in self.owned_by(&uid) {
+                    if let Some(mut o) = self.objects.get(&k).cloned()
+                        && let Some(refs) = o["metadata"]["ownerReferences"].as_array_mut()
+                    {
+                        refs.retain(|r| r["uid"] != uid);
+                        self.replace(&k, o);
+                    }
+                }
+                Ok(self.replace_deleting(key, new))
+            }
+            Propagation::Foreground => {
+                // The garbage collector's part: the owner waits (finalizer), what it owns is
+                // deleted — in the foreground too when it owns things itself —, and the owner
+                // goes once nothing that blocks it is left.
+                let mut finalizers = new["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
+                if !finalizers.contains(&json!(FOREGROUND)) {
+                    finalizers.push(json!(FOREGROUND));
+                }
+                new["metadata"]["finalizers"] = json!(finalizers);
+                let out = self.replace_deleting(key, new);
+                for k in self.owned_by(&uid) {
+                    let own_uid = self.objects.get(&k).map(|o| o["metadata"]["uid"].clone()).unwrap_or_default();
+                    let policy = if self.owned_by(&own_uid).is_empty() {
+                        Propagation::Background
+                    } else {
+                        Propagation::Foreground
+                    };
+                    let _ = self.delete(&k, policy);
+                }
+                self.release_foreground(&uid);
+                Ok(self.objects.get(key).cloned().unwrap_or(out))
+            }
+        }
+    }
+
+    /// The objects with an owner reference to `uid`.
+    fn owned_by(&self, uid: &Value) -> Vec<Key> {
+        self.objects
+            .iter()
+            .filter(|(_, o)| {
+                o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| refs.iter().any(|r| r["uid"] == *uid))
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Background cascading deletion: every object owned by `gone` is deleted (in turn).
     fn collect_garbage(&mut self, gone: &Value) {
-        let uid = gone["metadata"]["uid"].clone();
-        let owned: Vec<Key> = self
-            .objects
-            .iter()
-            .filter(|(_, o)| {
-                o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in owned {
-            let _ = self.delete(&k);
+        for k in self.owned_by(&gone["metadata"]["uid"]) {
+            let _ = self.delete(&k, Propagation::Background);
         }
+    }
+
+    /// `gone` left: an owner of it deleted in the foreground may now go too.
+    fn release_owners(&mut self, gone: &Value) {
+        for r in gone["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default() {
+            self.release_foreground(&r["uid"]);
+        }
+    }
+
+    /// The object `uid`, waiting in a foreground deletion, loses its `foregroundDeletion`
+    /// finalizer once no object it owns with `blockOwnerDeletion: true` is left.
+    fn release_foreground(&mut self, uid: &Value) {
+        let Some((key, owner)) =
+            self.objects.iter().find(|(_, o)| o["metadata"]["uid"] == *uid).map(|(k, o)| (k.clone(), o.clone()))
+        else {
+            return;
+        };
+        let waiting = owner["metadata"]["finalizers"].as_array().is_some_and(|f| f.contains(&json!(FOREGROUND)));
+        let blocked = self.objects.values().any(|o| {
+            o["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|refs| refs.iter().any(|r| r["uid"] == *uid && r["blockOwnerDeletion"] == true))
+        });
+        if !waiting || blocked {
+            return;
+        }
+        let mut new = owner;
+        if let Some(f) = new["metadata"]["finalizers"].as_array_mut() {
+            f.retain(|x| x != FOREGROUND);
+        }
+        self.replace(&key, new);
     }
 }
 
@@ -705,7 +874,9 @@ async fn handle(
         (&Method::POST, None) => create(&shared, res, ns, body).map(|o| (201, o)),
         (&Method::PUT, Some(name)) => put(&shared, res, ns, name, sub, body).map(|o| (200, o)),
         (&Method::PATCH, Some(name)) => patch(&shared, res, ns, name, sub, &content_type, body),
-        (&Method::DELETE, Some(name)) => delete(&shared, res, ns, name).map(|o| (200, o)),
+        (&Method::DELETE, Some(name)) => Propagation::from_options(&body, &q)
+            .and_then(|p| delete(&shared, res, ns, name, &body, p))
+            .map(|o| (200, o)),
         _ => Err(err(405, "MethodNotAllowed", format!("{method} {}", uri.path()))),
     };
     match result {
@@ -758,27 +929,6 @@ fn create(shared: &Shared, res: &Resource, ns: &str, body: Value) -> Result<Valu
 const STATEFULSET_MUTABLE: &[&str] =
     &["replicas", "ordinals", "template", "updateStrategy", "persistentVolumeClaimRetentionPolicy", "minReadySeconds"];
 
-/// The bytes of a quantity as claims write them (`10Gi`, `500M`, `1.5Ti`); None for others.
-fn quantity(q: &str) -> Option<f64> {
-    let split = q.find(|ch: char| !(ch.is_ascii_digit() || ch == '.')).unwrap_or(q.len());
-    let (n, suffix) = q.split_at(split);
-    let m = match suffix {
-        "" => 1.0,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        _ => return None,
-    };
-    Some(n.parse::<f64>().ok()? * m)
-}
-
 /// What the real API server's validation refuses in an update of the main resource, with its
 /// messages (422 `Invalid`): a StatefulSet's spec beyond [`STATEFULSET_MUTABLE`]
 /// (`ValidateStatefulSetUpdate`), a claim's spec beyond `resources.requests` and
@@ -823,7 +973,7 @@ fn validate_update(res: &Resource, old: &Value, new: &Value) -> Result<(), ApiEr
                         .into(),
                 ));
             }
-            let storage = |o: &Value| o["spec"]["resources"]["requests"]["storage"].as_str().and_then(quantity);
+            let storage = |o: &Value| o["spec"]["resources"]["requests"]["storage"].as_str().and_then(Quantity::parse);
             if let (Some(before), Some(after)) = (storage(old), storage(new))
                 && after < before
             {
@@ -882,18 +1032,27 @@ fn put(
     let Some(old) = s.objects.get(&key).cloned() else {
         return Err(err(404, "NotFound", format!("{} {name:?} not found", res.plural)));
     };
-    if let Some(rv) = body["metadata"]["resourceVersion"].as_str()
-        && rv != old["metadata"]["resourceVersion"].as_str().unwrap_or_default()
-    {
-        return Err(err(409, "Conflict", format!("the object has been modified; resourceVersion {rv} is stale")));
-    }
-    let new = writable(res, &old, body, sub);
+    precondition(res, name, &old, &body)?;
+    let mut new = writable(res, &old, body, sub);
+    s.admit(res, &mut new, Some(&old))?;
     if sub.is_none() {
         validate_update(res, &old, &new)?;
     }
     let out = s.replace(&key, new);
+    s.written(res, &out);
     notify(shared, &s);
     Ok(out)
+}
+
+/// An update's optimistic lock: a `metadata.resourceVersion` in what is written (a PUT's body,
+/// the result of a patch that sets it) must be the live object's, else 409 `Conflict`.
+fn precondition(res: &Resource, name: &str, old: &Value, new: &Value) -> Result<(), ApiError> {
+    match new["metadata"]["resourceVersion"].as_str() {
+        Some(rv) if rv != old["metadata"]["resourceVersion"].as_str().unwrap_or_default() => {
+            Err(conflict(res, name, MODIFIED_SINCE))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn patch(
@@ -923,20 +1082,47 @@ fn patch(
                 "application/json-patch+json" => json_patch(&mut new, &body)?,
                 other => return Err(err(415, "UnsupportedMediaType", format!("patch type {other:?}"))),
             }
-            let new = writable(res, &old, new, sub);
+            precondition(res, name, &old, &new)?;
+            let mut new = writable(res, &old, new, sub);
+            s.admit(res, &mut new, Some(&old))?;
             if sub.is_none() {
                 validate_update(res, &old, &new)?;
             }
-            Ok((200, s.replace(&key, new)))
+            let out = s.replace(&key, new);
+            s.written(res, &out);
+            Ok((200, out))
         }
     };
     notify(shared, &s);
     out
 }
 
-fn delete(shared: &Shared, res: &Resource, ns: &str, name: &str) -> Result<Value, ApiError> {
+/// A DELETE: its options' preconditions (`uid`, `resourceVersion`; 409 when the live object
+/// differs) and propagation policy.
+fn delete(
+    shared: &Shared,
+    res: &Resource,
+    ns: &str,
+    name: &str,
+    options: &Value,
+    propagation: Propagation,
+) -> Result<Value, ApiError> {
     let mut s = shared.store.lock().expect("store");
-    let out = s.delete(&key_of(res, ns, name));
+    let key = key_of(res, ns, name);
+    if let Some(live) = s.objects.get(&key) {
+        for (field, what) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
+            let wanted = &options["preconditions"][field];
+            if wanted.is_string() && *wanted != live["metadata"][field] {
+                let why = format!(
+                    "Precondition failed: {what} in precondition: {}, {what} in object meta: {}",
+                    wanted.as_str().unwrap_or_default(),
+                    live["metadata"][field].as_str().unwrap_or_default()
+                );
+                return Err(conflict(res, name, &why));
+            }
+        }
+    }
+    let out = s.delete(&key, propagation);
     notify(shared, &s);
     out
 }
@@ -984,8 +1170,17 @@ fn watch(shared: Arc<Shared>, res: &'static Resource, ns: String, q: BTreeMap<St
                     .changes
                     .iter()
                     .filter(|c| c.rv > seen && c.plural == res.plural && (ns.is_empty() || c.namespace == ns))
-                    .filter(|c| selected(&q, &c.object))
-                    .map(|c| line(c.type_, &c.object))
+                    .filter_map(|c| {
+                        // A selector watch sees an object that stops matching go (DELETED) and
+                        // one that starts matching come (ADDED), as the watch cache sends them.
+                        let now = selected(&q, &c.object);
+                        match (c.previous.as_ref().map(|p| selected(&q, p)), now) {
+                            (Some(true), false) => Some(line("DELETED", &c.object)),
+                            (Some(false), true) => Some(line("ADDED", &c.object)),
+                            (_, true) => Some(line(c.type_, &c.object)),
+                            (_, false) => None,
+                        }
+                    })
                     .collect();
                 seen = s.rv;
                 out
@@ -1092,10 +1287,15 @@ impl ApiServer {
         patch(&self.shared, res, ns, name, None, "application/merge-patch+json", patch_body.clone()).map(|(_, v)| v)
     }
 
-    /// Deletes an object (finalizers and garbage collection as the module says).
+    /// Deletes an object (finalizers and background garbage collection as the module says).
     pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Result<Value, ApiError> {
+        self.delete_with(plural, ns, name, Propagation::Background)
+    }
+
+    /// Deletes an object with a propagation policy (`kubectl delete --cascade=...`).
+    pub fn delete_with(&self, plural: &str, ns: &str, name: &str, p: Propagation) -> Result<Value, ApiError> {
         let res = known(plural)?;
-        delete(&self.shared, res, ns, name)
+        delete(&self.shared, res, ns, name, &Value::Null, p)
     }
 
     /// Enforces Pod Security `restricted` on the pods created in `ns` from now on (what the
@@ -1227,6 +1427,251 @@ mod tests {
             .expect("service");
         let e = api.merge("services", "db", "v", &json!({"spec": {"clusterIP": "10.0.0.1"}})).expect_err("clusterIP");
         assert!(e.message.contains("field is immutable"), "{}", e.message);
+    }
+
+    /// A `resourceVersion` in what a write sends is a precondition on every path the real API
+    /// server takes it on: PUT, merge, JSON and apply patches, the status subresource, and
+    /// DELETE's `preconditions` (with `uid`) — 409 `Conflict` with its words when stale.
+    #[test]
+    fn a_stale_resource_version_conflicts_on_every_write_path() {
+        let api = ApiServer::start("127.0.0.1").expect("start");
+        let res = resource("configmaps").expect("configmaps");
+        let sts = resource("statefulsets").expect("statefulsets");
+        let made = api.create("configmaps", "db", json!({"metadata": {"name": "c"}, "data": {"a": "1"}})).expect("c");
+        let stale = made["metadata"]["resourceVersion"].as_str().expect("rv").to_string();
+        api.merge("configmaps", "db", "c", &json!({"data": {"a": "2"}})).expect("a write moves it on");
+        let shared = &api.shared;
+        let stale_meta = json!({"metadata": {"resourceVersion": stale}, "data": {"a": "3"}});
+        let refused = [
+            put(shared, res, "db", "c", None, stale_meta.clone()).map(|_| ()),
+            patch(shared, res, "db", "c", None, "application/merge-patch+json", stale_meta.clone()).map(|_| ()),
+            patch(shared, res, "db", "c", None, "application/apply-patch+yaml", stale_meta.clone()).map(|_| ()),
+            patch(
+                shared,
+                res,
+                "db",
+                "c",
+                None,
+                "application/json-patch+json",
+                json!([{"op": "replace", "path": "/metadata/resourceVersion", "value": stale}]),
+            )
+            .map(|_| ()),
+            delete(
+                shared,
+                res,
+                "db",
+                "c",
+                &json!({"preconditions": {"resourceVersion": stale}}),
+                Propagation::Background,
+            )
+            .map(|_| ()),
+            delete(shared, res, "db", "c", &json!({"preconditions": {"uid": "someone-else"}}), Propagation::Background)
+                .map(|_| ()),
+        ];
+        for (i, r) in refused.into_iter().enumerate() {
+            let e = r.expect_err("stale");
+            assert_eq!((e.code, e.reason), (409, "Conflict"), "write {i}: {}", e.message);
+            assert!(e.message.starts_with("Operation cannot be fulfilled on configmaps \"c\": "), "{}", e.message);
+        }
+        assert_eq!(api.get("configmaps", "db", "c").expect("still there")["data"]["a"], "2", "nothing written");
+        let s =
+            api.create("statefulsets", "db", json!({"metadata": {"name": "s"}, "spec": {"replicas": 1}})).expect("s");
+        let rv = s["metadata"]["resourceVersion"].clone();
+        api.mutate("statefulsets", "db", "s", |o| o["status"] = json!({"replicas": 1})).expect("status");
+        let e = put(
+            shared,
+            sts,
+            "db",
+            "s",
+            Some("status"),
+            json!({"metadata": {"resourceVersion": rv}, "status": {"replicas": 2}}),
+        )
+        .expect_err("stale status");
+        assert_eq!(e.code, 409);
+        assert!(e.message.contains("statefulsets.apps \"s\""), "{}", e.message);
+        // With the live resourceVersion, the same writes go through.
+        let live = api.get("configmaps", "db", "c").expect("c")["metadata"]["resourceVersion"].clone();
+        patch(
+            shared,
+            res,
+            "db",
+            "c",
+            None,
+            "application/merge-patch+json",
+            json!({"metadata": {"resourceVersion": live}, "data": {"a": "4"}}),
+        )
+        .expect("current");
+        let live = api.get("configmaps", "db", "c").expect("c")["metadata"]["resourceVersion"].clone();
+        delete(shared, res, "db", "c", &json!({"preconditions": {"resourceVersion": live}}), Propagation::Background)
+            .expect("current");
+        assert!(api.get("configmaps", "db", "c").is_none());
+    }
+
+    /// Foreground deletion keeps the owner (finalizer `foregroundDeletion`) until what blocks it
+    /// is gone — a dependent held by a finalizer holds its owner —; orphaning keeps the
+    /// dependents and drops their owner references.
+    #[test]
+    fn foreground_deletion_waits_for_blocking_dependents_and_orphaning_keeps_them() {
+        let api = ApiServer::start("127.0.0.1").expect("start");
+        let owner = |name: &str| {
+            let o = api.create("dpukvclusters", "db", json!({"metadata": {"name": name}, "spec": {}})).expect("owner");
+            json!([{"uid": o["metadata"]["uid"], "name": name, "blockOwnerDeletion": true}])
+        };
+        let refs = owner("a");
+        api.create("statefulsets", "db", json!({"metadata": {"name": "a-node", "ownerReferences": refs}, "spec": {}}))
+            .expect("child");
+        let set_uid = api.get("statefulsets", "db", "a-node").expect("set")["metadata"]["uid"].clone();
+        api.create(
+            "pods",
+            "db",
+            json!({"metadata": {"name": "a-node-0", "finalizers": ["kubelet"],
+                   "ownerReferences": [{"uid": set_uid, "name": "a-node", "blockOwnerDeletion": true}]}, "spec": {}}),
+        )
+        .expect("grandchild");
+        api.delete_with("dpukvclusters", "db", "a", Propagation::Foreground).expect("delete");
+        let held = api.get("dpukvclusters", "db", "a").expect("waits for its dependents");
+        assert_eq!(held["metadata"]["finalizers"], json!([FOREGROUND]));
+        assert!(held["metadata"]["deletionTimestamp"].is_string());
+        let set = api.get("statefulsets", "db", "a-node").expect("waits for its pod");
+        assert!(set["metadata"]["deletionTimestamp"].is_string());
+        assert!(
+            api.get("pods", "db", "a-node-0").expect("held by its finalizer")["metadata"]["deletionTimestamp"]
+                .is_string()
+        );
+        api.merge("pods", "db", "a-node-0", &json!({"metadata": {"finalizers": null}})).expect("the kubelet lets go");
+        for (plural, name) in [("pods", "a-node-0"), ("statefulsets", "a-node"), ("dpukvclusters", "a")] {
+            assert!(api.get(plural, "db", name).is_none(), "{plural}/{name} is gone once what blocked it is");
+        }
+        let refs = owner("b");
+        api.create("configmaps", "db", json!({"metadata": {"name": "b-zones", "ownerReferences": refs}}))
+            .expect("child");
+        api.delete_with("dpukvclusters", "db", "b", Propagation::Orphan).expect("delete");
+        assert!(api.get("dpukvclusters", "db", "b").is_none());
+        let kept = api.get("configmaps", "db", "b-zones").expect("orphaned, not deleted");
+        assert_eq!(kept["metadata"]["ownerReferences"], json!([]));
+        let e =
+            Propagation::from_options(&json!({"propagationPolicy": "Sideways"}), &BTreeMap::new()).expect_err("bad");
+        assert_eq!(e.code, 422);
+    }
+
+    /// The events of a watch over HTTP, read until `n` have come.
+    fn watch_events(api: &ApiServer, path_and_query: &str, n: usize) -> Vec<(String, String)> {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(api.addr).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        write!(c, "GET {path_and_query} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("request");
+        let mut text = String::new();
+        let mut buf = [0u8; 4096];
+        let events = |text: &str| -> Vec<(String, String)> {
+            text.split("\r\n")
+                .filter(|l| l.starts_with('{'))
+                .filter_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
+                .map(|v| (v["type"].as_str().unwrap_or_default().to_string(), name_of(&v["object"])))
+                .collect()
+        };
+        while events(&text).len() < n {
+            match c.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => text.push_str(&String::from_utf8_lossy(&buf[..k])),
+            }
+        }
+        events(&text)
+    }
+
+    /// A watch with a label selector gets `DELETED` when an object stops matching and `ADDED`
+    /// when one starts to, as the real watch cache sends them (a controller watching its own
+    /// objects by label must forget one relabelled away).
+    #[test]
+    fn a_selector_watch_sees_objects_stop_and_start_matching() {
+        let api = ApiServer::start("127.0.0.1").expect("start");
+        let from =
+            api.create("configmaps", "db", json!({"metadata": {"name": "x", "labels": {"app": "dpukv"}}})).expect("x");
+        let rv = from["metadata"]["resourceVersion"].as_str().expect("rv").to_string();
+        api.create("configmaps", "db", json!({"metadata": {"name": "y"}})).expect("y");
+        api.merge("configmaps", "db", "x", &json!({"metadata": {"labels": {"app": "other"}}})).expect("relabel x");
+        api.merge("configmaps", "db", "y", &json!({"metadata": {"labels": {"app": "dpukv"}}})).expect("label y");
+        api.merge("configmaps", "db", "x", &json!({"data": {"k": "v"}})).expect("x, unmatched, changes");
+        api.merge("configmaps", "db", "y", &json!({"data": {"k": "v"}})).expect("y, matched, changes");
+        let got = watch_events(
+            &api,
+            &format!(
+                "/api/v1/namespaces/db/configmaps?watch=true&labelSelector=app%3Ddpukv&resourceVersion={rv}&timeoutSeconds=5"
+            ),
+            3,
+        );
+        let want: Vec<(String, String)> = [("DELETED", "x"), ("ADDED", "y"), ("MODIFIED", "y")]
+            .iter()
+            .map(|(t, n)| (t.to_string(), n.to_string()))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    /// A custom resource, once its CRD is created, is admitted by the CRD's schema: unknown
+    /// fields pruned, defaults filled, types and CEL rules (transition rules on updates, status
+    /// writes too) enforced with a 422 in the real server's words.
+    #[test]
+    fn custom_resources_are_admitted_by_their_crd_s_schema() {
+        let api = ApiServer::start("127.0.0.1").expect("start");
+        let crd = json!({"metadata": {"name": "dpukvclusters.dpukv.io"}, "spec": {
+            "group": "dpukv.io", "names": {"kind": "DpuKvCluster", "plural": "dpukvclusters"}, "scope": "Namespaced",
+            "versions": [{"name": "v1alpha1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object", "required": ["spec"], "properties": {
+                    "spec": {"type": "object", "required": ["size"],
+                             "x-kubernetes-validations": [{"rule": "quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0",
+                                                           "message": "size cannot shrink"}],
+                             "properties": {"size": {"type": "string"}, "nodes": {"type": "integer", "default": 3, "minimum": 1}}},
+                    "status": {"type": "object", "properties": {"phase": {"type": "string", "enum": ["Running", "Failed"]}}}}}}}]}});
+        // Before the CRD, anything goes.
+        api.create("dpukvclusters", "db", json!({"metadata": {"name": "early"}, "spec": {"nodes": "many"}}))
+            .expect("no schema yet");
+        let mut bad = crd.clone();
+        bad["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"] =
+            json!([{"rule": "self.a <"}]);
+        let e = api.create(CRDS, "", bad).expect_err("a rule that does not compile");
+        assert!(e.code == 422 && e.message.contains("compilation failed"), "{}", e.message);
+        api.create(CRDS, "", crd).expect("CRD");
+        let c = api
+            .create("dpukvclusters", "db", json!({"metadata": {"name": "c"}, "spec": {"size": "1Gi", "color": "red"}}))
+            .expect("valid");
+        assert_eq!(c["spec"], json!({"size": "1Gi", "nodes": 3}), "pruned and defaulted");
+        let e = api
+            .create("dpukvclusters", "db", json!({"metadata": {"name": "d"}, "spec": {"size": "1Gi", "nodes": 0}}))
+            .expect_err("minimum");
+        assert_eq!((e.code, e.reason), (422, "Invalid"));
+        assert_eq!(
+            e.message,
+            "DpuKvCluster.dpukv.io \"d\" is invalid: spec.nodes: Invalid value: 0: spec.nodes in body should be greater than or equal to 1"
+        );
+        let e = api.merge("dpukvclusters", "db", "c", &json!({"spec": {"size": "512Mi"}})).expect_err("shrink");
+        assert!(e.message.ends_with("spec: Invalid value: \"object\": size cannot shrink"), "{}", e.message);
+        api.merge("dpukvclusters", "db", "c", &json!({"spec": {"size": "2Gi"}})).expect("grow");
+        let res = resource("dpukvclusters").expect("res");
+        let e = patch(
+            &api.shared,
+            res,
+            "db",
+            "c",
+            Some("status"),
+            "application/merge-patch+json",
+            json!({"status": {"phase": "Dancing"}}),
+        )
+        .expect_err("status enum");
+        assert!(e.message.contains("status.phase: Unsupported value: \"Dancing\""), "{}", e.message);
+        patch(
+            &api.shared,
+            res,
+            "db",
+            "c",
+            Some("status"),
+            "application/merge-patch+json",
+            json!({"status": {"phase": "Running"}}),
+        )
+        .expect("status");
+        // An object stored before the CRD is not refused for what it already had (ratcheting)...
+        api.merge("dpukvclusters", "db", "early", &json!({"metadata": {"labels": {"a": "b"}}})).expect("metadata only");
+        api.delete(CRDS, "", "dpukvclusters.dpukv.io").expect("delete the CRD");
+        api.create("dpukvclusters", "db", json!({"metadata": {"name": "late"}, "spec": {"nodes": "many"}}))
+            .expect("no schema again");
     }
 
     /// Pod Security `restricted`: a pod as the operator renders it passes; the same pod with

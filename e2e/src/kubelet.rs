@@ -20,7 +20,9 @@
 //!   directories (`emptyDir` per pod — under `/dev/shm` with `medium: Memory` —, a claim's
 //!   directory kept while the claim exists, a `configMap`'s keys as files kept current) and a
 //!   container's mount paths in its command and environment are rewritten to them (no mount
-//!   namespaces); readiness from the `httpGet`/`tcpSocket` probes; exited containers restarted;
+//!   namespaces); readiness from the `httpGet`/`tcpSocket` probes; exited containers restarted
+//!   with a (scaled-down) CrashLoopBackOff; an image whose tag ends `-broken` — a failed
+//!   release — runs as a container that exits at once;
 //!   a deleted pod's containers get SIGTERM, then SIGKILL after its grace period (at most 10 s),
 //!   before the pod object goes (a finalizer of the kubelet's holds it until then).
 //! - **DNS**: `/etc/netns/NS/hosts` of every namespace (`ip netns exec` mounts it over
@@ -105,6 +107,8 @@ struct Container {
     spec: Value,
     proc: Option<Proc>,
     restarts: u32,
+    /// Not restarted before this (CrashLoopBackOff).
+    not_before: Instant,
     ready: bool,
     log: PathBuf,
     argv: Vec<String>,
@@ -134,6 +138,15 @@ struct Loop {
 /// The shared state, also after a panic elsewhere (the kubelet reports its own panics).
 fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The flag a `-broken` image's container is started with (no binary takes it).
+const BROKEN_FLAG: &str = "--this-image-is-broken";
+
+/// The wait before restarting a container that exited `restarts` times (the kubelet's
+/// CrashLoopBackOff, 10 s doubling to 5 min, scaled down to 100 ms doubling to 5 s).
+fn crash_backoff(restarts: u32) -> Duration {
+    Duration::from_millis(100u64 << restarts.min(6)).min(Duration::from_secs(5))
 }
 
 /// FNV-1a 64 of a value's JSON, as 10 hex digits (a revision's name).
@@ -648,6 +661,7 @@ impl Loop {
                 spec: c.clone(),
                 proc: None,
                 restarts: 0,
+                not_before: Instant::now(),
                 ready: false,
                 log,
                 argv,
@@ -671,6 +685,10 @@ impl Loop {
 
     fn spawn(&self, slot: usize, c: &Container) -> Result<Proc> {
         let Some((program, args)) = c.argv.split_first() else { bail!("container {}: no command", c.name) };
+        // A failed release: an image whose tag ends `-broken` runs as a container that exits at
+        // once (its binary refusing an unknown flag) — CrashLoopBackOff, never ready.
+        let broken = [BROKEN_FLAG.to_string()];
+        let args = if c.spec["image"].as_str().is_some_and(|i| i.ends_with("-broken")) { &broken[..] } else { args };
         let bin = self.cfg.bins.join(program);
         if !bin.exists() {
             bail!("container {}: {program} is not one of the workspace's binaries", c.name);
@@ -701,7 +719,12 @@ impl Loop {
             let exited = c.proc.as_mut().is_none_or(|p| !matches!(p.0.try_wait(), Ok(None)));
             if exited {
                 c.ready = false;
+                if Instant::now() < c.not_before {
+                    // CrashLoopBackOff (the kubelet's 10 s doubling to 5 min, scaled down).
+                    continue;
+                }
                 c.restarts += 1;
+                c.not_before = Instant::now() + crash_backoff(c.restarts);
                 if let Ok(mut f) = OpenOptions::new().append(true).open(&c.log) {
                     let _ = writeln!(f, "--- test kubelet: container exited; restart {}", c.restarts);
                 }

@@ -1,4 +1,4 @@
-//! dpukv-e2e: the end-to-end harness (docs/architecture.md: nothing depends on it). It builds and
+//! dpukv-e2e: the end-to-end harness (docs/architecture.md: only tests depend on it). It builds and
 //! starts real processes, injects faults by killing them, records client histories and checks
 //! them for linearizability.
 //!
@@ -18,13 +18,16 @@
 //! - `delay`: a TCP proxy adding an adjustable delay (a slow link to etcd).
 //! - `otlp`: an OTLP/gRPC trace receiver that keeps the spans processes export.
 //! - `apiserver`: a test double of the Kubernetes API server (REST and watch, finalizers,
-//!   garbage collection) for the kinds the operator uses.
+//!   garbage collection, admission) for the kinds the operator uses.
+//! - `crd_schema`: what the API server does to a custom resource from its CRD's schema
+//!   (pruning, defaults, types, CEL rules with the quantity library, ratcheting).
 //! - `kubelet`: the StatefulSet and Deployment controllers and a kubelet running pods as real
 //!   processes in network namespaces, over `apiserver`.
 
 pub mod apiserver;
 pub mod certs;
 pub mod cluster;
+pub mod crd_schema;
 pub mod delay;
 pub mod etcd;
 pub mod gateway;
