@@ -73,6 +73,16 @@ pub struct Health {
     /// Regions with fewer live in-sync copies (primary and backups) than the replication factor
     /// allows on the live nodes that are not draining.
     pub under_replicated: usize,
+    /// Distinct zones among the live nodes that are not draining (nodes without a zone not
+    /// counted).
+    pub zones: usize,
+    /// Regions with two live copies in one zone (copies on nodes without a zone not counted;
+    /// placement never makes one, but a node may come back in another zone).
+    pub zone_shared: usize,
+    /// Of the under-replicated regions, those placement cannot repair because of zones: nodes
+    /// that could take a copy exist, but each is in a zone the region already has (fewer zones
+    /// than copies — a zone lost, or never there).
+    pub zone_blocked: usize,
     /// Milliseconds since the master last completed a round (by the wall clocks of the master
     /// and the reader; None: no round marked — no master, or one whose loop never ran a round).
     /// A master loop completes a round at least every tick (500 ms on nodes): an age of seconds
@@ -92,12 +102,34 @@ impl Snapshot {
         let copies = |r: &RegionInfo| {
             std::iter::once(r.primary).chain(r.backups.iter().copied()).filter(|n| live.contains(n)).count()
         };
+        let zone: std::collections::HashMap<u32, &str> =
+            self.map.nodes.iter().filter(|n| !n.zone.is_empty()).map(|n| (n.id, n.zone.as_str())).collect();
+        let zones: std::collections::HashSet<&str> =
+            zone.iter().filter(|(n, _)| !self.facts.draining.contains(n)).map(|(_, z)| *z).collect();
+        let eligible_nodes: Vec<u32> = live.iter().copied().filter(|n| !self.facts.draining.contains(n)).collect();
+        let zone_blocked = |r: &RegionInfo| {
+            let held: Vec<u32> = std::iter::once(r.primary).chain(r.backups.iter().copied()).collect();
+            let taken: std::collections::HashSet<&str> =
+                held.iter().filter(|n| live.contains(n)).filter_map(|n| zone.get(n).copied()).collect();
+            let free: Vec<u32> = eligible_nodes.iter().copied().filter(|n| !held.contains(n)).collect();
+            !free.is_empty() && free.iter().all(|n| zone.get(n).is_some_and(|z| taken.contains(z)))
+        };
+        let shares_a_zone = |r: &RegionInfo| {
+            let mut seen = std::collections::HashSet::new();
+            std::iter::once(r.primary)
+                .chain(r.backups.iter().copied())
+                .filter_map(|n| zone.get(&n))
+                .any(|z| !seen.insert(*z))
+        };
         Health {
             master: self.map.master,
             nodes: live.len(),
             regions: regions.len(),
             without_primary: regions.iter().filter(|r| !live.contains(&r.primary)).count(),
             under_replicated: regions.iter().filter(|r| copies(r) < target).count(),
+            zones: zones.len(),
+            zone_shared: regions.iter().filter(|r| shares_a_zone(r)).count(),
+            zone_blocked: regions.iter().filter(|r| copies(r) < target && zone_blocked(r)).count(),
             master_round_age_ms: self.master_round.map(|(_, at)| unix_ms().saturating_sub(at)),
         }
     }

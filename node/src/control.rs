@@ -216,12 +216,15 @@ fn summary_status(snap: &Snapshot) -> String {
     let age = h.master_round_age_ms.map_or("null".to_string(), |a| a.to_string());
     let list = |s: &std::collections::BTreeSet<u32>| s.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
     format!(
-        "{{\"master\": {}, \"master_round_age_ms\": {age}, \"nodes\": {}, \"regions\": {}, \"without_primary\": {}, \"under_replicated\": {}, \"draining\": [{}], \"stepping_down\": [{}]}}\n",
+        "{{\"master\": {}, \"master_round_age_ms\": {age}, \"nodes\": {}, \"regions\": {}, \"without_primary\": {}, \"under_replicated\": {}, \"zones\": {}, \"zone_shared\": {}, \"zone_blocked\": {}, \"draining\": [{}], \"stepping_down\": [{}]}}\n",
         h.master,
         h.nodes,
         h.regions,
         h.without_primary,
         h.under_replicated,
+        h.zones,
+        h.zone_shared,
+        h.zone_blocked,
         list(&snap.facts.draining),
         list(&snap.facts.stepping_down)
     )

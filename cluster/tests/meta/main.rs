@@ -125,6 +125,42 @@ async fn the_health_counts_regions_without_a_primary_or_short_of_copies() {
     assert_eq!((h.nodes, h.without_primary, h.under_replicated), (2, 1, 1), "{h:?}");
 }
 
+/// Zones in the summary: three zones for three copies, every region's copies apart; a zone
+/// lost (its only node gone), the region is short of a copy that the one node left — in a zone
+/// the region has — cannot take (`zone_blocked`), until a node in a third zone comes.
+#[tokio::test]
+async fn the_health_says_when_zones_keep_a_region_short_of_a_copy() {
+    let s = MemStore::new();
+    let keys = Keys::new("zones").expect("keys");
+    master::bootstrap_config(&s, &keys, &ClusterConfig::new(3, vec![])).await.expect("config");
+    let zoned = |id: u32, zone: &str| NodeInfo { zone: zone.into(), ..node(id) };
+    let mut members = Vec::new();
+    for (id, zone) in [(1, "a"), (2, "b"), (3, "c"), (4, "a")] {
+        members.push(register(&s, &keys, &zoned(id, zone), TIMING).await.expect("register"));
+    }
+    master::round(&s, &keys, &always(), &mut Waits::default()).await.expect("lay out");
+    let snap = master::read(&s, &keys).await.expect("read");
+    let h = snap.health();
+    assert_eq!((h.zones, h.zone_shared, h.zone_blocked, h.under_replicated), (3, 0, 0, 0), "{h:?}");
+    // Zone c's only node goes: the node left without a copy is in zone a, which the region has.
+    let r = &snap.map.regions[0];
+    assert!(r.replicas().any(|n| n == 3), "zone c holds a copy: {r:?}");
+    s.revoke(members[2].lease).await.expect("node 3's lease ends");
+    for _ in 0..3 {
+        master::round(&s, &keys, &always(), &mut Waits::default()).await.expect("round");
+    }
+    let snap = master::read(&s, &keys).await.expect("read");
+    let h = snap.health();
+    let r = &snap.map.regions[0];
+    assert!(!(r.replicas().any(|n| n == 1) && r.replicas().any(|n| n == 4)), "no two copies in zone a: {r:?}");
+    assert_eq!((h.zones, h.zone_shared, h.under_replicated, h.zone_blocked), (2, 0, 1, 1), "{h:?}");
+    // A node in a third zone: the region gets its copy there.
+    register(&s, &keys, &zoned(5, "d"), TIMING).await.expect("register");
+    master::round(&s, &keys, &always(), &mut Waits::default()).await.expect("round");
+    let h = master::read(&s, &keys).await.expect("read").health();
+    assert_eq!((h.zones, h.zone_blocked), (3, 0), "{h:?}");
+}
+
 /// A store that can be taken down: while down, every request but lease keep-alives fails as
 /// unavailable and open watches end with that error — an etcd outage whose leases survive (etcd
 /// refreshes every lease when it comes back, so nodes need not register again).
