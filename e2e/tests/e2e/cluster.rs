@@ -15,6 +15,68 @@ fn start(etcd: &Etcd, n: u32, extra: &[&str]) -> Vec<ClusterNode> {
     (1..=n).map(|id| ClusterNode::start(id, "e2e", &etcd.url(), &args).expect("node")).collect()
 }
 
+/// One region, with a primary and two backups, nothing joining.
+fn one_region_fully_copied(m: &dpukv_proto::regionmap::RegionMap) -> bool {
+    m.regions.len() == 1
+        && m.regions[0].primary != 0
+        && m.regions[0].backups.len() == 2
+        && m.regions[0].joining.is_empty()
+}
+
+/// A client writing `key{i}` = `v{i}` one at a time through `seed` until stopped: any failed
+/// write ends it with an error naming `during` (what it ran through).
+struct Writer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Result<Written, String>>,
+}
+
+/// What a [`Writer`] had acknowledged, and its longest write.
+struct Written {
+    acked: Vec<(String, String)>,
+    longest: Duration,
+}
+
+impl Writer {
+    fn start(seed: &str, during: String) -> Writer {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (seed, stopped) = (seed.to_string(), stop.clone());
+        let task = tokio::spawn(async move {
+            let c = Client::connect(&seed, 1).await.expect("connect");
+            let (mut acked, mut longest, mut i) = (Vec::new(), Duration::ZERO, 0u32);
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let (k, v) = (format!("key{i:06}"), format!("v{i}"));
+                let began = Instant::now();
+                match c.put(k.as_bytes(), v.as_bytes()).await {
+                    Ok(_) => acked.push((k, v)),
+                    Err(e) => return Err(format!("write {i} failed {during}: {e}")),
+                }
+                longest = longest.max(began.elapsed());
+                i += 1;
+            }
+            Ok(Written { acked, longest })
+        });
+        Writer { stop, task }
+    }
+
+    /// Stops it; what it wrote, or the write that failed.
+    async fn finish(self) -> Result<Written, String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.map_err(|e| format!("the writer panicked: {e}"))?
+    }
+}
+
+/// How many of `acked` a read through `seed` does not find as written.
+async fn lost(seed: &str, acked: &[(String, String)]) -> usize {
+    let c = Client::connect(seed, 1).await.expect("connect");
+    let mut lost = 0;
+    for (k, v) in acked {
+        if c.get(k.as_bytes()).await.expect("read").as_deref() != Some(v.as_bytes()) {
+            lost += 1;
+        }
+    }
+    lost
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_fails_over_to_a_backup_and_no_acknowledged_write_is_lost() {
     let etcd = Etcd::start().expect("etcd");
@@ -193,12 +255,7 @@ async fn a_returning_node_catches_up_as_a_backup_and_can_then_be_promoted_with_e
     let etcd = Etcd::start().expect("etcd");
     let mut nodes = start(&etcd, 3, &[]);
     let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
-    let full = |m: &dpukv_proto::regionmap::RegionMap| {
-        m.regions.len() == 1
-            && m.regions[0].primary != 0
-            && m.regions[0].backups.len() == 2
-            && m.regions[0].joining.is_empty()
-    };
+    let full = one_region_fully_copied;
     let map = {
         let all: Vec<&ClusterNode> = nodes.iter().collect();
         wait_for_map(&all, Duration::from_secs(60), full).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)))
@@ -291,12 +348,7 @@ async fn failover_time_benchmark() {
     let mut nodes: Vec<ClusterNode> =
         (1..=3).map(|id| ClusterNode::start(id, "bench", &etcd.url(), &args).expect("node")).collect();
     let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
-    let full = |m: &dpukv_proto::regionmap::RegionMap| {
-        m.regions.len() == 1
-            && m.regions[0].primary != 0
-            && m.regions[0].backups.len() == 2
-            && m.regions[0].joining.is_empty()
-    };
+    let full = one_region_fully_copied;
     let mut times = Vec::new();
     for run in 0..runs {
         let map = {
@@ -507,34 +559,12 @@ async fn draining_the_primary_s_node_under_load_moves_everything_off_it_and_lose
     let nodes = start(&etcd, 4, &[]);
     let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
     let all: Vec<&ClusterNode> = nodes.iter().collect();
-    let full = |m: &dpukv_proto::regionmap::RegionMap| {
-        m.regions.len() == 1
-            && m.regions[0].primary != 0
-            && m.regions[0].backups.len() == 2
-            && m.regions[0].joining.is_empty()
-    };
+    let full = one_region_fully_copied;
     let map =
         wait_for_map(&all, Duration::from_secs(60), full).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
     let p = map.regions[0].primary;
     let seed = nodes.iter().find(|n| n.id != p).expect("another node").device.clone();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (seed, stop) = (seed.clone(), stop.clone());
-        tokio::spawn(async move {
-            let c = Client::connect(&seed, 1).await.expect("connect");
-            let mut acked = Vec::new();
-            let mut i = 0u32;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let (k, v) = (format!("key{i:06}"), format!("v{i}"));
-                match c.put(k.as_bytes(), v.as_bytes()).await {
-                    Ok(_) => acked.push((k, v)),
-                    Err(e) => return Err(format!("write {i} failed during the drain: {e}")),
-                }
-                i += 1;
-            }
-            Ok(acked)
-        })
-    };
+    let writer = Writer::start(&seed, "during the drain".into());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let out = tokio::process::Command::new(dpukv_e2e::procs::bin_dir().expect("binaries").join("dpukv"))
         .args(["--endpoint", &seed, "cluster", "drain", &p.to_string()])
@@ -547,18 +577,11 @@ async fn draining_the_primary_s_node_under_load_moves_everything_off_it_and_lose
     let progress = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "drain failed: {}\n{}", String::from_utf8_lossy(&out.stderr), logs(&nodes));
     assert!(progress.lines().last().is_some_and(|l| l.contains("\"done\": true")), "progress ends done: {progress}");
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let acked = writer.await.expect("writer").unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    let acked = writer.finish().await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes))).acked;
     let m = wait_for_map(&all, Duration::from_secs(30), full).await.expect("map");
     let r = &m.regions[0];
     assert!(r.primary != p && !r.backups.contains(&p) && !r.joining.contains(&p), "node {p} holds nothing: {r:?}");
-    let c = Client::connect(&seed, 1).await.expect("connect");
-    let mut lost = 0;
-    for (k, v) in &acked {
-        if c.get(k.as_bytes()).await.expect("read").as_deref() != Some(v.as_bytes()) {
-            lost += 1;
-        }
-    }
+    let lost = lost(&seed, &acked).await;
     assert!(acked.len() > 50, "the client wrote during the drain: {}", acked.len());
     assert_eq!(lost, 0, "of {} acknowledged writes, {lost} lost\n{}", acked.len(), logs(&nodes));
     eprintln!("drain progress:\n{progress}{} writes during the drain", acked.len());
@@ -575,35 +598,12 @@ async fn a_node_stopped_with_sigterm_hands_its_primaries_over_before_it_stops() 
     let mut nodes = start(&etcd, 3, &[]);
     let logs = |nodes: &[ClusterNode]| nodes.iter().map(ClusterNode::logs).collect::<String>();
     let all: Vec<&ClusterNode> = nodes.iter().collect();
-    let full = |m: &dpukv_proto::regionmap::RegionMap| {
-        m.regions.len() == 1
-            && m.regions[0].primary != 0
-            && m.regions[0].backups.len() == 2
-            && m.regions[0].joining.is_empty()
-    };
+    let full = one_region_fully_copied;
     let map =
         wait_for_map(&all, Duration::from_secs(60), full).await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
     let (p, epoch) = (map.regions[0].primary, map.regions[0].epoch);
     let seed = nodes.iter().find(|n| n.id != p).expect("another node").device.clone();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (seed, stop) = (seed.clone(), stop.clone());
-        tokio::spawn(async move {
-            let c = Client::connect(&seed, 1).await.expect("connect");
-            let (mut acked, mut longest, mut i) = (Vec::new(), Duration::ZERO, 0u32);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let (k, v) = (format!("key{i:06}"), format!("v{i}"));
-                let began = Instant::now();
-                match c.put(k.as_bytes(), v.as_bytes()).await {
-                    Ok(_) => acked.push((k, v)),
-                    Err(e) => return Err(format!("write {i} failed while node {p} left: {e}")),
-                }
-                longest = longest.max(began.elapsed());
-                i += 1;
-            }
-            Ok((acked, longest))
-        })
-    };
+    let writer = Writer::start(&seed, format!("while node {p} left"));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let host = nodes[p as usize - 1].host_pid().expect("host");
     let signalled = Instant::now();
@@ -619,8 +619,7 @@ async fn a_node_stopped_with_sigterm_hands_its_primaries_over_before_it_stops() 
     let left = nodes[p as usize - 1].logs();
     assert!(left.contains("left: primaries handed over"), "the host handed its primaries over first:\n{left}");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (acked, longest) = writer.await.expect("writer").unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
+    let Written { acked, longest } = writer.finish().await.unwrap_or_else(|e| panic!("{e}\n{}", logs(&nodes)));
     nodes[p as usize - 1].kill();
     let survivors: Vec<&ClusterNode> = nodes.iter().filter(|n| n.id != p).collect();
     let m =
@@ -628,13 +627,7 @@ async fn a_node_stopped_with_sigterm_hands_its_primaries_over_before_it_stops() 
             .await
             .expect("map");
     assert!(m.regions[0].epoch > epoch, "a new epoch: {:?}", m.regions[0]);
-    let c = Client::connect(&seed, 1).await.expect("connect");
-    let mut lost = 0;
-    for (k, v) in &acked {
-        if c.get(k.as_bytes()).await.expect("read").as_deref() != Some(v.as_bytes()) {
-            lost += 1;
-        }
-    }
+    let lost = lost(&seed, &acked).await;
     assert!(acked.len() > 50, "the client wrote throughout: {}", acked.len());
     assert_eq!(lost, 0, "of {} acknowledged writes, {lost} lost\n{}", acked.len(), logs(&nodes));
     eprintln!("SIGTERM to exit {stopped:?}; longest write {longest:?}; {} writes", acked.len());

@@ -214,7 +214,7 @@ async fn a_backup_with_a_full_disk_leaves_the_write_set_and_rejoins_once_space_i
 /// primaries kept dialling the old address. Now senders follow a node's current registration.
 /// Deterministic here: the master (started first, with a 5 s lease) is paused 1.5 s across the
 /// backup's kill, its old (1 s) lease's end and its new registration; stall reports are off, so
-/// only following the new address can bring the writes back — within 3 s of the restart.
+/// only following the new address can bring the writes back — within seconds of the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_back_on_a_new_port_before_the_master_noticed_gets_its_streams_again() {
     use dpukv_client::Client;
@@ -281,7 +281,10 @@ async fn a_backup_back_on_a_new_port_before_the_master_noticed_gets_its_streams_
     };
     eprintln!("node {b} restarted on a new port; a write to region {} acknowledged {acked:?} later", region.id);
     assert_eq!(r.epoch, region.epoch, "the master changed nothing (it never saw the backup gone): {r:?}");
-    assert!(acked <= Duration::from_secs(3), "writes came back {acked:?} after the restart\n{}", logs(&nodes));
+    // Without following the new address the writes never come back (the 20 s above); the bound
+    // is far from that, and loose enough for a loaded machine, where the restart alone — a 1 s
+    // lease to expire, regions to open — took 2.4 s once (and the acknowledgement 3.8 s).
+    assert!(acked <= Duration::from_secs(10), "writes came back {acked:?} after the restart\n{}", logs(&nodes));
 }
 
 /// Power loss of every replica at once once lost acknowledged writes: a backup said it held a
