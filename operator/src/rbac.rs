@@ -20,9 +20,13 @@ pub struct Rule {
 pub const CLUSTER_RULES: &[Rule] = &[
     // The controller watches the clusters (`run`); the finalizer of a cluster with an external
     // etcd is added and removed with JSON patches (`etcd_keys`).
-    Rule { group: "dpukv.io", resource: "dpukvclusters", verbs: &["list", "watch", "patch"] },
+    Rule { group: "dpukv.io", resource: "dpukvclusters", verbs: &["get", "list", "watch", "patch"] },
     // The reconciler's status (server-side apply on the status subresource).
     Rule { group: "dpukv.io", resource: "dpukvclusters/status", verbs: &["patch"] },
+    // `DpuKvOperation`s: watched, their finalizer added and removed, their status written; the
+    // cluster each names is read (`get` above).
+    Rule { group: "dpukv.io", resource: "dpukvoperations", verbs: &["list", "watch", "patch"] },
+    Rule { group: "dpukv.io", resource: "dpukvoperations/status", verbs: &["patch"] },
     // Children: applied server-side (patch, and create when the apply creates them), watched as
     // owned objects; the node StatefulSet is also read (its running size, before a scale-in).
     Rule { group: "apps", resource: "statefulsets", verbs: &["get", "list", "watch", "create", "patch"] },
@@ -46,8 +50,9 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule { group: "", resource: "nodes", verbs: &["list", "watch"] },
     // A larger `storage.size` (or `etcd.managed.storage`) goes to each claim (`claims`).
     Rule { group: "", resource: "persistentvolumeclaims", verbs: &["get", "patch"] },
-    // The node pods' revisions and readiness during a rollout (a broken pod is restarted).
-    Rule { group: "", resource: "pods", verbs: &["list"] },
+    // The node pods' revisions and readiness during a rollout (a broken pod is restarted); a
+    // watch of the operator's pods shows those the scheduler cannot place in the status.
+    Rule { group: "", resource: "pods", verbs: &["list", "watch"] },
 ];
 
 /// In the operator's own namespace: its leader-election Lease (`lease`).

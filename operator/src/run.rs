@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use axum::Router;
@@ -15,59 +15,19 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, Context, Error};
 use crate::crd::DpuKvCluster;
+pub use crate::metrics::Metrics;
+use crate::operation::{self, DpuKvOperation};
 use crate::render::OperatorPods;
-
-/// The operator's metrics (names prefixed `dpukv_operator_`).
-#[derive(Debug)]
-pub struct Metrics {
-    registry: Registry,
-    /// Reconciles run.
-    pub reconciles: Counter,
-    /// Reconciles that failed.
-    pub failures: Counter,
-    /// Seconds per reconcile.
-    pub duration: Histogram,
-    /// 1 while this replica leads (runs the controller).
-    pub leader: Gauge,
-    /// The process runs, leading or standing by (ready).
-    pub running: AtomicBool,
-}
-
-impl Metrics {
-    /// Registers them.
-    pub fn new() -> Arc<Metrics> {
-        let mut registry = Registry::with_prefix("dpukv_operator");
-        let (reconciles, failures) = (Counter::default(), Counter::default());
-        let duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
-        registry.register("reconciles", "Reconciles run", reconciles.clone());
-        registry.register("reconcile_failures", "Reconciles that failed", failures.clone());
-        registry.register("reconcile_duration_seconds", "Seconds per reconcile", duration.clone());
-        let leader = Gauge::default();
-        registry.register("leader", "1 while this replica leads (runs the controller)", leader.clone());
-        Arc::new(Metrics { registry, reconciles, failures, duration, leader, running: AtomicBool::new(false) })
-    }
-
-    /// Prometheus text.
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
-    }
-}
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `stop`.
 pub async fn serve_http(
@@ -125,18 +85,24 @@ pub async fn unless_lost(
     }
 }
 
-/// Keeps `zones` what the Kubernetes nodes' `topology.kubernetes.io/zone` labels say (a watch of
-/// their metadata only), until `stop`; a watch error is retried by the watcher's backoff.
-pub async fn watch_zones(
-    nodes: Api<kube::core::PartialObjectMeta<Node>>,
-    zones: Arc<std::sync::RwLock<std::collections::BTreeMap<String, String>>>,
+/// Keeps what `f` makes of the objects a watch of `api` holds, in `into`, after every event
+/// (not just for the objects it touched: the store takes a list's objects only at its end,
+/// `InitDone`, which touches none), until `stop`; a watch error is retried by the watcher's
+/// backoff.
+async fn keep_from_watch<K, T>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    into: Arc<std::sync::RwLock<T>>,
+    f: impl Fn(&[Arc<K>]) -> T,
     stop: CancellationToken,
-) {
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
     use kube::runtime::{WatchStreamExt, reflector};
     let (store, writer) = reflector::store();
-    // Every event, not just the objects it touched: the store takes a list's objects only at its
-    // end (`InitDone`), which touches none.
-    let stream = reflector(writer, watcher(nodes, watcher::Config::default())).default_backoff();
+    let stream = reflector(writer, watcher(api, config)).default_backoff();
     futures::pin_mut!(stream);
     loop {
         let next = tokio::select! {
@@ -145,21 +111,61 @@ pub async fn watch_zones(
         };
         match next {
             None => return,
-            Some(Err(e)) => tracing::debug!(error = %e, "watching the nodes' zones"),
-            Some(Ok(_)) => {
-                let now: std::collections::BTreeMap<String, String> = store
-                    .state()
-                    .iter()
-                    .filter_map(|n| {
-                        let zone = n.metadata.labels.as_ref()?.get(crate::render::ZONE_LABEL)?.clone();
-                        Some((n.metadata.name.clone()?, zone))
-                    })
-                    .collect();
-                *zones.write().unwrap_or_else(|e| e.into_inner()) = now;
-            }
+            Some(Err(e)) => tracing::debug!(error = %e, "watching {what}"),
+            Some(Ok(_)) => *into.write().unwrap_or_else(|e| e.into_inner()) = f(&store.state()),
         }
     }
 }
+
+/// Keeps `zones` what the Kubernetes nodes' `topology.kubernetes.io/zone` labels say (a watch of
+/// their metadata only), until `stop`.
+pub async fn watch_zones(
+    nodes: Api<kube::core::PartialObjectMeta<Node>>,
+    zones: Arc<std::sync::RwLock<std::collections::BTreeMap<String, String>>>,
+    stop: CancellationToken,
+) {
+    let zones_of = |nodes: &[Arc<kube::core::PartialObjectMeta<Node>>]| {
+        nodes
+            .iter()
+            .filter_map(|n| {
+                let zone = n.metadata.labels.as_ref()?.get(crate::render::ZONE_LABEL)?.clone();
+                Some((n.metadata.name.clone()?, zone))
+            })
+            .collect()
+    };
+    keep_from_watch(nodes, watcher::Config::default(), "the nodes' zones", zones, zones_of, stop).await;
+}
+
+/// Keeps `unscheduled` what the operator's pods (its label) say the scheduler could not place,
+/// until `stop`.
+pub async fn watch_unscheduled(pods: Api<Pod>, unscheduled: controller::Unscheduled, stop: CancellationToken) {
+    let config = watcher::Config::default().labels(MANAGED);
+    keep_from_watch(
+        pods,
+        config,
+        "the operator's pods",
+        unscheduled,
+        |p: &[Arc<Pod>]| controller::unscheduled_of(p),
+        stop,
+    )
+    .await;
+}
+
+/// Keeps `held` what the `DpuKvOperation`s (every namespace) hold, until `stop`.
+pub async fn watch_operations(ops: Api<DpuKvOperation>, held: operation::Held, stop: CancellationToken) {
+    keep_from_watch(
+        ops,
+        watcher::Config::default(),
+        "the operations",
+        held,
+        |o: &[Arc<DpuKvOperation>]| operation::held_of(o),
+        stop,
+    )
+    .await;
+}
+
+/// The label of what the operator made.
+const MANAGED: &str = "app.kubernetes.io/managed-by=dpukv-operator";
 
 /// Runs the controller until `stop`, as if the operator ran where the chart puts it by default.
 pub async fn run(client: Client, m: Arc<Metrics>, stop: CancellationToken) {
@@ -169,11 +175,20 @@ pub async fn run(client: Client, m: Arc<Metrics>, stop: CancellationToken) {
 /// Runs the controller until `stop`; the operator's pods are `pods` (the clusters'
 /// NetworkPolicies let them reach the nodes' control port).
 pub async fn run_as(client: Client, m: Arc<Metrics>, stop: CancellationToken, pods: OperatorPods) {
-    let ctx =
-        Context::full(client.clone(), Box::new(controller::first_pod_admin), crate::etcd_keys::etcd_cleaner(), pods);
+    let ctx = Context::full(
+        client.clone(),
+        Box::new(controller::first_pod_admin),
+        crate::etcd_keys::etcd_cleaner(),
+        pods,
+        m.clusters.clone(),
+    );
     let clusters: Api<DpuKvCluster> = Api::all(client.clone());
     let cfg = watcher::Config::default();
     tokio::spawn(watch_zones(Api::all(client.clone()), ctx.zones.clone(), stop.clone()));
+    tokio::spawn(watch_unscheduled(Api::all(client.clone()), ctx.unscheduled.clone(), stop.clone()));
+    // What operations hold is unknown until their watch has listed them.
+    *ctx.held.write().unwrap_or_else(|e| e.into_inner()) = None;
+    tokio::spawn(watch_operations(Api::all(client.clone()), ctx.held.clone(), stop.clone()));
     let reconcile = {
         let m = m.clone();
         move |c: Arc<DpuKvCluster>, ctx: Arc<Context>| {
@@ -181,10 +196,18 @@ pub async fn run_as(client: Client, m: Arc<Metrics>, stop: CancellationToken, po
             async move {
                 let started = Instant::now();
                 m.reconciles.inc();
-                let r = controller::reconcile(c, ctx).await;
-                m.duration.observe(started.elapsed().as_secs_f64());
-                if r.as_ref().is_err_and(Error::is_failure) {
+                let r = controller::reconcile(c.clone(), ctx).await;
+                let took = started.elapsed();
+                m.duration.observe(took.as_secs_f64());
+                let failed = r.as_ref().is_err_and(Error::is_failure);
+                if failed {
                     m.failures.inc();
+                }
+                if c.metadata.deletion_timestamp.is_some() && r.is_ok() {
+                    // Deleted (its cleanup done): its series go with it.
+                    m.clusters.forget(&c);
+                } else {
+                    m.clusters.reconciled(&c, took, failed);
                 }
                 r
             }
@@ -195,8 +218,19 @@ pub async fn run_as(client: Client, m: Arc<Metrics>, stop: CancellationToken, po
     // Only what the operator made (its label): a Kubernetes cluster holds many other
     // StatefulSets, Services, ConfigMaps — often large —, which it would otherwise cache and
     // watch every change of.
-    let owned = cfg.clone().labels("app.kubernetes.io/managed-by=dpukv-operator");
-    Controller::new(clusters, cfg)
+    let owned = cfg.clone().labels(MANAGED);
+    let operations = {
+        let stop = stop.clone();
+        Controller::new(Api::<DpuKvOperation>::all(client.clone()), cfg.clone())
+            .graceful_shutdown_on(async move { stop.cancelled().await })
+            .run(operation::reconcile, operation::error_policy, ctx.clone())
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "operation controller event");
+                }
+            })
+    };
+    let clusters = Controller::new(clusters, cfg)
         .owns(Api::<StatefulSet>::all(client.clone()), owned.clone())
         .owns(Api::<Deployment>::all(client.clone()), owned.clone())
         .owns(Api::<Service>::all(client.clone()), owned.clone())
@@ -213,13 +247,15 @@ pub async fn run_as(client: Client, m: Arc<Metrics>, stop: CancellationToken, po
             if let Err(e) = r {
                 tracing::debug!(error = %e, "controller event");
             }
-        })
-        .await;
+        });
+    futures::future::join(clusters, operations).await;
     m.leader.set(0);
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicBool;
+
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

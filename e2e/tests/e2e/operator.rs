@@ -59,6 +59,15 @@ impl Scene {
         // The namespace enforces Pod Security `restricted`: every pod the operator renders (node,
         // gateway) must be admitted under it.
         api.enforce_restricted(NS);
+        // The CRDs, as `kubectl apply -f manifests/crds/` installs them: from now on the double
+        // admits every DpuKvCluster and DpuKvOperation write (spec and status) by their schemas
+        // and CEL rules.
+        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
+        for crd in ["dpukv.io_dpukvclusters.yaml", "dpukv.io_dpukvoperations.yaml"] {
+            let text = std::fs::read_to_string(crds.join(crd)).expect("the CRD");
+            let crd: Value = serde_saphyr::from_str(&text).expect("yaml");
+            api.create("customresourcedefinitions", "", crd).expect("the double holds the CRD");
+        }
         // Three Kubernetes nodes, without a DPU, one per zone (the test kubelet puts pod N on
         // node N mod 3).
         for (n, zone) in [(1, "zone-a"), (2, "zone-b"), (3, "zone-c")] {
@@ -160,6 +169,16 @@ fn ready_gateway(api: &ApiServer) -> Option<String> {
 }
 
 /// The node ConfigMaps (`demo-node-config-<hash>`).
+/// The DPU limits of a node StatefulSet's containers.
+fn dpu_limits(set: &Value) -> Vec<Value> {
+    set["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["resources"]["limits"].get("dpukv.io/dpu").cloned())
+        .collect()
+}
+
 fn node_configs(api: &ApiServer) -> Vec<String> {
     api.list("configmaps", Some(NS))
         .iter()
@@ -268,7 +287,8 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         "metadata": {"name": "demo"},
         "spec": {
             "nodes": 3, "replicationFactor": 2,
-            "device": {"mode": "Emulator"},
+            // Auto: decided once, at creation — no node advertises a DPU here, so Emulator.
+            "device": {"mode": "Auto"},
             "storage": {"size": "1Gi"},
             "sharedMemory": {"size": "256Mi"},
             "etcd": {"endpoints": [etcd_url]},
@@ -298,6 +318,30 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     assert!(
         requests.iter().any(|r| r.starts_with("PATCH /apis/dpukv.io/v1alpha1/namespaces/db/dpukvclusters/demo/status"))
     );
+    assert_eq!(status["deviceMode"], "Emulator", "{status:#}");
+    // A device plugin coming up — every node now advertises DPUs — changes no pod template: the
+    // mode was decided at creation. (A change to the resource makes the operator reconcile; its
+    // applies of the node StatefulSet are seen by the double.)
+    let generation = api.get("statefulsets", NS, "demo-node").expect("set")["metadata"]["generation"].clone();
+    let set_applies = || {
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with("PATCH /apis/apps/v1/namespaces/db/statefulsets/demo-node?"))
+            .count()
+    };
+    let applied_before = set_applies();
+    for n in 1..=3 {
+        api.mutate("nodes", "", &format!("worker-{n}"), |o| o["status"]["allocatable"]["dpukv.io/dpu"] = json!("4"))
+            .expect("node");
+    }
+    api.merge("dpukvclusters", NS, "demo", &json!({"metadata": {"annotations": {"example.com/touched": "1"}}}))
+        .expect("touch the resource");
+    scene.wait("a reconcile after the DPUs appeared", Duration::from_secs(60), || {
+        (set_applies() > applied_before).then_some(())
+    });
+    let set = api.get("statefulsets", NS, "demo-node").expect("set");
+    assert_eq!(set["metadata"]["generation"], generation, "the pod template did not change");
+    assert!(dpu_limits(&set).is_empty(), "no pod asks for a DPU");
     let secure = status["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Secure")).cloned();
     assert_eq!(secure.as_ref().map(|s| s["reason"].clone()), Some(json!("PlaintextOptIn")), "{status:#}");
     for (plural, name) in [
@@ -365,6 +409,38 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     });
     scene.more_writes(&acked, 100, "writes after the upgrade");
 
+    // A failed upgrade, reverted: a version whose image crashes (the test kubelet runs a
+    // `-broken` tag's containers as processes that exit at once) stops the rollout at the first
+    // pod it restarts; setting `version` back brings that pod back on the working template — no
+    // pod deleted by hand — and no other pod restarts.
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"version": "0.3.0-broken"}})).expect("a broken release");
+    scene.wait("the rollout held at the broken pod", Duration::from_secs(120), || {
+        let c = api.get("dpukvclusters", NS, "demo")?;
+        let p = c["status"]["conditions"].as_array()?.iter().find(|x| x["type"] == "Progressing")?.clone();
+        let held = p["message"].as_str()?.contains("waiting for demo-node-2 to be ready on the new revision");
+        (held && c["status"]["phase"] == "Upgrading").then_some(())
+    });
+    let before_revert = scene.kubelet.deletions().len();
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"version": "0.2.0"}})).expect("revert");
+    scene.wait("the reverted rollout whole again", Duration::from_secs(180), || {
+        let c = api.get("dpukvclusters", NS, "demo")?;
+        let st = api.get("statefulsets", NS, "demo-node")?["status"].clone();
+        (c["status"]["version"] == "0.2.0"
+            && c["status"]["phase"] == "Running"
+            && c["status"]["observedGeneration"] == c["metadata"]["generation"]
+            && st["readyReplicas"] == 3
+            && st["updatedReplicas"] == 3
+            && st["currentRevision"] == st["updateRevision"])
+            .then_some(())
+    });
+    let after: Vec<String> = scene.kubelet.deletions()[before_revert..]
+        .iter()
+        .filter(|d| d.reason == "Updated" && d.pod.starts_with("db/demo-node-"))
+        .map(|d| d.pod.clone())
+        .collect();
+    assert_eq!(after, ["db/demo-node-2"], "only the broken pod restarted by the revert");
+    scene.more_writes(&acked, 100, "writes after the reverted upgrade");
+
     // A larger volume: the claim templates cannot change (the API server refuses: 422), so each
     // claim grows instead, and everything else goes on being reconciled. A smaller one is
     // refused, and the status says so.
@@ -383,15 +459,11 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         set["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"], "1Gi",
         "templates kept"
     );
-    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"storage": {"size": "1Gi"}}})).expect("shrink");
-    scene.wait("the shrink refused in the status", Duration::from_secs(60), || {
-        let c = api.get("dpukvclusters", NS, "demo")?;
-        let cond = c["status"]["conditions"].as_array()?.iter().find(|x| x["type"] == "StorageResized")?.clone();
-        (c["status"]["observedGeneration"] == c["metadata"]["generation"] && cond["reason"] == "ShrinkRefused")
-            .then_some(())
-    });
+    // A shrink is refused by the CRD's rule, as the real API server refuses it (the operator's
+    // own refusal, for a CRD without the rule, is tested in reconcile.rs with the larger volume).
+    let e = api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"storage": {"size": "1Gi"}}})).expect_err("shrink");
+    assert!(e.code == 422 && e.message.contains("storage.size cannot shrink"), "{e}");
     assert_eq!(claim_size("data-demo-node-0"), Some(json!("2Gi")), "no claim shrank");
-    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"storage": {"size": "2Gi"}}})).expect("back to 2Gi");
 
     // Scale out to 4 (the new pod's claim, made at the template's 1Gi, grows to 2Gi too).
     let gateway_before = ready_gateway(api);
@@ -473,6 +545,30 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         (summary["draining"] == json!([])).then_some(())
     });
     scene.more_writes(&acked, 100, "writes after the cancelled scale-in");
+
+    // A drain through Kubernetes: a `DpuKvOperation` drains demo-node-3 (node 4) under the
+    // writes and holds it — the cluster's reconciles, every few seconds, do not take it back —;
+    // deleting the operation undrains the node.
+    let draining_now = || -> Option<Value> {
+        let ip = api.get("pods", NS, "demo-node-0")?["status"]["podIP"].as_str()?.to_string();
+        let summary =
+            http_call(&format!("{ip}:{HOST_CONTROL}"), "GET", "/cluster/summary", Duration::from_secs(3)).ok()?;
+        Some(serde_json::from_str::<Value>(&summary).ok()?["draining"].clone())
+    };
+    let operation = json!({"apiVersion": "dpukv.io/v1alpha1", "kind": "DpuKvOperation", "metadata": {"name": "drain-3"},
+                           "spec": {"cluster": "demo", "action": "Drain", "pod": "demo-node-3"}});
+    api.create("dpukvoperations", NS, operation).expect("the operation");
+    scene.wait("the operation's drain done and held", Duration::from_secs(90), || {
+        let o = api.get("dpukvoperations", NS, "drain-3")?;
+        (o["status"]["phase"] == "Holding" && o["status"]["regionsHeld"] == 0).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(draining_now(), Some(json!([4])), "still drained after the cluster's reconciles");
+    api.delete("dpukvoperations", NS, "drain-3").expect("delete the operation");
+    scene.wait("the operation lifted, then gone", Duration::from_secs(60), || {
+        (api.get("dpukvoperations", NS, "drain-3").is_none() && draining_now()? == json!([])).then_some(())
+    });
+    scene.more_writes(&acked, 100, "writes after the operation");
     let scaled_in_before = scene.kubelet.deletions().into_iter().filter(|d| d.reason == "ScaledIn").count();
     let drained_before = drained.lock().expect("drained").len();
     api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 2}})).expect("scale in");

@@ -1,7 +1,8 @@
-//! `crdgen`: writes the `DpuKvCluster` CRD (YAML) to standard output, or to the path given
-//! (`crdgen manifests/crds/dpukv.io_dpukvclusters.yaml`); `crdgen --rbac DIR` writes the
-//! operator's RBAC rule lists the chart includes (`DIR/operator-clusterrole-rules.yaml`,
-//! `DIR/operator-role-rules.yaml`; `crdgen --rbac charts/dpukv/files`).
+//! `crdgen`: writes the CRDs (YAML) — `DpuKvCluster` and `DpuKvOperation` — to standard output,
+//! or into the repository's `manifests/crds/` when given the repository's root (`crdgen .`);
+//! `crdgen --rbac DIR` writes the operator's RBAC rule lists the chart includes
+//! (`DIR/operator-clusterrole-rules.yaml`, `DIR/operator-role-rules.yaml`; `crdgen --rbac
+//! charts/dpukv/files`).
 
 use anyhow::{Context, Result};
 use dpukv_operator::rbac;
@@ -19,10 +20,19 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
-    let yaml = dpukv_operator::manifest::crd_yaml().context("serializing the CRD")?;
+    let crds = dpukv_operator::manifest::crds().context("serializing the CRDs")?;
     match args.first() {
-        Some(path) => std::fs::write(path, yaml).with_context(|| format!("writing {path}"))?,
-        None => print!("{yaml}"),
+        Some(root) => {
+            for (path, yaml) in crds {
+                let path = std::path::Path::new(root).join(path);
+                std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+        None => {
+            for (_, yaml) in crds {
+                print!("---\n{yaml}");
+            }
+        }
     }
     Ok(())
 }

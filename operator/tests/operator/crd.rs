@@ -1,13 +1,15 @@
-//! The generated CRD: it is what `manifests/crds/` holds; its CEL rules, taken from the generated
-//! schema and run by an embedded CEL interpreter (the `cel` crate) as the apiserver would — on
-//! the object after defaulting, only where the value is present, transition rules only on
-//! updates — accept every example in `manifests/examples/` and refuse what each rule is written
-//! for.
+//! The generated CRD: it is what `manifests/crds/` holds; its schema and CEL rules, applied as
+//! the API server applies them (`dpukv_e2e::crd_schema`: pruning, defaults, types, the rules —
+//! transition rules only on updates — with the Kubernetes quantity library, by an embedded CEL
+//! interpreter), accept every example in `manifests/examples/` and refuse what each rule is
+//! written for.
 
 use std::path::PathBuf;
 
+use dpukv_e2e::crd_schema::{CrdSchema, RuleAt};
 use dpukv_operator::crd::DpuKvCluster;
-use dpukv_operator::manifest::{CRD_PATH, crd_yaml};
+use dpukv_operator::manifest::crds;
+use dpukv_operator::operation::DpuKvOperation;
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
@@ -16,77 +18,69 @@ fn repo() -> PathBuf {
 }
 
 #[test]
-fn the_committed_crd_is_what_the_types_generate() {
-    let committed = std::fs::read_to_string(repo().join(CRD_PATH)).expect("the committed CRD");
-    let generated = crd_yaml().expect("yaml");
-    assert!(committed == generated, "{CRD_PATH} is stale: run `cargo run -p dpukv-operator --bin crdgen {CRD_PATH}`");
-}
-
-/// A rule of the schema, and where in the object it applies.
-#[derive(Debug)]
-struct Rule {
-    path: Vec<String>,
-    rule: String,
-    message: String,
-}
-
-fn collect(schema: &Value, path: Vec<String>, out: &mut Vec<Rule>) {
-    for v in schema.get("x-kubernetes-validations").and_then(Value::as_array).into_iter().flatten() {
-        out.push(Rule {
-            path: path.clone(),
-            rule: v["rule"].as_str().expect("a rule").to_string(),
-            message: v["message"].as_str().unwrap_or_default().to_string(),
-        });
-    }
-    for (name, sub) in schema.get("properties").and_then(Value::as_object).into_iter().flatten() {
-        let mut p = path.clone();
-        p.push(name.clone());
-        collect(sub, p, out);
+fn the_committed_crds_are_what_the_types_generate() {
+    let crds = crds().expect("yaml");
+    assert_eq!(crds.len(), 2);
+    for (path, generated) in crds {
+        let committed = std::fs::read_to_string(repo().join(path)).expect("the committed CRD");
+        assert!(committed == generated, "{path} is stale: run `cargo run -p dpukv-operator --bin crdgen .`");
     }
 }
 
-fn rules() -> Vec<Rule> {
-    let crd = serde_json::to_value(DpuKvCluster::crd()).expect("json");
-    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
-    let mut out = Vec::new();
-    collect(schema, Vec::new(), &mut out);
-    out
+/// The `DpuKvOperation` CRD's rules: a pod of the cluster it names, and a spec that never
+/// changes.
+#[test]
+fn an_operation_names_a_node_pod_of_its_cluster_and_never_changes() {
+    let schema = CrdSchema::from_crd(&serde_json::to_value(DpuKvOperation::crd()).expect("json")).expect("the CRD");
+    let op = |cluster: &str, action: &str, pod: &str| {
+        json!({"apiVersion": "dpukv.io/v1alpha1", "kind": "DpuKvOperation", "metadata": {"name": "op"},
+               "spec": {"cluster": cluster, "action": action, "pod": pod}})
+    };
+    let broken = |o: &Value, old: Option<&Value>| -> Vec<String> {
+        let mut o = o.clone();
+        schema.admit(&mut o, old).err().unwrap_or_default().iter().map(ToString::to_string).collect()
+    };
+    assert_eq!(broken(&op("demo", "Drain", "demo-node-2"), None), Vec::<String>::new());
+    let example = repo().join("manifests/examples/operations/drain-a-node.yaml");
+    let example: Value = serde_saphyr::from_str(&std::fs::read_to_string(example).expect("the example")).expect("yaml");
+    assert_eq!(broken(&example, None), Vec::<String>::new(), "the example");
+    assert_eq!(broken(&op("demo", "StepDown", "demo-node-0"), None), Vec::<String>::new());
+    for bad in ["demo-node-", "other-node-1", "demo-node-01", "demo-node-2x", "demo-gateway-0"] {
+        let b = broken(&op("demo", "Drain", bad), None);
+        assert!(b.iter().any(|m| m.contains("pod must be a node pod of the cluster")), "{bad}: {b:?}");
+    }
+    let b = broken(&op("demo", "Reboot", "demo-node-1"), None);
+    assert!(b.iter().any(|m| m.contains("spec.action: Unsupported value: \"Reboot\"")), "{b:?}");
+    let b = broken(&op("demo", "Drain", "demo-node-1"), Some(&op("demo", "Drain", "demo-node-2")));
+    assert!(b.iter().any(|m| m.contains("an operation cannot change")), "{b:?}");
 }
 
-fn at<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
-    path.iter().try_fold(v, |v, k| v.get(k)).filter(|v| !v.is_null())
+fn schema() -> CrdSchema {
+    CrdSchema::from_crd(&serde_json::to_value(DpuKvCluster::crd()).expect("json")).expect("the double holds the CRD")
 }
 
-/// The object as the apiserver validates it: with its defaults filled in (the schema's defaults
-/// are the types' serde defaults).
-fn defaulted(raw: &Value) -> Value {
-    let typed: DpuKvCluster = serde_json::from_value(raw.clone()).expect("the object fits the types");
-    serde_json::to_value(typed).expect("json")
+fn rules() -> Vec<RuleAt> {
+    schema().rules()
 }
 
-/// The messages of the rules `obj` breaks (an update when `old` is given).
+/// What the API server refuses in `obj` (an update of `old` when given): its field errors.
 fn broken(obj: &Value, old: Option<&Value>) -> Vec<String> {
-    let obj = defaulted(obj);
-    let old = old.map(defaulted);
-    let mut out = Vec::new();
-    for r in rules() {
-        let Some(this) = at(&obj, &r.path) else { continue };
-        let transition = r.rule.contains("oldSelf");
-        let mut ctx = cel::Context::default();
-        ctx.add_variable_from_value("self", cel::to_value(this).expect("cel value"));
-        if transition {
-            let Some(prev) = old.as_ref().and_then(|o| at(o, &r.path)) else { continue };
-            ctx.add_variable_from_value("oldSelf", cel::to_value(prev).expect("cel value"));
+    let schema = schema();
+    let mut obj = obj.clone();
+    let old = old.map(|o| {
+        let mut o = o.clone();
+        schema.prune(&mut o);
+        schema.fill_defaults(&mut o);
+        o
+    });
+    match schema.admit(&mut obj, old.as_ref()) {
+        Ok(()) => {
+            // What the API server keeps, the operator reads.
+            let _: DpuKvCluster = serde_json::from_value(obj.clone()).unwrap_or_else(|e| panic!("{e}: {obj}"));
+            Vec::new()
         }
-        let program =
-            cel::Program::compile(&r.rule).unwrap_or_else(|e| panic!("rule {:?} does not compile: {e}", r.rule));
-        match program.execute(&ctx) {
-            Ok(cel::Value::Bool(true)) => {}
-            Ok(other) => out.push(format!("{} (got {other:?})", r.message)),
-            Err(e) => out.push(format!("{} (error {e})", r.message)),
-        }
+        Err(errors) => errors.iter().map(ToString::to_string).collect(),
     }
-    out
 }
 
 fn examples() -> Vec<(String, Value)> {
@@ -109,9 +103,6 @@ fn examples() -> Vec<(String, Value)> {
 #[test]
 fn the_crd_has_every_rule_and_they_compile() {
     let rules = rules();
-    for r in &rules {
-        cel::Program::compile(&r.rule).unwrap_or_else(|e| panic!("{:?}: {e}", r.rule));
-    }
     let messages: Vec<&str> = rules.iter().map(|r| r.message.as_str()).collect();
     for m in [
         "replicationFactor must not exceed nodes",
@@ -119,6 +110,8 @@ fn the_crd_has_every_rule_and_they_compile() {
         "storageClassName is immutable",
         "size must be a positive quantity",
         "give etcd.endpoints or etcd.managed, not both",
+        "storage.size cannot shrink (volumes only grow)",
+        "etcd.managed.storage cannot shrink (volumes only grow)",
     ] {
         assert!(messages.contains(&m), "missing rule {m:?} in {messages:?}");
     }
@@ -157,7 +150,7 @@ fn with(patch: impl FnOnce(&mut Value)) -> Value {
 
 fn refused(v: &Value, old: Option<&Value>, message: &str) {
     let b = broken(v, old);
-    assert!(b.iter().any(|m| m.starts_with(message)), "expected {message:?}, broken: {b:?}\n{v}");
+    assert!(b.iter().any(|m| m.contains(message)), "expected {message:?}, broken: {b:?}\n{v}");
 }
 
 #[test]
@@ -230,6 +223,12 @@ fn transition_rules_keep_the_storage_class_and_the_regions() {
     refused(&managed, Some(&old), ETCD_FIXED);
     let bigger = with(|v| v["spec"]["etcd"] = json!({"managed": {"replicas": 3, "storage": "8Gi"}}));
     assert_eq!(broken(&bigger, Some(&managed)), Vec::<String>::new(), "other etcd settings may change");
+    refused(&managed, Some(&bigger), "etcd.managed.storage cannot shrink");
+    // Volumes only grow: the claims' size may rise, never fall (whatever the unit).
+    let grown = with(|v| v["spec"]["storage"]["size"] = json!("10241Mi"));
+    assert_eq!(broken(&grown, Some(&old)), Vec::<String>::new(), "a growth");
+    refused(&old, Some(&grown), "storage.size cannot shrink");
+    refused(&with(|v| v["spec"]["storage"]["size"] = json!("10G")), Some(&old), "storage.size cannot shrink");
     // On creation the transition rules do not apply.
     assert_eq!(broken(&with(|v| v["spec"]["regions"] = json!({"count": 16})), None), Vec::<String>::new());
 }

@@ -30,8 +30,8 @@ fn the_chart_includes_the_rules_generated_from_the_code() {
     }
 }
 
-/// The controller (`run`) against a mock API server: it lists and watches the clusters and the
-/// five kinds it owns, in every namespace — each request checked against the rules. Lists are
+/// The controller (`run`) against a mock API server: it lists and watches the clusters, the
+/// kinds it owns, the nodes (their zones) and its pods (those the scheduler cannot place), in every namespace — each request checked against the rules. Lists are
 /// answered empty; watches end at once (the watcher starts them again).
 #[tokio::test]
 pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_own() {
@@ -47,6 +47,8 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
         "configmaps",
         "networkpolicies",
         "nodes",
+        "pods",
+        "dpukvoperations",
     ]
     .iter()
     .flat_map(|r| [(*r, "list"), (*r, "watch")])
@@ -62,7 +64,7 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
         assert!(!path.contains("/namespaces/"), "watches cover every namespace: {path}");
         let resource = path.rsplit('/').next().unwrap_or_default().to_string();
         let watch = query.split('&').any(|kv| kv == "watch=true");
-        if resource != "dpukvclusters" && resource != "nodes" {
+        if !["dpukvclusters", "dpukvoperations", "nodes"].contains(&resource.as_str()) {
             assert!(
                 query.contains("labelSelector=app.kubernetes.io%2Fmanaged-by%3Ddpukv-operator"),
                 "only the operator's {resource} are listed and watched: {query}"
@@ -105,6 +107,7 @@ fn every_rule_is_used_by_a_request_the_operator_makes() {
     crate::lease::the_lease_is_created_taken_over_when_expired_and_left_alone_when_held();
     crate::reconcile::an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest_first();
     crate::reconcile::a_larger_volume_grows_each_claim_and_the_claim_templates_stay();
+    crate::reconcile::an_operation_drains_a_node_holds_it_and_lifts_it_when_deleted();
     let mut all = grants(CLUSTER_RULES);
     all.extend(grants(NAMESPACE_RULES));
     let seen = crate::calls::seen();

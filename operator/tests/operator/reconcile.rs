@@ -299,6 +299,14 @@ async fn status(h: &mut Server, c: &DpuKvCluster) -> Value {
     s["status"].clone()
 }
 
+/// One reconcile of a cluster whose `ready` node pods run, with nothing to change: the live
+/// StatefulSet read, the children applied, the status written (returned).
+async fn steady_reconcile(h: &mut Server, c: &DpuKvCluster, ready: i64) -> Value {
+    expect(h, "GET", &format!("{SETS}/demo-node"), running_set(c, ready)).await;
+    children(h, ready).await;
+    status(h, c).await
+}
+
 /// The status a failed reconcile patches: the last one, with `Reconciled` False carrying the
 /// error; returns that condition's message.
 async fn failure_status(h: &mut Server, c: &DpuKvCluster) -> String {
@@ -335,6 +343,42 @@ async fn a_new_cluster_gets_its_children_applied_and_a_status() {
     assert_eq!(st["observedGeneration"], 2);
     assert_eq!(condition(&st, "Available")["status"], "False");
     assert_eq!(st["selector"], "app.kubernetes.io/component=node,app.kubernetes.io/instance=demo");
+    assert_eq!(condition(&st, "PodsScheduled")["status"], "True");
+    finished(task).await.expect("reconciled");
+}
+
+/// A node pod the scheduler cannot place (no node has a DPU free) is visible: phase `Pending`,
+/// `PodsScheduled` False naming the pod and the scheduler's words — not a cluster that only never
+/// gets ready. (The operator's pods are watched, `run::watch_unscheduled`; what the watch keeps
+/// is read from `unscheduled_of`.)
+#[tokio::test]
+async fn a_pod_the_scheduler_cannot_place_makes_the_cluster_pending_and_says_why() {
+    let (ctx, mut h) = mock(None);
+    let pod = |name: &str, instance: &str, scheduled: &str| -> Arc<k8s_openapi::api::core::v1::Pod> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "db",
+                "labels": {"app.kubernetes.io/instance": instance}},
+                "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": scheduled,
+                    "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient dpukv.io/dpu."}]}}))
+            .expect("pod"),
+        )
+    };
+    let kept = dpukv_operator::controller::unscheduled_of(&[
+        pod("demo-node-2", "demo", "False"),
+        pod("demo-node-1", "demo", "True"),
+        pod("other-node-0", "other", "False"),
+    ]);
+    assert_eq!(kept.keys().collect::<Vec<_>>(), ["db/demo", "db/other"]);
+    *ctx.unscheduled.write().expect("lock") = kept;
+    let c = cluster(spec(3, "Emulator"));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
+    children(&mut h, 2).await;
+    let st = status(&mut h, &c).await;
+    assert_eq!(st["phase"], "Pending", "{st}");
+    let sched = condition(&st, "PodsScheduled");
+    assert_eq!((sched["status"].as_str(), sched["reason"].as_str()), (Some("False"), Some("Unschedulable")));
+    assert_eq!(sched["message"], "demo-node-2: 0/3 nodes are available: 3 Insufficient dpukv.io/dpu.");
     finished(task).await.expect("reconciled");
 }
 
@@ -683,11 +727,117 @@ async fn a_scale_in_cancelled_midway_leaves_no_node_drained() {
     // Nothing left: the next reconcile asks nothing.
     master.calls.lock().expect("lock").clear();
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 5)).await;
-    children(&mut h, 5).await;
-    status(&mut h, &c).await;
+    steady_reconcile(&mut h, &c, 5).await;
     finished(task).await.expect("reconciled");
     assert!(master.calls.lock().expect("lock").is_empty(), "{:?}", master.calls.lock().expect("lock"));
+}
+
+const OPS: &str = "/apis/dpukv.io/v1alpha1/namespaces/db/dpukvoperations";
+
+/// The status an operation's reconcile applies (answered as the API server would).
+async fn op_status(h: &mut Server, op: &dpukv_operator::operation::DpuKvOperation) -> Value {
+    let whole = serde_json::to_value(op).expect("json");
+    let path = format!("{OPS}/{}/status", op.metadata.name.as_deref().unwrap_or_default());
+    exchange(h, "PATCH", &path, "application/apply-patch+yaml", move |b| {
+        let mut o = whole;
+        o["status"] = b["status"].clone();
+        (200, o)
+    })
+    .await
+}
+
+/// A `DpuKvOperation` draining node pod demo-node-2 (node 3): its finalizer first; then the
+/// drain asked of the master and its progress in the status (`Running`, then `Holding`); the
+/// cluster's reconcile does not take the drain back while the operation holds it (with the
+/// operations not yet listed, it takes none back); deleted, the node is undrained before the
+/// finalizer goes. An operation naming a pod the cluster does not have is `Failed`.
+#[tokio::test]
+pub(crate) async fn an_operation_drains_a_node_holds_it_and_lifts_it_when_deleted() {
+    use dpukv_operator::operation::{self, DpuKvOperation, DpuKvOperationSpec, OperationAction};
+    let master = Master::default();
+    master.left.lock().expect("lock").extend([(3, (1, 1))]);
+    let addr = master.clone().start().await;
+    let (ctx, mut h) = mock(Some(addr));
+    let c = cluster(spec(3, "Emulator"));
+    // The operator reaches the cluster's control API once it reconciled it.
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    steady_reconcile(&mut h, &c, 3).await;
+    finished(task).await.expect("reconciled");
+    let new_op = |pod: &str| {
+        let mut o = DpuKvOperation::new(
+            "drain-2",
+            DpuKvOperationSpec { cluster: "demo".into(), action: OperationAction::Drain, pod: pod.into() },
+        );
+        o.metadata.namespace = Some("db".into());
+        o
+    };
+    let op = new_op("demo-node-2");
+    let task = tokio::spawn(operation::reconcile(Arc::new(op.clone()), ctx.clone()));
+    let mut with = serde_json::to_value(&op).expect("json");
+    with["metadata"]["finalizers"] = json!([operation::FINALIZER]);
+    let patch = expect_patch(&mut h, &format!("{OPS}/drain-2"), JSON_PATCH, move |_| (200, with)).await;
+    assert_eq!(patch[1]["value"], json!([operation::FINALIZER]), "{patch}");
+    finished(task).await.expect("finalizer added");
+    let mut op = op;
+    op.metadata.finalizers = Some(vec![operation::FINALIZER.into()]);
+    let cluster_json = serde_json::to_value(&c).expect("json");
+    // Under way: regions still on node 3.
+    let task = tokio::spawn(operation::reconcile(Arc::new(op.clone()), ctx.clone()));
+    let cj = cluster_json.clone();
+    expect(&mut h, "GET", CLUSTER, move |_| (200, cj)).await;
+    let st = op_status(&mut h, &op).await["status"].clone();
+    assert_eq!(
+        (st["phase"].as_str(), st["node"].as_i64(), st["regionsLed"].as_i64()),
+        (Some("Running"), Some(3), Some(1)),
+        "{st}"
+    );
+    finished(task).await.expect("reconciled");
+    // Done: Holding.
+    master.left.lock().expect("lock").clear();
+    let task = tokio::spawn(operation::reconcile(Arc::new(op.clone()), ctx.clone()));
+    let cj = cluster_json.clone();
+    expect(&mut h, "GET", CLUSTER, move |_| (200, cj)).await;
+    let st = op_status(&mut h, &op).await["status"].clone();
+    assert_eq!(st["phase"], "Holding", "{st}");
+    assert_eq!(
+        finished(task).await.expect("reconciled"),
+        kube::runtime::controller::Action::requeue(Duration::from_secs(60))
+    );
+    assert_eq!(*master.calls.lock().expect("lock"), ["POST 3", "POST 3"]);
+    // The cluster's reconcile keeps it: node 3 is held; with the operations not listed yet,
+    // nothing is taken back either.
+    for held in [Some(BTreeMap::from([("db/demo".to_string(), [(OperationAction::Drain, 3)].into())])), None] {
+        *ctx.held.write().expect("lock") = held;
+        master.calls.lock().expect("lock").clear();
+        let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+        steady_reconcile(&mut h, &c, 3).await;
+        finished(task).await.expect("reconciled");
+        assert!(master.calls.lock().expect("lock").is_empty(), "{:?}", master.calls.lock().expect("lock"));
+    }
+    // Deleted: undrained, then the finalizer goes.
+    op.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-01-01T00:00:00Z".parse().expect("time")));
+    let task = tokio::spawn(operation::reconcile(Arc::new(op.clone()), ctx.clone()));
+    let cj = cluster_json.clone();
+    expect(&mut h, "GET", CLUSTER, move |_| (200, cj)).await;
+    let mut gone = serde_json::to_value(&op).expect("json");
+    gone["metadata"]["finalizers"] = json!([]);
+    let patch = expect_patch(&mut h, &format!("{OPS}/drain-2"), JSON_PATCH, move |_| (200, gone)).await;
+    assert_eq!(patch[1], json!({"op": "remove", "path": "/metadata/finalizers/0"}), "{patch}");
+    finished(task).await.expect("lifted");
+    assert_eq!(*master.calls.lock().expect("lock"), ["DELETE 3"]);
+    // A pod the cluster does not have: Failed, nothing asked.
+    let mut bad = new_op("demo-node-7");
+    bad.metadata.finalizers = Some(vec![operation::FINALIZER.into()]);
+    master.calls.lock().expect("lock").clear();
+    let task = tokio::spawn(operation::reconcile(Arc::new(bad.clone()), ctx.clone()));
+    let cj = cluster_json.clone();
+    expect(&mut h, "GET", CLUSTER, move |_| (200, cj)).await;
+    let st = op_status(&mut h, &bad).await["status"].clone();
+    assert_eq!(st["phase"], "Failed", "{st}");
+    assert!(st["message"].as_str().is_some_and(|m| m.contains("not one of the 3 node pods")), "{st}");
+    finished(task).await.expect("reconciled");
+    assert!(master.calls.lock().expect("lock").is_empty());
 }
 
 /// `dpukv.io/paused: "true"`: the reconcile reads nothing, applies nothing and asks the master
@@ -709,9 +859,7 @@ async fn a_paused_cluster_is_left_alone_and_says_so() {
     // Unpaused: a normal reconcile, `Paused` False.
     c.metadata.annotations = None;
     let task = tokio::spawn(reconcile(Arc::new(with_status(&c, &st)), ctx));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
-    children(&mut h, 3).await;
-    let st = status(&mut h, &c).await;
+    let st = steady_reconcile(&mut h, &c, 3).await;
     assert_eq!(condition(&st, "Paused")["status"], "False");
     finished(task).await.expect("reconciled");
 }
@@ -727,9 +875,7 @@ async fn a_drain_that_makes_no_progress_is_reported_stalled() {
     let c = cluster(spec(3, "Emulator"));
     let round = |c: DpuKvCluster, ctx: Arc<Context>| reconcile(Arc::new(c), ctx);
     let task = tokio::spawn(round(c.clone(), ctx.clone()));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 4)).await;
-    children(&mut h, 4).await;
-    let st = status(&mut h, &c).await;
+    let st = steady_reconcile(&mut h, &c, 4).await;
     finished(task).await.expect("reconciled");
     assert!(st["lastProgressTime"].is_string(), "a drain under way: {st}");
     assert_eq!(condition(&st, "Stalled")["status"], "False");
@@ -775,9 +921,7 @@ async fn a_refused_event_fails_no_reconcile() {
     h.refuse_events.store(true, std::sync::atomic::Ordering::Relaxed);
     let c = cluster(spec(5, "Emulator"));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
-    children(&mut h, 3).await;
-    status(&mut h, &c).await;
+    steady_reconcile(&mut h, &c, 3).await;
     finished(task).await.expect("reconciled although its ScaledOut event was refused");
 }
 
@@ -861,9 +1005,7 @@ async fn the_status_shows_the_regions_the_master_and_whether_the_cluster_is_degr
         let to = if reachable { addr.clone() } else { dead.clone() };
         let (ctx, mut h) = mock(Some(to));
         let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
-        expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
-        children(&mut h, 3).await;
-        let st = status(&mut h, &c).await;
+        let st = steady_reconcile(&mut h, &c, 3).await;
         finished(task).await.expect("reconciled");
         let d = condition(&st, "Degraded");
         assert_eq!((d["status"].as_str(), d["reason"].as_str()), (Some(degraded), Some(reason)), "{st}");
@@ -875,6 +1017,36 @@ async fn the_status_shows_the_regions_the_master_and_whether_the_cluster_is_degr
             }
             None => assert!(st.get("master").is_none() && st["regions"] == 0, "nothing made up: {st}"),
         }
+    }
+}
+
+/// `ZonesSpread` from the summary's zone figures: no zones, copies apart, regions short of a copy
+/// because every node that could take one is in a zone they have (placement cannot: add nodes
+/// in other zones), regions with two copies in one zone.
+#[tokio::test]
+async fn the_status_says_whether_zones_keep_copies_apart_and_why_not() {
+    let master = Master::default();
+    let addr = master.clone().start().await;
+    let c = cluster(spec(3, "Emulator"));
+    let summary = |zones: u32, shared: u32, blocked: u32| {
+        json!({"master": 1, "nodes": 3, "regions": 4, "without_primary": 0, "under_replicated": blocked,
+               "zones": zones, "zone_shared": shared, "zone_blocked": blocked})
+    };
+    let cases = [
+        (summary(0, 0, 0), "True", "NoZones", ""),
+        (summary(3, 0, 0), "True", "DistinctZones", "(3 zones)"),
+        (summary(2, 0, 2), "False", "FewerZonesThanCopies", "2 of 4 regions are short of a copy"),
+        (summary(3, 1, 0), "False", "SharedZones", "1 of 4 regions have two copies in one zone"),
+    ];
+    for (s, status_, reason, says) in cases {
+        *master.summary.lock().expect("lock") = Some(s);
+        let (ctx, mut h) = mock(Some(addr.clone()));
+        let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+        let st = steady_reconcile(&mut h, &c, 3).await;
+        finished(task).await.expect("reconciled");
+        let z = condition(&st, "ZonesSpread");
+        assert_eq!((z["status"].as_str(), z["reason"].as_str()), (Some(status_), Some(reason)), "{st}");
+        assert!(z["message"].as_str().is_some_and(|m| m.contains(says)), "{z}");
     }
 }
 
@@ -898,9 +1070,7 @@ async fn degraded_and_recovered_are_published_once_on_their_transitions() {
     for (i, (s, want)) in steps.into_iter().enumerate() {
         *master.summary.lock().expect("lock") = Some(s);
         let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
-        expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
-        children(&mut h, 3).await;
-        let st = status(&mut h, &c).await;
+        let st = steady_reconcile(&mut h, &c, 3).await;
         finished(task).await.expect("reconciled");
         let events = h.take_events();
         let got: Vec<(&str, &str)> = events.iter().map(|e| (e.type_.as_str(), e.reason.as_str())).collect();
@@ -1336,9 +1506,7 @@ async fn conditions_keep_their_transition_time_while_their_status_holds() {
     c.status = Some(serde_json::from_value(old).expect("status"));
     let (ctx, mut h) = mock(Some(addr.clone()));
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
-    expect(&mut h, "GET", &format!("{SETS}/demo-node"), running_set(&c, 3)).await;
-    children(&mut h, 3).await;
-    let st = status(&mut h, &c).await;
+    let st = steady_reconcile(&mut h, &c, 3).await;
     finished(task).await.expect("reconciled");
     assert_eq!(condition(&st, "Available")["lastTransitionTime"], long_ago, "still True: unchanged");
     assert_ne!(condition(&st, "Draining")["lastTransitionTime"], long_ago, "True -> False: now");
@@ -1359,6 +1527,16 @@ fn mock_etcd(store: MemStore, calls: Arc<Mutex<Vec<Vec<String>>>>) -> (Arc<Conte
         });
         Context::with(client, Box::new(|_| "127.0.0.1:9".to_string()), cleaner)
     })
+}
+
+/// A deleted cluster's status says so: phase `Deleting`, `Progressing` True (reason
+/// `Deleting`) saying what the deletion waits for; returns that message.
+async fn says_deleting(h: &mut Server, c: &DpuKvCluster) -> String {
+    let st = status(h, c).await;
+    assert_eq!(st["phase"], "Deleting", "{st}");
+    let p = condition(&st, "Progressing");
+    assert_eq!((p["status"].as_str(), p["reason"].as_str()), (Some("True"), Some("Deleting")), "{st}");
+    p["message"].as_str().unwrap_or_default().to_string()
 }
 
 /// `c` deleted (as the API server shows it while finalizers hold it).
@@ -1421,14 +1599,27 @@ pub(crate) async fn a_cluster_with_an_external_etcd_gets_the_finalizer_first() {
 
 /// A cluster with a managed etcd needs no finalizer (its keys go with the etcd it owns: see
 /// `a_managed_etcd_is_applied_before_the_nodes`, whose first request is the etcd Service);
-/// deleted, it is left to the garbage collector — nothing is applied to a cluster that goes.
+/// deleted, it is left to the garbage collector — nothing is applied to a cluster that goes; its
+/// status says it goes (in a foreground deletion it stays until its children are gone).
 #[tokio::test]
 async fn a_deleted_cluster_with_a_managed_etcd_is_left_to_the_garbage_collector() {
     let (ctx, mut h) = mock(None);
     let c = deleted(cluster(json!({"nodes": 3, "storage": {"size": "10Gi"}, "etcd": {"managed": {}}})));
     assert!(c.metadata.finalizers.is_none());
-    let task = tokio::spawn(reconcile(Arc::new(c), ctx));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    let why = says_deleting(&mut h, &c).await;
+    assert!(why.contains("garbage collector"), "{why}");
     assert_eq!(finished(task).await.expect("reconciled"), kube::runtime::controller::Action::await_change());
+    // Reconciled again with that status: nothing more to say.
+    let mut again = c.clone();
+    again.status = Some(
+        serde_json::from_value(json!({"phase": "Deleting", "conditions": [{"type": "Progressing",
+        "status": "True", "reason": "Deleting", "message": why, "observedGeneration": 2,
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}))
+        .expect("status"),
+    );
+    let task = tokio::spawn(reconcile(Arc::new(again), ctx));
+    finished(task).await.expect("reconciled");
     assert!(h.next().await.is_none(), "no request");
     assert!(h.reasons().is_empty());
 }
@@ -1456,6 +1647,8 @@ async fn a_deleted_cluster_s_nodes_stop_then_its_keys_are_deleted_then_its_final
     };
     // Three pods run: scaled to none, and the cleanup waits.
     let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
+    let why = says_deleting(&mut h, &c).await;
+    assert!(why.contains("stopping the node pods"), "{why}");
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), set(3, 3)).await;
     let scale = expect_patch(&mut h, &format!("{SETS}/demo-node"), "application/merge-patch+json", set(0, 3)).await;
     assert_eq!(scale, json!({"spec": {"replicas": 0}}));
@@ -1467,12 +1660,14 @@ async fn a_deleted_cluster_s_nodes_stop_then_its_keys_are_deleted_then_its_final
     );
     // One pod still terminating: still waiting, nothing deleted.
     let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
+    says_deleting(&mut h, &c).await;
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), set(0, 1)).await;
     assert!(!finished(task).await.expect_err("waiting").is_failure());
     assert_eq!(keys_of(&store).await.len(), 7, "no key deleted while a node pod runs");
     assert!(calls.lock().expect("lock").is_empty());
     // None left: the keys go, then the finalizer.
     let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
+    says_deleting(&mut h, &c).await;
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), set(0, 0)).await;
     finalizer_removed(&mut h, &c).await;
     assert_eq!(finished(task).await.expect("cleaned"), kube::runtime::controller::Action::await_change());
@@ -1500,6 +1695,7 @@ async fn a_failed_cleanup_keeps_the_finalizer() {
     });
     let c = Arc::new(deleted(cluster(spec(3, "Emulator"))));
     let task = tokio::spawn(reconcile(c.clone(), ctx.clone()));
+    says_deleting(&mut h, &c).await;
     expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
     let e = finished(task).await.expect_err("the keys are still there");
     assert!(matches!(e, dpukv_operator::controller::Error::EtcdCleanup(_)), "{e}");
@@ -1525,6 +1721,7 @@ async fn the_skip_annotation_removes_the_finalizer_without_cleaning() {
     let mut c = deleted(cluster(spec(3, "Emulator")));
     c.metadata.annotations = Some([(etcd_keys::SKIP_ANNOTATION.to_string(), "true".to_string())].into());
     let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    says_deleting(&mut h, &c).await;
     finalizer_removed(&mut h, &c).await;
     finished(task).await.expect("reconciled");
     assert!(calls.lock().expect("lock").is_empty(), "etcd is not asked");
