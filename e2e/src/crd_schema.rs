@@ -14,7 +14,7 @@
 //! refused when it is read ([`SchemaError::Unsupported`]) rather than half-checked.
 //!
 //! Used by the API-server double (`apiserver`) for every custom resource whose CRD was created
-//! in it, and by the operator's tests of its CRD.
+//! in it, and by the tests of the committed CRDs (`tests/e2e/crds.rs`).
 
 use std::collections::HashMap;
 use std::fmt;

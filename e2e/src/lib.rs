@@ -1,4 +1,4 @@
-//! dpukv-e2e: the end-to-end harness (docs/architecture.md: only tests depend on it). It builds and
+//! dpukv-e2e: the end-to-end harness (docs/architecture.md: nothing depends on it). It builds and
 //! starts real processes, injects faults by killing them, records client histories and checks
 //! them for linearizability.
 //!

@@ -2,6 +2,7 @@
 //! and `dpukv local`'s supervision.
 
 mod cluster;
+mod crds;
 mod faults;
 mod gateway;
 mod gateway_attacks;
