@@ -212,8 +212,8 @@ async fn a_backup_with_a_full_disk_leaves_the_write_set_and_rejoins_once_space_i
 /// (found black-box: `dpukv local` restarts a killed host 0.5 s later on a fresh port) once left
 /// its regions unwritable for minutes: the master saw it alive and changed nothing, and the
 /// primaries kept dialling the old address. Now senders follow a node's current registration.
-/// Deterministic here: the master (started first, with a 5 s lease) is paused 1.5 s across the
-/// backup's kill, its old (1 s) lease's end and its new registration; stall reports are off, so
+/// Deterministic here: the master (started first, with a 5 s lease) is paused across the
+/// backup's kill, its old (1 s) lease's end and its new registration (at least 1.5 s); stall reports are off, so
 /// only following the new address can bring the writes back — within seconds of the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_back_on_a_new_port_before_the_master_noticed_gets_its_streams_again() {
@@ -270,7 +270,20 @@ async fn a_backup_back_on_a_new_port_before_the_master_noticed_gets_its_streams_
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(1500).saturating_sub(paused.elapsed())).await;
+    // The master stays paused until the backup has registered again — which waits for its old
+    // lease to end — and at least 1.5 s: it must never see the backup gone. (A fixed 1.5 s pause
+    // was not enough on a loaded machine, where the restart took 2.4 s: the master then saw the
+    // node gone and changed the region, and the test's premise did not hold.)
+    let registered_again = |n: &ClusterNode| n.logs().matches("registered node=").count() >= 2;
+    // (Within 4.5 s: the master's own 5 s lease must outlast its pause.)
+    while paused.elapsed() < Duration::from_millis(1500) || !registered_again(&nodes[b as usize - 1]) {
+        assert!(
+            paused.elapsed() < Duration::from_millis(4500),
+            "the backup did not register again in time\n{}",
+            logs(&nodes)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     nodes[0].signal("CONT", false).expect("resume the master");
     let acked = tokio::time::timeout(Duration::from_secs(20), writer).await;
     let after = must_see_map(&nodes, |_| true, Duration::from_secs(10), |_| true).await;
