@@ -418,7 +418,14 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         let c = api.get("dpukvclusters", NS, "demo")?;
         let p = c["status"]["conditions"].as_array()?.iter().find(|x| x["type"] == "Progressing")?.clone();
         let held = p["message"].as_str()?.contains("waiting for demo-node-2 to be ready on the new revision");
-        (held && c["status"]["phase"] == "Upgrading").then_some(())
+        // The pod runs the broken revision and has crashed (not merely being replaced: a revert
+        // in that window recreates it from the reverted template, with nothing to restart).
+        let set = api.get("statefulsets", NS, "demo-node")?;
+        let pod = api.get("pods", NS, "demo-node-2")?;
+        let on_broken = pod["metadata"]["labels"]["controller-revision-hash"] == set["status"]["updateRevision"];
+        let crashed =
+            pod["status"]["containerStatuses"].as_array()?.iter().any(|c| c["restartCount"].as_u64() >= Some(1));
+        (held && on_broken && crashed && c["status"]["phase"] == "Upgrading").then_some(())
     });
     let before_revert = scene.kubelet.deletions().len();
     api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"version": "0.2.0"}})).expect("revert");
