@@ -150,12 +150,20 @@ pub fn error_policy(op: Arc<DpuKvOperation>, e: &Error, _ctx: Arc<Context>) -> A
     Action::requeue(Duration::from_secs(10))
 }
 
-/// The cluster of `op`, and where its control API is (None, with the status to write, when the
-/// operation cannot go on yet or at all).
-async fn target(
-    op: &DpuKvOperation,
-    ctx: &Context,
-) -> Result<Result<(u32, admin::Endpoint), DpuKvOperationStatus>, Error> {
+/// Where an operation's node is, or why it cannot be reached (with the status to write).
+enum Target {
+    /// The node's id, and its cluster's control API.
+    Node(u32, admin::Endpoint),
+    /// The cluster does not exist.
+    NoCluster(DpuKvOperationStatus),
+    /// The operator has not reached the cluster's control API yet.
+    NotYet(DpuKvOperationStatus),
+    /// The pod is not one of the cluster's node pods.
+    Failed(DpuKvOperationStatus),
+}
+
+/// The cluster of `op`, and where its control API is (one read of the cluster).
+async fn target(op: &DpuKvOperation, ctx: &Context) -> Result<Target, Error> {
     let ns = op.namespace().ok_or(Error::NoNamespace)?;
     let clusters: Api<DpuKvCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let status = |phase: &str, message: String| DpuKvOperationStatus {
@@ -164,28 +172,34 @@ async fn target(
         ..DpuKvOperationStatus::default()
     };
     let Some(c) = clusters.get_opt(&op.spec.cluster).await? else {
-        return Ok(Err(status("Pending", format!("no DpuKvCluster {:?} in {ns}", op.spec.cluster))));
+        return Ok(Target::NoCluster(status("Pending", format!("no DpuKvCluster {:?} in {ns}", op.spec.cluster))));
     };
     let Some(id) = node_id(&op.spec).filter(|&id| i64::from(id) <= i64::from(c.spec.nodes)) else {
-        return Ok(Err(status(
+        return Ok(Target::Failed(status(
             "Failed",
             format!("{} is not one of the {} node pods of {}", op.spec.pod, c.spec.nodes, render::node_name(&c)),
         )));
     };
     match ctx.endpoint(&c) {
-        Some(ep) => Ok(Ok((id, ep))),
-        None => Ok(Err(status("Pending", format!("the operator has not reached {}'s control API yet", c.name_any())))),
+        Some(ep) => Ok(Target::Node(id, ep)),
+        None => Ok(Target::NotYet(status(
+            "Pending",
+            format!("the operator has not reached {}'s control API yet", c.name_any()),
+        ))),
     }
 }
 
 /// Asks the operation of the master (again: it holds while the resource exists) and reports.
 async fn apply(op: &DpuKvOperation, ctx: &Context) -> Result<Action, Error> {
     let (id, ep) = match target(op, ctx).await? {
-        Ok(t) => t,
-        Err(status) => {
-            let again = if status.phase.as_deref() == Some("Failed") { HOLDING_EVERY } else { RUNNING_EVERY };
+        Target::Node(id, ep) => (id, ep),
+        Target::NoCluster(status) | Target::NotYet(status) => {
             write_status(op, ctx, status).await?;
-            return Ok(Action::requeue(again));
+            return Ok(Action::requeue(RUNNING_EVERY));
+        }
+        Target::Failed(status) => {
+            write_status(op, ctx, status).await?;
+            return Ok(Action::requeue(HOLDING_EVERY));
         }
     };
     let pod = &op.spec.pod;
@@ -231,17 +245,11 @@ async fn apply(op: &DpuKvOperation, ctx: &Context) -> Result<Action, Error> {
 /// A cluster that is gone, or an operation that never named a node of it, has nothing to lift.
 async fn lift(op: &DpuKvOperation, ctx: &Context) -> Result<Action, Error> {
     let (id, ep) = match target(op, ctx).await? {
-        Ok(t) => t,
-        Err(status) if status.phase.as_deref() == Some("Failed") => return Ok(Action::await_change()),
-        Err(status) => {
-            // The cluster gone: nothing to lift. Its control API not known yet: wait for it.
-            let ns = op.namespace().ok_or(Error::NoNamespace)?;
-            let clusters: Api<DpuKvCluster> = Api::namespaced(ctx.client.clone(), &ns);
-            if clusters.get_opt(&op.spec.cluster).await?.is_none() {
-                return Ok(Action::await_change());
-            }
-            return Err(Error::Waiting(status.message.unwrap_or_default()));
-        }
+        Target::Node(id, ep) => (id, ep),
+        // The cluster gone, or no node of it named: nothing to lift.
+        Target::NoCluster(_) | Target::Failed(_) => return Ok(Action::await_change()),
+        // Its control API not known yet: wait for it.
+        Target::NotYet(status) => return Err(Error::Waiting(status.message.unwrap_or_default())),
     };
     match op.spec.action {
         OperationAction::Drain => {
