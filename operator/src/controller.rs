@@ -620,21 +620,24 @@ fn last_status_with(c: &DpuKvCluster, cond: Condition) -> DpuKvClusterStatus {
     status
 }
 
-/// Writes `status` as the cluster's whole status (server-side apply, the operator's field
-/// manager, forced).
+/// Writes `status` as the cluster's whole status.
 async fn write_status(
     client: &Client,
     ns: &str,
     c: &DpuKvCluster,
     status: &DpuKvClusterStatus,
 ) -> Result<(), kube::Error> {
-    let api: Api<DpuKvCluster> = Api::namespaced(client.clone(), ns);
-    let patch = serde_json::json!({
-        "apiVersion": DpuKvCluster::api_version(&()),
-        "kind": DpuKvCluster::kind(&()),
-        "status": status,
-    });
-    api.patch_status(&c.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
+    apply_status(&Api::<DpuKvCluster>::namespaced(client.clone(), ns), &c.name_any(), status).await
+}
+
+/// Writes `status` as a resource's whole status (server-side apply on the status subresource,
+/// the operator's field manager, forced): the clusters' and the operations'.
+pub(crate) async fn apply_status<K>(api: &Api<K>, name: &str, status: &impl Serialize) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let patch = serde_json::json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()), "status": status});
+    api.patch_status(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
     Ok(())
 }
 

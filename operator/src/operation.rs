@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, finalizer};
 use kube::{CustomResource, KubeSchema, ResourceExt};
@@ -28,7 +28,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::admin;
-use crate::controller::{Context, Error, MANAGER};
+use crate::controller::{Context, Error, apply_status};
 use crate::crd::DpuKvCluster;
 use crate::render;
 
@@ -269,13 +269,7 @@ async fn write_status(op: &DpuKvOperation, ctx: &Context, status: DpuKvOperation
     }
     let ns = op.namespace().ok_or(Error::NoNamespace)?;
     let api: Api<DpuKvOperation> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = serde_json::json!({
-        "apiVersion": "dpukv.io/v1alpha1",
-        "kind": "DpuKvOperation",
-        "status": status,
-    });
-    api.patch_status(&op.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
-    Ok(())
+    Ok(apply_status(&api, &op.name_any(), &status).await?)
 }
 
 #[cfg(test)]
