@@ -472,36 +472,55 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     assert!(e.code == 422 && e.message.contains("storage.size cannot shrink"), "{e}");
     assert_eq!(claim_size("data-demo-node-0"), Some(json!("2Gi")), "no claim shrank");
 
-    // Scale out to 4 (the new pod's claim, made at the template's 1Gi, grows to 2Gi too).
+    // Scale out to 6: 3 zones × 2 nodes (the new pods' claims, made at the template's 1Gi, grow
+    // to 2Gi too).
     let gateway_before = ready_gateway(api);
-    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 4}})).expect("scale out");
-    scene.wait_running(4);
-    scene.wait("the new pod's claim grown", Duration::from_secs(60), || {
-        (claim_size("data-demo-node-3") == Some(json!("2Gi"))).then_some(())
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 6}})).expect("scale out");
+    scene.wait_running(6);
+    scene.wait("the new pods' claims grown", Duration::from_secs(60), || {
+        (3..6).all(|o| claim_size(&format!("data-demo-node-{o}")) == Some(json!("2Gi"))).then_some(())
     });
-    scene.more_writes(&acked, 200, "writes on 4 nodes");
+    scene.more_writes(&acked, 200, "writes on 6 nodes");
     // Zones: each host read its Kubernetes node's zone (the operator's zones ConfigMap) and
-    // registered with it; pods 0 and 3 share zone-a, so no region may have its copies on both.
+    // registered with it; pod N runs on worker-(N mod 3 + 1), so pods 0 and 3 share zone-a, 1 and
+    // 4 zone-b, 2 and 5 zone-c — no region may have both its copies in one of those pairs.
     let zones = api.get("configmaps", NS, "demo-zones").expect("the zones ConfigMap");
     assert_eq!(zones["data"]["worker-3"], "zone-c", "{zones}");
-    let map = scene.wait("every region's copies in distinct zones", Duration::from_secs(60), || {
-        let map = rt.block_on(async {
-            let c = Client::connect(&scene.gateway(), 1).await.ok()?;
-            c.region_map().await.ok()
-        })?;
-        let zone = |id: u32| map.node(id).map(|n| n.zone.clone()).unwrap_or_default();
-        let zoned = map.nodes.len() == 4 && map.nodes.iter().all(|n| n.zone.starts_with("zone-"));
-        let apart = map.regions.iter().all(|r| {
-            let mut zs: Vec<String> = std::iter::once(r.primary).chain(r.backups.iter().copied()).map(zone).collect();
-            let n = zs.len();
-            zs.sort();
-            zs.dedup();
-            zs.len() == n && n == 2
+    let map =
+        scene.wait("every region's copies in distinct zones, on at least 4 nodes", Duration::from_secs(60), || {
+            let map = rt.block_on(async {
+                let c = Client::connect(&scene.gateway(), 1).await.ok()?;
+                c.region_map().await.ok()
+            })?;
+            let zone = |id: u32| map.node(id).map(|n| n.zone.clone()).unwrap_or_default();
+            let zoned = map.nodes.len() == 6 && map.nodes.iter().all(|n| n.zone.starts_with("zone-"));
+            let apart = map.regions.iter().all(|r| {
+                let mut zs: Vec<String> =
+                    std::iter::once(r.primary).chain(r.backups.iter().copied()).map(zone).collect();
+                let n = zs.len();
+                zs.sort();
+                zs.dedup();
+                zs.len() == n && n == 2
+            });
+            // Balance moved copies to the new pods: the second node of each zone is used too.
+            let used: std::collections::BTreeSet<u32> =
+                map.regions.iter().flat_map(|r| std::iter::once(r.primary).chain(r.backups.iter().copied())).collect();
+            (zoned && apart && used.len() >= 4).then_some(map)
         });
-        (zoned && apart).then_some(map)
+    for ordinal in 0..6u32 {
+        let zone = ["zone-a", "zone-b", "zone-c"][ordinal as usize % 3];
+        assert_eq!(map.node(ordinal + 1).map(|n| n.zone.as_str()), Some(zone), "node {}: {map:?}", ordinal + 1);
+    }
+    // The resource says the copies are spread.
+    scene.wait("the ZonesSpread condition True over 3 zones", Duration::from_secs(60), || {
+        let c = api.get("dpukvclusters", NS, "demo")?;
+        let conditions = c["status"]["conditions"].as_array()?.clone();
+        let spread = conditions.iter().find(|c| c["type"] == "ZonesSpread")?;
+        (spread["status"] == "True"
+            && spread["reason"] == "DistinctZones"
+            && spread["message"].as_str()?.contains("(3 zones)"))
+        .then_some(())
     });
-    assert_eq!(map.node(1).map(|n| n.zone.as_str()), Some("zone-a"), "{map:?}");
-    assert_eq!(map.node(4).map(|n| n.zone.as_str()), Some("zone-a"), "{map:?}");
     // A node pod evicted (deleted) under writes: its host hands its primaries over before it
     // stops (SIGTERM), so the writers wait for a handover, never for a failover after a lease
     // ends; the StatefulSet makes the pod again and it rejoins.
@@ -527,7 +546,7 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         let p = api.get("pods", NS, "demo-node-1")?;
         (p["metadata"]["uid"] != victim["metadata"]["uid"]).then_some(())
     });
-    scene.wait_running(4);
+    scene.wait_running(6);
     scene.more_writes(&acked, 100, "writes after the eviction");
     watching.store(false, Ordering::Release);
     let longest = stall.join().expect("stall watcher");
@@ -542,8 +561,8 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         let c = api.get("dpukvclusters", NS, "demo")?;
         (c["status"]["phase"] == "Draining").then_some(())
     });
-    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 4}})).expect("cancel the scale-in");
-    scene.wait_running(4);
+    api.merge("dpukvclusters", NS, "demo", &json!({"spec": {"nodes": 6}})).expect("cancel the scale-in");
+    scene.wait_running(6);
     scene.wait("no node left draining", Duration::from_secs(60), || {
         let ip = api.get("pods", NS, "demo-node-0")?["status"]["podIP"].as_str()?.to_string();
         let summary =
@@ -600,9 +619,13 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         .map(|d| d.pod)
         .collect();
     scaled_in.sort();
-    assert_eq!(scaled_in, ["db/demo-node-2", "db/demo-node-3"], "the highest ordinals went, once each");
+    assert_eq!(
+        scaled_in,
+        ["db/demo-node-2", "db/demo-node-3", "db/demo-node-4", "db/demo-node-5"],
+        "the highest ordinals went, once each"
+    );
     let drained = drained.lock().expect("drained").clone();
-    assert_eq!(drained.len(), drained_before + 2, "{drained:?}");
+    assert_eq!(drained.len(), drained_before + 4, "{drained:?}");
     for (pod, answer) in &drained {
         let answer = as_it_went(pod, answer, "drain status");
         assert_eq!(
@@ -612,9 +635,9 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         );
     }
     scene.wait("the claims of the pods that went deleted (whenScaled: Delete)", Duration::from_secs(30), || {
-        ["data-demo-node-2", "data-demo-node-3"]
-            .iter()
-            .all(|c| api.get("persistentvolumeclaims", NS, c).is_none())
+        (2..6)
+            .map(|o| format!("data-demo-node-{o}"))
+            .all(|c| api.get("persistentvolumeclaims", NS, &c).is_none())
             .then_some(())
     });
     assert!(api.get("persistentvolumeclaims", NS, "data-demo-node-1").is_some());
