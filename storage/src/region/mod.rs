@@ -32,6 +32,7 @@ mod merge;
 mod publish;
 mod replica;
 mod sessions;
+mod snapshot;
 mod tables;
 mod write;
 
@@ -50,6 +51,7 @@ pub use replica::{
 };
 
 pub use sessions::{Lookup, SessionEntry, SessionLimits, Sessions};
+pub use snapshot::{LogFile, RegionSnapshot, RestoreDir};
 pub use tables::RegionReader;
 use tables::TableSet;
 pub use write::Tagged;

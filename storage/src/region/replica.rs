@@ -29,7 +29,22 @@ fn primary_levels_path(dir: &Path, generation: u64) -> PathBuf {
 /// (level files never change). Removed when the last holder drops it; a region removes the
 /// whole `ship/` directory when it opens (pins never outlive their process).
 #[derive(Debug)]
-struct Pinned(PathBuf);
+pub(crate) struct Pinned(PathBuf);
+
+impl Pinned {
+    /// A new pin directory under the region's `ship/` (removed when dropped).
+    pub(crate) fn new(region_dir: &Path) -> Result<Pinned> {
+        let n = PINS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = ship_dir(region_dir).join(format!("{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        Ok(Pinned(dir))
+    }
+
+    /// Its directory.
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
 
 impl Drop for Pinned {
     fn drop(&mut self) {
@@ -75,10 +90,7 @@ impl IndexExport {
         sessions: Vec<u8>,
         levels: Vec<LevelMeta>,
     ) -> Result<IndexExport> {
-        let n = PINS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = ship_dir(region_dir).join(format!("{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        let pinned = Arc::new(Pinned(dir));
+        let pinned = Arc::new(Pinned::new(region_dir)?);
         let from = levels_dir(region_dir);
         for id in levels.iter().flat_map(|l| &l.segments) {
             let (src, dst) = (segment_path(&from, *id), segment_path(&pinned.0, *id));

@@ -11,6 +11,7 @@ mod powerloss;
 mod region;
 mod sendindex;
 mod sigkill;
+mod snapshot;
 #[path = "../support/model.rs"]
 mod support_model;
 #[path = "../support/tmpfs.rs"]
