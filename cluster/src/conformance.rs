@@ -80,6 +80,19 @@ pub async fn must_apply_transactions_whole<S: MetaStore>(s: &S, p: &[u8]) {
     assert!(!s.txn(by_value).await.expect("txn").succeeded, "the value is 9 now");
     let by_create = Txn { when: vec![Compare::CreateRevision(k(p, "y"), y.create_revision)], ..Txn::default() };
     assert!(s.txn(by_create).await.expect("txn").succeeded, "an update keeps the create revision");
+    // A prefix unchanged since a revision: not once a key under it changed after it, whether
+    // updated or created; a key outside it does not count.
+    let (_, seen) = s.range(p).await.expect("range");
+    let unchanged =
+        |prefix: &str, rev| Txn { when: vec![Compare::UnchangedSince(k(p, prefix), rev)], ..Txn::default() };
+    assert!(s.txn(unchanged("", seen)).await.expect("txn").succeeded, "nothing changed since the range");
+    s.put(&k(p, "out/side"), b"1", None).await.expect("put");
+    assert!(s.txn(unchanged("x", seen)).await.expect("txn").succeeded, "a key outside the prefix changed");
+    assert!(!s.txn(unchanged("", seen)).await.expect("txn").succeeded, "a key under it was created");
+    let (_, seen) = s.range(p).await.expect("range");
+    s.put(&k(p, "x"), b"4", None).await.expect("put");
+    assert!(!s.txn(unchanged("x", seen)).await.expect("txn").succeeded, "x was updated");
+    assert!(s.txn(unchanged("none/", seen)).await.expect("txn").succeeded, "an empty prefix range holds");
     let before = s.range(p).await.expect("range");
     let bad = Txn {
         then: vec![put("z", b"1"), TxnOp::Put { key: k(p, "w"), value: vec![], lease: Some(0x7fff_0000_0001) }],

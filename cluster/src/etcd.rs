@@ -177,6 +177,11 @@ fn compares(c: &Compare, out: &mut Vec<ECompare>) {
         }
         // etcd fails a value compare on a missing key.
         Compare::Value(k, v) => out.push(ECompare::value(k.clone(), CompareOp::Equal, v.clone())),
+        // Over a range etcd requires every key in it to pass (an empty range compares a key of
+        // zero revisions, which passes).
+        Compare::UnchangedSince(prefix, r) => {
+            out.push(ECompare::mod_revision(prefix.clone(), CompareOp::Less, r + 1).with_prefix())
+        }
     }
 }
 

@@ -123,6 +123,28 @@ impl Keys {
         k
     }
 
+    /// Prefix of backup fences (`fences/<id>`, and each primary's report
+    /// `fences/<id>/<region>`, value `<epoch> <position>`), all bound to the lease of the
+    /// fence's coordinator (docs/backup.md §2, [`crate::fence`]).
+    pub fn fences(&self) -> Vec<u8> {
+        self.under("fences/")
+    }
+
+    /// A backup fence.
+    pub fn fence(&self, id: u64) -> Vec<u8> {
+        let mut k = self.fences();
+        k.extend_from_slice(format!("{id:020}").as_bytes());
+        k
+    }
+
+    /// A primary's report of its cut for a fence.
+    pub fn fence_report(&self, id: u64, region: u32) -> Vec<u8> {
+        let mut k = self.fence(id);
+        k.push(b'/');
+        k.extend_from_slice(format!("{region:010}").as_bytes());
+        k
+    }
+
     /// Prefix of stalled streams (`stalled/<region>/<node>`, value the region's epoch): the
     /// region's primary reports a backup or joining node that took no data for longer than its
     /// bound; bound to the primary's lease. The master demotes such a backup to joining (one

@@ -19,6 +19,8 @@
 //! - [`master`]: the elected master's loop — first layout, then placement changes, each one
 //!   fenced transaction; it retries every transient error forever and campaigns again when
 //!   deposed, so a master loop never dies while its node lives.
+//! - [`fence`]: backup fences — a consistent cut of every region, taken through the store
+//!   while the cluster serves (the coordinator, and the primaries' side as pure decisions).
 //! - [`backoff`]: exponential backoff with jitter for every control loop's retries.
 //! - [`placement`]: where replicas go — the first layout, and the master's next changes after
 //!   failures, joins, drains and catch-ups (pure functions, model-tested).
@@ -35,6 +37,7 @@ pub mod backoff;
 pub mod conformance;
 pub mod election;
 pub mod etcd;
+pub mod fence;
 pub mod handoff;
 pub mod keys;
 pub mod master;

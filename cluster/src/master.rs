@@ -44,6 +44,8 @@ pub struct Snapshot {
     /// The master's last completed round: (node, unix ms), if a master marked one under its
     /// current lease (`Keys::master_round`).
     pub master_round: Option<(u32, u64)>,
+    /// Backup fences under way, with the primaries' reports (`Keys::fences`).
+    pub fences: Vec<crate::fence::Fence>,
 }
 
 /// A node's step-down ([`Snapshot::step_down_progress`]).
@@ -318,6 +320,7 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
         node_leases,
         handovers,
         master_round,
+        fences: crate::fence::fences_in(&kvs, keys),
     })
 }
 

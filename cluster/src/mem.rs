@@ -111,6 +111,9 @@ impl State {
             Compare::ModRevision(k, r) => self.kvs.get(k).is_some_and(|kv| kv.mod_revision == *r),
             Compare::CreateRevision(k, r) => self.kvs.get(k).is_some_and(|kv| kv.create_revision == *r),
             Compare::Value(k, v) => self.kvs.get(k).is_some_and(|kv| &kv.value == v),
+            Compare::UnchangedSince(p, r) => {
+                self.kvs.range(p.clone()..).take_while(|(k, _)| k.starts_with(p)).all(|(_, kv)| kv.mod_revision <= *r)
+            }
         }
     }
 

@@ -38,6 +38,9 @@ pub enum Compare {
     CreateRevision(Vec<u8>, Revision),
     /// The key exists with exactly this value.
     Value(Vec<u8>, Vec<u8>),
+    /// No key starting with the prefix (non-empty) was created or changed after this revision
+    /// (a deleted key is not seen: callers rely on a deletion also changing a key that stays).
+    UnchangedSince(Vec<u8>, Revision),
 }
 
 /// A change a transaction makes.

@@ -69,6 +69,10 @@ pub enum AckError {
     /// This node stopped leading the region: nothing more is confirmed.
     #[error("this node no longer leads the region")]
     Closed,
+    /// Every backup holds the write, but a backup's fence held it back (past the fence's cut)
+    /// for longer than the wait.
+    #[error("a backup's fence held the write back past its cut")]
+    Fenced,
 }
 
 #[derive(Debug, Default)]
@@ -88,14 +92,25 @@ struct AckState {
     /// Nodes that left the region, with where they were and when they left: the log they lack
     /// is kept a while ([`Acks::retention_floor`]), in case they come back.
     departed: HashMap<u32, (Lsn, Instant)>,
+    /// A backup's fence: its id and cut. Nothing past the cut is made known — acknowledged or
+    /// shown to readers — until the fence is lifted (docs/backup.md §2).
+    fence: Option<(u64, Lsn)>,
 }
 
 impl AckState {
-    /// Readers see what every required backup holds (everything, with none required).
+    /// Readers see what may be made known ([`AckState::released`]; everything synced, with no
+    /// backup required and no fence).
     fn show(&self) {
         if let Some(g) = &self.gate {
-            g.set_bound(self.held_by_all().unwrap_or(Lsn(0)));
+            g.set_bound(self.released().unwrap_or(Lsn(0)));
         }
+    }
+
+    /// What may be made known — acknowledged, shown to readers: what every required backup
+    /// holds, and nothing past a fence's cut while one is held.
+    fn released(&self) -> Option<Lsn> {
+        let held = self.held_by_all()?;
+        Some(self.fence.map_or(held, |(_, at)| held.min(at)))
     }
 
     /// What every required backup holds: the smallest of their positions (everything, with none
@@ -244,6 +259,49 @@ impl Acks {
         st.held.values().chain(st.departed.values().map(|(l, _)| l)).min().copied()
     }
 
+    /// Fences the region for a backup's cut (docs/backup.md §2) at the log's written end
+    /// (`end` reads it): from now until [`Acks::lift`] with the same `id`, nothing past the cut is
+    /// acknowledged or shown to readers, while the log, its sync and the streams to backups go
+    /// on. Returns the cut. A newer fence replaces an older one (that one is broken: it can no
+    /// longer commit). Fails once the node stopped leading the region.
+    ///
+    /// Everything made known before the call is at or before the cut: acknowledgements are
+    /// decided under this lock, and readers are first stopped at the end read before the cut is
+    /// read again (a write published in between — with no backup required the gate shows what
+    /// is synced — ended before that second read).
+    pub fn fence(&self, id: u64, end: impl Fn() -> Lsn) -> Result<Lsn, AckError> {
+        let mut st = lock(&self.st);
+        if st.closed {
+            return Err(AckError::Closed);
+        }
+        if let Some(g) = &st.gate {
+            let first = end();
+            g.set_bound(st.released().map_or(Lsn(0), |r| r.min(first)));
+        }
+        let at = end();
+        st.fence = Some((id, at));
+        st.show();
+        Ok(at)
+    }
+
+    /// Lifts fence `id` (committed, aborted or broken): what waited past its cut is released.
+    /// Whether that fence was held.
+    pub fn lift(&self, id: u64) -> bool {
+        let mut st = lock(&self.st);
+        if st.fence.is_none_or(|(f, _)| f != id) {
+            return false;
+        }
+        st.fence = None;
+        st.show();
+        self.cv.notify_all();
+        true
+    }
+
+    /// The fence held, if any: its id and cut.
+    pub fn fenced(&self) -> Option<(u64, Lsn)> {
+        lock(&self.st).fence
+    }
+
     /// Whether writes wait for `node`.
     pub fn required(&self, node: u32) -> bool {
         lock(&self.st).required.contains(&node)
@@ -283,13 +341,18 @@ impl Acks {
             if st.closed {
                 return Err(AckError::Closed);
             }
-            if st.held_by_all().is_some_and(|h| h >= end) {
+            if st.released().is_some_and(|h| h >= end) {
                 return Ok(());
             }
             let now = Instant::now();
             if now >= deadline {
-                let missing = st.required.iter().copied().filter(|n| st.held.get(n).is_none_or(|h| *h < end));
-                return Err(AckError::Timeout(missing.collect()));
+                let missing: Vec<u32> =
+                    st.required.iter().copied().filter(|n| st.held.get(n).is_none_or(|h| *h < end)).collect();
+                return Err(if missing.is_empty() && st.fence.is_some() {
+                    AckError::Fenced
+                } else {
+                    AckError::Timeout(missing)
+                });
             }
             st = self.cv.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         }
@@ -1744,6 +1807,57 @@ mod tests {
         assert!(!a.holds(Lsn(5)), "backup 3 holds nothing yet");
         a.held(3, Lsn(15));
         assert!(a.holds(Lsn(15)) && !a.holds(Lsn(16)), "the joining node does not count");
+    }
+
+    /// A backup's fence at 100: writes ending at or before the cut are acknowledged, later
+    /// ones — held by every backup — wait for the lift, and readers see nothing past the cut
+    /// until then; a lift of another fence changes nothing.
+    #[test]
+    fn a_fence_holds_back_acknowledgements_and_reads_past_its_cut_until_lifted() {
+        let a = Acks::new(1, vec![2]);
+        a.held(2, Lsn(50));
+        assert_eq!(a.fence(7, || Lsn(100)), Ok(Lsn(100)));
+        a.held(2, Lsn(300));
+        assert_eq!(a.wait(Lsn(100), Duration::from_millis(10)), Ok(()), "at the cut");
+        assert_eq!(a.wait(Lsn(101), Duration::from_millis(50)), Err(AckError::Fenced), "past the cut");
+        assert!(!a.lift(8), "another fence");
+        assert_eq!(a.fenced(), Some((7, Lsn(100))));
+        let waiting = {
+            let a = Arc::new(a);
+            let w = a.clone();
+            let t = std::thread::spawn(move || w.wait(Lsn(300), Duration::from_secs(10)));
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!t.is_finished(), "held by the fence");
+            assert!(a.lift(7));
+            t
+        };
+        assert_eq!(waiting.join().expect("waiter"), Ok(()), "released by the lift");
+    }
+
+    /// The read gate stops at the cut too, and goes on after the lift.
+    #[test]
+    fn a_fence_caps_the_read_gate_at_its_cut() {
+        use dpukv_storage::region::{Region, RegionConfig};
+        let dir = tempfile::tempdir().expect("dir");
+        let cfg = RegionConfig::tiny(dir.path().join("r"), dir.path().join("shm"), FsyncPolicy::Never);
+        let mut region = Region::open(cfg).expect("region").0;
+        let gate = region.gate_reads();
+        let a = Acks::new(1, vec![]);
+        a.set_gate(gate.clone());
+        let first = region.put(b"a", b"v").expect("put").end;
+        assert_eq!(a.fence(1, || first), Ok(first));
+        let second = region.put(b"b", b"v").expect("put").end;
+        assert!(gate.wait_shown(first, Duration::from_secs(5)), "the cut is visible");
+        assert!(!gate.wait_shown(second, Duration::from_millis(100)), "past the cut: not yet");
+        assert!(a.lift(1));
+        assert!(gate.wait_shown(second, Duration::from_secs(5)), "visible once lifted");
+    }
+
+    #[test]
+    fn a_closed_region_takes_no_fence() {
+        let a = Acks::new(1, vec![2]);
+        a.close();
+        assert_eq!(a.fence(1, || Lsn(5)), Err(AckError::Closed));
     }
 
     /// A backup whose disk is full refuses every session at the same position; the primary

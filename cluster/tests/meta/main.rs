@@ -1,8 +1,10 @@
 //! The metadata-store conformance suite against the in-memory store.
 
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use dpukv_cluster::conformance::must_conform;
+use dpukv_cluster::fence::{CutOptions, FenceError, FenceHolder, FenceSpec, FenceStep, commit_txn, take_cut};
 use dpukv_cluster::keys::{ClusterConfig, Keys};
 use dpukv_cluster::master::{self, Waits};
 use dpukv_cluster::membership::{Member, Timing, register};
@@ -306,4 +308,193 @@ async fn the_master_outlives_an_outage_of_the_store_and_fails_over_afterwards() 
         let _ = keeper.await;
         let _ = candidate.await;
     }
+}
+
+/// A primary's side of backup fences as the node runs it (`host::cluster::hold_fences`), with a
+/// log that grows by 10 at each fence: what it holds, and the cut it reported for each.
+struct FencedPrimary {
+    node: u32,
+    holder: FenceHolder,
+    end: u64,
+    holding: BTreeSet<(u64, u32)>,
+    reported: BTreeMap<u32, u64>,
+}
+
+impl FencedPrimary {
+    fn new(node: u32) -> FencedPrimary {
+        FencedPrimary {
+            node,
+            holder: FenceHolder::default(),
+            end: 0,
+            holding: BTreeSet::new(),
+            reported: BTreeMap::new(),
+        }
+    }
+
+    /// One map poll: the steps the holder gave, carried out.
+    async fn poll(&mut self, s: &MemStore, keys: &Keys) -> Vec<FenceStep> {
+        let snap = master::read(s, keys).await.expect("read");
+        let me = self.node;
+        let leads = |r: u32| snap.map.regions.iter().find(|x| x.id == r && x.primary == me).map(|x| x.epoch);
+        let steps = self.holder.poll(keys, &snap.fences, leads, Instant::now());
+        for step in steps.clone() {
+            match step {
+                FenceStep::Fence { fence, region, epoch } => {
+                    self.end += 10;
+                    self.holding.insert((fence.id, region));
+                    self.reported.insert(region, self.end);
+                    let txn = self.holder.fenced(keys, &fence, region, epoch, self.end, Instant::now());
+                    s.txn(txn).await.expect("report");
+                    self.holder.reported(fence.id, region);
+                }
+                FenceStep::Report { id, region, txn } => {
+                    s.txn(txn).await.expect("report");
+                    self.holder.reported(id, region);
+                }
+                FenceStep::Break { txn, .. } => {
+                    s.txn(txn).await.expect("break");
+                }
+                FenceStep::Lift { id, region } => {
+                    assert!(self.holding.remove(&(id, region)), "lifted what it held");
+                }
+            }
+        }
+        steps
+    }
+}
+
+/// Three nodes, three regions (split at "h" and "p"), one copy each: (keys, members, primaries).
+async fn three_regions(s: &MemStore, name: &str) -> (Keys, Vec<Member>, Vec<u32>) {
+    let keys = Keys::new(name).expect("keys");
+    let config = ClusterConfig::new(1, vec![b"h".to_vec(), b"p".to_vec()]);
+    master::bootstrap_config(s, &keys, &config).await.expect("config");
+    let mut members = Vec::new();
+    for id in 1..=3 {
+        members.push(register(s, &keys, &node(id), TIMING).await.expect("register"));
+    }
+    master::round(s, &keys, &always(), &mut Waits::default()).await.expect("lay out");
+    let snap = master::read(s, &keys).await.expect("read");
+    assert_eq!(snap.map.regions.len(), 3, "{:?}", snap.map);
+    let mut primaries: Vec<u32> = snap.map.regions.iter().map(|r| r.primary).collect();
+    primaries.sort_unstable();
+    primaries.dedup();
+    (keys, members, primaries)
+}
+
+/// A fence written by hand (as `take_cut` writes it) under a lease: (id, create revision, the
+/// map's revision).
+async fn fence_by_hand(s: &MemStore, keys: &Keys, id: u64, hold: Duration) -> (u64, i64, i64) {
+    let snap = master::read(s, keys).await.expect("read");
+    let spec = FenceSpec { hold, regions: snap.map.regions.iter().map(|r| (r.id, r.epoch)).collect() };
+    let lease = s.grant(Duration::from_secs(30)).await.expect("lease");
+    let create = s.put(&keys.fence(id), &spec.encode(), Some(lease)).await.expect("fence");
+    (id, create, snap.map.revision as i64)
+}
+
+/// A cut commits once every region's primary reported; its positions are the reports; every
+/// primary lifts at its next poll, and nothing of the fence stays in the store.
+#[tokio::test]
+async fn a_cut_commits_on_every_primary_s_report_and_every_hold_is_lifted() {
+    let s = MemStore::new();
+    let (keys, _members, nodes) = three_regions(&s, "cut").await;
+    let mut primaries: Vec<FencedPrimary> = nodes.iter().map(|&n| FencedPrimary::new(n)).collect();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let opts = CutOptions { hold: Duration::from_secs(5), attempts: 1 };
+    let coordinator = async {
+        let cut = take_cut(&s, &keys, opts).await;
+        done.store(true, std::sync::atomic::Ordering::Release);
+        cut
+    };
+    let polling = async {
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            for p in &mut primaries {
+                p.poll(&s, &keys).await;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let (cut, ()) = tokio::join!(coordinator, polling);
+    let cut = cut.expect("the cut commits");
+    let reported: BTreeMap<u32, u64> = primaries.iter().flat_map(|p| p.reported.clone()).collect();
+    assert_eq!(cut.positions, reported, "the cut is what the primaries reported");
+    assert_eq!(cut.positions.len(), 3);
+    for p in &mut primaries {
+        let steps = p.poll(&s, &keys).await;
+        assert!(steps.iter().all(|s| matches!(s, FenceStep::Lift { .. })), "{steps:?}");
+        assert!(p.holding.is_empty(), "node {} lifted every hold", p.node);
+    }
+    assert!(s.range(&keys.fences()).await.expect("range").0.is_empty(), "the fence and its reports are gone");
+}
+
+/// Nobody reports: the coordinator gives up after the hold, and the fence is gone with its
+/// lease (a primary that sees it later has nothing to hold).
+#[tokio::test]
+async fn a_fence_no_primary_reports_fails_after_its_hold_and_leaves_nothing() {
+    let s = MemStore::new();
+    let (keys, _members, _) = three_regions(&s, "silent").await;
+    let opts = CutOptions { hold: Duration::from_millis(100), attempts: 2 };
+    let e = take_cut(&s, &keys, opts).await.expect_err("no reports");
+    assert_eq!(e.code(), "fence_not_reported", "{e}");
+    assert!(matches!(&e, FenceError::NotReported(r) if r.len() == 3), "{e:?}");
+    assert!(s.range(&keys.fences()).await.expect("range").0.is_empty());
+}
+
+/// A primary whose hold ran out breaks the fence (deletes its key) and lifts at the next poll;
+/// the commit can no longer apply, though every report is in.
+#[tokio::test]
+async fn a_fence_whose_hold_ran_out_is_broken_and_never_commits() {
+    let s = MemStore::new();
+    let (keys, _members, nodes) = three_regions(&s, "broken").await;
+    let (id, create, map) = fence_by_hand(&s, &keys, 42, Duration::from_millis(100)).await;
+    let mut primaries: Vec<FencedPrimary> = nodes.iter().map(|&n| FencedPrimary::new(n)).collect();
+    for p in &mut primaries {
+        p.poll(&s, &keys).await;
+    }
+    let snap = master::read(&s, &keys).await.expect("read");
+    assert_eq!(snap.fences[0].reported.len(), 3, "every region reported");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let steps = primaries[0].poll(&s, &keys).await;
+    assert!(steps.iter().any(|s| matches!(s, FenceStep::Break { id: i, .. } if *i == id)), "{steps:?}");
+    assert!(!s.txn(commit_txn(&keys, id, create, map)).await.expect("txn").succeeded, "a broken fence never commits");
+    for p in &mut primaries {
+        p.poll(&s, &keys).await;
+        assert!(p.holding.is_empty(), "node {} lifted", p.node);
+    }
+}
+
+/// A region key changed after the map the fence was taken on (a failover, a repair, a split):
+/// the commit does not apply. Unchanged, it does.
+#[tokio::test]
+async fn a_fence_commits_only_on_the_map_it_was_taken_on() {
+    let s = MemStore::new();
+    let (keys, _members, nodes) = three_regions(&s, "moved").await;
+    let mut primaries: Vec<FencedPrimary> = nodes.iter().map(|&n| FencedPrimary::new(n)).collect();
+    let (id, create, map) = fence_by_hand(&s, &keys, 42, Duration::from_secs(30)).await;
+    for p in &mut primaries {
+        p.poll(&s, &keys).await;
+    }
+    let region = master::read(&s, &keys).await.expect("read").map.regions[1].id;
+    let kv = s.get(&keys.region(region)).await.expect("get").expect("region");
+    s.put(&keys.region(region), &kv.value, None).await.expect("the region key rewritten");
+    assert!(!s.txn(commit_txn(&keys, id, create, map)).await.expect("txn").succeeded, "the map moved");
+    let (id, create, map) = fence_by_hand(&s, &keys, 43, Duration::from_secs(30)).await;
+    assert!(s.txn(commit_txn(&keys, id, create, map)).await.expect("txn").succeeded, "the same map");
+}
+
+/// A node that restarted (a new holder) finds a fence its earlier life reported for a region it
+/// still leads at the same epoch: it cannot know what it acknowledged since, so it breaks the
+/// fence rather than let it commit.
+#[tokio::test]
+async fn a_restarted_primary_breaks_a_fence_its_earlier_life_reported() {
+    let s = MemStore::new();
+    let (keys, _members, nodes) = three_regions(&s, "restart").await;
+    let (id, create, map) = fence_by_hand(&s, &keys, 42, Duration::from_secs(30)).await;
+    let mut primaries: Vec<FencedPrimary> = nodes.iter().map(|&n| FencedPrimary::new(n)).collect();
+    for p in &mut primaries {
+        p.poll(&s, &keys).await;
+    }
+    let mut again = FencedPrimary::new(nodes[0]);
+    let steps = again.poll(&s, &keys).await;
+    assert!(matches!(steps.as_slice(), [FenceStep::Break { .. }]), "{steps:?}");
+    assert!(!s.txn(commit_txn(&keys, id, create, map)).await.expect("txn").succeeded);
 }

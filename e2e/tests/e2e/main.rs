@@ -1,6 +1,7 @@
 //! End-to-end tests over real processes: linearizability (with crashes), exactly-once retries,
 //! and `dpukv local`'s supervision.
 
+mod backup;
 mod cluster;
 mod crds;
 mod faults;

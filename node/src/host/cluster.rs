@@ -3,7 +3,8 @@
 //! registers under a lease (keeping its authority current), runs for master, serves replication
 //! connections as a backup, and then follows the region map: it opens the regions it leads (with
 //! senders to their backups and joining nodes), backs the ones it is a backup of, hands regions
-//! over when the map moves them, reports finished catch-ups, and publishes the map for its device.
+//! over when the map moves them, reports finished catch-ups, holds its regions for backup fences
+//! (docs/backup.md §2), and publishes the map for its device.
 //! For splits and merges (docs/cluster.md §9) it leads a split's new region before the map has
 //! it, drives the copy of the regions it leads (module `handoff`), tells each writer the ranges
 //! its region keeps, and reports its regions' sizes.
@@ -20,12 +21,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use dpukv_cluster::fence::{FenceHolder, FenceStep};
 use dpukv_cluster::keys::{BackupIndex, ClusterConfig, Keys};
-use dpukv_cluster::master;
+use dpukv_cluster::master::{self, Snapshot};
 use dpukv_cluster::membership::{Authority, Member, Timing, register_with};
 use dpukv_cluster::meta::{Compare, Txn, TxnOp};
 use dpukv_cluster::{EtcdOptions, EtcdStore, MetaError, MetaStore};
 use dpukv_proto::regionmap::{HandoffKind, NodeInfo, RegionInfo, RegionState};
+use dpukv_storage::region::RegionSnapshot;
 use dpukv_storage::vlog::LogTail;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -230,6 +233,8 @@ pub async fn run(
     let mut first_map = true;
     // (region, epoch) whose position this node reported (its primary gone).
     let mut reported_positions: BTreeSet<(u32, u64)> = BTreeSet::new();
+    // Backup fences this node's regions hold (docs/backup.md §2).
+    let mut fencing = Fencing::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -373,6 +378,7 @@ pub async fn run(
                 }
             }
         }
+        hold_fences(&snap, &led, &mut fencing, &store, &keys).await;
         report_positions(&snap, me, &backups, &store, &keys, member.lease, &mut reported_positions).await;
         {
             let (b, ids): (_, BTreeSet<u32>) =
@@ -507,6 +513,85 @@ pub async fn run(
     served.write().unwrap_or_else(|e| e.into_inner()).writers.clear();
     let _ = store.revoke(member.lease).await;
     Ok(threads)
+}
+
+/// How long the cluster loop waits for a writer to fence its region and snapshot it.
+const CUT_WAIT: Duration = Duration::from_secs(2);
+
+/// The backup fences this node's regions hold, and each region's files at its cut.
+#[derive(Default)]
+struct Fencing {
+    holder: FenceHolder,
+    /// (fence, region) -> the region's snapshot at the cut; dropped (its pins with it) once the
+    /// fence is lifted. At most one per fence a region holds, and a fence is held at most its
+    /// hold time.
+    snapshots: HashMap<(u64, u32), RegionSnapshot>,
+}
+
+/// Backup fences (docs/backup.md §2, `dpukv_cluster::fence`): a region this node leads at a
+/// fence's epoch has its writer fence it at the log's written end and snapshot it there
+/// ([`Control::Cut`]), and reports that cut; it lifts once the fence key is gone (committed,
+/// aborted, or broken — by this node itself once the fence's hold ran out). Without etcd nothing
+/// is lifted: the region's writes wait, as they would anyway once the lease runs out.
+async fn hold_fences(snap: &Snapshot, led: &HashMap<u32, Led>, fencing: &mut Fencing, store: &EtcdStore, keys: &Keys) {
+    let now = std::time::Instant::now();
+    let steps = fencing.holder.poll(keys, &snap.fences, |r| led.get(&r).map(|l| l.epoch), now);
+    for step in steps {
+        let report = match step {
+            FenceStep::Fence { fence, region, epoch } => {
+                let Some(l) = led.get(&region) else { continue };
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let until = std::time::Instant::now() + CUT_WAIT;
+                if l.control.send(Control::Cut { id: fence.id, until, done: tx }).await.is_err() {
+                    continue; // the writer is gone: the region closes
+                }
+                let snapshot = match tokio::time::timeout_at(tokio::time::Instant::from_std(until), rx).await {
+                    Ok(Ok(Ok(s))) => s,
+                    Ok(Ok(Err(e))) => {
+                        tracing::warn!(region, fence = fence.id, error = %e, "fencing for a backup failed");
+                        continue;
+                    }
+                    // No answer in time (or the writer went): it may still fence later, so the
+                    // fence is held without a report — the coordinator gives up on it, and the
+                    // lift comes when its key goes.
+                    _ => {
+                        tracing::warn!(region, fence = fence.id, "the writer did not fence in time");
+                        fencing.holder.held_unreported(&fence, region, epoch, std::time::Instant::now());
+                        continue;
+                    }
+                };
+                let at = snapshot.cut;
+                tracing::info!(region, fence = fence.id, cut = ?at, bytes = snapshot.bytes(), "fenced for a backup");
+                fencing.snapshots.insert((fence.id, region), snapshot);
+                let txn = fencing.holder.fenced(keys, &fence, region, epoch, at.0, std::time::Instant::now());
+                (fence.id, region, txn)
+            }
+            FenceStep::Report { id, region, txn } => (id, region, txn),
+            FenceStep::Break { id, txn } => {
+                match store.txn(txn).await {
+                    Ok(t) if t.succeeded => tracing::warn!(fence = id, "broke a backup fence whose hold ran out"),
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(fence = id, error = %e, "breaking a backup fence failed; retrying"),
+                }
+                continue;
+            }
+            FenceStep::Lift { id, region } => {
+                fencing.snapshots.remove(&(id, region));
+                if let Some(l) = led.get(&region)
+                    && l.acks.lift(id)
+                {
+                    tracing::info!(region, fence = id, "lifted a backup fence");
+                }
+                continue;
+            }
+        };
+        let (id, region, txn) = report;
+        match store.txn(txn).await {
+            // Written, or the fence key is gone (the next poll lifts).
+            Ok(_) => fencing.holder.reported(id, region),
+            Err(e) => tracing::debug!(fence = id, region, error = %e, "reporting a fenced cut failed; retrying"),
+        }
+    }
 }
 
 /// This node's zone: `--zone`, else its line in the zones directory (the operator's ConfigMap,

@@ -17,7 +17,8 @@
 //! the exactly-once sessions, import them into another region (acknowledged like a write: durable
 //! and held by every backup), report the region's size, and the ranges the region keeps — keys
 //! outside them (the half a split gave away, an aborted merge's copy) are deleted in bounded
-//! steps of the upkeep.
+//! steps of the upkeep. And for backups (docs/backup.md §2–3): fence the region at the log's end
+//! and snapshot its files there, in one step between rounds ([`Control::Cut`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use dpukv_proto::{ErrorCode, Op, Reply, Request, Response, Session, WriteOp};
 use dpukv_storage::BatchOp;
-use dpukv_storage::region::{Lookup, Region, SessionEntry, WriteAck};
+use dpukv_storage::region::{Lookup, Region, RegionSnapshot, SessionEntry, WriteAck};
 use dpukv_storage::vlog::{DurabilityWaiter, Lsn};
 use tokio::sync::{mpsc, oneshot};
 
@@ -127,6 +128,19 @@ pub enum Control {
         middle: bool,
         /// The report.
         done: oneshot::Sender<Result<LoadReport, String>>,
+    },
+    /// A backup's fence: from now until the region's `Acks::lift(id)`, nothing past the log's
+    /// written end is acknowledged or shown to readers; answered with the region's files at that
+    /// end (its snapshot's `cut` is the fence's cut). Between rounds nothing is being appended,
+    /// compacted in or collected, so the snapshot's index holds nothing past the cut.
+    Cut {
+        /// The fence's id.
+        id: u64,
+        /// Refused past this (its sender stopped waiting: a fence taken later would be held
+        /// with no one to lift it).
+        until: Instant,
+        /// The snapshot, or why not.
+        done: oneshot::Sender<Result<RegionSnapshot, String>>,
     },
 }
 
@@ -491,6 +505,20 @@ impl Worker {
                     self.region.middle_key(&lo, &hi).map(|(live, m)| (live, writes, m))
                 };
                 let _ = done.send(r.map_err(|e| e.to_string()));
+            }
+            Control::Cut { id, until, done } => {
+                let r = match &self.repl {
+                    _ if Instant::now() >= until => Err("asked too late: its sender stopped waiting".to_string()),
+                    None => Err("the region is not replicated: nothing to fence".to_string()),
+                    Some(repl) => {
+                        self.region.snapshot().map_err(|e| format!("snapshotting the region: {e}")).and_then(|snap| {
+                            let cut = snap.cut;
+                            repl.acks.fence(id, || cut).map_err(|e| e.to_string())?;
+                            Ok(snap)
+                        })
+                    }
+                };
+                let _ = done.send(r);
             }
         }
     }

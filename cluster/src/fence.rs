@@ -1,0 +1,492 @@
+//! Backup fences (docs/backup.md §2): a consistent cut across every region, taken through the
+//! metadata store while the cluster serves.
+//!
+//! 1. The coordinator ([`take_cut`]) reads the map and writes `fences/<id>` under a lease of its
+//!    own: every region with its epoch, and how long a primary holds ([`FenceSpec`]).
+//! 2. Each primary sees it in its map poll (within ~50 ms), takes its log's written end as the
+//!    region's cut, holds back every acknowledgement and read past it (the node's
+//!    `replication::Acks::fence`: the log, its sync and the streams to backups go on), and
+//!    reports `<epoch> <position>` under `fences/<id>/<region>` ([`report_txn`]: only while the
+//!    fence key it saw exists).
+//! 3. Once every region reported at its epoch, the coordinator commits with one transaction:
+//!    the fence key is the one it created, and no region key changed since the map it read
+//!    ([`Compare::UnchangedSince`]: no failover, repair, split or merge in between). The commit's
+//!    only change is deleting the fence key.
+//! 4. A primary lifts its hold once the fence key is gone — committed, aborted, or its
+//!    coordinator's lease ended: in every case nothing can commit any more. Past the fence's
+//!    hold time it deletes the key itself first ([`break_txn`]): the commit's compare then
+//!    fails, so a fence whose hold ran out can never commit.
+//!
+//! Why the cut is consistent (the argument in full: docs/backup.md §2): a primary holds from its
+//! report until it sees the key gone, and the key goes with the commit or before it can happen;
+//! so every write past a cut completes after the commit, while every write in a cut was invoked
+//! before its primary saw the fence, hence before the commit. No clock decides validity — the
+//! hold time only bounds how long acknowledgements wait. Without the metadata store a primary
+//! cannot lift (it cannot see the key gone, nor delete it): its writes stop as they would anyway
+//! once its lease runs out.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use dpukv_proto::regionmap::RegionMap;
+
+use crate::keys::Keys;
+use crate::master;
+use crate::meta::{Compare, KeyValue, LeaseId, MetaError, MetaStore, Revision, Txn, TxnOp};
+
+/// How long a primary holds a fence by default before it breaks it.
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(2);
+/// How often the coordinator looks for the primaries' reports.
+const REPORT_POLL: Duration = Duration::from_millis(10);
+/// The most regions a fence names (a bound on the fence key's size and on the reports read).
+pub const MAX_FENCE_REGIONS: usize = 100_000;
+
+/// What a fence asks of the primaries (the fence key's value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceSpec {
+    /// How long a primary holds before it breaks the fence.
+    pub hold: Duration,
+    /// Every region of the map, with its epoch: only the primary at that epoch reports.
+    pub regions: Vec<(u32, u64)>,
+}
+
+impl FenceSpec {
+    /// `hold_ms=<n>\nregions=<region>:<epoch>,...\n`.
+    pub fn encode(&self) -> Vec<u8> {
+        let regions: Vec<String> = self.regions.iter().map(|(r, e)| format!("{r}:{e}")).collect();
+        format!("hold_ms={}\nregions={}\n", self.hold.as_millis(), regions.join(",")).into_bytes()
+    }
+
+    /// Parses [`FenceSpec::encode`]'s form.
+    pub fn decode(v: &[u8]) -> Result<FenceSpec, MetaError> {
+        let bad = |m: &str| MetaError::Invalid(format!("fence: {m}"));
+        let text = std::str::from_utf8(v).map_err(|_| bad("not UTF-8"))?;
+        let (mut hold, mut regions) = (None, None);
+        for line in text.lines() {
+            match line.split_once('=') {
+                Some(("hold_ms", n)) => hold = Some(Duration::from_millis(n.parse().map_err(|_| bad("hold_ms"))?)),
+                Some(("regions", list)) => {
+                    let parsed: Result<Vec<(u32, u64)>, MetaError> = list
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .take(MAX_FENCE_REGIONS + 1)
+                        .map(|p| {
+                            let (r, e) = p.split_once(':').ok_or_else(|| bad("region:epoch"))?;
+                            Ok((r.parse().map_err(|_| bad("region"))?, e.parse().map_err(|_| bad("epoch"))?))
+                        })
+                        .collect();
+                    regions = Some(parsed?);
+                }
+                _ => {}
+            }
+        }
+        let (Some(hold), Some(regions)) = (hold, regions) else { return Err(bad("hold_ms and regions")) };
+        if regions.len() > MAX_FENCE_REGIONS {
+            return Err(bad("too many regions"));
+        }
+        Ok(FenceSpec { hold, regions })
+    }
+
+    /// The epoch a region is fenced at, if the fence names it.
+    pub fn epoch_of(&self, region: u32) -> Option<u64> {
+        self.regions.iter().find(|(r, _)| *r == region).map(|(_, e)| *e)
+    }
+}
+
+/// A fence as a map poll sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// Its id (the key's name).
+    pub id: u64,
+    /// The fence key's create revision: a report or a break applies to this key only.
+    pub create: Revision,
+    /// The coordinator's lease (the reports are bound to it too).
+    pub lease: Option<LeaseId>,
+    /// What it asks.
+    pub spec: FenceSpec,
+    /// The reports so far: region -> (epoch, cut position).
+    pub reported: BTreeMap<u32, (u64, u64)>,
+}
+
+/// The fences among a cluster's keys (`kvs` from a range of its root). A key that does not
+/// parse is left out: nothing a fence key holds may stop a map poll.
+pub fn fences_in(kvs: &[KeyValue], keys: &Keys) -> Vec<Fence> {
+    let prefix = keys.fences();
+    let mut fences: BTreeMap<u64, Fence> = BTreeMap::new();
+    let mut reports: Vec<(u64, u32, u64, u64)> = Vec::new();
+    for kv in kvs.iter().filter(|kv| kv.key.starts_with(&prefix)) {
+        let Ok(rest) = std::str::from_utf8(&kv.key[prefix.len()..]) else { continue };
+        match rest.split_once('/') {
+            None => {
+                let (Ok(id), Ok(spec)) = (rest.parse(), FenceSpec::decode(&kv.value)) else { continue };
+                fences.insert(
+                    id,
+                    Fence { id, create: kv.create_revision, lease: kv.lease, spec, reported: BTreeMap::new() },
+                );
+            }
+            Some((id, region)) => {
+                if let (Ok(id), Some((region, e, p))) = (id.parse(), parse_report(region.as_bytes(), &kv.value)) {
+                    reports.push((id, region, e, p));
+                }
+            }
+        }
+    }
+    for (id, region, epoch, position) in reports {
+        if let Some(f) = fences.get_mut(&id) {
+            f.reported.insert(region, (epoch, position));
+        }
+    }
+    fences.into_values().collect()
+}
+
+/// A report's region (the key's last part), epoch and position.
+fn parse_report(region: &[u8], value: &[u8]) -> Option<(u32, u64, u64)> {
+    let region = std::str::from_utf8(region).ok()?.parse().ok()?;
+    let (e, p) = std::str::from_utf8(value).ok()?.split_once(' ')?;
+    Some((region, e.parse().ok()?, p.parse().ok()?))
+}
+
+/// A primary's report of its cut for `region` at `epoch` to fence `id`: written only while the
+/// fence key it saw (created at `create`) exists, bound to the coordinator's lease.
+pub fn report_txn(
+    keys: &Keys,
+    (id, create, lease): (u64, Revision, Option<LeaseId>),
+    region: u32,
+    epoch: u64,
+    position: u64,
+) -> Txn {
+    Txn {
+        when: vec![Compare::CreateRevision(keys.fence(id), create)],
+        then: vec![TxnOp::Put {
+            key: keys.fence_report(id, region),
+            value: format!("{epoch} {position}").into_bytes(),
+            lease,
+        }],
+        otherwise: vec![],
+    }
+}
+
+/// A primary breaks fence `id` (created at `create`) whose hold ran out: the key goes, so the
+/// commit can no longer happen. Whatever the outcome (the key was already gone: committed or
+/// aborted), the primary may lift once this is applied.
+pub fn break_txn(keys: &Keys, id: u64, create: Revision) -> Txn {
+    Txn {
+        when: vec![Compare::CreateRevision(keys.fence(id), create)],
+        then: vec![TxnOp::Delete { key: keys.fence(id) }],
+        otherwise: vec![],
+    }
+}
+
+/// A primary's side of the fences: which regions it holds for which fence, and what to do at
+/// each map poll ([`FenceHolder::poll`]). The node carries the steps out (its regions'
+/// `Acks::fence` and `lift`, and the transactions); the decisions are here, in one place the
+/// tests drive too.
+#[derive(Debug, Default)]
+pub struct FenceHolder {
+    holds: BTreeMap<(u64, u32), Hold>,
+}
+
+#[derive(Debug, Clone)]
+struct Hold {
+    create: Revision,
+    lease: Option<LeaseId>,
+    epoch: u64,
+    position: u64,
+    until: Instant,
+    reported: bool,
+}
+
+/// What a primary does after a map poll.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceStep {
+    /// Fence the region now — hold back everything past its log's written end — then call
+    /// [`FenceHolder::fenced`] with that position and run the report it returns.
+    Fence {
+        /// The fence.
+        fence: Fence,
+        /// The region (this node leads it at `epoch`).
+        region: u32,
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// Write this report again (an earlier try failed), then call [`FenceHolder::reported`].
+    Report {
+        /// The fence's id.
+        id: u64,
+        /// The region.
+        region: u32,
+        /// The report's transaction.
+        txn: Txn,
+    },
+    /// The fence's hold ran out: run this transaction (it breaks the fence); the lift follows
+    /// at the next poll, which sees the key gone.
+    Break {
+        /// The fence's id.
+        id: u64,
+        /// The transaction.
+        txn: Txn,
+    },
+    /// The fence key is gone (committed, aborted, broken, or its lease ended): lift the
+    /// region's hold.
+    Lift {
+        /// The fence's id.
+        id: u64,
+        /// The region.
+        region: u32,
+    },
+}
+
+impl FenceHolder {
+    /// What to do now, given the fences of a map poll and the regions this node leads (region
+    /// -> epoch).
+    pub fn poll(
+        &mut self,
+        keys: &Keys,
+        fences: &[Fence],
+        leads: impl Fn(u32) -> Option<u64>,
+        now: Instant,
+    ) -> Vec<FenceStep> {
+        let mut steps = Vec::new();
+        // Lift what no fence key holds any more (the same key: a fence's id with another create
+        // revision is another fence).
+        let gone: Vec<(u64, u32)> = self
+            .holds
+            .iter()
+            .filter(|((id, _), h)| !fences.iter().any(|f| f.id == *id && f.create == h.create))
+            .map(|(k, _)| *k)
+            .collect();
+        for (id, region) in gone {
+            self.holds.remove(&(id, region));
+            steps.push(FenceStep::Lift { id, region });
+        }
+        let mut breaking = std::collections::BTreeSet::new();
+        for f in fences {
+            for &(region, epoch) in &f.spec.regions {
+                if leads(region) != Some(epoch) || self.holds.contains_key(&(f.id, region)) {
+                    continue;
+                }
+                if f.reported.contains_key(&region) {
+                    // An earlier life of this node reported, and this one has not held since:
+                    // it may have acknowledged past that cut, so the fence must not commit.
+                    if breaking.insert(f.id) {
+                        steps.push(FenceStep::Break { id: f.id, txn: break_txn(keys, f.id, f.create) });
+                    }
+                } else {
+                    steps.push(FenceStep::Fence { fence: f.clone(), region, epoch });
+                }
+            }
+        }
+        for (&(id, region), h) in &self.holds {
+            if now >= h.until {
+                if breaking.insert(id) {
+                    steps.push(FenceStep::Break { id, txn: break_txn(keys, id, h.create) });
+                }
+            } else if !h.reported {
+                let txn = report_txn(keys, (id, h.create, h.lease), region, h.epoch, h.position);
+                steps.push(FenceStep::Report { id, region, txn });
+            }
+        }
+        steps
+    }
+
+    /// The region is fenced at `position` (from `now` on, for the fence's hold): the report to
+    /// write.
+    pub fn fenced(&mut self, keys: &Keys, f: &Fence, region: u32, epoch: u64, position: u64, now: Instant) -> Txn {
+        let hold =
+            Hold { create: f.create, lease: f.lease, epoch, position, until: now + f.spec.hold, reported: false };
+        self.holds.insert((f.id, region), hold);
+        report_txn(keys, (f.id, f.create, f.lease), region, epoch, position)
+    }
+
+    /// The region may be fenced, at a cut not known (its writer did not answer in time): held
+    /// without a report — the fence cannot commit without one — until the fence key goes.
+    pub fn held_unreported(&mut self, f: &Fence, region: u32, epoch: u64, now: Instant) {
+        let hold =
+            Hold { create: f.create, lease: f.lease, epoch, position: 0, until: now + f.spec.hold, reported: true };
+        self.holds.insert((f.id, region), hold);
+    }
+
+    /// The region's report for fence `id` was written (or its fence key was gone).
+    pub fn reported(&mut self, id: u64, region: u32) {
+        if let Some(h) = self.holds.get_mut(&(id, region)) {
+            h.reported = true;
+        }
+    }
+
+    /// Fences held, as (fence id, region).
+    pub fn held(&self) -> Vec<(u64, u32)> {
+        self.holds.keys().copied().collect()
+    }
+}
+
+/// A consistent cut: the map it was taken on and every region's cut position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cut {
+    /// The fence's id.
+    pub id: u64,
+    /// The region map the fence named (regions, epochs, primaries, backups).
+    pub map: RegionMap,
+    /// Each region's cut: the end of its log's last batch at the fence (what the cut holds of
+    /// the region is its log up to there).
+    pub positions: BTreeMap<u32, u64>,
+    /// How long the fence held back acknowledgements, from its key's write to its commit.
+    pub held: Duration,
+}
+
+/// How to take a cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CutOptions {
+    /// How long a primary holds before it breaks the fence (and the coordinator waits for the
+    /// reports).
+    pub hold: Duration,
+    /// Fences tried before giving up.
+    pub attempts: u32,
+}
+
+impl Default for CutOptions {
+    fn default() -> CutOptions {
+        CutOptions { hold: DEFAULT_HOLD, attempts: 3 }
+    }
+}
+
+/// Why no cut was taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceError {
+    /// The metadata store failed.
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    /// The map cannot be fenced now: no regions yet, a region without a live primary, or a
+    /// split or merge running.
+    #[error("the cluster cannot be fenced now: {0}")]
+    Busy(String),
+    /// These regions' primaries did not report within the hold.
+    #[error("regions {0:?} did not report their cut within the fence's hold")]
+    NotReported(Vec<u32>),
+    /// The fence was broken (a hold ran out) or the map changed before the commit.
+    #[error("the fence was broken or the region map changed before it committed")]
+    Broken,
+}
+
+impl FenceError {
+    /// A stable code naming the error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            FenceError::Meta(e) => e.code(),
+            FenceError::Busy(_) => "fence_busy",
+            FenceError::NotReported(_) => "fence_not_reported",
+            FenceError::Broken => "fence_broken",
+        }
+    }
+}
+
+/// Takes a consistent cut of every region (up to `opts.attempts` fences, a short backoff
+/// between them); the last failure if none committed.
+pub async fn take_cut<S: MetaStore>(s: &S, keys: &Keys, opts: CutOptions) -> Result<Cut, FenceError> {
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+    let mut last = FenceError::Busy("no attempt made".into());
+    for _ in 0..opts.attempts.max(1) {
+        match try_cut(s, keys, opts).await {
+            Ok(cut) => return Ok(cut),
+            Err(e) => {
+                tracing::info!(error = %e, "a backup fence did not commit");
+                last = e;
+            }
+        }
+        tokio::time::sleep(backoff.wait()).await;
+    }
+    Err(last)
+}
+
+/// One fence: under a lease of its own, revoked at the end however it went (the fence key, if
+/// still there, and the reports go with it: every primary lifts).
+async fn try_cut<S: MetaStore>(s: &S, keys: &Keys, opts: CutOptions) -> Result<Cut, FenceError> {
+    let snap = master::read(s, keys).await?;
+    let map = snap.map;
+    if map.regions.is_empty() {
+        return Err(FenceError::Busy("the cluster has no regions yet".into()));
+    }
+    if !snap.handoffs.running.is_empty() {
+        return Err(FenceError::Busy("a split or merge is running".into()));
+    }
+    if let Some(r) = map.regions.iter().find(|r| !map.nodes.iter().any(|n| n.id == r.primary && r.primary != 0)) {
+        return Err(FenceError::Busy(format!("region {} has no live primary", r.id)));
+    }
+    if map.regions.len() > MAX_FENCE_REGIONS {
+        return Err(FenceError::Busy(format!("more than {MAX_FENCE_REGIONS} regions")));
+    }
+    let lease = s.grant(opts.hold * 2 + Duration::from_secs(5)).await?;
+    let out = fenced(s, keys, map, lease, opts.hold).await;
+    if let Err(e) = s.revoke(lease).await {
+        tracing::debug!(error = %e, "revoking a fence's lease failed (it ends by itself)");
+    }
+    out
+}
+
+async fn fenced<S: MetaStore>(
+    s: &S,
+    keys: &Keys,
+    map: RegionMap,
+    lease: LeaseId,
+    hold: Duration,
+) -> Result<Cut, FenceError> {
+    let id = fence_id();
+    let spec = FenceSpec { hold, regions: map.regions.iter().map(|r| (r.id, r.epoch)).collect() };
+    let key = keys.fence(id);
+    let started = Instant::now();
+    let t = s
+        .txn(Txn {
+            when: vec![Compare::Absent(key.clone())],
+            then: vec![TxnOp::Put { key: key.clone(), value: spec.encode(), lease: Some(lease) }],
+            otherwise: vec![],
+        })
+        .await?;
+    if !t.succeeded {
+        return Err(FenceError::Broken);
+    }
+    let create = t.revision;
+    let mut report_prefix = key.clone();
+    report_prefix.push(b'/');
+    let positions = loop {
+        let (kvs, _) = s.range(&report_prefix).await?;
+        let mut positions = BTreeMap::new();
+        for kv in &kvs {
+            if let Some((region, epoch, position)) = parse_report(&kv.key[report_prefix.len()..], &kv.value)
+                && spec.epoch_of(region) == Some(epoch)
+            {
+                positions.insert(region, position);
+            }
+        }
+        if positions.len() == spec.regions.len() {
+            break positions;
+        }
+        if started.elapsed() >= hold {
+            let missing = spec.regions.iter().map(|(r, _)| *r).filter(|r| !positions.contains_key(r)).collect();
+            return Err(FenceError::NotReported(missing));
+        }
+        tokio::time::sleep(REPORT_POLL).await;
+    };
+    if !s.txn(commit_txn(keys, id, create, map.revision as Revision)).await?.succeeded {
+        return Err(FenceError::Broken);
+    }
+    Ok(Cut { id, map, positions, held: started.elapsed() })
+}
+
+/// The commit of fence `id` (its key created at `create`), taken on the map read at `map`:
+/// it applies only if the fence key is still the one written (no primary broke it, its lease
+/// lives) and no region key changed since that map; it deletes the fence key, which lifts
+/// every hold.
+pub fn commit_txn(keys: &Keys, id: u64, create: Revision, map: Revision) -> Txn {
+    Txn {
+        when: vec![Compare::CreateRevision(keys.fence(id), create), Compare::UnchangedSince(keys.regions(), map)],
+        then: vec![TxnOp::Delete { key: keys.fence(id) }],
+        otherwise: vec![],
+    }
+}
+
+/// A fence's id: random (the process's hasher keys and the clock), never 0.
+fn fence_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish().max(1)
+}
