@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Checks the workspace's dependency direction (docs/architecture.md §1.2) over `cargo metadata`.
 
-storage and proto at the bottom; net (server connections) on proto; cluster on proto; node on
-storage, proto, net, cluster; gateway on proto, net, cluster, client; client on proto and net (TLS); only operator depends on kube; nothing depends on e2e; the
+storage, proto and backup (object storage) at the bottom; net (server connections) on proto;
+cluster on proto; node on storage, proto, net, cluster, backup; gateway on proto, net, cluster,
+client; client on proto, net (TLS) and backup (the `dpukv backup` commands); only operator
+depends on kube; nothing depends on e2e; the
 storage engine has no tokio, no sockets framework and no Kubernetes.
 """
 import json
@@ -14,9 +16,10 @@ ALLOWED = {
     "dpukv-proto": set(),
     "dpukv-net": {"dpukv-proto"},
     "dpukv-cluster": {"dpukv-proto"},
-    "dpukv-node": {"dpukv-storage", "dpukv-proto", "dpukv-net", "dpukv-cluster"},
+    "dpukv-backup": set(),
+    "dpukv-node": {"dpukv-storage", "dpukv-proto", "dpukv-net", "dpukv-cluster", "dpukv-backup"},
     "dpukv-gateway": {"dpukv-proto", "dpukv-net", "dpukv-cluster", "dpukv-client"},
-    "dpukv-client": {"dpukv-proto", "dpukv-net"},
+    "dpukv-client": {"dpukv-proto", "dpukv-net", "dpukv-backup"},
     "dpukv-operator": {"dpukv-proto", "dpukv-cluster", "dpukv-net"},
     "dpukv-device-plugin": {"dpukv-proto", "dpukv-net"},
     "dpukv-e2e": None,  # may depend on anything; nothing may depend on it

@@ -1,0 +1,383 @@
+//! The backup location: an object store opened from a URL — `file:///path` (a directory) or
+//! `s3://bucket/prefix` (endpoint and credentials from the usual `AWS_*` variables) — and the
+//! content-named objects and manifests in it (docs/backup.md §3).
+//!
+//! Every object is put only if absent (create-if-absent: an object is never overwritten, so a
+//! backup running beside another cannot damage what the other's manifest names) and read back
+//! checked against its length and SHA-256. Every request has a deadline ([`REQUEST_TIMEOUT`]).
+//! A manifest is put only if absent too, and read only up to [`MAX_MANIFEST`].
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
+
+use crate::BackupError;
+use crate::manifest::{BACKUPS_PREFIX, BackupManifest, MAX_MANIFEST, OBJECTS_PREFIX, ObjectRef, hex, manifest_path};
+
+/// The deadline of one request to the store (an object is at most a log segment: 64 MiB).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A backup location.
+#[derive(Clone)]
+pub struct Location {
+    store: Arc<dyn ObjectStore>,
+    prefix: String,
+    url: String,
+    /// For `file://`: the directory (objects are synced there: the store's own put does not).
+    local: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Location").field("url", &self.url).finish_non_exhaustive()
+    }
+}
+
+impl Location {
+    /// Opens `url`: `file:///absolute/dir` (made if absent) or `s3://bucket[/prefix]` (the
+    /// `AWS_*` variables: `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_REGION`, `AWS_ALLOW_HTTP`, ...).
+    pub fn open(url: &str) -> Result<Location, BackupError> {
+        let bad = |why: &str| BackupError::Url(format!("{url}: {why}"));
+        if let Some(dir) = url.strip_prefix("file://") {
+            if !dir.starts_with('/') {
+                return Err(bad("a file URL needs an absolute path (file:///dir)"));
+            }
+            std::fs::create_dir_all(dir).map_err(|e| bad(&e.to_string()))?;
+            let store = object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(&e.to_string()))?;
+            return Ok(Location {
+                store: Arc::new(store),
+                prefix: String::new(),
+                url: url.into(),
+                local: Some(dir.into()),
+            });
+        }
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(bad("no bucket"));
+            }
+            let store = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(|e| bad(&e.to_string()))?;
+            let prefix = prefix.trim_matches('/').to_string();
+            if prefix.split('/').any(|p| p == "." || p == "..") {
+                return Err(bad("'.' or '..' in the prefix"));
+            }
+            return Ok(Location { store: Arc::new(store), prefix, url: url.into(), local: None });
+        }
+        Err(bad("only file:///dir and s3://bucket/prefix are supported"))
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn path(&self, rel: &str) -> Path {
+        if self.prefix.is_empty() { Path::from(rel) } else { Path::from(format!("{}/{rel}", self.prefix)) }
+    }
+
+    /// Puts `bytes` as a content-named object unless the store holds it already; the object, and
+    /// whether it was uploaded (false: the store had it — what makes a backup incremental).
+    pub async fn put_object(&self, bytes: Bytes) -> Result<(ObjectRef, bool), BackupError> {
+        let sha256 = hex(ring::digest::digest(&ring::digest::SHA256, &bytes).as_ref());
+        let object = ObjectRef { sha256, len: bytes.len() as u64 };
+        let path = self.path(&object.path());
+        match timed(self.store.head(&path)).await {
+            Ok(meta) if meta.size == object.len => return Ok((object, false)),
+            // A short or long object of that name: not what its name says (an interrupted
+            // upload to a store without atomic puts); refused rather than trusted.
+            Ok(meta) => {
+                return Err(BackupError::Corrupt {
+                    object: object.path(),
+                    why: format!("the store holds {} bytes, its name says {}", meta.size, object.len),
+                });
+            }
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let put = self.store.put_opts(&path, PutPayload::from(bytes), PutMode::Create.into());
+        match timed(put).await {
+            Ok(_) => {}
+            // Another upload put the same bytes meanwhile.
+            Err(object_store::Error::AlreadyExists { .. }) => return Ok((object, false)),
+            Err(e) => return Err(e.into()),
+        }
+        self.sync_local(&object.path())?;
+        Ok((object, true))
+    }
+
+    /// Reads an object, checked against its length and SHA-256.
+    pub async fn get_object(&self, object: &ObjectRef) -> Result<Bytes, BackupError> {
+        let path = self.path(&object.path());
+        let bytes = match timed(async { self.store.get(&path).await?.bytes().await }).await {
+            Ok(b) => b,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(BackupError::Missing { object: object.path() });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        check(object, &bytes)?;
+        Ok(bytes)
+    }
+
+    /// Whether an object is there, whole (read back and its digest checked).
+    pub async fn verify_object(&self, object: &ObjectRef) -> Result<(), BackupError> {
+        self.get_object(object).await.map(|_| ())
+    }
+
+    /// Writes a backup's manifest — last: the backup exists from here on. Never overwrites one.
+    pub async fn put_manifest(&self, m: &BackupManifest) -> Result<(), BackupError> {
+        let rel = manifest_path(&m.id);
+        let path = self.path(&rel);
+        let put = self.store.put_opts(&path, PutPayload::from(m.encode()), PutMode::Create.into());
+        match timed(put).await {
+            Ok(_) => self.sync_local(&rel),
+            Err(object_store::Error::AlreadyExists { .. }) => Err(BackupError::Exists(m.id.clone())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Backup `id`'s manifest.
+    pub async fn manifest(&self, id: &str) -> Result<BackupManifest, BackupError> {
+        if !valid_id(id) {
+            return Err(BackupError::NotFound(id.into()));
+        }
+        let path = self.path(&manifest_path(id));
+        let read = async {
+            let meta = self.store.head(&path).await?;
+            if meta.size > MAX_MANIFEST {
+                return Ok(Err(BackupError::Corrupt {
+                    object: manifest_path(id),
+                    why: format!("{} bytes, more than a manifest may hold ({MAX_MANIFEST})", meta.size),
+                }));
+            }
+            self.store.get(&path).await?.bytes().await.map(Ok)
+        };
+        let bytes = match timed(read).await {
+            Ok(b) => b?,
+            Err(object_store::Error::NotFound { .. }) => return Err(BackupError::NotFound(id.into())),
+            Err(e) => return Err(e.into()),
+        };
+        let m = BackupManifest::decode(&bytes)?;
+        if m.id != id {
+            return Err(BackupError::Corrupt { object: manifest_path(id), why: format!("it names backup {}", m.id) });
+        }
+        Ok(m)
+    }
+
+    /// The ids of the backups whose manifests are there, oldest first.
+    pub async fn list(&self) -> Result<Vec<String>, BackupError> {
+        let listed = timed(self.store.list_with_delimiter(Some(&self.path(BACKUPS_PREFIX)))).await?;
+        let mut ids: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(String::from))
+            .filter(|id| valid_id(id))
+            .collect();
+        let mut out = Vec::with_capacity(ids.len());
+        ids.sort();
+        for id in ids {
+            let path = self.path(&manifest_path(&id));
+            match timed(self.store.head(&path)).await {
+                Ok(_) => out.push(id),
+                // A backup that never finished: its manifest was never written.
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes backup `id`'s manifest: it no longer exists (its objects go with the next
+    /// [`Location::sweep`] that no kept manifest names them in).
+    pub async fn delete_backup(&self, id: &str) -> Result<(), BackupError> {
+        self.manifest(id).await?;
+        match timed(self.store.delete(&self.path(&manifest_path(id)))).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes every object that no manifest there names and that is older than `grace` (an
+    /// upload under way has objects its manifest will name once written: the grace covers it).
+    /// Returns (objects deleted, bytes freed).
+    pub async fn sweep(&self, grace: Duration) -> Result<(u64, u64), BackupError> {
+        let mut named = std::collections::HashSet::new();
+        for id in self.list().await? {
+            for r in self.manifest(&id).await?.regions {
+                named.extend(r.objects().map(|o| o.sha256.clone()));
+            }
+        }
+        let cutoff = SystemTime::now() - grace;
+        let objects: Vec<object_store::ObjectMeta> =
+            timed(self.store.list(Some(&self.path(OBJECTS_PREFIX))).try_collect()).await?;
+        let (mut deleted, mut freed) = (0, 0);
+        for o in objects {
+            let Some(name) = o.location.filename() else { continue };
+            let old = SystemTime::from(o.last_modified) < cutoff;
+            if named.contains(name) || !old {
+                continue;
+            }
+            match timed(self.store.delete(&o.location)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                    deleted += 1;
+                    freed += o.size;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok((deleted, freed))
+    }
+
+    /// For a directory location: syncs the file at `rel` and its directory, so a backup said
+    /// written survives a power loss of the machine holding it.
+    fn sync_local(&self, rel: &str) -> Result<(), BackupError> {
+        let Some(root) = &self.local else { return Ok(()) };
+        let file = root.join(rel);
+        let sync = |p: &std::path::Path| std::fs::File::open(p).and_then(|f| f.sync_all());
+        sync(&file).map_err(|e| BackupError::Io(format!("syncing {}: {e}", file.display())))?;
+        if let Some(dir) = file.parent() {
+            sync(dir).map_err(|e| BackupError::Io(format!("syncing {}: {e}", dir.display())))?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `bytes` are `object`.
+pub fn check(object: &ObjectRef, bytes: &[u8]) -> Result<(), BackupError> {
+    if bytes.len() as u64 != object.len {
+        return Err(BackupError::Corrupt {
+            object: object.path(),
+            why: format!("{} bytes, the manifest says {}", bytes.len(), object.len),
+        });
+    }
+    let sha = hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
+    if sha != object.sha256 {
+        return Err(BackupError::Corrupt { object: object.path(), why: format!("its SHA-256 is {sha}") });
+    }
+    Ok(())
+}
+
+/// Whether `id` can be a backup's id (what [`crate::manifest::backup_id`] makes: no path
+/// separators or dots, so it cannot name anything outside `backups/`).
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+async fn timed<T>(f: impl std::future::Future<Output = object_store::Result<T>>) -> object_store::Result<T> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
+        Ok(r) => r,
+        Err(_) => Err(object_store::Error::Generic {
+            store: "backup",
+            source: format!("no answer within {REQUEST_TIMEOUT:?}").into(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{FORMAT, LogObject, RegionPart, backup_id};
+
+    fn dir_location() -> (tempfile::TempDir, Location) {
+        let dir = tempfile::tempdir().expect("dir");
+        let url = format!("file://{}", dir.path().join("backups").display());
+        let loc = Location::open(&url).expect("open");
+        (dir, loc)
+    }
+
+    fn manifest(id: &str, log: ObjectRef) -> BackupManifest {
+        BackupManifest {
+            format: FORMAT,
+            id: id.into(),
+            cluster: "c".into(),
+            taken_at_ms: 1,
+            fence: 1,
+            replication: 1,
+            regions: vec![RegionPart {
+                id: 1,
+                start: String::new(),
+                end: None,
+                epoch: 1,
+                cut: 10,
+                index: None,
+                log: vec![LogObject { id: 1, size: 4096, object: log }],
+            }],
+            uploaded_bytes: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_object_is_uploaded_once_and_read_back_checked() {
+        let (dir, loc) = dir_location();
+        let (o, uploaded) = loc.put_object(Bytes::from_static(b"segment bytes")).await.expect("put");
+        assert!(uploaded);
+        let (again, uploaded) = loc.put_object(Bytes::from_static(b"segment bytes")).await.expect("put");
+        assert_eq!((again, uploaded), (o.clone(), false), "the store holds it: not uploaded again");
+        assert_eq!(loc.get_object(&o).await.expect("get"), Bytes::from_static(b"segment bytes"));
+        // Damaged on the store's disk: refused, naming the object.
+        let file = dir.path().join("backups").join(o.path());
+        std::fs::write(&file, b"segment bytez").expect("damage");
+        let e = loc.get_object(&o).await.expect_err("corrupt");
+        assert_eq!(e.code(), "backup_object_corrupt", "{e}");
+        assert!(e.to_string().contains(&o.sha256), "{e}");
+        std::fs::write(&file, b"short").expect("damage");
+        assert_eq!(loc.get_object(&o).await.expect_err("short").code(), "backup_object_corrupt");
+        let e = loc.put_object(Bytes::from_static(b"segment bytes")).await.expect_err("a short object under its name");
+        assert_eq!(e.code(), "backup_object_corrupt");
+        std::fs::remove_file(&file).expect("lose it");
+        assert_eq!(loc.get_object(&o).await.expect_err("missing").code(), "backup_object_missing");
+    }
+
+    #[tokio::test]
+    async fn a_backup_exists_once_its_manifest_is_written_and_never_twice() {
+        let (dir, loc) = dir_location();
+        let (o, _) = loc.put_object(Bytes::from_static(b"log")).await.expect("put");
+        let id = backup_id(1_795_784_783_000, 7);
+        // An upload that never wrote its manifest (a stray file under backups/<id>/).
+        let stray = dir.path().join("backups/backups/20000101T000000Z-00000001");
+        std::fs::create_dir_all(&stray).expect("dir");
+        std::fs::write(stray.join("part"), b"x").expect("stray");
+        assert!(loc.list().await.expect("list").is_empty(), "no manifest, no backup");
+        assert_eq!(loc.manifest(&id).await.expect_err("none").code(), "backup_not_found");
+        let m = manifest(&id, o);
+        loc.put_manifest(&m).await.expect("manifest");
+        assert_eq!(loc.list().await.expect("list"), vec![id.clone()]);
+        assert_eq!(loc.manifest(&id).await.expect("read"), m);
+        assert_eq!(loc.put_manifest(&m).await.expect_err("twice").code(), "backup_exists");
+        assert_eq!(loc.manifest("../../etc").await.expect_err("not an id").code(), "backup_not_found");
+        loc.delete_backup(&id).await.expect("delete");
+        assert!(loc.list().await.expect("list").is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_sweep_deletes_only_objects_no_backup_names() {
+        let (_dir, loc) = dir_location();
+        let (kept, _) = loc.put_object(Bytes::from_static(b"kept")).await.expect("put");
+        let (orphan, _) = loc.put_object(Bytes::from_static(b"orphan")).await.expect("put");
+        loc.put_manifest(&manifest(&backup_id(0, 1), kept.clone())).await.expect("manifest");
+        assert_eq!(loc.sweep(Duration::from_secs(3600)).await.expect("sweep"), (0, 0), "too young to go");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(loc.sweep(Duration::ZERO).await.expect("sweep"), (1, 6));
+        loc.get_object(&kept).await.expect("the named object stays");
+        assert_eq!(loc.get_object(&orphan).await.expect_err("swept").code(), "backup_object_missing");
+    }
+
+    #[test]
+    fn locations_are_file_or_s3_urls_and_ids_name_nothing_else() {
+        for bad in ["ftp://x", "file://relative", "s3://", "/abs", "s3://b/../x"] {
+            assert_eq!(Location::open(bad).expect_err(bad).code(), "backup_bad_location", "{bad}");
+        }
+        assert!(valid_id(&backup_id(0, 1)));
+        for bad in ["", "a/b", "..", "a.b", &"x".repeat(65)] {
+            assert!(!valid_id(bad), "{bad}");
+        }
+    }
+}
