@@ -13,9 +13,11 @@
 //! deadline; memory holds at most one object (a log segment, at most 64 MiB) per upload.
 //!
 //! - [`manifest`]: the manifest's format, object names, backup ids.
+//! - [`job`]: what the coordinator and the primaries say to each other through etcd.
 //! - [`store`]: the location: put/get of objects and manifests, list, delete, sweep.
 //! - [`throttle`]: the bandwidth cap uploads share.
 
+pub mod job;
 pub mod manifest;
 pub mod store;
 pub mod throttle;

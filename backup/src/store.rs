@@ -17,6 +17,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
 use crate::BackupError;
 use crate::manifest::{BACKUPS_PREFIX, BackupManifest, MAX_MANIFEST, OBJECTS_PREFIX, ObjectRef, hex, manifest_path};
+use crate::throttle::Throttle;
 
 /// The deadline of one request to the store (an object is at most a log segment: 64 MiB).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -86,6 +87,15 @@ impl Location {
     /// Puts `bytes` as a content-named object unless the store holds it already; the object, and
     /// whether it was uploaded (false: the store had it — what makes a backup incremental).
     pub async fn put_object(&self, bytes: Bytes) -> Result<(ObjectRef, bool), BackupError> {
+        self.put_object_throttled(bytes, &Throttle::new(0)).await
+    }
+
+    /// [`Location::put_object`], taking the bytes of an upload from `throttle` first.
+    pub async fn put_object_throttled(
+        &self,
+        bytes: Bytes,
+        throttle: &Throttle,
+    ) -> Result<(ObjectRef, bool), BackupError> {
         let sha256 = hex(ring::digest::digest(&ring::digest::SHA256, &bytes).as_ref());
         let object = ObjectRef { sha256, len: bytes.len() as u64 };
         let path = self.path(&object.path());
@@ -102,6 +112,7 @@ impl Location {
             Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
         }
+        throttle.take(object.len).await;
         let put = self.store.put_opts(&path, PutPayload::from(bytes), PutMode::Create.into());
         match timed(put).await {
             Ok(_) => {}

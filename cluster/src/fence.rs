@@ -319,6 +319,66 @@ impl FenceHolder {
     }
 }
 
+/// A backup job as a map poll sees it: written by a fence's commit (`backup-jobs/<fence id>`),
+/// with the primaries' parts so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// The fence's id.
+    pub id: u64,
+    /// The job key's create revision (a part is written only while this key exists).
+    pub create: Revision,
+    /// The coordinator's lease (the parts are bound to it).
+    pub lease: Option<LeaseId>,
+    /// The job's description (the coordinator's: where to upload).
+    pub spec: Vec<u8>,
+    /// The parts reported, by region (the primaries' reports).
+    pub parts: BTreeMap<u32, Vec<u8>>,
+}
+
+/// The backup jobs among a cluster's keys (`kvs` from a range of its root).
+pub fn jobs_in(kvs: &[KeyValue], keys: &Keys) -> Vec<Job> {
+    let prefix = keys.backup_jobs();
+    let mut jobs: BTreeMap<u64, Job> = BTreeMap::new();
+    let mut parts = Vec::new();
+    for kv in kvs.iter().filter(|kv| kv.key.starts_with(&prefix)) {
+        let Ok(rest) = std::str::from_utf8(&kv.key[prefix.len()..]) else { continue };
+        match rest.split_once('/') {
+            None => {
+                let Ok(id) = rest.parse() else { continue };
+                let job = Job {
+                    id,
+                    create: kv.create_revision,
+                    lease: kv.lease,
+                    spec: kv.value.clone(),
+                    parts: BTreeMap::new(),
+                };
+                jobs.insert(id, job);
+            }
+            Some((id, region)) => {
+                if let (Ok(id), Ok(region)) = (id.parse::<u64>(), region.parse::<u32>()) {
+                    parts.push((id, region, kv.value.clone()));
+                }
+            }
+        }
+    }
+    for (id, region, value) in parts {
+        if let Some(j) = jobs.get_mut(&id) {
+            j.parts.insert(region, value);
+        }
+    }
+    jobs.into_values().collect()
+}
+
+/// A primary's part of job `job` for `region`: written only while the job key exists, bound to
+/// the coordinator's lease.
+pub fn part_txn(keys: &Keys, job: &Job, region: u32, value: Vec<u8>) -> Txn {
+    Txn {
+        when: vec![Compare::CreateRevision(keys.backup_job(job.id), job.create)],
+        then: vec![TxnOp::Put { key: keys.backup_part(job.id, region), value, lease: job.lease }],
+        otherwise: vec![],
+    }
+}
+
 /// A consistent cut: the map it was taken on and every region's cut position.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cut {
@@ -331,21 +391,27 @@ pub struct Cut {
     pub positions: BTreeMap<u32, u64>,
     /// How long the fence held back acknowledgements, from its key's write to its commit.
     pub held: Duration,
+    /// With a job: the coordinator's lease, which the job and the primaries' parts are bound
+    /// to — the caller keeps it alive while the job runs, and revokes it at the end.
+    pub lease: Option<LeaseId>,
 }
 
 /// How to take a cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CutOptions {
     /// How long a primary holds before it breaks the fence (and the coordinator waits for the
     /// reports).
     pub hold: Duration,
     /// Fences tried before giving up.
     pub attempts: u32,
+    /// A backup job to start with the commit (`backup-jobs/<fence id>` = this, in the commit's
+    /// transaction): the primaries see it as they lift, and upload their snapshots.
+    pub job: Option<Vec<u8>>,
 }
 
 impl Default for CutOptions {
     fn default() -> CutOptions {
-        CutOptions { hold: DEFAULT_HOLD, attempts: 3 }
+        CutOptions { hold: DEFAULT_HOLD, attempts: 3, job: None }
     }
 }
 
@@ -385,7 +451,7 @@ pub async fn take_cut<S: MetaStore>(s: &S, keys: &Keys, opts: CutOptions) -> Res
     let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
     let mut last = FenceError::Busy("no attempt made".into());
     for _ in 0..opts.attempts.max(1) {
-        match try_cut(s, keys, opts).await {
+        match try_cut(s, keys, &opts).await {
             Ok(cut) => return Ok(cut),
             Err(e) => {
                 tracing::info!(error = %e, "a backup fence did not commit");
@@ -399,7 +465,7 @@ pub async fn take_cut<S: MetaStore>(s: &S, keys: &Keys, opts: CutOptions) -> Res
 
 /// One fence: under a lease of its own, revoked at the end however it went (the fence key, if
 /// still there, and the reports go with it: every primary lifts).
-async fn try_cut<S: MetaStore>(s: &S, keys: &Keys, opts: CutOptions) -> Result<Cut, FenceError> {
+async fn try_cut<S: MetaStore>(s: &S, keys: &Keys, opts: &CutOptions) -> Result<Cut, FenceError> {
     let snap = master::read(s, keys).await?;
     let map = snap.map;
     if map.regions.is_empty() {
@@ -415,8 +481,10 @@ async fn try_cut<S: MetaStore>(s: &S, keys: &Keys, opts: CutOptions) -> Result<C
         return Err(FenceError::Busy(format!("more than {MAX_FENCE_REGIONS} regions")));
     }
     let lease = s.grant(opts.hold * 2 + Duration::from_secs(5)).await?;
-    let out = fenced(s, keys, map, lease, opts.hold).await;
-    if let Err(e) = s.revoke(lease).await {
+    let out = fenced(s, keys, map, lease, opts.hold, opts.job.as_deref()).await;
+    // A job's lease lives on with it (the caller's); anything else ends here.
+    let kept = matches!(&out, Ok(c) if c.lease.is_some());
+    if !kept && let Err(e) = s.revoke(lease).await {
         tracing::debug!(error = %e, "revoking a fence's lease failed (it ends by itself)");
     }
     out
@@ -428,6 +496,7 @@ async fn fenced<S: MetaStore>(
     map: RegionMap,
     lease: LeaseId,
     hold: Duration,
+    job: Option<&[u8]>,
 ) -> Result<Cut, FenceError> {
     let id = fence_id();
     let spec = FenceSpec { hold, regions: map.regions.iter().map(|r| (r.id, r.epoch)).collect() };
@@ -465,10 +534,14 @@ async fn fenced<S: MetaStore>(
         }
         tokio::time::sleep(REPORT_POLL).await;
     };
-    if !s.txn(commit_txn(keys, id, create, map.revision as Revision)).await?.succeeded {
+    let mut commit = commit_txn(keys, id, create, map.revision as Revision);
+    if let Some(job) = job {
+        commit.then.push(TxnOp::Put { key: keys.backup_job(id), value: job.to_vec(), lease: Some(lease) });
+    }
+    if !s.txn(commit).await?.succeeded {
         return Err(FenceError::Broken);
     }
-    Ok(Cut { id, map, positions, held: started.elapsed() })
+    Ok(Cut { id, map, positions, held: started.elapsed(), lease: job.map(|_| lease) })
 }
 
 /// The commit of fence `id` (its key created at `create`), taken on the map read at `map`:

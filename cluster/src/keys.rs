@@ -145,6 +145,28 @@ impl Keys {
         k
     }
 
+    /// Prefix of backup jobs (`backup-jobs/<fence id>`, the job's description, written by a
+    /// fence's commit; and each primary's part `backup-jobs/<fence id>/<region>`), all bound to
+    /// the lease of the backup's coordinator (docs/backup.md §3).
+    pub fn backup_jobs(&self) -> Vec<u8> {
+        self.under("backup-jobs/")
+    }
+
+    /// A backup job.
+    pub fn backup_job(&self, id: u64) -> Vec<u8> {
+        let mut k = self.backup_jobs();
+        k.extend_from_slice(format!("{id:020}").as_bytes());
+        k
+    }
+
+    /// A primary's report of its region's part of backup job `id`.
+    pub fn backup_part(&self, id: u64, region: u32) -> Vec<u8> {
+        let mut k = self.backup_job(id);
+        k.push(b'/');
+        k.extend_from_slice(format!("{region:010}").as_bytes());
+        k
+    }
+
     /// Prefix of stalled streams (`stalled/<region>/<node>`, value the region's epoch): the
     /// region's primary reports a backup or joining node that took no data for longer than its
     /// bound; bound to the primary's lease. The master demotes such a backup to joining (one

@@ -46,6 +46,8 @@ pub struct Snapshot {
     pub master_round: Option<(u32, u64)>,
     /// Backup fences under way, with the primaries' reports (`Keys::fences`).
     pub fences: Vec<crate::fence::Fence>,
+    /// Backup jobs under way, with the primaries' parts (`Keys::backup_jobs`).
+    pub backup_jobs: Vec<crate::fence::Job>,
 }
 
 /// A node's step-down ([`Snapshot::step_down_progress`]).
@@ -321,6 +323,7 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
         handovers,
         master_round,
         fences: crate::fence::fences_in(&kvs, keys),
+        backup_jobs: crate::fence::jobs_in(&kvs, keys),
     })
 }
 

@@ -5,8 +5,10 @@
 //! DELETE: stop), `/cluster/split/{region}/{hex key}` and `/cluster/merge/{region}` (POST: ask
 //! the master to split a region at a key, or to merge it into its left neighbour; checked
 //! against the current map first) and `/cluster/summary` (GET: the master, live nodes, regions,
-//! regions without a live primary or short of copies) — what `dpukv cluster` and the operator
-//! call.
+//! regions without a live primary or short of copies), and `/cluster/backups/{hex location}`
+//! (POST: a backup of the cluster to that location, coordinated by this node; docs/backup.md)
+//! and `/cluster/backups/{job}` (GET: its progress) — what `dpukv cluster`, `dpukv backup` and
+//! the operator call.
 //!
 //! Who may call (docs/security.md §3), checked before the route is looked at:
 //! - with TLS, a client certificate of role `operator` or `admin` of this cluster (the listener
@@ -32,6 +34,8 @@ use dpukv_cluster::master::Snapshot;
 use dpukv_net::identity::{Peer, Refusal, Role};
 use dpukv_net::tls::ServerTls;
 use dpukv_proto::control::{Action, ControlRoute};
+
+use crate::backup::JobProgress;
 use tokio_util::sync::CancellationToken;
 
 /// The control API's bounds: a few callers at once, one request per connection, its header
@@ -152,6 +156,92 @@ struct Control {
     cluster: ClusterControl,
     token: Option<Arc<AdminToken>>,
     tls: bool,
+    backups: Arc<Mutex<BackupJobs>>,
+}
+
+/// The backup jobs this node coordinates (`/cluster/backups`): at most one running at a time,
+/// and the last [`KEPT_JOBS`] kept for their progress.
+#[derive(Debug, Default)]
+struct BackupJobs {
+    next: u64,
+    jobs: std::collections::BTreeMap<u64, Arc<Mutex<JobProgress>>>,
+}
+
+/// Finished backup jobs whose progress a node keeps.
+const KEPT_JOBS: usize = 16;
+
+fn progress_json(p: &Mutex<JobProgress>) -> String {
+    let p = p.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    serde_json::to_string(&p).unwrap_or_default() + "\n"
+}
+
+/// Starts a backup of the cluster to `to`, coordinated by this node (docs/backup.md): 200 with
+/// the job's progress (`job` names it for `GET /cluster/backups/{job}`); 400 for a location that cannot be used; 409 while another runs here.
+async fn start_backup(c: &Control, to: String) -> Answer {
+    if let Err(e) = dpukv_backup::Location::open(&to) {
+        return text(StatusCode::BAD_REQUEST, format!("{}: {e}\n", e.code()));
+    }
+    let progress = {
+        let mut jobs = c.backups.lock().unwrap_or_else(|e| e.into_inner());
+        let running = jobs.jobs.values().any(|p| p.lock().unwrap_or_else(|e| e.into_inner()).state == "running");
+        if running {
+            return text(StatusCode::CONFLICT, "backup_running: a backup this node coordinates is running\n".into());
+        }
+        jobs.next += 1;
+        let job = jobs.next;
+        let progress = Arc::new(Mutex::new(JobProgress {
+            job,
+            state: "running",
+            to: to.clone(),
+            backup: None,
+            regions: 0,
+            parts: 0,
+            uploaded_bytes: 0,
+            bytes: 0,
+            fence_held_ms: 0,
+            error: None,
+        }));
+        jobs.jobs.insert(job, progress.clone());
+        while jobs.jobs.len() > KEPT_JOBS {
+            let oldest = *jobs.jobs.keys().next().expect("more than KEPT_JOBS");
+            jobs.jobs.remove(&oldest);
+        }
+        progress
+    };
+    let (cluster, p) = (c.cluster.clone(), progress.clone());
+    tokio::spawn(async move {
+        let name = std::str::from_utf8(cluster.keys.root())
+            .ok()
+            .and_then(|r| r.strip_prefix("/dpukv/"))
+            .map(|r| r.trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        let out = match dpukv_cluster::EtcdStore::connect(&cluster.etcd).await {
+            Ok(store) => crate::backup::coordinate(&store, &cluster.keys, &name, &to, &p).await,
+            Err(e) => Err(format!("{}: {e}", e.code())),
+        };
+        let mut g = p.lock().unwrap_or_else(|e| e.into_inner());
+        match out {
+            Ok(m) => {
+                tracing::info!(backup = %m.id, to = %to, bytes = m.bytes(), uploaded = m.uploaded_bytes, "backup done");
+                g.state = "done";
+            }
+            Err(e) => {
+                tracing::warn!(to = %to, error = %e, "backup failed");
+                g.state = "failed";
+                g.error = Some(e);
+            }
+        }
+    });
+    json(progress_json(&progress))
+}
+
+/// A backup job's progress: 404 for a job this node does not know (or no longer keeps).
+fn backup_status(c: &Control, job: u64) -> Answer {
+    let jobs = c.backups.lock().unwrap_or_else(|e| e.into_inner());
+    match jobs.jobs.get(&job) {
+        Some(p) => json(progress_json(p)),
+        None => text(StatusCode::NOT_FOUND, format!("backup_job_not_found: no backup job {job} on this node\n")),
+    }
 }
 
 /// Whether the caller may use the control API: see the module documentation.
@@ -371,6 +461,8 @@ async fn handle(
         ControlRoute::Split { region, key } => request_handoff(k, region, Some(key)).await,
         ControlRoute::Merge { region } => request_handoff(k, region, None).await,
         ControlRoute::Summary => summary(k).await,
+        ControlRoute::Backup { to } => start_backup(&c, to).await,
+        ControlRoute::BackupStatus { job } => backup_status(&c, job),
     };
     answer.into_response()
 }
@@ -382,7 +474,7 @@ pub async fn serve(
     cluster: ClusterControl,
     shutdown: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
-    let state = Control { cluster, token: cfg.token.clone(), tls: cfg.tls.is_some() };
+    let state = Control { cluster, token: cfg.token.clone(), tls: cfg.tls.is_some(), backups: Arc::default() };
     if !state.tls && state.token.is_none() {
         tracing::warn!(listen = %cfg.listen, "the control API runs without TLS and without a token: anyone who reaches it can drain and split (plain mode)");
     }
@@ -404,6 +496,7 @@ mod tests {
             },
             token: token.map(|p| Arc::new(AdminToken::load(p).expect("token"))),
             tls: false,
+            backups: Arc::default(),
         }
     }
 

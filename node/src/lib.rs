@@ -19,6 +19,8 @@
 //! - `host`: the host process (`host::run`): per-region writers and releasers.
 //! - `dpu`: the device process (`dpu::run`): the data port and the links to the host.
 //! - `admin`: `/healthz`, `/readyz`, `/metrics` (read-only).
+//! - `backup`: a region's part of a backup — its snapshot uploaded as objects, and a region
+//!   directory made again from a part.
 //! - `control`: a cluster host's control API (`/cluster/*`), for operators and admins only.
 //! - `http`: the bounded HTTP server under both.
 //! - `config`: the binaries' flags.
@@ -29,6 +31,7 @@
 
 pub mod admin;
 pub mod atomics;
+pub mod backup;
 pub mod config;
 pub mod control;
 /// A tmpfs for unit tests that need a full disk (shared with the storage and node suites).

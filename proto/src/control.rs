@@ -10,6 +10,8 @@
 //! | POST | `/cluster/split/{region}/{hex key}` | split a region at a key (1..=1024 bytes) |
 //! | POST | `/cluster/merge/{region}` | merge a region into its left neighbour |
 //! | GET | `/cluster/summary` | the cluster at a glance |
+//! | POST | `/cluster/backups/{hex location URL}` | start a backup to that location (docs/backup.md) |
+//! | GET | `/cluster/backups/{job}` | a backup's progress, by the job id its start answered |
 
 use crate::limits::MAX_KEY;
 
@@ -74,7 +76,20 @@ pub enum ControlRoute {
     },
     /// `GET /cluster/summary`.
     Summary,
+    /// `POST /cluster/backups/{hex location}`.
+    Backup {
+        /// The location's URL (1..=[`MAX_LOCATION`] bytes of UTF-8).
+        to: String,
+    },
+    /// `GET /cluster/backups/{job}`.
+    BackupStatus {
+        /// The job (a decimal number).
+        job: u64,
+    },
 }
+
+/// The longest backup location URL a route takes.
+pub const MAX_LOCATION: usize = 1000;
 
 /// Why a method and path are not a control route: HTTP 404, 405 or 400.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -166,6 +181,21 @@ impl ControlRoute {
                 post()?;
                 Ok(ControlRoute::Merge { region: number(region, "the region must be a decimal number")? })
             }
+            ["backups", arg] if method == "POST" => match unhex(arg).map(String::from_utf8) {
+                Some(Ok(to)) if !to.is_empty() && to.len() <= MAX_LOCATION => Ok(ControlRoute::Backup { to }),
+                _ => Err(RouteError::BadRequest("the location must be a URL of 1 to 1000 bytes, in hex")),
+            },
+            ["backups", arg] if method == "GET" => {
+                let plain = !arg.is_empty()
+                    && arg.len() <= 20
+                    && arg.bytes().all(|b| b.is_ascii_digit())
+                    && (arg == "0" || !arg.starts_with('0'));
+                match arg.parse() {
+                    Ok(job) if plain => Ok(ControlRoute::BackupStatus { job }),
+                    _ => Err(RouteError::BadRequest("the job must be a decimal number")),
+                }
+            }
+            ["backups", _] => Err(RouteError::MethodNotAllowed),
             ["summary"] => {
                 if method == "GET" {
                     Ok(ControlRoute::Summary)
@@ -181,8 +211,8 @@ impl ControlRoute {
     pub fn method(&self) -> &'static str {
         match self {
             ControlRoute::Drain { action, .. } | ControlRoute::StepDown { action, .. } => action.method(),
-            ControlRoute::Split { .. } | ControlRoute::Merge { .. } => "POST",
-            ControlRoute::Summary => "GET",
+            ControlRoute::Split { .. } | ControlRoute::Merge { .. } | ControlRoute::Backup { .. } => "POST",
+            ControlRoute::Summary | ControlRoute::BackupStatus { .. } => "GET",
         }
     }
 
@@ -197,6 +227,11 @@ impl ControlRoute {
             }
             ControlRoute::Merge { region } => format!("/cluster/merge/{region}"),
             ControlRoute::Summary => "/cluster/summary".into(),
+            ControlRoute::Backup { to } => {
+                let hex: String = to.bytes().map(|b| format!("{b:02x}")).collect();
+                format!("/cluster/backups/{hex}")
+            }
+            ControlRoute::BackupStatus { job } => format!("/cluster/backups/{job}"),
         }
     }
 
@@ -204,8 +239,8 @@ impl ControlRoute {
     pub fn mutates(&self) -> bool {
         match self {
             ControlRoute::Drain { action, .. } | ControlRoute::StepDown { action, .. } => *action != Action::Progress,
-            ControlRoute::Split { .. } | ControlRoute::Merge { .. } => true,
-            ControlRoute::Summary => false,
+            ControlRoute::Split { .. } | ControlRoute::Merge { .. } | ControlRoute::Backup { .. } => true,
+            ControlRoute::Summary | ControlRoute::BackupStatus { .. } => false,
         }
     }
 }
@@ -240,6 +275,22 @@ mod tests {
         {
             assert_eq!(r("GET", missing), Err(RouteError::NotFound), "{missing}");
         }
+        let to = "s3://bucket/prefix".to_string();
+        let backup = ControlRoute::Backup { to: to.clone() };
+        assert_eq!(r("POST", &backup.path()), Ok(backup.clone()));
+        assert_eq!(
+            backup.path(),
+            format!("/cluster/backups/{}", to.bytes().map(|b| format!("{b:02x}")).collect::<String>())
+        );
+        assert_eq!(r("GET", "/cluster/backups/77"), Ok(ControlRoute::BackupStatus { job: 77 }));
+        assert_eq!(r("DELETE", "/cluster/backups/77"), Err(RouteError::MethodNotAllowed));
+        for bad in ["/cluster/backups/", "/cluster/backups/zz", "/cluster/backups/ff"] {
+            assert!(matches!(r("POST", bad), Err(RouteError::BadRequest(_))), "{bad}");
+        }
+        for bad in ["/cluster/backups/07", "/cluster/backups/x", "/cluster/backups/18446744073709551616"] {
+            assert!(matches!(r("GET", bad), Err(RouteError::BadRequest(_))), "{bad}");
+        }
+        assert!(backup.mutates() && !ControlRoute::BackupStatus { job: 1 }.mutates());
         assert!(!ControlRoute::Summary.mutates());
         assert!(!ControlRoute::Drain { node: 1, action: Action::Progress }.mutates());
         assert!(ControlRoute::Drain { node: 1, action: Action::Cancel }.mutates());

@@ -399,7 +399,7 @@ async fn a_cut_commits_on_every_primary_s_report_and_every_hold_is_lifted() {
     let (keys, _members, nodes) = three_regions(&s, "cut").await;
     let mut primaries: Vec<FencedPrimary> = nodes.iter().map(|&n| FencedPrimary::new(n)).collect();
     let done = std::sync::atomic::AtomicBool::new(false);
-    let opts = CutOptions { hold: Duration::from_secs(5), attempts: 1 };
+    let opts = CutOptions { hold: Duration::from_secs(5), attempts: 1, job: None };
     let coordinator = async {
         let cut = take_cut(&s, &keys, opts).await;
         done.store(true, std::sync::atomic::Ordering::Release);
@@ -432,7 +432,7 @@ async fn a_cut_commits_on_every_primary_s_report_and_every_hold_is_lifted() {
 async fn a_fence_no_primary_reports_fails_after_its_hold_and_leaves_nothing() {
     let s = MemStore::new();
     let (keys, _members, _) = three_regions(&s, "silent").await;
-    let opts = CutOptions { hold: Duration::from_millis(100), attempts: 2 };
+    let opts = CutOptions { hold: Duration::from_millis(100), attempts: 2, job: None };
     let e = take_cut(&s, &keys, opts).await.expect_err("no reports");
     assert_eq!(e.code(), "fence_not_reported", "{e}");
     assert!(matches!(&e, FenceError::NotReported(r) if r.len() == 3), "{e:?}");

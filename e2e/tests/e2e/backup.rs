@@ -1,14 +1,21 @@
 //! Backups on real processes (docs/backup.md): the fence that gives a consistent cut, held by
-//! real primaries on a real etcd.
+//! real primaries on a real etcd; backups through the control API to a directory, restored
+//! region by region and checked against a client's chained writes.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use dpukv_backup::{BackupManifest, Location};
 use dpukv_client::Client;
 use dpukv_cluster::fence::{self, CutOptions, FenceSpec};
 use dpukv_cluster::keys::Keys;
 use dpukv_cluster::{EtcdOptions, EtcdStore, MetaStore, master};
 use dpukv_e2e::cluster::{ClusterNode, must_see_map};
 use dpukv_e2e::etcd::Etcd;
+use dpukv_storage::region::{Region, RegionConfig};
+use dpukv_storage::vlog::FsyncPolicy;
 
 /// A fence written by hand (as the coordinator writes it, but never committed) with a 3 s hold:
 /// the primary reports its cut and, from then on, a write is neither acknowledged nor readable
@@ -98,4 +105,120 @@ async fn a_fence_holds_writes_past_its_cut_until_it_commits_or_breaks() {
 
 fn logs(nodes: &[ClusterNode]) -> String {
     nodes.iter().map(ClusterNode::logs).collect()
+}
+
+/// Region parts of a backup restored into directories and opened: every key they hold, with
+/// its value.
+async fn restored(loc: &Location, m: &BackupManifest, dir: &std::path::Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut all = BTreeMap::new();
+    for part in &m.regions {
+        let rdir = dir.join(format!("{}-{}", m.id, part.id));
+        dpukv_node::backup::restore_region(loc, part, &rdir).await.expect("restore the region's part");
+        let shm = dir.join(format!("{}-{}-shm", m.id, part.id));
+        let cfg = RegionConfig::tiny(rdir, shm, FsyncPolicy::Never);
+        let region = Region::open(cfg).expect("open the restored region").0;
+        all.extend(region.scan(b"", b"\xff", usize::MAX).expect("scan"));
+    }
+    all
+}
+
+/// Starts a backup through node 1's control API and waits for it: its progress at the end.
+fn backup(nodes: &[ClusterNode], url: &str) -> serde_json::Value {
+    let hex: String = url.bytes().map(|b| format!("{b:02x}")).collect();
+    let started: serde_json::Value =
+        serde_json::from_str(&nodes[0].admin_post(&format!("/cluster/backups/{hex}")).expect("start")).expect("json");
+    let job = started["job"].as_u64().expect("a job number");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let p: serde_json::Value =
+            serde_json::from_str(&nodes[0].admin_get(&format!("/cluster/backups/{job}")).expect("progress"))
+                .expect("json");
+        if p["state"] != "running" {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "the backup did not end: {p}\n{}", logs(nodes));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A backup of three regions under a client that chains its writes across them (each write only
+/// once the one before was acknowledged, keys going round the regions): every region's part
+/// restores, and together they hold a prefix of the client's writes — a consistent cut — that
+/// holds every write acknowledged before the backup began. A second backup after more writes
+/// restores to its own cut. A bad location is refused at the start; the backups list in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_under_chained_writes_restores_to_a_consistent_cut() {
+    let etcd = Etcd::start().expect("etcd");
+    let args = ["--lease-ttl-ms", "2000", "--replication-factor", "3", "--fsync", "always", "--split-keys", "b-,c-"];
+    let nodes: Vec<ClusterNode> =
+        (1..=3).map(|id| ClusterNode::start(id, "backed", &etcd.url(), &args).expect("node")).collect();
+    must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(60),
+        |m| m.regions.len() == 3 && m.regions.iter().all(|r| r.primary != 0 && r.backups.len() == 2),
+    )
+    .await;
+    let key = |i: usize| format!("{}-{i:06}", ["a", "b", "c"][i % 3]).into_bytes();
+    let acked = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (device, acked, stop) = (nodes[0].device.clone(), acked.clone(), stop.clone());
+        tokio::spawn(async move {
+            let c = Client::connect(&device, 1).await.expect("connect");
+            let mut i = 0;
+            while !stop.load(Ordering::Acquire) {
+                c.put(&key(i), format!("v{i}").as_bytes()).await.expect("every write acknowledged");
+                i += 1;
+                acked.store(i, Ordering::Release);
+            }
+        })
+    };
+    let wait_for = |n: usize| {
+        let acked = acked.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while acked.load(Ordering::Acquire) < n {
+                assert!(Instant::now() < deadline, "fewer than {n} writes acknowledged");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("file://{}", dir.path().join("store").display());
+    let e = nodes[0].admin_post("/cluster/backups/6674703a2f2f78").expect_err("ftp://x");
+    assert!(e.to_string().contains("backup_bad_location"), "{e}");
+    wait_for(300).await;
+    let mut cuts = Vec::new();
+    for round in 0..2 {
+        let before = acked.load(Ordering::Acquire);
+        let p = tokio::task::block_in_place(|| backup(&nodes, &url));
+        assert_eq!(p["state"], "done", "{p}\n{}", logs(&nodes));
+        assert_eq!((p["regions"].as_u64(), p["parts"].as_u64()), (Some(3), Some(3)), "{p}");
+        eprintln!("backup {round}: {p}");
+        cuts.push((p["backup"].as_str().expect("id").to_string(), before));
+        wait_for(acked.load(Ordering::Acquire) + 300).await;
+    }
+    stop.store(true, Ordering::Release);
+    writer.await.expect("the writer acknowledged every write");
+    let loc = Location::open(&url).expect("location");
+    let ids: Vec<String> = cuts.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(loc.list().await.expect("list"), ids, "both backups, in order");
+    for (id, before) in &cuts {
+        let m = loc.manifest(id).await.expect("manifest");
+        assert_eq!(m.regions.len(), 3);
+        // (How much a later backup reuses is tested on a region with sealed segments and
+        // compactions, in dpukv-node's `backup` module; here each region is one open segment.)
+        assert!(m.uploaded_bytes <= m.bytes(), "{} uploaded of {}", m.uploaded_bytes, m.bytes());
+        let keys = restored(&loc, &m, dir.path()).await;
+        let n = keys.len();
+        assert!(n >= *before, "{id}: {n} keys restored, {before} writes were acknowledged before it began");
+        for i in 0..n {
+            assert_eq!(
+                keys.get(&key(i)).map(Vec::as_slice),
+                Some(format!("v{i}").as_bytes()),
+                "{id}: write {i} missing from a cut holding {n} writes: not a prefix of the client's writes"
+            );
+        }
+    }
 }

@@ -21,6 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use dpukv_backup::Location;
+use dpukv_backup::job::{JobSpec, PartReport};
+use dpukv_backup::throttle::Throttle;
 use dpukv_cluster::fence::{FenceHolder, FenceStep};
 use dpukv_cluster::keys::{BackupIndex, ClusterConfig, Keys};
 use dpukv_cluster::master::{self, Snapshot};
@@ -85,6 +88,8 @@ pub struct ClusterArgs {
     /// The node's cap on bytes per second sent to backups catching up, shared by all its
     /// senders (None: no cap).
     pub catch_up: Option<Arc<crate::replication::CatchUpCap>>,
+    /// The node's cap on bytes per second uploaded to backup locations (0: none).
+    pub backup_rate: u64,
     /// TLS on this host's replication listener.
     pub tls_server: Option<Arc<dpukv_net::tls::ServerTls>>,
     /// TLS to the backups this host streams to.
@@ -234,7 +239,7 @@ pub async fn run(
     // (region, epoch) whose position this node reported (its primary gone).
     let mut reported_positions: BTreeSet<(u32, u64)> = BTreeSet::new();
     // Backup fences this node's regions hold (docs/backup.md §2).
-    let mut fencing = Fencing::default();
+    let mut fencing = Fencing::new(args.backup_rate);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -518,14 +523,30 @@ pub async fn run(
 /// How long the cluster loop waits for a writer to fence its region and snapshot it.
 const CUT_WAIT: Duration = Duration::from_secs(2);
 
-/// The backup fences this node's regions hold, and each region's files at its cut.
-#[derive(Default)]
+/// The backup fences this node's regions hold, each region's files at its cut, and the uploads
+/// of those a backup job asked for.
 struct Fencing {
     holder: FenceHolder,
-    /// (fence, region) -> the region's snapshot at the cut; dropped (its pins with it) once the
-    /// fence is lifted. At most one per fence a region holds, and a fence is held at most its
-    /// hold time.
+    /// (fence, region) -> the region's snapshot at the cut; once the fence is lifted it goes to
+    /// an upload if the commit started a job, else it is dropped (its pins with it). At most
+    /// one per fence a region holds, and a fence is held at most its hold time.
     snapshots: HashMap<(u64, u32), RegionSnapshot>,
+    /// (job, region) -> its upload: one per region of a job, ended (aborted) once the job is
+    /// gone (its coordinator's lease ended).
+    uploads: HashMap<(u64, u32), tokio::task::JoinHandle<()>>,
+    /// The node's bandwidth cap for uploads.
+    throttle: Arc<Throttle>,
+}
+
+impl Fencing {
+    fn new(upload_rate: u64) -> Fencing {
+        Fencing {
+            holder: FenceHolder::default(),
+            snapshots: HashMap::new(),
+            uploads: HashMap::new(),
+            throttle: Arc::new(Throttle::new(upload_rate)),
+        }
+    }
 }
 
 /// Backup fences (docs/backup.md §2, `dpukv_cluster::fence`): a region this node leads at a
@@ -534,6 +555,14 @@ struct Fencing {
 /// aborted, or broken — by this node itself once the fence's hold ran out). Without etcd nothing
 /// is lifted: the region's writes wait, as they would anyway once the lease runs out.
 async fn hold_fences(snap: &Snapshot, led: &HashMap<u32, Led>, fencing: &mut Fencing, store: &EtcdStore, keys: &Keys) {
+    // Uploads of jobs that are gone (their coordinator's lease ended) stop; finished ones go.
+    fencing.uploads.retain(|(job, _), task| {
+        let live = snap.backup_jobs.iter().any(|j| j.id == *job);
+        if !live {
+            task.abort();
+        }
+        live && !task.is_finished()
+    });
     let now = std::time::Instant::now();
     let steps = fencing.holder.poll(keys, &snap.fences, |r| led.get(&r).map(|l| l.epoch), now);
     for step in steps {
@@ -576,11 +605,28 @@ async fn hold_fences(snap: &Snapshot, led: &HashMap<u32, Led>, fencing: &mut Fen
                 continue;
             }
             FenceStep::Lift { id, region } => {
-                fencing.snapshots.remove(&(id, region));
+                let snapshot = fencing.snapshots.remove(&(id, region));
                 if let Some(l) = led.get(&region)
                     && l.acks.lift(id)
                 {
                     tracing::info!(region, fence = id, "lifted a backup fence");
+                }
+                // The commit started a backup job (in the same transaction that lifted the
+                // fence): upload the region's files at the cut.
+                let job = snap.backup_jobs.iter().find(|j| j.id == id);
+                let info = snap.map.regions.iter().find(|r| r.id == region);
+                if let (Some(snapshot), Some(job), Some(info)) = (snapshot, job, info)
+                    && !job.parts.contains_key(&region)
+                {
+                    let task = upload_part(
+                        store.clone(),
+                        keys.clone(),
+                        job.clone(),
+                        info.clone(),
+                        snapshot,
+                        fencing.throttle.clone(),
+                    );
+                    fencing.uploads.insert((id, region), tokio::spawn(task));
                 }
                 continue;
             }
@@ -591,6 +637,45 @@ async fn hold_fences(snap: &Snapshot, led: &HashMap<u32, Led>, fencing: &mut Fen
             Ok(_) => fencing.holder.reported(id, region),
             Err(e) => tracing::debug!(fence = id, region, error = %e, "reporting a fenced cut failed; retrying"),
         }
+    }
+}
+
+/// Uploads a region's snapshot for backup job `job` and reports its part (or why not) under the
+/// job (docs/backup.md §3). Aborted if the job goes.
+async fn upload_part(
+    store: EtcdStore,
+    keys: Keys,
+    job: dpukv_cluster::fence::Job,
+    region: RegionInfo,
+    snapshot: RegionSnapshot,
+    throttle: Arc<Throttle>,
+) {
+    let began = std::time::Instant::now();
+    let report = match JobSpec::decode(&job.spec) {
+        Err(e) => PartReport::Failed { error: e },
+        Ok(spec) => match Location::open(&spec.to) {
+            Err(e) => PartReport::Failed { error: format!("{}: {e}", e.code()) },
+            Ok(loc) => match crate::backup::upload_region(&loc, &throttle, &region, &snapshot).await {
+                Ok(u) => {
+                    tracing::info!(region = region.id, job = job.id, uploaded = u.uploaded, bytes = u.part.bytes(), took = ?began.elapsed(), "uploaded a region's part of a backup");
+                    PartReport::Done { part: u.part, uploaded: u.uploaded }
+                }
+                Err(e) => {
+                    tracing::warn!(region = region.id, job = job.id, error = %e, "uploading a region's part of a backup failed");
+                    PartReport::Failed { error: format!("{}: {e}", e.code()) }
+                }
+            },
+        },
+    };
+    drop(snapshot);
+    let txn = dpukv_cluster::fence::part_txn(&keys, &job, region.id, report.encode());
+    let mut backoff = dpukv_cluster::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    for _ in 0..20 {
+        match store.txn(txn.clone()).await {
+            Ok(_) => return,
+            Err(e) => tracing::debug!(job = job.id, error = %e, "reporting a backup part failed; retrying"),
+        }
+        tokio::time::sleep(backoff.wait()).await;
     }
 }
 
