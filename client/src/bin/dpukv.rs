@@ -97,6 +97,14 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ClusterCmd,
     },
+    /// Backups to object storage (docs/backup.md): `create` asks the cluster for one; `list`,
+    /// `describe`, `verify`, `delete` and `sweep` work on the location alone. Locations:
+    /// `file:///dir` or `s3://bucket/prefix` (endpoint and credentials from the `AWS_*`
+    /// variables).
+    Backup {
+        #[command(subcommand)]
+        cmd: BackupCmd,
+    },
     /// Print a node's metrics (from its admin endpoint).
     Stats {
         /// Admin address (host or device).
@@ -182,6 +190,121 @@ enum ClusterCmd {
         #[arg(long)]
         no_wait: bool,
     },
+}
+
+/// `dpukv backup ...`.
+#[derive(Debug, clap::Subcommand)]
+enum BackupCmd {
+    /// Take a backup of the cluster to the location: a consistent cut of every region, uploaded
+    /// from the primaries (only what the location does not hold yet), the manifest last. Prints
+    /// the progress as JSON lines, and the backup's id on the last line.
+    Create {
+        #[arg(long)]
+        to: String,
+    },
+    /// Print the ids of the location's backups, oldest first.
+    List {
+        #[arg(long)]
+        to: String,
+    },
+    /// Print a backup's manifest (JSON).
+    Describe {
+        id: String,
+        #[arg(long)]
+        to: String,
+    },
+    /// Read back every object of a backup and check its digest; exit 1 naming the first missing
+    /// or corrupt one.
+    Verify {
+        id: String,
+        #[arg(long)]
+        to: String,
+    },
+    /// Delete a backup (its manifest; its objects go with the next sweep that no backup names
+    /// them in).
+    Delete {
+        id: String,
+        #[arg(long)]
+        to: String,
+    },
+    /// Delete the objects no backup names that are older than GRACE seconds (an upload under
+    /// way is younger).
+    Sweep {
+        #[arg(long)]
+        to: String,
+        #[arg(long, default_value_t = 3600)]
+        grace_secs: u64,
+    },
+}
+
+/// `dpukv backup` commands that need only the location.
+async fn backup_location_cmd(cmd: &BackupCmd) -> Result<Option<i32>> {
+    let open = |to: &str| dpukv_backup::Location::open(to).map_err(|e| anyhow::anyhow!("{}: {e}", e.code()));
+    let fail = |e: dpukv_backup::BackupError| anyhow::anyhow!("{}: {e}", e.code());
+    match cmd {
+        BackupCmd::Create { .. } => return Ok(None),
+        BackupCmd::List { to } => {
+            for id in open(to)?.list().await.map_err(fail)? {
+                println!("{id}");
+            }
+        }
+        BackupCmd::Describe { id, to } => {
+            let m = open(to)?.manifest(id).await.map_err(fail)?;
+            println!("{}", String::from_utf8_lossy(&m.encode()));
+        }
+        BackupCmd::Verify { id, to } => {
+            let loc = open(to)?;
+            let m = loc.manifest(id).await.map_err(fail)?;
+            let (mut objects, mut bytes) = (0u64, 0u64);
+            for r in &m.regions {
+                for o in r.objects() {
+                    if let Err(e) = loc.verify_object(o).await {
+                        eprintln!("dpukv: backup {id}: region {}: {}: {e}", r.id, e.code());
+                        return Ok(Some(1));
+                    }
+                    objects += 1;
+                    bytes += o.len;
+                }
+            }
+            println!("backup {id}: {objects} objects, {bytes} bytes, every digest checked");
+        }
+        BackupCmd::Delete { id, to } => {
+            open(to)?.delete_backup(id).await.map_err(fail)?;
+            println!("deleted backup {id}");
+        }
+        BackupCmd::Sweep { to, grace_secs } => {
+            let (n, freed) = open(to)?.sweep(std::time::Duration::from_secs(*grace_secs)).await.map_err(fail)?;
+            println!("deleted {n} objects no backup names ({freed} bytes)");
+        }
+    }
+    Ok(Some(0))
+}
+
+/// `dpukv backup create`: asks a host's control API for a backup and follows it.
+async fn backup_create(c: &Client, to: &str, ctl: &ControlClient) -> Result<i32> {
+    let addr = ctl.endpoint(&c.region_map().await?, None)?;
+    let body = ctl.must(&addr, &ControlRoute::Backup { to: to.to_string() }).await?;
+    print!("{body}");
+    let parse = |b: &str| serde_json::from_str::<serde_json::Value>(b).context("the control API answered no JSON");
+    let mut last = parse(&body)?;
+    let job = last["job"].as_u64().context("the control API's answer names no job")?;
+    loop {
+        match last["state"].as_str() {
+            Some("done") => {
+                println!("{}", last["backup"].as_str().unwrap_or_default());
+                return Ok(0);
+            }
+            Some("failed") => bail!("the backup failed: {}", last["error"].as_str().unwrap_or("no reason given")),
+            _ => {}
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let body = ctl.must(&addr, &ControlRoute::BackupStatus { job }).await?;
+        let now = parse(&body)?;
+        if now != last {
+            print!("{body}");
+        }
+        last = now;
+    }
 }
 
 /// How `dpukv cluster` reaches the hosts' control API.
@@ -400,6 +523,11 @@ async fn run(cli: Cli) -> Result<i32> {
     if let Cmd::Stats { admin } = &cli.cmd {
         return stats(admin).await;
     }
+    if let Cmd::Backup { cmd } = &cli.cmd
+        && let Some(code) = backup_location_cmd(cmd).await?
+    {
+        return Ok(code);
+    }
     let connections = if let Cmd::Load { connections, .. } = &cli.cmd { *connections } else { 1 };
     let tls = cli.tls.client().map_err(anyhow::Error::msg)?;
     let control = ControlClient { tls: tls.clone(), token: cli.admin_token.clone(), addr: cli.control.clone() };
@@ -482,6 +610,8 @@ async fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Load { count, prefix, value_size, .. } => load(&c, count, &prefix, value_size).await?,
         Cmd::Cluster { cmd } => return cluster_cmd(&c, cmd, &control).await,
+        Cmd::Backup { cmd: BackupCmd::Create { to } } => return backup_create(&c, &to, &control).await,
+        Cmd::Backup { .. } => unreachable!("answered above"),
         Cmd::Regions => {
             for r in c.region_map().await?.regions {
                 out.write_all(format!("{}\t", r.id).as_bytes())?;

@@ -103,6 +103,19 @@ async fn a_fence_holds_writes_past_its_cut_until_it_commits_or_breaks() {
     assert!(store.range(&keys.fences()).await.expect("range").0.is_empty(), "nothing of the fence is left");
 }
 
+/// Runs `dpukv ARGS` against the cluster (node 1's device, the control API's token).
+async fn dpukv(nodes: &[ClusterNode], args: &[&str]) -> std::process::Output {
+    let run = tokio::process::Command::new(dpukv_e2e::procs::bin_dir().expect("binaries").join("dpukv"))
+        .args(["--endpoint", &nodes[0].device])
+        .args(args)
+        .env("DPUKV_ADMIN_TOKEN", nodes[0].admin_token())
+        .output();
+    tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .unwrap_or_else(|_| panic!("dpukv {args:?} did not finish\n{}", logs(nodes)))
+        .expect("run dpukv")
+}
+
 fn logs(nodes: &[ClusterNode]) -> String {
     nodes.iter().map(ClusterNode::logs).collect()
 }
@@ -204,6 +217,22 @@ async fn a_backup_under_chained_writes_restores_to_a_consistent_cut() {
     let loc = Location::open(&url).expect("location");
     let ids: Vec<String> = cuts.iter().map(|(id, _)| id.clone()).collect();
     assert_eq!(loc.list().await.expect("list"), ids, "both backups, in order");
+    // The command line: a third backup through `dpukv backup create` (its id on the last line),
+    // then list, describe and verify on the location alone.
+    let created = dpukv(&nodes, &["backup", "create", "--to", &url]).await;
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let third = String::from_utf8_lossy(&created.stdout).lines().last().unwrap_or_default().to_string();
+    assert!(dpukv_backup::store::valid_id(&third), "the last line is the id: {third:?}");
+    let listed = dpukv(&nodes, &["backup", "list", "--to", &url]).await;
+    let listed: Vec<String> = String::from_utf8_lossy(&listed.stdout).lines().map(String::from).collect();
+    let mut all = ids.clone();
+    all.push(third.clone());
+    assert_eq!(listed, all);
+    let described = dpukv(&nodes, &["backup", "describe", &third, "--to", &url]).await;
+    let m = BackupManifest::decode(&described.stdout).expect("describe prints the manifest");
+    assert_eq!((m.id.as_str(), m.cluster.as_str(), m.regions.len()), (third.as_str(), "backed", 3));
+    let verified = dpukv(&nodes, &["backup", "verify", &third, "--to", &url]).await;
+    assert!(verified.status.success(), "{}", String::from_utf8_lossy(&verified.stderr));
     for (id, before) in &cuts {
         let m = loc.manifest(id).await.expect("manifest");
         assert_eq!(m.regions.len(), 3);
@@ -221,4 +250,12 @@ async fn a_backup_under_chained_writes_restores_to_a_consistent_cut() {
             );
         }
     }
+    // A corrupt object (after the restores: objects may be shared): verify says which, and
+    // fails.
+    let victim = m.regions[1].log[0].object.clone();
+    std::fs::write(dir.path().join("store").join(victim.path()), b"bit rot").expect("damage");
+    let verified = dpukv(&nodes, &["backup", "verify", &third, "--to", &url]).await;
+    assert_eq!(verified.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&verified.stderr);
+    assert!(said.contains("backup_object_corrupt") && said.contains(&victim.sha256), "{said}");
 }
