@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh nft=nftables ip=iproute2 redis-cli=redis-tools curl=curl openssl=openssl faketime=faketime  # partitions: network namespaces; the gateway: redis-cli, curl, openssl (TLS)
+# The backup tests' S3-protocol server (moto's, from PyPI); pip on a Debian system Python needs
+# --break-system-packages.
+if ! python3 -c "import moto.server, flask" 2>/dev/null; then
+  python3 -m pip --version >/dev/null 2>&1 || bash scripts/setup.sh pip3=python3-pip
+  python3 -m pip install -q 'moto[server]' 2>/dev/null || python3 -m pip install -q --break-system-packages 'moto[server]'
+fi
 
 echo "== rustfmt"
 cargo fmt --all -- --check

@@ -43,6 +43,12 @@ impl Location {
     /// `AWS_*` variables: `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
     /// `AWS_REGION`, `AWS_ALLOW_HTTP`, ...).
     pub fn open(url: &str) -> Result<Location, BackupError> {
+        Location::open_with(url, std::env::vars())
+    }
+
+    /// [`Location::open`] with the `AWS_*` settings taken from `env` instead of the process's
+    /// environment.
+    pub fn open_with(url: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Location, BackupError> {
         let bad = |why: &str| BackupError::Url(format!("{url}: {why}"));
         if let Some(dir) = url.strip_prefix("file://") {
             if !dir.starts_with('/') {
@@ -62,10 +68,15 @@ impl Location {
             if bucket.is_empty() {
                 return Err(bad("no bucket"));
             }
-            let store = object_store::aws::AmazonS3Builder::from_env()
-                .with_bucket_name(bucket)
-                .build()
-                .map_err(|e| bad(&e.to_string()))?;
+            let mut builder = object_store::aws::AmazonS3Builder::new();
+            for (k, v) in env.into_iter().filter(|(k, _)| k.starts_with("AWS_")) {
+                if k == "AWS_ALLOW_HTTP" {
+                    builder = builder.with_allow_http(v == "true");
+                } else if let Ok(key) = k.to_ascii_lowercase().parse::<object_store::aws::AmazonS3ConfigKey>() {
+                    builder = builder.with_config(key, v);
+                }
+            }
+            let store = builder.with_bucket_name(bucket).build().map_err(|e| bad(&e.to_string()))?;
             let prefix = prefix.trim_matches('/').to_string();
             if prefix.split('/').any(|p| p == "." || p == "..") {
                 return Err(bad("'.' or '..' in the prefix"));
@@ -390,5 +401,113 @@ mod tests {
         for bad in ["", "a/b", "..", "a.b", &"x".repeat(65)] {
             assert!(!valid_id(bad), "{bad}");
         }
+    }
+}
+
+/// The location on a real S3-protocol server: moto's, started here (`python3 -m moto.server`;
+/// `scripts/test.sh` installs it).
+#[cfg(test)]
+mod s3_tests {
+    use std::io::{Read, Write};
+    use std::process::{Child, Command, Stdio};
+
+    use super::*;
+    use crate::manifest::{FORMAT, LogObject, RegionPart, backup_id};
+
+    struct Moto(Child, u16);
+
+    impl Drop for Moto {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn moto() -> Moto {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+        let child = Command::new("python3")
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 -m moto.server (pip install 'moto[server]'; scripts/test.sh does)");
+        let m = Moto(child, port);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "moto's server did not listen within 30 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        m
+    }
+
+    /// `PUT /bucket` (path style): S3's CreateBucket, which moto takes unsigned.
+    fn create_bucket(port: u16, bucket: &str) {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        write!(s, "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .expect("request");
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).expect("answer");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+
+    fn env(port: u16) -> Vec<(String, String)> {
+        [
+            ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}")),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    #[tokio::test]
+    async fn objects_and_manifests_on_an_s3_server() {
+        let m = moto();
+        create_bucket(m.1, "dpukv");
+        let loc = Location::open_with("s3://dpukv/backups/prod", env(m.1)).expect("open");
+        let (o, fresh) = loc.put_object(Bytes::from_static(b"a sealed segment")).await.expect("put");
+        assert!(fresh);
+        let (again, fresh) = loc.put_object(Bytes::from_static(b"a sealed segment")).await.expect("put");
+        assert_eq!((again, fresh), (o.clone(), false), "the store holds it");
+        assert_eq!(loc.get_object(&o).await.expect("get"), Bytes::from_static(b"a sealed segment"));
+        let id = backup_id(1_795_784_783_000, 9);
+        let manifest = BackupManifest {
+            format: FORMAT,
+            id: id.clone(),
+            cluster: "c".into(),
+            taken_at_ms: 1,
+            fence: 9,
+            replication: 3,
+            regions: vec![RegionPart {
+                id: 1,
+                start: String::new(),
+                end: None,
+                epoch: 1,
+                cut: 16,
+                index: None,
+                log: vec![LogObject { id: 1, object: o.clone(), size: 4096 }],
+            }],
+            uploaded_bytes: o.len,
+        };
+        assert!(loc.list().await.expect("list").is_empty());
+        loc.put_manifest(&manifest).await.expect("manifest");
+        assert_eq!(loc.put_manifest(&manifest).await.expect_err("twice").code(), "backup_exists");
+        assert_eq!(loc.list().await.expect("list"), vec![id.clone()]);
+        assert_eq!(loc.manifest(&id).await.expect("read"), manifest);
+        let (orphan, _) = loc.put_object(Bytes::from_static(b"nobody names me")).await.expect("put");
+        tokio::time::sleep(Duration::from_millis(1100)).await; // S3 times are in seconds
+        assert_eq!(loc.sweep(Duration::ZERO).await.expect("sweep"), (1, orphan.len));
+        loc.get_object(&o).await.expect("a named object stays");
+        assert_eq!(loc.get_object(&orphan).await.expect_err("swept").code(), "backup_object_missing");
+        loc.delete_backup(&id).await.expect("delete");
+        assert!(loc.list().await.expect("list").is_empty());
+        // Another bucket that does not exist: a typed store error, not a hang.
+        let nowhere = Location::open_with("s3://no-such-bucket", env(m.1)).expect("open");
+        let e = nowhere.put_object(Bytes::from_static(b"x")).await.expect_err("no bucket");
+        assert_eq!(e.code(), "backup_store_failed", "{e}");
     }
 }
