@@ -125,7 +125,7 @@ pub fn fences_in(kvs: &[KeyValue], keys: &Keys) -> Vec<Fence> {
                 );
             }
             Some((id, region)) => {
-                if let (Ok(id), Some((region, e, p))) = (id.parse(), parse_report(region.as_bytes(), &kv.value)) {
+                if let (Ok(id), Some((region, e, p, _))) = (id.parse(), parse_report(region.as_bytes(), &kv.value)) {
                     reports.push((id, region, e, p));
                 }
             }
@@ -139,29 +139,37 @@ pub fn fences_in(kvs: &[KeyValue], keys: &Keys) -> Vec<Fence> {
     fences.into_values().collect()
 }
 
-/// A report's region (the key's last part), epoch and position.
-fn parse_report(region: &[u8], value: &[u8]) -> Option<(u32, u64, u64)> {
+/// A report's region (the key's last part), epoch, position and reporter (the primary's
+/// registration lease, when it said: `<epoch> <position> [<lease>]`).
+fn parse_report(region: &[u8], value: &[u8]) -> Option<(u32, u64, u64, Option<LeaseId>)> {
     let region = std::str::from_utf8(region).ok()?.parse().ok()?;
-    let (e, p) = std::str::from_utf8(value).ok()?.split_once(' ')?;
-    Some((region, e.parse().ok()?, p.parse().ok()?))
+    let mut parts = std::str::from_utf8(value).ok()?.split(' ');
+    let (e, p) = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
+    let reporter = match parts.next() {
+        Some(l) => Some(l.parse().ok()?),
+        None => None,
+    };
+    Some((region, e, p, reporter))
 }
 
 /// A primary's report of its cut for `region` at `epoch` to fence `id`: written only while the
-/// fence key it saw (created at `create`) exists, bound to the coordinator's lease.
+/// fence key it saw (created at `create`) exists, bound to the coordinator's lease; `reporter`
+/// is the primary's registration lease (a backup job fails if the primary registers anew — a
+/// restart — before its part is in: its snapshot went with the process).
 pub fn report_txn(
     keys: &Keys,
     (id, create, lease): (u64, Revision, Option<LeaseId>),
     region: u32,
-    epoch: u64,
-    position: u64,
+    (epoch, position): (u64, u64),
+    reporter: Option<LeaseId>,
 ) -> Txn {
+    let value = match reporter {
+        Some(r) => format!("{epoch} {position} {r}"),
+        None => format!("{epoch} {position}"),
+    };
     Txn {
         when: vec![Compare::CreateRevision(keys.fence(id), create)],
-        then: vec![TxnOp::Put {
-            key: keys.fence_report(id, region),
-            value: format!("{epoch} {position}").into_bytes(),
-            lease,
-        }],
+        then: vec![TxnOp::Put { key: keys.fence_report(id, region), value: value.into_bytes(), lease }],
         otherwise: vec![],
     }
 }
@@ -184,6 +192,8 @@ pub fn break_txn(keys: &Keys, id: u64, create: Revision) -> Txn {
 #[derive(Debug, Default)]
 pub struct FenceHolder {
     holds: BTreeMap<(u64, u32), Hold>,
+    /// The node's registration lease now, said in its reports ([`FenceHolder::set_reporter`]).
+    reporter: Option<LeaseId>,
 }
 
 #[derive(Debug, Clone)]
@@ -194,6 +204,7 @@ struct Hold {
     position: u64,
     until: Instant,
     reported: bool,
+    reporter: Option<LeaseId>,
 }
 
 /// What a primary does after a map poll.
@@ -282,7 +293,7 @@ impl FenceHolder {
                     steps.push(FenceStep::Break { id, txn: break_txn(keys, id, h.create) });
                 }
             } else if !h.reported {
-                let txn = report_txn(keys, (id, h.create, h.lease), region, h.epoch, h.position);
+                let txn = report_txn(keys, (id, h.create, h.lease), region, (h.epoch, h.position), h.reporter);
                 steps.push(FenceStep::Report { id, region, txn });
             }
         }
@@ -292,17 +303,23 @@ impl FenceHolder {
     /// The region is fenced at `position` (from `now` on, for the fence's hold): the report to
     /// write.
     pub fn fenced(&mut self, keys: &Keys, f: &Fence, region: u32, epoch: u64, position: u64, now: Instant) -> Txn {
-        let hold =
-            Hold { create: f.create, lease: f.lease, epoch, position, until: now + f.spec.hold, reported: false };
+        let reporter = self.reporter;
+        let until = now + f.spec.hold;
+        let hold = Hold { create: f.create, lease: f.lease, epoch, position, until, reported: false, reporter };
         self.holds.insert((f.id, region), hold);
-        report_txn(keys, (f.id, f.create, f.lease), region, epoch, position)
+        report_txn(keys, (f.id, f.create, f.lease), region, (epoch, position), reporter)
+    }
+
+    /// The node's registration lease, said in the reports from now on.
+    pub fn set_reporter(&mut self, lease: LeaseId) {
+        self.reporter = Some(lease);
     }
 
     /// The region may be fenced, at a cut not known (its writer did not answer in time): held
     /// without a report — the fence cannot commit without one — until the fence key goes.
     pub fn held_unreported(&mut self, f: &Fence, region: u32, epoch: u64, now: Instant) {
-        let hold =
-            Hold { create: f.create, lease: f.lease, epoch, position: 0, until: now + f.spec.hold, reported: true };
+        let until = now + f.spec.hold;
+        let hold = Hold { create: f.create, lease: f.lease, epoch, position: 0, until, reported: true, reporter: None };
         self.holds.insert((f.id, region), hold);
     }
 
@@ -389,6 +406,9 @@ pub struct Cut {
     /// Each region's cut: the end of its log's last batch at the fence (what the cut holds of
     /// the region is its log up to there).
     pub positions: BTreeMap<u32, u64>,
+    /// Each region's reporter: its primary's registration lease when it fenced (absent if it
+    /// did not say). A job whose primary registered anew since has lost that region's snapshot.
+    pub reporters: BTreeMap<u32, LeaseId>,
     /// How long the fence held back acknowledgements, from its key's write to its commit.
     pub held: Duration,
     /// With a job: the coordinator's lease, which the job and the primaries' parts are bound
@@ -515,18 +535,21 @@ async fn fenced<S: MetaStore>(
     let create = t.revision;
     let mut report_prefix = key.clone();
     report_prefix.push(b'/');
-    let positions = loop {
+    let (positions, reporters) = loop {
         let (kvs, _) = s.range(&report_prefix).await?;
-        let mut positions = BTreeMap::new();
+        let (mut positions, mut reporters) = (BTreeMap::new(), BTreeMap::new());
         for kv in &kvs {
-            if let Some((region, epoch, position)) = parse_report(&kv.key[report_prefix.len()..], &kv.value)
+            if let Some((region, epoch, position, reporter)) = parse_report(&kv.key[report_prefix.len()..], &kv.value)
                 && spec.epoch_of(region) == Some(epoch)
             {
                 positions.insert(region, position);
+                if let Some(r) = reporter {
+                    reporters.insert(region, r);
+                }
             }
         }
         if positions.len() == spec.regions.len() {
-            break positions;
+            break (positions, reporters);
         }
         if started.elapsed() >= hold {
             let missing = spec.regions.iter().map(|(r, _)| *r).filter(|r| !positions.contains_key(r)).collect();
@@ -541,7 +564,7 @@ async fn fenced<S: MetaStore>(
     if !s.txn(commit).await?.succeeded {
         return Err(FenceError::Broken);
     }
-    Ok(Cut { id, map, positions, held: started.elapsed(), lease: job.map(|_| lease) })
+    Ok(Cut { id, map, positions, reporters, held: started.elapsed(), lease: job.map(|_| lease) })
 }
 
 /// The commit of fence `id` (its key created at `create`), taken on the map read at `map`:

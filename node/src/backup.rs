@@ -294,12 +294,13 @@ async fn collect<S: dpukv_cluster::MetaStore>(
         if parts.len() == cut.map.regions.len() {
             return Ok(parts);
         }
-        // A primary that left or restarted (a new lease) took its snapshot with it: its part
-        // never comes.
+        // A primary that left or restarted (registered under another lease than the one it
+        // fenced under) took its snapshot with it: its part never comes.
         if let Ok(snap) = dpukv_cluster::master::read(s, keys).await {
             for r in cut.map.regions.iter().filter(|r| !reports.contains_key(&r.id)) {
                 let now = snap.node_leases.get(&r.primary).map(|(l, _)| *l);
-                let first = *lives.entry(r.primary).or_insert(now);
+                let fenced_under = cut.reporters.get(&r.id).map(|l| Some(*l));
+                let first = *lives.entry(r.primary).or_insert(fenced_under.unwrap_or(now));
                 if now.is_none() || now != first {
                     return Err(format!(
                         "node {} left or restarted before uploading region {}'s part: take the backup again",

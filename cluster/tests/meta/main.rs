@@ -322,13 +322,9 @@ struct FencedPrimary {
 
 impl FencedPrimary {
     fn new(node: u32) -> FencedPrimary {
-        FencedPrimary {
-            node,
-            holder: FenceHolder::default(),
-            end: 0,
-            holding: BTreeSet::new(),
-            reported: BTreeMap::new(),
-        }
+        let mut holder = FenceHolder::default();
+        holder.set_reporter(1000 + i64::from(node)); // its registration lease, as the node says it
+        FencedPrimary { node, holder, end: 0, holding: BTreeSet::new(), reported: BTreeMap::new() }
     }
 
     /// One map poll: the steps the holder gave, carried out.
@@ -418,6 +414,10 @@ async fn a_cut_commits_on_every_primary_s_report_and_every_hold_is_lifted() {
     let reported: BTreeMap<u32, u64> = primaries.iter().flat_map(|p| p.reported.clone()).collect();
     assert_eq!(cut.positions, reported, "the cut is what the primaries reported");
     assert_eq!(cut.positions.len(), 3);
+    // Each region's reporter is the lease its primary fenced under (a backup job checks it).
+    for r in &cut.map.regions {
+        assert_eq!(cut.reporters.get(&r.id), Some(&(1000 + i64::from(r.primary))), "region {}", r.id);
+    }
     for p in &mut primaries {
         let steps = p.poll(&s, &keys).await;
         assert!(steps.iter().all(|s| matches!(s, FenceStep::Lift { .. })), "{steps:?}");

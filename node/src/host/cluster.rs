@@ -383,6 +383,7 @@ pub async fn run(
                 }
             }
         }
+        fencing.holder.set_reporter(member.lease);
         hold_fences(&snap, &led, &mut fencing, &store, &keys).await;
         report_positions(&snap, me, &backups, &store, &keys, member.lease, &mut reported_positions).await;
         {
