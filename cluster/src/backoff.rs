@@ -1,7 +1,8 @@
 //! Retry pacing for the cluster's control loops (master, election, membership, the node's
 //! follower loop): exponential backoff with full jitter, reset after a success. A loop that meets
 //! a transient error (etcd unreachable, a timeout) waits [`Backoff::wait`] and tries again —
-//! forever; only the loop's owner decides that it ends.
+//! forever; only the loop's owner decides that it ends. Also the random ids the cluster draws
+//! ([`random_id`]), from the same source as the jitter.
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
@@ -34,6 +35,14 @@ impl Backoff {
     pub fn reset(&mut self) {
         self.step = self.min;
     }
+}
+
+/// A random id, never 0 (the process's random hasher keys and the clock; no dependency for so
+/// little): a fence's, a leader's life.
+pub fn random_id() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish().max(1)
 }
 
 /// A number in [0, 1) from the process's random hasher keys (no dependency for so little).

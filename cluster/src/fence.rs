@@ -108,48 +108,58 @@ pub struct Fence {
     pub reported: BTreeMap<u32, (u64, u64)>,
 }
 
-/// The fences among a cluster's keys (`kvs` from a range of its root). A key that does not
-/// parse is left out: nothing a fence key holds may stop a map poll.
-pub fn fences_in(kvs: &[KeyValue], keys: &Keys) -> Vec<Fence> {
-    let prefix = keys.fences();
-    let mut fences: BTreeMap<u64, Fence> = BTreeMap::new();
-    let mut reports: Vec<(u64, u32, u64, u64)> = Vec::new();
-    for kv in kvs.iter().filter(|kv| kv.key.starts_with(&prefix)) {
+/// The keys under `prefix` by id: the head `<prefix><id>` (if there) and its
+/// `<prefix><id>/<region>` keys. A key that does not parse is left out: nothing a fence or job
+/// key holds may stop a map poll.
+type Grouped<'a> = BTreeMap<u64, Group<'a>>;
+/// One id's head key and its keys by region.
+type Group<'a> = (Option<&'a KeyValue>, Vec<(u32, &'a KeyValue)>);
+
+fn grouped<'a>(kvs: &'a [KeyValue], prefix: &[u8]) -> Grouped<'a> {
+    let mut out = Grouped::new();
+    for kv in kvs.iter().filter(|kv| kv.key.starts_with(prefix)) {
         let Ok(rest) = std::str::from_utf8(&kv.key[prefix.len()..]) else { continue };
-        match rest.split_once('/') {
-            None => {
-                let (Ok(id), Ok(spec)) = (rest.parse(), FenceSpec::decode(&kv.value)) else { continue };
-                fences.insert(
-                    id,
-                    Fence { id, create: kv.create_revision, lease: kv.lease, spec, reported: BTreeMap::new() },
-                );
-            }
-            Some((id, region)) => {
-                if let (Ok(id), Some((region, e, p, _))) = (id.parse(), parse_report(region.as_bytes(), &kv.value)) {
-                    reports.push((id, region, e, p));
+        let (id, region) = match rest.split_once('/') {
+            None => (rest, None),
+            Some((id, region)) => (id, Some(region)),
+        };
+        let Ok(id) = id.parse::<u64>() else { continue };
+        match region {
+            None => out.entry(id).or_default().0 = Some(kv),
+            Some(r) => {
+                if let Ok(r) = r.parse() {
+                    out.entry(id).or_default().1.push((r, kv));
                 }
             }
         }
     }
-    for (id, region, epoch, position) in reports {
-        if let Some(f) = fences.get_mut(&id) {
-            f.reported.insert(region, (epoch, position));
-        }
-    }
-    fences.into_values().collect()
+    out
 }
 
-/// A report's region (the key's last part), epoch, position and reporter (the primary's
-/// registration lease, when it said: `<epoch> <position> [<lease>]`).
-fn parse_report(region: &[u8], value: &[u8]) -> Option<(u32, u64, u64, Option<LeaseId>)> {
-    let region = std::str::from_utf8(region).ok()?.parse().ok()?;
+/// The fences among a cluster's keys (`kvs` from a range of its root).
+pub fn fences_in(kvs: &[KeyValue], keys: &Keys) -> Vec<Fence> {
+    let fence = |(id, (head, reports)): (u64, Group<'_>)| {
+        let head = head?;
+        let spec = FenceSpec::decode(&head.value).ok()?;
+        let reported = reports
+            .into_iter()
+            .filter_map(|(region, kv)| parse_report(&kv.value).map(|(e, p, _)| (region, (e, p))))
+            .collect();
+        Some(Fence { id, create: head.create_revision, lease: head.lease, spec, reported })
+    };
+    grouped(kvs, &keys.fences()).into_iter().filter_map(fence).collect()
+}
+
+/// A report's epoch, position and reporter (the primary's registration lease, when it said):
+/// `<epoch> <position> [<lease>]`.
+fn parse_report(value: &[u8]) -> Option<(u64, u64, Option<LeaseId>)> {
     let mut parts = std::str::from_utf8(value).ok()?.split(' ');
     let (e, p) = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
     let reporter = match parts.next() {
         Some(l) => Some(l.parse().ok()?),
         None => None,
     };
-    Some((region, e, p, reporter))
+    Some((e, p, reporter))
 }
 
 /// A primary's report of its cut for `region` at `epoch` to fence `id`: written only while the
@@ -352,38 +362,14 @@ pub struct Job {
     pub parts: BTreeMap<u32, Vec<u8>>,
 }
 
-/// The backup jobs among a cluster's keys (`kvs` from a range of its root).
+/// The backup jobs among a cluster's keys (`kvs` from a range of its root, or of one job's key).
 pub fn jobs_in(kvs: &[KeyValue], keys: &Keys) -> Vec<Job> {
-    let prefix = keys.backup_jobs();
-    let mut jobs: BTreeMap<u64, Job> = BTreeMap::new();
-    let mut parts = Vec::new();
-    for kv in kvs.iter().filter(|kv| kv.key.starts_with(&prefix)) {
-        let Ok(rest) = std::str::from_utf8(&kv.key[prefix.len()..]) else { continue };
-        match rest.split_once('/') {
-            None => {
-                let Ok(id) = rest.parse() else { continue };
-                let job = Job {
-                    id,
-                    create: kv.create_revision,
-                    lease: kv.lease,
-                    spec: kv.value.clone(),
-                    parts: BTreeMap::new(),
-                };
-                jobs.insert(id, job);
-            }
-            Some((id, region)) => {
-                if let (Ok(id), Ok(region)) = (id.parse::<u64>(), region.parse::<u32>()) {
-                    parts.push((id, region, kv.value.clone()));
-                }
-            }
-        }
-    }
-    for (id, region, value) in parts {
-        if let Some(j) = jobs.get_mut(&id) {
-            j.parts.insert(region, value);
-        }
-    }
-    jobs.into_values().collect()
+    let job = |(id, (head, parts)): (u64, Group<'_>)| {
+        let head = head?;
+        let parts = parts.into_iter().map(|(region, kv)| (region, kv.value.clone())).collect();
+        Some(Job { id, create: head.create_revision, lease: head.lease, spec: head.value.clone(), parts })
+    };
+    grouped(kvs, &keys.backup_jobs()).into_iter().filter_map(job).collect()
 }
 
 /// A primary's part of job `job` for `region`: written only while the job key exists, bound to
@@ -518,7 +504,7 @@ async fn fenced<S: MetaStore>(
     hold: Duration,
     job: Option<&[u8]>,
 ) -> Result<Cut, FenceError> {
-    let id = fence_id();
+    let id = crate::backoff::random_id();
     let spec = FenceSpec { hold, regions: map.regions.iter().map(|r| (r.id, r.epoch)).collect() };
     let key = keys.fence(id);
     let started = Instant::now();
@@ -538,8 +524,9 @@ async fn fenced<S: MetaStore>(
     let (positions, reporters) = loop {
         let (kvs, _) = s.range(&report_prefix).await?;
         let (mut positions, mut reporters) = (BTreeMap::new(), BTreeMap::new());
-        for kv in &kvs {
-            if let Some((region, epoch, position, reporter)) = parse_report(&kv.key[report_prefix.len()..], &kv.value)
+        let reports = grouped(&kvs, &keys.fences()).remove(&id).map(|(_, r)| r).unwrap_or_default();
+        for (region, kv) in reports {
+            if let Some((epoch, position, reporter)) = parse_report(&kv.value)
                 && spec.epoch_of(region) == Some(epoch)
             {
                 positions.insert(region, position);
@@ -577,12 +564,4 @@ pub fn commit_txn(keys: &Keys, id: u64, create: Revision, map: Revision) -> Txn 
         then: vec![TxnOp::Delete { key: keys.fence(id) }],
         otherwise: vec![],
     }
-}
-
-/// A fence's id: random (the process's hasher keys and the clock), never 0.
-fn fence_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.finish().max(1)
 }

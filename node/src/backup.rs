@@ -244,19 +244,17 @@ async fn collect<S: dpukv_cluster::MetaStore>(
 ) -> Result<Vec<(RegionPart, u64)>, String> {
     use dpukv_backup::job::PartReport;
     let began = std::time::Instant::now();
-    let mut prefix = keys.backup_job(cut.id);
-    prefix.push(b'/');
     // Each primary's lease when first looked at.
     let mut lives: std::collections::HashMap<u32, Option<dpukv_cluster::meta::LeaseId>> = Default::default();
     loop {
         s.keep_alive(lease).await.map_err(|e| format!("keeping the backup job alive: {e}"))?;
-        let (kvs, _) = s.range(&prefix).await.map_err(|e| format!("{}: {e}", e.code()))?;
+        // The job's key and its parts (ids are fixed-width: the key is a prefix of nothing else).
+        let (kvs, _) = s.range(&keys.backup_job(cut.id)).await.map_err(|e| format!("{}: {e}", e.code()))?;
+        let job = dpukv_cluster::fence::jobs_in(&kvs, keys).into_iter().find(|j| j.id == cut.id);
+        let job = job.ok_or("the backup job's key is gone (its lease ended)")?;
         let mut reports = std::collections::BTreeMap::new();
-        for kv in &kvs {
-            let region = std::str::from_utf8(&kv.key[prefix.len()..]).ok().and_then(|r| r.parse::<u32>().ok());
-            if let Some(region) = region {
-                reports.insert(region, PartReport::decode(&kv.value)?);
-            }
+        for (region, value) in &job.parts {
+            reports.insert(*region, PartReport::decode(value)?);
         }
         let mut parts = Vec::new();
         let (mut uploaded, mut bytes) = (0, 0);

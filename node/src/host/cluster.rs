@@ -949,10 +949,7 @@ fn open_led(
 /// A number for a new life as a region's leader: random (the process's hasher keys and the
 /// clock), never 0 (what an older primary's Hello stands for).
 fn new_life() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.finish().max(1)
+    dpukv_cluster::backoff::random_id()
 }
 
 /// A new epoch for a region this node still leads: the new backup set, senders under the new
