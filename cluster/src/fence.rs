@@ -25,7 +25,7 @@
 //! cannot lift (it cannot see the key gone, nor delete it): its writes stop as they would anyway
 //! once its lease runs out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use dpukv_proto::regionmap::RegionMap;
@@ -115,7 +115,7 @@ type Grouped<'a> = BTreeMap<u64, Group<'a>>;
 /// One id's head key and its keys by region.
 type Group<'a> = (Option<&'a KeyValue>, Vec<(u32, &'a KeyValue)>);
 
-fn grouped<'a>(kvs: &'a [KeyValue], prefix: &[u8]) -> Grouped<'a> {
+pub(crate) fn grouped<'a>(kvs: &'a [KeyValue], prefix: &[u8]) -> Grouped<'a> {
     let mut out = Grouped::new();
     for kv in kvs.iter().filter(|kv| kv.key.starts_with(prefix)) {
         let Ok(rest) = std::str::from_utf8(&kv.key[prefix.len()..]) else { continue };
@@ -143,23 +143,52 @@ pub fn fences_in(kvs: &[KeyValue], keys: &Keys) -> Vec<Fence> {
         let spec = FenceSpec::decode(&head.value).ok()?;
         let reported = reports
             .into_iter()
-            .filter_map(|(region, kv)| parse_report(&kv.value).map(|(e, p, _)| (region, (e, p))))
+            .filter_map(|(region, kv)| parse_report(&kv.value).map(|r| (region, (r.epoch, r.position))))
             .collect();
         Some(Fence { id, create: head.create_revision, lease: head.lease, spec, reported })
     };
     grouped(kvs, &keys.fences()).into_iter().filter_map(fence).collect()
 }
 
-/// A report's epoch, position and reporter (the primary's registration lease, when it said):
-/// `<epoch> <position> [<lease>]`.
-fn parse_report(value: &[u8]) -> Option<(u64, u64, Option<LeaseId>)> {
+/// A primary's report of its cut, as written under `fences/<id>/<region>`:
+/// `<epoch> <position>[ <lease>][ empty]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    /// The region's epoch the primary fenced at.
+    pub epoch: u64,
+    /// Its cut position.
+    pub position: u64,
+    /// The primary's registration lease, when it said.
+    pub reporter: Option<LeaseId>,
+    /// The region held no live key at the cut (what a restore asks: docs/backup.md §5).
+    pub empty: bool,
+}
+
+impl Report {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = format!("{} {}", self.epoch, self.position);
+        if let Some(r) = self.reporter {
+            v.push_str(&format!(" {r}"));
+        }
+        if self.empty {
+            v.push_str(" empty");
+        }
+        v.into_bytes()
+    }
+}
+
+fn parse_report(value: &[u8]) -> Option<Report> {
     let mut parts = std::str::from_utf8(value).ok()?.split(' ');
-    let (e, p) = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
-    let reporter = match parts.next() {
-        Some(l) => Some(l.parse().ok()?),
-        None => None,
-    };
-    Some((e, p, reporter))
+    let (epoch, position) = (parts.next()?.parse().ok()?, parts.next()?.parse().ok()?);
+    let mut report = Report { epoch, position, reporter: None, empty: false };
+    for p in parts {
+        match p {
+            "empty" => report.empty = true,
+            l if report.reporter.is_none() && !report.empty => report.reporter = Some(l.parse().ok()?),
+            _ => return None,
+        }
+    }
+    Some(report)
 }
 
 /// A primary's report of its cut for `region` at `epoch` to fence `id`: written only while the
@@ -170,16 +199,11 @@ pub fn report_txn(
     keys: &Keys,
     (id, create, lease): (u64, Revision, Option<LeaseId>),
     region: u32,
-    (epoch, position): (u64, u64),
-    reporter: Option<LeaseId>,
+    report: Report,
 ) -> Txn {
-    let value = match reporter {
-        Some(r) => format!("{epoch} {position} {r}"),
-        None => format!("{epoch} {position}"),
-    };
     Txn {
         when: vec![Compare::CreateRevision(keys.fence(id), create)],
-        then: vec![TxnOp::Put { key: keys.fence_report(id, region), value: value.into_bytes(), lease }],
+        then: vec![TxnOp::Put { key: keys.fence_report(id, region), value: report.encode(), lease }],
         otherwise: vec![],
     }
 }
@@ -215,6 +239,7 @@ struct Hold {
     until: Instant,
     reported: bool,
     reporter: Option<LeaseId>,
+    empty: bool,
 }
 
 /// What a primary does after a map poll.
@@ -303,21 +328,29 @@ impl FenceHolder {
                     steps.push(FenceStep::Break { id, txn: break_txn(keys, id, h.create) });
                 }
             } else if !h.reported {
-                let txn = report_txn(keys, (id, h.create, h.lease), region, (h.epoch, h.position), h.reporter);
+                let report = Report { epoch: h.epoch, position: h.position, reporter: h.reporter, empty: h.empty };
+                let txn = report_txn(keys, (id, h.create, h.lease), region, report);
                 steps.push(FenceStep::Report { id, region, txn });
             }
         }
         steps
     }
 
-    /// The region is fenced at `position` (from `now` on, for the fence's hold): the report to
-    /// write.
-    pub fn fenced(&mut self, keys: &Keys, f: &Fence, region: u32, epoch: u64, position: u64, now: Instant) -> Txn {
+    /// The region is fenced at `position` (from `now` on, for the fence's hold), holding no
+    /// live key if `empty`: the report to write.
+    pub fn fenced(
+        &mut self,
+        keys: &Keys,
+        f: &Fence,
+        region: u32,
+        (epoch, position, empty): (u64, u64, bool),
+        now: Instant,
+    ) -> Txn {
         let reporter = self.reporter;
         let until = now + f.spec.hold;
-        let hold = Hold { create: f.create, lease: f.lease, epoch, position, until, reported: false, reporter };
+        let hold = Hold { create: f.create, lease: f.lease, epoch, position, until, reported: false, reporter, empty };
         self.holds.insert((f.id, region), hold);
-        report_txn(keys, (f.id, f.create, f.lease), region, (epoch, position), reporter)
+        report_txn(keys, (f.id, f.create, f.lease), region, Report { epoch, position, reporter, empty })
     }
 
     /// The node's registration lease, said in the reports from now on.
@@ -329,7 +362,16 @@ impl FenceHolder {
     /// without a report — the fence cannot commit without one — until the fence key goes.
     pub fn held_unreported(&mut self, f: &Fence, region: u32, epoch: u64, now: Instant) {
         let until = now + f.spec.hold;
-        let hold = Hold { create: f.create, lease: f.lease, epoch, position: 0, until, reported: true, reporter: None };
+        let hold = Hold {
+            create: f.create,
+            lease: f.lease,
+            epoch,
+            position: 0,
+            until,
+            reported: true,
+            reporter: None,
+            empty: false,
+        };
         self.holds.insert((f.id, region), hold);
     }
 
@@ -395,6 +437,8 @@ pub struct Cut {
     /// Each region's reporter: its primary's registration lease when it fenced (absent if it
     /// did not say). A job whose primary registered anew since has lost that region's snapshot.
     pub reporters: BTreeMap<u32, LeaseId>,
+    /// Regions that held no live key at the cut.
+    pub empty: std::collections::BTreeSet<u32>,
     /// How long the fence held back acknowledgements, from its key's write to its commit.
     pub held: Duration,
     /// With a job: the coordinator's lease, which the job and the primaries' parts are bound
@@ -413,11 +457,16 @@ pub struct CutOptions {
     /// A backup job to start with the commit (`backup-jobs/<fence id>` = this, in the commit's
     /// transaction): the primaries see it as they lift, and upload their snapshots.
     pub job: Option<Vec<u8>>,
+    /// A restore to begin with the commit (docs/backup.md §5): the cut commits only if every
+    /// region held no live key at it, and its transaction replaces the map by the backup's
+    /// regions ([`crate::restore::commit`]). A writer held back by the fence is never
+    /// acknowledged: its region is gone when the hold lifts.
+    pub restore: Option<crate::restore::RestorePlan>,
 }
 
 impl Default for CutOptions {
     fn default() -> CutOptions {
-        CutOptions { hold: DEFAULT_HOLD, attempts: 3, job: None }
+        CutOptions { hold: DEFAULT_HOLD, attempts: 3, job: None, restore: None }
     }
 }
 
@@ -437,6 +486,13 @@ pub enum FenceError {
     /// The fence was broken (a hold ran out) or the map changed before the commit.
     #[error("the fence was broken or the region map changed before it committed")]
     Broken,
+    /// A restore's cut found these regions holding keys: a restore goes only into an empty
+    /// cluster (not retried).
+    #[error("the cluster is not empty: regions {0:?} hold keys (a restore needs a cluster that holds none)")]
+    NotEmpty(Vec<u32>),
+    /// A restore is under way already, or its layout cannot be made (not retried).
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl FenceError {
@@ -447,6 +503,8 @@ impl FenceError {
             FenceError::Busy(_) => "fence_busy",
             FenceError::NotReported(_) => "fence_not_reported",
             FenceError::Broken => "fence_broken",
+            FenceError::NotEmpty(_) => "restore_cluster_not_empty",
+            FenceError::Refused(_) => "restore_refused",
         }
     }
 }
@@ -459,6 +517,7 @@ pub async fn take_cut<S: MetaStore>(s: &S, keys: &Keys, opts: CutOptions) -> Res
     for _ in 0..opts.attempts.max(1) {
         match try_cut(s, keys, &opts).await {
             Ok(cut) => return Ok(cut),
+            Err(e @ (FenceError::NotEmpty(_) | FenceError::Refused(_))) => return Err(e),
             Err(e) => {
                 tracing::info!(error = %e, "a backup fence did not commit");
                 last = e;
@@ -473,7 +532,11 @@ pub async fn take_cut<S: MetaStore>(s: &S, keys: &Keys, opts: CutOptions) -> Res
 /// still there, and the reports go with it: every primary lifts).
 async fn try_cut<S: MetaStore>(s: &S, keys: &Keys, opts: &CutOptions) -> Result<Cut, FenceError> {
     let snap = master::read(s, keys).await?;
-    let map = snap.map;
+    if let Some(plan) = &opts.restore {
+        // Refused before any fence: a restore under way, or a layout that cannot be made.
+        crate::restore::check(&snap, plan)?;
+    }
+    let map = &snap.map;
     if map.regions.is_empty() {
         return Err(FenceError::Busy("the cluster has no regions yet".into()));
     }
@@ -487,7 +550,7 @@ async fn try_cut<S: MetaStore>(s: &S, keys: &Keys, opts: &CutOptions) -> Result<
         return Err(FenceError::Busy(format!("more than {MAX_FENCE_REGIONS} regions")));
     }
     let lease = s.grant(opts.hold * 2 + Duration::from_secs(5)).await?;
-    let out = fenced(s, keys, map, lease, opts.hold, opts.job.as_deref()).await;
+    let out = fenced(s, keys, &snap, lease, opts).await;
     // A job's lease lives on with it (the caller's); anything else ends here.
     let kept = matches!(&out, Ok(c) if c.lease.is_some());
     if !kept && let Err(e) = s.revoke(lease).await {
@@ -499,11 +562,11 @@ async fn try_cut<S: MetaStore>(s: &S, keys: &Keys, opts: &CutOptions) -> Result<
 async fn fenced<S: MetaStore>(
     s: &S,
     keys: &Keys,
-    map: RegionMap,
+    snap: &master::Snapshot,
     lease: LeaseId,
-    hold: Duration,
-    job: Option<&[u8]>,
+    opts: &CutOptions,
 ) -> Result<Cut, FenceError> {
+    let (map, hold, job) = (snap.map.clone(), opts.hold, opts.job.as_deref());
     let id = crate::backoff::random_id();
     let spec = FenceSpec { hold, regions: map.regions.iter().map(|r| (r.id, r.epoch)).collect() };
     let key = keys.fence(id);
@@ -521,22 +584,25 @@ async fn fenced<S: MetaStore>(
     let create = t.revision;
     let mut report_prefix = key.clone();
     report_prefix.push(b'/');
-    let (positions, reporters) = loop {
+    let (positions, reporters, empty) = loop {
         let (kvs, _) = s.range(&report_prefix).await?;
-        let (mut positions, mut reporters) = (BTreeMap::new(), BTreeMap::new());
+        let (mut positions, mut reporters, mut empty) = (BTreeMap::new(), BTreeMap::new(), BTreeSet::new());
         let reports = grouped(&kvs, &keys.fences()).remove(&id).map(|(_, r)| r).unwrap_or_default();
         for (region, kv) in reports {
-            if let Some((epoch, position, reporter)) = parse_report(&kv.value)
-                && spec.epoch_of(region) == Some(epoch)
+            if let Some(r) = parse_report(&kv.value)
+                && spec.epoch_of(region) == Some(r.epoch)
             {
-                positions.insert(region, position);
-                if let Some(r) = reporter {
-                    reporters.insert(region, r);
+                positions.insert(region, r.position);
+                if let Some(l) = r.reporter {
+                    reporters.insert(region, l);
+                }
+                if r.empty {
+                    empty.insert(region);
                 }
             }
         }
         if positions.len() == spec.regions.len() {
-            break (positions, reporters);
+            break (positions, reporters, empty);
         }
         if started.elapsed() >= hold {
             let missing = spec.regions.iter().map(|(r, _)| *r).filter(|r| !positions.contains_key(r)).collect();
@@ -548,10 +614,19 @@ async fn fenced<S: MetaStore>(
     if let Some(job) = job {
         commit.then.push(TxnOp::Put { key: keys.backup_job(id), value: job.to_vec(), lease: Some(lease) });
     }
+    if let Some(plan) = &opts.restore {
+        let full: Vec<u32> = map.regions.iter().map(|r| r.id).filter(|r| !empty.contains(r)).collect();
+        if !full.is_empty() {
+            return Err(FenceError::NotEmpty(full));
+        }
+        let (when, then) = crate::restore::commit(keys, snap, plan)?;
+        commit.when.extend(when);
+        commit.then.extend(then);
+    }
     if !s.txn(commit).await?.succeeded {
         return Err(FenceError::Broken);
     }
-    Ok(Cut { id, map, positions, reporters, held: started.elapsed(), lease: job.map(|_| lease) })
+    Ok(Cut { id, map, positions, reporters, empty, held: started.elapsed(), lease: job.map(|_| lease) })
 }
 
 /// The commit of fence `id` (its key created at `create`), taken on the map read at `map`:

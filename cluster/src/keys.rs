@@ -167,6 +167,35 @@ impl Keys {
         k
     }
 
+    /// A restore under way (`restore-job`: where from, which backup; docs/backup.md §5),
+    /// written by the restore's cut together with the backup's regions, deleted by the master
+    /// once every region is open and copied (or by an abort). Bound to no lease: a restore
+    /// outlives whoever began it.
+    pub fn restore_job(&self) -> Vec<u8> {
+        self.under("restore-job")
+    }
+
+    /// Prefix of the regions a restore makes (`restores/<region>`, value the backup's region
+    /// id whose part it is, then the node that must fetch it if the region was given to
+    /// another node; and `restores/<region>/<node>`, the node's report, bound to its
+    /// lease: `opened` or `failed <why>`). A region here is not served until the restore ends.
+    pub fn restores(&self) -> Vec<u8> {
+        self.under("restores/")
+    }
+
+    /// A region being restored.
+    pub fn restore_region(&self, region: u32) -> Vec<u8> {
+        id_key(&self.restores(), region)
+    }
+
+    /// A node's report on a region it restores.
+    pub fn restore_report(&self, region: u32, node: u32) -> Vec<u8> {
+        let mut k = self.restore_region(region);
+        k.push(b'/');
+        k.extend_from_slice(format!("{node:010}").as_bytes());
+        k
+    }
+
     /// Prefix of stalled streams (`stalled/<region>/<node>`, value the region's epoch): the
     /// region's primary reports a backup or joining node that took no data for longer than its
     /// bound; bound to the primary's lease. The master demotes such a backup to joining (one

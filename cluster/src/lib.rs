@@ -21,6 +21,8 @@
 //!   deposed, so a master loop never dies while its node lives.
 //! - [`fence`]: backup fences — a consistent cut of every region, taken through the store
 //!   while the cluster serves (the coordinator, and the primaries' side as pure decisions).
+//! - [`restore`]: restoring a backup into an empty cluster — the cut that replaces the map by
+//!   the backup's regions, the nodes' reports, the master's end of it.
 //! - [`backoff`]: exponential backoff with jitter for every control loop's retries.
 //! - [`placement`]: where replicas go — the first layout, and the master's next changes after
 //!   failures, joins, drains and catch-ups (pure functions, model-tested).
@@ -45,6 +47,7 @@ pub mod mem;
 pub mod membership;
 pub mod meta;
 pub mod placement;
+pub mod restore;
 
 pub use election::{Leadership, campaign, leader, resign};
 pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};

@@ -48,6 +48,8 @@ pub struct Snapshot {
     pub fences: Vec<crate::fence::Fence>,
     /// Backup jobs under way, with the primaries' parts (`Keys::backup_jobs`).
     pub backup_jobs: Vec<crate::fence::Job>,
+    /// The restore under way, if any (`Keys::restore_job`).
+    pub restore: Option<crate::restore::Restore>,
 }
 
 /// A node's step-down ([`Snapshot::step_down_progress`]).
@@ -95,6 +97,11 @@ pub struct Health {
 }
 
 impl Snapshot {
+    /// Whether region `id` is one a restore under way makes (not served until it ends).
+    pub fn restoring(&self, id: u32) -> bool {
+        self.restore.as_ref().is_some_and(|r| r.regions.contains_key(&id))
+    }
+
     /// The cluster at a glance.
     pub fn health(&self) -> Health {
         let live: std::collections::HashSet<u32> = self.map.nodes.iter().map(|n| n.id).collect();
@@ -324,6 +331,7 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
         master_round,
         fences: crate::fence::fences_in(&kvs, keys),
         backup_jobs: crate::fence::jobs_in(&kvs, keys),
+        restore: crate::restore::restore_in(&kvs, keys),
     })
 }
 
@@ -348,12 +356,14 @@ pub struct Applied {
     pub changes: Vec<Change>,
     /// Look again after this even if nothing changes (a promotion waiting for reports).
     pub recheck: Option<Duration>,
+    /// A restore's step taken (its end, or a region given to another node).
+    pub restore_step: Option<crate::restore::Step>,
 }
 
 impl Applied {
     /// Whether the round changed nothing.
     pub fn is_empty(&self) -> bool {
-        self.handoff_steps == 0 && self.changes.is_empty()
+        self.handoff_steps == 0 && self.changes.is_empty() && self.restore_step.is_none()
     }
 }
 
@@ -377,9 +387,15 @@ pub async fn apply<S: MetaStore>(
     if snap.map.regions.is_empty() {
         let mut nodes = snap.map.nodes.clone();
         nodes.sort_by_key(|n| n.id);
-        let Ok(regions) = placement::initial(&nodes, &config.split_keys, config.replication) else {
+        let Ok(mut regions) = placement::initial(&nodes, &config.split_keys, config.replication) else {
             return Ok(Applied::default()); // wait for enough nodes
         };
+        // After ids used before (a restore abandoned): a node back from an outage must not
+        // take an old region's files for a new one's.
+        let base = snap.handoffs.last_region_id.map_or(0, |(id, _)| id);
+        for r in &mut regions {
+            r.id += base;
+        }
         let mut when = vec![fence.clone()];
         when.extend(regions.iter().map(|r| Compare::Absent(keys.region(r.id))));
         let then =
@@ -389,6 +405,13 @@ pub async fn apply<S: MetaStore>(
             tracing::info!(regions = regions.len(), nodes = nodes.len(), "laid out the regions");
         }
         return Ok(Applied::default());
+    }
+    // A restore's end, or its region whose primary died with the only copy (docs/backup.md §5).
+    if let Some((step, txn)) = crate::restore::step(keys, &snap, fence)
+        && s.txn(txn).await?.succeeded
+    {
+        tracing::info!(step = ?step, "restore step");
+        return Ok(Applied { restore_step: Some(step), ..Applied::default() });
     }
     let rev_of = |id: u32| snap.region_revs.iter().find(|(r, _)| *r == id).map(|(_, r)| *r).unwrap_or(0);
     // Splits and merges first: an abort unfreezes a region placement must then heal.
@@ -455,7 +478,7 @@ pub async fn apply<S: MetaStore>(
             applied.push(c);
         }
     }
-    Ok(Applied { handoff_steps: 0, changes: applied, recheck })
+    Ok(Applied { handoff_steps: 0, changes: applied, recheck, restore_step: None })
 }
 
 /// The transaction of one handoff step: fenced, and compared against what the step was planned

@@ -314,6 +314,102 @@ async fn collect<S: dpukv_cluster::MetaStore>(
     }
 }
 
+/// Begins restoring backup `backup` (the latest at the location if None) from `from` into the
+/// cluster, which must hold no key (docs/backup.md §5): reads the backup's manifest, then takes
+/// the restore's cut, whose commit lays the backup's regions out. Following a restore of the
+/// same backup already under way is not an error (a restore begun again after an interruption
+/// goes on); another one under way is. Errors start with their code.
+pub async fn begin_restore<S: dpukv_cluster::MetaStore>(
+    s: &S,
+    keys: &dpukv_cluster::keys::Keys,
+    from: &str,
+    backup: Option<&str>,
+) -> Result<dpukv_cluster::restore::RestoreJob, String> {
+    use dpukv_cluster::fence::{CutOptions, take_cut};
+    use dpukv_cluster::restore::{PartRange, RestoreJob, RestorePlan};
+    let coded = |e: BackupError| format!("{}: {e}", e.code());
+    let loc = Location::open(from).map_err(coded)?;
+    let id = match backup {
+        Some(id) => id.to_string(),
+        None => {
+            loc.list().await.map_err(coded)?.pop().ok_or_else(|| format!("backup_not_found: no backup at {from}"))?
+        }
+    };
+    let job = RestoreJob { from: from.to_string(), backup: id.clone() };
+    let snap = dpukv_cluster::master::read(s, keys).await.map_err(|e| format!("{}: {e}", e.code()))?;
+    if snap.restore.as_ref().is_some_and(|r| r.job == job) {
+        return Ok(job);
+    }
+    let manifest = loc.manifest(&id).await.map_err(coded)?;
+    let mut parts = Vec::with_capacity(manifest.regions.len());
+    for p in &manifest.regions {
+        let (start, end) =
+            part_range(p).ok_or_else(|| format!("backup_manifest_invalid: region {}'s range is not hex", p.id))?;
+        parts.push(PartRange { part: p.id, start, end });
+    }
+    let plan = RestorePlan { job: job.clone(), parts };
+    take_cut(s, keys, CutOptions { restore: Some(plan), ..CutOptions::default() })
+        .await
+        .map_err(|e| format!("{}: {e}", e.code()))?;
+    Ok(job)
+}
+
+/// A restore's progress, as `GET /cluster/restore` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RestoreProgress {
+    /// `running`, or `none` (no restore under way: ended, aborted, or never begun).
+    pub state: &'static str,
+    /// The location.
+    pub from: Option<String>,
+    /// The backup's id.
+    pub backup: Option<String>,
+    /// Regions the restore makes.
+    pub regions: usize,
+    /// Of those, open at their primaries.
+    pub opened: usize,
+    /// Of those, open and with every copy.
+    pub copied: usize,
+    /// The nodes' latest failures, as `region <id> on node <id>: <why>`.
+    pub errors: Vec<String>,
+}
+
+/// The restore under way in `snap`, if any.
+pub fn restore_progress(snap: &dpukv_cluster::master::Snapshot) -> RestoreProgress {
+    use dpukv_cluster::restore::{RestoreReport, Waiting, waiting};
+    let Some(r) = &snap.restore else {
+        return RestoreProgress {
+            state: "none",
+            from: None,
+            backup: None,
+            regions: 0,
+            opened: 0,
+            copied: 0,
+            errors: vec![],
+        };
+    };
+    let waits = waiting(snap, r);
+    let opening = waits.iter().filter(|w| matches!(w, Waiting::Opening(_))).count();
+    let errors = r
+        .regions
+        .iter()
+        .flat_map(|(id, rr)| {
+            rr.reports.iter().filter_map(move |(n, rep)| match rep {
+                RestoreReport::Failed(why) => Some(format!("region {id} on node {n}: {why}")),
+                RestoreReport::Opened => None,
+            })
+        })
+        .collect();
+    RestoreProgress {
+        state: "running",
+        from: Some(r.job.from.clone()),
+        backup: Some(r.job.backup.clone()),
+        regions: r.regions.len(),
+        opened: r.regions.len() - opening,
+        copied: r.regions.len() - waits.len(),
+        errors,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

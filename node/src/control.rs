@@ -7,8 +7,10 @@
 //! against the current map first) and `/cluster/summary` (GET: the master, live nodes, regions,
 //! regions without a live primary or short of copies), and `/cluster/backups/{hex location}`
 //! (POST: a backup of the cluster to that location, coordinated by this node; docs/backup.md)
-//! and `/cluster/backups/{job}` (GET: its progress) — what `dpukv cluster`, `dpukv backup` and
-//! the operator call.
+//! and `/cluster/backups/{job}` (GET: its progress), `/cluster/restore/{hex location}[/{id}]`
+//! (POST: restore a backup into the empty cluster) and `/cluster/restore` (GET: the restore's
+//! progress; DELETE: abandon it) — what `dpukv cluster`, `dpukv backup`, `dpukv restore` and the
+//! operator call.
 //!
 //! Who may call (docs/security.md §3), checked before the route is looked at:
 //! - with TLS, a client certificate of role `operator` or `admin` of this cluster (the listener
@@ -244,6 +246,68 @@ fn backup_status(c: &Control, job: u64) -> Answer {
     }
 }
 
+/// Begins a restore of `backup` (the latest if None) from `from` (docs/backup.md §5), or
+/// follows the same one already under way: 200 with its progress once the cut replaced the map;
+/// 400 for a location that cannot be used, 404 for a backup not there, 409 for a cluster that
+/// holds keys or another restore under way, 503 when the cut cannot be taken now.
+async fn start_restore(c: &ClusterControl, from: &str, backup: Option<&str>) -> Answer {
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    match crate::backup::begin_restore(&store, &c.keys, from, backup).await {
+        Ok(job) => {
+            tracing::info!(from = %job.from, backup = %job.backup, "restore under way");
+            match dpukv_cluster::master::read(&store, &c.keys).await {
+                Ok(snap) => json(progress_of(&snap)),
+                Err(e) => unavailable(e),
+            }
+        }
+        Err(e) => {
+            let code = e.split(':').next().unwrap_or_default();
+            let status = match code {
+                "backup_bad_location" | "backup_manifest_invalid" | "restore_refused" => StatusCode::BAD_REQUEST,
+                "backup_not_found" => StatusCode::NOT_FOUND,
+                "restore_cluster_not_empty" | "restore_running" => StatusCode::CONFLICT,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            tracing::warn!(from, error = %e, "a restore was refused");
+            text(status, format!("{e}\n"))
+        }
+    }
+}
+
+fn progress_of(snap: &Snapshot) -> String {
+    serde_json::to_string(&crate::backup::restore_progress(snap)).unwrap_or_default() + "\n"
+}
+
+/// The restore under way: its progress (GET), or abandoned (DELETE: its regions go and the
+/// master lays out empty ones; 200 with `state: none` either way).
+async fn restore_status(c: &ClusterControl, action: Action) -> Answer {
+    use dpukv_cluster::MetaStore;
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    for _ in 0..10 {
+        let snap = match dpukv_cluster::master::read(&store, &c.keys).await {
+            Ok(s) => s,
+            Err(e) => return unavailable(e),
+        };
+        let abort = match action {
+            Action::Cancel => dpukv_cluster::restore::abort_txn(&c.keys, &snap),
+            _ => None,
+        };
+        let Some(txn) = abort else { return json(progress_of(&snap)) };
+        match store.txn(txn).await {
+            Ok(t) if t.succeeded => tracing::warn!("abandoned the restore under way"),
+            Ok(_) => {} // it ended or changed meanwhile: look again
+            Err(e) => return unavailable(e),
+        }
+    }
+    text(StatusCode::SERVICE_UNAVAILABLE, "restore_busy: the restore kept changing; try again\n".into())
+}
+
 /// Whether the caller may use the control API: see the module documentation.
 fn authorize(c: &Control, peer: &Peer, headers: &HeaderMap) -> Result<(), Refusal> {
     const WHAT: &str = "the control API";
@@ -463,6 +527,8 @@ async fn handle(
         ControlRoute::Summary => summary(k).await,
         ControlRoute::Backup { to } => start_backup(&c, to).await,
         ControlRoute::BackupStatus { job } => backup_status(&c, job),
+        ControlRoute::Restore { from, backup } => start_restore(k, &from, backup.as_deref()).await,
+        ControlRoute::RestoreStatus { action } => restore_status(k, action).await,
     };
     answer.into_response()
 }

@@ -12,6 +12,8 @@
 //! | GET | `/cluster/summary` | the cluster at a glance |
 //! | POST | `/cluster/backups/{hex location URL}` | start a backup to that location (docs/backup.md) |
 //! | GET | `/cluster/backups/{job}` | a backup's progress, by the job id its start answered |
+//! | POST | `/cluster/restore/{hex location URL}[/{backup id}]` | restore a backup (the latest if no id) into the empty cluster |
+//! | GET, DELETE | `/cluster/restore` | the restore under way: its progress; abandon it |
 
 use crate::limits::MAX_KEY;
 
@@ -86,6 +88,26 @@ pub enum ControlRoute {
         /// The job (a decimal number).
         job: u64,
     },
+    /// `POST /cluster/restore/{hex location}[/{backup}]`.
+    Restore {
+        /// The location's URL (1..=[`MAX_LOCATION`] bytes of UTF-8).
+        from: String,
+        /// The backup's id (None: the latest there); 1..=[`MAX_BACKUP_ID`] of `A-Z a-z 0-9 -`.
+        backup: Option<String>,
+    },
+    /// `/cluster/restore`: GET its progress, DELETE abandons it.
+    RestoreStatus {
+        /// Progress or Cancel.
+        action: Action,
+    },
+}
+
+/// The longest backup id a route takes.
+pub const MAX_BACKUP_ID: usize = 64;
+
+fn backup_id(s: &str) -> Option<String> {
+    let ok = !s.is_empty() && s.len() <= MAX_BACKUP_ID && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    ok.then(|| s.to_string())
 }
 
 /// The longest backup location URL a route takes.
@@ -196,6 +218,25 @@ impl ControlRoute {
                 }
             }
             ["backups", _] => Err(RouteError::MethodNotAllowed),
+            ["restore"] => match Action::parse(method) {
+                Some(action @ (Action::Progress | Action::Cancel)) => Ok(ControlRoute::RestoreStatus { action }),
+                _ => Err(RouteError::MethodNotAllowed),
+            },
+            ["restore", arg] | ["restore", arg, _] => {
+                post()?;
+                let from = match unhex(arg).map(String::from_utf8) {
+                    Some(Ok(from)) if !from.is_empty() && from.len() <= MAX_LOCATION => from,
+                    _ => return Err(RouteError::BadRequest("the location must be a URL of 1 to 1000 bytes, in hex")),
+                };
+                let backup = match parts.get(2) {
+                    None => None,
+                    Some(id) => Some(
+                        backup_id(id)
+                            .ok_or(RouteError::BadRequest("the backup id must be 1 to 64 of A-Z a-z 0-9 -"))?,
+                    ),
+                };
+                Ok(ControlRoute::Restore { from, backup })
+            }
             ["summary"] => {
                 if method == "GET" {
                     Ok(ControlRoute::Summary)
@@ -211,7 +252,11 @@ impl ControlRoute {
     pub fn method(&self) -> &'static str {
         match self {
             ControlRoute::Drain { action, .. } | ControlRoute::StepDown { action, .. } => action.method(),
-            ControlRoute::Split { .. } | ControlRoute::Merge { .. } | ControlRoute::Backup { .. } => "POST",
+            ControlRoute::RestoreStatus { action } => action.method(),
+            ControlRoute::Split { .. }
+            | ControlRoute::Merge { .. }
+            | ControlRoute::Backup { .. }
+            | ControlRoute::Restore { .. } => "POST",
             ControlRoute::Summary | ControlRoute::BackupStatus { .. } => "GET",
         }
     }
@@ -232,6 +277,14 @@ impl ControlRoute {
                 format!("/cluster/backups/{hex}")
             }
             ControlRoute::BackupStatus { job } => format!("/cluster/backups/{job}"),
+            ControlRoute::Restore { from, backup } => {
+                let hex: String = from.bytes().map(|b| format!("{b:02x}")).collect();
+                match backup {
+                    Some(id) => format!("/cluster/restore/{hex}/{id}"),
+                    None => format!("/cluster/restore/{hex}"),
+                }
+            }
+            ControlRoute::RestoreStatus { .. } => "/cluster/restore".into(),
         }
     }
 
@@ -239,7 +292,11 @@ impl ControlRoute {
     pub fn mutates(&self) -> bool {
         match self {
             ControlRoute::Drain { action, .. } | ControlRoute::StepDown { action, .. } => *action != Action::Progress,
-            ControlRoute::Split { .. } | ControlRoute::Merge { .. } | ControlRoute::Backup { .. } => true,
+            ControlRoute::RestoreStatus { action } => *action != Action::Progress,
+            ControlRoute::Split { .. }
+            | ControlRoute::Merge { .. }
+            | ControlRoute::Backup { .. }
+            | ControlRoute::Restore { .. } => true,
             ControlRoute::Summary | ControlRoute::BackupStatus { .. } => false,
         }
     }
@@ -291,6 +348,21 @@ mod tests {
             assert!(matches!(r("GET", bad), Err(RouteError::BadRequest(_))), "{bad}");
         }
         assert!(backup.mutates() && !ControlRoute::BackupStatus { job: 1 }.mutates());
+        let id = "20261127T101500Z-00000000deadbeef".to_string();
+        for restore in [
+            ControlRoute::Restore { from: to.clone(), backup: None },
+            ControlRoute::Restore { from: to.clone(), backup: Some(id.clone()) },
+        ] {
+            assert_eq!(r("POST", &restore.path()), Ok(restore.clone()));
+            assert!(restore.mutates());
+            assert_eq!(r("GET", &restore.path()), Err(RouteError::MethodNotAllowed));
+        }
+        assert_eq!(r("GET", "/cluster/restore"), Ok(ControlRoute::RestoreStatus { action: Action::Progress }));
+        assert_eq!(r("DELETE", "/cluster/restore"), Ok(ControlRoute::RestoreStatus { action: Action::Cancel }));
+        assert_eq!(r("POST", "/cluster/restore"), Err(RouteError::MethodNotAllowed));
+        for bad in ["/cluster/restore/zz", "/cluster/restore/", "/cluster/restore/6161/a.b", "/cluster/restore/6161/"] {
+            assert!(matches!(r("POST", bad), Err(RouteError::BadRequest(_))), "{bad}");
+        }
         assert!(!ControlRoute::Summary.mutates());
         assert!(!ControlRoute::Drain { node: 1, action: Action::Progress }.mutates());
         assert!(ControlRoute::Drain { node: 1, action: Action::Cancel }.mutates());

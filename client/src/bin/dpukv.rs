@@ -3,6 +3,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -104,6 +105,25 @@ enum Cmd {
     Backup {
         #[command(subcommand)]
         cmd: BackupCmd,
+    },
+    /// Restore a backup into the cluster, which must hold no key (docs/backup.md §5): prints
+    /// the progress as JSON lines and `restored <id>` last. Run again, it follows a restore of
+    /// the same backup under way (an interrupted one goes on). The cluster serves none of the
+    /// backup's regions until every one is open and copied.
+    Restore {
+        /// The location (`file:///dir` or `s3://bucket/prefix`).
+        #[arg(long, required_unless_present = "abort")]
+        from: Option<String>,
+        /// The backup's id (the latest at the location if not given).
+        #[arg(long)]
+        backup: Option<String>,
+        /// Abandon the restore under way instead: its regions go, and the cluster lays out empty
+        /// ones.
+        #[arg(long, conflicts_with_all = ["from", "backup"])]
+        abort: bool,
+        /// Give up following after this many seconds (the restore goes on in the cluster).
+        #[arg(long, default_value_t = 3600)]
+        timeout_secs: u64,
     },
     /// Print a node's metrics (from its admin endpoint).
     Stats {
@@ -299,6 +319,55 @@ async fn backup_create(c: &Client, to: &str, ctl: &ControlClient) -> Result<i32>
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let body = ctl.must(&addr, &ControlRoute::BackupStatus { job }).await?;
+        let now = parse(&body)?;
+        if now != last {
+            print!("{body}");
+        }
+        last = now;
+    }
+}
+
+/// Errors a restore does not get past by trying again: the backup itself is damaged or gone.
+const FINAL_RESTORE_ERRORS: &[&str] = &[
+    "backup_object_missing",
+    "backup_object_corrupt",
+    "backup_not_found",
+    "backup_manifest_invalid",
+    "restore_part_missing",
+];
+
+/// `dpukv restore`: begins (or follows) a restore through a host's control API until it ends.
+async fn restore(
+    addr: &str,
+    from: &str,
+    backup: Option<String>,
+    timeout: Duration,
+    ctl: &ControlClient,
+) -> Result<i32> {
+    let body = ctl.must(addr, &ControlRoute::Restore { from: from.to_string(), backup }).await?;
+    print!("{body}");
+    let parse = |b: &str| serde_json::from_str::<serde_json::Value>(b).context("the control API answered no JSON");
+    let mut last = parse(&body)?;
+    let id = last["backup"].as_str().unwrap_or_default().to_string();
+    let began = std::time::Instant::now();
+    loop {
+        if last["state"].as_str() == Some("none") {
+            println!("restored {id}");
+            return Ok(0);
+        }
+        let errors: Vec<&str> = last["errors"].as_array().into_iter().flatten().filter_map(|e| e.as_str()).collect();
+        if let Some(e) = errors.iter().find(|e| FINAL_RESTORE_ERRORS.iter().any(|c| e.contains(&format!(": {c}:")))) {
+            bail!(
+                "the restore cannot finish: {e} (repair the location and run this again to go on, or `dpukv restore --abort`)"
+            );
+        }
+        if began.elapsed() > timeout {
+            bail!(
+                "the restore did not end within {timeout:?}; it goes on in the cluster (run this again to follow it)"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let body = ctl.must(addr, &ControlRoute::RestoreStatus { action: Action::Progress }).await?;
         let now = parse(&body)?;
         if now != last {
             print!("{body}");
@@ -612,6 +681,16 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Cluster { cmd } => return cluster_cmd(&c, cmd, &control).await,
         Cmd::Backup { cmd: BackupCmd::Create { to } } => return backup_create(&c, &to, &control).await,
         Cmd::Backup { .. } => unreachable!("answered above"),
+        Cmd::Restore { from, backup, abort, timeout_secs } => {
+            let addr = control.endpoint(&c.region_map().await?, None)?;
+            if abort {
+                let body = control.must(&addr, &ControlRoute::RestoreStatus { action: Action::Cancel }).await?;
+                print!("{body}");
+                return Ok(0);
+            }
+            let from = from.context("--from is required")?;
+            return restore(&addr, &from, backup, Duration::from_secs(timeout_secs), &control).await;
+        }
         Cmd::Regions => {
             for r in c.region_map().await?.regions {
                 out.write_all(format!("{}\t", r.id).as_bytes())?;

@@ -318,13 +318,22 @@ struct FencedPrimary {
     end: u64,
     holding: BTreeSet<(u64, u32)>,
     reported: BTreeMap<u32, u64>,
+    /// Regions it says hold no live key.
+    empty: BTreeSet<u32>,
 }
 
 impl FencedPrimary {
     fn new(node: u32) -> FencedPrimary {
         let mut holder = FenceHolder::default();
         holder.set_reporter(1000 + i64::from(node)); // its registration lease, as the node says it
-        FencedPrimary { node, holder, end: 0, holding: BTreeSet::new(), reported: BTreeMap::new() }
+        FencedPrimary {
+            node,
+            holder,
+            end: 0,
+            holding: BTreeSet::new(),
+            reported: BTreeMap::new(),
+            empty: BTreeSet::new(),
+        }
     }
 
     /// One map poll: the steps the holder gave, carried out.
@@ -339,7 +348,13 @@ impl FencedPrimary {
                     self.end += 10;
                     self.holding.insert((fence.id, region));
                     self.reported.insert(region, self.end);
-                    let txn = self.holder.fenced(keys, &fence, region, epoch, self.end, Instant::now());
+                    let txn = self.holder.fenced(
+                        keys,
+                        &fence,
+                        region,
+                        (epoch, self.end, self.empty.contains(&region)),
+                        Instant::now(),
+                    );
                     s.txn(txn).await.expect("report");
                     self.holder.reported(fence.id, region);
                 }
@@ -395,7 +410,7 @@ async fn a_cut_commits_on_every_primary_s_report_and_every_hold_is_lifted() {
     let (keys, _members, nodes) = three_regions(&s, "cut").await;
     let mut primaries: Vec<FencedPrimary> = nodes.iter().map(|&n| FencedPrimary::new(n)).collect();
     let done = std::sync::atomic::AtomicBool::new(false);
-    let opts = CutOptions { hold: Duration::from_secs(5), attempts: 1, job: None };
+    let opts = CutOptions { hold: Duration::from_secs(5), attempts: 1, ..CutOptions::default() };
     let coordinator = async {
         let cut = take_cut(&s, &keys, opts).await;
         done.store(true, std::sync::atomic::Ordering::Release);
@@ -432,7 +447,7 @@ async fn a_cut_commits_on_every_primary_s_report_and_every_hold_is_lifted() {
 async fn a_fence_no_primary_reports_fails_after_its_hold_and_leaves_nothing() {
     let s = MemStore::new();
     let (keys, _members, _) = three_regions(&s, "silent").await;
-    let opts = CutOptions { hold: Duration::from_millis(100), attempts: 2, job: None };
+    let opts = CutOptions { hold: Duration::from_millis(100), attempts: 2, ..CutOptions::default() };
     let e = take_cut(&s, &keys, opts).await.expect_err("no reports");
     assert_eq!(e.code(), "fence_not_reported", "{e}");
     assert!(matches!(&e, FenceError::NotReported(r) if r.len() == 3), "{e:?}");
@@ -497,4 +512,150 @@ async fn a_restarted_primary_breaks_a_fence_its_earlier_life_reported() {
     let steps = again.poll(&s, &keys).await;
     assert!(matches!(steps.as_slice(), [FenceStep::Break { .. }]), "{steps:?}");
     assert!(!s.txn(commit_txn(&keys, id, create, map)).await.expect("txn").succeeded);
+}
+
+/// Takes a cut with `opts` while `primaries` poll, as the nodes would.
+async fn cut_with(
+    s: &MemStore,
+    keys: &Keys,
+    primaries: &mut [FencedPrimary],
+    opts: CutOptions,
+) -> Result<dpukv_cluster::fence::Cut, FenceError> {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let coordinator = async {
+        let cut = take_cut(s, keys, opts).await;
+        done.store(true, std::sync::atomic::Ordering::Release);
+        cut
+    };
+    let polling = async {
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            for p in primaries.iter_mut() {
+                p.poll(s, keys).await;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::join!(coordinator, polling).0
+}
+
+fn restore_plan() -> dpukv_cluster::restore::RestorePlan {
+    use dpukv_cluster::restore::{PartRange, RestoreJob, RestorePlan};
+    RestorePlan {
+        job: RestoreJob { from: "file:///backups".into(), backup: "20261127T000000Z-0000000000000001".into() },
+        parts: vec![
+            PartRange { part: 7, start: vec![], end: Some(b"m".to_vec()) },
+            PartRange { part: 9, start: b"m".to_vec(), end: None },
+        ],
+    }
+}
+
+/// A restore goes only into an empty cluster: its cut fails, naming the region, if one
+/// primary says its region holds a key — and changes nothing. Into an empty one, the cut's
+/// commit replaces the map by the backup's regions (new ids, its ranges, one primary each) and
+/// writes the job; a second restore is refused while it is under way. The master ends it once
+/// every region is open at its primary; a region whose primary died before any copy is given to
+/// another node first.
+#[tokio::test]
+async fn a_restore_replaces_the_map_of_an_empty_cluster_only_and_the_master_ends_it() {
+    use dpukv_cluster::restore::{self, RestoreReport, Step};
+    let s = MemStore::new();
+    let (keys, members, nodes) = three_regions(&s, "restore").await;
+    let before = master::read(&s, &keys).await.expect("read");
+    let mut primaries: Vec<FencedPrimary> = nodes.iter().map(|&n| FencedPrimary::new(n)).collect();
+    // Every region empty but the one at "p".
+    let full = before.map.regions.iter().find(|r| r.start == b"p").expect("region at p").id;
+    for p in &mut primaries {
+        p.empty = before.map.regions.iter().map(|r| r.id).filter(|&r| r != full).collect();
+    }
+    let opts = || CutOptions {
+        hold: Duration::from_secs(5),
+        attempts: 3,
+        restore: Some(restore_plan()),
+        ..CutOptions::default()
+    };
+    let e = cut_with(&s, &keys, &mut primaries, opts()).await.expect_err("a region holds a key");
+    assert_eq!(e, FenceError::NotEmpty(vec![full]));
+    assert_eq!(e.code(), "restore_cluster_not_empty");
+    let after = master::read(&s, &keys).await.expect("read");
+    assert_eq!(after.map.regions, before.map.regions, "a refused restore changes nothing");
+    assert!(after.restore.is_none());
+    // Empty everywhere: the map becomes the backup's.
+    for p in &mut primaries {
+        p.empty.insert(full);
+    }
+    let cut = cut_with(&s, &keys, &mut primaries, opts()).await.expect("the restore's cut");
+    assert_eq!(cut.empty.len(), 3);
+    let snap = master::read(&s, &keys).await.expect("read");
+    let ranges: Vec<String> =
+        snap.map.regions.iter().map(|r| format!("{} {:?}..{:?} +{}", r.id, r.start, r.end, r.backups.len())).collect();
+    assert_eq!(
+        ranges,
+        vec![format!("4 {:?}..{:?} +0", b"", Some(b"m")), format!("5 {:?}..{:?} +0", b"m", None::<&[u8]>)]
+    );
+    let r = snap.restore.clone().expect("the restore is under way");
+    assert_eq!(r.job, restore_plan().job);
+    assert_eq!(r.regions.iter().map(|(id, rr)| (*id, rr.part)).collect::<Vec<_>>(), vec![(4, 7), (5, 9)]);
+    assert!(snap.restoring(4) && snap.restoring(5) && !snap.restoring(1));
+    let e = cut_with(&s, &keys, &mut primaries, opts()).await.expect_err("one at a time");
+    assert!(matches!(&e, FenceError::Refused(m) if m.starts_with("restore_running")), "{e:?}");
+    // Nothing opened yet: the master waits.
+    let applied = master::round(&s, &keys, &always(), &mut Waits::default()).await.expect("round");
+    assert!(applied.restore_step.is_none(), "{applied:?}");
+    // Region 4's primary dies before any copy: the region goes to a live node, epoch bumped.
+    let dead = snap.map.region(4).expect("4").primary;
+    s.revoke(members[dead as usize - 1].lease).await.expect("revoke");
+    let applied = master::round(&s, &keys, &always(), &mut Waits::default()).await.expect("round");
+    let Some(Step::Reassign(moved)) = applied.restore_step else { panic!("{applied:?}") };
+    assert_eq!((moved.id, moved.epoch), (4, 2));
+    assert!(moved.primary != dead && moved.backups.is_empty());
+    let r = master::read(&s, &keys).await.expect("read").restore.expect("under way");
+    assert_eq!(r.regions[&4].fetch_by, Some(moved.primary), "the new primary fetches the part, whatever copy it holds");
+    assert_eq!(r.regions[&5].fetch_by, None);
+    // Both open at their primaries (rf 1: no copies to wait for): the restore ends.
+    let snap = master::read(&s, &keys).await.expect("read");
+    let r = snap.restore.clone().expect("under way");
+    for region in [4, 5] {
+        let primary = snap.map.region(region).expect("region").primary;
+        let lease = members[primary as usize - 1].lease;
+        let txn = restore::report_txn(&keys, &r, region, primary, &RestoreReport::Opened, lease);
+        assert!(s.txn(txn).await.expect("report").succeeded);
+        if region == 4 {
+            let applied = master::round(&s, &keys, &always(), &mut Waits::default()).await.expect("round");
+            assert!(applied.restore_step.is_none(), "region 5 is not open yet: {applied:?}");
+        }
+    }
+    let applied = master::round(&s, &keys, &always(), &mut Waits::default()).await.expect("round");
+    assert_eq!(applied.restore_step, Some(Step::End));
+    let snap = master::read(&s, &keys).await.expect("read");
+    assert!(snap.restore.is_none() && !snap.restoring(4));
+    assert!(s.range(&keys.restores()).await.expect("range").0.is_empty(), "the restore's keys are gone");
+    assert_eq!(snap.map.regions.len(), 2, "the backup's regions stay");
+}
+
+/// An abandoned restore leaves the cluster empty: its regions and keys go, and the master lays
+/// out fresh regions under ids never used before.
+#[tokio::test]
+async fn an_aborted_restore_gives_back_an_empty_cluster_under_new_region_ids() {
+    let s = MemStore::new();
+    let (keys, _members, nodes) = three_regions(&s, "abort").await;
+    let mut primaries: Vec<FencedPrimary> = nodes.iter().map(|&n| FencedPrimary::new(n)).collect();
+    for p in &mut primaries {
+        p.empty = [1, 2, 3].into();
+    }
+    let opts = CutOptions {
+        hold: Duration::from_secs(5),
+        attempts: 3,
+        restore: Some(restore_plan()),
+        ..CutOptions::default()
+    };
+    cut_with(&s, &keys, &mut primaries, opts).await.expect("the restore's cut");
+    let snap = master::read(&s, &keys).await.expect("read");
+    let txn = dpukv_cluster::restore::abort_txn(&keys, &snap).expect("a restore to abort");
+    assert!(s.txn(txn).await.expect("abort").succeeded);
+    master::round(&s, &keys, &always(), &mut Waits::default()).await.expect("lay out");
+    let snap = master::read(&s, &keys).await.expect("read");
+    assert!(snap.restore.is_none());
+    let ids: Vec<u32> = snap.map.regions.iter().map(|r| r.id).collect();
+    assert_eq!(ids, vec![6, 7, 8], "fresh regions after every id used");
+    assert!(s.range(&keys.restores()).await.expect("range").0.is_empty());
 }

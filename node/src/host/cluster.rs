@@ -240,6 +240,8 @@ pub async fn run(
     let mut reported_positions: BTreeSet<(u32, u64)> = BTreeSet::new();
     // Backup fences this node's regions hold (docs/backup.md §2).
     let mut fencing = Fencing::new(args.backup_rate);
+    // Regions a restore gives this node, fetched from the backup (docs/backup.md §5).
+    let mut restoring = super::restoring::Restoring::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -339,6 +341,18 @@ pub async fn run(
         for r in snap.map.regions.iter().chain(&split_targets) {
             let backing = r.backups.contains(&me) || r.joining.contains(&me);
             if r.primary == me {
+                // A region a restore makes opens once its part is fetched (docs/backup.md §5).
+                let (dir, shm) = (opener.dir(r.id), pod::region_dir(&opener.shm_dir, r.id));
+                if !led.contains_key(&r.id) && backups.backs(r.id) && restoring.must_refetch(&snap, r.id, me, &dir) {
+                    // Given this region after its primary died with the only full copy: the
+                    // copy here was joining (partial) and goes; the part is fetched instead.
+                    let (b, id) = (backups.clone(), r.id);
+                    blocking(move || b.release(id)).await;
+                    tracing::info!(region = r.id, "dropped a partial copy of a restored region: fetching it");
+                }
+                if !led.contains_key(&r.id) && !backups.backs(r.id) && !restoring.ready(&snap, r.id, &dir, &shm) {
+                    continue;
+                }
                 if backups.backs(r.id) {
                     // Promotion: the backup's copy becomes the region (it replays its log tail;
                     // a Build Index copy first adopts the index it built).
@@ -385,6 +399,7 @@ pub async fn run(
         }
         fencing.holder.set_reporter(member.lease);
         hold_fences(&snap, &led, &mut fencing, &store, &keys).await;
+        restoring.report(&snap, me, |id| led.contains_key(&id), (&store, &keys, member.lease)).await;
         report_positions(&snap, me, &backups, &store, &keys, member.lease, &mut reported_positions).await;
         {
             let (b, ids): (_, BTreeSet<u32>) =
@@ -421,6 +436,11 @@ pub async fn run(
         metrics.regions_backed.store(backups.backed() as u64, Ordering::Relaxed);
         let mut waiting = 0;
         for (id, l) in led.iter_mut().filter(|(_, l)| !l.serving) {
+            // A restore's region is served only once the whole restore ended: until then its
+            // copy may still be thrown away and fetched again elsewhere.
+            if snap.restoring(*id) {
+                continue;
+            }
             // The old primary, if alive, may still serve the region by its old map: not before
             // it said it stopped (a write acknowledged here could be missing from its reads).
             if let Some(old) = snap.unreleased(*id, me) {
@@ -575,7 +595,7 @@ async fn hold_fences(snap: &Snapshot, led: &HashMap<u32, Led>, fencing: &mut Fen
                 if l.control.send(Control::Cut { id: fence.id, until, done: tx }).await.is_err() {
                     continue; // the writer is gone: the region closes
                 }
-                let snapshot = match tokio::time::timeout_at(tokio::time::Instant::from_std(until), rx).await {
+                let (snapshot, empty) = match tokio::time::timeout_at(tokio::time::Instant::from_std(until), rx).await {
                     Ok(Ok(Ok(s))) => s,
                     Ok(Ok(Err(e))) => {
                         tracing::warn!(region, fence = fence.id, error = %e, "fencing for a backup failed");
@@ -593,7 +613,7 @@ async fn hold_fences(snap: &Snapshot, led: &HashMap<u32, Led>, fencing: &mut Fen
                 let at = snapshot.cut;
                 tracing::info!(region, fence = fence.id, cut = ?at, bytes = snapshot.bytes(), "fenced for a backup");
                 fencing.snapshots.insert((fence.id, region), snapshot);
-                let txn = fencing.holder.fenced(keys, &fence, region, epoch, at.0, std::time::Instant::now());
+                let txn = fencing.holder.fenced(keys, &fence, region, (epoch, at.0, empty), std::time::Instant::now());
                 (fence.id, region, txn)
             }
             FenceStep::Report { id, region, txn } => (id, region, txn),

@@ -10,12 +10,14 @@
 //!   upkeep) and releaser.
 //! - `cluster`: the host as a member of a cluster — registration, the master, and serving,
 //!   backing and handing over regions as the region map in etcd says.
+//! - `restoring`: fetching the regions a restore gives this node from the backup.
 //! - this module: [`HostConfig`], [`run`], the socket server, and the file layer the host's
 //!   durable files go through ([`durable_fs`]).
 
 pub mod cluster;
 pub mod cluster_metrics;
 mod handoff;
+mod restoring;
 mod worker;
 
 use std::collections::HashMap;

@@ -131,16 +131,17 @@ pub enum Control {
     },
     /// A backup's fence: from now until the region's `Acks::lift(id)`, nothing past the log's
     /// written end is acknowledged or shown to readers; answered with the region's files at that
-    /// end (its snapshot's `cut` is the fence's cut). Between rounds nothing is being appended,
-    /// compacted in or collected, so the snapshot's index holds nothing past the cut.
+    /// end (its snapshot's `cut` is the fence's cut) and whether it holds no live key there (a
+    /// restore asks: docs/backup.md §5). Between rounds nothing is being appended, compacted in
+    /// or collected, so the snapshot's index holds nothing past the cut.
     Cut {
         /// The fence's id.
         id: u64,
         /// Refused past this (its sender stopped waiting: a fence taken later would be held
         /// with no one to lift it).
         until: Instant,
-        /// The snapshot, or why not.
-        done: oneshot::Sender<Result<RegionSnapshot, String>>,
+        /// The snapshot and whether the region is empty, or why not.
+        done: oneshot::Sender<Result<(RegionSnapshot, bool), String>>,
     },
 }
 
@@ -511,10 +512,19 @@ impl Worker {
                     _ if Instant::now() >= until => Err("asked too late: its sender stopped waiting".to_string()),
                     None => Err("the region is not replicated: nothing to fence".to_string()),
                     Some(repl) => {
-                        self.region.snapshot().map_err(|e| format!("snapshotting the region: {e}")).and_then(|snap| {
+                        // Any live key at all, in its range or not yet trimmed from it (looked
+                        // for first: nothing is appended between rounds, and a failure leaves
+                        // no fence behind).
+                        let top = vec![0xff; dpukv_proto::limits::MAX_KEY];
+                        let empty = self.region.scan_keys(b"", &top, 1).map(|k| k.is_empty());
+                        let snap = empty.map_err(|e| format!("looking for a key: {e}")).and_then(|empty| {
+                            let snap = self.region.snapshot().map_err(|e| format!("snapshotting the region: {e}"))?;
+                            Ok((snap, empty))
+                        });
+                        snap.and_then(|(snap, empty)| {
                             let cut = snap.cut;
                             repl.acks.fence(id, || cut).map_err(|e| e.to_string())?;
-                            Ok(snap)
+                            Ok((snap, empty))
                         })
                     }
                 };
