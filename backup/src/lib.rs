@@ -23,7 +23,7 @@ pub mod store;
 pub mod throttle;
 
 pub use manifest::{BackupManifest, ObjectRef, RegionPart};
-pub use store::Location;
+pub use store::{Location, Retention};
 
 /// Why a backup operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -187,6 +187,55 @@ pub fn backup_id(unix_ms: u64, fence: u64) -> String {
     format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z-{:08x}", rest / 3600, rest % 3600 / 60, rest % 60, fence as u32)
 }
 
+/// The time a backup's id names (its cut's commit, to the second), in Unix milliseconds.
+pub fn id_time_ms(id: &str) -> Option<u64> {
+    let t = id.get(..16)?;
+    if t.as_bytes()[8] != b'T' || t.as_bytes()[15] != b'Z' || !id.get(16..)?.starts_with('-') {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| t.get(r)?.parse::<u32>().ok();
+    unix_ms(n(0..4)?, n(4..6)?, n(6..8)?, n(9..11)?, n(11..13)?, n(13..15)?, 0)
+}
+
+/// An RFC 3339 time in UTC (`2026-11-26T10:00:00Z`, with optional fractional seconds; `Z` or
+/// `+00:00`) as Unix milliseconds — what `dpukv restore --at` takes.
+pub fn parse_utc(s: &str) -> Option<u64> {
+    let s = s.strip_suffix('Z').or_else(|| s.strip_suffix("+00:00"))?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.split('-');
+    let (y, mo, da) = (d.next()?.parse().ok()?, d.next()?.parse().ok()?, d.next()?.parse().ok()?);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
+    let mut t = hms.split(':');
+    let (h, mi, se) = (t.next()?.parse().ok()?, t.next()?.parse().ok()?, t.next()?.parse().ok()?);
+    if d.next().is_some() || t.next().is_some() || frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let ms = format!("{frac:0<3}").get(..3)?.parse().ok()?;
+    unix_ms(y, mo, da, h, mi, se, ms)
+}
+
+fn unix_ms(y: u32, mo: u32, d: u32, h: u32, mi: u32, s: u32, ms: u32) -> Option<u64> {
+    if !(1970..=9999).contains(&y) || !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 59 {
+        return None;
+    }
+    let days = days_from_civil(i64::from(y), mo, d);
+    if civil_from_days(days) != (i64::from(y), mo, d) {
+        return None; // 31 February and the like
+    }
+    Some(((days as u64 * 86_400 + u64::from(h * 3600 + mi * 60 + s)) * 1000) + u64::from(ms))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = i64::from((m + 9) % 12);
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
@@ -217,6 +266,24 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_read_back_from_ids_and_rfc3339() {
+        let t = 1_795_778_123_456; // 2026-11-27T11:15:23.456Z
+        let id = backup_id(t, 0xabc);
+        assert_eq!(id, "20261127T111523Z-00000abc");
+        assert_eq!(id_time_ms(&id), Some(t / 1000 * 1000));
+        assert_eq!(parse_utc("2026-11-27T11:15:23.456Z"), Some(t));
+        assert_eq!(parse_utc("2026-11-27T11:15:23Z"), Some(t / 1000 * 1000));
+        assert_eq!(parse_utc("2026-11-27T11:15:23.4+00:00"), Some(t / 1000 * 1000 + 400));
+        assert_eq!(parse_utc("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_utc("2024-02-29T00:00:00Z"), Some(1_709_164_800_000));
+        for bad in ["2026-02-30T00:00:00Z", "2026-11-27T24:00:00Z", "2026-11-27 08:35:23Z", "2026-11-27T11:15:23", "x"]
+        {
+            assert_eq!(parse_utc(bad), None, "{bad}");
+        }
+        assert_eq!(id_time_ms("20261127T083523X-1"), None);
+    }
 
     fn part(id: u32, start: &str, end: Option<&str>) -> RegionPart {
         let o = |n: u8| ObjectRef { sha256: hex(&[n; 32]), len: u64::from(n) };

@@ -227,6 +227,41 @@ impl Location {
         }
     }
 
+    /// The backup to restore for time `at_ms` (Unix milliseconds): the latest whose cut
+    /// committed at or before it (docs/backup.md §4).
+    pub async fn backup_at(&self, at_ms: u64) -> Result<String, BackupError> {
+        let ids = self.list().await?;
+        // Ids name their time to the second: only those of `at`'s second need their manifest read.
+        for id in ids.iter().rev().filter(|id| crate::manifest::id_time_ms(id).is_some_and(|t| t <= at_ms)) {
+            if self.manifest(id).await?.taken_at_ms <= at_ms {
+                return Ok(id.clone());
+            }
+        }
+        Err(BackupError::NotFound(format!("at or before {at_ms} ms since the epoch")))
+    }
+
+    /// Applies a retention policy at `now_ms`: deletes the manifests of backups `keep` does not
+    /// keep (never the latest); returns their ids. Their objects go with the next
+    /// [`Location::sweep`].
+    pub async fn expire(&self, keep: Retention, now_ms: u64) -> Result<Vec<String>, BackupError> {
+        let ids = self.list().await?;
+        let mut gone = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            let newer = ids.len() - 1 - i;
+            let in_last = keep.last.is_some_and(|n| newer < n.max(1));
+            let young = keep
+                .within
+                .is_some_and(|d| crate::manifest::id_time_ms(id).is_none_or(|t| t + d.as_millis() as u64 >= now_ms));
+            let nothing_asked = keep.last.is_none() && keep.within.is_none();
+            if newer == 0 || in_last || young || nothing_asked {
+                continue;
+            }
+            self.delete_backup(id).await?;
+            gone.push(id.clone());
+        }
+        Ok(gone)
+    }
+
     /// Deletes every object that no manifest there names and that is older than `grace` (an
     /// upload under way has objects its manifest will name once written: the grace covers it).
     /// Returns (objects deleted, bytes freed).
@@ -270,6 +305,16 @@ impl Location {
         }
         Ok(())
     }
+}
+
+/// Which backups a location keeps (docs/backup.md §3): those among the last `last`, and those
+/// younger than `within`; the latest always. Neither given: every backup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Keep the newest this many.
+    pub last: Option<usize>,
+    /// Keep those taken within this long.
+    pub within: Option<Duration>,
 }
 
 /// Whether `bytes` are `object`.
@@ -390,6 +435,44 @@ mod tests {
         assert_eq!(loc.sweep(Duration::ZERO).await.expect("sweep"), (1, 6));
         loc.get_object(&kept).await.expect("the named object stays");
         assert_eq!(loc.get_object(&orphan).await.expect_err("swept").code(), "backup_object_missing");
+    }
+
+    /// Backups taken at given times: the one for a time is the latest at or before it (to the
+    /// millisecond, though ids name the second); retention keeps the last N or the young ones,
+    /// and always the latest.
+    #[tokio::test]
+    async fn the_backup_for_a_time_and_retention() {
+        let (_dir, loc) = dir_location();
+        let (o, _) = loc.put_object(Bytes::from_static(b"log")).await.expect("put");
+        let base = 1_795_784_783_000;
+        let times = [base, base + 400, base + 10_000, base + 20_000];
+        let mut ids = Vec::new();
+        for (i, t) in times.iter().enumerate() {
+            let id = backup_id(*t, i as u64 + 1);
+            loc.put_manifest(&BackupManifest { taken_at_ms: *t, ..manifest(&id, o.clone()) }).await.expect("manifest");
+            ids.push(id);
+        }
+        let at = |ms: u64| loc.backup_at(ms);
+        assert_eq!(at(base).await.expect("at"), ids[0]);
+        assert_eq!(at(base + 399).await.expect("at"), ids[0], "same second, cut later: not that one");
+        assert_eq!(at(base + 400).await.expect("at"), ids[1]);
+        assert_eq!(at(base + 19_999).await.expect("at"), ids[2]);
+        assert_eq!(at(u64::MAX).await.expect("at"), ids[3]);
+        assert_eq!(at(base - 1).await.expect_err("before every backup").code(), "backup_not_found");
+        let now = base + 25_000;
+        let keep_all = Retention::default();
+        assert!(loc.expire(keep_all, now).await.expect("expire").is_empty(), "no policy keeps everything");
+        let within = Retention { last: None, within: Some(Duration::from_secs(15)) };
+        assert_eq!(loc.expire(within, now).await.expect("expire"), ids[..2].to_vec(), "older than 15 s");
+        let last = Retention { last: Some(1), within: None };
+        assert_eq!(loc.expire(last, u64::MAX).await.expect("expire"), vec![ids[2].clone()]);
+        assert_eq!(loc.list().await.expect("list"), vec![ids[3].clone()], "the latest always stays");
+        assert!(
+            loc.expire(Retention { last: Some(0), within: Some(Duration::ZERO) }, u64::MAX)
+                .await
+                .expect("expire")
+                .is_empty()
+        );
     }
 
     #[test]

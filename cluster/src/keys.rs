@@ -167,6 +167,18 @@ impl Keys {
         k
     }
 
+    /// The cluster's backup schedule (`crate::schedule::BackupSchedule`): the master takes a
+    /// backup every so often — each one a restore point (docs/backup.md §4).
+    pub fn backup_schedule(&self) -> Vec<u8> {
+        self.under("backup-schedule")
+    }
+
+    /// The last backup that finished (`crate::schedule::LastBackup`), written by its
+    /// coordinator after the manifest.
+    pub fn last_backup(&self) -> Vec<u8> {
+        self.under("last-backup")
+    }
+
     /// A restore under way (`restore-job`: where from, which backup; docs/backup.md §5),
     /// written by the restore's cut together with the backup's regions, deleted by the master
     /// once every region is open and copied (or by an abort). Bound to no lease: a restore

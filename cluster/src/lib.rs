@@ -23,6 +23,7 @@
 //!   while the cluster serves (the coordinator, and the primaries' side as pure decisions).
 //! - [`restore`]: restoring a backup into an empty cluster — the cut that replaces the map by
 //!   the backup's regions, the nodes' reports, the master's end of it.
+//! - [`schedule`]: the cluster's backup schedule (restore points) and its last backup, as stored.
 //! - [`backoff`]: exponential backoff with jitter for every control loop's retries.
 //! - [`placement`]: where replicas go — the first layout, and the master's next changes after
 //!   failures, joins, drains and catch-ups (pure functions, model-tested).
@@ -48,6 +49,7 @@ pub mod membership;
 pub mod meta;
 pub mod placement;
 pub mod restore;
+pub mod schedule;
 
 pub use election::{Leadership, campaign, leader, resign};
 pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};

@@ -50,6 +50,10 @@ pub struct Snapshot {
     pub backup_jobs: Vec<crate::fence::Job>,
     /// The restore under way, if any (`Keys::restore_job`).
     pub restore: Option<crate::restore::Restore>,
+    /// The cluster's backup schedule, if set and readable (`Keys::backup_schedule`).
+    pub backup_schedule: Option<crate::schedule::BackupSchedule>,
+    /// The last backup that finished, if recorded (`Keys::last_backup`).
+    pub last_backup: Option<crate::schedule::LastBackup>,
 }
 
 /// A node's step-down ([`Snapshot::step_down_progress`]).
@@ -332,6 +336,14 @@ pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
         fences: crate::fence::fences_in(&kvs, keys),
         backup_jobs: crate::fence::jobs_in(&kvs, keys),
         restore: crate::restore::restore_in(&kvs, keys),
+        backup_schedule: kvs
+            .iter()
+            .find(|kv| kv.key == keys.backup_schedule())
+            .and_then(|kv| crate::schedule::BackupSchedule::decode(&kv.value).ok()),
+        last_backup: kvs
+            .iter()
+            .find(|kv| kv.key == keys.last_backup())
+            .and_then(|kv| crate::schedule::LastBackup::decode(&kv.value).ok()),
     })
 }
 

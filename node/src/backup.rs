@@ -187,6 +187,7 @@ pub async fn coordinate<S: dpukv_cluster::MetaStore>(
     progress: &std::sync::Mutex<JobProgress>,
 ) -> Result<dpukv_backup::BackupManifest, String> {
     use dpukv_cluster::fence::{CutOptions, take_cut};
+    let began = std::time::Instant::now();
     let set = |f: &dyn Fn(&mut JobProgress)| f(&mut progress.lock().unwrap_or_else(|e| e.into_inner()));
     let loc = Location::open(to).map_err(|e| format!("{}: {e}", e.code()))?;
     let job = dpukv_backup::job::JobSpec { to: to.to_string() };
@@ -221,7 +222,22 @@ pub async fn coordinate<S: dpukv_cluster::MetaStore>(
             };
             // Last: the backup exists from here on.
             match loc.put_manifest(&manifest).await {
-                Ok(()) => Ok(manifest),
+                Ok(()) => {
+                    // For every node's metrics and the schedule's next run (a record only: the
+                    // backup exists whether or not this is written).
+                    let last = dpukv_cluster::schedule::LastBackup {
+                        id: manifest.id.clone(),
+                        to: to.to_string(),
+                        at_ms: taken_at_ms,
+                        bytes: manifest.bytes(),
+                        uploaded: manifest.uploaded_bytes,
+                        took_ms: began.elapsed().as_millis() as u64,
+                    };
+                    if let Err(e) = s.put(&keys.last_backup(), &last.encode(), None).await {
+                        tracing::warn!(error = %e, "recording the last backup failed");
+                    }
+                    Ok(manifest)
+                }
                 Err(e) => Err(format!("{}: {e}", e.code())),
             }
         }
@@ -314,11 +330,12 @@ async fn collect<S: dpukv_cluster::MetaStore>(
     }
 }
 
-/// Begins restoring backup `backup` (the latest at the location if None) from `from` into the
-/// cluster, which must hold no key (docs/backup.md §5): reads the backup's manifest, then takes
-/// the restore's cut, whose commit lays the backup's regions out. Following a restore of the
-/// same backup already under way is not an error (a restore begun again after an interruption
-/// goes on); another one under way is. Errors start with their code.
+/// Begins restoring backup `backup` from `from` into the cluster, which must hold no key
+/// (docs/backup.md §5): the latest at the location if None, the latest taken at or before a
+/// time for `at-<unix ms>` (§4). Reads the backup's manifest, then takes the restore's cut,
+/// whose commit lays the backup's regions out. Following a restore of the same backup already
+/// under way is not an error (a restore begun again after an interruption goes on); another
+/// one under way is. Errors start with their code.
 pub async fn begin_restore<S: dpukv_cluster::MetaStore>(
     s: &S,
     keys: &dpukv_cluster::keys::Keys,
@@ -330,6 +347,10 @@ pub async fn begin_restore<S: dpukv_cluster::MetaStore>(
     let coded = |e: BackupError| format!("{}: {e}", e.code());
     let loc = Location::open(from).map_err(coded)?;
     let id = match backup {
+        Some(at) if at.starts_with("at-") => {
+            let ms = at[3..].parse().map_err(|_| format!("restore_refused: {at:?} is not at-<unix ms>"))?;
+            loc.backup_at(ms).await.map_err(coded)?
+        }
         Some(id) => id.to_string(),
         None => {
             loc.list().await.map_err(coded)?.pop().ok_or_else(|| format!("backup_not_found: no backup at {from}"))?
@@ -352,6 +373,90 @@ pub async fn begin_restore<S: dpukv_cluster::MetaStore>(
         .await
         .map_err(|e| format!("{}: {e}", e.code()))?;
     Ok(job)
+}
+
+/// How often the schedule's runner looks whether a backup is due.
+const SCHEDULE_POLL: Duration = Duration::from_millis(250);
+/// How often the schedule's runner deletes the objects no kept backup names.
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// Runs the cluster's backup schedule (docs/backup.md §4) while this node is the master: a
+/// backup to the schedule's location whenever the last one there is `every` old (from the
+/// `last-backup` record, so a new master goes on where the old one stopped), then the
+/// schedule's retention; objects no kept backup names are swept at most every
+/// [`SWEEP_EVERY`], once older than a backup may take ([`JOB_DEADLINE`]). A failed backup is
+/// tried again after `every`. Ends on `shutdown`.
+pub async fn run_schedule(
+    etcd: dpukv_cluster::EtcdOptions,
+    keys: dpukv_cluster::keys::Keys,
+    cluster: String,
+    master: dpukv_cluster::master::LoopStatus,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut store = None;
+    let mut last_try: Option<std::time::Instant> = None;
+    let mut last_sweep: Option<std::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(SCHEDULE_POLL) => {}
+        }
+        if !master.leading() {
+            continue;
+        }
+        if store.is_none() {
+            store = dpukv_cluster::EtcdStore::connect(&etcd).await.ok();
+        }
+        let Some(s) = &store else { continue };
+        let Ok(snap) = dpukv_cluster::master::read(s, &keys).await else { continue };
+        let Some(plan) = snap.backup_schedule else { continue };
+        let now_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let last_ms = snap.last_backup.filter(|b| b.to == plan.to).map_or(0, |b| b.at_ms);
+        let due = now_ms >= last_ms + plan.every.as_millis() as u64;
+        if !due || last_try.is_some_and(|t| t.elapsed() < plan.every) || snap.restore.is_some() {
+            continue;
+        }
+        last_try = Some(std::time::Instant::now());
+        let progress = std::sync::Mutex::new(JobProgress {
+            job: 0,
+            state: "running",
+            to: plan.to.clone(),
+            backup: None,
+            regions: 0,
+            parts: 0,
+            uploaded_bytes: 0,
+            bytes: 0,
+            fence_held_ms: 0,
+            error: None,
+        });
+        match coordinate(s, &keys, &cluster, &plan.to, &progress).await {
+            Ok(m) => {
+                tracing::info!(backup = %m.id, to = %plan.to, uploaded = m.uploaded_bytes, "scheduled backup done")
+            }
+            Err(e) => {
+                tracing::warn!(to = %plan.to, error = %e, "a scheduled backup failed; trying again after its interval");
+                continue;
+            }
+        }
+        let Ok(loc) = Location::open(&plan.to) else { continue };
+        let keep = dpukv_backup::Retention { last: plan.keep_last, within: plan.keep_within };
+        match loc.expire(keep, now_ms).await {
+            Ok(gone) if !gone.is_empty() => {
+                tracing::info!(expired = gone.len(), "backups past the schedule's retention deleted")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "applying the schedule's retention failed"),
+        }
+        if last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
+            last_sweep = Some(std::time::Instant::now());
+            match loc.sweep(JOB_DEADLINE + Duration::from_secs(600)).await {
+                Ok((n, freed)) if n > 0 => tracing::info!(objects = n, freed, "objects no kept backup names deleted"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "sweeping the backup location failed"),
+            }
+        }
+    }
 }
 
 /// A restore's progress, as `GET /cluster/restore` shows it.

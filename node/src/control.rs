@@ -277,6 +277,52 @@ async fn start_restore(c: &ClusterControl, from: &str, backup: Option<&str>) -> 
     }
 }
 
+/// The cluster's backup schedule (docs/backup.md §4): set (`spec`, checked: 400
+/// `backup_schedule_invalid` or `backup_bad_location`), stopped (Cancel), or only shown; the
+/// answer is the schedule then and the last finished backup, as JSON.
+async fn backup_schedule(c: &ClusterControl, spec: Option<Vec<u8>>, action: Action) -> Answer {
+    use dpukv_cluster::MetaStore;
+    use dpukv_cluster::schedule::BackupSchedule;
+    let parsed = match spec.as_deref().map(BackupSchedule::decode) {
+        Some(Err(e)) => return text(StatusCode::BAD_REQUEST, format!("backup_schedule_invalid: {e}\n")),
+        Some(Ok(s)) => Some(s),
+        None => None,
+    };
+    if let Some(Err(e)) = parsed.as_ref().map(|s| dpukv_backup::Location::open(&s.to)) {
+        return text(StatusCode::BAD_REQUEST, format!("{}: {e}\n", e.code()));
+    }
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    let changed = match (parsed, action) {
+        (Some(s), _) => store.put(&c.keys.backup_schedule(), &s.encode(), None).await.map(|_| ()),
+        (None, Action::Cancel) => store.delete(&c.keys.backup_schedule()).await.map(|_| ()),
+        (None, _) => Ok(()),
+    };
+    if let Err(e) = changed {
+        return unavailable(e);
+    }
+    let snap = match dpukv_cluster::master::read(&store, &c.keys).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    let schedule = snap.backup_schedule.map(|s| {
+        serde_json::json!({
+            "to": s.to,
+            "every_secs": s.every.as_secs_f64(),
+            "keep_last": s.keep_last,
+            "keep_within_secs": s.keep_within.map(|d| d.as_secs_f64()),
+        })
+    });
+    let last = snap.last_backup.map(|b| {
+        serde_json::json!({
+            "id": b.id, "to": b.to, "at_ms": b.at_ms, "bytes": b.bytes, "uploaded_bytes": b.uploaded, "took_ms": b.took_ms,
+        })
+    });
+    json(serde_json::json!({ "schedule": schedule, "last_backup": last }).to_string() + "\n")
+}
+
 fn progress_of(snap: &Snapshot) -> String {
     serde_json::to_string(&crate::backup::restore_progress(snap)).unwrap_or_default() + "\n"
 }
@@ -529,6 +575,8 @@ async fn handle(
         ControlRoute::BackupStatus { job } => backup_status(&c, job),
         ControlRoute::Restore { from, backup } => start_restore(k, &from, backup.as_deref()).await,
         ControlRoute::RestoreStatus { action } => restore_status(k, action).await,
+        ControlRoute::SetBackupSchedule { spec } => backup_schedule(k, Some(spec), Action::Request).await,
+        ControlRoute::BackupSchedule { action } => backup_schedule(k, None, action).await,
     };
     answer.into_response()
 }

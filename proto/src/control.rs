@@ -14,6 +14,8 @@
 //! | GET | `/cluster/backups/{job}` | a backup's progress, by the job id its start answered |
 //! | POST | `/cluster/restore/{hex location URL}[/{backup id}]` | restore a backup (the latest if no id) into the empty cluster |
 //! | GET, DELETE | `/cluster/restore` | the restore under way: its progress; abandon it |
+//! | POST | `/cluster/backup-schedule/{hex schedule}` | set the cluster's backup schedule (restore points) |
+//! | GET, DELETE | `/cluster/backup-schedule` | the schedule and the last backup; stop it |
 
 use crate::limits::MAX_KEY;
 
@@ -100,7 +102,21 @@ pub enum ControlRoute {
         /// Progress or Cancel.
         action: Action,
     },
+    /// `POST /cluster/backup-schedule/{hex schedule}`.
+    SetBackupSchedule {
+        /// The schedule as the cluster stores it (`key=value` lines; the node checks it),
+        /// 1..=[`MAX_SCHEDULE`] bytes.
+        spec: Vec<u8>,
+    },
+    /// `/cluster/backup-schedule`: GET it (and the last backup), DELETE stops it.
+    BackupSchedule {
+        /// Progress or Cancel.
+        action: Action,
+    },
 }
+
+/// The longest backup schedule a route takes.
+pub const MAX_SCHEDULE: usize = 1100;
 
 /// The longest backup id a route takes.
 pub const MAX_BACKUP_ID: usize = 64;
@@ -147,8 +163,8 @@ impl RouteError {
     }
 }
 
-/// The longest path looked at (a split's hex key is the longest route).
-pub const MAX_PATH: usize = 64 + 2 * MAX_KEY;
+/// The longest path looked at (a backup schedule's or a split key's hex is the longest route).
+pub const MAX_PATH: usize = 64 + 2 * if MAX_SCHEDULE > MAX_KEY { MAX_SCHEDULE } else { MAX_KEY };
 
 /// A decimal u32 without sign or leading zeros (so a route prints back to the same path).
 fn number(s: &str, what: &'static str) -> Result<u32, RouteError> {
@@ -222,6 +238,19 @@ impl ControlRoute {
                 Some(action @ (Action::Progress | Action::Cancel)) => Ok(ControlRoute::RestoreStatus { action }),
                 _ => Err(RouteError::MethodNotAllowed),
             },
+            ["backup-schedule"] => match Action::parse(method) {
+                Some(action @ (Action::Progress | Action::Cancel)) => Ok(ControlRoute::BackupSchedule { action }),
+                _ => Err(RouteError::MethodNotAllowed),
+            },
+            ["backup-schedule", arg] => {
+                post()?;
+                match unhex(arg) {
+                    Some(spec) if !spec.is_empty() && spec.len() <= MAX_SCHEDULE => {
+                        Ok(ControlRoute::SetBackupSchedule { spec })
+                    }
+                    _ => Err(RouteError::BadRequest("the schedule must be 1 to 1100 bytes, in hex")),
+                }
+            }
             ["restore", arg] | ["restore", arg, _] => {
                 post()?;
                 let from = match unhex(arg).map(String::from_utf8) {
@@ -252,11 +281,12 @@ impl ControlRoute {
     pub fn method(&self) -> &'static str {
         match self {
             ControlRoute::Drain { action, .. } | ControlRoute::StepDown { action, .. } => action.method(),
-            ControlRoute::RestoreStatus { action } => action.method(),
+            ControlRoute::RestoreStatus { action } | ControlRoute::BackupSchedule { action } => action.method(),
             ControlRoute::Split { .. }
             | ControlRoute::Merge { .. }
             | ControlRoute::Backup { .. }
-            | ControlRoute::Restore { .. } => "POST",
+            | ControlRoute::Restore { .. }
+            | ControlRoute::SetBackupSchedule { .. } => "POST",
             ControlRoute::Summary | ControlRoute::BackupStatus { .. } => "GET",
         }
     }
@@ -285,6 +315,11 @@ impl ControlRoute {
                 }
             }
             ControlRoute::RestoreStatus { .. } => "/cluster/restore".into(),
+            ControlRoute::SetBackupSchedule { spec } => {
+                let hex: String = spec.iter().map(|b| format!("{b:02x}")).collect();
+                format!("/cluster/backup-schedule/{hex}")
+            }
+            ControlRoute::BackupSchedule { .. } => "/cluster/backup-schedule".into(),
         }
     }
 
@@ -292,11 +327,14 @@ impl ControlRoute {
     pub fn mutates(&self) -> bool {
         match self {
             ControlRoute::Drain { action, .. } | ControlRoute::StepDown { action, .. } => *action != Action::Progress,
-            ControlRoute::RestoreStatus { action } => *action != Action::Progress,
+            ControlRoute::RestoreStatus { action } | ControlRoute::BackupSchedule { action } => {
+                *action != Action::Progress
+            }
             ControlRoute::Split { .. }
             | ControlRoute::Merge { .. }
             | ControlRoute::Backup { .. }
-            | ControlRoute::Restore { .. } => true,
+            | ControlRoute::Restore { .. }
+            | ControlRoute::SetBackupSchedule { .. } => true,
             ControlRoute::Summary | ControlRoute::BackupStatus { .. } => false,
         }
     }
@@ -360,6 +398,16 @@ mod tests {
         assert_eq!(r("GET", "/cluster/restore"), Ok(ControlRoute::RestoreStatus { action: Action::Progress }));
         assert_eq!(r("DELETE", "/cluster/restore"), Ok(ControlRoute::RestoreStatus { action: Action::Cancel }));
         assert_eq!(r("POST", "/cluster/restore"), Err(RouteError::MethodNotAllowed));
+        let schedule = ControlRoute::SetBackupSchedule { spec: b"to=file:///x\nevery_ms=1000\n".to_vec() };
+        assert_eq!(r("POST", &schedule.path()), Ok(schedule.clone()));
+        assert!(schedule.mutates());
+        assert_eq!(r("GET", "/cluster/backup-schedule"), Ok(ControlRoute::BackupSchedule { action: Action::Progress }));
+        assert_eq!(
+            r("DELETE", "/cluster/backup-schedule"),
+            Ok(ControlRoute::BackupSchedule { action: Action::Cancel })
+        );
+        assert!(matches!(r("POST", "/cluster/backup-schedule/zz"), Err(RouteError::BadRequest(_))));
+        assert_eq!(r("GET", &schedule.path()), Err(RouteError::MethodNotAllowed));
         for bad in ["/cluster/restore/zz", "/cluster/restore/", "/cluster/restore/6161/a.b", "/cluster/restore/6161/"] {
             assert!(matches!(r("POST", bad), Err(RouteError::BadRequest(_))), "{bad}");
         }

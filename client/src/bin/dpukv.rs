@@ -115,11 +115,15 @@ enum Cmd {
         #[arg(long, required_unless_present = "abort")]
         from: Option<String>,
         /// The backup's id (the latest at the location if not given).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "at")]
         backup: Option<String>,
+        /// Restore to this moment (RFC 3339, UTC: `2026-11-26T10:00:00Z`): the latest backup (a
+        /// restore point of the schedule) taken at or before it (docs/backup.md §4).
+        #[arg(long)]
+        at: Option<String>,
         /// Abandon the restore under way instead: its regions go, and the cluster lays out empty
         /// ones.
-        #[arg(long, conflicts_with_all = ["from", "backup"])]
+        #[arg(long, conflicts_with_all = ["from", "backup", "at"])]
         abort: bool,
         /// Give up following after this many seconds (the restore goes on in the cluster).
         #[arg(long, default_value_t = 3600)]
@@ -255,6 +259,31 @@ enum BackupCmd {
         #[arg(long, default_value_t = 3600)]
         grace_secs: u64,
     },
+    /// Delete the backups a retention policy does not keep (their manifests; objects go with
+    /// the next sweep): those not among the last N, and not younger than SECS; never the latest.
+    Expire {
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        keep_last: Option<usize>,
+        #[arg(long)]
+        keep_within_secs: Option<u64>,
+    },
+    /// The cluster's backup schedule (docs/backup.md §4): with --to, the master takes a backup
+    /// there every EVERY seconds — each one a restore point for `dpukv restore --at` — and
+    /// applies the retention after each; --off stops it; alone, prints it and the last backup.
+    Schedule {
+        #[arg(long, requires = "every_secs")]
+        to: Option<String>,
+        #[arg(long)]
+        every_secs: Option<f64>,
+        #[arg(long, requires = "to")]
+        keep_last: Option<usize>,
+        #[arg(long, requires = "to")]
+        keep_within_secs: Option<u64>,
+        #[arg(long, conflicts_with = "to")]
+        off: bool,
+    },
 }
 
 /// `dpukv backup` commands that need only the location.
@@ -262,7 +291,17 @@ async fn backup_location_cmd(cmd: &BackupCmd) -> Result<Option<i32>> {
     let open = |to: &str| dpukv_backup::Location::open(to).map_err(|e| anyhow::anyhow!("{}: {e}", e.code()));
     let fail = |e: dpukv_backup::BackupError| anyhow::anyhow!("{}: {e}", e.code());
     match cmd {
-        BackupCmd::Create { .. } => return Ok(None),
+        BackupCmd::Create { .. } | BackupCmd::Schedule { .. } => return Ok(None),
+        BackupCmd::Expire { to, keep_last, keep_within_secs } => {
+            let keep = dpukv_backup::Retention {
+                last: *keep_last,
+                within: keep_within_secs.map(std::time::Duration::from_secs),
+            };
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+            for id in open(to)?.expire(keep, now).await.map_err(fail)? {
+                println!("expired {id}");
+            }
+        }
         BackupCmd::List { to } => {
             for id in open(to)?.list().await.map_err(fail)? {
                 println!("{id}");
@@ -680,8 +719,29 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Load { count, prefix, value_size, .. } => load(&c, count, &prefix, value_size).await?,
         Cmd::Cluster { cmd } => return cluster_cmd(&c, cmd, &control).await,
         Cmd::Backup { cmd: BackupCmd::Create { to } } => return backup_create(&c, &to, &control).await,
+        Cmd::Backup { cmd: BackupCmd::Schedule { to, every_secs, keep_last, keep_within_secs, off } } => {
+            let addr = control.endpoint(&c.region_map().await?, None)?;
+            let route = match (to, every_secs) {
+                (Some(to), Some(every)) => {
+                    if !(every.is_finite() && every >= 1.0) {
+                        bail!("--every-secs must be at least 1");
+                    }
+                    let mut spec = format!("to={to}\nevery_ms={}\n", (every * 1000.0) as u64);
+                    if let Some(n) = keep_last {
+                        spec += &format!("keep_last={n}\n");
+                    }
+                    if let Some(secs) = keep_within_secs {
+                        spec += &format!("keep_within_ms={}\n", secs * 1000);
+                    }
+                    ControlRoute::SetBackupSchedule { spec: spec.into_bytes() }
+                }
+                _ if off => ControlRoute::BackupSchedule { action: Action::Cancel },
+                _ => ControlRoute::BackupSchedule { action: Action::Progress },
+            };
+            print!("{}", control.must(&addr, &route).await?);
+        }
         Cmd::Backup { .. } => unreachable!("answered above"),
-        Cmd::Restore { from, backup, abort, timeout_secs } => {
+        Cmd::Restore { from, backup, at, abort, timeout_secs } => {
             let addr = control.endpoint(&c.region_map().await?, None)?;
             if abort {
                 let body = control.must(&addr, &ControlRoute::RestoreStatus { action: Action::Cancel }).await?;
@@ -689,6 +749,14 @@ async fn run(cli: Cli) -> Result<i32> {
                 return Ok(0);
             }
             let from = from.context("--from is required")?;
+            let backup = match at {
+                Some(t) => Some(format!(
+                    "at-{}",
+                    dpukv_backup::manifest::parse_utc(&t)
+                        .with_context(|| format!("--at {t:?}: not an RFC 3339 time in UTC (2026-11-26T10:00:00Z)"))?
+                )),
+                None => backup,
+            };
             return restore(&addr, &from, backup, Duration::from_secs(timeout_secs), &control).await;
         }
         Cmd::Regions => {

@@ -275,6 +275,7 @@ pub async fn run(
                 continue;
             }
         };
+        *metrics.last_backup.lock().unwrap_or_else(|e| e.into_inner()) = snap.last_backup.clone();
         if snap.map.regions.is_empty() {
             continue;
         }

@@ -32,6 +32,9 @@ pub struct ClusterMetrics {
     /// Regions with fewer in-sync copies than the cluster's target, as this node last read the
     /// map (every node reports the same figure; alert on any).
     pub under_replicated: AtomicU64,
+    /// The cluster's last finished backup, as this node last read it (every node reports the
+    /// same record, whichever node took the backup: docs/backup.md §7).
+    pub last_backup: Mutex<Option<dpukv_cluster::schedule::LastBackup>>,
     led: Mutex<BTreeMap<u32, Led>>,
 }
 
@@ -206,6 +209,33 @@ impl prometheus_client::collector::Collector for ClusterCollector {
             "dpukv_cluster_master_errors",
             "errors this node's master loop met and retried",
             ms.errors(),
-        )
+        )?;
+        let last = m.last_backup.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(b) = last {
+            let backup = [
+                (
+                    "dpukv_backup_last_success_timestamp_seconds",
+                    "when the cluster's last finished backup's cut committed (unix seconds)",
+                    (b.at_ms / 1000) as i64,
+                ),
+                ("dpukv_backup_last_bytes", "bytes the cluster's last finished backup holds", b.bytes as i64),
+                (
+                    "dpukv_backup_last_uploaded_bytes",
+                    "bytes the cluster's last finished backup uploaded (what the location lacked)",
+                    b.uploaded as i64,
+                ),
+            ];
+            for (name, help, v) in backup {
+                plain_gauge(&mut enc, name, help, v)?;
+            }
+            let me = enc.encode_descriptor(
+                "dpukv_backup_last_duration_seconds",
+                "how long the cluster's last finished backup took, its cut to its manifest",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            ConstGauge::new(b.took_ms as f64 / 1000.0).encode(me)?;
+        }
+        Ok(())
     }
 }

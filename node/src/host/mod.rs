@@ -286,6 +286,18 @@ pub async fn run(
         }
         None => None,
     };
+    // The cluster's backup schedule runs on whichever node is master (docs/backup.md §4).
+    if let Some(c) = &cfg.cluster {
+        let keys = dpukv_cluster::keys::Keys::new(&c.name).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let run = crate::backup::run_schedule(
+            c.etcd.clone(),
+            keys,
+            c.name.clone(),
+            cluster_metrics.master.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(run);
+    }
     let control_addr = match (&cfg.control, &cfg.cluster) {
         (Some(ctl), Some(c)) => {
             let cluster = crate::control::ClusterControl {
