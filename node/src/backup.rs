@@ -381,7 +381,8 @@ const SCHEDULE_POLL: Duration = Duration::from_millis(250);
 const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
 /// Runs the cluster's backup schedule (docs/backup.md §4) while this node is the master: a
-/// backup to the schedule's location whenever the last one there is `every` old (from the
+/// backup to the schedule's location whenever the last one there is `every` old, or a time of
+/// its cron expression passed since it (from the
 /// `last-backup` record, so a new master goes on where the old one stopped), then the
 /// schedule's retention; objects no kept backup names are swept at most every
 /// [`SWEEP_EVERY`], once older than a backup may take ([`JOB_DEADLINE`]). A failed backup is
@@ -413,8 +414,7 @@ pub async fn run_schedule(
         let now_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let last_ms = snap.last_backup.filter(|b| b.to == plan.to).map_or(0, |b| b.at_ms);
-        let due = now_ms >= last_ms + plan.every.as_millis() as u64;
-        if !due || last_try.is_some_and(|t| t.elapsed() < plan.every) || snap.restore.is_some() {
+        if !plan.due(last_ms, now_ms) || last_try.is_some_and(|t| t.elapsed() < plan.every) || snap.restore.is_some() {
             continue;
         }
         last_try = Some(std::time::Instant::now());

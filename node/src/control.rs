@@ -311,6 +311,7 @@ async fn backup_schedule(c: &ClusterControl, spec: Option<Vec<u8>>, action: Acti
         serde_json::json!({
             "to": s.to,
             "every_secs": s.every.as_secs_f64(),
+            "cron": s.cron.map(|c| c.text),
             "keep_last": s.keep_last,
             "keep_within_secs": s.keep_within.map(|d| d.as_secs_f64()),
         })

@@ -270,13 +270,16 @@ enum BackupCmd {
         keep_within_secs: Option<u64>,
     },
     /// The cluster's backup schedule (docs/backup.md §4): with --to, the master takes a backup
-    /// there every EVERY seconds — each one a restore point for `dpukv restore --at` — and
-    /// applies the retention after each; --off stops it; alone, prints it and the last backup.
+    /// there every EVERY seconds, or at the times of a 5-field cron expression (UTC) — each one
+    /// a restore point for `dpukv restore --at` — and applies the retention after each; --off
+    /// stops it; alone, prints it and the last backup.
     Schedule {
-        #[arg(long, requires = "every_secs")]
-        to: Option<String>,
         #[arg(long)]
+        to: Option<String>,
+        #[arg(long, requires = "to", conflicts_with = "cron")]
         every_secs: Option<f64>,
+        #[arg(long, requires = "to")]
+        cron: Option<String>,
         #[arg(long, requires = "to")]
         keep_last: Option<usize>,
         #[arg(long, requires = "to")]
@@ -719,14 +722,18 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Load { count, prefix, value_size, .. } => load(&c, count, &prefix, value_size).await?,
         Cmd::Cluster { cmd } => return cluster_cmd(&c, cmd, &control).await,
         Cmd::Backup { cmd: BackupCmd::Create { to } } => return backup_create(&c, &to, &control).await,
-        Cmd::Backup { cmd: BackupCmd::Schedule { to, every_secs, keep_last, keep_within_secs, off } } => {
+        Cmd::Backup { cmd: BackupCmd::Schedule { to, every_secs, cron, keep_last, keep_within_secs, off } } => {
             let addr = control.endpoint(&c.region_map().await?, None)?;
-            let route = match (to, every_secs) {
-                (Some(to), Some(every)) => {
-                    if !(every.is_finite() && every >= 1.0) {
-                        bail!("--every-secs must be at least 1");
+            let route = match to {
+                Some(to) => {
+                    let mut spec = format!("to={to}\n");
+                    match (every_secs, cron) {
+                        (Some(every), None) if every.is_finite() && every >= 1.0 => {
+                            spec += &format!("every_ms={}\n", (every * 1000.0) as u64);
+                        }
+                        (None, Some(cron)) => spec += &format!("cron={cron}\n"),
+                        _ => bail!("--to needs --every-secs (at least 1) or --cron"),
                     }
-                    let mut spec = format!("to={to}\nevery_ms={}\n", (every * 1000.0) as u64);
                     if let Some(n) = keep_last {
                         spec += &format!("keep_last={n}\n");
                     }
