@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks the Kubernetes manifests with the real tools:
-- every custom resource in manifests/examples/ against the generated CRD's openAPIV3Schema
+- every custom resource in manifests/examples/ (and below) against its generated CRD's openAPIV3Schema
   (jsonschema; Kubernetes' x-kubernetes-* keywords are ignored here — the CEL rules are run by
   operator/tests/crd.rs), and that the schema refuses a few wrong objects (a schema accepting
   anything would fail this);
@@ -27,20 +27,26 @@ import yaml  # noqa: E402
 crd = yaml.safe_load(open("manifests/crds/dpukv.io_dpukvclusters.yaml"))
 version = crd["spec"]["versions"][0]
 schema = version["schema"]["openAPIV3Schema"]
-validator = jsonschema.Draft4Validator(schema)
+# Every generated CRD's schema, by kind: each example resource is checked against its own.
+validators = {}
+for path in sorted(glob.glob("manifests/crds/*.yaml")):
+    c = yaml.safe_load(open(path))
+    v = c["spec"]["versions"][0]
+    validators[c["spec"]["names"]["kind"]] = (f"{c['spec']['group']}/{v['name']}", jsonschema.Draft4Validator(v["schema"]["openAPIV3Schema"]))
 errors = []
-examples = sorted(glob.glob("manifests/examples/*.yaml"))
+examples = sorted(glob.glob("manifests/examples/**/*.yaml", recursive=True))
 checked = 0
 for path in examples:
     for doc in yaml.safe_load_all(open(path)):
-        if not doc or doc.get("kind") != "DpuKvCluster":
+        if not doc or doc.get("kind") not in validators:
             continue
-        if doc.get("apiVersion") != f"{crd['spec']['group']}/{version['name']}":
+        api_version, validator = validators[doc["kind"]]
+        if doc.get("apiVersion") != api_version:
             errors.append(f"{path}: apiVersion {doc.get('apiVersion')}")
         for e in validator.iter_errors(doc):
             errors.append(f"{path}: {'/'.join(map(str, e.absolute_path))}: {e.message}")
         checked += 1
-if checked < 5:
+if checked < 9:
     errors.append(f"only {checked} example resources found")
 
 base = yaml.safe_load(open("manifests/examples/minimal-emulator.yaml"))
@@ -77,7 +83,8 @@ cert_schema["properties"]["metadata"] = {"type": "object"}
 cert_validator = jsonschema.Draft4Validator(cert_schema)
 certificates = 0
 rendered = 0
-for path in examples:
+clusters = [p for p in examples if any(d and d.get("kind") == "DpuKvCluster" for d in yaml.safe_load_all(open(p)))]
+for path in clusters:
     for dpu in ([], ["--dpu"]):
         objs = subprocess.run(["target/debug/dpukv-render", path, *dpu], capture_output=True, text=True)
         if objs.returncode != 0:

@@ -104,6 +104,136 @@ pub struct Summary {
     pub stepping_down: Vec<u32>,
 }
 
+/// A backup job's progress, as the node coordinating it reports it (`/cluster/backups/{job}`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BackupJob {
+    /// The job's number on that node.
+    pub job: u64,
+    /// `running`, `done` or `failed`.
+    pub state: String,
+    /// The backup's id, once its cut is taken.
+    pub backup: Option<String>,
+    /// Regions in the cut.
+    pub regions: u32,
+    /// Regions whose part is uploaded.
+    pub parts: u32,
+    /// Bytes uploaded (what the location lacked).
+    pub uploaded_bytes: u64,
+    /// Bytes the backup holds.
+    pub bytes: u64,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// A restore's progress (`/cluster/restore`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RestoreProgress {
+    /// `running`, or `none` (no restore under way).
+    pub state: String,
+    /// The backup's id.
+    pub backup: Option<String>,
+    /// Regions the restore makes.
+    pub regions: u32,
+    /// Of those, open at their primaries.
+    pub opened: u32,
+    /// Of those, open and with every copy.
+    pub copied: u32,
+    /// The nodes' latest failures.
+    #[serde(default)]
+    pub errors: Vec<String>,
+}
+
+/// The cluster's backup schedule and its last backup (`/cluster/backup-schedule`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ScheduleStatus {
+    /// The schedule in force (None: none).
+    pub schedule: Option<serde_json::Value>,
+    /// The last finished backup.
+    pub last_backup: Option<LastBackup>,
+}
+
+/// The cluster's last finished backup.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LastBackup {
+    /// Its id.
+    pub id: String,
+    /// Its location.
+    pub to: String,
+    /// When its cut committed (Unix ms).
+    pub at_ms: u64,
+    /// Bytes it holds.
+    pub bytes: u64,
+    /// Bytes it uploaded.
+    pub uploaded_bytes: u64,
+    /// How long it took (ms).
+    pub took_ms: u64,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Starts a backup of the cluster to `to`: the job and the address of the node coordinating
+/// it (its progress is asked there: [`backup_job`]).
+pub async fn start_backup(ep: &Endpoint, to: &str) -> Result<(BackupJob, String), AdminError> {
+    call_answering(ep, "POST", &format!("/cluster/backups/{}", hex(to.as_bytes()))).await
+}
+
+/// Backup job `job`'s progress at its coordinator (`ep` holds that one address).
+pub async fn backup_job(ep: &Endpoint, job: u64) -> Result<BackupJob, AdminError> {
+    call(ep, "GET", &format!("/cluster/backups/{job}")).await
+}
+
+/// Sets the cluster's backup schedule (`spec`: its `key=value` lines).
+pub async fn set_schedule(ep: &Endpoint, spec: &str) -> Result<ScheduleStatus, AdminError> {
+    call(ep, "POST", &format!("/cluster/backup-schedule/{}", hex(spec.as_bytes()))).await
+}
+
+/// The cluster's backup schedule and last backup.
+pub async fn schedule(ep: &Endpoint) -> Result<ScheduleStatus, AdminError> {
+    call(ep, "GET", "/cluster/backup-schedule").await
+}
+
+/// Stops the cluster's backup schedule.
+pub async fn unschedule(ep: &Endpoint) -> Result<ScheduleStatus, AdminError> {
+    call(ep, "DELETE", "/cluster/backup-schedule").await
+}
+
+/// Begins restoring backup `backup` (an id, `at-<unix ms>`, or None: the latest) from `from`
+/// into the cluster — or follows the same restore under way.
+pub async fn restore(ep: &Endpoint, from: &str, backup: Option<&str>) -> Result<RestoreProgress, AdminError> {
+    let path = match backup {
+        Some(b) => format!("/cluster/restore/{}/{b}", hex(from.as_bytes())),
+        None => format!("/cluster/restore/{}", hex(from.as_bytes())),
+    };
+    call(ep, "POST", &path).await
+}
+
+/// The restore under way.
+pub async fn restore_progress(ep: &Endpoint) -> Result<RestoreProgress, AdminError> {
+    call(ep, "GET", "/cluster/restore").await
+}
+
+impl AdminError {
+    /// The HTTP status of a refusal (None: no answer).
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            AdminError::Refused { answer, .. } => answer.split(' ').nth(1).and_then(|c| c.parse().ok()),
+            _ => None,
+        }
+    }
+
+    /// A refusal's body (its first line: `code: message`).
+    pub fn body(&self) -> String {
+        match self {
+            AdminError::Refused { answer, .. } => {
+                answer.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim().lines().next().unwrap_or("").to_string()
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
 /// What a call to the admin API can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -138,12 +268,21 @@ pub enum AdminError {
 /// every host answers for the whole cluster. An answer (even a refusal) ends the search; only an
 /// address that cannot be reached, or answers nothing in time, passes the call to the next.
 async fn call<T: serde::de::DeserializeOwned>(ep: &Endpoint, method: &str, path: &str) -> Result<T, AdminError> {
+    call_answering(ep, method, path).await.map(|(t, _)| t)
+}
+
+/// [`call`], with the address that answered.
+async fn call_answering<T: serde::de::DeserializeOwned>(
+    ep: &Endpoint,
+    method: &str,
+    path: &str,
+) -> Result<(T, String), AdminError> {
     let addrs = ep.addrs.as_str();
     let mut last = None;
     for addr in addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
         match call_one(addr, ep.tls.as_ref(), method, path).await {
             Err(e @ AdminError::Io { .. }) => last = Some(e),
-            other => return other,
+            other => return other.map(|t| (t, addr.to_string())),
         }
     }
     Err(last.unwrap_or_else(|| AdminError::Io {

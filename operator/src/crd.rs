@@ -105,6 +105,9 @@ pub struct DpuKvClusterSpec {
     /// NetworkPolicies around the cluster's pods (on by default).
     #[serde(default)]
     pub network_policy: NetworkPolicySpec,
+    /// Backups (docs/backup.md): how the node pods reach object storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
     /// Node pods' node selector.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
@@ -557,6 +560,17 @@ fn default_hot_k() -> i32 {
 }
 fn default_hot_window() -> i32 {
     100_000
+}
+
+/// How the node pods reach backup locations.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// A Secret in the cluster's namespace whose keys become the node hosts' environment:
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT` (an
+    /// S3-compatible store), ... for `s3://` locations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
 }
 
 /// Traces.

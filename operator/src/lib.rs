@@ -11,6 +11,8 @@
 //! - `crd`: the `DpuKvCluster` resource — spec, status, CEL rules, printer columns, scale.
 //! - `operation`: the `DpuKvOperation` resource (drain or step down one node pod, held while it
 //!   exists) and its reconciler.
+//! - `backups`: the `DpuKvBackup`, `DpuKvBackupSchedule` and `DpuKvRestore` resources and their
+//!   reconcilers (through the cluster's control API: docs/backup.md §7).
 //! - `manifest`: the CRD as YAML (what `crdgen` writes to `manifests/crds/`).
 //! - `controller`: the reconciler — applies what `render` says, reports status, backs off;
 //!   drains nodes before the node StatefulSet shrinks.
@@ -36,6 +38,7 @@
 //!   keys); the keys are deleted only once no node pod of the cluster runs.
 
 pub mod admin;
+pub mod backups;
 pub mod certs;
 pub mod claims;
 pub mod controller;

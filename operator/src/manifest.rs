@@ -4,6 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+use crate::backups::{DpuKvBackup, DpuKvBackupSchedule, DpuKvRestore};
 use crate::crd::DpuKvCluster;
 use crate::operation::DpuKvOperation;
 
@@ -13,9 +14,22 @@ pub const CRD_PATH: &str = "manifests/crds/dpukv.io_dpukvclusters.yaml";
 /// Where the generated `DpuKvOperation` CRD lives.
 pub const OPERATION_CRD_PATH: &str = "manifests/crds/dpukv.io_dpukvoperations.yaml";
 
+/// Where the generated backup CRDs live: `DpuKvBackup`, `DpuKvBackupSchedule`, `DpuKvRestore`.
+pub const BACKUP_CRD_PATHS: [&str; 3] = [
+    "manifests/crds/dpukv.io_dpukvbackups.yaml",
+    "manifests/crds/dpukv.io_dpukvbackupschedules.yaml",
+    "manifests/crds/dpukv.io_dpukvrestores.yaml",
+];
+
 /// Every generated CRD: its path and YAML.
 pub fn crds() -> Result<Vec<(&'static str, String)>, serde_saphyr::SerializeError> {
-    Ok(vec![(CRD_PATH, yaml(&DpuKvCluster::crd())?), (OPERATION_CRD_PATH, yaml(&DpuKvOperation::crd())?)])
+    Ok(vec![
+        (CRD_PATH, yaml(&DpuKvCluster::crd())?),
+        (OPERATION_CRD_PATH, yaml(&DpuKvOperation::crd())?),
+        (BACKUP_CRD_PATHS[0], yaml(&DpuKvBackup::crd())?),
+        (BACKUP_CRD_PATHS[1], yaml(&DpuKvBackupSchedule::crd())?),
+        (BACKUP_CRD_PATHS[2], yaml(&DpuKvRestore::crd())?),
+    ])
 }
 
 /// A CRD as YAML, with a header saying it is generated.

@@ -27,6 +27,14 @@ pub const CLUSTER_RULES: &[Rule] = &[
     // cluster each names is read (`get` above).
     Rule { group: "dpukv.io", resource: "dpukvoperations", verbs: &["list", "watch", "patch"] },
     Rule { group: "dpukv.io", resource: "dpukvoperations/status", verbs: &["patch"] },
+    // The backup resources: watched, their status written; a schedule's finalizer added and
+    // removed (docs/backup.md §7).
+    Rule { group: "dpukv.io", resource: "dpukvbackups", verbs: &["list", "watch"] },
+    Rule { group: "dpukv.io", resource: "dpukvbackups/status", verbs: &["patch"] },
+    Rule { group: "dpukv.io", resource: "dpukvbackupschedules", verbs: &["list", "watch", "patch"] },
+    Rule { group: "dpukv.io", resource: "dpukvbackupschedules/status", verbs: &["patch"] },
+    Rule { group: "dpukv.io", resource: "dpukvrestores", verbs: &["list", "watch"] },
+    Rule { group: "dpukv.io", resource: "dpukvrestores/status", verbs: &["patch"] },
     // Children: applied server-side (patch, and create when the apply creates them), watched as
     // owned objects; the node StatefulSet is also read (its running size, before a scale-in).
     Rule { group: "apps", resource: "statefulsets", verbs: &["get", "list", "watch", "create", "patch"] },

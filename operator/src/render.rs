@@ -572,10 +572,19 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
             format!("0.0.0.0:{HOST_ADMIN_PORT}"),
         ]),
         env: Some(host_env),
-        env_from: Some(vec![EnvFromSource {
-            config_map_ref: Some(ConfigMapEnvSource { name: node_config_name(c), optional: None }),
-            ..Default::default()
-        }]),
+        env_from: Some(
+            [EnvFromSource {
+                config_map_ref: Some(ConfigMapEnvSource { name: node_config_name(c), optional: None }),
+                ..Default::default()
+            }]
+            .into_iter()
+            // Backup credentials (docs/backup.md §7): the Secret's keys as the host's `AWS_*`.
+            .chain(s.backup.as_ref().and_then(|b| b.credentials_secret.clone()).map(|name| EnvFromSource {
+                secret_ref: Some(k8s_openapi::api::core::v1::SecretEnvSource { name, optional: None }),
+                ..Default::default()
+            }))
+            .collect(),
+        ),
         ports: Some(vec![
             port("replication", REPLICATION_PORT),
             port("host-admin", HOST_ADMIN_PORT),
@@ -1145,6 +1154,20 @@ mod tests {
         let from = container(s, "host").env_from.as_ref().expect("envFrom");
         assert_eq!(from.len(), 1);
         from[0].config_map_ref.as_ref().expect("a ConfigMap").name.clone()
+    }
+
+    /// `backup.credentialsSecret`: the Secret's keys reach the host container's environment
+    /// (and nothing else's); without it, no Secret is named.
+    #[test]
+    fn backup_credentials_come_from_the_named_secret() {
+        let mut c = base("Emulator");
+        c.spec.backup = Some(crate::crd::BackupSpec { credentials_secret: Some("s3-creds".into()) });
+        let s = node_statefulset(&c, false);
+        let from = container(&s, "host").env_from.clone().expect("envFrom");
+        assert_eq!(from[1].secret_ref.as_ref().map(|r| r.name.as_str()), Some("s3-creds"), "{from:?}");
+        assert!(container(&s, "device").env_from.iter().flatten().all(|f| f.secret_ref.is_none()));
+        c.spec.backup = None;
+        assert_eq!(config_ref(&node_statefulset(&c, false)), node_config_name(&c));
     }
 
     #[test]

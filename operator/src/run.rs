@@ -23,6 +23,7 @@ use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
+use crate::backups::{self, DpuKvBackup, DpuKvBackupSchedule, DpuKvRestore};
 use crate::controller::{self, Context, Error};
 use crate::crd::DpuKvCluster;
 pub use crate::metrics::Metrics;
@@ -230,6 +231,35 @@ pub async fn run_as(client: Client, m: Arc<Metrics>, stop: CancellationToken, po
                 }
             })
     };
+    // The backup resources: each its own controller, through the clusters' control APIs.
+    let backup_resources = {
+        let (s1, s2, s3) = (stop.clone(), stop.clone(), stop.clone());
+        let one = Controller::new(Api::<DpuKvBackup>::all(client.clone()), cfg.clone())
+            .graceful_shutdown_on(async move { s1.cancelled().await })
+            .run(backups::reconcile_backup, backups::error_policy, ctx.clone())
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "backup controller event");
+                }
+            });
+        let scheduled = Controller::new(Api::<DpuKvBackupSchedule>::all(client.clone()), cfg.clone())
+            .graceful_shutdown_on(async move { s2.cancelled().await })
+            .run(backups::reconcile_schedule, backups::error_policy, ctx.clone())
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "backup schedule controller event");
+                }
+            });
+        let restores = Controller::new(Api::<DpuKvRestore>::all(client.clone()), cfg.clone())
+            .graceful_shutdown_on(async move { s3.cancelled().await })
+            .run(backups::reconcile_restore, backups::error_policy, ctx.clone())
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "restore controller event");
+                }
+            });
+        futures::future::join3(one, scheduled, restores)
+    };
     let clusters = Controller::new(clusters, cfg)
         .owns(Api::<StatefulSet>::all(client.clone()), owned.clone())
         .owns(Api::<Deployment>::all(client.clone()), owned.clone())
@@ -248,7 +278,7 @@ pub async fn run_as(client: Client, m: Arc<Metrics>, stop: CancellationToken, po
                 tracing::debug!(error = %e, "controller event");
             }
         });
-    futures::future::join(clusters, operations).await;
+    futures::future::join3(clusters, operations, backup_resources).await;
     m.leader.set(0);
 }
 

@@ -52,6 +52,60 @@ fn an_operation_names_a_node_pod_of_its_cluster_and_never_changes() {
     assert!(b.iter().any(|m| m.contains("an operation cannot change")), "{b:?}");
 }
 
+/// The backup CRDs' rules, as the API server applies them: their examples pass; a location
+/// is `file:///` or `s3://`; a schedule has a cron expression or an interval, not both; a
+/// restore names a backup or a time, not both, and never changes; a backup never changes.
+#[test]
+fn the_backup_resources_are_checked_as_written() {
+    let broken = |file: &str, o: &Value, old: Option<&Value>| -> Vec<String> {
+        let schema = committed(file);
+        let mut o = o.clone();
+        schema.admit(&mut o, old).err().unwrap_or_default().iter().map(ToString::to_string).collect()
+    };
+    for (example, file) in [
+        ("backup-now.yaml", "dpukv.io_dpukvbackups.yaml"),
+        ("nightly.yaml", "dpukv.io_dpukvbackupschedules.yaml"),
+        ("restore.yaml", "dpukv.io_dpukvrestores.yaml"),
+    ] {
+        let path = repo().join("manifests/examples/backups").join(example);
+        let v: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).expect("example")).expect("yaml");
+        assert_eq!(broken(file, &v, None), Vec::<String>::new(), "{example}");
+    }
+    let obj = |kind: &str, spec: Value| json!({"apiVersion": "dpukv.io/v1alpha1", "kind": kind, "metadata": {"name": "x"}, "spec": spec});
+    let backup = |to: &str| obj("DpuKvBackup", json!({"cluster": "demo", "to": to}));
+    let b = broken("dpukv.io_dpukvbackups.yaml", &backup("ftp://x"), None);
+    assert!(b.iter().any(|m| m.contains("to is file:///dir or s3://bucket/prefix")), "{b:?}");
+    let b = broken("dpukv.io_dpukvbackups.yaml", &backup("s3://a/b"), Some(&backup("s3://a/c")));
+    assert!(b.iter().any(|m| m.contains("a backup cannot change")), "{b:?}");
+    let schedule = |spec: Value| obj("DpuKvBackupSchedule", spec);
+    let file = "dpukv.io_dpukvbackupschedules.yaml";
+    assert_eq!(
+        broken(file, &schedule(json!({"cluster": "demo", "to": "s3://a", "everySeconds": 10})), None),
+        Vec::<String>::new()
+    );
+    for bad in [
+        json!({"cluster": "demo", "to": "s3://a"}),
+        json!({"cluster": "demo", "to": "s3://a", "everySeconds": 10, "schedule": "* * * * *"}),
+    ] {
+        let b = broken(file, &schedule(bad.clone()), None);
+        assert!(b.iter().any(|m| m.contains("give schedule (cron) or everySeconds, not both")), "{bad}: {b:?}");
+    }
+    let b = broken(file, &schedule(json!({"cluster": "demo", "to": "s3://a", "everySeconds": 0})), None);
+    assert!(b.iter().any(|m| m.contains("everySeconds is at least 1")), "{b:?}");
+    let restore = |spec: Value| obj("DpuKvRestore", spec);
+    let file = "dpukv.io_dpukvrestores.yaml";
+    let both = restore(json!({"cluster": "demo", "from": "s3://a", "backup": "x", "at": "2026-11-26T10:00:00Z"}));
+    let b = broken(file, &both, None);
+    assert!(b.iter().any(|m| m.contains("give backup or at, not both")), "{b:?}");
+    let one = restore(json!({"cluster": "demo", "from": "s3://a", "backup": "x"}));
+    let other = restore(json!({"cluster": "demo", "from": "s3://a", "backup": "y"}));
+    assert_eq!(broken(file, &one, None), Vec::<String>::new());
+    let b = broken(file, &one, Some(&other));
+    assert!(b.iter().any(|m| m.contains("a restore cannot change")), "{b:?}");
+    let b = broken(file, &restore(json!({"cluster": "demo", "from": "s3://a", "backup": "../x"})), None);
+    assert!(b.iter().any(|m| m.contains("backup is a backup id")), "{b:?}");
+}
+
 fn rules() -> Vec<RuleAt> {
     schema().rules()
 }

@@ -1,4 +1,5 @@
-//! `crdgen`: writes the CRDs (YAML) — `DpuKvCluster` and `DpuKvOperation` — to standard output,
+//! `crdgen`: writes the CRDs (YAML) — `DpuKvCluster`, `DpuKvOperation`, `DpuKvBackup`,
+//! `DpuKvBackupSchedule` and `DpuKvRestore` — to standard output,
 //! or into the repository's `manifests/crds/` when given the repository's root (`crdgen .`);
 //! `crdgen --rbac DIR` writes the operator's RBAC rule lists the chart includes
 //! (`DIR/operator-clusterrole-rules.yaml`, `DIR/operator-role-rules.yaml`; `crdgen --rbac

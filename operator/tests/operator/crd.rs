@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use dpukv_operator::backups::{DpuKvBackup, DpuKvBackupSchedule, DpuKvRestore};
 use dpukv_operator::crd::DpuKvCluster;
 use dpukv_operator::manifest::crds;
 use dpukv_operator::operation::DpuKvOperation;
@@ -18,7 +19,7 @@ fn repo() -> PathBuf {
 #[test]
 fn the_committed_crds_are_what_the_types_generate() {
     let crds = crds().expect("yaml");
-    assert_eq!(crds.len(), 2);
+    assert_eq!(crds.len(), 5);
     for (path, generated) in crds {
         let committed = std::fs::read_to_string(repo().join(path)).expect("the committed CRD");
         assert!(committed == generated, "{path} is stale: run `cargo run -p dpukv-operator --bin crdgen .`");
@@ -41,13 +42,24 @@ fn the_crds_have_their_subresources_and_printer_columns() {
     let crd = serde_json::to_value(DpuKvOperation::crd()).expect("json");
     assert!(crd["spec"]["versions"][0]["subresources"]["status"].is_object());
     assert_eq!(columns(&crd), ["Cluster", "Action", "Pod", "Phase", "Age"]);
+    for (crd, want) in [
+        (serde_json::to_value(DpuKvBackup::crd()).expect("json"), vec!["Cluster", "Backup", "Phase", "Age"]),
+        (
+            serde_json::to_value(DpuKvBackupSchedule::crd()).expect("json"),
+            vec!["Cluster", "Schedule", "Every", "Last backup", "Phase"],
+        ),
+        (serde_json::to_value(DpuKvRestore::crd()).expect("json"), vec!["Cluster", "Backup", "Phase", "Age"]),
+    ] {
+        assert!(crd["spec"]["versions"][0]["subresources"]["status"].is_object());
+        assert_eq!(columns(&crd), want);
+    }
 }
 
 /// Every example, read as the operator reads it (into its types).
 #[test]
 fn every_example_fits_the_types() {
     let mut seen = 0;
-    for dir in ["manifests/examples", "manifests/examples/operations"] {
+    for dir in ["manifests/examples", "manifests/examples/operations", "manifests/examples/backups"] {
         for e in std::fs::read_dir(repo().join(dir)).expect("examples") {
             let p = e.expect("entry").path();
             if p.extension().is_none_or(|x| x != "yaml") {
@@ -62,10 +74,20 @@ fn every_example_fits_the_types() {
                     let _: DpuKvOperation =
                         serde_json::from_value(v).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
                 }
+                Some("DpuKvBackup") => {
+                    let _: DpuKvBackup = serde_json::from_value(v).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                }
+                Some("DpuKvBackupSchedule") => {
+                    let _: DpuKvBackupSchedule =
+                        serde_json::from_value(v).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                }
+                Some("DpuKvRestore") => {
+                    let _: DpuKvRestore = serde_json::from_value(v).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                }
                 _ => continue,
             }
             seen += 1;
         }
     }
-    assert!(seen >= 6, "{seen} examples");
+    assert!(seen >= 9, "{seen} examples");
 }

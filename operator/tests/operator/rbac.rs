@@ -49,6 +49,9 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
         "nodes",
         "pods",
         "dpukvoperations",
+        "dpukvbackups",
+        "dpukvbackupschedules",
+        "dpukvrestores",
     ]
     .iter()
     .flat_map(|r| [(*r, "list"), (*r, "watch")])
@@ -64,7 +67,9 @@ pub(crate) async fn the_controller_lists_and_watches_the_clusters_and_what_they_
         assert!(!path.contains("/namespaces/"), "watches cover every namespace: {path}");
         let resource = path.rsplit('/').next().unwrap_or_default().to_string();
         let watch = query.split('&').any(|kv| kv == "watch=true");
-        if !["dpukvclusters", "dpukvoperations", "nodes"].contains(&resource.as_str()) {
+        let ours =
+            ["dpukvclusters", "dpukvoperations", "dpukvbackups", "dpukvbackupschedules", "dpukvrestores", "nodes"];
+        if !ours.contains(&resource.as_str()) {
             assert!(
                 query.contains("labelSelector=app.kubernetes.io%2Fmanaged-by%3Ddpukv-operator"),
                 "only the operator's {resource} are listed and watched: {query}"
@@ -108,6 +113,7 @@ fn every_rule_is_used_by_a_request_the_operator_makes() {
     crate::reconcile::an_upgrade_moves_each_pod_s_primaries_away_before_restarting_it_highest_first();
     crate::reconcile::a_larger_volume_grows_each_claim_and_the_claim_templates_stay();
     crate::reconcile::an_operation_drains_a_node_holds_it_and_lifts_it_when_deleted();
+    crate::reconcile::the_backup_resources_ask_the_cluster_and_report();
     let mut all = grants(CLUSTER_RULES);
     all.extend(grants(NAMESPACE_RULES));
     let seen = crate::calls::seen();

@@ -554,6 +554,10 @@ struct Master {
     summary: Arc<Mutex<Option<Value>>>,
     /// Nodes whose step-down is not done yet: regions led, movable.
     stepping: Arc<Mutex<BTreeMap<u32, (u32, u32)>>>,
+    /// The backup schedule set (its `key=value` text).
+    schedule: Arc<Mutex<Option<String>>>,
+    /// What `POST /cluster/restore/...` answers: (status, body) — a running restore when unset.
+    restore_answer: Arc<Mutex<Option<(u16, String)>>>,
 }
 
 impl Master {
@@ -583,7 +587,68 @@ impl Master {
                    "done": asked && movable == 0})
             .to_string()
         }
+        fn unhex(h: &str) -> String {
+            let b: Vec<u8> =
+                (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).expect("hex")).collect();
+            String::from_utf8(b).expect("utf-8")
+        }
+        async fn start_backup(State(m): State<Master>, Path(to): Path<String>) -> String {
+            m.calls.lock().expect("lock").push(format!("POST backup {}", unhex(&to)));
+            json!({"job": 7, "state": "running", "to": unhex(&to), "backup": null, "regions": 2, "parts": 0,
+                   "uploaded_bytes": 0, "bytes": 0, "fence_held_ms": 30, "error": null})
+            .to_string()
+        }
+        async fn backup_job(State(m): State<Master>, Path(job): Path<u64>) -> String {
+            m.calls.lock().expect("lock").push(format!("GET backup {job}"));
+            json!({"job": job, "state": "done", "to": "file:///b", "backup": "20261127T111523Z-00000007", "regions": 2,
+                   "parts": 2, "uploaded_bytes": 10, "bytes": 30, "fence_held_ms": 30, "error": null})
+            .to_string()
+        }
+        fn schedule_json(m: &Master) -> String {
+            let to = m.schedule.lock().expect("lock").as_ref().map(|s| s.lines().next().unwrap_or("")[3..].to_string());
+            json!({"schedule": to.as_ref().map(|to| json!({"to": to, "every_secs": 10.0})),
+                   "last_backup": {"id": "20261127T111523Z-00000007", "to": "file:///b", "at_ms": 1_795_778_123_456u64,
+                                   "bytes": 30, "uploaded_bytes": 10, "took_ms": 200}})
+            .to_string()
+        }
+        async fn set_schedule(State(m): State<Master>, Path(spec): Path<String>) -> String {
+            m.calls.lock().expect("lock").push("POST schedule".into());
+            *m.schedule.lock().expect("lock") = Some(unhex(&spec));
+            schedule_json(&m)
+        }
+        async fn schedule(State(m): State<Master>, method: axum::http::Method) -> String {
+            m.calls.lock().expect("lock").push(format!("{method} schedule"));
+            if method == axum::http::Method::DELETE {
+                *m.schedule.lock().expect("lock") = None;
+            }
+            schedule_json(&m)
+        }
+        async fn restore(
+            State(m): State<Master>,
+            Path((from, id)): Path<(String, String)>,
+        ) -> (axum::http::StatusCode, String) {
+            m.calls.lock().expect("lock").push(format!("POST restore {} {id}", unhex(&from)));
+            match m.restore_answer.lock().expect("lock").clone() {
+                Some((code, body)) => (axum::http::StatusCode::from_u16(code).expect("status"), body),
+                None => (
+                    axum::http::StatusCode::OK,
+                    json!({"state": "running", "from": unhex(&from), "backup": id, "regions": 2, "opened": 0,
+                           "copied": 0, "errors": []})
+                    .to_string(),
+                ),
+            }
+        }
+        async fn restore_progress(State(m): State<Master>) -> String {
+            m.calls.lock().expect("lock").push("GET restore".into());
+            json!({"state": "none", "from": null, "backup": null, "regions": 0, "opened": 0, "copied": 0, "errors": []})
+                .to_string()
+        }
         let app = axum::Router::new()
+            .route("/cluster/backups/{arg}", axum::routing::post(start_backup).get(backup_job))
+            .route("/cluster/backup-schedule/{spec}", axum::routing::post(set_schedule))
+            .route("/cluster/backup-schedule", axum::routing::get(schedule).delete(schedule))
+            .route("/cluster/restore/{from}/{id}", axum::routing::post(restore))
+            .route("/cluster/restore", axum::routing::get(restore_progress))
             .route("/cluster/step-down/{node}", axum::routing::post(step_down).delete(step_down))
             .route("/cluster/drain/{node}", axum::routing::post(drain).delete(drain))
             .route("/cluster/summary", axum::routing::get(summary))
@@ -1965,4 +2030,159 @@ async fn plain_text_is_an_opt_in_the_status_shows_and_an_event_says() {
     assert_eq!((secure["status"].as_str(), secure["reason"].as_str()), (Some("False"), Some("PlaintextOptIn")));
     let events = h.take_events();
     assert!(events.iter().any(|e| e.reason == "PlaintextOptIn" && e.type_ == "Warning"), "{events:?}");
+}
+
+const BACKUPS: &str = "/apis/dpukv.io/v1alpha1/namespaces/db/dpukvbackups";
+const SCHEDULES: &str = "/apis/dpukv.io/v1alpha1/namespaces/db/dpukvbackupschedules";
+const RESTORES: &str = "/apis/dpukv.io/v1alpha1/namespaces/db/dpukvrestores";
+
+/// The status a reconcile of `o` applies at `path` (answered as the API server would).
+async fn applied_status(h: &mut Server, path: &str, o: &impl serde::Serialize) -> Value {
+    let whole = serde_json::to_value(o).expect("json");
+    expect(h, "PATCH", &format!("{path}/status"), move |b| {
+        let mut o = whole;
+        o["status"] = b["status"].clone();
+        (200, o)
+    })
+    .await["status"]
+        .clone()
+}
+
+/// The backup resources through the cluster's control API: a `DpuKvBackup` started once and
+/// followed at its coordinator to `Done`; a `DpuKvBackupSchedule` gets its finalizer, sets the
+/// cluster's schedule and shows the last backup, and stops the schedule when deleted; a
+/// `DpuKvRestore` begun once and followed to `Done`, and one the cluster refuses is `Failed`
+/// with the cluster's reason.
+#[tokio::test]
+pub(crate) async fn the_backup_resources_ask_the_cluster_and_report() {
+    use dpukv_operator::backups::*;
+    let master = Master::default();
+    let addr = master.clone().start().await;
+    let (ctx, mut h) = mock(Some(addr.clone()));
+    let c = cluster(spec(3, "Emulator"));
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx.clone()));
+    steady_reconcile(&mut h, &c, 3).await;
+    finished(task).await.expect("reconciled");
+    let cluster_json = serde_json::to_value(&c).expect("json");
+    let cj = move |_: &Value| (200, cluster_json.clone());
+    async fn get_cluster(h: &mut Server, cj: &(impl Fn(&Value) -> (u16, Value) + Clone)) {
+        expect(h, "GET", CLUSTER, cj.clone()).await;
+    }
+    let ns = |mut m: kube::api::ObjectMeta| {
+        m.namespace = Some("db".into());
+        m
+    };
+
+    // A backup: started (job 7 at the node that answered), then followed there to Done.
+    let mut b = DpuKvBackup::new("b1", DpuKvBackupSpec { cluster: "demo".into(), to: "file:///b".into() });
+    b.metadata = ns(b.metadata);
+    let task = tokio::spawn(reconcile_backup(Arc::new(b.clone()), ctx.clone()));
+    get_cluster(&mut h, &cj).await;
+    let st = applied_status(&mut h, &format!("{BACKUPS}/b1"), &b).await;
+    assert_eq!(
+        (st["phase"].as_str(), st["job"].as_u64(), st["coordinator"].as_str()),
+        (Some("Running"), Some(7), Some(addr.as_str())),
+        "{st}"
+    );
+    finished(task).await.expect("reconciled");
+    b.status = Some(serde_json::from_value(st).expect("status"));
+    let task = tokio::spawn(reconcile_backup(Arc::new(b.clone()), ctx.clone()));
+    get_cluster(&mut h, &cj).await;
+    let st = applied_status(&mut h, &format!("{BACKUPS}/b1"), &b).await;
+    assert_eq!(
+        (st["phase"].as_str(), st["backup"].as_str(), st["bytes"].as_u64()),
+        (Some("Done"), Some("20261127T111523Z-00000007"), Some(30)),
+        "{st}"
+    );
+    finished(task).await.expect("reconciled");
+    b.status = Some(serde_json::from_value(st).expect("status"));
+    // Done: nothing more is asked.
+    assert_eq!(
+        finished(tokio::spawn(reconcile_backup(Arc::new(b), ctx.clone()))).await.expect("ok"),
+        kube::runtime::controller::Action::await_change()
+    );
+    assert_eq!(*master.calls.lock().expect("lock"), ["POST backup file:///b", "GET backup 7"]);
+    master.calls.lock().expect("lock").clear();
+
+    // A schedule: the finalizer, then the cluster's schedule and the last backup in the status;
+    // deleted, the schedule stops before the finalizer goes.
+    let mut s = DpuKvBackupSchedule::new(
+        "nightly",
+        DpuKvBackupScheduleSpec {
+            cluster: "demo".into(),
+            to: "file:///b".into(),
+            schedule: None,
+            every_seconds: Some(10),
+            keep_last: Some(3),
+            keep_within_seconds: None,
+        },
+    );
+    s.metadata = ns(s.metadata);
+    let task = tokio::spawn(reconcile_schedule(Arc::new(s.clone()), ctx.clone()));
+    let mut with = serde_json::to_value(&s).expect("json");
+    with["metadata"]["finalizers"] = json!([SCHEDULE_FINALIZER]);
+    expect_patch(&mut h, &format!("{SCHEDULES}/nightly"), JSON_PATCH, move |_| (200, with)).await;
+    finished(task).await.expect("finalizer added");
+    s.metadata.finalizers = Some(vec![SCHEDULE_FINALIZER.into()]);
+    let task = tokio::spawn(reconcile_schedule(Arc::new(s.clone()), ctx.clone()));
+    get_cluster(&mut h, &cj).await;
+    let st = applied_status(&mut h, &format!("{SCHEDULES}/nightly"), &s).await;
+    assert_eq!(
+        (st["phase"].as_str(), st["lastBackup"].as_str(), st["lastBackupTime"].as_str()),
+        (Some("Active"), Some("20261127T111523Z-00000007"), Some("2026-11-27T11:15:23.456Z")),
+        "{st}"
+    );
+    finished(task).await.expect("reconciled");
+    assert_eq!(master.schedule.lock().expect("lock").as_deref(), Some("to=file:///b\nevery_ms=10000\nkeep_last=3\n"));
+    s.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-01-01T00:00:00Z".parse().expect("time")));
+    let task = tokio::spawn(reconcile_schedule(Arc::new(s.clone()), ctx.clone()));
+    get_cluster(&mut h, &cj).await;
+    let mut gone = serde_json::to_value(&s).expect("json");
+    gone["metadata"]["finalizers"] = json!([]);
+    expect_patch(&mut h, &format!("{SCHEDULES}/nightly"), JSON_PATCH, move |_| (200, gone)).await;
+    finished(task).await.expect("stopped");
+    assert_eq!(*master.calls.lock().expect("lock"), ["POST schedule", "GET schedule", "DELETE schedule"]);
+    assert!(master.schedule.lock().expect("lock").is_none(), "the schedule stopped");
+    master.calls.lock().expect("lock").clear();
+
+    // A restore: begun, then followed until the cluster has none under way.
+    let spec_of = |backup: &str| DpuKvRestoreSpec {
+        cluster: "demo".into(),
+        from: "file:///b".into(),
+        backup: Some(backup.into()),
+        at: None,
+    };
+    let mut r = DpuKvRestore::new("r1", spec_of("20261127T111523Z-00000007"));
+    r.metadata = ns(r.metadata);
+    let task = tokio::spawn(reconcile_restore(Arc::new(r.clone()), ctx.clone()));
+    get_cluster(&mut h, &cj).await;
+    let st = applied_status(&mut h, &format!("{RESTORES}/r1"), &r).await;
+    assert_eq!((st["phase"].as_str(), st["regions"].as_u64()), (Some("Running"), Some(2)), "{st}");
+    finished(task).await.expect("reconciled");
+    r.status = Some(serde_json::from_value(st).expect("status"));
+    let task = tokio::spawn(reconcile_restore(Arc::new(r.clone()), ctx.clone()));
+    get_cluster(&mut h, &cj).await;
+    let st = applied_status(&mut h, &format!("{RESTORES}/r1"), &r).await;
+    assert_eq!(
+        (st["phase"].as_str(), st["backup"].as_str()),
+        (Some("Done"), Some("20261127T111523Z-00000007")),
+        "{st}"
+    );
+    finished(task).await.expect("reconciled");
+    assert_eq!(
+        *master.calls.lock().expect("lock"),
+        ["POST restore file:///b 20261127T111523Z-00000007", "GET restore"]
+    );
+    // Refused by the cluster (it holds keys): Failed, with the cluster's reason.
+    *master.restore_answer.lock().expect("lock") =
+        Some((409, "restore_cluster_not_empty: the cluster is not empty: regions [1] hold keys".into()));
+    let mut r2 = DpuKvRestore::new("r2", spec_of("x"));
+    r2.metadata = ns(r2.metadata);
+    let task = tokio::spawn(reconcile_restore(Arc::new(r2.clone()), ctx.clone()));
+    get_cluster(&mut h, &cj).await;
+    let st = applied_status(&mut h, &format!("{RESTORES}/r2"), &r2).await;
+    assert_eq!(st["phase"], "Failed", "{st}");
+    assert!(st["message"].as_str().is_some_and(|m| m.contains("restore_cluster_not_empty")), "{st}");
+    finished(task).await.expect("reconciled");
 }
