@@ -103,6 +103,9 @@ pub const RESOURCES: &[Resource] = &[
     r("events.k8s.io", "v1", "events", "Event", true, false),
     r("dpukv.io", "v1alpha1", "dpukvclusters", "DpuKvCluster", true, true),
     r("dpukv.io", "v1alpha1", "dpukvoperations", "DpuKvOperation", true, true),
+    r("dpukv.io", "v1alpha1", "dpukvbackups", "DpuKvBackup", true, true),
+    r("dpukv.io", "v1alpha1", "dpukvbackupschedules", "DpuKvBackupSchedule", true, true),
+    r("dpukv.io", "v1alpha1", "dpukvrestores", "DpuKvRestore", true, true),
     r("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, true),
 ];
 

@@ -63,7 +63,13 @@ impl Scene {
         // admits every DpuKvCluster and DpuKvOperation write (spec and status) by their schemas
         // and CEL rules.
         let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
-        for crd in ["dpukv.io_dpukvclusters.yaml", "dpukv.io_dpukvoperations.yaml"] {
+        for crd in [
+            "dpukv.io_dpukvclusters.yaml",
+            "dpukv.io_dpukvoperations.yaml",
+            "dpukv.io_dpukvbackups.yaml",
+            "dpukv.io_dpukvbackupschedules.yaml",
+            "dpukv.io_dpukvrestores.yaml",
+        ] {
             let text = std::fs::read_to_string(crds.join(crd)).expect("the CRD");
             let crd: Value = serde_saphyr::from_str(&text).expect("yaml");
             api.create("customresourcedefinitions", "", crd).expect("the double holds the CRD");
@@ -301,7 +307,7 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
             "tls": {"mode": "Disabled"},
         },
     });
-    api.create("dpukvclusters", NS, resource).expect("create the DpuKvCluster");
+    api.create("dpukvclusters", NS, resource.clone()).expect("create the DpuKvCluster");
 
     // The operator knows the Kubernetes nodes' zones (a watch of their metadata) and wrote them
     // for the hosts, which read theirs before they register.
@@ -653,6 +659,29 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         }
     });
 
+    // Backups through Kubernetes (docs/backup.md §7): a `DpuKvBackupSchedule` makes the cluster
+    // take a backup every 2 s; one whose cut is after the last acknowledged write holds them all.
+    let stopped_ms = unix_ms();
+    let backups_dir = scene._dir.path().join("backups");
+    let location = format!("file://{}", backups_dir.display());
+    let schedule = json!({"apiVersion": "dpukv.io/v1alpha1", "kind": "DpuKvBackupSchedule", "metadata": {"name": "often"},
+                          "spec": {"cluster": "demo", "to": location, "everySeconds": 2, "keepLast": 5}});
+    api.create("dpukvbackupschedules", NS, schedule).expect("create the DpuKvBackupSchedule");
+    let backup_id = scene.wait("a scheduled backup after the last write", Duration::from_secs(60), || {
+        let st = api.get("dpukvbackupschedules", NS, "often")?["status"].clone();
+        let at = dpukv_backup::manifest::parse_utc(st["lastBackupTime"].as_str()?)?;
+        (st["phase"] == "Active" && at > stopped_ms).then(|| st["lastBackup"].as_str().map(String::from)).flatten()
+    });
+    let taken = rt.block_on(async {
+        let loc = dpukv_backup::Location::open(&location).expect("location");
+        loc.list().await.expect("list")
+    });
+    assert!(taken.contains(&backup_id), "{backup_id} is at the location: {taken:?}");
+    api.delete("dpukvbackupschedules", NS, "often").expect("delete the schedule");
+    scene.wait("the schedule gone (its finalizer stopped it)", Duration::from_secs(30), || {
+        api.get("dpukvbackupschedules", NS, "often").is_none().then_some(())
+    });
+
     // What `kubectl describe` shows: the operator's events on the resource.
     let reasons = |api: &ApiServer| -> Vec<String> {
         api.list("events", Some(NS))
@@ -704,4 +733,34 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
     let seen = reasons(api);
     assert!(seen.iter().any(|s| s == "EtcdKeysDeleted"), "{seen:?}");
     assert!(api.list("configmaps", Some(NS)).is_empty(), "the node configuration went with its owner");
+
+    // The deleted cluster back: a new `DpuKvCluster` of the same name (empty: its keys and
+    // volumes went), and a `DpuKvRestore` of the backup taken after the last write — every
+    // acknowledged write is there again.
+    // (Emulator: the nodes advertise DPUs since the device plugin came up, which this scenario's
+    // kubelet cannot hand to a pod.)
+    let mut again = resource;
+    again["spec"]["device"] = json!({"mode": "Emulator"});
+    api.create("dpukvclusters", NS, again).expect("create the DpuKvCluster again");
+    scene.wait_running(3);
+    let restore = json!({"apiVersion": "dpukv.io/v1alpha1", "kind": "DpuKvRestore", "metadata": {"name": "back"},
+                         "spec": {"cluster": "demo", "from": location, "backup": backup_id}});
+    api.create("dpukvrestores", NS, restore).expect("create the DpuKvRestore");
+    let st = scene.wait("the restore done", Duration::from_secs(120), || {
+        let st = api.get("dpukvrestores", NS, "back")?["status"].clone();
+        assert_ne!(st["phase"], "Failed", "{st:#}");
+        (st["phase"] == "Done").then_some(st)
+    });
+    assert_eq!(st["backup"], backup_id.as_str(), "{st:#}");
+    rt.block_on(async {
+        let c = Client::connect(&scene.gateway(), 2).await.expect("connect to the gateway");
+        for (k, v) in &acked {
+            let got = c.get(k.as_bytes()).await.unwrap_or_else(|e| panic!("reading {k} after the restore: {e}"));
+            assert_eq!(got.as_deref(), Some(v.as_bytes()), "{k} was acknowledged before the backup");
+        }
+    });
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
 }
