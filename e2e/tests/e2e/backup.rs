@@ -155,9 +155,11 @@ fn backup(nodes: &[ClusterNode], url: &str) -> serde_json::Value {
 }
 
 /// A backup of three regions under a client that chains its writes across them (each write only
-/// once the one before was acknowledged, keys going round the regions): every region's part
-/// restores, and together they hold a prefix of the client's writes — a consistent cut — that
-/// holds every write acknowledged before the backup began. A second backup after more writes
+/// once the one before was acknowledged, keys going round the regions) and a second client that
+/// reads the first one's latest write and then writes `d-<its index>` (a dependency through a
+/// read): every region's part restores, and together they hold a prefix of the first client's
+/// writes — a consistent cut — that holds every write acknowledged before the backup began, and
+/// every `d-i` they hold comes with the write `i` it read. A second backup after more writes
 /// restores to its own cut. A bad location is refused at the start; the backups list in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_under_chained_writes_restores_to_a_consistent_cut() {
@@ -187,6 +189,23 @@ async fn a_backup_under_chained_writes_restores_to_a_consistent_cut() {
             }
         })
     };
+    // Reads the chain's latest write, then writes what it read: `d-<i>` exists only after `i` did.
+    let reader = {
+        let (device, acked, stop) = (nodes[1].device.clone(), acked.clone(), stop.clone());
+        tokio::spawn(async move {
+            let c = Client::connect(&device, 1).await.expect("connect");
+            let mut deps = 0;
+            while !stop.load(Ordering::Acquire) {
+                let n = acked.load(Ordering::Acquire);
+                if n > 0 && c.get(&key(n - 1)).await.expect("read").is_some() {
+                    c.put(format!("d-{:06}", n - 1).as_bytes(), b"dep").await.expect("a dependent write");
+                    deps += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            deps
+        })
+    };
     let wait_for = |n: usize| {
         let acked = acked.clone();
         async move {
@@ -214,6 +233,8 @@ async fn a_backup_under_chained_writes_restores_to_a_consistent_cut() {
     }
     stop.store(true, Ordering::Release);
     writer.await.expect("the writer acknowledged every write");
+    let deps = reader.await.expect("the reader");
+    assert!(deps > 0, "the reader wrote dependent keys");
     let loc = Location::open(&url).expect("location");
     let ids: Vec<String> = cuts.iter().map(|(id, _)| id.clone()).collect();
     assert_eq!(loc.list().await.expect("list"), ids, "both backups, in order");
@@ -239,7 +260,13 @@ async fn a_backup_under_chained_writes_restores_to_a_consistent_cut() {
         // (How much a later backup reuses is tested on a region with sealed segments and
         // compactions, in dpukv-node's `backup` module; here each region is one open segment.)
         assert!(m.uploaded_bytes <= m.bytes(), "{} uploaded of {}", m.uploaded_bytes, m.bytes());
-        let keys = restored(&loc, &m, dir.path()).await;
+        let mut keys = restored(&loc, &m, dir.path()).await;
+        let dependent: Vec<Vec<u8>> = keys.keys().filter(|k| k.starts_with(b"d-")).cloned().collect();
+        for d in &dependent {
+            keys.remove(d);
+            let i: usize = std::str::from_utf8(&d[2..]).expect("utf-8").parse().expect("index");
+            assert!(keys.contains_key(&key(i)), "{id}: d-{i} restored without the write {i} it read");
+        }
         let n = keys.len();
         assert!(n >= *before, "{id}: {n} keys restored, {before} writes were acknowledged before it began");
         for i in 0..n {
@@ -493,4 +520,129 @@ async fn a_restore_to_a_moment_holds_exactly_the_writes_acknowledged_before_it()
     let after = loc.list().await.expect("list");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(loc.list().await.expect("list"), after, "no backup once the schedule is off");
+}
+
+/// Starts a backup through `node`'s control API and waits for it to end: its last progress.
+fn backup_on(nodes: &[ClusterNode], node: usize, url: &str) -> serde_json::Value {
+    let hex: String = url.bytes().map(|b| format!("{b:02x}")).collect();
+    let started: serde_json::Value =
+        serde_json::from_str(&nodes[node].admin_post(&format!("/cluster/backups/{hex}")).expect("start"))
+            .expect("json");
+    let job = started["job"].as_u64().expect("a job number");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let p: serde_json::Value =
+            serde_json::from_str(&nodes[node].admin_get(&format!("/cluster/backups/{job}")).expect("progress"))
+                .expect("json");
+        if p["state"] != "running" {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "the backup did not end: {p}\n{}", logs(nodes));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Failures during a backup end it cleanly (docs/backup.md §6): uploads capped at 1 MiB/s so
+/// each takes seconds; the location's object directory turned into a file midway (the store
+/// refusing every put) fails the backup with the store's error; a primary SIGKILLed midway fails
+/// it within seconds, naming the node — not after the job's hour-long deadline. Neither leaves a
+/// backup at the location (no manifest). Once the region failed over, a backup completes and
+/// holds every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_fails_cleanly_when_its_store_fails_or_a_primary_dies_midway() {
+    let etcd = Etcd::start().expect("etcd");
+    let args = [
+        "--lease-ttl-ms",
+        "2000",
+        "--replication-factor",
+        "2",
+        "--fsync",
+        "never",
+        "--split-keys",
+        "g,t",
+        "--backup-mib-per-sec",
+        "1",
+    ];
+    let mut nodes: Vec<ClusterNode> =
+        (1..=3).map(|id| ClusterNode::start(id, "faulty", &etcd.url(), &args).expect("node")).collect();
+    let map = must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(60),
+        |m| m.regions.len() == 3 && m.regions.iter().all(|r| r.primary != 0 && r.backups.len() == 1),
+    )
+    .await;
+    // About 7 MB in each region: each node's upload takes ~6 s at the cap.
+    let c = Client::connect(&nodes[0].device, 1).await.expect("connect");
+    let mut want = BTreeMap::new();
+    for i in 0..900usize {
+        for p in ["a", "h", "u"] {
+            let (k, v) = (format!("{p}{i:04}").into_bytes(), vec![b'a' + (i % 26) as u8; 8 << 10]);
+            c.put(&k, &v).await.expect("put");
+            want.insert(k, v);
+        }
+    }
+    drop(c);
+    let dir = tempfile::tempdir().expect("dir");
+    let store = dir.path().join("store");
+    let url = format!("file://{}", store.display());
+    let loc = Location::open(&url).expect("location");
+
+    // The store refusing every put midway.
+    let breaker = {
+        let objects = store.join("objects");
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !objects.is_dir() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = std::fs::remove_dir_all(&objects);
+            std::fs::write(&objects, b"not a directory").expect("break the store");
+        })
+    };
+    let p = tokio::task::block_in_place(|| backup_on(&nodes, 0, &url));
+    breaker.join().expect("breaker");
+    assert_eq!(p["state"], "failed", "{p}");
+    let why = p["error"].as_str().unwrap_or_default();
+    assert!(why.contains("backup_store_failed") || why.contains("backup_io"), "the store's error: {p}");
+    assert!(loc.list().await.expect("list").is_empty(), "no backup is written: {p}");
+    std::fs::remove_file(store.join("objects")).expect("repair the store");
+
+    // A primary killed midway (not node 1, which coordinates).
+    let victim = map.regions.iter().map(|r| r.primary).find(|&p| p != 1).expect("a primary besides node 1");
+    let killer = {
+        let (objects, pid) = (store.join("objects"), nodes[victim as usize - 1].host_pid().expect("pid"));
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !objects.is_dir() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        })
+    };
+    let began = Instant::now();
+    let p = tokio::task::block_in_place(|| backup_on(&nodes, 0, &url));
+    killer.join().expect("killer");
+    assert_eq!(p["state"], "failed", "{p}");
+    assert!(began.elapsed() < Duration::from_secs(60), "it failed in {:?}", began.elapsed());
+    let why = p["error"].as_str().unwrap_or_default();
+    assert!(why.contains(&format!("node {victim}")), "names the node: {p}");
+    assert!(loc.list().await.expect("list").is_empty(), "no backup is written: {p}");
+    nodes[victim as usize - 1].kill();
+    // Failed over: a backup completes, and holds every key.
+    let live: Vec<ClusterNode> = nodes.into_iter().filter(|n| n.id != victim).collect();
+    must_see_map(
+        &live,
+        |_| true,
+        Duration::from_secs(30),
+        |m| m.regions.iter().all(|r| r.primary != victim && r.primary != 0),
+    )
+    .await;
+    let p = tokio::task::block_in_place(|| backup_on(&live, 0, &url));
+    assert_eq!(p["state"], "done", "{p}\n{}", logs(&live));
+    let m = loc.manifest(p["backup"].as_str().expect("id")).await.expect("manifest");
+    let got = restored(&loc, &m, dir.path()).await;
+    assert!(got == want, "the backup after the failover: {}", diff(&got, &want));
 }

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Backups under YCSB-A on real processes (issue 28, docs/benchmarks.md "Backups"): a local
+# 3-node cluster (replication 3, every write synced) loaded with RECORDS records, then
+#  1. YCSB-A through the gateway for SECONDS_RUN s alone, and again while full backups run back to
+#     back (each to a fresh directory): the foreground's throughput ratio;
+#  2. a full backup to a directory and to an S3 server (moto's, started here) with nothing else
+#     running: bytes and MB/s;
+#  3. UPDATES more writes (the first UPDATES records written again), then an incremental backup to
+#     each location: what it uploaded against the full's bytes;
+#  4. each incremental restored into a fresh 3-node cluster (`dpukv restore`): its time, and the
+#     restored cluster's key count, which must be RECORDS (YCSB-A only updates).
+# Knobs: RECORDS, UPDATES, VALUE_SIZE, SECONDS_RUN, THREADS, DEPTH, RATE (--backup-mib-per-sec is
+# the nodes' default, 200, unless set).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+python3 -c 'import moto' 2>/dev/null || pip install --quiet 'moto[server]'
+cargo build --release --bin dpukv --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu --bin dpukv-gateway
+BIN=target/release
+RECORDS=${RECORDS:-1000000}
+UPDATES=${UPDATES:-100000}
+VALUE_SIZE=${VALUE_SIZE:-100}
+SECONDS_RUN=${SECONDS_RUN:-20}
+THREADS=${THREADS:-4}
+DEPTH=${DEPTH:-16}
+DIR=$(mktemp -d /tmp/dpukv-bench-backup.XXXXXX)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+S3_PORT=$(free_port)
+export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 \
+  AWS_ENDPOINT="http://127.0.0.1:$S3_PORT" AWS_ALLOW_HTTP=true
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+python3 -m moto.server -H 127.0.0.1 -p "$S3_PORT" >"$DIR/moto.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 100); do curl -s -o /dev/null "http://127.0.0.1:$S3_PORT/" && break; sleep 0.1; done
+curl -s -X PUT "http://127.0.0.1:$S3_PORT/backups" >/dev/null
+
+# A local cluster in DIR/$1 serving on $2; waits until every region is served.
+start_cluster() {
+  $BIN/dpukv local --dir "$DIR/$1" --listen "$2" --nodes 3 --replication 3 >"$DIR/$1.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 1 600); do
+    if $BIN/dpukv --endpoint "$2" regions 2>/dev/null | awk -F'\t' '$4 == 0 || $5 !~ /,/ {bad=1} END {exit bad || NR == 0}'; then
+      $BIN/dpukv --endpoint "$2" put bench:probe ok >/dev/null 2>&1 && $BIN/dpukv --endpoint "$2" delete bench:probe >/dev/null && return
+    fi
+    sleep 0.1
+  done
+  echo "the cluster in $DIR/$1 did not start"; tail -20 "$DIR/$1.log"; exit 1
+}
+ycsb_a() { $BIN/dpukv-bench --endpoint "$1" --records "$RECORDS" --value-size "$VALUE_SIZE" --workload a \
+  --threads "$THREADS" --depth "$DEPTH" --duration "$SECONDS_RUN" --json; }
+field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
+# `dpukv backup create` to $2 against the cluster at $1: prints "<seconds> <bytes> <uploaded> <id>".
+backup() {
+  local t0 t1 out
+  t0=$(date +%s.%N)
+  out=$($BIN/dpukv --endpoint "$1" backup create --to "$2")
+  t1=$(date +%s.%N)
+  python3 - "$t0" "$t1" "$out" <<'EOF'
+import json, sys
+t0, t1, out = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3].splitlines()
+last = [json.loads(l) for l in out if l.startswith("{")][-1]
+print(f"{t1 - t0:.3f} {last['bytes']} {last['uploaded_bytes']} {out[-1]}")
+EOF
+}
+
+SRC=127.0.0.1:$(free_port)
+start_cluster src "$SRC"
+echo "== load $RECORDS records of $VALUE_SIZE B"
+$BIN/dpukv-bench --endpoint "$SRC" --records "$RECORDS" --value-size "$VALUE_SIZE" --load-only --threads "$THREADS"
+$BIN/dpukv --endpoint "$SRC" regions
+echo "== YCSB-A alone, ${SECONDS_RUN}s"
+ALONE=$(ycsb_a "$SRC"); echo "$ALONE"
+echo "== YCSB-A while full backups run back to back, each to a fresh directory"
+ycsb_a "$SRC" >"$DIR/during.json" &
+BENCH=$!
+N=0
+while kill -0 "$BENCH" 2>/dev/null; do
+  N=$((N + 1))
+  R=$(backup "$SRC" "file://$DIR/during-$N") || break
+  echo "full backup $N under load: $R (s, bytes, uploaded, id)"
+done
+wait "$BENCH"
+DURING=$(cat "$DIR/during.json"); echo "$DURING"
+echo "== full backups with nothing else running"
+FULL_DIR=$(backup "$SRC" "file://$DIR/store"); echo "directory: $FULL_DIR"
+FULL_S3=$(backup "$SRC" "s3://backups/demo"); echo "s3 (moto): $FULL_S3"
+echo "== $UPDATES more writes, then incremental backups"
+$BIN/dpukv-bench --endpoint "$SRC" --records "$UPDATES" --value-size "$VALUE_SIZE" --load-only --threads "$THREADS" >/dev/null
+INC_DIR=$(backup "$SRC" "file://$DIR/store"); echo "directory: $INC_DIR"
+INC_S3=$(backup "$SRC" "s3://backups/demo"); echo "s3 (moto): $INC_S3"
+echo "== each incremental restored into a fresh cluster"
+RESTORES=()
+for loc in "file://$DIR/store" "s3://backups/demo"; do
+  name=dst$((${#RESTORES[@]} + 1))
+  EP=127.0.0.1:$(free_port)
+  start_cluster "$name" "$EP"
+  t0=$(date +%s.%N)
+  $BIN/dpukv --endpoint "$EP" restore --from "$loc" >"$DIR/$name.restore"
+  t1=$(date +%s.%N)
+  KEYS=$($BIN/dpukv --endpoint "$EP" scan "" "" --limit 100000000 | wc -l)
+  echo "$loc: restored in $(python3 -c "print(round($t1 - $t0, 2))") s, $KEYS keys ($(tail -1 "$DIR/$name.restore"))"
+  RESTORES+=("$loc $(python3 -c "print(round($t1 - $t0, 2))") $KEYS")
+  [ "$KEYS" = "$RECORDS" ] || { echo "the restored cluster holds $KEYS keys, not $RECORDS"; exit 1; }
+done
+echo "== summary"
+python3 - "$ALONE" "$DURING" "$FULL_DIR" "$FULL_S3" "$INC_DIR" "$INC_S3" <<'EOF'
+import json, sys
+alone, during = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print(f"YCSB-A alone {alone['throughput_ops']:.0f} ops/s, during back-to-back full backups {during['throughput_ops']:.0f} ops/s: {during['throughput_ops'] / alone['throughput_ops']:.2f}x")
+for name, full, inc in [("directory", sys.argv[3], sys.argv[5]), ("s3 (moto)", sys.argv[4], sys.argv[6])]:
+    fs, fb, fu, _ = full.split(); is_, ib, iu, _ = inc.split()
+    print(f"{name}: full {int(fb) / 1e6:.1f} MB in {float(fs):.2f} s = {int(fb) / 1e6 / float(fs):.1f} MB/s; "
+          f"incremental uploaded {int(iu) / 1e6:.1f} MB of {int(ib) / 1e6:.1f} MB in {float(is_):.2f} s = {int(iu) / int(fb):.1%} of the full")
+EOF
+for r in "${RESTORES[@]}"; do echo "restore: $r (location, seconds, keys)"; done
