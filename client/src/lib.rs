@@ -594,31 +594,60 @@ impl Client {
     /// Writes `ops` split by region: each region's share is one atomic batch (in the order
     /// given), the shares go concurrently, and the whole is **not** atomic across regions — if
     /// one share fails, others may have been applied (each is retried exactly once as usual).
-    /// Returns the newest version, or the first error.
+    /// A share refused because it spans regions by the cluster's map (a region split after
+    /// this client's map was read: refused before anything was applied) is split again by the
+    /// refreshed map and sent again, up to [`RESPLITS`] times. Returns the newest version, or
+    /// the first error.
     pub async fn batch_across_regions(&self, ops: Vec<WriteOp>) -> Result<u64> {
-        let mut tasks = tokio::task::JoinSet::new();
-        for share in self.by_region(ops).await?.into_values() {
-            let (c, trace) = (self.clone(), trace::current());
-            let share = async move { Ok::<u64, ClientError>(c.call(Op::Batch { ops: share }).await?.1) };
-            tasks.spawn(trace::scope(trace, share));
-        }
         let mut newest = 0;
-        let mut first_err = None;
-        while let Some(r) = tasks.join_next().await {
-            match r {
-                Ok(Ok(v)) => newest = newest.max(v),
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
-                }
-                Err(e) => {
-                    first_err.get_or_insert(ClientError::Io(std::io::Error::other(e.to_string())));
+        let mut pending = ops;
+        let mut refused: Vec<(Vec<WriteOp>, ClientError)> = Vec::new();
+        for round in 0..=RESPLITS {
+            if round > 0 {
+                // Sent again only if the refreshed map splits it (else the refusal was not
+                // about regions: it stands).
+                let map = self.router.refresh(self.retry.attempt_timeout).await?;
+                for (share, e) in refused.drain(..) {
+                    let mut ids: Vec<u32> =
+                        share.iter().filter_map(|op| map.region_of(op.key()).map(|r| r.id)).collect();
+                    ids.sort_unstable();
+                    ids.dedup();
+                    if ids.len() < 2 {
+                        return Err(e);
+                    }
+                    pending.extend(share);
                 }
             }
+            let mut tasks = tokio::task::JoinSet::new();
+            for share in self.by_region(std::mem::take(&mut pending)).await?.into_values() {
+                let (c, trace) = (self.clone(), trace::current());
+                let call = async move {
+                    let r = c.call(Op::Batch { ops: share.clone() }).await.map(|(_, v)| v);
+                    (share, r)
+                };
+                tasks.spawn(trace::scope(trace, call));
+            }
+            let mut first_err = None;
+            while let Some(r) = tasks.join_next().await {
+                match r {
+                    Ok((_, Ok(v))) => newest = newest.max(v),
+                    Ok((share, Err(e))) if round < RESPLITS && spans_regions(&e) => refused.push((share, e)),
+                    Ok((_, Err(e))) => {
+                        first_err.get_or_insert(e);
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(ClientError::Io(std::io::Error::other(e.to_string())));
+                    }
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            if refused.is_empty() {
+                break;
+            }
         }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(newest),
-        }
+        Ok(newest)
     }
 
     /// Up to `limit` items with keys in `[lo, hi]` (an empty `hi`: to the end of the key
@@ -799,6 +828,20 @@ impl Client {
             Reply::Vector(v) => Ok(v),
             other => Err(ClientError::unexpected(&other)),
         }
+    }
+}
+
+/// How many times [`Client::batch_across_regions`] splits a refused share again.
+pub const RESPLITS: usize = 5;
+
+/// Whether `e` refuses a batch because its keys span regions (the gateway's `unsupported`, a
+/// node's `wrong_region`) — refused before anything was applied, whatever the last attempt's
+/// wrapping says.
+fn spans_regions(e: &ClientError) -> bool {
+    match e {
+        ClientError::Server(r) => matches!(r.code, ErrorCode::Unsupported | ErrorCode::WrongRegion),
+        ClientError::OutcomeUnknown(inner) => spans_regions(inner),
+        _ => false,
     }
 }
 

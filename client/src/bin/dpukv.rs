@@ -359,7 +359,7 @@ async fn backup_create(c: &Client, to: &str, ctl: &ControlClient) -> Result<i32>
             Some("failed") => bail!("the backup failed: {}", last["error"].as_str().unwrap_or("no reason given")),
             _ => {}
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let body = ctl.must(&addr, &ControlRoute::BackupStatus { job }).await?;
         let now = parse(&body)?;
         if now != last {

@@ -1045,6 +1045,14 @@ async fn a_region_past_its_size_splits_by_itself_at_its_middle() {
         c.batch_across_regions(ops).await.expect("load");
     }
     let split = must_see_map(&nodes, |_| true, Duration::from_secs(60), |m| m.regions.len() >= 2).await;
+    // The client still has the map from before the split: a batch across the new boundary is
+    // refused as spanning regions, split again by the refreshed map, and applied.
+    let across = ["k0000a", "k0999a"]
+        .map(|k| dpukv_client::proto::WriteOp::Put { key: k.as_bytes().to_vec(), value: b"across".to_vec() });
+    c.batch_across_regions(across.to_vec()).await.expect("a batch across the new boundary, split again");
+    for k in ["k0000a", "k0999a"] {
+        assert_eq!(c.get(k.as_bytes()).await.expect("read").as_deref(), Some(&b"across"[..]), "{k}");
+    }
     // Split near the middle of the keys (by bytes), not at an edge.
     let at = split.regions[1].start.clone();
     assert!(
