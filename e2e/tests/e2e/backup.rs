@@ -646,3 +646,55 @@ async fn a_backup_fails_cleanly_when_its_store_fails_or_a_primary_dies_midway() 
     let got = restored(&loc, &m, dir.path()).await;
     assert!(got == want, "the backup after the failover: {}", diff(&got, &want));
 }
+
+/// A backup taken while its primary's disk is full (docs/backup.md §6): the upload only reads
+/// (the snapshot is hard links, which take no space), so the backup ends — done, holding every
+/// key acknowledged before the fill, or failed with a clear error and no manifest — and never
+/// hangs. Needs root (node 1's disk, the region's primary, is a 48 MiB tmpfs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_of_a_primary_whose_disk_is_full_ends_cleanly() {
+    let etcd = Etcd::start().expect("etcd");
+    let args = ["--lease-ttl-ms", "2000", "--replication-factor", "3", "--fsync", "always"];
+    let mut nodes = vec![ClusterNode::start_on_small_disk(1, "fullbackup", &etcd.url(), &args, 48).expect("node 1")];
+    for id in 2..=3 {
+        nodes.push(ClusterNode::start(id, "fullbackup", &etcd.url(), &args).expect("node"));
+    }
+    let map = must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(60),
+        |m| m.regions.len() == 1 && m.regions[0].primary != 0 && m.regions[0].backups.len() == 2,
+    )
+    .await;
+    assert_eq!(map.regions[0].primary, 1, "node 1 leads (the first layout leads from the lowest id)");
+    let c = Client::connect(&nodes[0].device, 1).await.expect("connect");
+    let mut want = BTreeMap::new();
+    for i in 0..300usize {
+        let (k, v) = (format!("k{i:04}").into_bytes(), vec![b'a' + (i % 26) as u8; 600]);
+        c.put(&k, &v).await.expect("put");
+        want.insert(k, v);
+    }
+    let filled = nodes[0].fill_disk().expect("fill the disk");
+    eprintln!("filled node 1's disk with {} MiB", filled >> 20);
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("file://{}", dir.path().join("store").display());
+    let loc = Location::open(&url).expect("location");
+    let began = Instant::now();
+    let p = tokio::task::block_in_place(|| backup_on(&nodes, 0, &url));
+    eprintln!("a backup of a primary with a full disk: {p} after {:?}", began.elapsed());
+    match p["state"].as_str() {
+        Some("done") => {
+            let m = loc.manifest(p["backup"].as_str().expect("id")).await.expect("manifest");
+            let got = restored(&loc, &m, dir.path()).await;
+            for (k, v) in &want {
+                assert_eq!(got.get(k), Some(v), "{} acknowledged before the fill", String::from_utf8_lossy(k));
+            }
+        }
+        _ => {
+            assert_eq!(p["state"], "failed", "{p}");
+            assert!(p["error"].as_str().is_some_and(|e| !e.is_empty()), "a clear error: {p}");
+            assert!(loc.list().await.expect("list").is_empty(), "no backup written: {p}");
+        }
+    }
+    nodes[0].free_disk().expect("free the disk");
+}
