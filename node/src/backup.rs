@@ -170,6 +170,24 @@ pub struct JobProgress {
     pub error: Option<String>,
 }
 
+impl JobProgress {
+    /// Job `job` to `to`, just started: running, nothing done yet.
+    pub fn running(job: u64, to: &str) -> JobProgress {
+        JobProgress {
+            job,
+            state: "running",
+            to: to.to_string(),
+            backup: None,
+            regions: 0,
+            parts: 0,
+            uploaded_bytes: 0,
+            bytes: 0,
+            fence_held_ms: 0,
+            error: None,
+        }
+    }
+}
+
 /// How long a backup job may take before it fails.
 pub const JOB_DEADLINE: Duration = Duration::from_secs(3600);
 /// How often the coordinator looks at the parts and keeps its lease alive.
@@ -418,18 +436,7 @@ pub async fn run_schedule(
             continue;
         }
         last_try = Some(std::time::Instant::now());
-        let progress = std::sync::Mutex::new(JobProgress {
-            job: 0,
-            state: "running",
-            to: plan.to.clone(),
-            backup: None,
-            regions: 0,
-            parts: 0,
-            uploaded_bytes: 0,
-            bytes: 0,
-            fence_held_ms: 0,
-            error: None,
-        });
+        let progress = std::sync::Mutex::new(JobProgress::running(0, &plan.to));
         match coordinate(s, &keys, &cluster, &plan.to, &progress).await {
             Ok(m) => {
                 tracing::info!(backup = %m.id, to = %plan.to, uploaded = m.uploaded_bytes, "scheduled backup done")

@@ -191,18 +191,7 @@ async fn start_backup(c: &Control, to: String) -> Answer {
         }
         jobs.next += 1;
         let job = jobs.next;
-        let progress = Arc::new(Mutex::new(JobProgress {
-            job,
-            state: "running",
-            to: to.clone(),
-            backup: None,
-            regions: 0,
-            parts: 0,
-            uploaded_bytes: 0,
-            bytes: 0,
-            fence_held_ms: 0,
-            error: None,
-        }));
+        let progress = Arc::new(Mutex::new(JobProgress::running(job, &to)));
         jobs.jobs.insert(job, progress.clone());
         while jobs.jobs.len() > KEPT_JOBS {
             let oldest = *jobs.jobs.keys().next().expect("more than KEPT_JOBS");

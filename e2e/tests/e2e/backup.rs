@@ -135,25 +135,6 @@ async fn restored(loc: &Location, m: &BackupManifest, dir: &std::path::Path) -> 
     all
 }
 
-/// Starts a backup through node 1's control API and waits for it: its progress at the end.
-fn backup(nodes: &[ClusterNode], url: &str) -> serde_json::Value {
-    let hex: String = url.bytes().map(|b| format!("{b:02x}")).collect();
-    let started: serde_json::Value =
-        serde_json::from_str(&nodes[0].admin_post(&format!("/cluster/backups/{hex}")).expect("start")).expect("json");
-    let job = started["job"].as_u64().expect("a job number");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let p: serde_json::Value =
-            serde_json::from_str(&nodes[0].admin_get(&format!("/cluster/backups/{job}")).expect("progress"))
-                .expect("json");
-        if p["state"] != "running" {
-            return p;
-        }
-        assert!(Instant::now() < deadline, "the backup did not end: {p}\n{}", logs(nodes));
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A backup of three regions under a client that chains its writes across them (each write only
 /// once the one before was acknowledged, keys going round the regions) and a second client that
 /// reads the first one's latest write and then writes `d-<its index>` (a dependency through a
@@ -224,7 +205,7 @@ async fn a_backup_under_chained_writes_restores_to_a_consistent_cut() {
     let mut cuts = Vec::new();
     for round in 0..2 {
         let before = acked.load(Ordering::Acquire);
-        let p = tokio::task::block_in_place(|| backup(&nodes, &url));
+        let p = tokio::task::block_in_place(|| backup_on(&nodes, 0, &url));
         assert_eq!(p["state"], "done", "{p}\n{}", logs(&nodes));
         assert_eq!((p["regions"].as_u64(), p["parts"].as_u64()), (Some(3), Some(3)), "{p}");
         eprintln!("backup {round}: {p}");
