@@ -71,24 +71,63 @@ print(f"{last['took_ms'] / 1000:.3f} {last['bytes']} {last['uploaded_bytes']} {o
 EOF
 }
 
+# CPU seconds (user + system) of every process on the machine by command name, for the
+# per-phase accounting of where the CPU went: "name seconds" lines.
+cpu_by_name() {
+  python3 - <<'PYEOF'
+import os, collections
+tot = collections.Counter()
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        st = open(f'/proc/{pid}/stat').read()
+    except OSError:
+        continue
+    name = st[st.index('(') + 1:st.rindex(')')]
+    f = st[st.rindex(')') + 2:].split()
+    tot[name] += (int(f[11]) + int(f[12])) / os.sysconf('SC_CLK_TCK')
+for k, v in tot.items():
+    print(k, v)
+PYEOF
+}
+# The CPU each command took between two cpu_by_name outputs ($1 before, $2 after), over $3 s.
+cpu_delta() {
+  python3 - "$1" "$2" "$3" <<'PYEOF'
+import sys
+parse = lambda t: {l.rsplit(' ', 1)[0]: float(l.rsplit(' ', 1)[1]) for l in t.splitlines() if l.strip()}
+a, b, secs = parse(sys.argv[1]), parse(sys.argv[2]), float(sys.argv[3])
+d = sorted(((b[k] - a.get(k, 0), k) for k in b), reverse=True)
+print("  cpu (cores):", ", ".join(f"{k} {v / secs:.2f}" for v, k in d if v / secs >= 0.01), f"| total {sum(v for v, _ in d) / secs:.2f}")
+PYEOF
+}
 SRC=127.0.0.1:$(free_port)
 start_cluster src "$SRC"
 echo "== load $RECORDS records of $VALUE_SIZE B"
 $BIN/dpukv-bench --endpoint "$SRC" --records "$RECORDS" --value-size "$VALUE_SIZE" --load-only --threads "$THREADS"
 $BIN/dpukv --endpoint "$SRC" regions
 echo "== YCSB-A alone, ${SECONDS_RUN}s"
-ALONE=$(ycsb_a "$SRC"); echo "$ALONE"
+# PERF=DIR: a whole-machine `perf record -g` of 8 s inside each of the first two phases.
+perf_phase() { if [ -n "${PERF:-}" ]; then (sleep 3; perf record -a -g -o "$PERF/$1.data" -- sleep 8 >/dev/null 2>&1) & fi; }
+perf_phase alone
+C0=$(cpu_by_name); ALONE=$(ycsb_a "$SRC"); C1=$(cpu_by_name); echo "$ALONE"; cpu_delta "$C0" "$C1" "$SECONDS_RUN"
 echo "== YCSB-A while full backups run back to back, each to a fresh directory"
+perf_phase during
+C0=$(cpu_by_name)
 ycsb_a "$SRC" >"$DIR/during.json" &
 BENCH=$!
 N=0
 while kill -0 "$BENCH" 2>/dev/null; do
   N=$((N + 1))
-  R=$(backup "$SRC" "file://$DIR/during-$N") || break
+  R=$(backup "$SRC" "file://${DURING_DIR:-$DIR}/during-$N") || break
+  rm -rf "${DURING_DIR:-$DIR}/during-$N"
   echo "full backup $N under load: $R (s, bytes, uploaded, id)"
 done
 wait "$BENCH"
-DURING=$(cat "$DIR/during.json"); echo "$DURING"
+C1=$(cpu_by_name)
+DURING=$(cat "$DIR/during.json"); echo "$DURING"; cpu_delta "$C0" "$C1" "$SECONDS_RUN"
+echo "== YCSB-A alone again, ${SECONDS_RUN}s (the ratio is against the mean of both: the store drifts)"
+C0=$(cpu_by_name); AFTER=$(ycsb_a "$SRC"); C1=$(cpu_by_name); echo "$AFTER"; cpu_delta "$C0" "$C1" "$SECONDS_RUN"
+python3 -c "import json,sys; a,d,b=(json.loads(x)['throughput_ops'] for x in sys.argv[1:]); print(f'ratio {d / ((a + b) / 2):.2f}x (alone {a:.0f} and {b:.0f}, during {d:.0f} ops/s)')" "$ALONE" "$DURING" "$AFTER"
+if [ "${ONLY:-}" = ratio ]; then exit 0; fi
 echo "== full backups with nothing else running"
 FULL_DIR=$(backup "$SRC" "file://$DIR/store"); echo "directory: $FULL_DIR"
 FULL_S3=$(backup "$SRC" "s3://backups/demo"); echo "s3 (moto): $FULL_S3"

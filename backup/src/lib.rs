@@ -23,7 +23,7 @@ pub mod store;
 pub mod throttle;
 
 pub use manifest::{BackupManifest, ObjectRef, RegionPart};
-pub use store::{Location, Retention};
+pub use store::{Hashed, Location, Retention};
 
 /// Why a backup operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -98,17 +98,17 @@ impl Location {
     /// Puts `bytes` as a content-named object unless the store holds it already; the object, and
     /// whether it was uploaded (false: the store had it — what makes a backup incremental).
     pub async fn put_object(&self, bytes: Bytes) -> Result<(ObjectRef, bool), BackupError> {
-        self.put_object_throttled(bytes, &Throttle::new(0)).await
+        self.put_object_throttled(Hashed::new(bytes), &Throttle::new(0)).await
     }
 
-    /// [`Location::put_object`], taking the bytes of an upload from `throttle` first.
+    /// [`Location::put_object`] of bytes already hashed (off the async runtime: a log segment's
+    /// digest takes tens of milliseconds), taking the bytes of an upload from `throttle` first.
     pub async fn put_object_throttled(
         &self,
-        bytes: Bytes,
+        hashed: Hashed,
         throttle: &Throttle,
     ) -> Result<(ObjectRef, bool), BackupError> {
-        let sha256 = hex(ring::digest::digest(&ring::digest::SHA256, &bytes).as_ref());
-        let object = ObjectRef { sha256, len: bytes.len() as u64 };
+        let Hashed { object, bytes } = hashed;
         let path = self.path(&object.path());
         match timed(self.store.head(&path)).await {
             Ok(meta) if meta.size == object.len => return Ok((object, false)),
@@ -304,6 +304,27 @@ impl Location {
             sync(dir).map_err(|e| BackupError::Io(format!("syncing {}: {e}", dir.display())))?;
         }
         Ok(())
+    }
+}
+
+/// Bytes and the object they make (their SHA-256 and length), computed together so the two
+/// cannot disagree.
+#[derive(Debug, Clone)]
+pub struct Hashed {
+    object: ObjectRef,
+    bytes: Bytes,
+}
+
+impl Hashed {
+    /// Hashes `bytes` (CPU-bound: call it off an async runtime for large ones).
+    pub fn new(bytes: Bytes) -> Hashed {
+        let sha256 = hex(ring::digest::digest(&ring::digest::SHA256, &bytes).as_ref());
+        Hashed { object: ObjectRef { sha256, len: bytes.len() as u64 }, bytes }
+    }
+
+    /// The object these bytes make.
+    pub fn object(&self) -> &ObjectRef {
+        &self.object
     }
 }
 

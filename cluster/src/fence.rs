@@ -48,22 +48,31 @@ pub struct FenceSpec {
     pub hold: Duration,
     /// Every region of the map, with its epoch: only the primary at that epoch reports.
     pub regions: Vec<(u32, u64)>,
+    /// Whether the primaries say if their region holds a live key (a restore's cut asks; a
+    /// backup's does not: the look costs a scan over whatever deleted keys lie before the
+    /// first live one).
+    pub check_empty: bool,
 }
 
 impl FenceSpec {
-    /// `hold_ms=<n>\nregions=<region>:<epoch>,...\n`.
+    /// `hold_ms=<n>\nregions=<region>:<epoch>,...\n[check_empty=1\n]`.
     pub fn encode(&self) -> Vec<u8> {
         let regions: Vec<String> = self.regions.iter().map(|(r, e)| format!("{r}:{e}")).collect();
-        format!("hold_ms={}\nregions={}\n", self.hold.as_millis(), regions.join(",")).into_bytes()
+        let mut v = format!("hold_ms={}\nregions={}\n", self.hold.as_millis(), regions.join(","));
+        if self.check_empty {
+            v.push_str("check_empty=1\n");
+        }
+        v.into_bytes()
     }
 
     /// Parses [`FenceSpec::encode`]'s form.
     pub fn decode(v: &[u8]) -> Result<FenceSpec, MetaError> {
         let bad = |m: &str| MetaError::Invalid(format!("fence: {m}"));
         let text = std::str::from_utf8(v).map_err(|_| bad("not UTF-8"))?;
-        let (mut hold, mut regions) = (None, None);
+        let (mut hold, mut regions, mut check_empty) = (None, None, false);
         for line in text.lines() {
             match line.split_once('=') {
+                Some(("check_empty", v)) => check_empty = v == "1",
                 Some(("hold_ms", n)) => hold = Some(Duration::from_millis(n.parse().map_err(|_| bad("hold_ms"))?)),
                 Some(("regions", list)) => {
                     let parsed: Result<Vec<(u32, u64)>, MetaError> = list
@@ -84,7 +93,7 @@ impl FenceSpec {
         if regions.len() > MAX_FENCE_REGIONS {
             return Err(bad("too many regions"));
         }
-        Ok(FenceSpec { hold, regions })
+        Ok(FenceSpec { hold, regions, check_empty })
     }
 
     /// The epoch a region is fenced at, if the fence names it.
@@ -568,7 +577,11 @@ async fn fenced<S: MetaStore>(
 ) -> Result<Cut, FenceError> {
     let (map, hold, job) = (snap.map.clone(), opts.hold, opts.job.as_deref());
     let id = crate::backoff::random_id();
-    let spec = FenceSpec { hold, regions: map.regions.iter().map(|r| (r.id, r.epoch)).collect() };
+    let spec = FenceSpec {
+        hold,
+        regions: map.regions.iter().map(|r| (r.id, r.epoch)).collect(),
+        check_empty: opts.restore.is_some(),
+    };
     let key = keys.fence(id);
     let started = Instant::now();
     let t = s
@@ -638,5 +651,21 @@ pub fn commit_txn(keys: &Keys, id: u64, create: Revision, map: Revision) -> Txn 
         when: vec![Compare::CreateRevision(keys.fence(id), create), Compare::UnchangedSince(keys.regions(), map)],
         then: vec![TxnOp::Delete { key: keys.fence(id) }],
         otherwise: vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fence_spec_says_whether_the_primaries_look_for_a_key() {
+        for check_empty in [false, true] {
+            let spec = FenceSpec { hold: Duration::from_millis(1500), regions: vec![(1, 4), (9, 2)], check_empty };
+            assert_eq!(FenceSpec::decode(&spec.encode()).expect("decode"), spec);
+        }
+        // A spec written before the flag existed asks for no look.
+        let old = FenceSpec::decode(b"hold_ms=2000\nregions=1:1\n").expect("decode");
+        assert!(!old.check_empty);
     }
 }

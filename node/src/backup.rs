@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use dpukv_backup::manifest::{IndexObjects, LevelObject, LogObject, hex, unhex};
 use dpukv_backup::throttle::Throttle;
-use dpukv_backup::{BackupError, Location, RegionPart};
+use dpukv_backup::{BackupError, Hashed, Location, RegionPart};
 use dpukv_proto::regionmap::RegionInfo;
 use dpukv_storage::levels::Manifest;
 use dpukv_storage::region::{RegionSnapshot, RestoreDir};
@@ -40,9 +40,9 @@ pub async fn upload_region(
     snap: &RegionSnapshot,
 ) -> Result<Uploaded, BackupError> {
     let mut uploaded = 0;
-    let mut put = async |bytes: Bytes| -> Result<dpukv_backup::ObjectRef, BackupError> {
-        let len = bytes.len() as u64;
-        let (object, fresh) = loc.put_object_throttled(bytes, throttle).await?;
+    let mut put = async |hashed: Hashed| -> Result<dpukv_backup::ObjectRef, BackupError> {
+        let len = hashed.object().len;
+        let (object, fresh) = loc.put_object_throttled(hashed, throttle).await?;
         if fresh {
             uploaded += len;
         }
@@ -51,8 +51,8 @@ pub async fn upload_region(
     let index = match &snap.index {
         None => None,
         Some(ix) => {
-            let manifest = put(Bytes::from(ix.manifest.encode())).await?;
-            let sessions = put(Bytes::from(ix.sessions.clone())).await?;
+            let manifest = put(Hashed::new(Bytes::from(ix.manifest.encode()))).await?;
+            let sessions = put(Hashed::new(Bytes::from(ix.sessions.clone()))).await?;
             let mut levels = Vec::new();
             for id in ix.levels.iter().flat_map(|l| l.segments.iter().copied()) {
                 let bytes = read(ix.segment_path(id), None).await?;
@@ -78,15 +78,16 @@ pub async fn upload_region(
     Ok(Uploaded { part, uploaded })
 }
 
-/// Reads `path` (its first `len` bytes, if given) off the async runtime.
-async fn read(path: PathBuf, len: Option<u64>) -> Result<Bytes, BackupError> {
+/// Reads `path` (its first `len` bytes, if given) and hashes them, off the async runtime.
+async fn read(path: PathBuf, len: Option<u64>) -> Result<Hashed, BackupError> {
     let shown = path.display().to_string();
-    let r = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+    let r = tokio::task::spawn_blocking(move || -> std::io::Result<Hashed> {
         use std::io::Read;
         let f = std::fs::File::open(&path)?;
         let mut bytes = Vec::new();
         match len {
             Some(n) => {
+                bytes.reserve_exact(usize::try_from(n).unwrap_or(0));
                 f.take(n).read_to_end(&mut bytes)?;
                 if (bytes.len() as u64) < n {
                     return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "shorter than its snapshot"));
@@ -97,11 +98,11 @@ async fn read(path: PathBuf, len: Option<u64>) -> Result<Bytes, BackupError> {
                 f.read_to_end(&mut bytes)?;
             }
         }
-        Ok(bytes)
+        Ok(Hashed::new(Bytes::from(bytes)))
     })
     .await;
     match r {
-        Ok(Ok(b)) => Ok(Bytes::from(b)),
+        Ok(Ok(h)) => Ok(h),
         Ok(Err(e)) => Err(BackupError::Io(format!("reading {shown}: {e}"))),
         Err(e) => Err(BackupError::Io(format!("reading {shown}: {e}"))),
     }

@@ -194,10 +194,15 @@ pub struct ClusterFlags {
     /// never slowed.
     #[arg(long, env = "DPUKV_CATCH_UP_MIB_PER_SEC", default_value_t = 128)]
     pub catch_up_mib_per_sec: u64,
-    /// Most MiB per second this node uploads to backup locations, over all its uploads
-    /// (docs/backup.md §3); 0: no cap.
+    /// Most MiB per second this node uploads to backup locations, over all its uploads, while
+    /// its writers are not busy (docs/backup.md §3); 0: no cap.
     #[arg(long, env = "DPUKV_BACKUP_MIB_PER_SEC", default_value_t = 200)]
     pub backup_mib_per_sec: u64,
+    /// Most MiB per second this node uploads to backup locations while its writers apply more
+    /// than 100 writes a second: a backup then takes longer instead of slowing the writes
+    /// (docs/backup.md §3); never above `--backup-mib-per-sec`; 0: that cap.
+    #[arg(long, env = "DPUKV_BACKUP_BUSY_MIB_PER_SEC", default_value_t = 20)]
+    pub backup_busy_mib_per_sec: u64,
     /// Split a region past this estimated size in bytes, for the cluster's first configuration
     /// (0: never by size).
     #[arg(long, env = "DPUKV_SPLIT_BYTES", default_value_t = dpukv_cluster::keys::DEFAULT_SPLIT_BYTES)]
@@ -329,6 +334,7 @@ impl ClusterFlags {
             retain_log: self.retain_log_mib.saturating_mul(1 << 20),
             catch_up: crate::replication::CatchUpCap::new(self.catch_up_mib_per_sec.saturating_mul(1 << 20)),
             backup_rate: self.backup_mib_per_sec.saturating_mul(1 << 20),
+            backup_busy_rate: self.backup_busy_mib_per_sec.saturating_mul(1 << 20),
             tls_server: match tls.server().map_err(anyhow::Error::msg)? {
                 Some(server) => {
                     check_own_identity(&server, Some(node_id))?;

@@ -396,7 +396,8 @@ async fn three_regions(s: &MemStore, name: &str) -> (Keys, Vec<Member>, Vec<u32>
 /// map's revision).
 async fn fence_by_hand(s: &MemStore, keys: &Keys, id: u64, hold: Duration) -> (u64, i64, i64) {
     let snap = master::read(s, keys).await.expect("read");
-    let spec = FenceSpec { hold, regions: snap.map.regions.iter().map(|r| (r.id, r.epoch)).collect() };
+    let spec =
+        FenceSpec { hold, regions: snap.map.regions.iter().map(|r| (r.id, r.epoch)).collect(), check_empty: false };
     let lease = s.grant(Duration::from_secs(30)).await.expect("lease");
     let create = s.put(&keys.fence(id), &spec.encode(), Some(lease)).await.expect("fence");
     (id, create, snap.map.revision as i64)

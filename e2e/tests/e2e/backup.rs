@@ -43,8 +43,11 @@ async fn a_fence_holds_writes_past_its_cut_until_it_commits_or_breaks() {
     let store = EtcdStore::connect_checked(&EtcdOptions::new([etcd.url()])).await.expect("etcd");
     let keys = Keys::new("fenced").expect("keys");
     let snap = master::read(&store, &keys).await.expect("read");
-    let spec =
-        FenceSpec { hold: Duration::from_secs(3), regions: snap.map.regions.iter().map(|r| (r.id, r.epoch)).collect() };
+    let spec = FenceSpec {
+        hold: Duration::from_secs(3),
+        regions: snap.map.regions.iter().map(|r| (r.id, r.epoch)).collect(),
+        check_empty: false,
+    };
     let lease = store.grant(Duration::from_secs(60)).await.expect("lease");
     let id = 7;
     let create = store.put(&keys.fence(id), &spec.encode(), Some(lease)).await.expect("the fence");

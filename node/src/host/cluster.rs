@@ -23,7 +23,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use dpukv_backup::Location;
 use dpukv_backup::job::{JobSpec, PartReport};
-use dpukv_backup::throttle::Throttle;
+use dpukv_backup::throttle::{Pace, Throttle};
 use dpukv_cluster::fence::{FenceHolder, FenceStep};
 use dpukv_cluster::keys::{BackupIndex, ClusterConfig, Keys};
 use dpukv_cluster::master::{self, Snapshot};
@@ -88,8 +88,11 @@ pub struct ClusterArgs {
     /// The node's cap on bytes per second sent to backups catching up, shared by all its
     /// senders (None: no cap).
     pub catch_up: Option<Arc<crate::replication::CatchUpCap>>,
-    /// The node's cap on bytes per second uploaded to backup locations (0: none).
+    /// The node's cap on bytes per second uploaded to backup locations (0: none) while its
+    /// writers are not busy, and while they are.
     pub backup_rate: u64,
+    /// See `backup_rate`.
+    pub backup_busy_rate: u64,
     /// TLS on this host's replication listener.
     pub tls_server: Option<Arc<dpukv_net::tls::ServerTls>>,
     /// TLS to the backups this host streams to.
@@ -239,7 +242,7 @@ pub async fn run(
     // (region, epoch) whose position this node reported (its primary gone).
     let mut reported_positions: BTreeSet<(u32, u64)> = BTreeSet::new();
     // Backup fences this node's regions hold (docs/backup.md §2).
-    let mut fencing = Fencing::new(args.backup_rate);
+    let mut fencing = Fencing::new(args.backup_rate, args.backup_busy_rate);
     // Regions a restore gives this node, fetched from the backup (docs/backup.md §5).
     let mut restoring = super::restoring::Restoring::default();
     loop {
@@ -399,6 +402,10 @@ pub async fn run(
             }
         }
         fencing.holder.set_reporter(member.lease);
+        if let Some(rate) = fencing.pace.observe(opener.stats.writes.load(Ordering::Relaxed), std::time::Instant::now())
+        {
+            fencing.throttle.set_rate(rate);
+        }
         hold_fences(&snap, &led, &mut fencing, &store, &keys).await;
         restoring.report(&snap, me, |id| led.contains_key(&id), (&store, &keys, member.lease)).await;
         report_positions(&snap, me, &backups, &store, &keys, member.lease, &mut reported_positions).await;
@@ -556,17 +563,20 @@ struct Fencing {
     /// (job, region) -> its upload: one per region of a job, ended (aborted) once the job is
     /// gone (its coordinator's lease ended).
     uploads: HashMap<(u64, u32), tokio::task::JoinHandle<()>>,
-    /// The node's bandwidth cap for uploads.
+    /// The node's bandwidth cap for uploads ...
     throttle: Arc<Throttle>,
+    /// ... set by how busy its writers are.
+    pace: Pace,
 }
 
 impl Fencing {
-    fn new(upload_rate: u64) -> Fencing {
+    fn new(idle_rate: u64, busy_rate: u64) -> Fencing {
         Fencing {
             holder: FenceHolder::default(),
             snapshots: HashMap::new(),
             uploads: HashMap::new(),
-            throttle: Arc::new(Throttle::new(upload_rate)),
+            throttle: Arc::new(Throttle::new(idle_rate)),
+            pace: Pace::new(idle_rate, busy_rate),
         }
     }
 }
@@ -593,7 +603,11 @@ async fn hold_fences(snap: &Snapshot, led: &HashMap<u32, Led>, fencing: &mut Fen
                 let Some(l) = led.get(&region) else { continue };
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let until = std::time::Instant::now() + CUT_WAIT;
-                if l.control.send(Control::Cut { id: fence.id, until, done: tx }).await.is_err() {
+                if l.control
+                    .send(Control::Cut { id: fence.id, check_empty: fence.spec.check_empty, until, done: tx })
+                    .await
+                    .is_err()
+                {
                     continue; // the writer is gone: the region closes
                 }
                 let (snapshot, empty) = match tokio::time::timeout_at(tokio::time::Instant::from_std(until), rx).await {

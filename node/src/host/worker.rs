@@ -137,6 +137,8 @@ pub enum Control {
     Cut {
         /// The fence's id.
         id: u64,
+        /// Whether to look for a live key (a restore's cut); otherwise "empty" is false.
+        check_empty: bool,
         /// Refused past this (its sender stopped waiting: a fence taken later would be held
         /// with no one to lift it).
         until: Instant,
@@ -250,6 +252,7 @@ fn start_on(
         fence: None,
         keep: None,
         trimmed: true,
+        trim_from: Vec::new(),
         writes_since: 0,
     };
     let thread = std::thread::Builder::new().name(format!("dpukv-write-{id}")).spawn(move || w.run(rx, ctl_rx, rt))?;
@@ -368,8 +371,45 @@ struct Worker {
     keep: Option<Vec<KeyRange>>,
     /// Whether no key outside `keep` is left.
     trimmed: bool,
+    /// Where the next trim step starts: no key outside `keep` is left before it.
+    trim_from: Vec<u8>,
     /// Writes since the last load report.
     writes_since: u64,
+}
+
+/// The next up to [`TRIM_STEP`] keys outside the ranges in `keep`, at or after `from` (where the
+/// previous step stopped: keys outside `keep` are never written again, so the deleted ones
+/// behind it need not be stepped over again — without it every step walked over the tombstones
+/// of all the steps before it, quadratic in the keys a split gave away), and the entries the
+/// scans stepped over.
+fn trim_step(region: &Region, keep: &[KeyRange], from: &[u8]) -> dpukv_storage::Result<(Vec<Vec<u8>>, u64)> {
+    let mut keep = keep.to_vec();
+    keep.sort_by(|a, b| a.start.cmp(&b.start));
+    // The gaps between the kept ranges: [from, next start) (None: to the end of the keys).
+    let mut gaps: Vec<KeyRange> = Vec::new();
+    let mut start: Option<Vec<u8>> = Some(Vec::new());
+    for r in &keep {
+        if let Some(f) = start.take()
+            && f < r.start
+        {
+            gaps.push(KeyRange { start: f, end: Some(r.start.clone()) });
+        }
+        start = r.end.clone();
+    }
+    if let Some(f) = start {
+        gaps.push(KeyRange { start: f, end: None });
+    }
+    let (mut stale, mut visited) = (Vec::new(), 0);
+    for g in &gaps {
+        let lo = g.start.as_slice().max(from);
+        let (keys, n) = region.scan_keys_counted(lo, &g.last_key(), TRIM_STEP - stale.len())?;
+        visited += n;
+        stale.extend(keys.into_iter().filter(|k| !keep.iter().any(|r| r.contains(k))));
+        if stale.len() >= TRIM_STEP {
+            break;
+        }
+    }
+    Ok((stale, visited))
 }
 
 fn is_atomic(op: &Op) -> bool {
@@ -459,7 +499,7 @@ impl Worker {
             }
             Control::Keep(ranges) => {
                 self.keep = ranges;
-                self.trimmed = self.keep.is_none();
+                self.untrim();
             }
             Control::Export { from, end, limit, max_bytes, done } => {
                 let hi = KeyRange { start: from.clone(), end }.last_key();
@@ -479,7 +519,7 @@ impl Worker {
                     .collect();
                 let n = ops.len() as u64;
                 // An import may land outside the kept ranges (a merge aborted under it): look again.
-                self.trimmed = self.keep.is_none();
+                self.untrim();
                 let r = self.region.write_group_tagged(&[(&ops, &entries)]).pop();
                 match r {
                     Some(Ok(_)) => self.release_round(Vec::new(), n, Some(done)),
@@ -507,7 +547,7 @@ impl Worker {
                 };
                 let _ = done.send(r.map_err(|e| e.to_string()));
             }
-            Control::Cut { id, until, done } => {
+            Control::Cut { id, check_empty, until, done } => {
                 let r = match &self.repl {
                     _ if Instant::now() >= until => Err("asked too late: its sender stopped waiting".to_string()),
                     None => Err("the region is not replicated: nothing to fence".to_string()),
@@ -515,8 +555,14 @@ impl Worker {
                         // Any live key at all, in its range or not yet trimmed from it (looked
                         // for first: nothing is appended between rounds, and a failure leaves
                         // no fence behind).
+                        // Only when asked (a restore's cut): the look steps over every deleted
+                        // key before the first live one.
                         let top = vec![0xff; dpukv_proto::limits::MAX_KEY];
-                        let empty = self.region.scan_keys(b"", &top, 1).map(|k| k.is_empty());
+                        let empty = if check_empty {
+                            self.region.scan_keys(b"", &top, 1).map(|k| k.is_empty())
+                        } else {
+                            Ok(false)
+                        };
                         let snap = empty.map_err(|e| format!("looking for a key: {e}")).and_then(|empty| {
                             let snap = self.region.snapshot().map_err(|e| format!("snapshotting the region: {e}"))?;
                             Ok((snap, empty))
@@ -536,49 +582,36 @@ impl Worker {
     /// Deletes up to [`TRIM_STEP`] keys outside the ranges the region keeps.
     fn trim(&mut self) {
         let Some(keep) = self.keep.as_ref().filter(|_| !self.trimmed) else { return };
-        let mut keep = keep.clone();
-        keep.sort_by(|a, b| a.start.cmp(&b.start));
-        // The gaps between the kept ranges: [from, next start) (None: to the end of the keys).
-        let mut gaps: Vec<KeyRange> = Vec::new();
-        let mut from: Option<Vec<u8>> = Some(Vec::new());
-        for r in &keep {
-            if let Some(f) = from.take()
-                && f < r.start
-            {
-                gaps.push(KeyRange { start: f, end: Some(r.start.clone()) });
+        let stale = match trim_step(&self.region, keep, &self.trim_from) {
+            Ok((stale, _)) => stale,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading keys outside the region failed; will retry");
+                return;
             }
-            from = r.end.clone();
-        }
-        if let Some(f) = from {
-            gaps.push(KeyRange { start: f, end: None });
-        }
-        let mut stale = Vec::new();
-        for g in &gaps {
-            match self.region.scan_keys(&g.start, &g.last_key(), TRIM_STEP - stale.len()) {
-                Ok(keys) => stale.extend(keys.into_iter().filter(|k| !keep.iter().any(|r| r.contains(k)))),
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading keys outside the region failed; will retry");
-                    return;
-                }
-            }
-            if stale.len() >= TRIM_STEP {
-                break;
-            }
-        }
-        if stale.is_empty() {
+        };
+        let Some(last) = stale.last() else {
             self.trimmed = true;
             return;
-        }
+        };
+        let next = [last.as_slice(), &[0]].concat();
         let ops: Vec<BatchOp<'_>> = stale.iter().map(|k| BatchOp::Delete(k)).collect();
         let n = ops.len() as u64;
         match self.region.write_group_tagged(&[(&ops, &[])]).pop() {
             Some(Ok(_)) => {
                 tracing::info!(keys = n, "deleted keys outside the region's range");
+                self.trim_from = next;
                 self.release_round(Vec::new(), n, None);
             }
             Some(Err(e)) => tracing::warn!(error = %e, "deleting keys outside the region failed; will retry"),
             None => {}
         }
+    }
+
+    /// Whether the region may still hold keys outside `keep` again (new ranges, or an import):
+    /// the trim starts over from the first key.
+    fn untrim(&mut self) {
+        self.trimmed = self.keep.is_none();
+        self.trim_from.clear();
     }
 
     fn upkeep(&mut self) {
@@ -907,6 +940,42 @@ mod tests {
         assert_eq!(r.result.map_err(|e| e.code), Err(ErrorCode::KeySize), "an empty key is refused as such");
         drop(w.queue);
         w.thread.join().expect("writer");
+    }
+
+    /// The keys a split gave away are deleted a step at a time, each step starting where the
+    /// last stopped: every step scanned from the start of the gap, over the tombstones of all
+    /// the steps before it — quadratic in the keys given away (half a million after a split of
+    /// a 1M-key region: the writer thread busy for minutes, and the fence's own scan behind it).
+    #[test]
+    fn trimming_what_a_split_gave_away_steps_over_each_key_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut region =
+            Region::open(RegionConfig::tiny(dir.path().join("r"), dir.path().join("shm"), FsyncPolicy::Never))
+                .expect("open")
+                .0;
+        const N: usize = 20_000;
+        for i in 0..N {
+            region.put(format!("k{i:06}").as_bytes(), b"v").expect("put");
+        }
+        // It keeps the upper half: [k010000, end).
+        let keep = vec![KeyRange { start: b"k010000".to_vec(), end: None }];
+        let (mut from, mut visited, mut deleted, mut steps) = (Vec::new(), 0, 0, 0);
+        loop {
+            let (stale, n) = trim_step(&region, &keep, &from).expect("trim step");
+            visited += n;
+            let Some(last) = stale.last() else { break };
+            from = [last.as_slice(), &[0]].concat();
+            let ops: Vec<BatchOp<'_>> = stale.iter().map(|k| BatchOp::Delete(k)).collect();
+            region.write_group_tagged(&[(&ops, &[])]).pop().expect("a result").expect("delete");
+            deleted += stale.len();
+            steps += 1;
+        }
+        assert_eq!(deleted, N / 2, "every key given away is deleted");
+        assert!(steps >= (N / 2) / TRIM_STEP, "{steps} steps");
+        assert_eq!(region.scan_keys(b"", b"k009999", 10).expect("scan"), Vec::<Vec<u8>>::new());
+        assert_eq!(region.scan_keys(b"k010000", b"k010000", 10).expect("scan").len(), 1, "what it keeps stays");
+        // Each key given away stepped over about once (plus the last, empty, scan's walk).
+        assert!(visited <= 2 * (N / 2) as u64, "the trim stepped over {visited} entries to delete {} keys", N / 2);
     }
 
     /// A round whose log write fails (a full disk) answers nothing it decided from the station's

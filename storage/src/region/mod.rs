@@ -517,20 +517,27 @@ impl Region {
 
     /// Up to `limit` live keys in `[lo, hi]`, ascending, without reading values.
     pub fn scan_keys(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<Vec<u8>>> {
+        self.scan_keys_counted(lo, hi, limit).map(|(keys, _)| keys)
+    }
+
+    /// [`Region::scan_keys`], and how many entries it stepped over to find them (deleted keys
+    /// not yet compacted away included): what a scan that must skip tombstones costs.
+    pub fn scan_keys_counted(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<(Vec<Vec<u8>>, u64)> {
         let srcs = self.srcs();
-        let mut out = Vec::new();
+        let (mut out, mut visited) = (Vec::new(), 0);
         if lo > hi {
-            return Ok(out);
+            return Ok((out, visited));
         }
         let mut cur = merge::MergeCursor::new(&srcs, lo, hi);
         while out.len() < limit
             && let Some((k, _, s, _)) = cur.next()?
         {
+            visited += 1;
             if s != Stored::Tombstone {
                 out.push(k);
             }
         }
-        Ok(out)
+        Ok((out, visited))
     }
 
     /// Estimated bytes of the region's data: its levels (their segments and the log bytes their
