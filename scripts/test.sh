@@ -17,6 +17,8 @@ echo "== clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== dependency direction"
 python3 scripts/check-deps.py
+echo "== the backup benchmark's history checker finds what it is for"
+python3 scripts/check-backup-history.py --self-test
 echo "== manifests (the CRD's schema against the examples; rendered objects against Kubernetes 1.37)"
 cargo build --locked -p dpukv-operator --bins
 python3 scripts/check-manifests.py

@@ -20,6 +20,7 @@
 //!
 //! The client's own CPU time over the run (user and system, from `/proc/self/stat`, 10 ms
 //! resolution) is reported per operation, so a client that steals the servers' cores shows.
+//! SIGINT ends a run early, reporting what it did.
 //!
 //! # Redis as an ordered store
 //! Redis has no ordered map with values, so the Redis driver keeps every record twice: as the
@@ -135,6 +136,13 @@ struct Args {
     /// Tree nodes cached per region for start hints (Fat-B+Tree's fat root; 0: no hints).
     #[arg(long, default_value_t = 0)]
     fat_root: usize,
+    /// Record every write of the run to FILE, for a history checker (scripts/check-backup-history.py):
+    /// one line per write, `<key hex> <tag> <invoked µs> <completed µs> <ok|err>`, times from the
+    /// wall clock (µs since the Unix epoch), written when the run ends. Every value written is
+    /// `<record>:<tag>` padded with `x` (the load's tag is 0), so the value found in a store says
+    /// which write put it. At most 4M writes are kept (the run fails past them).
+    #[arg(long)]
+    history: Option<std::path::PathBuf>,
     /// `extended` mode: requests in flight from one connection's client to a primary above which
     /// it is busy and replicated keys' gets go to replicas (default: the client library's, 32).
     #[arg(long)]
@@ -265,10 +273,42 @@ struct Shared {
     inserted: AtomicU64,
     errors: AtomicU64,
     deadline: Instant,
+    /// Set on SIGINT: the streams stop after their operation in flight.
+    stop: std::sync::atomic::AtomicBool,
+    /// Writes recorded for `--history`, over every stream (bounded by [`MAX_HISTORY`]).
+    recorded: AtomicU64,
+    /// This run's number (24 bits, never 0), the top of every value's tag: runs that draw the
+    /// same keys in the same order still write values that say which run wrote them.
+    run: u64,
 }
 
-/// Draws and runs one operation of the workload.
-async fn op(e: &Engine, s: &Shared, rng: &mut Rng, round: &mut u64) -> Result<()> {
+/// The most writes `--history` keeps.
+const MAX_HISTORY: u64 = 4_000_000;
+
+/// One write of `--history`: the key, its value's tag, when it was invoked and completed (µs
+/// since the Unix epoch), and whether it was acknowledged.
+struct Written {
+    key: Vec<u8>,
+    tag: u64,
+    invoked: u64,
+    completed: u64,
+    ok: bool,
+}
+
+/// Microseconds since the Unix epoch.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Draws and runs one operation of the workload; for a write, its key and its value's tag
+/// (unique to the write: the run's number, the stream's, and the stream's count of operations).
+async fn op(
+    e: &Engine,
+    s: &Shared,
+    rng: &mut Rng,
+    stream: u64,
+    round: &mut u64,
+) -> (Result<()>, Option<(Vec<u8>, u64)>) {
     let a = &s.args;
     let kind = s.workload.next(rng);
     let rec = match kind {
@@ -282,18 +322,22 @@ async fn op(e: &Engine, s: &Shared, rng: &mut Rng, round: &mut u64) -> Result<()
     };
     let k = if kind == Kind::FetchAdd { format!("counter{rec}").into_bytes() } else { key(rec, a.key_size) };
     *round += 1;
-    let v = || value(rec, a.value_size, *round);
-    match kind {
+    let tag = s.run << 40 | (stream & 0xffff) << 24 | (*round & 0xff_ffff);
+    let v = || value(rec, a.value_size, tag);
+    let written = matches!(kind, Kind::Update | Kind::Insert | Kind::ReadModifyWrite).then(|| (k.clone(), tag));
+    let r = match kind {
         Kind::Read => e.read(k).await,
         Kind::Update | Kind::Insert => e.upsert(k, v()).await,
-        Kind::ReadModifyWrite => {
-            e.read(k.clone()).await?;
-            e.upsert(k, v()).await
-        }
+        Kind::ReadModifyWrite => match e.read(k.clone()).await {
+            Ok(()) => e.upsert(k, v()).await,
+            // Not written at all.
+            Err(err) => return (Err(err), None),
+        },
         Kind::Scan(n) => e.scan(k, n, false).await.map(drop),
         Kind::FloorScan(n) => e.scan(k, n, true).await.map(drop),
         Kind::FetchAdd => e.fetch_add(k).await,
-    }
+    };
+    (r, written)
 }
 
 /// Loads the records over the same connections and streams as a run; returns the seconds taken.
@@ -323,6 +367,19 @@ async fn load(a: &Args) -> Result<f64> {
         r??;
     }
     Ok(start.elapsed().as_secs_f64())
+}
+
+/// Writes `--history`'s lines.
+fn write_history(path: &std::path::Path, history: &[Written]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for w in history {
+        for b in &w.key {
+            write!(f, "{b:02x}")?;
+        }
+        writeln!(f, " {} {} {} {}", w.tag, w.invoked, w.completed, if w.ok { "ok" } else { "err" })?;
+    }
+    f.into_inner().map_err(|e| e.into_error())?.sync_all()
 }
 
 /// The process's user and system CPU seconds so far, from `/proc/self/stat` (None where there is
@@ -379,7 +436,22 @@ async fn run(a: Args) -> Result<()> {
         inserted: AtomicU64::new(a.records),
         errors: AtomicU64::new(0),
         deadline: Instant::now() + Duration::from_secs_f64(a.duration),
+        stop: std::sync::atomic::AtomicBool::new(false),
+        recorded: AtomicU64::new(0),
+        run: {
+            let nanos =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+            (u64::from(nanos) ^ u64::from(std::process::id()) << 8) % 0xff_ffff + 1
+        },
     });
+    {
+        let s = shared.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                s.stop.store(true, Ordering::Relaxed);
+            }
+        });
+    }
     // Gets served by primaries and replicas (dpukv), counted from here.
     let read_counts = |engines: &[Engine]| {
         engines.iter().fold((0, 0), |(p, r), e| match e {
@@ -400,30 +472,50 @@ async fn run(a: Args) -> Result<()> {
         for d in 0..a.depth.max(1) {
             let (s, engine) = (shared.clone(), engine.clone());
             tasks.spawn(async move {
-                let mut rng = Rng((t * 1000 + d) as u64 + 1);
+                let stream = (t * 1000 + d) as u64;
+                let mut rng = Rng(stream + 1);
                 let mut hist = Histogram::default();
                 let mut round = 0;
+                let mut history = Vec::new();
+                let recording = s.args.history.is_some();
                 // One clock read per operation: its end is the next one's start.
                 let mut t0 = Instant::now();
-                while t0 < s.deadline {
-                    let ok = op(&engine, &s, &mut rng, &mut round).await.is_ok();
+                while t0 < s.deadline && !s.stop.load(Ordering::Relaxed) {
+                    let invoked = if recording { wall_us() } else { 0 };
+                    let (r, written) = op(&engine, &s, &mut rng, stream, &mut round).await;
+                    let ok = r.is_ok();
                     let t1 = Instant::now();
                     if ok {
                         hist.record(t1.duration_since(t0).as_micros() as u64);
                     } else {
                         s.errors.fetch_add(1, Ordering::Relaxed);
                     }
+                    if recording && let Some((key, tag)) = written {
+                        if round > 0xff_ffff {
+                            anyhow::bail!("--history tags a stream's writes with 24 bits: run shorter");
+                        }
+                        if s.recorded.fetch_add(1, Ordering::Relaxed) >= MAX_HISTORY {
+                            anyhow::bail!("--history keeps at most {MAX_HISTORY} writes: run shorter");
+                        }
+                        history.push(Written { key, tag, invoked, completed: wall_us(), ok });
+                    }
                     t0 = t1;
                 }
-                hist
+                anyhow::Ok((hist, history))
             });
         }
     }
     let mut hist = Histogram::default();
+    let mut history = Vec::new();
     while let Some(h) = tasks.join_next().await {
-        hist.merge(&h?);
+        let (h, written) = h??;
+        hist.merge(&h);
+        history.extend(written);
     }
     let secs = start.elapsed().as_secs_f64();
+    if let Some(path) = &a.history {
+        write_history(path, &history).with_context(|| format!("writing the history to {}", path.display()))?;
+    }
     // The client's CPU time over the run, and per operation.
     let (user, sys) = match (cpu_start, cpu_times()) {
         (Some((u0, s0)), Some((u1, s1))) => (u1 - u0, s1 - s0),
