@@ -3,7 +3,9 @@
 #  1. redis-benchmark, unchanged, against the gateway's Redis port (1-node and 3-node dpukv,
 #     `--fsync always` and `--fsync interval:1000`) and against redis-server (no persistence, then
 #     `appendfsync everysec`): `-t get,set,incr -r 1000000 -n N -d 64` with `-c 50 -P 1` and
-#     `-c 4 -P 16`; one CSV line per test;
+#     `-c 4 -P 16`; one CSV line per test, with the servers' CPU microseconds, context switches
+#     and system calls per request (every server process: redis-server; dpukv's nodes, devices,
+#     gateway and etcd);
 #  2. wrk against `GET /v1/kv/{key}` (random keys of a loaded set) vs etcd's HTTP gateway
 #     (`POST /v3/kv/range`, the same keys) — same threads and connections;
 #  3. dpukv-bench YCSB-C and E through the gateway vs straight to the devices;
@@ -16,7 +18,7 @@
 # SECONDS_RUN (8), PARTS (which parts to run: "1 2 3 4 5").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh redis-server=redis-server redis-benchmark=redis-tools wrk=wrk
+bash scripts/setup.sh redis-server=redis-server redis-benchmark=redis-tools wrk=wrk perf=linux-perf
 cargo build --release --bin dpukv --bin dpukv-bench --bin dpukv-node --bin dpukv-dpu --bin dpukv-gateway
 BIN=target/release
 N=${N:-2000000}
@@ -51,10 +53,27 @@ print(*ports)
 EOF
 )
 
-rb() { # label port
+# redis-benchmark against port $2, one test at a time, with what the servers (every process
+# named in $3...) spent per request: CPU microseconds and context switches (scripts/proc-cost.py,
+# from /proc) and system calls (`perf stat -e raw_syscalls:sys_enter` on their threads; "" where
+# perf cannot count them).
+rb() { # label port server-process-names...
+  local label=$1 port=$2 conf t before after pids line cost calls
+  shift 2
   for conf in "-c 50 -P 1" "-c 4 -P 16"; do
-    redis-benchmark -h 127.0.0.1 -p "$2" -t get,set,incr -r 1000000 -n "$N" -d 64 $conf --csv 2>/dev/null |
-      tail -n +2 | sed "s/^/\"$1\",\"$conf\",/"
+    for t in get set incr; do
+      before=$(python3 scripts/proc-cost.py snapshot "$@")
+      pids=$(python3 -c "import json,sys; print(','.join(map(str, json.loads(sys.argv[1])['pids'])))" "$before")
+      rm -f "$TMP/perf.out"
+      perf stat -e raw_syscalls:sys_enter -x, -p "$pids" -o "$TMP/perf.out" 2>/dev/null &
+      local perf_pid=$!
+      line=$(redis-benchmark -h 127.0.0.1 -p "$port" -t "$t" -r 1000000 -n "$N" -d 64 $conf --csv 2>/dev/null | tail -n +2)
+      kill -INT "$perf_pid" 2>/dev/null; wait "$perf_pid" 2>/dev/null || true
+      after=$(python3 scripts/proc-cost.py snapshot "$@")
+      cost=$(python3 scripts/proc-cost.py per-request "$before" "$after" "$N")
+      calls=$(awk -F, -v n="$N" '/sys_enter/ && $1 ~ /^[0-9]+$/ {printf "%.2f", $1 / n}' "$TMP/perf.out" 2>/dev/null || true)
+      echo "\"$label\",\"$conf\",$line,$(python3 -c "import json,sys; c=json.loads(sys.argv[1]); print(f\"{c['server_cpu_us_per_req']},{c['ctxt_per_req']}\")" "$cost"),${calls}"
+    done
   done
 }
 
@@ -77,21 +96,21 @@ stop_dpukv() {
 }
 
 if [[ " $PARTS " == *" 1 "* ]]; then
-  echo '"system","clients","test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"'
+  echo '"system","clients","test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms","server_cpu_us_per_req","ctxt_per_req","syscalls_per_req"'
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --dir "$TMP" >/dev/null
   sleep 0.5
-  rb "redis (no persistence)" "$REDIS_PORT"
+  rb "redis (no persistence)" "$REDIS_PORT" redis-server
   redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
   sleep 0.5
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly yes --appendfsync everysec \
     --daemonize yes --dir "$TMP" >/dev/null
   sleep 0.5
-  rb "redis (appendfsync everysec)" "$REDIS_PORT"
+  rb "redis (appendfsync everysec)" "$REDIS_PORT" redis-server
   redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
   for nodes in 1 3; do
     for fsync in always interval:1000; do
       start_dpukv "$nodes" "$fsync"
-      rb "dpukv $nodes node(s), fsync $fsync" "$RESP_PORT"
+      rb "dpukv $nodes node(s), fsync $fsync" "$RESP_PORT" dpukv-node dpukv-dpu dpukv-gateway etcd
       stop_dpukv
     done
   done

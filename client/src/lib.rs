@@ -781,6 +781,17 @@ impl Client {
         }
     }
 
+    /// Adds each of `deltas` in turn to the value read as decimal text (Redis's `INCRBY`; absent
+    /// = 0), applied in order and made durable together; each increment's result, or none for
+    /// one that would overflow (it had no effect). `TypeMismatch` if the value is not a decimal
+    /// 64-bit integer.
+    pub async fn add_text(&self, key: &[u8], deltas: &[i64]) -> Result<Vec<Option<i64>>> {
+        match self.call(Op::AddText { key: key.to_vec(), deltas: deltas.to_vec() }).await?.0 {
+            Reply::Added(r) if r.len() == deltas.len() => Ok(r),
+            other => Err(ClientError::unexpected(&other)),
+        }
+    }
+
     /// Compare-and-swap; returns whether it swapped and the value found.
     pub async fn compare_and_swap(
         &self,

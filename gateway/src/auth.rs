@@ -165,6 +165,7 @@ impl Principal {
             // These answer what they found (whether the key existed, its old value): reading
             // too.
             Op::FetchAdd { key: k, .. }
+            | Op::AddText { key: k, .. }
             | Op::CompareAndSwap { key: k, .. }
             | Op::Insert { key: k, .. }
             | Op::Update { key: k, .. } => {

@@ -341,6 +341,7 @@ pub fn response_size(r: &Response) -> usize {
         }
         Ok(Reply::Cas { current, .. }) => current.as_ref().map_or(0, Vec::len),
         Ok(Reply::Keys(keys)) => keys.iter().map(|k| k.len() + 4).sum::<usize>(),
+        Ok(Reply::Added(r)) => r.len() * 9,
         Ok(Reply::TreeNodes { nodes, .. }) => nodes.iter().map(|(_, n)| n.size_hint()).sum::<usize>(),
         Ok(Reply::RegionMap(m)) => m.regions.iter().map(|r| r.start.len() + 64).sum::<usize>() + m.nodes.len() * 1100,
         Err(e) => e.message.len(),

@@ -185,6 +185,13 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
                 w.bytes(key);
                 w.u64(*delta);
             }
+            Op::AddText { key, deltas } => {
+                w.bytes(key);
+                w.u16(deltas.len() as u16);
+                for d in deltas {
+                    w.u64(*d as u64);
+                }
+            }
             Op::CompareAndSwap { key, expected, new } => {
                 w.bytes(key);
                 w.u8(expected.is_some() as u8);
@@ -261,6 +268,7 @@ const R_VECTOR: u8 = 6;
 const R_REGION_MAP: u8 = 7;
 const R_KEYS: u8 = 8;
 const R_TREE_NODES: u8 = 9;
+const R_ADDED: u8 = 10;
 
 /// A tree node: lid, version, level, lo, has_hi, hi.
 fn put_tree_node(w: &mut W<'_>, n: &TreeNode) {
@@ -353,6 +361,7 @@ pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
             Ok(Reply::RegionMap(_)) => R_REGION_MAP,
             Ok(Reply::Keys(_)) => R_KEYS,
             Ok(Reply::TreeNodes { .. }) => R_TREE_NODES,
+            Ok(Reply::Added(_)) => R_ADDED,
         };
         w.u8(kind);
         w.u8(0);
@@ -396,6 +405,13 @@ pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
                 for (parent, n) in nodes {
                     w.u16(*parent);
                     put_tree_node(&mut w, n);
+                }
+            }
+            Ok(Reply::Added(results)) => {
+                w.u16(results.len() as u16);
+                for r in results {
+                    w.u8(r.is_some() as u8);
+                    w.u64(r.unwrap_or(0) as u64);
                 }
             }
         }
@@ -580,6 +596,18 @@ fn decode_request(e: &[u8]) -> RequestEntry {
                 }
             }
             OpCode::FetchAdd => Op::FetchAdd { key: r.key()?, delta: r.u64()? },
+            OpCode::AddText => {
+                let key = r.key()?;
+                let n = r.u16()? as usize;
+                if n == 0 || n > MAX_ADDS {
+                    return Err((ErrorCode::TooManyOps, "add_text takes 1 to 1024 increments"));
+                }
+                let mut deltas = Vec::with_capacity(n);
+                for _ in 0..n {
+                    deltas.push(r.u64()? as i64);
+                }
+                Op::AddText { key, deltas }
+            }
             OpCode::CompareAndSwap => {
                 let key = r.key()?;
                 let has = r.u8()?;
@@ -781,6 +809,23 @@ fn decode_response(e: &[u8]) -> Result<Response, DecodeError> {
                     nodes.push((parent, r.tree_node().map_err(bad)?));
                 }
                 Reply::TreeNodes { arena, nodes }
+            }
+            R_ADDED => {
+                let n = r.u16().map_err(bad)? as usize;
+                if n > MAX_ADDS {
+                    return Err(DecodeError::Malformed("an add_text reply with too many results"));
+                }
+                let mut results = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let ok = r.u8().map_err(bad)?;
+                    let v = r.u64().map_err(bad)? as i64;
+                    results.push(match ok {
+                        1 => Some(v),
+                        0 => None,
+                        _ => return Err(DecodeError::Malformed("an add_text result that is neither")),
+                    });
+                }
+                Reply::Added(results)
             }
             _ => return Err(DecodeError::Malformed("unknown reply kind")),
         })

@@ -18,7 +18,8 @@ pub enum ErrorCode {
     KeyExists = 6,
     /// `update` of an absent key.
     KeyNotFound = 7,
-    /// An atomic on a value that is not an array of the element type.
+    /// An atomic on a value that is not an array of the element type (`add_text`: not a
+    /// decimal 64-bit integer).
     TypeMismatch = 8,
     /// The request's region epoch is stale: refresh the region map and retry.
     StaleEpoch = 9,

@@ -11,6 +11,8 @@ pub const MAX_VALUE: usize = 1 << 20;
 pub const MAX_OPS_PER_FRAME: usize = 1024;
 /// Most write operations in one atomic batch.
 pub const MAX_BATCH_OPS: usize = 1024;
+/// Most increments in one `add_text` (a pipeline's run of `INCR`s on one key).
+pub const MAX_ADDS: usize = 1024;
 /// Most items one scan reply returns (a larger limit is answered in pages with a token).
 pub const MAX_SCAN_ITEMS: u32 = 10_000;
 /// Most key+value bytes one scan reply returns.

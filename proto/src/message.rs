@@ -45,6 +45,8 @@ pub enum OpCode {
     ReplicaSync = 18,
     /// [`Op::TreeNodes`]
     TreeNodes = 19,
+    /// [`Op::AddText`]
+    AddText = 20,
 }
 
 impl OpCode {
@@ -71,6 +73,7 @@ impl OpCode {
             17 => Pivots,
             18 => ReplicaSync,
             19 => TreeNodes,
+            20 => AddText,
             _ => return None,
         })
     }
@@ -98,6 +101,7 @@ impl OpCode {
             Pivots => "pivots",
             ReplicaSync => "replica_sync",
             TreeNodes => "tree_nodes",
+            AddText => "add_text",
         }
     }
 
@@ -398,6 +402,12 @@ pub enum Op {
     Reduce { key: Vec<u8>, elem: Elem, op: ReduceOp },
     /// Replies with the elements for which `element cmp operand` holds.
     Filter { key: Vec<u8>, elem: Elem, cmp: Cmp, operand: [u8; 8] },
+    /// Adds each of `deltas` in turn to the value read as a decimal signed 64-bit integer in
+    /// text, as Redis keeps counters (absent = 0; `TypeMismatch` if it is not one), and stores
+    /// the result as text: Redis's `INCRBY` for a run of increments of one key, applied in order
+    /// and made durable together. Replies [`Reply::Added`]: each increment's result, or none
+    /// for one that would overflow (it has no effect; the next starts from the value before it).
+    AddText { key: Vec<u8>, deltas: Vec<i64> },
     /// Writes applied atomically under one version.
     Batch { ops: Vec<WriteOp> },
     /// The cluster's region map as the node knows it (nodes, regions, primaries, epochs): how
@@ -446,6 +456,7 @@ impl Op {
             Op::Pivots { .. } => OpCode::Pivots,
             Op::ReplicaSync { .. } => OpCode::ReplicaSync,
             Op::TreeNodes { .. } => OpCode::TreeNodes,
+            Op::AddText { .. } => OpCode::AddText,
         }
     }
 
@@ -462,7 +473,8 @@ impl Op {
             | Op::VectorScalar { key, .. }
             | Op::VectorVector { key, .. }
             | Op::Reduce { key, .. }
-            | Op::Filter { key, .. } => key,
+            | Op::Filter { key, .. }
+            | Op::AddText { key, .. } => key,
             Op::Scan { lo, .. } | Op::FloorScan { lo, .. } | Op::Pivots { lo, .. } => lo,
             Op::TreeNodes { key, .. } => key,
             Op::Batch { ops } => ops.first().map_or(&[], |o| o.key()),
@@ -481,6 +493,13 @@ impl Op {
             | Op::Reduce { key: k, .. }
             | Op::Filter { key: k, .. } => key(k),
             Op::VectorScalar { key: k, .. } => key(k),
+            Op::AddText { key: k, deltas } => {
+                key(k)?;
+                if deltas.is_empty() || deltas.len() > MAX_ADDS {
+                    return Err(ErrorCode::TooManyOps);
+                }
+                Ok(())
+            }
             Op::Put { key: k, value: v } | Op::Insert { key: k, value: v } | Op::Update { key: k, value: v } => {
                 key(k)?;
                 value(v)
@@ -710,6 +729,7 @@ impl Request {
                 }
                 Op::Pivots { lo, hi, .. } => lo.len() + hi.len(),
                 Op::Auth { token } => token.len(),
+                Op::AddText { key, deltas } => key.len() + 8 * deltas.len(),
                 Op::TreeNodes { key, nodes } => key.len() + nodes.iter().map(TreeNode::size_hint).sum::<usize>(),
                 Op::ReplicaSync { entries, .. } => {
                     entries.iter().map(|e| e.key.len() + e.value.as_ref().map_or(0, Vec::len) + PER_BATCH_OP).sum()
@@ -742,6 +762,8 @@ pub enum Reply {
     /// `tree_nodes`' answer: the arena's nonce, and each node with the index of its parent among
     /// the nodes asked about.
     TreeNodes { arena: u64, nodes: Vec<(u16, TreeNode)> },
+    /// `add_text`'s answer: each increment's result in order, none for one that would overflow.
+    Added(Vec<Option<i64>>),
 }
 
 /// A failed request.

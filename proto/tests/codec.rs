@@ -87,6 +87,7 @@ fn op() -> impl Strategy<Value = Op> {
                 entries: e.into_iter().map(|(key, version, value)| SyncEntry { key, version, value }).collect(),
             }),
         (bytes(20), proptest::collection::vec(tree_node(), 0..5)).prop_map(|(key, nodes)| Op::TreeNodes { key, nodes }),
+        (key(), proptest::collection::vec(any::<i64>(), 1..20)).prop_map(|(key, deltas)| Op::AddText { key, deltas }),
     ]
 }
 
@@ -181,6 +182,7 @@ fn response() -> impl Strategy<Value = Response> {
         region_map().prop_map(Reply::RegionMap),
         (any::<u64>(), proptest::collection::vec((any::<u16>(), tree_node()), 0..6))
             .prop_map(|(arena, nodes)| Reply::TreeNodes { arena, nodes }),
+        proptest::collection::vec(proptest::option::of(any::<i64>()), 0..20).prop_map(Reply::Added),
     ];
     let code = (1u8..=20).prop_map(|b| ErrorCode::from_u8(b).expect("known code"));
     let result = prop_oneof![

@@ -98,8 +98,9 @@ const PER_VALUE: usize = dpukv_proto::limits::MAX_VALUE + 64;
 pub fn reply_bound(args: &[Vec<u8>]) -> usize {
     let sent = args.iter().map(|a| a.len() + 16).sum::<usize>();
     match name(args).as_str() {
-        "get" | "getset" | "set" | "setnx" | "type" | "strlen" | "exists" | "del" | "unlink" | "incr" | "decr"
-        | "incrby" | "decrby" => PER_VALUE + sent,
+        "get" | "getset" | "set" | "setnx" | "type" | "strlen" | "exists" | "del" | "unlink" => PER_VALUE + sent,
+        // An integer or an error: `add_text` brings no value into the gateway.
+        "incr" | "decr" | "incrby" | "decrby" => 4096 + sent,
         "mget" => PER_VALUE.saturating_mul(args.len().saturating_sub(1)),
         "scan" => dpukv_proto::limits::MAX_SCAN_BYTES as usize + 64 * 1024,
         _ => 4096 + sent,
@@ -209,15 +210,10 @@ pub async fn run(
             Ok(v) => Reply::Integer(v.map_or(0, |v| v.len() as i64)),
             Err(e) => error_reply(e),
         },
-        "incr" if n == 2 => add(up, &args[1], 1).await,
-        "decr" if n == 2 => add(up, &args[1], -1).await,
-        "incrby" | "decrby" if n == 3 => match std::str::from_utf8(&args[2]).ok().and_then(|s| s.parse::<i64>().ok()) {
-            Some(d) if cmd == "incrby" => add(up, &args[1], d).await,
-            Some(d) => match d.checked_neg() {
-                Some(d) => add(up, &args[1], d).await,
-                None => Reply::err("decrement would overflow"),
-            },
-            None => Reply::err("value is not an integer or out of range"),
+        "incr" | "decr" | "incrby" | "decrby" => match additive(&args) {
+            Some(Ok(d)) => add(up, &args[1], &[d]).await.pop().unwrap_or_else(|| Reply::err("no reply")),
+            Some(Err(reply)) => reply,
+            None => wrong_arity(&cmd),
         },
         "scan" if n >= 2 => scan(up, cursors, &args).await,
         "info" => Reply::Bulk(info.as_bytes().to_vec()),
@@ -415,30 +411,45 @@ async fn swap(up: &Upstream, key: &[u8], value: &[u8], must_exist: Option<bool>)
     Reply::err("too much contention on the key: retry")
 }
 
-/// `INCRBY key delta` on the decimal text Redis keeps counters as (an absent key counts as 0):
-/// a compare-and-swap loop, so concurrent increments all count.
-async fn add(up: &Upstream, key: &[u8], delta: i64) -> Reply {
-    let c = up.client();
-    let mut seen = match c.get(key).await {
-        Ok(v) => v,
-        Err(e) => return error_reply(e),
+/// For `INCR`, `DECR`, `INCRBY`, `DECRBY` with their arity: the key's delta, or the reply to a
+/// delta that is not a 64-bit integer (or a `DECRBY` of the smallest one). None: not one of them.
+pub fn additive(args: &[Vec<u8>]) -> Option<Result<i64, Reply>> {
+    let cmd = name(args);
+    let delta = |a: &[u8]| {
+        std::str::from_utf8(a)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| Reply::err("value is not an integer or out of range"))
     };
-    for _ in 0..CAS_ATTEMPTS {
-        let old = match &seen {
-            None => 0,
-            Some(v) => match std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()) {
-                Some(n) if v.len() <= 20 => n,
-                _ => return Reply::err("value is not an integer or out of range"),
-            },
-        };
-        let Some(new) = old.checked_add(delta) else { return Reply::err("increment or decrement would overflow") };
-        match c.compare_and_swap(key, seen.as_deref(), new.to_string().as_bytes()).await {
-            Ok((true, _)) => return Reply::Integer(new),
-            Ok((false, now)) => seen = now,
-            Err(e) => return error_reply(e),
+    Some(match (cmd.as_str(), args.len()) {
+        ("incr", 2) => Ok(1),
+        ("decr", 2) => Ok(-1),
+        ("incrby", 3) => delta(&args[2]),
+        ("decrby", 3) => {
+            delta(&args[2]).and_then(|d| d.checked_neg().ok_or_else(|| Reply::err("decrement would overflow")))
+        }
+        _ => return None,
+    })
+}
+
+/// `INCRBY key delta` for each of `deltas` in order, on the decimal text Redis keeps counters
+/// as (an absent key counts as 0): one `add_text` — a pipeline's run of increments of one key is
+/// applied by the key's primary in one round and made durable together (docs/gateway.md). A
+/// reply per delta.
+pub async fn add(up: &Upstream, key: &[u8], deltas: &[i64]) -> Vec<Reply> {
+    match up.client().add_text(key, deltas).await {
+        Ok(results) => results
+            .into_iter()
+            .map(|r| r.map_or_else(|| Reply::err("increment or decrement would overflow"), Reply::Integer))
+            .collect(),
+        Err(e) if e.code() == Some(ErrorCode::TypeMismatch) => {
+            deltas.iter().map(|_| Reply::err("value is not an integer or out of range")).collect()
+        }
+        Err(e) => {
+            let r = error_reply(e);
+            deltas.iter().map(|_| r.clone()).collect()
         }
     }
-    Reply::err("too much contention on the key: retry")
 }
 
 /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE string]`: keys in key order; see `cursors`.

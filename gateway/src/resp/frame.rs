@@ -130,6 +130,7 @@ fn parse_inline(buf: &[u8], limits: &Limits) -> Result<(Vec<Vec<u8>>, usize), Pa
 }
 
 /// A reply, encoded into `out`.
+#[derive(Debug, Clone)]
 pub enum Reply {
     /// `+text`
     Simple(&'static str),

@@ -193,8 +193,25 @@ const PRE_AUTH: Limits = Limits { max_args: 16, max_arg: 1024, max_command: 4096
 
 /// One command of a group: run it with the bytes reserved for its reply, or answer it as is.
 enum Entry {
-    Run { args: Vec<Vec<u8>>, room: usize },
-    Answer { name: String, reply: Reply },
+    Run {
+        args: Vec<Vec<u8>>,
+        room: usize,
+    },
+    Answer {
+        name: String,
+        reply: Reply,
+    },
+    /// A run of `INCR`/`DECR`/`INCRBY`/`DECRBY` of one key: one `add_text` of their deltas, in
+    /// the order sent; the first's reply goes here, the others' at their [`Entry::Joined`].
+    Add {
+        key: Vec<u8>,
+        deltas: Vec<i64>,
+        names: Vec<String>,
+    },
+    /// A command that joined the [`Entry::Add`] at this index of the group.
+    Joined {
+        to: usize,
+    },
 }
 
 /// One connection.
@@ -459,6 +476,10 @@ impl<'a> Session<'a> {
     async fn run_pipeline(&mut self, cmds: Vec<Vec<Vec<u8>>>) -> std::io::Result<()> {
         let mut group: Vec<Entry> = Vec::new();
         let mut touched: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+        // Keys whose only command in the group so far is the increment run at this index: a
+        // further increment of the key joins it instead of waiting for the group (KV-Direct's
+        // dependent atomics in one round: one write, one sync, every reply after it).
+        let mut adds: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
         for args in cmds {
             if self.state.quit || self.state.close {
                 break;
@@ -471,6 +492,23 @@ impl<'a> Session<'a> {
                 self.emit(r);
                 continue;
             }
+            let additive = match command::additive(&args) {
+                Some(Ok(d)) if self.authenticated() => Some(d),
+                _ => None,
+            };
+            if let Some(d) = additive
+                && let Some(&to) = adds.get(&args[1])
+                && let Some(Entry::Add { deltas, names, .. }) = group.get_mut(to)
+                && deltas.len() < dpukv_proto::limits::MAX_ADDS
+                && self.refusal(&args).is_none()
+                && let Some(held) = self.share.try_take(command::reply_bound(&args).min(self.room()))
+            {
+                deltas.push(d);
+                names.push(name);
+                group.push(Entry::Joined { to });
+                self.held.push(held);
+                continue;
+            }
             let t = command::touches(&args);
             let conflicts = match &t {
                 Touches::Nothing => false,
@@ -480,6 +518,7 @@ impl<'a> Session<'a> {
             if conflicts {
                 self.run_group(std::mem::take(&mut group)).await;
                 touched.clear();
+                adds.clear();
             }
             if let Touches::Connection = t {
                 let started = Instant::now();
@@ -503,6 +542,7 @@ impl<'a> Session<'a> {
                     // held while it waits; then wait (bounded) for the share and the budget.
                     self.run_group(std::mem::take(&mut group)).await;
                     touched.clear();
+                    adds.clear();
                     self.flush().await?;
                     match tokio::time::timeout(self.shared.limits.command_timeout, self.share.take(need)).await {
                         Ok(h) => h,
@@ -518,11 +558,18 @@ impl<'a> Session<'a> {
                     }
                 }
             };
-            group.push(Entry::Run { args, room: held.bytes() });
+            match additive {
+                Some(d) => {
+                    adds.insert(args[1].clone(), group.len());
+                    group.push(Entry::Add { key: args[1].clone(), deltas: vec![d], names: vec![name] });
+                }
+                None => group.push(Entry::Run { args, room: held.bytes() }),
+            }
             self.held.push(held);
             match t {
                 Touches::Everything => {
                     self.run_group(std::mem::take(&mut group)).await;
+                    adds.clear();
                 }
                 Touches::Keys(keys) => touched.extend(keys),
                 Touches::Nothing | Touches::Connection => {}
@@ -540,14 +587,19 @@ impl<'a> Session<'a> {
         let shared = self.shared;
         let info = info(shared);
         let consistency = self.state.consistency();
+        // Where each position's reply comes from: its own entry, or the run it joined.
+        let from: Vec<usize> =
+            group.iter().enumerate().map(|(i, e)| if let Entry::Joined { to } = e { *to } else { i }).collect();
         let futs: Vec<_> = group
             .into_iter()
             .map(|e| {
                 let info = info.as_str();
                 async move {
                     let started = Instant::now();
+                    let one = |name, r| std::collections::VecDeque::from([(name, r, started)]);
                     match e {
-                        Entry::Answer { name, reply } => (name, reply, started),
+                        Entry::Answer { name, reply } => one(name, reply),
+                        Entry::Joined { .. } => std::collections::VecDeque::new(),
                         Entry::Run { args, room } => {
                             let name = command::name(&args);
                             // Each command starts a trace (sampled as the exporter's sampler says).
@@ -556,13 +608,24 @@ impl<'a> Session<'a> {
                             let (_span, ctx) = traced.map_or((None, None), |(s, c)| (Some(s), Some(c)));
                             let run = command::run(&shared.up, &shared.cursors, info, args, consistency, room);
                             let r = dpukv_client::trace::scope(ctx, run).await;
-                            (name, r, started)
+                            one(name, r)
+                        }
+                        Entry::Add { key, deltas, names } => {
+                            let op = op_label(&names[0]);
+                            let traced = dpukv_net::telemetry::request_span("gateway redis", op, None, true);
+                            let (_span, ctx) = traced.map_or((None, None), |(s, c)| (Some(s), Some(c)));
+                            let replies =
+                                dpukv_client::trace::scope(ctx, command::add(&shared.up, &key, &deltas)).await;
+                            names.into_iter().zip(replies).map(|(n, r)| (n, r, started)).collect()
                         }
                     }
                 }
             })
             .collect();
-        for (name, r, started) in crate::join::join_all(futs).await {
+        let mut results = crate::join::join_all(futs).await;
+        for i in from {
+            let (name, r, started) =
+                results[i].pop_front().unwrap_or_else(|| ("incr".into(), Reply::err("no reply"), Instant::now()));
             record(shared, &name, &r, started);
             self.emit(r);
         }

@@ -38,6 +38,21 @@ struct Entry {
     dirty: bool,
 }
 
+/// A value as Redis reads a counter: a decimal signed 64-bit integer in canonical form — an
+/// optional `-`, digits without a leading zero (`0` alone), nothing else (no `+`, no spaces, not
+/// `-0`), at most 20 bytes.
+pub fn parse_decimal(v: &[u8]) -> Option<i64> {
+    let digits = v.strip_prefix(b"-").unwrap_or(v);
+    let canonical = !digits.is_empty()
+        && v.len() <= 20
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits[0] != b'0' || (digits.len() == 1 && digits.len() == v.len()));
+    if !canonical {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
 /// See the module documentation. It keeps no counters: its owner, the host's region writer,
 /// counts atomics and write-backs in its `WriterStats` (exported as metrics).
 pub struct ReservationStation {
@@ -126,6 +141,28 @@ impl ReservationStation {
                 let v = e.value.as_deref().ok_or(AtomicError::NotFound)?;
                 Reply::Vector(vector::filter(v, *elem, *cmp, operand)?)
             }
+            Op::AddText { deltas, .. } => {
+                let mut n = match e.value.as_deref() {
+                    None => 0,
+                    Some(v) => parse_decimal(v).ok_or(AtomicError::TypeMismatch)?,
+                };
+                let mut results = Vec::with_capacity(deltas.len());
+                for d in deltas {
+                    match n.checked_add(*d) {
+                        Some(m) => {
+                            n = m;
+                            results.push(Some(m));
+                            // Written even when unchanged (INCRBY 0 makes an absent key "0").
+                            e.dirty = true;
+                        }
+                        None => results.push(None),
+                    }
+                }
+                if e.dirty {
+                    e.value = Some(n.to_string().into_bytes());
+                }
+                Reply::Added(results)
+            }
             _ => return Err(AtomicError::NotAtomic),
         };
         Ok(reply)
@@ -177,5 +214,29 @@ mod tests {
         let out = rs.drain();
         assert_eq!(out, vec![(b"ctr".to_vec(), b"x".to_vec())]);
         assert!(rs.drain().is_empty());
+    }
+
+    #[test]
+    fn text_counters_count_as_redis_does_and_are_written_back_once() {
+        let add = |deltas: &[i64]| Op::AddText { key: b"n".to_vec(), deltas: deltas.to_vec() };
+        let mut rs = ReservationStation::new();
+        // Absent counts as 0; each increment's result in order; one overflow has no effect.
+        let r = rs.execute::<()>(&add(&[1, 2, i64::MAX, -4]), |_| Ok(None)).expect("add");
+        assert_eq!(r, Reply::Added(vec![Some(1), Some(3), None, Some(-1)]));
+        // The next request on the key in the same round starts from the forwarded value.
+        let r = rs.execute::<()>(&add(&[10]), |_| panic!("loaded twice")).expect("add");
+        assert_eq!(r, Reply::Added(vec![Some(9)]));
+        assert_eq!(rs.drain(), vec![(b"n".to_vec(), b"9".to_vec())], "one write-back, as text");
+        // Not a counter as Redis reads one: refused whole, nothing written.
+        for bad in [&b"x"[..], b"", b"01", b"-0", b"+1", b" 1", b"1.5", b"99999999999999999999"] {
+            let r = rs.execute::<()>(&add(&[1]), |_| Ok(Some(bad.to_vec())));
+            assert!(matches!(r, Err(AtomicError::TypeMismatch)), "{bad:?}: {r:?}");
+            assert!(rs.drain().is_empty(), "{bad:?}");
+        }
+        assert_eq!(parse_decimal(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_decimal(b"0"), Some(0));
+        // INCRBY 0 of an absent key makes it "0".
+        rs.execute::<()>(&add(&[0]), |_| Ok(None)).expect("add");
+        assert_eq!(rs.drain(), vec![(b"n".to_vec(), b"0".to_vec())]);
     }
 }

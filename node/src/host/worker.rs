@@ -413,7 +413,14 @@ fn trim_step(region: &Region, keep: &[KeyRange], from: &[u8]) -> dpukv_storage::
 }
 
 fn is_atomic(op: &Op) -> bool {
-    matches!(op, Op::FetchAdd { .. } | Op::CompareAndSwap { .. } | Op::VectorScalar { .. } | Op::VectorVector { .. })
+    matches!(
+        op,
+        Op::FetchAdd { .. }
+            | Op::CompareAndSwap { .. }
+            | Op::VectorScalar { .. }
+            | Op::VectorVector { .. }
+            | Op::AddText { .. }
+    )
 }
 
 /// What an exactly-once retry is told: the recorded reply (the encoding is this module's).
