@@ -480,6 +480,7 @@ mod tests {
         assert!(reader.check(&scan(b"", b"")).is_ok());
         assert!(reader.check(&Op::Delete { key: b"k".to_vec() }).is_err());
         assert!(reader.check(&Op::FetchAdd { key: b"k".to_vec(), delta: 1 }).is_err(), "an atomic also writes");
+        assert!(reader.check(&Op::AddText { key: b"k".to_vec(), deltas: vec![1] }).is_err(), "so does INCR's");
         let ops = t.authenticate(b"root-ops-0123456789").expect("ops");
         assert!(ops.check(&Op::FetchAdd { key: vec![0, 1, 2], delta: 1 }).is_ok(), "admin is read and write");
         assert!(ops.check(&Op::Get { key: vec![0, 2] }).is_err());

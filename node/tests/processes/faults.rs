@@ -339,6 +339,42 @@ fn concurrent_fetch_add_sums_exactly() {
     assert_eq!(c.one(Op::Get { key: k("hot") }).result, Ok(Reply::Value(Some(4000u64.to_le_bytes().to_vec()))));
 }
 
+/// `add_text` (Redis's INCRBY on decimal text) from 8 clients at once, 20 increments a request:
+/// every increment's result is distinct and they sum exactly; the stored value is text; what is
+/// not a counter, and requests with no increments or too many, get typed errors and change nothing.
+#[test]
+fn concurrent_add_text_sums_exactly_and_bad_requests_are_typed_errors() {
+    let pod = Pod::start(&["--fsync", "interval:2"], &[]);
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = pod.addr.clone();
+            std::thread::spawn(move || {
+                let mut c = Conn::connect(&addr);
+                let mut seen = Vec::new();
+                for _ in 0..25 {
+                    match c.one(Op::AddText { key: k("n"), deltas: vec![1; 20] }).result {
+                        Ok(Reply::Added(r)) => seen.extend(r.into_iter().map(|v| v.expect("no overflow"))),
+                        other => panic!("add_text: {other:?}"),
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut seen: Vec<i64> = threads.into_iter().flat_map(|t| t.join().expect("client")).collect();
+    seen.sort();
+    assert_eq!(seen, (1..=4000).collect::<Vec<i64>>(), "every increment saw a distinct result");
+    let mut c = pod.connect();
+    assert_eq!(c.one(Op::Get { key: k("n") }).result, Ok(Reply::Value(Some(b"4000".to_vec()))));
+    c.one(Op::Put { key: k("s"), value: b"01".to_vec() });
+    let code = |r: dpukv_proto::Response| r.result.map_err(|e| e.code);
+    assert_eq!(code(c.one(Op::AddText { key: k("s"), deltas: vec![1] })), Err(ErrorCode::TypeMismatch));
+    assert_eq!(code(c.one(Op::AddText { key: k("n"), deltas: vec![] })), Err(ErrorCode::TooManyOps));
+    assert_eq!(code(c.one(Op::AddText { key: k("n"), deltas: vec![1; 1025] })), Err(ErrorCode::TooManyOps));
+    assert_eq!(c.one(Op::Get { key: k("n") }).result, Ok(Reply::Value(Some(b"4000".to_vec()))), "nothing changed");
+    assert_eq!(c.one(Op::Get { key: k("s") }).result, Ok(Reply::Value(Some(b"01".to_vec()))));
+}
+
 /// SIGTERM: the host stops taking connections, finishes its rounds, closes its regions (every
 /// write synced whatever the fsync policy, compactions finished) and exits 0 within the grace
 /// period; a new host finds every acknowledged write.
