@@ -9,6 +9,7 @@
 #  2. wrk against `GET /v1/kv/{key}` (random keys of a loaded set) vs etcd's HTTP gateway
 #     (`POST /v3/kv/range`, the same keys) — same threads and connections;
 #  3. dpukv-bench YCSB-C and E through the gateway vs straight to the devices;
+#  parts 2 and 3 with the servers' CPU microseconds and context switches per request too;
 #  4. TLS's cost: dpukv-bench YCSB-C and A through the gateway of `dpukv local --nodes 3` with and
 #     without `--tls` (TLS on the client's hop, the gateway's hops to the devices and replication);
 #  5. scans of 10,000 records inside one region: the gateway cutting them at the region's pivots
@@ -164,9 +165,11 @@ request = function()
 end
 EOF
   echo "== wrk -t2 -c50 -d${WRK_SECONDS}s: dpukv GET /v1/kv/{key} (1 node, fsync always)"
-  wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/dpukv.lua" "http://127.0.0.1:$HTTP_PORT" | grep -E "Requests/sec|Latency|Non-2xx"
+  python3 scripts/proc-cost.py run '([0-9]+) requests in' dpukv-node dpukv-dpu dpukv-gateway -- \
+    wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/dpukv.lua" "http://127.0.0.1:$HTTP_PORT" | grep -E "Requests/sec|Latency|Non-2xx|per request"
   echo "== wrk -t2 -c50 -d${WRK_SECONDS}s: etcd POST /v3/kv/range (1 member)"
-  wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/etcd.lua" "http://127.0.0.1:$ETCD_C" | grep -E "Requests/sec|Latency|Non-2xx"
+  python3 scripts/proc-cost.py run '([0-9]+) requests in' "pid:$ETCD_PID" -- \
+    wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/etcd.lua" "http://127.0.0.1:$ETCD_C" | grep -E "Requests/sec|Latency|Non-2xx|per request"
   stop_dpukv
   kill "$ETCD_PID"; wait "$ETCD_PID" 2>/dev/null || true; ETCD_PID=
 fi
@@ -175,8 +178,10 @@ if [[ " $PARTS " == *" 3 "* ]]; then
   start_dpukv 3 always
   $BIN/dpukv-bench --endpoint "127.0.0.1:$BIN_PORT" --records "$RECORDS" --load-only --threads 4 >/dev/null
   for w in c e; do
-    echo "through the gateway: $($BIN/dpukv-bench --endpoint "127.0.0.1:$BIN_PORT" --records "$RECORDS" --workload $w --duration "$SECONDS_RUN")"
-    echo "to the devices:      $($BIN/dpukv-bench --endpoint "$DEVICE" --records "$RECORDS" --workload $w --duration "$SECONDS_RUN")"
+    for via in "through the gateway:127.0.0.1:$BIN_PORT" "to the devices:$DEVICE"; do
+      echo "$w, ${via%%:*}: $(python3 scripts/proc-cost.py run '"ops":([0-9]+)' dpukv-node dpukv-dpu dpukv-gateway -- \
+        $BIN/dpukv-bench --endpoint "${via#*:}" --records "$RECORDS" --workload $w --duration "$SECONDS_RUN" --json)"
+    done
   done
   stop_dpukv
 fi

@@ -2,8 +2,10 @@
 """What server processes spent, for per-request figures in the benchmarks (issue 29).
 
   proc-cost.py snapshot NAME...          -> JSON: for every process whose command name is one
-                                            of NAME, its CPU seconds (user + system) and context
+                                            of NAME (or `pid:N`: that process), its CPU seconds (user + system) and context
                                             switches (voluntary + involuntary, every thread)
+  proc-cost.py run REGEX NAME... -- CMD... -> CMD's output, then what the servers spent per
+                                            request, the count read from the output by REGEX
   proc-cost.py per-request BEFORE AFTER N -> JSON: CPU microseconds and context switches per
                                             request between two snapshots, over N requests,
                                             summed over the processes in both
@@ -27,7 +29,7 @@ def snapshot(names):
         except OSError:
             continue
         name = st[st.index("(") + 1 : st.rindex(")")]
-        if name not in names:
+        if name not in names and f"pid:{pid}" not in names:
             continue
         fields = st[st.rindex(")") + 2 :].split()
         # The start time tells a pid reused by another process apart.
@@ -49,25 +51,38 @@ def snapshot(names):
     return {"procs": procs, "pids": sorted(int(k.split(":")[0]) for k in procs)}
 
 
+def per_request(a, b, n):
+    """Processes in both snapshots only (one that started or ended between them is not the
+    server under measurement)."""
+    a, b = a["procs"], b["procs"]
+    both = a.keys() & b.keys()
+    cpu = sum(b[k][0] - a[k][0] for k in both)
+    switches = sum(b[k][1] - a[k][1] for k in both)
+    return {"server_cpu_us_per_req": round(cpu * 1e6 / max(n, 1), 2), "ctxt_per_req": round(switches / max(n, 1), 3)}
+
+
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "snapshot":
         print(json.dumps(snapshot(set(sys.argv[2:]))))
         return 0
+    if len(sys.argv) >= 4 and sys.argv[1] == "run":
+        # run REGEX NAME... -- CMD...: runs CMD, prints its output, then one line of what the
+        # servers spent per request, the request count taken from the output by REGEX's first
+        # group.
+        import re
+        import subprocess
+        sep = sys.argv.index("--")
+        regex, names, cmd = sys.argv[2], set(sys.argv[3:sep]), sys.argv[sep + 1 :]
+        before = snapshot(names)
+        out = subprocess.run(cmd, capture_output=True, text=True).stdout
+        after = snapshot(names)
+        sys.stdout.write(out)
+        m = re.search(regex, out)
+        n = int(float(m.group(1))) if m else 0
+        print("  servers per request:", json.dumps(per_request(before, after, n) | {"requests": n}))
+        return 0
     if len(sys.argv) == 5 and sys.argv[1] == "per-request":
-        a, b, n = json.loads(sys.argv[2])["procs"], json.loads(sys.argv[3])["procs"], int(sys.argv[4])
-        # Processes in both snapshots only (one that started or ended between them is not
-        # the server under measurement).
-        both = a.keys() & b.keys()
-        cpu = sum(b[k][0] - a[k][0] for k in both)
-        switches = sum(b[k][1] - a[k][1] for k in both)
-        print(
-            json.dumps(
-                {
-                    "server_cpu_us_per_req": round(cpu * 1e6 / max(n, 1), 2),
-                    "ctxt_per_req": round(switches / max(n, 1), 3),
-                }
-            )
-        )
+        print(json.dumps(per_request(json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]))))
         return 0
     print(__doc__, file=sys.stderr)
     return 2
