@@ -5,7 +5,9 @@
                                             of NAME (or `pid:N`: that process), its CPU seconds (user + system) and context
                                             switches (voluntary + involuntary, every thread)
   proc-cost.py run REGEX NAME... -- CMD... -> CMD's output, then what the servers spent per
-                                            request, the count read from the output by REGEX
+                                            request (and their system calls, counted by
+                                            `perf stat` where it can), the count read from the
+                                            output by REGEX
   proc-cost.py per-request BEFORE AFTER N -> JSON: CPU microseconds and context switches per
                                             request between two snapshots, over N requests,
                                             summed over the processes in both
@@ -74,12 +76,38 @@ def main():
         sep = sys.argv.index("--")
         regex, names, cmd = sys.argv[2], set(sys.argv[3:sep]), sys.argv[sep + 1 :]
         before = snapshot(names)
+        # System calls of the servers' threads (perf's raw_syscalls tracepoint), where perf can.
+        import signal
+        import tempfile
+        counted = tempfile.NamedTemporaryFile(suffix=".perf", delete=False).name
+        pids = ",".join(map(str, before["pids"]))
+        try:
+            perf = subprocess.Popen(
+                ["perf", "stat", "-e", "raw_syscalls:sys_enter", "-x,", "-p", pids, "-o", counted],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError:
+            perf = None
         out = subprocess.run(cmd, capture_output=True, text=True).stdout
         after = snapshot(names)
+        calls = None
+        if perf is not None:
+            perf.send_signal(signal.SIGINT)
+            perf.wait()
+            with open(counted) as f:
+                for line in f:
+                    first = line.split(",")[0]
+                    if "sys_enter" in line and first.isdigit():
+                        calls = int(first)
+        os.unlink(counted)
         sys.stdout.write(out)
         m = re.search(regex, out)
         n = int(float(m.group(1))) if m else 0
-        print("  servers per request:", json.dumps(per_request(before, after, n) | {"requests": n}))
+        cost = per_request(before, after, n) | {"requests": n}
+        if calls is not None:
+            cost["syscalls_per_req"] = round(calls / max(n, 1), 2)
+        print("  servers per request:", json.dumps(cost))
         return 0
     if len(sys.argv) == 5 and sys.argv[1] == "per-request":
         print(json.dumps(per_request(json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]))))
