@@ -55,25 +55,23 @@ EOF
 )
 
 # redis-benchmark against port $2, one test at a time, with what the servers (every process
-# named in $3...) spent per request: CPU microseconds and context switches (scripts/proc-cost.py,
-# from /proc) and system calls (`perf stat -e raw_syscalls:sys_enter` on their threads; "" where
-# perf cannot count them).
+# named in $3...) spent per request: CPU microseconds, context switches and system calls
+# (scripts/proc-cost.py: /proc, and `perf stat` where it can count; "" where it cannot).
 rb() { # label port server-process-names...
-  local label=$1 port=$2 conf t before after pids line cost calls
+  local label=$1 port=$2 conf t out
   shift 2
   for conf in "-c 50 -P 1" "-c 4 -P 16"; do
     for t in get set incr; do
-      before=$(python3 scripts/proc-cost.py snapshot "$@")
-      pids=$(python3 -c "import json,sys; print(','.join(map(str, json.loads(sys.argv[1])['pids'])))" "$before")
-      rm -f "$TMP/perf.out"
-      perf stat -e raw_syscalls:sys_enter -x, -p "$pids" -o "$TMP/perf.out" 2>/dev/null &
-      local perf_pid=$!
-      line=$(redis-benchmark -h 127.0.0.1 -p "$port" -t "$t" -r 1000000 -n "$N" -d 64 $conf --csv 2>/dev/null | tail -n +2)
-      kill -INT "$perf_pid" 2>/dev/null; wait "$perf_pid" 2>/dev/null || true
-      after=$(python3 scripts/proc-cost.py snapshot "$@")
-      cost=$(python3 scripts/proc-cost.py per-request "$before" "$after" "$N")
-      calls=$(awk -F, -v n="$N" '/sys_enter/ && $1 ~ /^[0-9]+$/ {printf "%.2f", $1 / n}' "$TMP/perf.out" 2>/dev/null || true)
-      echo "\"$label\",\"$conf\",$line,$(python3 -c "import json,sys; c=json.loads(sys.argv[1]); print(f\"{c['server_cpu_us_per_req']},{c['ctxt_per_req']}\")" "$cost"),${calls}"
+      out=$(python3 scripts/proc-cost.py run --count "$N" "$@" -- \
+        redis-benchmark -h 127.0.0.1 -p "$port" -t "$t" -r 1000000 -n "$N" -d 64 $conf --csv)
+      python3 - "$label" "$conf" "$out" <<'EOF'
+import json, sys
+label, conf, out = sys.argv[1:4]
+lines = out.splitlines()
+cost = json.loads(lines[-1].split(":", 1)[1])
+for line in lines[1:-1]:  # redis-benchmark's CSV, its header first
+    print(f'"{label}","{conf}",{line},{cost["server_cpu_us_per_req"]},{cost["ctxt_per_req"]},{cost.get("syscalls_per_req", "")}')
+EOF
     done
   done
 }
@@ -165,10 +163,10 @@ request = function()
 end
 EOF
   echo "== wrk -t2 -c50 -d${WRK_SECONDS}s: dpukv GET /v1/kv/{key} (1 node, fsync always)"
-  python3 scripts/proc-cost.py run '([0-9]+) requests in' dpukv-node dpukv-dpu dpukv-gateway -- \
+  python3 scripts/proc-cost.py run --regex '([0-9]+) requests in' dpukv-node dpukv-dpu dpukv-gateway -- \
     wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/dpukv.lua" "http://127.0.0.1:$HTTP_PORT" | grep -E "Requests/sec|Latency|Non-2xx|per request"
   echo "== wrk -t2 -c50 -d${WRK_SECONDS}s: etcd POST /v3/kv/range (1 member)"
-  python3 scripts/proc-cost.py run '([0-9]+) requests in' "pid:$ETCD_PID" -- \
+  python3 scripts/proc-cost.py run --regex '([0-9]+) requests in' "pid:$ETCD_PID" -- \
     wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/etcd.lua" "http://127.0.0.1:$ETCD_C" | grep -E "Requests/sec|Latency|Non-2xx|per request"
   stop_dpukv
   kill "$ETCD_PID"; wait "$ETCD_PID" 2>/dev/null || true; ETCD_PID=
@@ -179,7 +177,7 @@ if [[ " $PARTS " == *" 3 "* ]]; then
   $BIN/dpukv-bench --endpoint "127.0.0.1:$BIN_PORT" --records "$RECORDS" --load-only --threads 4 >/dev/null
   for w in c e; do
     for via in "through the gateway:127.0.0.1:$BIN_PORT" "to the devices:$DEVICE"; do
-      echo "$w, ${via%%:*}: $(python3 scripts/proc-cost.py run '"ops":([0-9]+)' dpukv-node dpukv-dpu dpukv-gateway -- \
+      echo "$w, ${via%%:*}: $(python3 scripts/proc-cost.py run --regex '"ops":([0-9]+)' dpukv-node dpukv-dpu dpukv-gateway -- \
         $BIN/dpukv-bench --endpoint "${via#*:}" --records "$RECORDS" --workload $w --duration "$SECONDS_RUN" --json)"
     done
   done

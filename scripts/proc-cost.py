@@ -4,10 +4,11 @@
   proc-cost.py snapshot NAME...          -> JSON: for every process whose command name is one
                                             of NAME (or `pid:N`: that process), its CPU seconds (user + system) and context
                                             switches (voluntary + involuntary, every thread)
-  proc-cost.py run REGEX NAME... -- CMD... -> CMD's output, then what the servers spent per
+  proc-cost.py run --regex R | --count N NAME... -- CMD...
+                                         -> CMD's output, then what the servers spent per
                                             request (and their system calls, counted by
-                                            `perf stat` where it can), the count read from the
-                                            output by REGEX
+                                            `perf stat` where it can), over N requests or the
+                                            count read from the output by R
   proc-cost.py per-request BEFORE AFTER N -> JSON: CPU microseconds and context switches per
                                             request between two snapshots, over N requests,
                                             summed over the processes in both
@@ -67,14 +68,14 @@ def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "snapshot":
         print(json.dumps(snapshot(set(sys.argv[2:]))))
         return 0
-    if len(sys.argv) >= 4 and sys.argv[1] == "run":
-        # run REGEX NAME... -- CMD...: runs CMD, prints its output, then one line of what the
-        # servers spent per request, the request count taken from the output by REGEX's first
-        # group.
+    if len(sys.argv) >= 5 and sys.argv[1] == "run" and sys.argv[2] in ("--regex", "--count"):
+        # run --regex R | --count N NAME... -- CMD...: runs CMD, prints its output, then one line
+        # of what the servers spent per request, the request count N, or taken from the output
+        # by R's first group.
         import re
         import subprocess
         sep = sys.argv.index("--")
-        regex, names, cmd = sys.argv[2], set(sys.argv[3:sep]), sys.argv[sep + 1 :]
+        how, arg, names, cmd = sys.argv[2], sys.argv[3], set(sys.argv[4:sep]), sys.argv[sep + 1 :]
         before = snapshot(names)
         # System calls of the servers' threads (perf's raw_syscalls tracepoint), where perf can.
         import signal
@@ -102,8 +103,11 @@ def main():
                         calls = int(first)
         os.unlink(counted)
         sys.stdout.write(out)
-        m = re.search(regex, out)
-        n = int(float(m.group(1))) if m else 0
+        if how == "--count":
+            n = int(arg)
+        else:
+            m = re.search(arg, out)
+            n = int(float(m.group(1))) if m else 0
         cost = per_request(before, after, n) | {"requests": n}
         if calls is not None:
             cost["syscalls_per_req"] = round(calls / max(n, 1), 2)

@@ -331,13 +331,6 @@ impl Regions {
     }
 }
 
-/// The key right after `k` in byte order (`k` followed by a zero byte).
-fn successor(k: &[u8]) -> Vec<u8> {
-    let mut s = k.to_vec();
-    s.push(0);
-    s
-}
-
 /// A request's start hint as the storage engine's (used or not, the readers count it:
 /// `ReadStats::hinted`).
 fn storage_hint(h: &dpukv_proto::StartHint) -> dpukv_storage::StartHint<'_> {
@@ -503,7 +496,7 @@ fn scan(
     } else {
         match ScanToken::decode(token) {
             // Never before `lo`, whatever the token says.
-            Some(t) => successor(&t.after).max(lo.to_vec()),
+            Some(t) => dpukv_proto::regionmap::key_after(&t.after).max(lo.to_vec()),
             None => return Ok(Err(ErrorCode::BadToken)),
         }
     };

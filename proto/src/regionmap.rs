@@ -178,6 +178,14 @@ pub fn key_before(end: &[u8]) -> Vec<u8> {
     k
 }
 
+/// The key right after `k` in byte order: `k` followed by a zero byte.
+pub fn key_after(k: &[u8]) -> Vec<u8> {
+    let mut s = Vec::with_capacity(k.len() + 1);
+    s.extend_from_slice(k);
+    s.push(0);
+    s
+}
+
 /// What a handoff does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HandoffKind {

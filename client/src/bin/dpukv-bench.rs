@@ -438,11 +438,7 @@ async fn run(a: Args) -> Result<()> {
         deadline: Instant::now() + Duration::from_secs_f64(a.duration),
         stop: std::sync::atomic::AtomicBool::new(false),
         recorded: AtomicU64::new(0),
-        run: {
-            let nanos =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-            (u64::from(nanos) ^ u64::from(std::process::id()) << 8) % 0xff_ffff + 1
-        },
+        run: (wall_us() ^ u64::from(std::process::id()) << 8) % 0xff_ffff + 1,
     });
     {
         let s = shared.clone();

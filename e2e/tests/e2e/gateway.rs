@@ -284,16 +284,7 @@ fn redis_cli_works_against_the_gateway() {
 
 /// The write rounds the nodes' hosts ran so far (`dpukv_host_rounds`, summed).
 fn host_rounds(nodes: &[ClusterNode]) -> u64 {
-    nodes
-        .iter()
-        .map(|n| {
-            let m = n.admin_get("/metrics").expect("metrics");
-            m.lines()
-                .filter(|l| l.starts_with("dpukv_host_rounds"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>() as u64
-        })
-        .sum()
+    nodes.iter().map(|n| n.metric("dpukv_host_rounds_total").expect("metrics").expect("exposed") as u64).sum()
 }
 
 /// 10,000 pipelined `INCR`s of one key took 11.6–16.4 s: each was a read and a compare-and-swap,

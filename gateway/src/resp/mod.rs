@@ -460,6 +460,11 @@ impl<'a> Session<'a> {
         self.share.size().saturating_sub(self.input_held.bytes()).max(1)
     }
 
+    /// What `args` reserves for its reply: its bound, at most the room there is.
+    fn reservation(&self, args: &[Vec<u8>]) -> usize {
+        command::reply_bound(args).min(self.room())
+    }
+
     /// Why `args` is answered without running, if it is: no token, or a key not granted.
     fn refusal(&self, args: &[Vec<u8>]) -> Option<Reply> {
         if !self.shared.access.required() {
@@ -501,7 +506,7 @@ impl<'a> Session<'a> {
                 && let Some(Entry::Add { deltas, names, .. }) = group.get_mut(to)
                 && deltas.len() < dpukv_proto::limits::MAX_ADDS
                 && self.refusal(&args).is_none()
-                && let Some(held) = self.share.try_take(command::reply_bound(&args).min(self.room()))
+                && let Some(held) = self.share.try_take(self.reservation(&args))
             {
                 deltas.push(d);
                 names.push(name);
@@ -534,7 +539,7 @@ impl<'a> Session<'a> {
                 group.push(Entry::Answer { name, reply });
                 continue;
             }
-            let need = command::reply_bound(&args).min(self.room());
+            let need = self.reservation(&args);
             let held = match self.share.try_take(need) {
                 Some(h) => h,
                 None => {

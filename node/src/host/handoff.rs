@@ -46,13 +46,6 @@ async fn import(
     ask(ctl, |done| Control::Import { items, entries, done }).await?.map_err(|e| anyhow!("writing the copy: {e}"))
 }
 
-/// The key right after `k`.
-fn successor(k: &[u8]) -> Vec<u8> {
-    let mut s = k.to_vec();
-    s.push(0);
-    s
-}
-
 /// What a handoff copied.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Copied {
@@ -105,7 +98,7 @@ pub async fn drive(
     loop {
         let items = export(&source, &from, &range.end).await?;
         let Some((last, _)) = items.last() else { break };
-        from = successor(last);
+        from = dpukv_proto::regionmap::key_after(last);
         copied.keys += items.len() as u64;
         copied.bytes += items.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum::<u64>();
         import(&target, items.into_iter().map(|(k, v)| (k, Some(v))).collect(), vec![]).await?;

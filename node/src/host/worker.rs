@@ -600,7 +600,7 @@ impl Worker {
             self.trimmed = true;
             return;
         };
-        let next = [last.as_slice(), &[0]].concat();
+        let next = dpukv_proto::regionmap::key_after(last);
         let ops: Vec<BatchOp<'_>> = stale.iter().map(|k| BatchOp::Delete(k)).collect();
         let n = ops.len() as u64;
         match self.region.write_group_tagged(&[(&ops, &[])]).pop() {
@@ -971,7 +971,7 @@ mod tests {
             let (stale, n) = trim_step(&region, &keep, &from).expect("trim step");
             visited += n;
             let Some(last) = stale.last() else { break };
-            from = [last.as_slice(), &[0]].concat();
+            from = dpukv_proto::regionmap::key_after(last);
             let ops: Vec<BatchOp<'_>> = stale.iter().map(|k| BatchOp::Delete(k)).collect();
             region.write_group_tagged(&[(&ops, &[])]).pop().expect("a result").expect("delete");
             deleted += stale.len();

@@ -310,29 +310,33 @@ fn a_full_disk_refuses_writes_and_takes_them_again_without_a_restart() {
     pod.host = None; // before the file system goes away
 }
 
-#[test]
-fn concurrent_fetch_add_sums_exactly() {
-    let pod = Pod::start(&["--fsync", "interval:2"], &[]);
+/// What `client` returned on each of 8 connections to `pod` at once, together.
+fn from_8_clients<T: Send + 'static>(pod: &Pod, client: fn(&mut Conn) -> Vec<T>) -> Vec<T> {
     let threads: Vec<_> = (0..8)
         .map(|_| {
             let addr = pod.addr.clone();
-            std::thread::spawn(move || {
-                let mut c = Conn::connect(&addr);
-                let mut olds = Vec::new();
-                for _ in 0..25 {
-                    let ops = (0..20).map(|_| Op::FetchAdd { key: k("hot"), delta: 1 }).collect();
-                    for r in c.call(ops) {
-                        match r.result {
-                            Ok(Reply::Scalar(s)) => olds.push(u64::from_le_bytes(s)),
-                            other => panic!("fetch_add: {other:?}"),
-                        }
-                    }
-                }
-                olds
-            })
+            std::thread::spawn(move || client(&mut Conn::connect(&addr)))
         })
         .collect();
-    let mut olds: Vec<u64> = threads.into_iter().flat_map(|t| t.join().expect("client")).collect();
+    threads.into_iter().flat_map(|t| t.join().expect("client")).collect()
+}
+
+#[test]
+fn concurrent_fetch_add_sums_exactly() {
+    let pod = Pod::start(&["--fsync", "interval:2"], &[]);
+    let mut olds = from_8_clients(&pod, |c| {
+        let mut olds = Vec::new();
+        for _ in 0..25 {
+            let ops = (0..20).map(|_| Op::FetchAdd { key: k("hot"), delta: 1 }).collect();
+            for r in c.call(ops) {
+                match r.result {
+                    Ok(Reply::Scalar(s)) => olds.push(u64::from_le_bytes(s)),
+                    other => panic!("fetch_add: {other:?}"),
+                }
+            }
+        }
+        olds
+    });
     olds.sort();
     assert_eq!(olds, (0..4000).collect::<Vec<u64>>(), "every fetch_add saw a distinct old value");
     let mut c = pod.connect();
@@ -345,23 +349,16 @@ fn concurrent_fetch_add_sums_exactly() {
 #[test]
 fn concurrent_add_text_sums_exactly_and_bad_requests_are_typed_errors() {
     let pod = Pod::start(&["--fsync", "interval:2"], &[]);
-    let threads: Vec<_> = (0..8)
-        .map(|_| {
-            let addr = pod.addr.clone();
-            std::thread::spawn(move || {
-                let mut c = Conn::connect(&addr);
-                let mut seen = Vec::new();
-                for _ in 0..25 {
-                    match c.one(Op::AddText { key: k("n"), deltas: vec![1; 20] }).result {
-                        Ok(Reply::Added(r)) => seen.extend(r.into_iter().map(|v| v.expect("no overflow"))),
-                        other => panic!("add_text: {other:?}"),
-                    }
-                }
-                seen
-            })
-        })
-        .collect();
-    let mut seen: Vec<i64> = threads.into_iter().flat_map(|t| t.join().expect("client")).collect();
+    let mut seen = from_8_clients(&pod, |c| {
+        let mut seen = Vec::new();
+        for _ in 0..25 {
+            match c.one(Op::AddText { key: k("n"), deltas: vec![1; 20] }).result {
+                Ok(Reply::Added(r)) => seen.extend(r.into_iter().map(|v| v.expect("no overflow"))),
+                other => panic!("add_text: {other:?}"),
+            }
+        }
+        seen
+    });
     seen.sort();
     assert_eq!(seen, (1..=4000).collect::<Vec<i64>>(), "every increment saw a distinct result");
     let mut c = pod.connect();
