@@ -2,7 +2,8 @@
 """Checks the workspace's dependency direction (docs/architecture.md §1.2) over `cargo metadata`.
 
 storage, proto and backup (object storage) at the bottom; net (server connections) on proto;
-cluster on proto; node on storage, proto, net, cluster, backup; gateway on proto, net, cluster,
+cluster on proto; node on storage, proto, net, cluster, backup, and client + gateway (the
+device runs the gateway's front ends in its own process: the front door); gateway on proto, net, cluster,
 client; client on proto, net (TLS) and backup (the `dpukv backup` commands); only operator
 depends on kube; nothing depends on e2e; the
 storage engine has no tokio, no sockets framework and no Kubernetes.
@@ -17,7 +18,15 @@ ALLOWED = {
     "dpukv-net": {"dpukv-proto"},
     "dpukv-cluster": {"dpukv-proto"},
     "dpukv-backup": set(),
-    "dpukv-node": {"dpukv-storage", "dpukv-proto", "dpukv-net", "dpukv-cluster", "dpukv-backup"},
+    "dpukv-node": {
+        "dpukv-storage",
+        "dpukv-proto",
+        "dpukv-net",
+        "dpukv-cluster",
+        "dpukv-backup",
+        "dpukv-client",
+        "dpukv-gateway",
+    },
     "dpukv-gateway": {"dpukv-proto", "dpukv-net", "dpukv-cluster", "dpukv-client"},
     "dpukv-client": {"dpukv-proto", "dpukv-net", "dpukv-backup"},
     "dpukv-operator": {"dpukv-proto", "dpukv-cluster", "dpukv-net"},

@@ -9,6 +9,8 @@
 //! - `routing`: the region map and a connection pool per node: each request goes to its
 //!   region's primary, naming the region and epoch; the map is refreshed when a node says it
 //!   is stale.
+//! - `local`: a device in the caller's own process (a front end embedded in a device), reached
+//!   by a call instead of a connection.
 //! - `hot`: the lookup table of replicated keys (hKVS), and reads counted by who served them.
 //! - `fat_root`: per region, the top of the tree gets start from (Fat-B+Tree start hints).
 //! - `trace`: the trace context a caller's requests carry (a task-local scope).
@@ -19,6 +21,7 @@ mod conn;
 mod error;
 mod fat_root;
 mod hot;
+pub mod local;
 mod routing;
 pub mod trace;
 pub mod workload;
@@ -146,7 +149,14 @@ pub struct Options {
     /// `extended` mode: more of this client's requests in flight to a primary than this make it
     /// busy, and gets of replicated keys go to a replica (None: [`BUSY_IN_FLIGHT`]).
     pub busy_in_flight: Option<usize>,
+    /// The node whose device runs in this process (a front end embedded in it): requests for
+    /// the regions it leads, and those for the seed when `addr` is `local:`, are answered by a
+    /// call, not over a connection.
+    pub local: Option<local::Local>,
 }
+
+/// The seed address that names the device in this process ([`Options::local`]).
+pub const LOCAL_SEED: &str = "local:";
 
 /// The gateway's fat-root budget by default: nodes per region.
 pub const DEFAULT_FAT_ROOT: usize = 4096;
@@ -232,13 +242,18 @@ impl Client {
     /// Connects with `opts` (pool size, token, TLS).
     pub async fn connect_with(addr: &str, opts: Options) -> Result<Client> {
         let (pool, token, tls) = (opts.pool.max(1), opts.token, opts.tls);
-        let mut conns = Vec::new();
-        for _ in 0..pool {
-            conns.push(conn::Connection::open(addr, token.clone(), tls.clone()).await?);
-        }
-        let seed = Arc::new(routing::Pool::new(conns));
+        let seed = match &opts.local {
+            Some(l) if addr == LOCAL_SEED => Arc::new(routing::Pool::local(l.device.clone())),
+            _ => {
+                let mut conns = Vec::new();
+                for _ in 0..pool {
+                    conns.push(conn::Connection::open(addr, token.clone(), tls.clone()).await?);
+                }
+                Arc::new(routing::Pool::new(conns))
+            }
+        };
         Ok(Client {
-            router: Arc::new(routing::Router::new(addr, pool, seed, token, tls)),
+            router: Arc::new(routing::Router::new(addr, pool, seed, token, tls, opts.local)),
             next: Arc::new(AtomicUsize::new(0)),
             session: Some(Arc::new(WriteSession::new())),
             consistency: opts.consistency,
@@ -540,6 +555,32 @@ impl Client {
         match self.call(Op::Get { key: key.to_vec() }).await?.0 {
             Reply::Value(v) => Ok(v),
             other => Err(ClientError::unexpected(&other)),
+        }
+    }
+
+    /// The value of `key` if the device in this process ([`Options::local`]) leads its region
+    /// by this client's map and answers at once — a get with no task, no retry loop and no
+    /// copy of the request; None otherwise (then [`Client::get`] answers, with its retries:
+    /// also when the device refused, so a stale map is learned again there).
+    pub fn get_now(&self, key: &[u8]) -> Option<Result<Option<Vec<u8>>>> {
+        if self.consistency != Consistency::Linearizable && self.hot.contains(key) {
+            return None; // a replica may serve it: the full path decides
+        }
+        let mut req = self.router.local_request(Op::Get { key: key.to_vec() })?;
+        req.consistency = self.consistency;
+        let resp = self.router.call_local_now(req)?;
+        match resp.result {
+            Ok(Reply::Value(v)) => {
+                self.reads.primary.fetch_add(1, Ordering::Relaxed);
+                if resp.replicated || self.hot.contains(key) {
+                    self.hot.learn(key, resp.replicated);
+                }
+                Some(Ok(v))
+            }
+            Ok(other) => Some(Err(ClientError::unexpected(&other))),
+            // Retryable, or the map moved on: the full path retries (and learns the map again).
+            Err(e) if e.code.is_retryable() || matches!(e.code, ErrorCode::StaleEpoch | ErrorCode::WrongRegion) => None,
+            Err(e) => Some(Err(ClientError::Server(e))),
         }
     }
 

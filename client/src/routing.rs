@@ -17,21 +17,33 @@ use dpukv_proto::{ErrorCode, ErrorReply, Op, Reply, Request};
 
 use crate::ClientError;
 use crate::conn::Connection;
+use crate::local::{Local, LocalCall, LocalDevice};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A device's connections and the requests in flight on them (how busy it is, as this client
-/// sees it: the hot-key access modes choose by it).
+/// A device's connections (or, for the device in this process, the device itself) and the
+/// requests in flight on them (how busy it is, as this client sees it: the hot-key access modes
+/// choose by it).
 pub(crate) struct Pool {
-    conns: Vec<Connection>,
+    via: Via,
     in_flight: AtomicUsize,
+}
+
+enum Via {
+    Net(Vec<Connection>),
+    Local(Arc<dyn LocalDevice>),
 }
 
 impl Pool {
     pub(crate) fn new(conns: Vec<Connection>) -> Pool {
-        Pool { conns, in_flight: AtomicUsize::new(0) }
+        Pool { via: Via::Net(conns), in_flight: AtomicUsize::new(0) }
+    }
+
+    /// The device in this process.
+    pub(crate) fn local(device: Arc<dyn LocalDevice>) -> Pool {
+        Pool { via: Via::Local(device), in_flight: AtomicUsize::new(0) }
     }
 
     /// Requests in flight.
@@ -47,11 +59,35 @@ impl Pool {
         timeout: Duration,
     ) -> Result<dpukv_proto::Response, ClientError> {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        let r = self.conns[i % self.conns.len()].call(req, timeout).await;
+        let r = match &self.via {
+            Via::Net(conns) => conns[i % conns.len()].call(req, timeout).await,
+            Via::Local(device) => call_local(&**device, req, timeout).await,
+        };
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         r
     }
 }
+
+/// A request to the device in this process: checked as a connection checks it, answered within
+/// `timeout` (then `TimedOut`: it may still execute).
+async fn call_local(
+    device: &dyn LocalDevice,
+    req: Request,
+    timeout: Duration,
+) -> Result<dpukv_proto::Response, ClientError> {
+    if let Err(c) = req.op.validate() {
+        return Err(ClientError::Invalid(c));
+    }
+    match device.call(req) {
+        LocalCall::Ready(r) => Ok(r),
+        LocalCall::Later(answer) => match tokio::time::timeout(timeout, answer).await {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) => Err(ClientError::Disconnected),
+            Err(_) => Err(ClientError::TimedOut),
+        },
+    }
+}
+
 /// How long a map refresh waits for the other nodes once one answered.
 const REFRESH_GRACE: Duration = Duration::from_millis(250);
 /// How long dialling a replica may take, and how long one that failed is not tried again.
@@ -73,6 +109,8 @@ pub(crate) struct Router {
     /// Replicas that could not be dialled, and until when they are not tried again.
     down: Mutex<HashMap<String, std::time::Instant>>,
     refreshing: tokio::sync::Mutex<()>,
+    /// The node whose device is in this process, and its pool.
+    local: Option<(u32, Arc<Pool>)>,
 }
 
 /// Where one request goes.
@@ -95,6 +133,7 @@ impl Router {
         seed_pool: Arc<Pool>,
         token: Option<Arc<[u8]>>,
         tls: Option<Arc<dpukv_net::tls::ClientTls>>,
+        local: Option<Local>,
     ) -> Router {
         let mut pools = HashMap::new();
         pools.insert(seed.to_string(), seed_pool);
@@ -108,6 +147,7 @@ impl Router {
             pools: Mutex::new(pools),
             down: Mutex::new(HashMap::new()),
             refreshing: tokio::sync::Mutex::new(()),
+            local: local.map(|l| (l.node, Arc::new(Pool::local(l.device)))),
         }
     }
 
@@ -215,6 +255,32 @@ impl Router {
         Ok(m)
     }
 
+    /// `op` as a request to the device in this process, naming its key's region and epoch, if
+    /// that device leads the region by the map in use (None: no map yet, or another node leads).
+    pub(crate) fn local_request(&self, op: Op) -> Option<Request> {
+        let (node, _) = self.local.as_ref()?;
+        let map = self.map()?;
+        let r = map.region_of(op.key())?;
+        if r.primary != *node {
+            return None;
+        }
+        let mut req = Request::new(0, op);
+        (req.region, req.epoch) = (r.id, r.epoch);
+        Some(req)
+    }
+
+    /// `req` answered at once by the device in this process (None: it answers only later, or
+    /// there is none).
+    pub(crate) fn call_local_now(&self, req: Request) -> Option<dpukv_proto::Response> {
+        let (_, pool) = self.local.as_ref()?;
+        let Via::Local(device) = &pool.via else { return None };
+        req.op.validate().ok()?;
+        match device.call(req) {
+            LocalCall::Ready(r) => Some(r),
+            LocalCall::Later(_) => None,
+        }
+    }
+
     /// Where `req` goes: the primary device of the region holding its key, with the region and
     /// epoch to name (and, with `replicas`, the devices of the region's backups that can be
     /// reached). `region_map` requests go to the seed.
@@ -232,7 +298,10 @@ impl Router {
             self.invalidate();
             return Err(unavailable("the region has no live primary yet"));
         };
-        let pool = self.pool_for(&addr).await?;
+        let pool = match &self.local {
+            Some((node, pool)) if *node == r.primary => pool.clone(),
+            _ => self.pool_for(&addr).await?,
+        };
         let mut pools = Vec::new();
         if replicas {
             for b in r.backups.iter().filter(|&&b| b != r.primary) {

@@ -138,7 +138,7 @@ impl GatewayArgs {
         let conn = self.conn.config().map_err(anyhow::Error::msg)?;
         Ok(GatewayConfig {
             seeds: self.seeds.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-            listen: self.listen,
+            listen: Some(self.listen),
             http: self.http,
             resp: self.resp,
             admin: self.admin,
@@ -183,6 +183,8 @@ impl GatewayArgs {
                 (None, Some(doc)) => crate::auth::TokenSource::Inline(doc),
                 (None, None) => crate::auth::TokenSource::None,
             },
+            local: None,
+            reuse_port: false,
         })
     }
 }

@@ -71,8 +71,9 @@ use crate::upstream::Upstream;
 pub struct GatewayConfig {
     /// Node devices to learn the cluster from.
     pub seeds: Vec<String>,
-    /// The binary front end.
-    pub listen: SocketAddr,
+    /// The binary front end (None: none — a front door embedded in a device, whose data port
+    /// serves the binary protocol).
+    pub listen: Option<SocketAddr>,
     /// The HTTP front end, if any.
     pub http: Option<SocketAddr>,
     /// The RESP front end, if any.
@@ -119,6 +120,12 @@ pub struct GatewayConfig {
     pub tls_server: Option<Arc<dpukv_net::tls::ServerTls>>,
     /// TLS to the devices.
     pub tls_client: Option<Arc<dpukv_net::tls::ClientTls>>,
+    /// Embedded in a device's process: that node, whose regions are served by a call (the
+    /// seed [`dpukv_client::LOCAL_SEED`] names it).
+    pub local: Option<dpukv_client::local::Local>,
+    /// Bind the front ends with `SO_REUSEPORT`, so that several gateways (one per thread of a
+    /// device's front door) share their ports, the kernel spreading connections among them.
+    pub reuse_port: bool,
 }
 
 impl GatewayConfig {
@@ -130,6 +137,7 @@ impl GatewayConfig {
             tls: self.tls_client.clone(),
             fat_root: Some(self.fat_root),
             busy_in_flight: Some(self.busy_in_flight),
+            local: self.local.clone(),
             ..Default::default()
         }
     }
@@ -145,13 +153,25 @@ const THROTTLED_PEERS: usize = 65_536;
 #[derive(Debug, Clone)]
 pub struct GatewayInfo {
     /// The binary front end.
-    pub binary: SocketAddr,
+    pub binary: Option<SocketAddr>,
     /// The HTTP front end.
     pub http: Option<SocketAddr>,
     /// The RESP front end.
     pub resp: Option<SocketAddr>,
     /// The admin endpoint.
     pub admin: Option<SocketAddr>,
+}
+
+/// A listener on `a` (with `SO_REUSEPORT` when `reuse`).
+async fn bind(a: SocketAddr, reuse: bool) -> Result<TcpListener> {
+    if !reuse {
+        return TcpListener::bind(a).await.with_context(|| format!("binding {a}"));
+    }
+    let s = if a.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    s.set_reuseaddr(true)?;
+    s.set_reuseport(true)?;
+    s.bind(a).with_context(|| format!("binding {a}"))?;
+    Ok(s.listen(1024)?)
 }
 
 /// Runs a gateway until `shutdown`; tells `started` where it listens once it serves.
@@ -163,17 +183,20 @@ pub async fn run(
     let metrics = Metrics::new();
     // A bad token document stops the start, before anything listens.
     auth::Access::load(&cfg.tokens).map_err(anyhow::Error::msg)?;
-    let binary_listener = TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
+    let binary_listener = match cfg.listen {
+        Some(a) => Some(bind(a, cfg.reuse_port).await?),
+        None => None,
+    };
     let http_listener = match cfg.http {
-        Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding {a}"))?),
+        Some(a) => Some(bind(a, cfg.reuse_port).await?),
         None => None,
     };
     let admin_listener = match cfg.admin {
-        Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding {a}"))?),
+        Some(a) => Some(bind(a, cfg.reuse_port).await?),
         None => None,
     };
     let resp_listener = match cfg.resp {
-        Some(a) => Some(TcpListener::bind(a).await.with_context(|| format!("binding {a}"))?),
+        Some(a) => Some(bind(a, cfg.reuse_port).await?),
         None => None,
     };
     let scans = ScanLimits {
@@ -202,7 +225,7 @@ pub async fn run(
     let budget = Budget::new(cfg.memory_budget);
     let tracker = TaskTracker::new();
     let info = GatewayInfo {
-        binary: binary_listener.local_addr()?,
+        binary: binary_listener.as_ref().map(TcpListener::local_addr).transpose()?,
         http: http_listener.as_ref().map(TcpListener::local_addr).transpose()?,
         resp: resp_listener.as_ref().map(TcpListener::local_addr).transpose()?,
         admin: admin_listener.as_ref().map(TcpListener::local_addr).transpose()?,
@@ -213,21 +236,23 @@ pub async fn run(
     }
     let throttle = Arc::new(throttle::AuthThrottle::new(cfg.auth_failures, cfg.auth_failure_window, THROTTLED_PEERS));
     metrics.watch_budget(budget.clone());
-    tracker.spawn(binary::serve(
-        binary_listener,
-        binary::Front {
-            up: up.clone(),
-            access: access.clone(),
-            throttle: throttle.clone(),
-            tls: cfg.tls_server.clone(),
-            limits: cfg.binary,
-            auth_timeout: cfg.auth_timeout,
-            budget: budget.clone(),
-            metrics: metrics.clone(),
-        },
-        shutdown.clone(),
-        tracker.clone(),
-    ));
+    if let Some(l) = binary_listener {
+        tracker.spawn(binary::serve(
+            l,
+            binary::Front {
+                up: up.clone(),
+                access: access.clone(),
+                throttle: throttle.clone(),
+                tls: cfg.tls_server.clone(),
+                limits: cfg.binary,
+                auth_timeout: cfg.auth_timeout,
+                budget: budget.clone(),
+                metrics: metrics.clone(),
+            },
+            shutdown.clone(),
+            tracker.clone(),
+        ));
+    }
     let state = http::HttpState {
         up: up.clone(),
         access: access.clone(),
@@ -268,7 +293,7 @@ pub async fn run(
         });
         tracker.spawn(resp::serve(l, shared, shutdown.clone(), tracker.clone()));
     }
-    tracing::info!(binary = %info.binary, http = ?info.http, resp = ?info.resp, admin = ?info.admin, "gateway serving");
+    tracing::info!(binary = ?info.binary, http = ?info.http, resp = ?info.resp, admin = ?info.admin, "gateway serving");
     if let Some(tx) = started {
         let _ = tx.send(info);
     }

@@ -27,7 +27,7 @@ use dpukv_proto::{
     DecodeError, ErrorCode, Op, OpCode, Reply, Request, Response, ResponseFrame, decode_requests, frame_header,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::latency::OpLatency;
@@ -237,18 +237,43 @@ impl Outgoing {
 }
 
 /// Where a connection's responses go (cheap to clone; never blocks: the channel holds as many
-/// messages as the connection has requests in flight, and every message holds at least one).
+/// messages as the connection has requests in flight, and every message holds at least one) —
+/// or, for a request made in this process ([`Sink::to_caller`]), the one caller waiting for it.
 #[derive(Clone, Debug)]
-pub struct Sink(mpsc::Sender<Outgoing>);
+pub struct Sink(Route);
+
+#[derive(Clone, Debug)]
+enum Route {
+    Conn(mpsc::Sender<Outgoing>),
+    /// One in-process request: its response goes to its caller, unencoded (its charge is
+    /// released as it goes: there is nothing to write).
+    Caller(Arc<Mutex<Option<oneshot::Sender<Response>>>>),
+}
 
 impl Sink {
+    /// A sink for one request made in this process (a front end in the device's own process):
+    /// its response comes back on the receiver, unencoded. Further responses are dropped.
+    pub fn to_caller() -> (Sink, oneshot::Receiver<Response>) {
+        let (tx, rx) = oneshot::channel();
+        (Sink(Route::Caller(Arc::new(Mutex::new(Some(tx))))), rx)
+    }
+
     /// Queues a response. If the connection is gone it is dropped (with its charge).
     pub fn send(&self, resp: Response, charge: Charge) {
-        self.queue(Outgoing::One(resp, charge));
+        match &self.0 {
+            Route::Conn(_) => self.queue(Outgoing::One(resp, charge)),
+            Route::Caller(_) => self.answer(resp),
+        }
     }
 
     /// Encodes responses here and queues them to go out together.
     pub fn send_many(&self, out: Vec<(Response, Charge)>) {
+        if let Route::Caller(_) = &self.0 {
+            for (resp, _) in out {
+                self.answer(resp);
+            }
+            return;
+        }
         let mut out = out.into_iter();
         while !out.as_slice().is_empty() {
             // Sized once (an upper bound): growing by doubling would copy large pages of scans.
@@ -263,16 +288,28 @@ impl Sink {
         }
     }
 
+    fn answer(&self, resp: Response) {
+        if let Route::Caller(c) = &self.0
+            && let Some(tx) = c.lock().unwrap_or_else(|e| e.into_inner()).take()
+        {
+            let _ = tx.send(resp);
+        }
+    }
+
     fn queue(&self, o: Outgoing) {
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.0.try_send(o) {
+        let Route::Conn(tx) = &self.0 else { return };
+        if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(o) {
             // Cannot happen while every response belongs to a request holding a slot.
             tracing::error!("a connection's response queue is full; dropping responses");
         }
     }
 
-    /// Whether the connection is gone.
+    /// Whether the connection (or the in-process caller) is gone.
     pub fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        match &self.0 {
+            Route::Conn(tx) => tx.is_closed(),
+            Route::Caller(c) => c.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_none_or(|tx| tx.is_closed()),
+        }
     }
 }
 
@@ -293,7 +330,7 @@ pub fn collecting_sink() -> (Sink, impl FnMut(Duration) -> Option<Response>) {
             }
         }
     };
-    (Sink(tx), next)
+    (Sink(Route::Conn(tx)), next)
 }
 
 /// One request read from a connection, with its charge.
@@ -709,5 +746,36 @@ fn spawn_writer<W: AsyncWrite + Send + 'static>(
         rx.close();
         let _ = tokio::time::timeout(timeout, w.shutdown()).await;
     });
-    (Sink(tx), task)
+    (Sink(Route::Conn(tx)), task)
+}
+
+#[cfg(test)]
+mod tests {
+    use dpukv_proto::{ErrorCode, Reply, Response};
+
+    use super::{Charge, Sink};
+
+    fn done(id: u64) -> Response {
+        Response { id, version: 7, replicated: false, result: Ok(Reply::Done) }
+    }
+
+    #[tokio::test]
+    async fn a_caller_sink_hands_its_one_response_over_unencoded() {
+        let (sink, answer) = Sink::to_caller();
+        assert!(!sink.is_closed());
+        // A batch answers with its first response; what follows is dropped, not queued.
+        sink.send_many(vec![(done(3), Charge::default()), (done(4), Charge::default())]);
+        let r = answer.await.expect("answered");
+        assert_eq!((r.id, r.version), (3, 7));
+        assert!(sink.is_closed(), "answered: nothing more goes anywhere");
+        sink.send(Response::error(5, ErrorCode::Internal, "late"), Charge::default());
+    }
+
+    #[test]
+    fn a_caller_sink_whose_caller_left_is_closed() {
+        let (sink, answer) = Sink::to_caller();
+        drop(answer);
+        assert!(sink.is_closed());
+        sink.send(done(1), Charge::default()); // dropped quietly
+    }
 }

@@ -495,9 +495,48 @@ pub struct DeviceArgs {
     /// How far apart the nodes' clocks may be (ms): added to a copy's age.
     #[arg(long, env = "DPUKV_MAX_CLOCK_SKEW_MS", default_value_t = 5)]
     pub max_clock_skew_ms: u64,
+    /// The front door: serve the Redis protocol here, in this process — this node's regions
+    /// with no second hop, other keys forwarded to their nodes (the gateway's RESP front end,
+    /// docs/gateway.md).
+    #[arg(long, env = "DPUKV_DEVICE_RESP")]
+    pub resp: Option<SocketAddr>,
+    /// The front door: serve HTTP/JSON here (as `--resp`; the gateway's HTTP front end).
+    #[arg(long, env = "DPUKV_DEVICE_HTTP")]
+    pub http: Option<SocketAddr>,
+    /// The front door's bearer tokens (the gateway's `--tokens` file; or DPUKV_TOKENS). Without
+    /// them the front door is open.
+    #[arg(long, env = "DPUKV_TOKENS_FILE")]
+    pub tokens: Option<PathBuf>,
+    /// Threads the front door runs on (each its own event loop; clients spread among them).
+    #[arg(long, env = "DPUKV_FRONT_THREADS", default_value_t = 1)]
+    pub front_threads: usize,
 }
 
 impl DeviceArgs {
+    /// The front door's configuration (None: no `--resp` or `--http`): the gateway's defaults,
+    /// no binary front end (the data port is one), these ports and tokens.
+    fn front_door(&self, tls: bool) -> Result<Option<dpukv_gateway::GatewayConfig>> {
+        if self.resp.is_none() && self.http.is_none() {
+            return Ok(None);
+        }
+        if tls {
+            // Forwarding to other devices' TLS data ports needs a gateway identity, which a
+            // device's node certificate is not (docs/security.md).
+            bail!("--resp and --http are not offered with TLS yet: run the standalone gateway (dpukv-gateway)");
+        }
+        // No fat root: its start hints save the device's work by spending the caller's, and
+        // here both are this process.
+        let mut args = vec!["dpukv-dpu".into(), "--seeds".into(), dpukv_client::LOCAL_SEED.into()];
+        args.extend(["--fat-root".into(), "0".into()]);
+        if let Some(t) = &self.tokens {
+            args.push("--tokens".into());
+            args.push(t.as_os_str().to_owned());
+        }
+        let mut cfg = <dpukv_gateway::config::GatewayArgs as clap::Parser>::try_parse_from(args)?.config()?;
+        (cfg.listen, cfg.resp, cfg.http) = (None, self.resp, self.http);
+        Ok(Some(cfg))
+    }
+
     /// The validated configuration.
     pub fn config(&self) -> Result<DeviceConfig> {
         if self.host_timeout == 0 {
@@ -510,6 +549,7 @@ impl DeviceArgs {
         if let Some(s) = &server {
             check_own_identity(s, node)?;
         }
+        let front = self.front_door(server.is_some())?;
         Ok(DeviceConfig {
             shm_dir: self.shm_dir.clone(),
             listen: self.listen,
@@ -544,6 +584,8 @@ impl DeviceArgs {
                 max_lag_ms: self.replica_max_lag_ms,
                 max_clock_skew_ms: self.max_clock_skew_ms,
             },
+            front,
+            front_threads: self.front_threads,
         })
     }
 }

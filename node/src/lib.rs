@@ -17,7 +17,8 @@
 //! - `replication`: Tebis over TCP — a primary's senders (log bytes, shipped index), the
 //!   backups' server, and the acknowledgement rule (every backup of the set holds the write).
 //! - `host`: the host process (`host::run`): per-region writers and releasers.
-//! - `dpu`: the device process (`dpu::run`): the data port and the links to the host.
+//! - `dpu`: the device process (`dpu::run`): the data port, the links to the host, and the
+//!   front door (the gateway's RESP and HTTP front ends in its process).
 //! - `admin`: `/healthz`, `/readyz`, `/metrics` (read-only).
 //! - `backup`: a region's part of a backup — its snapshot uploaded as objects, and a region
 //!   directory made again from a part.

@@ -81,6 +81,14 @@ struct Job {
 pub struct ReadPool {
     queues: Vec<mpsc::Sender<Job>>,
     next: AtomicUsize,
+    /// Reader states for gets served on the caller's thread ([`ReadPool::serve_now`]): one is
+    /// taken for a get and put back after, so there are at most as many as threads ever called
+    /// at once (the device's async workers).
+    inline: Arc<std::sync::Mutex<Vec<ReaderThread>>>,
+    shm: PathBuf,
+    device: bool,
+    counters: Arc<ReadCounters>,
+    observer: Option<Arc<dyn ReadObserver>>,
 }
 
 /// Reads queued per reader thread.
@@ -111,7 +119,47 @@ impl ReadPool {
             })?;
             queues.push(tx);
         }
-        Ok(ReadPool { queues, next: AtomicUsize::new(0) })
+        let inline: Arc<std::sync::Mutex<Vec<ReaderThread>>> = Default::default();
+        {
+            // The inline states let go of what the host retired as the threads' do when idle.
+            let inline = Arc::downgrade(&inline);
+            std::thread::Builder::new().name("dpukv-read-idle".into()).spawn(move || {
+                while let Some(states) = inline.upgrade() {
+                    for s in states.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
+                        s.refresh();
+                    }
+                    drop(states);
+                    std::thread::sleep(IDLE_REFRESH);
+                }
+            })?;
+        }
+        Ok(ReadPool { queues, next: AtomicUsize::new(0), inline, shm, device, counters, observer })
+    }
+
+    /// The pod's shared directory the readers read.
+    pub fn shm(&self) -> &std::path::Path {
+        &self.shm
+    }
+
+    /// Serves one get on the calling thread, as a reader thread would (same checks, same
+    /// counters): no hand-off to a reader thread and back, for a front end in the device's own
+    /// process. A get is bounded work — one descent and one value read from memory the host
+    /// maps — but a value in a log segment not in the page cache is read from disk on this
+    /// thread.
+    pub fn serve_now(&self, req: &Request) -> Response {
+        let taken = self.inline.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut reader = taken.unwrap_or_else(|| ReaderThread {
+            shm: self.shm.clone(),
+            device: self.device,
+            counters: self.counters.clone(),
+            observer: self.observer.clone(),
+            state: None,
+            seen: ReadStats::default(),
+        });
+        let resp = reader.serve(req);
+        self.counters.served.fetch_add(1, Ordering::Relaxed);
+        self.inline.lock().unwrap_or_else(|e| e.into_inner()).push(reader);
+        resp
     }
 
     /// Queues reads (of one connection) for one reader thread, which answers them together

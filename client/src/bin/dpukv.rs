@@ -182,6 +182,12 @@ enum Cmd {
         /// on 127.0.0.1.
         #[arg(long)]
         tls: bool,
+        /// Every node's device serves the Redis protocol and HTTP itself too (the front door
+        /// in the device's process: its own regions with no second hop; other keys forwarded),
+        /// on free ports listed in DIR/cluster.json as each node's `resp` and `http`. Not with
+        /// `--tls`.
+        #[arg(long, conflicts_with = "tls")]
+        device_fronts: bool,
     },
 }
 
@@ -620,6 +626,7 @@ async fn run(cli: Cli) -> Result<i32> {
         split_keys,
         serve_reads_on_host,
         tls,
+        device_fronts,
     } = &cli.cmd
     {
         let cluster = (*nodes > 1).then(|| LocalCluster {
@@ -628,7 +635,12 @@ async fn run(cli: Cli) -> Result<i32> {
             etcd: etcd.clone(),
             backup_index: backup_index.clone(),
         });
-        let gateway = LocalGateway { binary: listen.clone(), http: http.clone(), resp: resp.clone() };
+        let gateway = LocalGateway {
+            binary: listen.clone(),
+            http: http.clone(),
+            resp: resp.clone(),
+            device_fronts: *device_fronts,
+        };
         return local(dir, &gateway, fsync, split_keys, *serve_reads_on_host, *tls, cluster).await;
     }
     if let Cmd::Stats { admin } = &cli.cmd {
@@ -846,6 +858,21 @@ struct LocalGateway {
     binary: String,
     http: Option<String>,
     resp: Option<String>,
+    /// Every device serves RESP and HTTP too.
+    device_fronts: bool,
+}
+
+/// With `on`, gives the device of `cmd` a front door (`--resp`, `--http`) on free ports of
+/// 127.0.0.1, and says where.
+fn device_fronts(cmd: &mut tokio::process::Command, on: bool) -> Result<(Option<String>, Option<String>)> {
+    if !on {
+        return Ok((None, None));
+    }
+    let (resp, http) = (format!("127.0.0.1:{}", free_port()?), format!("127.0.0.1:{}", free_port()?));
+    cmd.args(["--resp", &resp, "--http", &http]);
+    // The front door's tokens are given here or not at all.
+    cmd.env_remove("DPUKV_TOKENS_FILE").env_remove("DPUKV_TOKENS");
+    Ok((Some(resp), Some(http)))
 }
 
 /// A port free on 127.0.0.1 now, for a process to bind next. Picked outside the kernel's
@@ -871,6 +898,9 @@ struct LocalNode {
     admin: String,
     /// Its host's control API (a cluster's nodes only).
     control: String,
+    /// Its device's front door (`--device-fronts`): the Redis protocol and HTTP ports.
+    resp: Option<String>,
+    http: Option<String>,
     procs: Vec<Supervised>,
 }
 
@@ -944,8 +974,9 @@ async fn local(
             if on_host {
                 dev_cmd.arg("--serve-reads-on-host");
             }
+            let (resp, http) = device_fronts(&mut dev_cmd, gw.device_fronts)?;
             let procs = vec![Supervised::new("host".into(), host_cmd), Supervised::new("device".into(), dev_cmd)];
-            nodes.push(LocalNode { id: 1, device, admin, control: String::new(), procs });
+            nodes.push(LocalNode { id: 1, device, admin, control: String::new(), resp, http, procs });
         }
         Some(c) => {
             etcd_url = match &c.etcd {
@@ -1012,11 +1043,12 @@ async fn local(
                 dev_cmd.kill_on_drop(true);
                 with_tls(&mut dev_cmd, node_files, true);
                 dev_cmd.stderr(std::fs::File::create(nd.join("device.log"))?);
+                let (resp, http) = device_fronts(&mut dev_cmd, gw.device_fronts)?;
                 let procs = vec![
                     Supervised::new(format!("node {id} host"), host_cmd),
                     Supervised::new(format!("node {id} device"), dev_cmd),
                 ];
-                nodes.push(LocalNode { id, device, admin, control, procs });
+                nodes.push(LocalNode { id, device, admin, control, resp, http, procs });
             }
         }
     }
@@ -1045,40 +1077,47 @@ async fn local(
     gateway.start()?;
     let write_json = |nodes: &[LocalNode], gateway: &Supervised| -> Result<()> {
         let pid = |p: &Supervised| p.child.as_ref().and_then(|c| c.id()).unwrap_or(0);
-        let list: Vec<String> = nodes
+        let list: Vec<serde_json::Value> = nodes
             .iter()
             .map(|n| {
-                format!(
-                    "{{\"id\": {}, \"device\": \"{}\", \"admin\": \"{}\", \"control\": \"{}\", \"host_pid\": {}, \"device_pid\": {}}}",
-                    n.id,
-                    n.device,
-                    n.admin,
-                    n.control,
-                    pid(&n.procs[0]),
-                    pid(&n.procs[1])
-                )
+                serde_json::json!({
+                    "id": n.id,
+                    "device": n.device,
+                    "admin": n.admin,
+                    "control": n.control,
+                    "resp": n.resp.as_deref().unwrap_or_default(),
+                    "http": n.http.as_deref().unwrap_or_default(),
+                    "host_pid": pid(&n.procs[0]),
+                    "device_pid": pid(&n.procs[1]),
+                })
             })
             .collect();
         let opt = |a: &Option<String>| a.as_deref().unwrap_or_default().to_string();
         let path = |f: &str| tls.as_ref().map(|t| t.dir.join(f).display().to_string()).unwrap_or_default();
         let etcd_tls = |f: &str| if starts_etcd { path(f) } else { String::new() };
-        let json = format!(
-            "{{\"etcd\": \"{etcd_url}\", \"tls_ca\": {:?}, \"tls\": {{\"ca\": {:?}, \"admin_cert\": {:?}, \"admin_key\": {:?}, \"client_cert\": {:?}, \"client_key\": {:?}, \"etcd_ca\": {:?}, \"etcd_client_cert\": {:?}, \"etcd_client_key\": {:?}}}, \"nodes\": [\n  {}\n],\n \"gateway\": {{\"binary\": \"{}\", \"http\": \"{}\", \"resp\": \"{}\", \"admin\": \"{gw_admin}\", \"pid\": {}}}}}\n",
-            path("ca.pem"),
-            path("ca.pem"),
-            path("admin.pem"),
-            path("admin.key"),
-            path("client.pem"),
-            path("client.key"),
-            etcd_tls("etcd-ca.pem"),
-            etcd_tls("etcd-client.pem"),
-            etcd_tls("etcd-client.key"),
-            list.join(",\n  "),
-            gw.binary,
-            opt(&gw.http),
-            opt(&gw.resp),
-            pid(gateway)
-        );
+        let doc = serde_json::json!({
+            "etcd": etcd_url,
+            "tls_ca": path("ca.pem"),
+            "tls": {
+                "ca": path("ca.pem"),
+                "admin_cert": path("admin.pem"),
+                "admin_key": path("admin.key"),
+                "client_cert": path("client.pem"),
+                "client_key": path("client.key"),
+                "etcd_ca": etcd_tls("etcd-ca.pem"),
+                "etcd_client_cert": etcd_tls("etcd-client.pem"),
+                "etcd_client_key": etcd_tls("etcd-client.key"),
+            },
+            "nodes": list,
+            "gateway": {
+                "binary": gw.binary,
+                "http": opt(&gw.http),
+                "resp": opt(&gw.resp),
+                "admin": gw_admin,
+                "pid": pid(gateway),
+            },
+        });
+        let json = serde_json::to_string_pretty(&doc)? + "\n";
         let tmp = dir.join("cluster.json.tmp");
         std::fs::write(&tmp, json)?;
         std::fs::rename(&tmp, dir.join("cluster.json"))?;

@@ -529,3 +529,129 @@ fn long_scans_are_cut_inside_a_region_and_read_the_same() {
         assert_eq!(json(&body)["items"].as_array().map(Vec::len), Some(2000));
     });
 }
+
+/// `redis-cli -p PORT ARGS...` with a deadline of its own (a paused node must not hang the
+/// test); its output, or None if it did not answer in time.
+fn redis_at(port: &str, args: &[&str], within: Duration) -> Option<String> {
+    let out = Command::new("timeout")
+        .arg(format!("{}", within.as_secs_f64()))
+        .args(["redis-cli", "-h", "127.0.0.1", "-p", port])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim_end().to_string())
+}
+
+/// The front door in each device's process (`dpukv-dpu --resp/--http`): a node's own regions
+/// are served in the device's process with no second hop — they still answer with every other
+/// node paused —, keys of regions other nodes lead are forwarded to them, HTTP works the same,
+/// and once the primary of a region is killed its keys answer again through another node's
+/// front door after the failover, with every acknowledged write there.
+#[test]
+fn device_front_doors_serve_their_regions_in_process_and_forward_the_rest() {
+    let etcd = Etcd::start().expect("etcd");
+    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--split-keys", "m"];
+    let mut fronts = Vec::new();
+    let mut admins = Vec::new();
+    let mut nodes: Vec<ClusterNode> = Vec::new();
+    let port = || format!("127.0.0.1:{}", dpukv_e2e::procs::free_port().expect("port"));
+    for id in 1..=3 {
+        let (resp, http, admin) = (port(), port(), port());
+        let env = [
+            ("DPUKV_DEVICE_RESP", resp.as_str()),
+            ("DPUKV_DEVICE_HTTP", http.as_str()),
+            ("DPUKV_DEVICE_ADMIN", admin.as_str()),
+        ];
+        nodes.push(ClusterNode::start_with(id, "front", &etcd.url(), &args, &[], &env).expect("node"));
+        fronts.push((resp.rsplit(':').next().expect("port").to_string(), http));
+        admins.push(admin);
+    }
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let map = rt.block_on(must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(60),
+        |m| m.regions.len() == 2 && m.regions.iter().all(|r| r.primary != 0 && r.backups.len() == 2),
+    ));
+    // Region 0 holds keys below "m", region 1 the rest; each has a primary.
+    let (low, high) = (map.regions[0].primary, map.regions[1].primary);
+    let key_of = |node: u32| if node == low { "a-key" } else { "z-key" };
+    let wait = Duration::from_secs(20);
+    // Every front door answers every key (its own regions in process, the others forwarded),
+    // and sees what the others wrote.
+    for (i, (port, http_addr)) in fronts.iter().enumerate() {
+        for k in ["a-key", "z-key"] {
+            let v = format!("from-{i}");
+            assert_eq!(redis_at(port, &["SET", k, &v], wait).as_deref(), Some("OK"), "node {}: SET {k}", i + 1);
+            for (other, _) in &fronts {
+                assert_eq!(redis_at(other, &["GET", k], wait).as_deref(), Some(v.as_str()));
+            }
+        }
+        assert_eq!(redis_at(port, &["INCR", &format!("n{i}")], wait).as_deref(), Some("1"));
+        let (status, body) = http("GET", &format!("http://{http_addr}/v1/kv/z-key"), None);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(json(&body)["value"], format!("from-{i}"));
+    }
+    // No second hop: gets of a node's own region through its front door are read in the
+    // device's process — counted as reads served, never as requests at its data port.
+    let device_metric = |node: u32, sample: &str| -> f64 {
+        let (status, body) = http("GET", &format!("http://{}/metrics", admins[node as usize - 1]), None);
+        assert_eq!(status, 200);
+        body.lines().find_map(|l| l.strip_prefix(sample)?.trim().parse().ok()).unwrap_or(0.0)
+    };
+    let (served, at_port) =
+        ("dpukv_device_reads_served_total ", "dpukv_device_request_duration_seconds_count{op=\"get\"} ");
+    let before = (device_metric(low, served), device_metric(low, at_port));
+    let own_port = &fronts[low as usize - 1].0;
+    let script: String = (0..200).map(|_| "GET a-key\n").collect();
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", own_port])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().expect("stdin").write_all(script.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("redis-cli");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().filter(|l| *l == "from-2").count(), 200);
+    let after = (device_metric(low, served), device_metric(low, at_port));
+    assert!(after.0 - before.0 >= 200.0, "the device served the gets: {before:?} -> {after:?}");
+    assert!(after.1 - before.1 < 10.0, "none came through its data port: {before:?} -> {after:?}");
+    // With the other two nodes paused, a node's front door still answers gets
+    // of the region it leads (linearizable: its host's lease is renewed with etcd, not with
+    // them), while a key another node leads cannot be answered.
+    let leader = low;
+    let front = &fronts[leader as usize - 1].0;
+    for n in nodes.iter().filter(|n| n.id != leader) {
+        n.signal("STOP", true).expect("pause");
+    }
+    let own = redis_at(front, &["GET", key_of(leader)], Duration::from_secs(5));
+    let elsewhere = (high != leader).then(|| redis_at(front, &["GET", "z-key"], Duration::from_secs(2)));
+    for n in nodes.iter().filter(|n| n.id != leader) {
+        n.signal("CONT", true).expect("resume");
+    }
+    assert_eq!(own.as_deref(), Some("from-2"), "the leader's own region is served with the others paused");
+    if let Some(e) = elsewhere {
+        assert!(e.as_deref().is_none_or(|r| r.starts_with("TRYAGAIN")), "a paused node's key cannot be served: {e:?}");
+    }
+    // The primary of the upper region dies: through another node's front door its keys answer
+    // again after the failover, and the last acknowledged value is there.
+    let victim = high;
+    let via = &fronts[(victim as usize) % 3].0;
+    assert_eq!(redis_at(via, &["SET", "z-key", "before-kill"], wait).as_deref(), Some("OK"));
+    nodes[victim as usize - 1].kill();
+    let began = std::time::Instant::now();
+    let mut got = None;
+    while began.elapsed() < Duration::from_secs(30) {
+        got = redis_at(via, &["GET", "z-key"], Duration::from_secs(10));
+        if got.as_deref() == Some("before-kill") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(got.as_deref(), Some("before-kill"), "the acknowledged write survives its primary");
+    assert_eq!(redis_at(via, &["SET", "z-key", "after-kill"], wait).as_deref(), Some("OK"));
+    assert_eq!(redis_at(via, &["GET", "z-key"], wait).as_deref(), Some("after-kill"));
+}

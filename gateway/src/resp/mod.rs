@@ -590,8 +590,36 @@ impl<'a> Session<'a> {
             return;
         }
         let shared = self.shared;
-        let info = info(shared);
         let consistency = self.state.consistency();
+        // Gets the device in this process answers at once (an embedded front door) are
+        // answered here, without a task each; the rest run concurrently below.
+        let client = if consistency == dpukv_proto::Consistency::Linearizable {
+            std::borrow::Cow::Borrowed(shared.up.client())
+        } else {
+            std::borrow::Cow::Owned(shared.up.client().clone().with_consistency(consistency))
+        };
+        let group: Vec<Entry> = group
+            .into_iter()
+            .map(|e| match e {
+                Entry::Run { args, room } if args.len() == 2 && args[0].eq_ignore_ascii_case(b"get") => {
+                    match client.get_now(&args[1]) {
+                        Some(r) => Entry::Answer {
+                            name: "get".into(),
+                            reply: r.map_or_else(command::error_reply, |v| v.map_or(Reply::Nil, Reply::Bulk)),
+                        },
+                        None => Entry::Run { args, room },
+                    }
+                }
+                e => e,
+            })
+            .collect();
+        // INFO's text, only when a command asks for it.
+        let info =
+            if group.iter().any(|e| matches!(e, Entry::Run { args, .. } if args[0].eq_ignore_ascii_case(b"info"))) {
+                info(shared)
+            } else {
+                String::new()
+            };
         // Where each position's reply comes from: its own entry, or the run it joined.
         let from: Vec<usize> =
             group.iter().enumerate().map(|(i, e)| if let Entry::Joined { to } = e { *to } else { i }).collect();

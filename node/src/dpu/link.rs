@@ -132,6 +132,22 @@ impl HostLinks {
         })
     }
 
+    /// Links of their own to the same host (as many, the same timeout), sharing these links'
+    /// counters, hot keys and vouch: a front door thread's, whose tasks run on its event loop.
+    pub fn sibling(&self) -> Arc<HostLinks> {
+        Arc::new(HostLinks {
+            socket: self.socket.clone(),
+            links: (0..self.links.len()).map(|_| tokio::sync::Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            ids: AtomicU64::new(1),
+            timeout: self.timeout,
+            hot: self.hot.clone(),
+            vouch: self.vouch.clone(),
+            forwarded: self.forwarded.clone(),
+            unavailable: self.unavailable.clone(),
+        })
+    }
+
     /// Forwards `req`; its reply (or the failure) goes to `sink` under its own id.
     pub async fn forward(&self, mut req: Request, charge: Charge, sink: Sink) {
         if !self.vouch.holds() {

@@ -16,9 +16,12 @@
 //! - `access`: who may do what at the data port (by the caller's certificate's role).
 //! - `link`: the links to the host (multiplexed, with a reply timeout).
 //! - `hot_keys`: popular keys of the led regions and their sync to replicas.
+//! - `front`: the gateway's RESP and HTTP front ends in this process (`--resp`, `--http`),
+//!   serving this node's regions with no second hop.
 //! - this module: [`DeviceConfig`], [`run`], the data port.
 
 mod access;
+mod front;
 pub mod hot_keys;
 mod link;
 
@@ -79,6 +82,12 @@ pub struct DeviceConfig {
     pub hot: HotKeysConfig,
     /// The replica table (other primaries' popular keys).
     pub replica_table: ReplicaTableConfig,
+    /// The front door (the gateway's RESP/HTTP front ends) in this process, if any: its
+    /// configuration, the seed and the local node filled in at start.
+    pub front: Option<dpukv_gateway::GatewayConfig>,
+    /// Threads the front door runs on, each with its own event loop, connections and share of
+    /// the front door's memory budget (the kernel spreads clients among them).
+    pub front_threads: usize,
 }
 
 /// Where the device serves.
@@ -88,6 +97,10 @@ pub struct DeviceInfo {
     pub listen: SocketAddr,
     /// The admin endpoint, if any.
     pub admin: Option<SocketAddr>,
+    /// The front door's RESP port, if any.
+    pub resp: Option<SocketAddr>,
+    /// The front door's HTTP port, if any.
+    pub http: Option<SocketAddr>,
 }
 
 /// Serves the data port until `signal` — and past it while this pod's host still runs (its
@@ -161,12 +174,24 @@ pub async fn run(
         tokio::runtime::Handle::current(),
         shutdown.child_token(),
     )?;
+    let tracker = TaskTracker::new();
+    let (mut resp, mut http) = (None, None);
+    let mut fronts = Vec::new();
+    if let Some(front) = cfg.front.clone() {
+        let device = front::InProcess {
+            reads: reads.clone(),
+            links: links.clone(),
+            table: table.clone(),
+            on_host: cfg.serve_reads_on_host,
+        };
+        let started = front::start(front, cfg.front_threads, device, shutdown.clone()).await?;
+        (resp, http, fronts) = (started.resp, started.http, started.threads);
+    }
     ready.store(true, Ordering::Release);
     if let Some(tx) = started {
-        let _ = tx.send(DeviceInfo { listen: local, admin: admin_addr });
+        let _ = tx.send(DeviceInfo { listen: local, admin: admin_addr, resp, http });
     }
-    tracing::info!(listen = %local, "device serving");
-    let tracker = TaskTracker::new();
+    tracing::info!(listen = %local, resp = ?resp, http = ?http, "device serving");
     let limit = Arc::new(Semaphore::new(cfg.max_connections));
     let budget = Budget::new(cfg.memory_budget);
     loop {
@@ -208,6 +233,11 @@ pub async fn run(
     tracker.close();
     if tokio::time::timeout(cfg.shutdown_grace, tracker.wait()).await.is_err() {
         tracing::warn!("connections did not finish within the shutdown grace period");
+    }
+    // The front door's threads stop on the same signal, within the same grace.
+    let joined = tokio::task::spawn_blocking(move || fronts.into_iter().for_each(|t| drop(t.join())));
+    if tokio::time::timeout(cfg.shutdown_grace, joined).await.is_err() {
+        tracing::warn!("the front door did not stop within the shutdown grace period");
     }
     Ok(())
 }

@@ -1,0 +1,101 @@
+//! The front door in the device's process (issue 29, docs/gateway.md §"Front door on the
+//! device"): the gateway's RESP and HTTP front ends, run inside `dpukv-dpu`, reaching this
+//! node's own regions by a call ([`InProcess`], a [`LocalDevice`]) instead of a second network
+//! hop — on a DPU the NIC is the front door. Keys of regions other nodes lead are forwarded to
+//! their devices as the standalone gateway forwards them; tokens, limits and every reply are the
+//! gateway's own (the same code).
+//!
+//! An in-process request is checked exactly as one from the data port (the region and epoch it
+//! names against the map the host vouches for); it skips only the data port's certificate
+//! check — the front end authenticated its caller with its own tokens. A get is served on the
+//! calling thread ([`ReadPool::serve_now`]); other reads go to the reader threads, writes and
+//! atomics to the host's links, as from a connection.
+
+use std::sync::Arc;
+
+use dpukv_client::local::{LocalCall, LocalDevice};
+use dpukv_proto::{Op, Request};
+
+use super::link::HostLinks;
+use crate::conn::{Charge, Incoming, Sink};
+use crate::reads::ReadPool;
+use crate::replica_table::ReplicaTable;
+
+/// This device, called from its own process (see the module documentation): one per front
+/// door thread, with links to the host of its own (their tasks run on that thread's event loop).
+pub(crate) struct InProcess {
+    pub(crate) reads: Arc<ReadPool>,
+    pub(crate) links: Arc<HostLinks>,
+    pub(crate) table: Arc<ReplicaTable>,
+    pub(crate) on_host: bool,
+}
+
+impl LocalDevice for InProcess {
+    fn call(&self, req: Request) -> LocalCall<'_> {
+        if matches!(req.op, Op::Get { .. }) && !req.replica && !self.on_host {
+            return LocalCall::Ready(self.reads.serve_now(&req));
+        }
+        let (sink, answer) = Sink::to_caller();
+        LocalCall::Later(Box::pin(async move {
+            let batch = vec![Incoming { req, charge: Charge::default() }];
+            super::dispatch(batch, sink, &self.reads, &self.links, &self.table, self.on_host).await;
+            answer.await.ok()
+        }))
+    }
+}
+
+/// Where a started front door serves, and its threads (they end on the shutdown signal).
+pub(crate) struct Started {
+    pub(crate) resp: Option<std::net::SocketAddr>,
+    pub(crate) http: Option<std::net::SocketAddr>,
+    pub(crate) threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Starts the front door on `threads` threads, each a gateway on a single-threaded event loop
+/// (a request is parsed, served from this device's memory and answered on one thread, with no
+/// hand-off: the cost per request of a thread-per-core server), all on the same ports
+/// (`SO_REUSEPORT`), each with `1/threads` of the memory budget.
+pub(crate) async fn start(
+    mut cfg: dpukv_gateway::GatewayConfig,
+    threads: usize,
+    device: InProcess,
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Started> {
+    let threads = threads.max(1);
+    let node = crate::pod::open_map(&shm_of(&device))?.0.node();
+    cfg.seeds = vec![dpukv_client::LOCAL_SEED.to_string()];
+    cfg.reuse_port = threads > 1;
+    cfg.memory_budget = (cfg.memory_budget / threads).max(dpukv_proto::limits::MAX_VALUE * 4);
+    let mut out = Started { resp: None, http: None, threads: Vec::new() };
+    for i in 0..threads {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut this = cfg.clone();
+        let mine = InProcess {
+            reads: device.reads.clone(),
+            links: device.links.sibling(),
+            table: device.table.clone(),
+            on_host: device.on_host,
+        };
+        this.local = Some(dpukv_client::local::Local { node, device: Arc::new(mine) });
+        let stop = stop.clone();
+        let t = std::thread::Builder::new().name(format!("dpukv-front-{i}")).spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!(error = %e, "the front door's event loop could not start"),
+            };
+            if let Err(e) = rt.block_on(dpukv_gateway::run(this, stop, Some(tx))) {
+                tracing::error!(error = %e, "the front door failed");
+            }
+        })?;
+        out.threads.push(t);
+        let info = rx.await.map_err(|_| anyhow::anyhow!("the front door did not start (see the log)"))?;
+        // The first bound the ports (a port 0 became a real one); the others share them.
+        (cfg.resp, cfg.http) = (info.resp, info.http);
+        (out.resp, out.http) = (info.resp, info.http);
+    }
+    Ok(out)
+}
+
+fn shm_of(d: &InProcess) -> std::path::PathBuf {
+    d.reads.shm().to_path_buf()
+}
