@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The gateway against its peers, same clients, same machine (docs/benchmarks.md):
-#  1. redis-benchmark, unchanged, against the gateway's Redis port (1-node and 3-node dpukv,
-#     `--fsync always` and `--fsync interval:1000`) and against redis-server (no persistence, then
-#     `appendfsync everysec`): `-t get,set,incr -r 1000000 -n N -d 64` with `-c 50 -P 1` and
+#  1. redis-benchmark, unchanged, against the gateway's Redis port and the front door in the
+#     device of the node leading the keys (1-node and 3-node dpukv, `--fsync always` and
+#     `--fsync interval:1000`) and against redis-server (no persistence, `appendfsync everysec`,
+#     `appendfsync always`), each preloaded with the same keys: `-t get,set,incr -r 1000000 -n N -d 64` with `-c 50 -P 1` and
 #     `-c 4 -P 16`; one CSV line per test, with the servers' CPU microseconds, context switches
 #     and system calls per request (every server process: redis-server; dpukv's nodes, devices,
 #     gateway and etcd);
@@ -16,7 +17,8 @@
 #     and reading the pieces in parallel vs a gateway reading them whole (`--scan-split-min 0`),
 #     one scan at a time and four at once.
 # Knobs: N (redis-benchmark requests per test, 2,000,000), WRK_SECONDS (10), RECORDS (100,000),
-# SECONDS_RUN (8), PARTS (which parts to run: "1 2 3 4 5").
+# SECONDS_RUN (8), PARTS (which parts to run: "1 2 3 4 5"); part 1 only: NODES (dpukv's node
+# counts, "1 3"), REDIS (0: no Redis runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh redis-server=redis-server redis-benchmark=redis-tools wrk=wrk perf=linux-perf
@@ -76,8 +78,15 @@ EOF
   done
 }
 
-start_dpukv() { # nodes fsync [--tls]
+# The same keys in every system before its GETs: redis-benchmark's own SET over the key space
+# (64-byte values, `-r 1000000 -n 1000000`: about 632,000 distinct keys), pipelined.
+preload() { # port
+  redis-benchmark -h 127.0.0.1 -p "$1" -t set -r 1000000 -n 1000000 -d 64 -c 4 -P 16 -q >/dev/null
+}
+
+start_dpukv() { # nodes fsync [--tls | --device-fronts]
   local dir="$TMP/dpukv-$1-${2//:/}${3:-}"
+  DIR=$dir
   $BIN/dpukv local --dir "$dir" --listen "127.0.0.1:$BIN_PORT" --http "127.0.0.1:$HTTP_PORT" \
     --resp "127.0.0.1:$RESP_PORT" --nodes "$1" --fsync "$2" ${3:-} 2>"$TMP/local.log" &
   LOCAL=$!
@@ -95,21 +104,40 @@ stop_dpukv() {
 }
 
 if [[ " $PARTS " == *" 1 "* ]]; then
+  NODES=${NODES:-"1 3"}
   echo '"system","clients","test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms","server_cpu_us_per_req","ctxt_per_req","syscalls_per_req"'
+  if [ "${REDIS:-1}" != 0 ]; then
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --dir "$TMP" >/dev/null
   sleep 0.5
+  preload "$REDIS_PORT"
   rb "redis (no persistence)" "$REDIS_PORT" redis-server
   redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
   sleep 0.5
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly yes --appendfsync everysec \
     --daemonize yes --dir "$TMP" >/dev/null
   sleep 0.5
+  preload "$REDIS_PORT"
   rb "redis (appendfsync everysec)" "$REDIS_PORT" redis-server
   redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
-  for nodes in 1 3; do
+  mkdir -p "$TMP/redis-always" # an empty directory: no append-only file of the run before to load
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly yes --appendfsync always \
+    --daemonize yes --dir "$TMP/redis-always" >/dev/null
+  sleep 0.5
+  preload "$REDIS_PORT"
+  rb "redis (appendfsync always)" "$REDIS_PORT" redis-server
+  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
+  fi
+  for nodes in $NODES; do
     for fsync in always interval:1000; do
-      start_dpukv "$nodes" "$fsync"
-      rb "dpukv $nodes node(s), fsync $fsync" "$RESP_PORT" dpukv-node dpukv-dpu dpukv-gateway etcd
+      # Through the standalone gateway, then through the front door in the device of the node
+      # leading the first region (on 3 nodes the preload splits the region and moves a half to
+      # another node: that front door forwards the other half's keys, as the gateway does).
+      start_dpukv "$nodes" "$fsync" --device-fronts
+      preload "$RESP_PORT"
+      rb "dpukv $nodes node(s), fsync $fsync, gateway" "$RESP_PORT" dpukv-node dpukv-dpu dpukv-gateway etcd
+      leader=$($BIN/dpukv --endpoint "127.0.0.1:$BIN_PORT" regions | awk -F'\t' 'NR==1 {print $4}')
+      front=$(python3 -c "import json,sys; n=[n for n in json.load(open('$DIR/cluster.json'))['nodes'] if n['id']==int(sys.argv[1])][0]; print(n['resp'].split(':')[1])" "$leader")
+      rb "dpukv $nodes node(s), fsync $fsync, device front door" "$front" dpukv-node dpukv-dpu dpukv-gateway etcd
       stop_dpukv
     done
   done

@@ -94,6 +94,9 @@ pub struct ReadPool {
 /// Reads queued per reader thread.
 const QUEUE: usize = 1024;
 
+/// A get served on the caller's thread that takes longer than this is logged.
+const SLOW_INLINE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// A reader thread idle this long lets go of what the host retired.
 const IDLE_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -156,7 +159,12 @@ impl ReadPool {
             state: None,
             seen: ReadStats::default(),
         });
+        let began = std::time::Instant::now();
         let resp = reader.serve(req);
+        let took = began.elapsed();
+        if took > SLOW_INLINE {
+            tracing::warn!(?took, "a get served on a front door thread was slow (its connections waited)");
+        }
         self.counters.served.fetch_add(1, Ordering::Relaxed);
         self.inline.lock().unwrap_or_else(|e| e.into_inner()).push(reader);
         resp

@@ -1170,11 +1170,14 @@ async fn local(
     // The gateway first, then the devices (no new requests), then the hosts (they finish their
     // rounds and sync their logs), then etcd.
     gateway.stop(Duration::from_secs(15)).await;
-    for n in nodes.iter_mut() {
-        n.procs[1].stop(Duration::from_secs(15)).await;
+    // Like a kubelet deleting the pods: every container of every pod gets SIGTERM at once (a
+    // device serves on while its host still runs, so signalling devices first only made each
+    // wait out its grace), then each is waited for.
+    for p in nodes.iter_mut().flat_map(|n| n.procs.iter_mut()) {
+        p.terminate();
     }
-    for n in nodes.iter_mut() {
-        n.procs[0].stop(Duration::from_secs(15)).await;
+    for p in nodes.iter_mut().flat_map(|n| n.procs.iter_mut()) {
+        p.stop(Duration::from_secs(15)).await;
     }
     if let Some(e) = etcd.as_mut() {
         e.stop(Duration::from_secs(15)).await;
@@ -1266,6 +1269,8 @@ struct Supervised {
     restart_at: Option<tokio::time::Instant>,
     backoff: std::time::Duration,
     restarts: u32,
+    /// SIGTERM was sent (the process is stopping: not restarted).
+    terminated: bool,
 }
 
 impl Supervised {
@@ -1285,6 +1290,7 @@ impl Supervised {
             restart_at: None,
             backoff: Self::FIRST_BACKOFF,
             restarts: 0,
+            terminated: false,
         }
     }
 
@@ -1343,12 +1349,20 @@ impl Supervised {
         );
     }
 
-    /// SIGTERM, then SIGKILL after `grace`.
-    async fn stop(&mut self, grace: std::time::Duration) {
-        let Some(mut child) = self.child.take() else { return };
-        if let Some(pid) = child.id() {
+    /// SIGTERM (once).
+    fn terminate(&mut self) {
+        if !self.terminated
+            && let Some(pid) = self.child.as_ref().and_then(|c| c.id())
+        {
             let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
+            self.terminated = true;
         }
+    }
+
+    /// SIGTERM (unless sent already), then SIGKILL after `grace`.
+    async fn stop(&mut self, grace: std::time::Duration) {
+        self.terminate();
+        let Some(mut child) = self.child.take() else { return };
         if tokio::time::timeout(grace, child.wait()).await.is_err() {
             eprintln!("dpukv local: the {} did not stop within {grace:?}; killing it", self.name);
             let _ = child.kill().await;
