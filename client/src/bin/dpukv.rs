@@ -164,6 +164,14 @@ enum Cmd {
         /// baseline).
         #[arg(long, default_value = "send", value_parser = ["send", "build"])]
         backup_index: String,
+        /// A cluster's node lease, in milliseconds (the hosts' `--lease-ttl-ms`: how long a
+        /// failed node keeps its regions before they fail over). Default: the hosts' own.
+        #[arg(long)]
+        lease_ttl_ms: Option<u64>,
+        /// A cluster's replication ports: node N listens on this port + N - 1 (default: free
+        /// ports). Listed in DIR/cluster.json as each node's `replication`.
+        #[arg(long)]
+        replication_base_port: Option<u16>,
         /// Log durability: always (acknowledged once synced), interval:MS (acknowledged once
         /// written, synced within MS) or never.
         #[arg(long, default_value = "always")]
@@ -622,6 +630,8 @@ async fn run(cli: Cli) -> Result<i32> {
         replication,
         etcd,
         backup_index,
+        lease_ttl_ms,
+        replication_base_port,
         fsync,
         split_keys,
         serve_reads_on_host,
@@ -634,6 +644,8 @@ async fn run(cli: Cli) -> Result<i32> {
             replication: replication.unwrap_or(3).min(*nodes as usize),
             etcd: etcd.clone(),
             backup_index: backup_index.clone(),
+            lease_ttl_ms: *lease_ttl_ms,
+            replication_base_port: *replication_base_port,
         });
         let gateway = LocalGateway {
             binary: listen.clone(),
@@ -851,6 +863,8 @@ struct LocalCluster {
     replication: usize,
     etcd: Option<String>,
     backup_index: String,
+    lease_ttl_ms: Option<u64>,
+    replication_base_port: Option<u16>,
 }
 
 /// Where `dpukv local`'s gateway listens.
@@ -901,6 +915,11 @@ struct LocalNode {
     /// Its device's front door (`--device-fronts`): the Redis protocol and HTTP ports.
     resp: Option<String>,
     http: Option<String>,
+    /// Its host's replication address (a cluster's nodes only).
+    replication: String,
+    /// Its processes' logs (empty: this process's standard error).
+    host_log: String,
+    device_log: String,
     procs: Vec<Supervised>,
 }
 
@@ -976,7 +995,18 @@ async fn local(
             }
             let (resp, http) = device_fronts(&mut dev_cmd, gw.device_fronts)?;
             let procs = vec![Supervised::new("host".into(), host_cmd), Supervised::new("device".into(), dev_cmd)];
-            nodes.push(LocalNode { id: 1, device, admin, control: String::new(), resp, http, procs });
+            nodes.push(LocalNode {
+                id: 1,
+                device,
+                admin,
+                control: String::new(),
+                resp,
+                http,
+                replication: String::new(),
+                host_log: String::new(),
+                device_log: String::new(),
+                procs,
+            });
         }
         Some(c) => {
             etcd_url = match &c.etcd {
@@ -1017,8 +1047,16 @@ async fn local(
                 let (data, shm) = (nd.join("data"), nd.join("shm"));
                 std::fs::create_dir_all(&data)?;
                 let device = format!("127.0.0.1:{}", free_port()?);
-                // Replication on any free port (the host registers the one it bound).
-                let (repl, admin) = ("127.0.0.1:0".to_string(), format!("127.0.0.1:{}", free_port()?));
+                let repl = match c.replication_base_port {
+                    Some(base) => {
+                        let port = u16::try_from(u32::from(base) + id - 1).map_err(|_| {
+                            anyhow::anyhow!("--replication-base-port {base}: node {id}'s port is past 65535")
+                        })?;
+                        format!("127.0.0.1:{port}")
+                    }
+                    None => format!("127.0.0.1:{}", free_port()?),
+                };
+                let admin = format!("127.0.0.1:{}", free_port()?);
                 let control = format!("127.0.0.1:{}", free_port()?);
                 let mut host_cmd = tokio::process::Command::new(exe_dir.join("dpukv-node"));
                 host_cmd.arg("--data-dir").arg(&data).arg("--shm-dir").arg(&shm);
@@ -1028,6 +1066,9 @@ async fn local(
                 host_cmd.args(["--replication-listen", &repl, "--advertise-device", &device]);
                 host_cmd.args(["--replication-factor", &c.replication.to_string()]).kill_on_drop(true);
                 host_cmd.args(["--backup-index", &c.backup_index]);
+                if let Some(ms) = c.lease_ttl_ms {
+                    host_cmd.args(["--lease-ttl-ms", &ms.to_string()]);
+                }
                 host_cmd.stderr(std::fs::File::create(nd.join("host.log"))?);
                 for var in ["DPUKV_ETCD_CA", "DPUKV_ETCD_CERT", "DPUKV_ETCD_KEY", "DPUKV_ADMIN_TOKEN_FILE"] {
                     host_cmd.env_remove(var);
@@ -1048,7 +1089,18 @@ async fn local(
                     Supervised::new(format!("node {id} host"), host_cmd),
                     Supervised::new(format!("node {id} device"), dev_cmd),
                 ];
-                nodes.push(LocalNode { id, device, admin, control, resp, http, procs });
+                nodes.push(LocalNode {
+                    id,
+                    device,
+                    admin,
+                    control,
+                    resp,
+                    http,
+                    replication: repl,
+                    host_log: nd.join("host.log").display().to_string(),
+                    device_log: nd.join("device.log").display().to_string(),
+                    procs,
+                });
             }
         }
     }
@@ -1087,6 +1139,9 @@ async fn local(
                     "control": n.control,
                     "resp": n.resp.as_deref().unwrap_or_default(),
                     "http": n.http.as_deref().unwrap_or_default(),
+                    "replication": n.replication,
+                    "host_log": n.host_log,
+                    "device_log": n.device_log,
                     "host_pid": pid(&n.procs[0]),
                     "device_pid": pid(&n.procs[1]),
                 })

@@ -260,6 +260,19 @@ fn redis_cli_works_against_the_gateway() {
     let out = redis_script(&gw, "FLUBBER x y\nPING\nGET greeting\n");
     assert!(out.starts_with("ERR unknown command 'FLUBBER', with args beginning with: 'x' 'y'"), "{out}");
     assert!(out.ends_with("PONG\nhey"), "{out}");
+    // A connection's name is its own (it was dropped: GETNAME answered nil after SETNAME), and
+    // every connection has an id of its own (it was 1 on all of them).
+    assert_eq!(
+        redis_script(
+            &gw,
+            "CLIENT GETNAME\nCLIENT SETNAME app-1\nCLIENT GETNAME\nCLIENT SETNAME \"bad name\"\nCLIENT GETNAME\n"
+        ),
+        // (redis-cli prints an empty line after an error.)
+        "\nOK\napp-1\nERR Client names cannot contain spaces, newlines or special characters.\n\napp-1"
+    );
+    assert_eq!(redis(&gw, &["CLIENT", "GETNAME"]), "", "a new connection has no name");
+    let ids: Vec<u64> = (0..3).map(|_| redis(&gw, &["CLIENT", "ID"]).parse().expect("an integer")).collect();
+    assert!(ids.windows(2).all(|w| w[0] != w[1]) && !ids.contains(&0), "CLIENT ID per connection: {ids:?}");
     // What redis-cli and redis-benchmark ask at start.
     assert!(redis(&gw, &["INFO"]).contains("redis_version:"));
     assert_eq!(redis(&gw, &["CONFIG", "GET", "appendonly"]), "appendonly\nno");

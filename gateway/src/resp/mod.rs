@@ -175,6 +175,26 @@ struct ConnState {
     multi: Option<Multi>,
     /// Failed `AUTH`s on this connection.
     auth_failures: u32,
+    /// `CLIENT SETNAME` (`HELLO ... SETNAME`): at most [`MAX_CLIENT_NAME`] bytes.
+    name: Option<Vec<u8>>,
+}
+
+/// The longest connection name `CLIENT SETNAME` keeps.
+const MAX_CLIENT_NAME: usize = 256;
+
+/// `CLIENT ID`s: unique in the process (every front end thread's connections), from 1.
+static NEXT_CLIENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A name `CLIENT SETNAME` takes: no spaces, newlines or other characters outside `!`..`~` (as
+/// Redis), at most [`MAX_CLIENT_NAME`] bytes; empty clears it.
+fn client_name(name: &[u8]) -> Result<Option<Vec<u8>>, Reply> {
+    if name.len() > MAX_CLIENT_NAME {
+        return Err(Reply::err(format!("client names are at most {MAX_CLIENT_NAME} bytes")));
+    }
+    if name.iter().any(|b| !(b'!'..=b'~').contains(b)) {
+        return Err(Reply::err("Client names cannot contain spaces, newlines or special characters."));
+    }
+    Ok((!name.is_empty()).then(|| name.to_vec()))
 }
 
 impl ConnState {
@@ -232,6 +252,8 @@ struct Session<'a> {
     changes: tokio::sync::watch::Receiver<u64>,
     /// Since when the connection has had no token (it must authenticate within the limit).
     unauthenticated_since: tokio::time::Instant,
+    /// `CLIENT ID`.
+    id: u64,
 }
 
 impl<'a> Session<'a> {
@@ -248,6 +270,7 @@ impl<'a> Session<'a> {
             state: ConnState::default(),
             changes: shared.access.changed(),
             unauthenticated_since: tokio::time::Instant::now(),
+            id: NEXT_CLIENT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -757,6 +780,15 @@ impl<'a> Session<'a> {
                 } else if !self.authenticated() {
                     return Some(noauth());
                 }
+                if let Some(i) = args.iter().position(|a| a.eq_ignore_ascii_case(b"setname")) {
+                    let Some(name) = args.get(i + 1) else {
+                        return Some(Reply::err("syntax error in HELLO option 'setname'"));
+                    };
+                    match client_name(name) {
+                        Ok(name) => self.state.name = name,
+                        Err(r) => return Some(r),
+                    }
+                }
                 let s = |x: &str| Reply::Bulk(x.as_bytes().to_vec());
                 Reply::Array(vec![
                     s("server"),
@@ -765,6 +797,8 @@ impl<'a> Session<'a> {
                     s(env!("CARGO_PKG_VERSION")),
                     s("proto"),
                     Reply::Integer(2),
+                    s("id"),
+                    Reply::Integer(self.id as i64),
                     s("mode"),
                     s("standalone"),
                     s("role"),
@@ -796,9 +830,20 @@ impl<'a> Session<'a> {
                 }
             }
             "client" => match args.get(1).map(|a| a.to_ascii_lowercase()).as_deref() {
-                Some(b"setname" | b"setinfo" | b"no-evict" | b"no-touch") => Reply::Simple("OK"),
-                Some(b"getname") => Reply::Nil,
-                Some(b"id") => Reply::Integer(1),
+                Some(b"setname") if n == 3 => match client_name(&args[2]) {
+                    Ok(name) => {
+                        state.name = name;
+                        Reply::Simple("OK")
+                    }
+                    Err(r) => r,
+                },
+                Some(b"setinfo" | b"no-evict" | b"no-touch") => Reply::Simple("OK"),
+                Some(b"getname") if n == 2 => state.name.clone().map_or(Reply::Nil, Reply::Bulk),
+                Some(b"id") if n == 2 => Reply::Integer(self.id as i64),
+                Some(b"setname" | b"getname" | b"id") => Reply::err(format!(
+                    "wrong number of arguments for 'client|{}' command",
+                    String::from_utf8_lossy(&args[1]).to_ascii_lowercase()
+                )),
                 _ => Reply::err("unknown CLIENT subcommand"),
             },
             "multi" | "exec" | "discard" | "watch" | "unwatch" => return Some(self.transaction(&name, args).await),
