@@ -209,16 +209,7 @@ fn redis(gw: &Gateway, args: &[&str]) -> String {
 
 /// `redis-cli` reading commands from its input (one connection, in order).
 fn redis_script(gw: &Gateway, script: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", gw.resp_port()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("redis-cli runs");
-    child.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("write");
-    let out = child.wait_with_output().expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+    redis_script_at(gw.resp_port(), script)
 }
 
 #[test]
@@ -555,6 +546,20 @@ fn redis_at(port: &str, args: &[&str], within: Duration) -> Option<String> {
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim_end().to_string())
 }
 
+/// `redis-cli -p PORT` reading commands from its input (one connection, in order).
+fn redis_script_at(port: &str, script: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", port])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("redis-cli runs");
+    child.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+}
+
 /// The front door in each device's process (`dpukv-dpu --resp/--http`): a node's own regions
 /// are served in the device's process with no second hop — they still answer with every other
 /// node paused —, keys of regions other nodes lead are forwarded to them, HTTP works the same,
@@ -570,10 +575,13 @@ fn device_front_doors_serve_their_regions_in_process_and_forward_the_rest() {
     let port = || format!("127.0.0.1:{}", dpukv_e2e::procs::free_port().expect("port"));
     for id in 1..=3 {
         let (resp, http, admin) = (port(), port(), port());
+        // Node 3's front door runs on two threads sharing its ports.
+        let threads = if id == 3 { "2" } else { "1" };
         let env = [
             ("DPUKV_DEVICE_RESP", resp.as_str()),
             ("DPUKV_DEVICE_HTTP", http.as_str()),
             ("DPUKV_DEVICE_ADMIN", admin.as_str()),
+            ("DPUKV_FRONT_THREADS", threads),
         ];
         nodes.push(ClusterNode::start_with(id, "front", &etcd.url(), &args, &[], &env).expect("node"));
         fronts.push((resp.rsplit(':').next().expect("port").to_string(), http));
@@ -617,21 +625,15 @@ fn device_front_doors_serve_their_regions_in_process_and_forward_the_rest() {
     let before = (device_metric(low, served), device_metric(low, at_port));
     let own_port = &fronts[low as usize - 1].0;
     let script: String = (0..200).map(|_| "GET a-key\n").collect();
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", own_port])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().expect("stdin").write_all(script.as_bytes())?;
-            c.wait_with_output()
-        })
-        .expect("redis-cli");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().filter(|l| *l == "from-2").count(), 200);
+    let out = redis_script_at(own_port, &script);
+    assert_eq!(out.lines().filter(|l| *l == "from-2").count(), 200);
     let after = (device_metric(low, served), device_metric(low, at_port));
     assert!(after.0 - before.0 >= 200.0, "the device served the gets: {before:?} -> {after:?}");
     assert!(after.1 - before.1 < 10.0, "none came through its data port: {before:?} -> {after:?}");
+    // Gets answered at once and writes that wait for their sync, pipelined on one connection
+    // to keys of the node's own region, answer in order and read what came before them.
+    let script = "SET b-key p1\nGET b-key\nGET b-key\nSET b-key p2\nGET b-key\nINCR c-key\nGET c-key\nGET b-key\n";
+    assert_eq!(redis_script_at(own_port, script), "OK\np1\np1\nOK\np2\n1\n1\np2");
     // With the other two nodes paused, a node's front door still answers gets
     // of the region it leads (linearizable: its host's lease is renewed with etcd, not with
     // them), while a key another node leads cannot be answered.

@@ -512,6 +512,12 @@ impl<'a> Session<'a> {
             if self.state.quit || self.state.close {
                 break;
             }
+            // A GET the device in this process answers at once (an embedded front door), with
+            // nothing of the pipeline pending before it: answered here, in order, with no group,
+            // no task and no key bookkeeping (every other command takes the path below).
+            if group.is_empty() && self.get_now(&args) {
+                continue;
+            }
             let name = command::name(&args);
             if self.state.multi.is_some() && !transaction::controls(&name) {
                 let started = Instant::now();
@@ -605,6 +611,28 @@ impl<'a> Session<'a> {
         }
         self.run_group(group).await;
         Ok(())
+    }
+
+    /// Answers `args` if it is a `GET` (linearizable, not in a transaction, allowed, its reply
+    /// reserved) that the device in this process answers at once: the reply is appended and
+    /// true returned. Otherwise nothing is done.
+    fn get_now(&mut self, args: &[Vec<u8>]) -> bool {
+        if args.len() != 2
+            || !args[0].eq_ignore_ascii_case(b"get")
+            || self.state.multi.is_some()
+            || self.state.consistency() != dpukv_proto::Consistency::Linearizable
+            || self.refusal(args).is_some()
+        {
+            return false;
+        }
+        let Some(held) = self.share.try_take(self.reservation(args)) else { return false };
+        let started = Instant::now();
+        let Some(r) = self.shared.up.client().get_now(&args[1]) else { return false };
+        let reply = r.map_or_else(command::error_reply, |v| v.map_or(Reply::Nil, Reply::Bulk));
+        record(self.shared, "get", &reply, started);
+        self.emit(reply);
+        self.held.push(held);
+        true
     }
 
     /// Runs a group's commands concurrently; appends their replies in order.

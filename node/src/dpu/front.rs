@@ -62,7 +62,7 @@ pub(crate) async fn start(
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<Started> {
     let threads = threads.max(1);
-    let node = crate::pod::open_map(&shm_of(&device))?.0.node();
+    let node = crate::pod::open_map(device.reads.shm())?.0.node();
     cfg.seeds = vec![dpukv_client::LOCAL_SEED.to_string()];
     cfg.reuse_port = threads > 1;
     cfg.memory_budget = (cfg.memory_budget / threads).max(dpukv_proto::limits::MAX_VALUE * 4);
@@ -94,8 +94,4 @@ pub(crate) async fn start(
         (out.resp, out.http) = (info.resp, info.http);
     }
     Ok(out)
-}
-
-fn shm_of(d: &InProcess) -> std::path::PathBuf {
-    d.reads.shm().to_path_buf()
 }
