@@ -107,25 +107,21 @@ if [[ " $PARTS " == *" 1 "* ]]; then
   NODES=${NODES:-"1 3"}
   echo '"system","clients","test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms","server_cpu_us_per_req","ctxt_per_req","syscalls_per_req"'
   if [ "${REDIS:-1}" != 0 ]; then
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --dir "$TMP" >/dev/null
-  sleep 0.5
-  preload "$REDIS_PORT"
-  rb "redis (no persistence)" "$REDIS_PORT" redis-server
-  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
-  sleep 0.5
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly yes --appendfsync everysec \
-    --daemonize yes --dir "$TMP" >/dev/null
-  sleep 0.5
-  preload "$REDIS_PORT"
-  rb "redis (appendfsync everysec)" "$REDIS_PORT" redis-server
-  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
-  mkdir -p "$TMP/redis-always" # an empty directory: no append-only file of the run before to load
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly yes --appendfsync always \
-    --daemonize yes --dir "$TMP/redis-always" >/dev/null
-  sleep 0.5
-  preload "$REDIS_PORT"
-  rb "redis (appendfsync always)" "$REDIS_PORT" redis-server
-  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
+    # Each Redis in a directory of its own (no append-only file of the run before to load).
+    redis_run() { # label dir redis-server-flags...
+      local label=$1 dir="$TMP/$2"
+      shift 2
+      mkdir -p "$dir"
+      redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" "$@" --daemonize yes --dir "$dir" >/dev/null
+      sleep 0.5
+      preload "$REDIS_PORT"
+      rb "$label" "$REDIS_PORT" redis-server
+      redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null
+      sleep 0.5
+    }
+    redis_run "redis (no persistence)" redis-none --appendonly no
+    redis_run "redis (appendfsync everysec)" redis-everysec --appendonly yes --appendfsync everysec
+    redis_run "redis (appendfsync always)" redis-always --appendonly yes --appendfsync always
   fi
   for nodes in $NODES; do
     for fsync in always interval:1000; do

@@ -130,7 +130,8 @@ pub fn error_reply(e: ClientError) -> Reply {
     }
 }
 
-fn bulk_or_nil(v: Option<Vec<u8>>) -> Reply {
+/// A value as a bulk reply, none as nil.
+pub(crate) fn bulk_or_nil(v: Option<Vec<u8>>) -> Reply {
     v.map_or(Reply::Nil, Reply::Bulk)
 }
 

@@ -628,7 +628,7 @@ impl<'a> Session<'a> {
         let Some(held) = self.share.try_take(self.reservation(args)) else { return false };
         let started = Instant::now();
         let Some(r) = self.shared.up.client().get_now(&args[1]) else { return false };
-        let reply = r.map_or_else(command::error_reply, |v| v.map_or(Reply::Nil, Reply::Bulk));
+        let reply = r.map_or_else(command::error_reply, command::bulk_or_nil);
         record(self.shared, "get", &reply, started);
         self.emit(reply);
         self.held.push(held);
@@ -656,7 +656,7 @@ impl<'a> Session<'a> {
                     match client.get_now(&args[1]) {
                         Some(r) => Entry::Answer {
                             name: "get".into(),
-                            reply: r.map_or_else(command::error_reply, |v| v.map_or(Reply::Nil, Reply::Bulk)),
+                            reply: r.map_or_else(command::error_reply, command::bulk_or_nil),
                         },
                         None => Entry::Run { args, room },
                     }
