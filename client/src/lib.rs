@@ -558,11 +558,20 @@ impl Client {
         }
     }
 
+    /// Whether a device in this process ([`Options::local`]) answers the requests of the regions
+    /// it leads (see [`Client::get_now`]).
+    pub fn has_local(&self) -> bool {
+        self.router.has_local()
+    }
+
     /// The value of `key` if the device in this process ([`Options::local`]) leads its region
     /// by this client's map and answers at once — a get with no task, no retry loop and no
     /// copy of the request; None otherwise (then [`Client::get`] answers, with its retries:
     /// also when the device refused, so a stale map is learned again there).
     pub fn get_now(&self, key: &[u8]) -> Option<Result<Option<Vec<u8>>>> {
+        if !self.router.has_local() {
+            return None;
+        }
         if self.consistency != Consistency::Linearizable && self.hot.contains(key) {
             return None; // a replica may serve it: the full path decides
         }

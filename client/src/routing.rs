@@ -255,6 +255,11 @@ impl Router {
         Ok(m)
     }
 
+    /// Whether a device in this process answers some requests ([`crate::Options::local`]).
+    pub(crate) fn has_local(&self) -> bool {
+        self.local.is_some()
+    }
+
     /// `op` as a request to the device in this process, naming its key's region and epoch, if
     /// that device leads the region by the map in use (None: no map yet, or another node leads).
     pub(crate) fn local_request(&self, op: Op) -> Option<Request> {

@@ -35,6 +35,8 @@
 //!   an unauthenticated connection holds a fixed buffer and its place under the connection cap,
 //!   for a bounded time.
 
+#[cfg(test)]
+mod alloc_count;
 pub mod auth;
 pub mod binary;
 pub mod budget;

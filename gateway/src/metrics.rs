@@ -50,6 +50,9 @@ pub struct Metrics {
     /// Every metric, for `/metrics`.
     pub registry: Registry,
     latency: LatencyFamily,
+    /// `latency`'s series for RESP gets, held so that a get answered at once records without a
+    /// look-up by labels (hashing them) per request.
+    resp_get: Histogram,
     errors: Family<ErrorLabels, Counter>,
     connections: Family<FrontendLabels, Gauge<i64, AtomicI64>>,
     /// Sub-range reads started by scans.
@@ -132,7 +135,8 @@ impl Metrics {
         registry.register_collector(Box::new(ReadsCollector(reads.clone())));
         let budget = Arc::new(std::sync::OnceLock::new());
         registry.register_collector(Box::new(BudgetCollector(budget.clone())));
-        Arc::new(Metrics { registry, latency, errors, connections, scan_parts, reads, budget })
+        let resp_get = latency.get_or_create(&OpLabels { frontend: "resp", op: "get" }).clone();
+        Arc::new(Metrics { registry, latency, resp_get, errors, connections, scan_parts, reads, budget })
     }
 
     /// Reports the memory budget's use.
@@ -148,6 +152,11 @@ impl Metrics {
     /// Records one request's latency since `started`.
     pub fn observe(&self, frontend: &'static str, op: &'static str, started: Instant) {
         self.latency.get_or_create(&OpLabels { frontend, op }).observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Records a RESP get's latency, `seconds` (the `resp`/`get` series of [`Metrics::observe`]).
+    pub fn observe_resp_get(&self, seconds: f64) {
+        self.resp_get.observe(seconds);
     }
 
     /// Counts an error answer.

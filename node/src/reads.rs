@@ -268,30 +268,21 @@ impl ReaderThread {
         }
     }
 
-    /// The current regions: loaded on first use, and again once a new host closed the map.
-    fn regions(&mut self) -> Option<&mut Regions> {
+    /// Serves `req` from the current regions (loaded on first use, and again once a new host
+    /// closed the map).
+    fn serve(&mut self, req: &Request) -> Response {
         if self.state.as_ref().is_none_or(Regions::closed) {
             self.state = None;
-            self.state = Some(Regions::load(&self.shm)?);
+            self.state = Regions::load(&self.shm);
         }
-        self.state.as_mut()
-    }
-
-    fn serve(&mut self, req: &Request) -> Response {
-        let (shm, device) = (self.shm.clone(), self.device);
-        let Some(regions) = self.regions() else {
+        let Some(regions) = self.state.as_mut() else {
             return Response::error(
                 req.id,
                 ErrorCode::Unavailable,
                 "the host has not published its regions yet; retry",
             );
         };
-        let mut resp = serve(regions, &shm, device, req);
-        if let (Some(o), Op::Get { key }, Ok(_)) = (&self.observer, &req.op, &resp.result)
-            && let Some(r) = self.state.as_ref().and_then(|s| s.map.regions().get(s.map.route(key)))
-        {
-            resp.replicated = o.on_get(r, key);
-        }
+        let resp = serve(regions, &self.shm, self.device, self.observer.as_deref(), req);
         self.account();
         resp
     }
@@ -410,7 +401,14 @@ fn tree_node(n: dpukv_storage::TopNode) -> dpukv_proto::TreeNode {
 }
 
 /// Serves a read request (get, scan, floor scan, reduce, filter, tree nodes).
-fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Request) -> Response {
+/// `observer` sees each get served (and says whether its key is replicated: the reply's flag).
+fn serve(
+    regions: &mut Regions,
+    shm: &std::path::Path,
+    device: bool,
+    observer: Option<&dyn ReadObserver>,
+    req: &Request,
+) -> Response {
     let ok = |result| Response { id: req.id, version: 0, replicated: false, result: Ok(result) };
     if req.read_version != 0 {
         // Old versions live only as long as readers pin them; reading at a chosen one is not
@@ -441,10 +439,11 @@ fn serve(regions: &mut Regions, shm: &std::path::Path, device: bool, req: &Reque
     let out = match &req.op {
         Op::Get { key } => {
             let hint = req.hint.as_deref().map(storage_hint);
-            regions
-                .reader(i, shm, device)
-                .and_then(|r| r.get_versioned_hinted(key, hint.as_ref()))
-                .map(|(v, version)| Response { id: req.id, version, replicated: false, result: Ok(Reply::Value(v)) })
+            let got = regions.reader(i, shm, device).and_then(|r| r.get_versioned_hinted(key, hint.as_ref()));
+            got.map(|(v, version)| {
+                let replicated = observer.is_some_and(|o| o.on_get(&regions.map.regions()[i], key));
+                Response { id: req.id, version, replicated, result: Ok(Reply::Value(v)) }
+            })
         }
         Op::TreeNodes { nodes, .. } => {
             let nodes: Vec<_> = nodes.iter().map(top_node).collect();

@@ -104,6 +104,61 @@ fn parse_array(buf: &[u8], limits: &Limits) -> Result<(Vec<Vec<u8>>, usize), Par
     Ok((spans.into_iter().map(|(s, e)| buf[s..e].to_vec()).collect(), at))
 }
 
+/// A `GET key` whole at the front of `buf`, as clients send it (`*2\r\n$3\r\nGET\r\n$<n>\r\n<key>\r\n`,
+/// the name in any case): the key's span in `buf` and the bytes the command takes — parsed in
+/// place, nothing copied or allocated. None when the bytes are anything else, or not whole, or
+/// past `limits`: [`parse_command`] then decides (what this accepts, it parses the same).
+pub fn get_command(buf: &[u8], limits: &Limits) -> Option<(std::ops::Range<usize>, usize)> {
+    const HEAD: &[u8] = b"*2\r\n$3\r\n";
+    if buf.len() < 16 || &buf[..8] != HEAD || !buf[8..11].eq_ignore_ascii_case(b"get") || &buf[11..14] != b"\r\n$" {
+        return None;
+    }
+    let digits = buf[14..].iter().take(8).take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || digits == 8 {
+        return None;
+    }
+    let len = buf[14..14 + digits].iter().fold(0usize, |n, d| n * 10 + usize::from(d - b'0'));
+    let start = 14 + digits + 2;
+    let end = start + len;
+    if buf.get(start - 2..start) != Some(b"\r\n") || len > limits.max_arg || end + 2 > limits.max_command {
+        return None;
+    }
+    if buf.get(end..end + 2) != Some(b"\r\n") {
+        return None;
+    }
+    Some((start..end, end + 2))
+}
+
+/// Appends `$<len>\r\n<value>\r\n` (a bulk string reply), or `$-1\r\n` for None, with no allocation
+/// but `out`'s growth.
+pub fn encode_bulk(out: &mut Vec<u8>, value: Option<&[u8]>) {
+    match value {
+        None => out.extend_from_slice(b"$-1\r\n"),
+        Some(v) => {
+            out.push(b'$');
+            push_decimal(out, v.len() as u64);
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(v);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
 /// A line of words separated by spaces (a plain `\n` ends it too); empty lines are skipped.
 fn parse_inline(buf: &[u8], limits: &Limits) -> Result<(Vec<Vec<u8>>, usize), ParseError> {
     let max_line = (64 << 10).min(limits.max_command);
@@ -168,20 +223,17 @@ impl Reply {
             }
             Reply::Integer(n) => {
                 out.push(b':');
-                out.extend_from_slice(n.to_string().as_bytes());
+                if *n < 0 {
+                    out.push(b'-');
+                }
+                push_decimal(out, n.unsigned_abs());
                 out.extend_from_slice(b"\r\n");
             }
-            Reply::Bulk(b) => {
-                out.push(b'$');
-                out.extend_from_slice(b.len().to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
-                out.extend_from_slice(b);
-                out.extend_from_slice(b"\r\n");
-            }
+            Reply::Bulk(b) => encode_bulk(out, Some(b)),
             Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
             Reply::Array(items) => {
                 out.push(b'*');
-                out.extend_from_slice(items.len().to_string().as_bytes());
+                push_decimal(out, items.len() as u64);
                 out.extend_from_slice(b"\r\n");
                 for i in items {
                     i.encode(out);
@@ -250,7 +302,84 @@ mod tests {
         assert!(matches!(parse_command(&[b'x'; 100], &l), Err(ParseError::TooLarge(_))));
     }
 
+    #[test]
+    fn gets_parse_in_place_as_the_parser_parses_them() {
+        let l = Limits::default();
+        let get = encode_command(&[b"gEt", b"key:000000012345"]);
+        let (key, used) = get_command(&get, &l).expect("a get");
+        assert_eq!((&get[key], used), (&b"key:000000012345"[..], get.len()));
+        for cut in 0..get.len() {
+            assert_eq!(get_command(&get[..cut], &l), None, "cut at {cut}");
+        }
+        // Not a get, or not one this takes: the general parser decides.
+        for other in [
+            encode_command(&[b"GETX", b"k"]),
+            encode_command(&[b"GET", b"k", b"v"]),
+            encode_command(&[b"SET", b"k"]),
+            b"*2\r\n$3\r\nGET\r\n$+1\r\nk\r\n".to_vec(),
+            b"*2\r\n$3\r\nGET\r\n$1\r\nkXY".to_vec(),
+            b"*2\r\n$3\r\nGET\r\n$99999999\r\nk\r\n".to_vec(),
+            b"GET k\r\n".to_vec(),
+        ] {
+            assert_eq!(get_command(&other, &l), None, "{:?}", String::from_utf8_lossy(&other));
+        }
+        // Past the limits: the parser's error, not a get.
+        let small = Limits { max_args: 3, max_arg: 4, max_command: 64 };
+        assert_eq!(get_command(&encode_command(&[b"GET", b"abcdefgh"]), &small), None);
+        let mut out = Vec::new();
+        encode_bulk(&mut out, Some(b"v"));
+        encode_bulk(&mut out, None);
+        Reply::Integer(-120).encode(&mut out);
+        Reply::Integer(i64::MIN).encode(&mut out);
+        Reply::Array(vec![Reply::Bulk(vec![b'x'; 12])]).encode(&mut out);
+        assert_eq!(out, b"$1\r\nv\r\n$-1\r\n:-120\r\n:-9223372036854775808\r\n*1\r\n$12\r\nxxxxxxxxxxxx\r\n");
+    }
+
+    /// A pipeline of GETs is parsed and answered with no allocation per command (the reply
+    /// buffer grows once): the in-place parser takes no copies, the bulk reply's length is
+    /// written without formatting a string. (The general parser copies every argument.)
+    #[test]
+    fn gets_are_parsed_and_answered_without_allocating() {
+        let l = Limits::default();
+        let mut input = Vec::new();
+        for i in 0..64 {
+            input.extend_from_slice(&encode_command(&[b"GET", format!("key:{i:012}").as_bytes()]));
+        }
+        let value = [b'v'; 64];
+        let mut out = Vec::with_capacity(64 * 80); // `$64\r\n`, the value, `\r\n`: 71 bytes each
+        let before = crate::alloc_count::allocations();
+        let (mut at, mut gets) = (0, 0);
+        while let Some((key, n)) = get_command(&input[at..], &l) {
+            let found = (input[at..][key].len() == 16).then_some(&value[..]);
+            encode_bulk(&mut out, found);
+            (at, gets) = (at + n, gets + 1);
+        }
+        assert_eq!(crate::alloc_count::allocations() - before, 0, "allocations for {gets} gets");
+        assert_eq!((gets, at, out.len()), (64, input.len(), 64 * (64 + 7)));
+        let before = crate::alloc_count::allocations();
+        let _ = parse_command(&input, &l).expect("a command");
+        assert!(crate::alloc_count::allocations() - before >= 3, "the general parser copies its arguments");
+    }
+
     proptest! {
+        /// Whatever the bytes, the in-place get parser agrees with the general one: what it
+        /// takes is a whole `GET` of that key, of that many bytes.
+        #[test]
+        fn the_get_parser_agrees_with_the_parser(bytes in proptest::collection::vec(any::<u8>(), 0..64), cut in 0usize..64, key in proptest::collection::vec(any::<u8>(), 0..24)) {
+            let l = Limits::default();
+            let mut get = encode_command(&[b"GET", &key]);
+            get.extend_from_slice(&bytes);
+            get.truncate(get.len().min(cut + 14 + key.len()));
+            for buf in [&get[..], &bytes[..]] {
+                if let Some((k, used)) = get_command(buf, &l) {
+                    let (args, n) = parse_command(buf, &l).expect("the parser takes it too");
+                    prop_assert_eq!(n, used);
+                    prop_assert!(args.len() == 2 && args[0].eq_ignore_ascii_case(b"get"));
+                    prop_assert_eq!(&args[1][..], &buf[k]);
+                }
+            }
+        }
+
         /// Whatever the bytes, parsing answers (never panics) and never claims more bytes than
         /// it was given.
         #[test]

@@ -315,8 +315,20 @@ impl<'a> Session<'a> {
             let mut fatal = None;
             let authenticated = self.authenticated();
             let command_limits = self.command_limits();
+            // Taken out while its commands are parsed (gets answered at once need `self`).
+            let input = std::mem::take(&mut self.input);
             while cmds.len() < limits.max_pipeline {
-                match parse_command(&self.input[used..], &command_limits) {
+                // A GET at the front with nothing before it pending, that the device in this
+                // process answers at once (an embedded front door): parsed in place, answered
+                // here, in order — no arguments copied, no group, no task.
+                if cmds.is_empty()
+                    && let Some((key, n)) = frame::get_command(&input[used..], &command_limits)
+                    && self.get_now(&input[used..][key])
+                {
+                    used += n;
+                    continue;
+                }
+                match parse_command(&input[used..], &command_limits) {
                     Ok((args, n)) => {
                         used += n;
                         if !args.is_empty() {
@@ -335,6 +347,7 @@ impl<'a> Session<'a> {
                     }
                 }
             }
+            self.input = input;
             self.input.drain(..used);
             if !cmds.is_empty() {
                 self.run_pipeline(cmds).await?;
@@ -515,7 +528,7 @@ impl<'a> Session<'a> {
             // A GET the device in this process answers at once (an embedded front door), with
             // nothing of the pipeline pending before it: answered here, in order, with no group,
             // no task and no key bookkeeping (every other command takes the path below).
-            if group.is_empty() && self.get_now(&args) {
+            if group.is_empty() && args.len() == 2 && args[0].eq_ignore_ascii_case(b"get") && self.get_now(&args[1]) {
                 continue;
             }
             let name = command::name(&args);
@@ -613,24 +626,40 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Answers `args` if it is a `GET` (linearizable, not in a transaction, allowed, its reply
-    /// reserved) that the device in this process answers at once: the reply is appended and
-    /// true returned. Otherwise nothing is done.
-    fn get_now(&mut self, args: &[Vec<u8>]) -> bool {
-        if args.len() != 2
-            || !args[0].eq_ignore_ascii_case(b"get")
+    /// Answers `GET key` if the device in this process answers it at once (linearizable, not in
+    /// a transaction, allowed, its reply reserved): the reply is encoded straight into the
+    /// output and true returned. Otherwise nothing is done (the general path runs the command).
+    fn get_now(&mut self, key: &[u8]) -> bool {
+        if !self.shared.up.client().has_local()
             || self.state.multi.is_some()
             || self.state.consistency() != dpukv_proto::Consistency::Linearizable
-            || self.refusal(args).is_some()
         {
             return false;
         }
-        let Some(held) = self.share.try_take(self.reservation(args)) else { return false };
+        // Refused (no token, or the key not granted): the general path answers why.
+        if self.shared.access.required()
+            && !self.state.caller.as_ref().is_some_and(|p| p.may(crate::auth::Perm::Read, key))
+        {
+            return false;
+        }
+        let Some(held) = self.share.try_take(command::get_bound(key).min(self.room())) else { return false };
         let started = Instant::now();
-        let Some(r) = self.shared.up.client().get_now(&args[1]) else { return false };
-        let reply = r.map_or_else(command::error_reply, command::bulk_or_nil);
-        record(self.shared, "get", &reply, started);
-        self.emit(reply);
+        let Some(r) = self.shared.up.client().get_now(key) else { return false };
+        match r {
+            Ok(v) => {
+                if self.state.reply == ReplyMode::On {
+                    frame::encode_bulk(&mut self.out, v.as_deref());
+                } else {
+                    self.emit(Reply::Nil); // suppressed (or the skip used up): nothing is written
+                }
+                self.shared.metrics.observe_resp_get(started.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                let reply = command::error_reply(e);
+                record(self.shared, "get", &reply, started);
+                self.emit(reply);
+            }
+        }
         self.held.push(held);
         true
     }

@@ -92,6 +92,20 @@ pub(crate) struct Header {
     pub(crate) right: u64,
 }
 
+/// Asks the CPU to bring `bytes` into its caches (a hint: no effect on what any read returns).
+#[inline]
+#[allow(unsafe_code)]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64).map(<[u8]>::as_ptr).chain(bytes.last().map(std::ptr::from_ref)) {
+        // SAFETY: a prefetch reads nothing the program sees and cannot fault; `line` points into
+        // `bytes` (SSE, which the instruction needs, is part of x86_64).
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 fn le16(b: &[u8], o: usize) -> u16 {
     u16::from_le_bytes([b[o], b[o + 1]])
 }
@@ -305,6 +319,19 @@ impl<'a> Node<'a> {
 
     fn corrupt(&self, what: &'static str) -> Error {
         Error::corrupt(self.h.off, what)
+    }
+
+    /// Starts loading, all at once, the parts of this leaf a point lookup reads — the shortcut
+    /// block its binary search walks and the log block it scans — so that their cache misses
+    /// overlap instead of following one another (a leaf of a large tree is rarely in cache: its
+    /// lookup would otherwise wait for one miss per search step and per log line).
+    #[inline]
+    pub(crate) fn prefetch_lookup(&self) {
+        let b = self.body;
+        let shortcuts = (self.h.sorted_start as usize).saturating_sub(HDR).min(b.len());
+        let log = (self.h.sorted_end as usize).saturating_sub(HDR).min(b.len());
+        prefetch(&b[..shortcuts]);
+        prefetch(&b[log..]);
     }
 
     /// Node-relative bytes `[pos, pos + len)` within the published part.

@@ -361,6 +361,7 @@ impl<'a> Tree<'a> {
     /// with a kept tombstone (or a delete marker still in the log).
     #[inline]
     pub(crate) fn leaf_get(&self, leaf: &Node<'a>, key: &[u8]) -> Result<Option<(ValRef<'a>, u64)>> {
+        leaf.prefetch_lookup();
         if leaf.h.log_count > 0 {
             // Entries are appended in version order: the last visible match is the newest.
             let mut found = None;
