@@ -18,6 +18,7 @@ ALLOWED = {
     "dpukv-net": {"dpukv-proto"},
     "dpukv-cluster": {"dpukv-proto"},
     "dpukv-backup": set(),
+    "dpukv-alloc-count": set(),  # test support (a dev-dependency only)
     "dpukv-node": {
         "dpukv-storage",
         "dpukv-proto",

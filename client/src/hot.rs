@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// The keys with the stamp they were learnt at, and the learning order (stale stamps are
 /// skipped: a key forgotten and learnt again has a new one).
@@ -21,11 +21,14 @@ struct Keys {
 pub(crate) struct HotKeyTable {
     capacity: usize,
     inner: Mutex<Keys>,
+    /// Keys known (set under the lock): a table with none answers `contains` without locking
+    /// or hashing (a read that misses a key being learnt goes to the primary, as it may).
+    known: AtomicUsize,
 }
 
 impl HotKeyTable {
     pub(crate) fn new(capacity: usize) -> HotKeyTable {
-        HotKeyTable { capacity, inner: Mutex::new(Keys::default()) }
+        HotKeyTable { capacity, inner: Mutex::new(Keys::default()), known: AtomicUsize::new(0) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Keys> {
@@ -33,7 +36,7 @@ impl HotKeyTable {
     }
 
     pub(crate) fn contains(&self, key: &[u8]) -> bool {
-        self.capacity > 0 && self.lock().stamps.contains_key(key)
+        self.capacity > 0 && self.known.load(Ordering::Relaxed) > 0 && self.lock().stamps.contains_key(key)
     }
 
     /// Learns whether `key` is replicated (a primary's answer said so).
@@ -44,6 +47,7 @@ impl HotKeyTable {
         let mut t = self.lock();
         if !replicated {
             t.stamps.remove(key);
+            self.known.store(t.stamps.len(), Ordering::Relaxed);
             return;
         }
         if t.stamps.contains_key(key) {
@@ -58,6 +62,7 @@ impl HotKeyTable {
         let stamp = t.next;
         t.next += 1;
         t.stamps.insert(key.to_vec(), stamp);
+        self.known.store(t.stamps.len(), Ordering::Relaxed);
         t.order.push_back((key.to_vec(), stamp));
         // Entries of forgotten keys still sit in `order`: compact it when it doubled.
         if t.order.len() > 2 * self.capacity {

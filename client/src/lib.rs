@@ -593,6 +593,35 @@ impl Client {
         }
     }
 
+    /// [`Client::get_now`] with the value appended to `out` (the device copies it there once,
+    /// from where it is stored; nothing else is allocated): `Some(Ok(true))` when the key has a
+    /// value (appended), `Some(Ok(false))` when it has none, None when the device in this process
+    /// does not answer it at once (then [`Client::get`] does).
+    pub fn get_now_into(&self, key: &[u8], out: &mut Vec<u8>) -> Option<Result<bool>> {
+        if !self.router.has_local() || key.is_empty() || key.len() > dpukv_proto::limits::MAX_KEY {
+            return None; // no device here, or a key the full path refuses with its error
+        }
+        if self.consistency != Consistency::Linearizable && self.hot.contains(key) {
+            return None; // a replica may serve it: the full path decides
+        }
+        let (found, replicated) = match self.router.get_local_into(key, out)? {
+            local::GetInto::Value { replicated, .. } => (true, replicated),
+            local::GetInto::Missing { replicated } => (false, replicated),
+            // Retryable, or the map moved on: the full path retries (and learns the map again).
+            local::GetInto::Error(e)
+                if e.code.is_retryable() || matches!(e.code, ErrorCode::StaleEpoch | ErrorCode::WrongRegion) =>
+            {
+                return None;
+            }
+            local::GetInto::Error(e) => return Some(Err(ClientError::Server(e))),
+        };
+        self.reads.primary.fetch_add(1, Ordering::Relaxed);
+        if replicated || self.hot.contains(key) {
+            self.hot.learn(key, replicated);
+        }
+        Some(Ok(found))
+    }
+
     /// Upsert; returns the write's version.
     pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
         Ok(self.call(Op::Put { key: key.to_vec(), value: value.to_vec() }).await?.1)

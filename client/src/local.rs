@@ -16,6 +16,35 @@ pub trait LocalDevice: Send + Sync {
     /// polls (writes go to the host, scans to the read engine). A request whose future is
     /// dropped may still execute, like one whose connection broke.
     fn call(&self, req: Request) -> LocalCall<'_>;
+
+    /// A get of `key` (in `region`, at `epoch`, by the caller's map) answered at once on the
+    /// calling thread, the value appended to `out` with no allocation but `out`'s growth — the
+    /// device checks it exactly as a [`dpukv_proto::Op::Get`] sent to [`LocalDevice::call`].
+    /// None: this device does not answer gets that way (use `call`).
+    fn get_into(&self, region: u32, epoch: u64, key: &[u8], out: &mut Vec<u8>) -> Option<GetInto> {
+        let _ = (region, epoch, key, out);
+        None
+    }
+}
+
+/// What [`LocalDevice::get_into`] answered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GetInto {
+    /// The value was appended: its length, and whether the key is replicated on other devices
+    /// (hot keys: the reply's flag).
+    Value {
+        /// Bytes appended.
+        len: usize,
+        /// The key is replicated.
+        replicated: bool,
+    },
+    /// The key has no value (nothing appended).
+    Missing {
+        /// The key is replicated.
+        replicated: bool,
+    },
+    /// The device's error answer (nothing appended).
+    Error(dpukv_proto::ErrorReply),
 }
 
 /// A [`LocalDevice`]'s answer.

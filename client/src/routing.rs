@@ -274,6 +274,20 @@ impl Router {
         Some(req)
     }
 
+    /// A get of `key` answered at once by the device in this process, its value appended to
+    /// `out`, if that device leads the key's region by the map in use (None otherwise, or when the
+    /// device answers gets only by a call).
+    pub(crate) fn get_local_into(&self, key: &[u8], out: &mut Vec<u8>) -> Option<crate::local::GetInto> {
+        let (node, pool) = self.local.as_ref()?;
+        let Via::Local(device) = &pool.via else { return None };
+        let map = self.map()?;
+        let r = map.region_of(key)?;
+        if r.primary != *node {
+            return None;
+        }
+        device.get_into(r.id, r.epoch, key, out)
+    }
+
     /// `req` answered at once by the device in this process (None: it answers only later, or
     /// there is none).
     pub(crate) fn call_local_now(&self, req: Request) -> Option<dpukv_proto::Response> {

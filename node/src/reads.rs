@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use dpukv_client::local::GetInto;
 use dpukv_proto::limits::{MAX_SCAN_BYTES, MAX_SCAN_ITEMS};
-use dpukv_proto::{ErrorCode, Op, Reply, Request, Response, ScanToken};
+use dpukv_proto::{ErrorCode, ErrorReply, Op, Reply, Request, Response, ScanToken};
 use dpukv_storage::ReadStats;
 use dpukv_storage::announce::Announcement;
 use dpukv_storage::region::RegionReader;
@@ -170,6 +171,27 @@ impl ReadPool {
         resp
     }
 
+    /// [`ReadPool::serve_now`] of a get of `key` (naming `region` and `epoch`, 0: any), its
+    /// value appended to `out`: the same checks and counters, and no allocation but `out`'s
+    /// growth (a reader state is reused; the value is copied once, from where it is stored).
+    /// Not timed: a caller that answers connections on this thread logs a slow one.
+    pub fn get_into(&self, region: u32, epoch: u64, key: &[u8], out: &mut Vec<u8>) -> GetInto {
+        let taken = self.inline.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut reader = taken.unwrap_or_else(|| ReaderThread {
+            shm: self.shm.clone(),
+            device: self.device,
+            counters: self.counters.clone(),
+            observer: self.observer.clone(),
+            state: None,
+            seen: ReadStats::default(),
+        });
+        // (Not timed here: the caller times it — the front door logs a slow one.)
+        let got = reader.get_into(region, epoch, key, out);
+        self.counters.served.fetch_add(1, Ordering::Relaxed);
+        self.inline.lock().unwrap_or_else(|e| e.into_inner()).push(reader);
+        got
+    }
+
     /// Queues reads (of one connection) for one reader thread, which answers them together
     /// through `sink` (waits while that thread's queue is full).
     /// A frame holding several scans (a gateway reading a long scan's pieces in parallel batches
@@ -285,6 +307,49 @@ impl ReaderThread {
         let resp = serve(regions, &self.shm, self.device, self.observer.as_deref(), req);
         self.account();
         resp
+    }
+
+    /// [`ReaderThread::serve`] of a get (see [`ReadPool::get_into`]).
+    fn get_into(&mut self, region: u32, epoch: u64, key: &[u8], out: &mut Vec<u8>) -> GetInto {
+        if self.state.as_ref().is_none_or(Regions::closed) {
+            self.state = None;
+            self.state = Regions::load(&self.shm);
+        }
+        let refused = |code, message: &str| GetInto::Error(ErrorReply { code, message: message.into() });
+        let Some(regions) = self.state.as_mut() else {
+            return refused(ErrorCode::Unavailable, "the host has not published its regions yet; retry");
+        };
+        if !regions.announcement.valid_now() {
+            return refused(
+                ErrorCode::Unavailable,
+                "this node's host is not renewing its authority: its region map may be stale",
+            );
+        }
+        let i = match regions.map.check_key(key, region, epoch) {
+            Ok(i) => i,
+            Err((code, what)) => return refused(code, what),
+        };
+        let got = regions.reader(i, &self.shm, self.device).and_then(|r| r.get_into(key, None, out));
+        let answer = match got {
+            Ok((found, _version)) => {
+                let replicated = self.observer.as_ref().is_some_and(|o| o.on_get(&regions.map.regions()[i], key));
+                match found {
+                    Some(len) => GetInto::Value { len, replicated },
+                    None => GetInto::Missing { replicated },
+                }
+            }
+            Err(e) => {
+                if !matches!(e, dpukv_storage::Error::KeySize { .. } | dpukv_storage::Error::ValueTooLarge { .. }) {
+                    regions.readers[i] = None; // reopen next time (the host may have restarted)
+                }
+                match storage_error(0, &e, false).result {
+                    Err(e) => GetInto::Error(e),
+                    Ok(_) => refused(ErrorCode::Internal, "a failed read answered no error"),
+                }
+            }
+        };
+        self.account();
+        answer
     }
 
     /// Adds what the readers counted since last time to the shared counters.
@@ -620,4 +685,74 @@ fn scan(
         _ => Vec::new(),
     };
     Ok(Ok(Reply::Items { items, token }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpukv_storage::region::{Region, RegionConfig};
+    use dpukv_storage::vlog::FsyncPolicy;
+
+    /// `key:NNNNNNNN`, written without allocating.
+    fn key(i: u32) -> [u8; 12] {
+        let mut k = *b"key:00000000";
+        let mut n = i;
+        for d in k[4..].iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        k
+    }
+
+    /// A get served on the caller's thread into its buffer (the front door's GETs) allocates
+    /// nothing once the region's reader is open — the value is copied once, from the host's
+    /// arena into the caller's buffer — and answers what `serve_now` answers, refusals included
+    /// (with the buffer left as it was).
+    #[test]
+    fn a_get_into_the_callers_buffer_allocates_nothing_and_answers_as_a_request_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shm = dir.path().join("shm");
+        let map = RegionMap::split_at(&[]).expect("map");
+        let rc = RegionConfig::tiny(dir.path().join("r"), pod::region_dir(&shm, 1), FsyncPolicy::Never);
+        let (mut region, _) = Region::open(rc).expect("open the region");
+        for i in 0..3000 {
+            region.put(&key(i), &[(i % 251) as u8; 64]).expect("put");
+        }
+        let _published = pod::publish_map(&shm, &map, u64::MAX).expect("publish the map");
+        let pool = ReadPool::start(shm, 1, true, Arc::default(), None).expect("read pool");
+        let mut out = Vec::with_capacity(1 << 16);
+        // The first get opens the region's reader, and the first descents fill the device's
+        // node cache (those allocate): one pass over the keys first.
+        assert_eq!(pool.get_into(0, 0, &key(7), &mut out), GetInto::Value { len: 64, replicated: false });
+        assert_eq!(out, [7u8; 64]);
+        for i in 0..3000 {
+            out.clear();
+            assert_eq!(pool.get_into(1, 1, &key(i), &mut out), GetInto::Value { len: 64, replicated: false });
+        }
+        out.clear();
+        let before = dpukv_alloc_count::allocations();
+        let mut found = 0;
+        for i in (0..3000).step_by(7) {
+            match pool.get_into(1, 1, &key(i), &mut out) {
+                GetInto::Value { len: 64, replicated: false } => found += 1,
+                other => panic!("key {i}: {other:?}"),
+            }
+            assert_eq!(out[out.len() - 64..], [(i % 251) as u8; 64]);
+        }
+        assert_eq!(pool.get_into(1, 1, &key(3001), &mut out), GetInto::Missing { replicated: false });
+        let allocated = dpukv_alloc_count::allocations() - before;
+        assert_eq!((allocated, found, out.len()), (0, 429, 429 * 64), "allocations for {found} gets");
+        // As a request answers.
+        let r = pool.serve_now(&Request::new(1, Op::Get { key: key(42).to_vec() }));
+        assert_eq!(r.result, Ok(Reply::Value(Some(vec![42; 64]))));
+        // Refusals, the buffer untouched.
+        out.clear();
+        let code = |g: GetInto| match g {
+            GetInto::Error(e) => e.code,
+            other => panic!("not refused: {other:?}"),
+        };
+        assert_eq!(code(pool.get_into(1, 9, &key(1), &mut out)), ErrorCode::StaleEpoch);
+        assert_eq!(code(pool.get_into(2, 0, &key(1), &mut out)), ErrorCode::WrongRegion);
+        assert!(out.is_empty());
+    }
 }

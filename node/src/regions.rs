@@ -184,11 +184,20 @@ impl RegionMap {
         {
             return Err((ErrorCode::WrongRegion, "a batch must stay within one region"));
         }
+        self.check_at(i, req.region, req.epoch)
+    }
+
+    /// [`RegionMap::check`] of a request on `key` naming `region` and `epoch` (0: any).
+    pub fn check_key(&self, key: &[u8], region: u32, epoch: u64) -> Result<usize, (ErrorCode, &'static str)> {
+        self.check_at(self.route(key), region, epoch)
+    }
+
+    fn check_at(&self, i: usize, region: u32, epoch: u64) -> Result<usize, (ErrorCode, &'static str)> {
         let spec = &self.map.regions[i];
-        if req.region != 0 && req.region != spec.id {
+        if region != 0 && region != spec.id {
             return Err((ErrorCode::WrongRegion, "the key is not in the region the request names"));
         }
-        if req.epoch != 0 && req.epoch != spec.epoch {
+        if epoch != 0 && epoch != spec.epoch {
             return Err((ErrorCode::StaleEpoch, "the region's epoch differs: refresh the region map"));
         }
         if spec.primary != self.node {

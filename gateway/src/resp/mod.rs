@@ -146,6 +146,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Cancellatio
     }
 }
 
+/// A get answered at once (on the thread serving connections) that takes longer than this is
+/// logged: a value read from disk, or a stall.
+const SLOW_GET_NOW: Duration = Duration::from_millis(50);
+
 /// What `CLIENT REPLY` chose.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum ReplyMode {
@@ -644,15 +648,22 @@ impl<'a> Session<'a> {
         }
         let Some(held) = self.share.try_take(command::get_bound(key).min(self.room())) else { return false };
         let started = Instant::now();
-        let Some(r) = self.shared.up.client().get_now(key) else { return false };
+        // The value is appended to the output by the device, then framed where it lies.
+        let mark = self.out.len();
+        let Some(r) = self.shared.up.client().get_now_into(key, &mut self.out) else { return false };
         match r {
-            Ok(v) => {
+            Ok(found) => {
                 if self.state.reply == ReplyMode::On {
-                    frame::encode_bulk(&mut self.out, v.as_deref());
+                    frame::frame_bulk(&mut self.out, mark, found);
                 } else {
+                    self.out.truncate(mark);
                     self.emit(Reply::Nil); // suppressed (or the skip used up): nothing is written
                 }
-                self.shared.metrics.observe_resp_get(started.elapsed().as_secs_f64());
+                let took = started.elapsed();
+                self.shared.metrics.observe_resp_get(took.as_secs_f64());
+                if took > SLOW_GET_NOW {
+                    tracing::warn!(?took, "a get answered at once was slow (this thread's connections waited)");
+                }
             }
             Err(e) => {
                 let reply = command::error_reply(e);

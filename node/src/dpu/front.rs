@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use dpukv_client::local::{LocalCall, LocalDevice};
+use dpukv_client::local::{GetInto, LocalCall, LocalDevice};
 use dpukv_proto::{Op, Request};
 
 use super::link::HostLinks;
@@ -41,6 +41,10 @@ impl LocalDevice for InProcess {
             super::dispatch(batch, sink, &self.reads, &self.links, &self.table, self.on_host).await;
             answer.await.ok()
         }))
+    }
+
+    fn get_into(&self, region: u32, epoch: u64, key: &[u8], out: &mut Vec<u8>) -> Option<GetInto> {
+        (!self.on_host).then(|| self.reads.get_into(region, epoch, key, out))
     }
 }
 

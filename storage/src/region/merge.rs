@@ -8,7 +8,7 @@ use std::ops::Bound;
 use crate::btree::{Entry, Snapshot, Writer};
 use crate::error::{Error, Result};
 use crate::levels::Level;
-use crate::vlog::{Lsn, RecordSource};
+use crate::vlog::{Lsn, Record, RecordSource};
 
 /// An owned stored entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,19 +123,58 @@ pub(crate) fn resolve(vlog: &dyn RecordSource, key: &[u8], s: Stored) -> Result<
     match s {
         Stored::Value(v) => Ok(Some(v)),
         Stored::Tombstone => Ok(None),
-        Stored::Pointer { ptr, len } => {
-            let rec = vlog.read_record(Lsn(ptr))?;
-            if rec.key.as_ref() != key || rec.value.len() != len as usize || rec.tombstone {
-                let at = Lsn(ptr);
-                return Err(Error::corrupt_file(
-                    &vlog.path_of(at),
-                    at.offset() as u64,
-                    "value pointer leads to another record",
-                ));
+        Stored::Pointer { ptr, len } => Ok(Some(pointed(vlog, key, ptr, len)?.value.into_owned())),
+    }
+}
+
+/// Appends the bytes of a value as stored to `out` (reading the value log for a pointer, as
+/// [`resolve`]); its length, or None for a tombstone.
+pub(crate) fn resolve_into(
+    vlog: &dyn RecordSource,
+    key: &[u8],
+    e: Entry<'_>,
+    out: &mut Vec<u8>,
+) -> Result<Option<usize>> {
+    match e {
+        Entry::Value(v) => {
+            out.extend_from_slice(v);
+            Ok(Some(v.len()))
+        }
+        Entry::Tombstone => Ok(None),
+        Entry::Pointer { ptr, len } => {
+            // Copied from where the record lies (a mapping: nothing else is copied).
+            let mut matches = false;
+            vlog.with_record(Lsn(ptr), &mut |rec| {
+                matches = is_value_of(rec, key, len);
+                if matches {
+                    out.extend_from_slice(&rec.value);
+                }
+            })?;
+            if !matches {
+                return Err(not_the_value(vlog, ptr));
             }
-            Ok(Some(rec.value.into_owned()))
+            Ok(Some(len as usize))
         }
     }
+}
+
+/// Whether `rec` is `key`'s value of `len` bytes (what a value pointer must lead to).
+fn is_value_of(rec: &Record<'_>, key: &[u8], len: u32) -> bool {
+    rec.key.as_ref() == key && rec.value.len() == len as usize && !rec.tombstone
+}
+
+fn not_the_value(vlog: &dyn RecordSource, ptr: u64) -> Error {
+    let at = Lsn(ptr);
+    Error::corrupt_file(&vlog.path_of(at), at.offset() as u64, "value pointer leads to another record")
+}
+
+/// The value-log record a value pointer leads to, checked to be `key`'s value of `len` bytes.
+fn pointed(vlog: &dyn RecordSource, key: &[u8], ptr: u64, len: u32) -> Result<Record<'static>> {
+    let rec = vlog.read_record(Lsn(ptr))?;
+    if !is_value_of(&rec, key, len) {
+        return Err(not_the_value(vlog, ptr));
+    }
+    Ok(rec)
 }
 
 /// The newest entry of `key` across the tables.
@@ -154,6 +193,26 @@ pub(crate) fn get_versioned(
         let e = match (s, hint.filter(|_| i == 0)) {
             (Src::Snap(snap), Some(h)) => snap.get_versioned_hinted(key, h)?.0.map(|(e, v)| (Stored::from_entry(e), v)),
             _ => s.get_versioned(key)?,
+        };
+        if e.is_some() {
+            return Ok(e);
+        }
+    }
+    Ok(None)
+}
+
+/// Like [`get_versioned`], the entry borrowed from its table (nothing copied).
+pub(crate) fn get_entry<'s>(
+    srcs: &'s [Src<'_>],
+    key: &[u8],
+    hint: Option<&crate::btree::StartHint<'_>>,
+) -> Result<Option<(Entry<'s>, u64)>> {
+    for (i, s) in srcs.iter().enumerate() {
+        let e = match (s, hint.filter(|_| i == 0)) {
+            (Src::Snap(snap), Some(h)) => snap.get_versioned_hinted(key, h)?.0,
+            (Src::Snap(snap), None) => snap.get_versioned(key)?,
+            (Src::Writer(w), _) => w.get_versioned(key)?,
+            (Src::Level(l), _) => l.get(key)?.map(|(v, e)| (e, v)),
         };
         if e.is_some() {
             return Ok(e);

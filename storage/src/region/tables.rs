@@ -211,7 +211,7 @@ impl RegionReader {
     /// Runs `f` on one consistent view of the tables: the pinned table set, and a snapshot of
     /// each of its arenas. A host that restarted (its control block closed) is followed; a pin
     /// revoked under us (we stalled past the lease) is retried once.
-    fn with_srcs<T>(&mut self, f: impl Fn(&[Src<'_>], &MappedLog) -> Result<T>) -> Result<T> {
+    fn with_srcs<T>(&mut self, mut f: impl FnMut(&[Src<'_>], &MappedLog) -> Result<T>) -> Result<T> {
         for attempt in 0.. {
             if self.ctl.closed() {
                 let stats = self.read_stats();
@@ -219,7 +219,7 @@ impl RegionReader {
                 self.retired = stats;
             }
             let (generation, pinned) = self.ctl.pin()?;
-            let out = self.pinned(generation, &f);
+            let out = self.pinned(generation, &mut f);
             let out = if self.ctl.unpin(pinned) { out } else { Err(Error::ReaderRevoked) };
             return match out {
                 Err(Error::ReaderRevoked) if attempt == 0 => continue,
@@ -229,7 +229,7 @@ impl RegionReader {
         unreachable!("the loop returns by its second attempt")
     }
 
-    fn pinned<T>(&mut self, generation: u64, f: &impl Fn(&[Src<'_>], &MappedLog) -> Result<T>) -> Result<T> {
+    fn pinned<T>(&mut self, generation: u64, f: &mut impl FnMut(&[Src<'_>], &MappedLog) -> Result<T>) -> Result<T> {
         if generation != self.set.generation {
             let (set, active, frozen, levels) = Self::tables(&self.shm_dir, generation, &self.levels, self.device)?;
             self.retired = self.read_stats();
@@ -246,11 +246,12 @@ impl RegionReader {
             self.reloads += 1;
         }
         let snap = self.active.snapshot()?;
-        let mut fsnaps = Vec::with_capacity(self.frozen.len());
+        let mut fsnaps: smallvec::SmallVec<[_; 4]> = smallvec::SmallVec::new();
         for r in &mut self.frozen {
             fsnaps.push(r.snapshot()?);
         }
-        let mut srcs = vec![Src::Snap(&snap)];
+        // On the stack for the usual few tables (a get allocates nothing here).
+        let mut srcs: smallvec::SmallVec<[Src<'_>; 8]> = smallvec::smallvec![Src::Snap(&snap)];
         srcs.extend(fsnaps.iter().map(Src::Snap));
         srcs.extend(self.levels.iter().map(|l| Src::Level(l)));
         let out = f(&srcs, &self.log)?;
@@ -290,6 +291,31 @@ impl RegionReader {
             Some((s, version)) => Ok((merge::resolve(log, key, s)?, version)),
             None => Ok((None, 0)),
         })
+    }
+
+    /// Appends `key`'s value to `out` — copied once, from where it is stored (the active arena's
+    /// tree read from where `hint` says if it is still valid, as
+    /// [`RegionReader::get_versioned_hinted`]), with no allocation but `out`'s growth — and
+    /// returns its length (None: no value) and the version of the entry that decided it. On an
+    /// error `out` is as it was (also what a retried attempt appended is taken back).
+    pub fn get_into(
+        &mut self,
+        key: &[u8],
+        hint: Option<&crate::btree::StartHint<'_>>,
+        out: &mut Vec<u8>,
+    ) -> Result<(Option<usize>, u64)> {
+        let mark = out.len();
+        let got = self.with_srcs(|srcs, log| {
+            out.truncate(mark);
+            match merge::get_entry(srcs, key, hint)? {
+                Some((e, version)) => Ok((merge::resolve_into(log, key, e, out)?, version)),
+                None => Ok((None, 0)),
+            }
+        });
+        if got.is_err() {
+            out.truncate(mark);
+        }
+        got
     }
 
     /// The top of the active arena's tree for a fat root: the children of `nodes` that are still

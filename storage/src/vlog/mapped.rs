@@ -79,8 +79,14 @@ fn read_header(map: &Mapping, p: &Path) -> Result<Vec<u8>> {
 }
 
 impl RecordSource for MappedLog {
-    #[allow(unsafe_code)]
     fn read_record(&self, ptr: Lsn) -> Result<Record<'static>> {
+        let mut out = None;
+        self.with_record(ptr, &mut |rec| out = Some(rec.to_owned()))?;
+        out.ok_or_else(|| Error::corrupt_file(&self.path_of(ptr), ptr.offset() as u64, "record not decoded"))
+    }
+
+    #[allow(unsafe_code)]
+    fn with_record(&self, ptr: Lsn, f: &mut dyn FnMut(&Record<'_>)) -> Result<()> {
         let seg = self.segment(ptr.segment())?;
         let (map, salt) = (&seg.0, seg.1);
         let p = || segment::path(&self.dir, ptr.segment());
@@ -96,7 +102,8 @@ impl RecordSource for MappedLog {
         let bytes = unsafe { map.bytes(off, total) }
             .map_err(|_| Error::corrupt_file(&p(), off, "record runs past the segment end"))?;
         let (rec, _) = decode_record(bytes, 0, salt).map_err(|what| Error::corrupt_file(&p(), off, what))?;
-        Ok(rec.to_owned())
+        f(&rec);
+        Ok(())
     }
 
     fn path_of(&self, at: Lsn) -> PathBuf {

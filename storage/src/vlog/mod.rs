@@ -122,6 +122,12 @@ impl Lsn {
 pub trait RecordSource {
     /// Reads and checks the record at `ptr`.
     fn read_record(&self, ptr: Lsn) -> Result<Record<'static>>;
+    /// Reads and checks the record at `ptr` and calls `f` with it — borrowed from where it lies
+    /// when the source can (a mapping: nothing copied), else read as [`RecordSource::read_record`].
+    fn with_record(&self, ptr: Lsn, f: &mut dyn FnMut(&Record<'_>)) -> Result<()> {
+        f(&self.read_record(ptr)?);
+        Ok(())
+    }
     /// The file holding the record at `at` (for errors).
     fn path_of(&self, at: Lsn) -> PathBuf;
 }
