@@ -569,28 +569,8 @@ impl Client {
     /// copy of the request; None otherwise (then [`Client::get`] answers, with its retries:
     /// also when the device refused, so a stale map is learned again there).
     pub fn get_now(&self, key: &[u8]) -> Option<Result<Option<Vec<u8>>>> {
-        if !self.router.has_local() {
-            return None;
-        }
-        if self.consistency != Consistency::Linearizable && self.hot.contains(key) {
-            return None; // a replica may serve it: the full path decides
-        }
-        let mut req = self.router.local_request(Op::Get { key: key.to_vec() })?;
-        req.consistency = self.consistency;
-        let resp = self.router.call_local_now(req)?;
-        match resp.result {
-            Ok(Reply::Value(v)) => {
-                self.reads.primary.fetch_add(1, Ordering::Relaxed);
-                if resp.replicated || self.hot.contains(key) {
-                    self.hot.learn(key, resp.replicated);
-                }
-                Some(Ok(v))
-            }
-            Ok(other) => Some(Err(ClientError::unexpected(&other))),
-            // Retryable, or the map moved on: the full path retries (and learns the map again).
-            Err(e) if e.code.is_retryable() || matches!(e.code, ErrorCode::StaleEpoch | ErrorCode::WrongRegion) => None,
-            Err(e) => Some(Err(ClientError::Server(e))),
-        }
+        let mut value = Vec::new();
+        self.get_now_into(key, &mut value).map(|r| r.map(|found| found.then_some(value)))
     }
 
     /// [`Client::get_now`] with the value appended to `out` (the device copies it there once,

@@ -260,20 +260,6 @@ impl Router {
         self.local.is_some()
     }
 
-    /// `op` as a request to the device in this process, naming its key's region and epoch, if
-    /// that device leads the region by the map in use (None: no map yet, or another node leads).
-    pub(crate) fn local_request(&self, op: Op) -> Option<Request> {
-        let (node, _) = self.local.as_ref()?;
-        let map = self.map()?;
-        let r = map.region_of(op.key())?;
-        if r.primary != *node {
-            return None;
-        }
-        let mut req = Request::new(0, op);
-        (req.region, req.epoch) = (r.id, r.epoch);
-        Some(req)
-    }
-
     /// A get of `key` answered at once by the device in this process, its value appended to
     /// `out`, if that device leads the key's region by the map in use (None otherwise, or when the
     /// device answers gets only by a call).
@@ -286,18 +272,6 @@ impl Router {
             return None;
         }
         device.get_into(r.id, r.epoch, key, out)
-    }
-
-    /// `req` answered at once by the device in this process (None: it answers only later, or
-    /// there is none).
-    pub(crate) fn call_local_now(&self, req: Request) -> Option<dpukv_proto::Response> {
-        let (_, pool) = self.local.as_ref()?;
-        let Via::Local(device) = &pool.via else { return None };
-        req.op.validate().ok()?;
-        match device.call(req) {
-            LocalCall::Ready(r) => Some(r),
-            LocalCall::Later(_) => None,
-        }
     }
 
     /// Where `req` goes: the primary device of the region holding its key, with the region and
