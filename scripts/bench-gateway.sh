@@ -7,7 +7,8 @@
 #     `-c 4 -P 16`; one CSV line per test, with the servers' CPU microseconds, context switches
 #     and system calls per request (every server process: redis-server; dpukv's nodes, devices,
 #     gateway and etcd);
-#  2. wrk against `GET /v1/kv/{key}` (random keys of a loaded set) vs etcd's HTTP gateway
+#  2. wrk against `GET /v1/kv/{key}` (random keys of a loaded set), through the gateway and the
+#     device's front door, vs etcd's HTTP gateway
 #     (`POST /v3/kv/range`, the same keys) — same threads and connections;
 #  3. dpukv-bench YCSB-C and E through the gateway vs straight to the devices;
 #  parts 2 and 3 with the servers' CPU microseconds and context switches per request too;
@@ -91,7 +92,7 @@ start_dpukv() { # nodes fsync [--tls | --device-fronts]
     --resp "127.0.0.1:$RESP_PORT" --nodes "$1" --fsync "$2" ${3:-} 2>"$TMP/local.log" &
   LOCAL=$!
   CLIENT_TLS=()
-  [ -n "${3:-}" ] && CLIENT_TLS=(--tls-ca "$dir/tls/ca.pem")
+  [ "${3:-}" = --tls ] && CLIENT_TLS=(--tls-ca "$dir/tls/ca.pem")
   for _ in $(seq 1 600); do
     $BIN/dpukv --endpoint "127.0.0.1:$BIN_PORT" "${CLIENT_TLS[@]}" put bench:probe ok >/dev/null 2>&1 && break
     sleep 0.1
@@ -146,7 +147,8 @@ if [[ " $PARTS " == *" 2 "* ]]; then
     --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_P" --initial-cluster "b=http://127.0.0.1:$ETCD_P" \
     --initial-cluster-state new >"$TMP/etcd.log" 2>&1 &
   ETCD_PID=$!
-  start_dpukv 1 always
+  start_dpukv 1 always --device-fronts
+  FRONT_HTTP=$(python3 -c "import json; print(json.load(open('$DIR/cluster.json'))['nodes'][0]['http'])")
   python3 - "$ETCD_C" "$HTTP_PORT" <<'EOF'
 import base64, json, sys, urllib.request
 etcd, http = sys.argv[1], sys.argv[2]
@@ -189,6 +191,9 @@ EOF
   echo "== wrk -t2 -c50 -d${WRK_SECONDS}s: dpukv GET /v1/kv/{key} (1 node, fsync always)"
   python3 scripts/proc-cost.py run --regex '([0-9]+) requests in' dpukv-node dpukv-dpu dpukv-gateway -- \
     wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/dpukv.lua" "http://127.0.0.1:$HTTP_PORT" | grep -E "Requests/sec|Latency|Non-2xx|per request"
+  echo "== wrk -t2 -c50 -d${WRK_SECONDS}s: dpukv GET /v1/kv/{key} through the device's front door (1 node, fsync always)"
+  python3 scripts/proc-cost.py run --regex '([0-9]+) requests in' dpukv-node dpukv-dpu -- \
+    wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/dpukv.lua" "http://$FRONT_HTTP" | grep -E "Requests/sec|Latency|Non-2xx|per request"
   echo "== wrk -t2 -c50 -d${WRK_SECONDS}s: etcd POST /v3/kv/range (1 member)"
   python3 scripts/proc-cost.py run --regex '([0-9]+) requests in' "pid:$ETCD_PID" -- \
     wrk -t2 -c50 -d"${WRK_SECONDS}s" -s "$TMP/etcd.lua" "http://127.0.0.1:$ETCD_C" | grep -E "Requests/sec|Latency|Non-2xx|per request"
