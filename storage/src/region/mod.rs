@@ -220,6 +220,17 @@ pub(crate) fn sessions_path(dir: &Path, generation: u64) -> PathBuf {
     dir.join(format!("SESSIONS-{generation:016}"))
 }
 
+/// What [`Region::middle_key`] found in a range: its live data and a key near its middle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Middle {
+    /// Keys plus stored value lengths of the live entries (dead versions and tombstones excluded).
+    pub live_bytes: u64,
+    /// Live keys.
+    pub live_keys: u64,
+    /// A key near the middle by bytes, never the first (None with fewer than two live keys).
+    pub key: Option<Vec<u8>>,
+}
+
 /// One region's store. Single writer; reads from this handle see the latest writes (readers in
 /// other threads and processes see them once acknowledged).
 pub struct Region {
@@ -563,7 +574,7 @@ impl Region {
     /// near its middle, never its first key: where a split leaves two halves of about equal size
     /// (None with fewer than two live keys). Walks the keys twice without reading values from the
     /// log.
-    pub fn middle_key(&self, lo: &[u8], hi: &[u8]) -> Result<(u64, Option<Vec<u8>>)> {
+    pub fn middle_key(&self, lo: &[u8], hi: &[u8]) -> Result<Middle> {
         let srcs = self.srcs();
         let size = |s: &Stored, k: &[u8]| match s {
             Stored::Value(v) => Some(k.len() + v.len()),
@@ -572,22 +583,26 @@ impl Region {
         };
         let all = [0xffu8; crate::config::MAX_KEY_LEN + 1];
         let hi = if hi.is_empty() { &all[..] } else { hi };
-        let mut total = 0usize;
+        let (mut total, mut keys) = (0usize, 0u64);
         let mut cur = merge::MergeCursor::new(&srcs, lo, hi);
         while let Some((k, _, s, _)) = cur.next()? {
-            total += size(&s, &k).unwrap_or(0);
+            if let Some(n) = size(&s, &k) {
+                total += n;
+                keys += 1;
+            }
         }
+        let found = |key| Middle { live_bytes: total as u64, live_keys: keys, key };
         let (mut seen, mut first) = (0usize, true);
         let mut cur = merge::MergeCursor::new(&srcs, lo, hi);
         while let Some((k, _, s, _)) = cur.next()? {
             let Some(n) = size(&s, &k) else { continue };
             if !first && seen >= total / 2 {
-                return Ok((total as u64, Some(k)));
+                return Ok(found(Some(k)));
             }
             first = false;
             seen += n;
         }
-        Ok((total as u64, None))
+        Ok(found(None))
     }
 
     /// About `want` keys cutting `(lo, hi)` into parts of similar size (see

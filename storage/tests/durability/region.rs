@@ -418,9 +418,14 @@ fn a_region_tells_its_middle_key_its_size_and_its_sessions() {
     let mut cfg = RegionConfig::tiny(dir.path().join("r"), dir.path().join("shm"), FsyncPolicy::Never);
     cfg.l0_budget = 1 << 20; // everything stays in L0 first
     let (mut r, _) = Region::open(cfg).expect("open");
-    assert_eq!(r.middle_key(b"", b"").expect("middle"), (0, None), "empty");
+    let middle = |r: &Region, lo: &[u8], hi: &[u8]| {
+        let m = r.middle_key(lo, hi).expect("middle");
+        (m.live_bytes, m.key)
+    };
+    assert_eq!(r.middle_key(b"", b"").expect("middle").live_keys, 0);
+    assert_eq!(middle(&r, b"", b""), (0, None), "empty");
     r.put(b"a", b"1").expect("put");
-    assert_eq!(r.middle_key(b"", b"").expect("middle"), (2, None), "one key cannot split");
+    assert_eq!(middle(&r, b"", b""), (2, None), "one key cannot split");
     let small = r.estimated_bytes();
     // 100 keys of 600-byte values (above the inline threshold: their bytes are in the log).
     for i in 0..100u32 {
@@ -428,7 +433,8 @@ fn a_region_tells_its_middle_key_its_size_and_its_sessions() {
     }
     let l0 = r.estimated_bytes();
     assert!(l0 >= small + 100 * 600, "L0's log values count: {small} -> {l0}");
-    let (live, m) = r.middle_key(b"", b"").expect("middle");
+    assert_eq!(r.middle_key(b"", b"").expect("middle").live_keys, 101);
+    let (live, m) = middle(&r, b"", b"");
     let m = m.expect("a middle key");
     assert_eq!(live, 2 + 100 * (4 + 600), "live bytes: keys and values");
     assert!(
@@ -437,7 +443,7 @@ fn a_region_tells_its_middle_key_its_size_and_its_sessions() {
         String::from_utf8_lossy(&m)
     );
     // Within a range: only its keys count (a split's source still holding the half it gave away).
-    let (live, m) = r.middle_key(b"k", b"k049").expect("middle");
+    let (live, m) = middle(&r, b"k", b"k049");
     assert_eq!(live, 50 * (4 + 600));
     let m = m.expect("a middle key in the range");
     assert!(
@@ -458,7 +464,8 @@ fn a_region_tells_its_middle_key_its_size_and_its_sessions() {
     let keys = r.scan_keys(b"k", b"k~", 1000).expect("keys");
     assert_eq!(keys.len(), 50);
     assert_eq!(keys[0], b"k050".to_vec());
-    let (live, m) = r.middle_key(b"", b"").expect("middle");
+    assert_eq!(r.middle_key(b"", b"").expect("middle").live_keys, 51, "deleted keys are not live");
+    let (live, m) = middle(&r, b"", b"");
     assert_eq!(live, 2 + 50 * (4 + 600), "deleted keys are not live");
     let m = m.expect("a middle key");
     assert!(
