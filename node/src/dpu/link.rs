@@ -132,12 +132,13 @@ impl HostLinks {
         })
     }
 
-    /// Links of their own to the same host (as many, the same timeout), sharing these links'
-    /// counters, hot keys and vouch: a front door thread's, whose tasks run on its event loop.
+    /// A link of its own to the same host (the same timeout), sharing these links' counters,
+    /// hot keys and vouch: a front door thread's, whose tasks run on its event loop. One link:
+    /// what the thread's connections send in one turn of its loop goes in one frame.
     pub fn sibling(&self) -> Arc<HostLinks> {
         Arc::new(HostLinks {
             socket: self.socket.clone(),
-            links: (0..self.links.len()).map(|_| tokio::sync::Mutex::new(None)).collect(),
+            links: vec![tokio::sync::Mutex::new(None)],
             next: AtomicUsize::new(0),
             ids: AtomicU64::new(1),
             timeout: self.timeout,
