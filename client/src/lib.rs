@@ -570,14 +570,15 @@ impl Client {
     /// also when the device refused, so a stale map is learned again there).
     pub fn get_now(&self, key: &[u8]) -> Option<Result<Option<Vec<u8>>>> {
         let mut value = Vec::new();
-        self.get_now_into(key, &mut value).map(|r| r.map(|found| found.then_some(value)))
+        self.get_now_into(key, &mut value).map(|r| r.map(|found| found.map(|_| value)))
     }
 
     /// [`Client::get_now`] with the value appended to `out` (the device copies it there once,
-    /// from where it is stored; nothing else is allocated): `Some(Ok(true))` when the key has a
-    /// value (appended), `Some(Ok(false))` when it has none, None when the device in this process
-    /// does not answer it at once (then [`Client::get`] does).
-    pub fn get_now_into(&self, key: &[u8], out: &mut Vec<u8>) -> Option<Result<bool>> {
+    /// from where it is stored; nothing else is allocated): `Some(Ok(Some(version)))` when the key
+    /// has a value (appended; the version of the entry that decided it), `Some(Ok(None))` when it
+    /// has none, None when the device in this process does not answer it at once (then
+    /// [`Client::get`] does).
+    pub fn get_now_into(&self, key: &[u8], out: &mut Vec<u8>) -> Option<Result<Option<u64>>> {
         if !self.router.has_local() || key.is_empty() || key.len() > dpukv_proto::limits::MAX_KEY {
             return None; // no device here, or a key the full path refuses with its error
         }
@@ -585,8 +586,8 @@ impl Client {
             return None; // a replica may serve it: the full path decides
         }
         let (found, replicated) = match self.router.get_local_into(key, out)? {
-            local::GetInto::Value { replicated, .. } => (true, replicated),
-            local::GetInto::Missing { replicated } => (false, replicated),
+            local::GetInto::Value { version, replicated, .. } => (Some(version), replicated),
+            local::GetInto::Missing { replicated } => (None, replicated),
             // Retryable, or the map moved on: the full path retries (and learns the map again).
             local::GetInto::Error(e)
                 if e.code.is_retryable() || matches!(e.code, ErrorCode::StaleEpoch | ErrorCode::WrongRegion) =>

@@ -35,6 +35,8 @@ pub enum GetInto {
     Value {
         /// Bytes appended.
         len: usize,
+        /// The version of the entry that decided it (as a response's `version`).
+        version: u64,
         /// The key is replicated.
         replicated: bool,
     },

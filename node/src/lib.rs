@@ -35,12 +35,12 @@ pub mod atomics;
 pub mod backup;
 pub mod config;
 pub mod control;
-/// A tmpfs for unit tests that need a full disk (shared with the storage and node suites).
 // Allocations counted per thread in the unit tests (a device's get allocates nothing per read).
 #[cfg(test)]
 #[global_allocator]
 static COUNTING: dpukv_alloc_count::Counting = dpukv_alloc_count::Counting;
 
+/// A tmpfs for unit tests that need a full disk (shared with the storage and node suites).
 #[cfg(test)]
 #[path = "../../storage/tests/support/tmpfs.rs"]
 #[allow(dead_code)]

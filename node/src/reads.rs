@@ -331,10 +331,10 @@ impl ReaderThread {
         };
         let got = regions.reader(i, &self.shm, self.device).and_then(|r| r.get_into(key, None, out));
         let answer = match got {
-            Ok((found, _version)) => {
+            Ok((found, version)) => {
                 let replicated = self.observer.as_ref().is_some_and(|o| o.on_get(&regions.map.regions()[i], key));
                 match found {
-                    Some(len) => GetInto::Value { len, replicated },
+                    Some(len) => GetInto::Value { len, version, replicated },
                     None => GetInto::Missing { replicated },
                 }
             }
@@ -723,18 +723,21 @@ mod tests {
         let mut out = Vec::with_capacity(1 << 16);
         // The first get opens the region's reader, and the first descents fill the device's
         // node cache (those allocate): one pass over the keys first.
-        assert_eq!(pool.get_into(0, 0, &key(7), &mut out), GetInto::Value { len: 64, replicated: false });
+        assert!(matches!(pool.get_into(0, 0, &key(7), &mut out), GetInto::Value { len: 64, replicated: false, .. }));
         assert_eq!(out, [7u8; 64]);
         for i in 0..3000 {
             out.clear();
-            assert_eq!(pool.get_into(1, 1, &key(i), &mut out), GetInto::Value { len: 64, replicated: false });
+            assert!(matches!(
+                pool.get_into(1, 1, &key(i), &mut out),
+                GetInto::Value { len: 64, replicated: false, .. }
+            ));
         }
         out.clear();
         let before = dpukv_alloc_count::allocations();
         let mut found = 0;
         for i in (0..3000).step_by(7) {
             match pool.get_into(1, 1, &key(i), &mut out) {
-                GetInto::Value { len: 64, replicated: false } => found += 1,
+                GetInto::Value { len: 64, replicated: false, version } if version > 0 => found += 1,
                 other => panic!("key {i}: {other:?}"),
             }
             assert_eq!(out[out.len() - 64..], [(i % 251) as u8; 64]);

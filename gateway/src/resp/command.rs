@@ -91,15 +91,15 @@ pub fn permitted(caller: &crate::auth::Principal, args: &[Vec<u8>]) -> bool {
 /// What a value read costs at most (the value and its framing).
 const PER_VALUE: usize = dpukv_proto::limits::MAX_VALUE + 64;
 
-/// The most bytes `args` holds while it runs — its reply, a value it reads on the way, the
-/// copies it sends — reserved from the connection's share before it runs (like the binary
-/// protocol's requests). `MGET` may ask for more than a share holds: it is given what the share
-/// can, and reads its keys in waves within it.
 /// What a `GET key` reserves: [`reply_bound`] of it, from the key alone.
 pub fn get_bound(key: &[u8]) -> usize {
     PER_VALUE + (3 + 16) + (key.len() + 16)
 }
 
+/// The most bytes `args` holds while it runs — its reply, a value it reads on the way, the
+/// copies it sends — reserved from the connection's share before it runs (like the binary
+/// protocol's requests). `MGET` may ask for more than a share holds: it is given what the share
+/// can, and reads its keys in waves within it.
 pub fn reply_bound(args: &[Vec<u8>]) -> usize {
     let sent = args.iter().map(|a| a.len() + 16).sum::<usize>();
     match name(args).as_str() {

@@ -321,7 +321,9 @@ impl<'a> Session<'a> {
             let command_limits = self.command_limits();
             // Taken out while its commands are parsed (gets answered at once need `self`).
             let input = std::mem::take(&mut self.input);
-            while cmds.len() < limits.max_pipeline {
+            // GETs answered in the loop count toward the pipeline limit too.
+            let mut answered = 0;
+            while cmds.len() + answered < limits.max_pipeline {
                 // A GET at the front with nothing before it pending, that the device in this
                 // process answers at once (an embedded front door): parsed in place, answered
                 // here, in order — no arguments copied, no group, no task.
@@ -330,6 +332,7 @@ impl<'a> Session<'a> {
                     && self.get_now(&input[used..][key])
                 {
                     used += n;
+                    answered += 1;
                     continue;
                 }
                 match parse_command(&input[used..], &command_limits) {
@@ -529,12 +532,6 @@ impl<'a> Session<'a> {
             if self.state.quit || self.state.close {
                 break;
             }
-            // A GET the device in this process answers at once (an embedded front door), with
-            // nothing of the pipeline pending before it: answered here, in order, with no group,
-            // no task and no key bookkeeping (every other command takes the path below).
-            if group.is_empty() && args.len() == 2 && args[0].eq_ignore_ascii_case(b"get") && self.get_now(&args[1]) {
-                continue;
-            }
             let name = command::name(&args);
             if self.state.multi.is_some() && !transaction::controls(&name) {
                 let started = Instant::now();
@@ -654,7 +651,7 @@ impl<'a> Session<'a> {
         match r {
             Ok(found) => {
                 if self.state.reply == ReplyMode::On {
-                    frame::frame_bulk(&mut self.out, mark, found);
+                    frame::frame_bulk(&mut self.out, mark, found.is_some());
                 } else {
                     self.out.truncate(mark);
                     self.emit(Reply::Nil); // suppressed (or the skip used up): nothing is written

@@ -396,21 +396,19 @@ struct Walked {
 }
 
 impl Walked {
-    /// Whether it still stands for `range` after `writes_total` writes at size estimate
-    /// `estimate`: the same range, fewer writes since than a tenth of its keys (or than
-    /// [`WALK_AGAIN_WRITES`]), and the estimate within a tenth of what it was (data that came
-    /// another way, as a backup's) — so a region past a split threshold by its estimate but not
-    /// by its live data (dead versions waiting for compaction) is not walked at every report,
-    /// while one whose data moved is walked again.
+    /// Whether it still stands for `range` after `writes_total` writes (operations) at size
+    /// estimate `estimate`: the same range, fewer writes since than a tenth of its live keys,
+    /// and the estimate within a tenth of what it was (data that came another way, as a
+    /// backup's) — so a region past a split threshold by its estimate but not by its live data
+    /// (dead versions waiting for compaction) is not walked at every report, while one whose
+    /// data moved — by writes, deletes, or a control operation, which forgets the walk — is
+    /// walked again.
     fn stands(&self, range: &(Vec<u8>, Vec<u8>), writes_total: u64, estimate: u64) -> bool {
         &self.range == range
-            && writes_total - self.writes_at < (self.found.live_keys / 10).max(WALK_AGAIN_WRITES)
+            && writes_total - self.writes_at < (self.found.live_keys / 10).max(1)
             && estimate.abs_diff(self.estimate) * 10 <= self.estimate
     }
 }
-
-/// Writes after which a range is walked again for its middle key, whatever its size.
-const WALK_AGAIN_WRITES: u64 = 1000;
 
 /// The next up to [`TRIM_STEP`] keys outside the ranges in `keep`, at or after `from` (where the
 /// previous step stopped: keys outside `keep` are never written again, so the deleted ones
@@ -534,6 +532,11 @@ impl Worker {
 
     /// Handles one control (between rounds: every write before it is applied).
     fn control(&mut self, c: Control) {
+        // A fence, a new range, an import or an export: the region's range or data may have
+        // moved in a way writes do not count — the next size check walks it again.
+        if !matches!(c, Control::Load { .. } | Control::Cut { .. }) {
+            self.walked = None;
+        }
         match c {
             Control::Fence { range, done } => {
                 self.fence = range;
@@ -723,7 +726,11 @@ impl Worker {
             }
         }
         self.writes_since += 1;
-        self.writes_total += 1;
+        // (A batch counts its operations: what a walk's staleness is measured in.)
+        self.writes_total += match &req.op {
+            Op::Batch { ops } => ops.len().max(1) as u64,
+            _ => 1,
+        };
         if let Some(s) = req.session {
             self.region.session_acknowledge(s.client, s.acked_below);
             if let Some(&first) = round.tagged.get(&(s.client, s.seq)) {
@@ -1046,6 +1053,14 @@ mod tests {
         }
         load();
         assert_eq!(stats.middle_walks.load(Ordering::Relaxed), 2, "walked again once a tenth was written");
+        load();
+        assert_eq!(stats.middle_walks.load(Ordering::Relaxed), 2);
+        // A control operation (a fence, a new range, an import) forgets the walk.
+        let (done, fenced) = oneshot::channel();
+        w.control.blocking_send(Control::Fence { range: None, done }).expect("control");
+        fenced.blocking_recv().expect("fenced");
+        load();
+        assert_eq!(stats.middle_walks.load(Ordering::Relaxed), 3, "walked again after a control operation");
         drop(w.queue);
         w.thread.join().expect("writer");
     }

@@ -254,12 +254,14 @@ impl RegionReader {
         let mut srcs: smallvec::SmallVec<[Src<'_>; 8]> = smallvec::smallvec![Src::Snap(&snap)];
         srcs.extend(fsnaps.iter().map(Src::Snap));
         srcs.extend(self.levels.iter().map(|l| Src::Level(l)));
-        let out = f(&srcs, &self.log)?;
-        // What was read is only trustworthy if every arena pin held until now.
+        let out = f(&srcs, &self.log);
+        // What was read — a value, or an error such as a pointer that leads nowhere — is only
+        // trustworthy if every arena pin held until now: a read torn by a revoked pin is retried,
+        // not reported as corruption.
         if !(snap.valid() && fsnaps.iter().all(|s| s.valid())) {
             return Err(Error::ReaderRevoked);
         }
-        Ok(out)
+        out
     }
 
     /// Moves to the region's current tables without reading anything, letting go of retired
