@@ -540,6 +540,14 @@ impl Client {
             }
             // `wrong_region`: the request went by a stale map and was not executed.
             let moved = err.code() == Some(ErrorCode::WrongRegion);
+            // A batch that spans regions by the map as it is now is refused again however often
+            // it is sent: answered at once, for the caller to split (`batch_across_regions`).
+            if moved
+                && let Op::Batch { ops } = &req.op
+                && self.spans_regions_now(ops).await
+            {
+                return Err(err);
+            }
             let retryable = err.is_retryable() || moved || (unknown && (!write || tag.is_some()));
             let out_of_time = started.elapsed() + delay > policy.deadline;
             if !retryable || out_of_time || (write && unknown && tag.is_none()) {
@@ -548,6 +556,20 @@ impl Client {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(policy.max_backoff);
         }
+    }
+
+    /// Whether `ops` fall in more than one region by the newest map (learnt again if the one in
+    /// use was forgotten; false if it cannot be had).
+    async fn spans_regions_now(&self, ops: &[WriteOp]) -> bool {
+        let map = match self.router.map() {
+            Some(m) => m,
+            None => match self.router.refresh(self.retry.attempt_timeout).await {
+                Ok(m) => m,
+                Err(_) => return false,
+            },
+        };
+        let first = ops.first().and_then(|o| map.region_of(o.key())).map(|r| r.id);
+        ops.iter().any(|o| map.region_of(o.key()).map(|r| r.id) != first)
     }
 
     /// The value of `key`.
