@@ -568,8 +568,7 @@ impl Client {
                 Err(_) => return false,
             },
         };
-        let first = ops.first().and_then(|o| map.region_of(o.key())).map(|r| r.id);
-        ops.iter().any(|o| map.region_of(o.key()).map(|r| r.id) != first)
+        in_several_regions(&map, ops)
     }
 
     /// The value of `key`.
@@ -690,11 +689,7 @@ impl Client {
                 // about regions: it stands).
                 let map = self.router.refresh(self.retry.attempt_timeout).await?;
                 for (share, e) in refused.drain(..) {
-                    let mut ids: Vec<u32> =
-                        share.iter().filter_map(|op| map.region_of(op.key()).map(|r| r.id)).collect();
-                    ids.sort_unstable();
-                    ids.dedup();
-                    if ids.len() < 2 {
+                    if !in_several_regions(&map, &share) {
                         return Err(e);
                     }
                     pending.extend(share);
@@ -930,6 +925,12 @@ pub const RESPLITS: usize = 5;
 /// Whether `e` refuses a batch because its keys span regions (the gateway's `unsupported`, a
 /// node's `wrong_region`) — refused before anything was applied, whatever the last attempt's
 /// wrapping says.
+/// Whether `ops` fall in more than one region of `map` (keys no region holds not counted).
+fn in_several_regions(map: &dpukv_proto::regionmap::RegionMap, ops: &[WriteOp]) -> bool {
+    let mut ids = ops.iter().filter_map(|o| map.region_of(o.key()).map(|r| r.id));
+    ids.next().is_some_and(|first| ids.any(|id| id != first))
+}
+
 fn spans_regions(e: &ClientError) -> bool {
     match e {
         ClientError::Server(r) => matches!(r.code, ErrorCode::Unsupported | ErrorCode::WrongRegion),

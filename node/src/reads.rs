@@ -25,7 +25,12 @@ use crate::regions::RegionMap;
 
 /// Maps a storage error to a protocol error response.
 pub fn storage_error(id: u64, e: &dpukv_storage::Error, write: bool) -> Response {
-    let code = match e {
+    Response::error(id, storage_code(e, write), e.code())
+}
+
+/// The protocol error code of a storage error (see [`storage_error`]).
+fn storage_code(e: &dpukv_storage::Error, write: bool) -> ErrorCode {
+    match e {
         dpukv_storage::Error::KeySize { .. } => ErrorCode::KeySize,
         dpukv_storage::Error::ValueTooLarge { .. } | dpukv_storage::Error::BatchTooLarge { .. } => {
             ErrorCode::ValueTooLarge
@@ -38,9 +43,14 @@ pub fn storage_error(id: u64, e: &dpukv_storage::Error, write: bool) -> Response
         dpukv_storage::Error::Io { .. } if !write => ErrorCode::Unavailable,
         e if e.is_retryable() => ErrorCode::Unavailable,
         _ => ErrorCode::Internal,
-    };
-    Response::error(id, code, e.code())
+    }
 }
+
+/// Why a read is refused before anything is read: the host has published no regions yet.
+const NOT_PUBLISHED: &str = "the host has not published its regions yet; retry";
+/// ... or has stopped vouching for its map (its lease could not be renewed, or it died): another
+/// node may lead these regions by now.
+const NOT_VOUCHED: &str = "this node's host is not renewing its authority: its region map may be stale";
 
 /// Counters of the read engine.
 #[derive(Debug, Default)]
@@ -151,23 +161,12 @@ impl ReadPool {
     /// maps — but a value in a log segment not in the page cache is read from disk on this
     /// thread.
     pub fn serve_now(&self, req: &Request) -> Response {
-        let taken = self.inline.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut reader = taken.unwrap_or_else(|| ReaderThread {
-            shm: self.shm.clone(),
-            device: self.device,
-            counters: self.counters.clone(),
-            observer: self.observer.clone(),
-            state: None,
-            seen: ReadStats::default(),
-        });
         let began = std::time::Instant::now();
-        let resp = reader.serve(req);
+        let resp = self.inline_read(|reader| reader.serve(req));
         let took = began.elapsed();
         if took > SLOW_INLINE {
             tracing::warn!(?took, "a get served on a front door thread was slow (its connections waited)");
         }
-        self.counters.served.fetch_add(1, Ordering::Relaxed);
-        self.inline.lock().unwrap_or_else(|e| e.into_inner()).push(reader);
         resp
     }
 
@@ -176,6 +175,12 @@ impl ReadPool {
     /// growth (a reader state is reused; the value is copied once, from where it is stored).
     /// Not timed: a caller that answers connections on this thread logs a slow one.
     pub fn get_into(&self, region: u32, epoch: u64, key: &[u8], out: &mut Vec<u8>) -> GetInto {
+        self.inline_read(|reader| reader.get_into(region, epoch, key, out))
+    }
+
+    /// Runs one read on the calling thread with a reader state taken from the pool (a new one
+    /// if none is free) and put back after, counted as served.
+    fn inline_read<T>(&self, read: impl FnOnce(&mut ReaderThread) -> T) -> T {
         let taken = self.inline.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut reader = taken.unwrap_or_else(|| ReaderThread {
             shm: self.shm.clone(),
@@ -185,11 +190,10 @@ impl ReadPool {
             state: None,
             seen: ReadStats::default(),
         });
-        // (Not timed here: the caller times it — the front door logs a slow one.)
-        let got = reader.get_into(region, epoch, key, out);
+        let out = read(&mut reader);
         self.counters.served.fetch_add(1, Ordering::Relaxed);
         self.inline.lock().unwrap_or_else(|e| e.into_inner()).push(reader);
-        got
+        out
     }
 
     /// Queues reads (of one connection) for one reader thread, which answers them together
@@ -293,16 +297,8 @@ impl ReaderThread {
     /// Serves `req` from the current regions (loaded on first use, and again once a new host
     /// closed the map).
     fn serve(&mut self, req: &Request) -> Response {
-        if self.state.as_ref().is_none_or(Regions::closed) {
-            self.state = None;
-            self.state = Regions::load(&self.shm);
-        }
-        let Some(regions) = self.state.as_mut() else {
-            return Response::error(
-                req.id,
-                ErrorCode::Unavailable,
-                "the host has not published its regions yet; retry",
-            );
+        let Some(regions) = current(&mut self.state, &self.shm) else {
+            return Response::error(req.id, ErrorCode::Unavailable, NOT_PUBLISHED);
         };
         let resp = serve(regions, &self.shm, self.device, self.observer.as_deref(), req);
         self.account();
@@ -311,19 +307,12 @@ impl ReaderThread {
 
     /// [`ReaderThread::serve`] of a get (see [`ReadPool::get_into`]).
     fn get_into(&mut self, region: u32, epoch: u64, key: &[u8], out: &mut Vec<u8>) -> GetInto {
-        if self.state.as_ref().is_none_or(Regions::closed) {
-            self.state = None;
-            self.state = Regions::load(&self.shm);
-        }
         let refused = |code, message: &str| GetInto::Error(ErrorReply { code, message: message.into() });
-        let Some(regions) = self.state.as_mut() else {
-            return refused(ErrorCode::Unavailable, "the host has not published its regions yet; retry");
+        let Some(regions) = current(&mut self.state, &self.shm) else {
+            return refused(ErrorCode::Unavailable, NOT_PUBLISHED);
         };
-        if !regions.announcement.valid_now() {
-            return refused(
-                ErrorCode::Unavailable,
-                "this node's host is not renewing its authority: its region map may be stale",
-            );
+        if !regions.vouched() {
+            return refused(ErrorCode::Unavailable, NOT_VOUCHED);
         }
         let i = match regions.map.check_key(key, region, epoch) {
             Ok(i) => i,
@@ -339,13 +328,8 @@ impl ReaderThread {
                 }
             }
             Err(e) => {
-                if !matches!(e, dpukv_storage::Error::KeySize { .. } | dpukv_storage::Error::ValueTooLarge { .. }) {
-                    regions.readers[i] = None; // reopen next time (the host may have restarted)
-                }
-                match storage_error(0, &e, false).result {
-                    Err(e) => GetInto::Error(e),
-                    Ok(_) => refused(ErrorCode::Internal, "a failed read answered no error"),
-                }
+                regions.failed(i, &e);
+                refused(storage_code(&e, false), e.code())
             }
         };
         self.account();
@@ -396,12 +380,12 @@ impl Regions {
         self.announcement.closed()
     }
 
-    /// The map.
     /// Whether the host vouches for the map now (its lease-bound authority holds).
     pub(crate) fn vouched(&self) -> bool {
         self.announcement.valid_now()
     }
 
+    /// The map.
     pub(crate) fn map(&self) -> &RegionMap {
         &self.map
     }
@@ -432,6 +416,14 @@ impl Regions {
         r
     }
 
+    /// After a read of region `i` failed with `e`: its reader is dropped (reopened next time: the
+    /// host may have restarted), unless the request itself was at fault.
+    fn failed(&mut self, i: usize, e: &dpukv_storage::Error) {
+        if !matches!(e, dpukv_storage::Error::KeySize { .. } | dpukv_storage::Error::ValueTooLarge { .. }) {
+            self.readers[i] = None;
+        }
+    }
+
     /// Region `i`'s reader, opened if needed.
     fn reader(&mut self, i: usize, shm: &std::path::Path, device: bool) -> dpukv_storage::Result<&mut RegionReader> {
         if self.readers[i].is_none() {
@@ -441,6 +433,16 @@ impl Regions {
         }
         Ok(self.readers[i].as_mut().expect("opened above"))
     }
+}
+
+/// The current regions in `state`: loaded on first use, and again once a new host closed the
+/// map (None: the host has published none yet).
+fn current<'s>(state: &'s mut Option<Regions>, shm: &std::path::Path) -> Option<&'s mut Regions> {
+    if state.as_ref().is_none_or(Regions::closed) {
+        *state = None;
+        *state = Regions::load(shm);
+    }
+    state.as_mut()
 }
 
 /// A request's start hint as the storage engine's (used or not, the readers count it:
@@ -488,14 +490,8 @@ fn serve(
         // own network): any token is accepted.
         return ok(Reply::Done);
     }
-    if !regions.announcement.valid_now() {
-        // The host stopped vouching for the map (its lease could not be renewed, or it died):
-        // another node may lead these regions by now.
-        return Response::error(
-            req.id,
-            ErrorCode::Unavailable,
-            "this node's host is not renewing its authority: its region map may be stale",
-        );
+    if !regions.vouched() {
+        return Response::error(req.id, ErrorCode::Unavailable, NOT_VOUCHED);
     }
     let i = match regions.map.check(req) {
         Ok(i) => i,
@@ -577,9 +573,7 @@ fn serve(
         _ => Ok(Response::error(req.id, ErrorCode::Internal, "not a read")),
     };
     out.unwrap_or_else(|e| {
-        if !matches!(e, dpukv_storage::Error::KeySize { .. } | dpukv_storage::Error::ValueTooLarge { .. }) {
-            regions.readers[i] = None; // reopen next time (the host may have restarted)
-        }
+        regions.failed(i, &e);
         storage_error(req.id, &e, false)
     })
 }

@@ -50,12 +50,18 @@ pub(crate) enum Src<'a> {
 const CHUNK: usize = 128;
 
 impl Src<'_> {
-    /// The entry and its version.
-    pub(crate) fn get_versioned(&self, key: &[u8]) -> Result<Option<(Stored, u64)>> {
-        Ok(match self {
-            Src::Writer(w) => w.get_versioned(key)?.map(|(e, v)| (Stored::from_entry(e), v)),
-            Src::Snap(s) => s.get_versioned(key)?.map(|(e, v)| (Stored::from_entry(e), v)),
-            Src::Level(l) => l.get(key)?.map(|(v, e)| (Stored::from_entry(e), v)),
+    /// The entry (borrowed from the table) and its version; an arena snapshot's descent starts
+    /// where `hint` says, if it is valid.
+    pub(crate) fn get_entry(
+        &self,
+        key: &[u8],
+        hint: Option<&crate::btree::StartHint<'_>>,
+    ) -> Result<Option<(Entry<'_>, u64)>> {
+        Ok(match (self, hint) {
+            (Src::Snap(s), Some(h)) => s.get_versioned_hinted(key, h)?.0,
+            (Src::Snap(s), None) => s.get_versioned(key)?,
+            (Src::Writer(w), _) => w.get_versioned(key)?,
+            (Src::Level(l), _) => l.get(key)?.map(|(v, e)| (e, v)),
         })
     }
 
@@ -188,17 +194,7 @@ pub(crate) fn get_versioned(
     key: &[u8],
     hint: Option<&crate::btree::StartHint<'_>>,
 ) -> Result<Option<(Stored, u64)>> {
-    for (i, s) in srcs.iter().enumerate() {
-        // A start hint is for the first table's (the active arena's) tree.
-        let e = match (s, hint.filter(|_| i == 0)) {
-            (Src::Snap(snap), Some(h)) => snap.get_versioned_hinted(key, h)?.0.map(|(e, v)| (Stored::from_entry(e), v)),
-            _ => s.get_versioned(key)?,
-        };
-        if e.is_some() {
-            return Ok(e);
-        }
-    }
-    Ok(None)
+    Ok(get_entry(srcs, key, hint)?.map(|(e, v)| (Stored::from_entry(e), v)))
 }
 
 /// Like [`get_versioned`], the entry borrowed from its table (nothing copied).
@@ -208,12 +204,8 @@ pub(crate) fn get_entry<'s>(
     hint: Option<&crate::btree::StartHint<'_>>,
 ) -> Result<Option<(Entry<'s>, u64)>> {
     for (i, s) in srcs.iter().enumerate() {
-        let e = match (s, hint.filter(|_| i == 0)) {
-            (Src::Snap(snap), Some(h)) => snap.get_versioned_hinted(key, h)?.0,
-            (Src::Snap(snap), None) => snap.get_versioned(key)?,
-            (Src::Writer(w), _) => w.get_versioned(key)?,
-            (Src::Level(l), _) => l.get(key)?.map(|(v, e)| (e, v)),
-        };
+        // A start hint is for the first table's (the active arena's) tree.
+        let e = s.get_entry(key, hint.filter(|_| i == 0))?;
         if e.is_some() {
             return Ok(e);
         }

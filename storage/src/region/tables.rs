@@ -289,10 +289,9 @@ impl RegionReader {
         key: &[u8],
         hint: Option<&crate::btree::StartHint<'_>>,
     ) -> Result<(Option<Vec<u8>>, u64)> {
-        self.with_srcs(|srcs, log| match merge::get_versioned(srcs, key, hint)? {
-            Some((s, version)) => Ok((merge::resolve(log, key, s)?, version)),
-            None => Ok((None, 0)),
-        })
+        let mut value = Vec::new();
+        let (found, version) = self.get_into(key, hint, &mut value)?;
+        Ok((found.map(|_| value), version))
     }
 
     /// Appends `key`'s value to `out` — copied once, from where it is stored (the active arena's
