@@ -9,6 +9,9 @@
                                             request (and their system calls, counted by
                                             `perf stat` where it can), over N requests or the
                                             count read from the output by R
+  proc-cost.py run-threads ...           -> as `run`, then the same per thread (CPU microseconds
+                                            and context switches per request of each thread name
+                                            of each process, busiest first)
   proc-cost.py per-request BEFORE AFTER N -> JSON: CPU microseconds and context switches per
                                             request between two snapshots, over N requests,
                                             summed over the processes in both
@@ -24,7 +27,7 @@ import sys
 
 def snapshot(names):
     tick = os.sysconf("SC_CLK_TCK")
-    procs = {}
+    procs, threads = {}, {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -44,14 +47,22 @@ def snapshot(names):
             tasks = []
         for t in tasks:
             try:
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    ts = f.read()
+                tf = ts[ts.rindex(")") + 2 :].split()
+                tcpu, tswitches = (int(tf[11]) + int(tf[12])) / tick, 0
                 with open(f"/proc/{pid}/task/{t}/status") as f:
                     for line in f:
                         if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                            switches += int(line.split()[1])
+                            tswitches += int(line.split()[1])
             except OSError:
                 continue
+            switches += tswitches
+            # Threads of one name in one process are summed (a pool's workers).
+            tkey = f"{name}[{pid}] {ts[ts.index('(') + 1 : ts.rindex(')')]}"
+            threads[tkey] = [a + b for a, b in zip(threads.get(tkey, [0, 0]), [tcpu, tswitches])]
         procs[key] = [cpu, switches]
-    return {"procs": procs, "pids": sorted(int(k.split(":")[0]) for k in procs)}
+    return {"procs": procs, "threads": threads, "pids": sorted(int(k.split(":")[0]) for k in procs)}
 
 
 def per_request(a, b, n):
@@ -68,7 +79,7 @@ def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "snapshot":
         print(json.dumps(snapshot(set(sys.argv[2:]))))
         return 0
-    if len(sys.argv) >= 5 and sys.argv[1] == "run" and sys.argv[2] in ("--regex", "--count"):
+    if len(sys.argv) >= 5 and sys.argv[1] in ("run", "run-threads") and sys.argv[2] in ("--regex", "--count"):
         # run --regex R | --count N NAME... -- CMD...: runs CMD, prints its output, then one line
         # of what the servers spent per request, the request count N, or taken from the output
         # by R's first group.
@@ -112,6 +123,13 @@ def main():
         if calls is not None:
             cost["syscalls_per_req"] = round(calls / max(n, 1), 2)
         print("  servers per request:", json.dumps(cost))
+        if sys.argv[1] == "run-threads":
+            a, b = before["threads"], after["threads"]
+            rows = [(k, b[k][0] - a[k][0], b[k][1] - a[k][1]) for k in a.keys() & b.keys()]
+            for k, cpu, switches in sorted(rows, key=lambda r: -r[1]):
+                if cpu > 0 or switches > 0:
+                    per = {"cpu_us_per_req": round(cpu * 1e6 / max(n, 1), 2), "ctxt_per_req": round(switches / max(n, 1), 3)}
+                    print(f"  thread {k}:", json.dumps(per))
         return 0
     if len(sys.argv) == 5 and sys.argv[1] == "per-request":
         print(json.dumps(per_request(json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]))))
