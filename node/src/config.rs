@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use dpukv_storage::vlog::FsyncPolicy;
 
 use std::time::Duration;
@@ -251,6 +251,25 @@ fn check_own_identity(server: &dpukv_net::tls::ServerTls, node: Option<u32>) -> 
         ),
         (None, _) => bail!("this process's certificate names no spiffe://dpukv/... identity"),
     }
+}
+
+/// Checks that the front door's certificate names a gateway of the cluster `node` (the node's
+/// own identity) belongs to: a node's certificate would be refused by the devices it forwards to,
+/// and another cluster's would be a stranger there.
+fn check_front_identity(front: &dpukv_net::tls::ServerTls, node: Option<&dpukv_net::identity::Identity>) -> Result<()> {
+    use dpukv_net::identity::Role;
+    let Some(id) = front.own_identity() else {
+        bail!("the front door's certificate (--front-tls-cert) names no spiffe://dpukv/... identity");
+    };
+    if id.role != Role::Gateway {
+        bail!("the front door's certificate (--front-tls-cert) names {id}: it must be a gateway's");
+    }
+    if let Some(n) = node
+        && (n.namespace != id.namespace || n.cluster != id.cluster)
+    {
+        bail!("the front door's certificate names {id}, of another cluster than this node's ({n})");
+    }
+    Ok(())
 }
 
 impl ClusterFlags {
@@ -510,19 +529,30 @@ pub struct DeviceArgs {
     /// Threads the front door runs on (each its own event loop; clients spread among them).
     #[arg(long, env = "DPUKV_FRONT_THREADS", default_value_t = 1)]
     pub front_threads: usize,
+    /// The front door's certificate chain (PEM) when the data port speaks TLS: a gateway's
+    /// identity of this cluster (`spiffe://dpukv/<namespace>/<cluster>/gateway/<name>`), presented
+    /// to the front door's clients and, with mutual TLS, to the devices it forwards to — the
+    /// node's own certificate may not read or write at other devices (docs/security.md).
+    /// `{node}` is replaced by the node id. The CA is `--tls-ca`.
+    #[arg(long, env = "DPUKV_FRONT_TLS_CERT")]
+    pub front_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "DPUKV_FRONT_TLS_KEY")]
+    pub front_tls_key: Option<PathBuf>,
 }
 
 impl DeviceArgs {
     /// The front door's configuration (None: no `--resp` or `--http`): the gateway's defaults,
-    /// no binary front end (the data port is one), these ports and tokens.
-    fn front_door(&self, tls: bool) -> Result<Option<dpukv_gateway::GatewayConfig>> {
+    /// no binary front end (the data port is one), these ports and tokens. With TLS on the data
+    /// port (`node_tls`: the node's flags, `{node}` replaced), the front door speaks TLS too, with
+    /// a gateway certificate of this cluster of its own ([`DeviceArgs::front_tls_cert`]).
+    fn front_door(&self, node_tls: &TlsArgs, node: Option<u32>) -> Result<Option<dpukv_gateway::GatewayConfig>> {
+        let data_tls = node_tls.files().map_err(anyhow::Error::msg)?.is_some();
         if self.resp.is_none() && self.http.is_none() {
+            if self.front_tls_cert.is_some() || self.front_tls_key.is_some() {
+                bail!("--front-tls-cert and --front-tls-key are the front door's: give --resp or --http");
+            }
             return Ok(None);
-        }
-        if tls {
-            // Forwarding to other devices' TLS data ports needs a gateway identity, which a
-            // device's node certificate is not (docs/security.md).
-            bail!("--resp and --http are not offered with TLS yet: run the standalone gateway (dpukv-gateway)");
         }
         // No fat root: its start hints save the device's work by spending the caller's, and
         // here both are this process.
@@ -534,6 +564,36 @@ impl DeviceArgs {
         }
         let mut cfg = <dpukv_gateway::config::GatewayArgs as clap::Parser>::try_parse_from(args)?.config()?;
         (cfg.listen, cfg.resp, cfg.http) = (None, self.resp, self.http);
+        // TLS as given here, never from the gateway's environment variables (in this process
+        // DPUKV_TLS_CERT names the node's certificate).
+        (cfg.tls_server, cfg.tls_client) = (None, None);
+        let front = TlsArgs {
+            tls_cert: self.front_tls_cert.clone(),
+            tls_key: self.front_tls_key.clone(),
+            tls_ca: node_tls.tls_ca.clone(),
+            tls_client_auth: false,
+        }
+        .for_node(node)
+        .map_err(anyhow::Error::msg)?;
+        match (data_tls, front.files().map_err(anyhow::Error::msg)?.is_some()) {
+            (false, false) => {}
+            (false, true) => bail!(
+                "--front-tls-cert: the front door speaks TLS when the data port does (--tls-cert, --tls-key, \
+                 --tls-client-auth)"
+            ),
+            (true, false) => bail!(
+                "with TLS on the data port, the front door (--resp, --http) needs --front-tls-cert and \
+                 --front-tls-key: a gateway certificate of this cluster (it forwards other nodes' keys to \
+                 their devices, where a node's certificate may not read or write; docs/security.md)"
+            ),
+            (true, true) => {
+                let server = front.server().map_err(anyhow::Error::msg)?.context("the front door's TLS")?;
+                let own = node_tls.server().map_err(anyhow::Error::msg)?.and_then(|s| s.own_identity());
+                check_front_identity(&server, own.as_ref())?;
+                cfg.tls_server = Some(server);
+                cfg.tls_client = front.client().map_err(anyhow::Error::msg)?;
+            }
+        }
         Ok(Some(cfg))
     }
 
@@ -549,7 +609,7 @@ impl DeviceArgs {
         if let Some(s) = &server {
             check_own_identity(s, node)?;
         }
-        let front = self.front_door(server.is_some())?;
+        let front = self.front_door(&tls, node)?;
         Ok(DeviceConfig {
             shm_dir: self.shm_dir.clone(),
             listen: self.listen,
@@ -775,5 +835,61 @@ mod tests {
         assert!(c.cluster.expect("cluster").tls_server.is_some());
         let standalone = host(&["--node-id", "1", "--control-listen", "127.0.0.1:0"]);
         assert!(standalone.expect_err("no cluster").contains("--control-listen needs --cluster"));
+    }
+
+    /// With TLS on the data port, the front door (`--resp`, `--http`) speaks TLS too, with a
+    /// gateway certificate of the node's cluster of its own (`{node}` by the id) — presented to
+    /// its clients and to the devices it forwards to; it refuses to start without one, with a
+    /// node's certificate, or with another cluster's; a front door certificate without TLS on the
+    /// data port is refused too.
+    #[test]
+    fn a_front_door_with_tls_takes_a_gateway_certificate_of_its_own_cluster() {
+        use dpukv_net::identity::{Identity, Role};
+        use dpukv_net::tls::{LocalCa, TlsFiles};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = LocalCa::new().expect("CA");
+        ca.write_ca(&dir.path().join("ca.pem")).expect("CA");
+        let issue = |name: &str, cluster: &str, role: Role, id: &str| {
+            let f = TlsFiles {
+                cert: dir.path().join(format!("{name}.pem")),
+                key: dir.path().join(format!("{name}.key")),
+                ca: None,
+            };
+            ca.issue(&["127.0.0.1"], Some(&Identity::new("local", cluster, role, id).expect("identity")), &f)
+                .expect("issue");
+        };
+        issue("node-1", "c", Role::Node, "1");
+        issue("front-1", "c", Role::Gateway, "front-1");
+        issue("front-other", "other", Role::Gateway, "front-1");
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let (cert, key, ca_arg) = (path("node-{node}.pem"), path("node-{node}.key"), path("ca.pem"));
+        let node_tls = ["--tls-cert", &cert, "--tls-key", &key, "--tls-ca", &ca_arg, "--tls-client-auth"];
+        let device = |tls: bool, front: Option<&str>| {
+            let mut argv = vec!["dpukv-dpu", "--shm-dir", "/s", "--node-id", "1", "--resp", "127.0.0.1:0"];
+            if tls {
+                argv.extend_from_slice(&node_tls);
+            }
+            let (fc, fk) = front.map(|f| (path(&format!("{f}.pem")), path(&format!("{f}.key")))).unzip();
+            if let (Some(fc), Some(fk)) = (&fc, &fk) {
+                argv.extend(["--front-tls-cert", fc, "--front-tls-key", fk]);
+            }
+            DeviceArgs::try_parse_from(argv).expect("flags").config().map_err(|e| format!("{e:#}"))
+        };
+        let c = device(true, Some("front-{node}")).expect("a gateway certificate of the node's cluster");
+        let front = c.front.expect("front door");
+        let own = front.tls_server.expect("the front door speaks TLS").own_identity().expect("identity");
+        assert_eq!((own.role, own.id.as_str()), (Role::Gateway, "front-1"));
+        assert!(front.tls_client.is_some(), "it presents it to the devices it forwards to");
+        let e = device(true, None).expect_err("no front door certificate");
+        assert!(e.contains("--front-tls-cert"), "{e}");
+        let e = device(true, Some("node-1")).expect_err("a node's certificate");
+        assert!(e.contains("must be a gateway's"), "{e}");
+        let e = device(true, Some("front-other")).expect_err("another cluster's");
+        assert!(e.contains("another cluster"), "{e}");
+        let e = device(false, Some("front-1")).expect_err("no TLS on the data port");
+        assert!(e.contains("when the data port does"), "{e}");
+        // Plain text: no TLS, whatever the gateway's variables in this process would say.
+        let plain = device(false, None).expect("plain").front.expect("front door");
+        assert!(plain.tls_server.is_none() && plain.tls_client.is_none());
     }
 }

@@ -183,18 +183,19 @@ enum Cmd {
         #[arg(long)]
         serve_reads_on_host: bool,
         /// TLS everywhere: makes a local CA and a certificate per role in DIR/tls (kept across
-        /// runs): node-<id>, gateway, admin (for `dpukv cluster`), client; runs the devices,
-        /// the replication links and the control API with mutual TLS, the gateway's front ends
-        /// with TLS, and etcd (started here) with TLS and client certificates of a CA of its
-        /// own. Clients then trust DIR/tls/ca.pem (`--tls-ca`). Without it, every listener is
-        /// on 127.0.0.1.
+        /// runs): node-<id>, front-<id> (its device's front door), gateway, admin (for `dpukv
+        /// cluster`), client; runs the devices, the replication links and the control API with
+        /// mutual TLS, the gateway's front ends with TLS, and etcd (started here) with TLS and
+        /// client certificates of a CA of its own. Clients then trust DIR/tls/ca.pem
+        /// (`--tls-ca`). Without it, every listener is on 127.0.0.1.
         #[arg(long)]
         tls: bool,
         /// Every node's device serves the Redis protocol and HTTP itself too (the front door
         /// in the device's process: its own regions with no second hop; other keys forwarded),
-        /// on free ports listed in DIR/cluster.json as each node's `resp` and `http`. Not with
-        /// `--tls`.
-        #[arg(long, conflicts_with = "tls")]
+        /// on free ports listed in DIR/cluster.json as each node's `resp` and `http`. With
+        /// `--tls` they speak TLS, each with a gateway certificate of its own
+        /// (DIR/tls/front-<id>.pem).
+        #[arg(long)]
         device_fronts: bool,
     },
 }
@@ -877,15 +878,26 @@ struct LocalGateway {
 }
 
 /// With `on`, gives the device of `cmd` a front door (`--resp`, `--http`) on free ports of
-/// 127.0.0.1, and says where.
-fn device_fronts(cmd: &mut tokio::process::Command, on: bool) -> Result<(Option<String>, Option<String>)> {
+/// 127.0.0.1, and says where; with `tls` (the local CA's directory), the front door's own
+/// gateway certificates (`front-{node}`).
+fn device_fronts(
+    cmd: &mut tokio::process::Command,
+    on: bool,
+    tls: Option<&LocalTls>,
+) -> Result<(Option<String>, Option<String>)> {
+    // The front door's tokens and certificates are given here or not at all.
+    for var in ["DPUKV_TOKENS_FILE", "DPUKV_TOKENS", "DPUKV_FRONT_TLS_CERT", "DPUKV_FRONT_TLS_KEY"] {
+        cmd.env_remove(var);
+    }
     if !on {
         return Ok((None, None));
     }
     let (resp, http) = (format!("127.0.0.1:{}", free_port()?), format!("127.0.0.1:{}", free_port()?));
     cmd.args(["--resp", &resp, "--http", &http]);
-    // The front door's tokens are given here or not at all.
-    cmd.env_remove("DPUKV_TOKENS_FILE").env_remove("DPUKV_TOKENS");
+    if let Some(t) = tls {
+        cmd.arg("--front-tls-cert").arg(t.dir.join("front-{node}.pem"));
+        cmd.arg("--front-tls-key").arg(t.dir.join("front-{node}.key"));
+    }
     Ok((Some(resp), Some(http)))
 }
 
@@ -993,7 +1005,7 @@ async fn local(
             if on_host {
                 dev_cmd.arg("--serve-reads-on-host");
             }
-            let (resp, http) = device_fronts(&mut dev_cmd, gw.device_fronts)?;
+            let (resp, http) = device_fronts(&mut dev_cmd, gw.device_fronts, tls.as_ref())?;
             let procs = vec![Supervised::new("host".into(), host_cmd), Supervised::new("device".into(), dev_cmd)];
             nodes.push(LocalNode {
                 id: 1,
@@ -1084,7 +1096,7 @@ async fn local(
                 dev_cmd.kill_on_drop(true);
                 with_tls(&mut dev_cmd, node_files, true);
                 dev_cmd.stderr(std::fs::File::create(nd.join("device.log"))?);
-                let (resp, http) = device_fronts(&mut dev_cmd, gw.device_fronts)?;
+                let (resp, http) = device_fronts(&mut dev_cmd, gw.device_fronts, tls.as_ref())?;
                 let procs = vec![
                     Supervised::new(format!("node {id} host"), host_cmd),
                     Supervised::new(format!("node {id} device"), dev_cmd),
@@ -1268,6 +1280,7 @@ impl LocalTls {
         use dpukv_net::identity::{Identity, Role};
         use dpukv_net::tls::{LocalCa, TlsFiles};
         let mut names: Vec<String> = (1..=nodes).map(|i| format!("node-{i}")).collect();
+        names.extend((1..=nodes).map(|i| format!("front-{i}")));
         names.extend(["gateway", "admin", "client"].map(String::from));
         if etcd {
             names.extend(["etcd", "etcd-client"].map(String::from));
@@ -1296,6 +1309,9 @@ impl LocalTls {
         for i in 1..=nodes {
             let name = format!("node-{i}");
             ca.issue(&hosts, Some(&id(Role::Node, &i.to_string())?), &pair(&name, None)).map_err(e)?;
+            // Its device's front door (`--device-fronts`): a gateway of its own.
+            let name = format!("front-{i}");
+            ca.issue(&hosts, Some(&id(Role::Gateway, &name)?), &pair(&name, None)).map_err(e)?;
         }
         for (name, role, who) in
             [("gateway", Role::Gateway, "gateway"), ("admin", Role::Admin, "cli"), ("client", Role::Client, "cli")]

@@ -197,3 +197,84 @@ fn tls_everywhere_refuses_strangers_and_survives_failover_and_rotation() {
         assert_ne!(served_fingerprint(&gw.resp), before, "RESP serves the new certificate too");
     });
 }
+
+/// `dpukv local --nodes 3 --tls --device-fronts`: every device's front door speaks TLS only,
+/// presenting a gateway certificate of its own (not its node's); `redis-cli --tls` and `curl`
+/// trusting the cluster's CA write and read every key through every node's front door — two
+/// regions on three nodes, so at least one front door forwards both keys to the other devices'
+/// mutual-TLS data ports with that certificate —, while plain text and clients that do not trust
+/// the CA get nothing.
+#[test]
+fn device_front_doors_speak_tls_and_forward_with_a_gateway_identity_of_their_own() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = format!("127.0.0.1:{}", dpukv_e2e::procs::free_port().expect("port"));
+    let bin = dpukv_e2e::procs::bin_dir().expect("binaries");
+    let local = Command::new(bin.join("dpukv"))
+        .args(["local", "--nodes", "3", "--tls", "--device-fronts", "--split-keys", "m", "--listen", &gw, "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("local.log")).expect("log"))
+        .spawn()
+        .expect("dpukv local");
+    let _local = dpukv_e2e::procs::Proc(local);
+    let json = dir.path().join("cluster.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !json.exists() {
+        assert!(Instant::now() < deadline, "no cluster.json");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("read")).expect("JSON");
+    let ca = std::path::PathBuf::from(info["tls_ca"].as_str().expect("tls_ca"));
+    let fronts: Vec<(String, String)> = (0..3)
+        .map(|i| {
+            let n = &info["nodes"][i];
+            let port = n["resp"].as_str().expect("resp").rsplit(':').next().expect("port").to_string();
+            (port, n["http"].as_str().expect("http").to_string())
+        })
+        .collect();
+    let logs = || {
+        ["local.log", "node-1/device.log", "node-2/device.log", "node-3/device.log"]
+            .map(|f| format!("{f}:\n{}", std::fs::read_to_string(dir.path().join(f)).unwrap_or_default()))
+            .join("\n")
+    };
+    // Each front door answers once its node is up and both regions have a primary.
+    for (port, _) in &fronts {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while redis(Some(&ca), port, &["SET", "a-key", "ready"]) != "OK"
+            || redis(Some(&ca), port, &["SET", "z-key", "ready"]) != "OK"
+        {
+            assert!(Instant::now() < deadline, "front door {port} never served both keys\n{}", logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    // It presents a gateway's certificate, its own.
+    for (i, (port, _)) in fronts.iter().enumerate() {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "openssl s_client -connect 127.0.0.1:{port} </dev/null 2>/dev/null | openssl x509 -noout -ext subjectAltName"
+            ))
+            .output()
+            .expect("openssl runs");
+        let sans = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(sans.contains(&format!("spiffe://dpukv/local/local/gateway/front-{}", i + 1)), "{sans}");
+    }
+    // Every key through every front door, read back through every other one (RESP and HTTP).
+    for (i, (port, http)) in fronts.iter().enumerate() {
+        let v = format!("from-{i}");
+        for k in ["a-key", "z-key"] {
+            assert_eq!(redis(Some(&ca), port, &["SET", k, &v]), "OK", "node {}: SET {k}\n{}", i + 1, logs());
+            for (other, other_http) in &fronts {
+                assert_eq!(redis(Some(&ca), other, &["GET", k]), v);
+                let (status, body) = curl(Some(&ca), "GET", &format!("https://{other_http}/v1/kv/{k}"), None);
+                assert_eq!(status, 200, "{body}");
+                assert!(body.contains(&format!("\"{v}\"")), "{body}");
+            }
+        }
+        // Plain text and clients that do not trust the CA get no answer.
+        assert_ne!(redis(None, port, &["GET", "a-key"]), v, "plain text answered");
+        assert_eq!(curl(None, "GET", &format!("https://{http}/v1/kv/a-key"), None).0, 0, "curl trusted no CA");
+        assert_eq!(curl(None, "GET", &format!("http://{http}/v1/kv/a-key"), None).0, 0, "plain HTTP answered");
+    }
+}
