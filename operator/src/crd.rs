@@ -79,6 +79,12 @@ pub struct DpuKvClusterSpec {
     /// The gateway Deployment and Service.
     #[serde(default)]
     pub gateway: GatewaySpec,
+    /// The front door in every node's device: the gateway's Redis and HTTP front ends in the
+    /// device's own process (docs/gateway.md, "The front door in each device"), on each node
+    /// pod's address — a client connected to the node leading its keys is served with no second
+    /// hop. Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front_door: Option<FrontDoorSpec>,
     /// The image of every dpukv container (repository, without tag).
     #[serde(default = "default_image")]
     pub image: String,
@@ -518,6 +524,36 @@ fn default_http_port() -> i32 {
 }
 fn default_resp_port() -> i32 {
     6379
+}
+
+/// The front door in each node's device (see [`DpuKvClusterSpec::front_door`]). With TLS, each
+/// device presents a `gateway` certificate of its own (the node Secret's `front-<id>.crt` and
+/// `.key`: issued by the operator or cert-manager, or given with the Secrets); with `auth`, it
+/// takes the gateway's tokens.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("self.resp != self.http").message("frontDoor ports must differ"))]
+#[x_kube(validation = Rule::new("!(self.resp in [7070, 7071, 9100, 9101, 9103]) && !(self.http in [7070, 7071, 9100, 9101, 9103])").message("frontDoor ports must not be a node pod's own (7070, 7071, 9100, 9101, 9103)"))]
+#[serde(rename_all = "camelCase")]
+pub struct FrontDoorSpec {
+    /// Serve it.
+    #[serde(default)]
+    pub enabled: bool,
+    /// The Redis protocol.
+    #[serde(default = "default_resp_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub resp: i32,
+    /// HTTP/JSON.
+    #[serde(default = "default_http_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub http: i32,
+    /// Threads it runs on in each device (each its own event loop; clients spread among them).
+    #[serde(default = "default_front_threads")]
+    #[schemars(range(min = 1, max = 64))]
+    pub threads: i32,
+}
+
+fn default_front_threads() -> i32 {
+    1
 }
 
 /// How backups get their index (docs/cluster.md).

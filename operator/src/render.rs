@@ -35,7 +35,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
-use crate::crd::{DeviceMode, DpuKvCluster, RetentionPolicy, ServiceType};
+use crate::crd::{DeviceMode, DpuKvCluster, FrontDoorSpec, RetentionPolicy, ServiceType};
 
 /// The device container's data port.
 pub const DEVICE_PORT: i32 = 7070;
@@ -57,6 +57,8 @@ pub const DATA_DIR: &str = "/var/lib/dpukv/data";
 pub const SHM_DIR: &str = "/dev/shm/dpukv";
 /// Where TLS material is mounted (the node Secret in node pods, the gateway's in gateway pods).
 pub const TLS_DIR: &str = "/etc/dpukv/tls";
+/// Where a device's front door finds the gateway's tokens (the `auth` Secret).
+pub const AUTH_DIR: &str = "/etc/dpukv/auth";
 /// Where a node host finds its etcd client certificate (`ca.crt`, `tls.crt`, `tls.key`).
 pub const ETCD_TLS_DIR: &str = "/etc/dpukv/etcd";
 /// Where an etcd member finds its certificate.
@@ -65,7 +67,8 @@ pub const ETCD_MEMBER_TLS_DIR: &str = "/etc/etcd/tls";
 /// pods' `fsGroup` too, so a volume owned by root is made writable for it.
 pub const RUN_AS: i64 = 65532;
 
-/// The node Secret: `ca.crt`, and `node-<id>.crt` / `node-<id>.key` for every node id.
+/// The node Secret: `ca.crt`, and `node-<id>.crt` / `node-<id>.key` for every node id (with the
+/// front door, also `front-<id>.crt` / `front-<id>.key`: each device's gateway identity).
 pub fn node_tls_secret(c: &DpuKvCluster) -> String {
     c.spec.tls.cluster_secret.clone().unwrap_or_else(|| format!("{}-node-tls", c.name_any()))
 }
@@ -612,6 +615,27 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
         None => device_env.push(env("DPUKV_POPULAR_CAPACITY", "0")),
     }
     device_env.extend(node_tls_env(c));
+    // The front door (docs/gateway.md): the gateway's Redis and HTTP front ends in the device;
+    // with TLS a gateway certificate of its own, with `auth` the gateway's tokens.
+    let mut device_ports = vec![port("data", DEVICE_PORT), port("device-admin", DEVICE_ADMIN_PORT)];
+    if let Some(f) = front_door(c) {
+        device_env.extend([
+            env("DPUKV_DEVICE_RESP", format!("0.0.0.0:{}", f.resp)),
+            env("DPUKV_DEVICE_HTTP", format!("0.0.0.0:{}", f.http)),
+            env("DPUKV_FRONT_THREADS", f.threads.to_string()),
+        ]);
+        if tls {
+            device_env.extend([
+                env("DPUKV_FRONT_TLS_CERT", format!("{TLS_DIR}/front-{{node}}.crt")),
+                env("DPUKV_FRONT_TLS_KEY", format!("{TLS_DIR}/front-{{node}}.key")),
+            ]);
+        }
+        if s.auth.is_some() {
+            device_env.push(env("DPUKV_TOKENS_FILE", format!("{AUTH_DIR}/tokens")));
+            device_mounts.push(mount("auth", AUTH_DIR, true));
+        }
+        device_ports.extend([port("resp", f.resp), port("http", f.http)]);
+    }
     if device {
         // Device mode: a container that got no DPU (or lost it) refuses to start, saying why.
         device_env.push(env("DPUKV_REQUIRE_DEVICE", "true"));
@@ -633,7 +657,7 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
             format!("0.0.0.0:{DEVICE_ADMIN_PORT}"),
         ]),
         env: Some(device_env),
-        ports: Some(vec![port("data", DEVICE_PORT), port("device-admin", DEVICE_ADMIN_PORT)]),
+        ports: Some(device_ports),
         readiness_probe: Some(http_probe("/readyz", DEVICE_ADMIN_PORT, 2)),
         liveness_probe: Some(http_probe("/healthz", DEVICE_ADMIN_PORT, 10)),
         resources: (device_resources != ResourceRequirements::default()).then_some(device_resources),
@@ -665,6 +689,9 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     ];
     if tls {
         volumes.push(secret_volume("tls", &node_tls_secret(c)));
+    }
+    if let (Some(_), Some(a)) = (front_door(c), &s.auth) {
+        volumes.push(secret_volume("auth", &a.tokens_secret));
     }
     if etcd_tls(c) {
         volumes.push(secret_volume("etcd-tls", &etcd_client_secret(c)));
@@ -785,6 +812,11 @@ fn service_port(name: &str, p: i32) -> ServicePort {
     ServicePort { name: Some(name.into()), port: p, target_port: Some(IntOrString::Int(p)), ..Default::default() }
 }
 
+/// The front door in each device, if enabled.
+pub fn front_door(c: &DpuKvCluster) -> Option<&FrontDoorSpec> {
+    c.spec.front_door.as_ref().filter(|f| f.enabled)
+}
+
 /// The node pods' headless Service: stable DNS names for every pod (published before they are
 /// ready: a node must be reachable to catch up and become ready).
 pub fn node_service(c: &DpuKvCluster) -> Service {
@@ -794,9 +826,19 @@ pub fn node_service(c: &DpuKvCluster) -> Service {
             cluster_ip: Some("None".into()),
             publish_not_ready_addresses: Some(true),
             selector: Some(selector(c, "node")),
-            // Only what peers and clients dial: the admin (metrics) and control ports are reached
-            // per pod, by monitoring and the operator, never through this Service.
-            ports: Some(vec![service_port("data", DEVICE_PORT), service_port("replication", REPLICATION_PORT)]),
+            // Only what peers and clients dial (and the front door's ports): the admin (metrics)
+            // and control ports are reached per pod, by monitoring and the operator, never
+            // through this Service.
+            ports: Some(
+                [service_port("data", DEVICE_PORT), service_port("replication", REPLICATION_PORT)]
+                    .into_iter()
+                    .chain(
+                        front_door(c)
+                            .into_iter()
+                            .flat_map(|f| [service_port("resp", f.resp), service_port("http", f.http)]),
+                    )
+                    .collect(),
+            ),
             ..Default::default()
         }),
         ..Default::default()
@@ -1079,7 +1121,11 @@ pub fn network_policies(c: &DpuKvCluster, operator: &OperatorPods) -> Vec<Networ
             ingress(vec![pods_of(c, "node")], &[REPLICATION_PORT]),
             ingress(vec![operator_pods], &[CONTROL_PORT]),
             ingress(vec![monitoring(c)], &[HOST_ADMIN_PORT, DEVICE_ADMIN_PORT]),
-        ],
+        ]
+        .into_iter()
+        // The front door: from the gateway's clients, like the gateway's front ends.
+        .chain(front_door(c).map(|f| ingress(s.network_policy.clients.clone().unwrap_or_default(), &[f.resp, f.http])))
+        .collect(),
         node_out,
     );
     let p = &s.gateway.ports;
@@ -1606,5 +1652,74 @@ mod tests {
         let mut off = c.clone();
         off.spec.network_policy.enabled = false;
         assert!(network_policies(&off, &ops).is_empty());
+    }
+
+    /// `frontDoor` (issue 29): every node's device serves the Redis protocol and HTTP on its
+    /// ports — in the container, the node Service and a NetworkPolicy rule open to the clients —,
+    /// with TLS a gateway certificate of its own (`front-{node}` in the node Secret) and with
+    /// `auth` the gateway's tokens; none of it when absent or disabled.
+    #[test]
+    fn a_front_door_is_served_by_every_device_with_its_own_certificate_and_the_tokens() {
+        let c = cluster(serde_json::json!({
+            "nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}},
+            "auth": {"tokensSecret": "tokens"},
+            "frontDoor": {"enabled": true, "resp": 6380, "threads": 2}
+        }));
+        let set = node_statefulset(&c, false);
+        let dev = container(&set, "device");
+        assert_eq!(env_of(dev, "DPUKV_DEVICE_RESP"), Some("0.0.0.0:6380"));
+        assert_eq!(env_of(dev, "DPUKV_DEVICE_HTTP"), Some("0.0.0.0:8080"));
+        assert_eq!(env_of(dev, "DPUKV_FRONT_THREADS"), Some("2"));
+        assert_eq!(env_of(dev, "DPUKV_FRONT_TLS_CERT"), Some("/etc/dpukv/tls/front-{node}.crt"));
+        assert_eq!(env_of(dev, "DPUKV_FRONT_TLS_KEY"), Some("/etc/dpukv/tls/front-{node}.key"));
+        assert_eq!(env_of(dev, "DPUKV_TOKENS_FILE"), Some("/etc/dpukv/auth/tokens"));
+        let ports: Vec<(Option<&str>, i32)> =
+            dev.ports.iter().flatten().map(|p| (p.name.as_deref(), p.container_port)).collect();
+        assert!(ports.contains(&(Some("resp"), 6380)) && ports.contains(&(Some("http"), 8080)), "{ports:?}");
+        assert!(dev.volume_mounts.iter().flatten().any(|m| m.name == "auth" && m.mount_path == AUTH_DIR));
+        let pod = set.spec.template.spec.as_ref().expect("pod");
+        let auth = pod.volumes.iter().flatten().find(|v| v.name == "auth").expect("the tokens' volume");
+        assert_eq!(auth.secret.as_ref().and_then(|s| s.secret_name.as_deref()), Some("tokens"));
+        assert!(
+            container(&set, "host").volume_mounts.iter().flatten().all(|m| m.name != "auth"),
+            "the host does not get the tokens"
+        );
+        let svc: Vec<i32> = node_service(&c).spec.and_then(|s| s.ports).into_iter().flatten().map(|p| p.port).collect();
+        assert_eq!(svc, [DEVICE_PORT, REPLICATION_PORT, 6380, 8080]);
+        let node = network_policies(&c, &OperatorPods::default())[0].spec.clone().expect("spec");
+        let open: Vec<Vec<i32>> = node
+            .ingress
+            .expect("ingress")
+            .iter()
+            .filter(|r| r.from.is_none())
+            .map(|r| {
+                r.ports
+                    .iter()
+                    .flatten()
+                    .filter_map(|p| p.port.clone())
+                    .map(|p| match p {
+                        IntOrString::Int(n) => n,
+                        IntOrString::String(_) => 0,
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(open, [vec![6380, 8080]], "only the front door is open to clients");
+        // Without TLS: no certificate; absent or disabled: nothing of it.
+        let mut plain = c.clone();
+        plain.spec.tls = serde_json::from_value(serde_json::json!({"mode": "Disabled"})).expect("tls");
+        assert_eq!(env_of(container(&node_statefulset(&plain, false), "device"), "DPUKV_FRONT_TLS_CERT"), None);
+        for spec in [None, Some(serde_json::json!({"enabled": false}))] {
+            let mut off = c.clone();
+            off.spec.front_door = spec.map(|s| serde_json::from_value(s).expect("frontDoor"));
+            let set = node_statefulset(&off, false);
+            let dev = container(&set, "device");
+            assert_eq!(env_of(dev, "DPUKV_DEVICE_RESP"), None);
+            assert_eq!(env_of(dev, "DPUKV_TOKENS_FILE"), None);
+            assert_eq!(dev.ports.as_ref().map(Vec::len), Some(2));
+            assert_eq!(node_service(&off).spec.and_then(|s| s.ports).map(|p| p.len()), Some(2));
+            let policy = network_policies(&off, &OperatorPods::default())[0].spec.clone().expect("spec");
+            assert!(policy.ingress.expect("ingress").iter().all(|r| r.from.is_some()));
+        }
     }
 }

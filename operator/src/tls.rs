@@ -188,6 +188,19 @@ pub fn node_leaf(c: &DpuKvCluster, id: u32) -> Leaf {
     }
 }
 
+/// Node `id`'s front door's certificate (`frontDoor`): a gateway of its own
+/// (`gateway/front-<id>`), reached at its pod's names like the node, and a client of the other
+/// devices it forwards to.
+pub fn front_leaf(c: &DpuKvCluster, id: u32) -> Leaf {
+    let node = node_leaf(c, id);
+    let name = format!("front-{id}");
+    Leaf {
+        common_name: format!("{}-{name}", c.name_any()),
+        uri: Some(certs::spiffe(&ns(c), &c.name_any(), "gateway", &name)),
+        ..node
+    }
+}
+
 /// The gateway's certificate: reached by its Service's names; a client of the devices.
 pub fn gateway_leaf(c: &DpuKvCluster) -> Leaf {
     Leaf {
@@ -291,7 +304,8 @@ pub fn certificate_resource() -> ApiResource {
 }
 
 /// The cert-manager `Certificate`s of a cluster with `tls.certManager`: one per node id
-/// (`NAME-node-<id>` into the Secret `NAME-node-<id>-tls`), the gateway's (into
+/// (`NAME-node-<id>` into the Secret `NAME-node-<id>-tls`; with the front door also
+/// `NAME-front-<id>` into `NAME-front-<id>-tls`), the gateway's (into
 /// `NAME-gateway-tls`, mounted as it is) and the operator's (`NAME-operator-tls`).
 pub fn certificates(c: &DpuKvCluster, ids: u32) -> Vec<DynamicObject> {
     let Some(cm) = &c.spec.tls.cert_manager else { return Vec::new() };
@@ -334,6 +348,12 @@ pub fn certificates(c: &DpuKvCluster, ids: u32) -> Vec<DynamicObject> {
             cert(n.clone(), format!("{n}-tls"), node_leaf(c, id))
         })
         .collect();
+    if render::front_door(c).is_some() {
+        out.extend((1..=ids).map(|id| {
+            let n = format!("{}-front-{id}", c.name_any());
+            cert(n.clone(), format!("{n}-tls"), front_leaf(c, id))
+        }));
+    }
     out.push(cert(render::gateway_name(c), render::gateway_tls_secret(c), gateway_leaf(c)));
     out.push(cert(format!("{}-operator", c.name_any()), operator_secret_name(c), operator_leaf(c)));
     out
@@ -394,8 +414,13 @@ pub async fn ensure(
         TlsSource::Operator => {
             let cn = format!("dpukv {}/{}", ns(c), c.name_any());
             let (ca, bundle) = ca(&api, c, &render::ca_secret(c), &cn, now).await?;
-            let nodes: Vec<(String, String, Leaf)> =
+            let mut nodes: Vec<(String, String, Leaf)> =
                 (1..=ids).map(|id| (format!("node-{id}.crt"), format!("node-{id}.key"), node_leaf(c, id))).collect();
+            if render::front_door(c).is_some() {
+                nodes.extend(
+                    (1..=ids).map(|id| (format!("front-{id}.crt"), format!("front-{id}.key"), front_leaf(c, id))),
+                );
+            }
             leaves(&api, c, (&render::node_tls_secret(c), "Opaque"), (&ca, &bundle), &nodes, now).await?;
             let gw = vec![("tls.crt".to_string(), "tls.key".to_string(), gateway_leaf(c))];
             leaves(&api, c, (&render::gateway_tls_secret(c), "kubernetes.io/tls"), (&ca, &bundle), &gw, now).await?;
@@ -431,15 +456,18 @@ pub async fn ensure(
             // The node pods' one Secret, from cert-manager's per-node ones (once they all exist).
             let mut data = BTreeMap::new();
             let mut pending = Vec::new();
+            let fronts = render::front_door(c).is_some();
             for id in 1..=ids {
-                let name = format!("{}-node-{id}-tls", c.name_any());
-                match api.get_opt(&name).await? {
-                    Some(s) => {
-                        data.insert("ca.crt".to_string(), must(&s, "ca.crt")?);
-                        data.insert(format!("node-{id}.crt"), must(&s, "tls.crt")?);
-                        data.insert(format!("node-{id}.key"), must(&s, "tls.key")?);
+                for who in ["node"].into_iter().chain(fronts.then_some("front")) {
+                    let name = format!("{}-{who}-{id}-tls", c.name_any());
+                    match api.get_opt(&name).await? {
+                        Some(s) => {
+                            data.insert("ca.crt".to_string(), must(&s, "ca.crt")?);
+                            data.insert(format!("{who}-{id}.crt"), must(&s, "tls.crt")?);
+                            data.insert(format!("{who}-{id}.key"), must(&s, "tls.key")?);
+                        }
+                        None => pending.push(name),
                     }
-                    None => pending.push(name),
                 }
             }
             if pending.is_empty() {

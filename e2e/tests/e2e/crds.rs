@@ -226,6 +226,18 @@ fn rules_refuse_what_they_are_written_for() {
     refused(&with(|v| v["spec"]["fsync"] = json!("sometimes")), None, "fsync is always, never or interval:MS");
     refused(&with(|v| v["spec"]["version"] = json!("1.0 beta")), None, "version must be an image tag");
     refused(&with(|v| v["spec"]["gateway"] = json!({"ports": {"binary": 6379}})), None, "gateway ports must differ");
+    let front = with(|v| v["spec"]["frontDoor"] = json!({"enabled": true}));
+    assert_eq!(broken(&front, None), Vec::<String>::new(), "a front door on its default ports");
+    refused(
+        &with(|v| v["spec"]["frontDoor"] = json!({"enabled": true, "http": 6379})),
+        None,
+        "frontDoor ports must differ",
+    );
+    refused(
+        &with(|v| v["spec"]["frontDoor"] = json!({"enabled": true, "resp": 7070})),
+        None,
+        "frontDoor ports must not be a node pod's own",
+    );
 }
 
 #[test]

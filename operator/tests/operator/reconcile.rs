@@ -1803,6 +1803,12 @@ fn secret_text(s: &Value, key: &str) -> String {
     String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).expect("base64")).expect("utf8")
 }
 
+/// `text` as a Secret's data value (base64).
+fn b64(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
 /// A GET of a Secret answered with `live` (404 when None); with `write`, the PATCH that follows
 /// (a server-side apply) is expected and returned.
 async fn secret(h: &mut Server, name: &str, live: Option<Value>, write: bool) -> Option<Value> {
@@ -2008,6 +2014,81 @@ pub(crate) async fn cert_manager_gets_a_certificate_per_node_the_gateway_and_the
     let st = status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
     assert_eq!(condition(&st, "Secure")["reason"], "CertificatesPending");
+}
+
+/// Issue 29: with `frontDoor`, each node's device gets a gateway certificate of its own
+/// (`front-<id>` in the node Secret, identity `gateway/front-<id>`, its pod's names) — issued by
+/// the operator, or asked of cert-manager per node and gathered into the node Secret.
+#[tokio::test]
+pub(crate) async fn with_a_front_door_each_device_gets_a_gateway_certificate_of_its_own() {
+    use dpukv_operator::{certs, tls};
+    let spec = json!({"nodes": 2, "replicationFactor": 1, "storage": {"size": "10Gi"},
+                      "etcd": {"endpoints": ["http://etcd:2379"]}, "device": {"mode": "Emulator"},
+                      "frontDoor": {"enabled": true}});
+    let c = cluster(spec.clone());
+    let (ctx, mut h) = mock(None);
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
+    let ca = secret(&mut h, "demo-ca", None, true).await.expect("the CA");
+    let nodes = secret(&mut h, "demo-node-tls", None, true).await.expect("the node Secret");
+    secret(&mut h, "demo-gateway-tls", None, true).await.expect("the gateway's");
+    let applied = children(&mut h, 0).await;
+    status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    let now = time::OffsetDateTime::now_utc();
+    let ca_cert = secret_text(&ca, "ca.crt");
+    for id in 1..=2 {
+        let pair = certs::Pair {
+            cert: secret_text(&nodes, &format!("front-{id}.crt")),
+            key: secret_text(&nodes, &format!("front-{id}.key")),
+        };
+        let leaf = tls::front_leaf(&c, id);
+        assert!(certs::leaf_good(&pair, &ca_cert, &leaf, now), "front door {id}");
+        assert_eq!(leaf.uri.as_deref(), Some(format!("spiffe://dpukv/db/demo/gateway/front-{id}").as_str()));
+        assert!(leaf.dns.contains(&format!("demo-node-{}.demo-node.db.svc", id - 1)));
+        assert!(secret_text(&nodes, &format!("node-{id}.crt")).contains("CERTIFICATE"), "the node's own kept");
+    }
+    let device = &applied.set["spec"]["template"]["spec"]["containers"][1];
+    assert_eq!(device["name"], "device");
+    let env = device["env"].as_array().expect("env");
+    assert!(env.iter().any(|e| e["name"] == "DPUKV_FRONT_TLS_CERT" && e["value"] == "/etc/dpukv/tls/front-{node}.crt"));
+
+    // cert-manager: a Certificate per node's front door, gathered into the node Secret.
+    let mut spec = spec;
+    spec["tls"] = json!({"certManager": {"issuerRef": {"name": "dpukv-ca", "kind": "ClusterIssuer"}}});
+    let c = cluster(spec);
+    let (ctx, mut h) = mock(None);
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
+    const CERTS: &str = "/apis/cert-manager.io/v1/namespaces/db/certificates";
+    for (name, uri) in [
+        ("demo-node-1", "spiffe://dpukv/db/demo/node/1"),
+        ("demo-node-2", "spiffe://dpukv/db/demo/node/2"),
+        ("demo-front-1", "spiffe://dpukv/db/demo/gateway/front-1"),
+        ("demo-front-2", "spiffe://dpukv/db/demo/gateway/front-2"),
+        ("demo-gateway", "spiffe://dpukv/db/demo/gateway/demo-gateway"),
+        ("demo-operator", "spiffe://dpukv/db/demo/operator/dpukv-operator"),
+    ] {
+        let cert = expect(&mut h, "PATCH", &format!("{CERTS}/{name}"), |b| (200, b.clone())).await;
+        assert_eq!(cert["spec"]["secretName"], format!("{name}-tls"));
+        assert_eq!(cert["spec"]["uris"], json!([uri]));
+    }
+    let issued = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "db"},
+               "data": {"ca.crt": b64("CA"), "tls.crt": b64(&format!("{name} cert")), "tls.key": b64(&format!("{name} key"))}})
+    };
+    for name in ["demo-node-1-tls", "demo-front-1-tls", "demo-node-2-tls", "demo-front-2-tls"] {
+        secret(&mut h, name, Some(issued(name)), false).await;
+    }
+    let gathered = secret(&mut h, "demo-node-tls", None, true).await.expect("the node Secret");
+    for id in 1..=2 {
+        assert_eq!(secret_text(&gathered, &format!("front-{id}.crt")), format!("demo-front-{id}-tls cert"));
+        assert_eq!(secret_text(&gathered, &format!("node-{id}.key")), format!("demo-node-{id}-tls key"));
+    }
+    secret(&mut h, "demo-operator-tls", None, false).await;
+    children(&mut h, 0).await;
+    status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
 }
 
 /// Issue 26: plain text only by `tls.mode: Disabled`, and then loudly — `Secure` False with reason
