@@ -358,6 +358,75 @@ fn pipelined_increments_of_one_key_share_a_round() {
     );
 }
 
+/// The write requests the nodes' hosts applied so far (`dpukv_host_writes`, summed: a batch is one).
+fn host_writes(nodes: &[ClusterNode]) -> u64 {
+    nodes.iter().map(|n| n.metric("dpukv_host_writes_total").expect("metrics").expect("exposed") as u64).sum()
+}
+
+/// Sends `script` (RESP commands) in one write and reads until `want` came back; the replies.
+fn pipeline(gw: &Gateway, script: &str, want: usize) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(format!("127.0.0.1:{}", gw.resp_port())).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
+    conn.write_all(script.as_bytes()).expect("write");
+    let mut got = Vec::new();
+    let mut buf = vec![0; 1 << 16];
+    while got.len() < want {
+        let n = conn.read(&mut buf).expect("read");
+        assert!(n > 0, "the gateway closed the connection after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).to_string()
+}
+
+/// Pipelined plain `SET`s of a region were each a request, a write and a sync of their own: a
+/// pipeline group's `SET`s of distinct keys of one region are now one atomic batch (one request
+/// to the region's primary). Every reply still comes in order; a `SET` of a key already in the
+/// group, a `GET` of one, `SET ... NX` and a `SET` with an option the gateway refuses keep their
+/// own answers; the keys of both regions read back as written.
+#[test]
+fn pipelined_sets_of_a_region_share_one_write() {
+    let etcd = Etcd::start().expect("etcd");
+    let (nodes, gw) = cluster(&etcd);
+    assert_eq!(redis(&gw, &["SET", "warm", "1"]), "OK");
+    assert_eq!(redis(&gw, &["SET", "zz-taken", "old"]), "OK");
+    let before = host_writes(&nodes);
+    const N: usize = 2_000;
+    let (mut script, mut want) = (String::new(), String::new());
+    let value = |i: usize| format!("value-{i}-{}", "x".repeat(i % 97));
+    for i in 0..N {
+        // Keys of both regions (split at "m"), interleaved.
+        let key = if i % 2 == 0 { format!("a-{i:05}") } else { format!("z-{i:05}") };
+        let v = value(i);
+        script.push_str(&format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n{v}\r\n", key.len(), v.len()));
+        want.push_str("+OK\r\n");
+        if i % 500 == 250 {
+            // The same key again, then read: in order.
+            script.push_str(&format!("SET {key} again\r\nGET {key}\r\n"));
+            want.push_str("+OK\r\n$5\r\nagain\r\n");
+        }
+        if i == 1_000 {
+            script.push_str("SET zz-taken new NX\r\nSET exp 1 EX 10\r\n");
+            want.push_str("$-1\r\n-ERR expiry (EX, PX, EXAT, PXAT, KEEPTTL) is not supported by dpukv\r\n");
+        }
+    }
+    let got = pipeline(&gw, &script, want.len());
+    assert_eq!(got, want, "every reply, in order");
+    let writes = host_writes(&nodes) - before;
+    eprintln!("{N} pipelined SETs: {writes} write requests at the hosts");
+    assert!(writes < (N / 10) as u64, "{N} pipelined SETs took {writes} write requests");
+    // Read back through another pipeline.
+    let (mut gets, mut values) = (String::new(), String::new());
+    for i in 0..N {
+        let key = if i % 2 == 0 { format!("a-{i:05}") } else { format!("z-{i:05}") };
+        gets.push_str(&format!("GET {key}\r\n"));
+        let v = if i % 500 == 250 { "again".to_string() } else { value(i) };
+        values.push_str(&format!("${}\r\n{v}\r\n", v.len()));
+    }
+    assert_eq!(pipeline(&gw, &gets, values.len()), values);
+    assert_eq!(redis(&gw, &["GET", "zz-taken"]), "old");
+}
+
 /// `redis-cli` with extra flags before the command.
 fn redis_as(gw: &Gateway, flags: &[&str], args: &[&str]) -> String {
     let out = Command::new("redis-cli")

@@ -438,6 +438,40 @@ pub fn additive(args: &[Vec<u8>]) -> Option<Result<i64, Reply>> {
     })
 }
 
+/// Whether `args` is a plain `SET key value` (no options) a pipeline may write in one batch with
+/// others of its region (see [`puts`]): a key and a value the protocol takes — one that it does
+/// not is run on its own, and refused on its own.
+pub fn plain_set(args: &[Vec<u8>]) -> bool {
+    args.len() == 3
+        && args[0].eq_ignore_ascii_case(b"set")
+        && !args[1].is_empty()
+        && args[1].len() <= dpukv_proto::limits::MAX_KEY
+        && args[2].len() <= dpukv_proto::limits::MAX_VALUE
+}
+
+/// Plain `SET`s of distinct keys of one region, from one pipeline group (commands a pipeline runs
+/// concurrently, their order among themselves not fixed): written as one atomic batch — one
+/// request, one write and one sync for all (a stronger guarantee than each on its own, and what
+/// every reply waits for). A batch refused before anything was applied because the region split
+/// under it (the map the group was formed by is stale) is written `SET` by `SET` instead; any
+/// other failure is every `SET`'s (the batch is atomic: all were applied or none, or its outcome
+/// is unknown for all). One `SET` is a put.
+pub async fn puts(up: &Upstream, kvs: &[(Vec<u8>, Vec<u8>)]) -> Vec<Reply> {
+    let c = up.client();
+    let put = |r: Result<u64, ClientError>| r.map_or_else(error_reply, |_| Reply::Simple("OK"));
+    if let [(k, v)] = kvs {
+        return vec![put(c.put(k, v).await)];
+    }
+    let ops = kvs.iter().map(|(k, v)| WriteOp::Put { key: k.clone(), value: v.clone() }).collect();
+    match c.batch(ops).await {
+        Ok(_) => vec![Reply::Simple("OK"); kvs.len()],
+        Err(ClientError::Server(e)) if e.code == ErrorCode::WrongRegion => {
+            crate::join::join_all(kvs.iter().map(|(k, v)| async { put(c.put(k, v).await) }).collect()).await
+        }
+        Err(e) => vec![error_reply(e); kvs.len()],
+    }
+}
+
 /// `INCRBY key delta` for each of `deltas` in order, on the decimal text Redis keeps counters
 /// as (an absent key counts as 0): one `add_text` — a pipeline's run of increments of one key is
 /// applied by the key's primary in one round and made durable together (docs/gateway.md). A

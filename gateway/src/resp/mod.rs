@@ -232,11 +232,21 @@ enum Entry {
         deltas: Vec<i64>,
         names: Vec<String>,
     },
-    /// A command that joined the [`Entry::Add`] at this index of the group.
+    /// Plain `SET`s of distinct keys of one region: one atomic batch (`command::puts`); the
+    /// first's reply goes here, the others' at their [`Entry::Joined`].
+    Puts {
+        kvs: Vec<(Vec<u8>, Vec<u8>)>,
+        bytes: usize,
+    },
+    /// A command that joined the [`Entry::Add`] or [`Entry::Puts`] at this index of the group.
     Joined {
         to: usize,
     },
 }
+
+/// Most `SET`s one batch of a pipeline group holds, and about its most bytes of keys and values.
+const MAX_PUTS: usize = 256;
+const MAX_PUTS_BYTES: usize = 1 << 20;
 
 /// One connection.
 struct Session<'a> {
@@ -528,6 +538,11 @@ impl<'a> Session<'a> {
         // further increment of the key joins it instead of waiting for the group (KV-Direct's
         // dependent atomics in one round: one write, one sync, every reply after it).
         let mut adds: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
+        // Regions whose plain `SET`s so far make the batch at this index: a further one joins it
+        // (one request, one write and one sync for them all).
+        let mut puts: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        let map = self.shared.up.client().routing_map();
+        let region_of = |key: &[u8]| map.as_ref().and_then(|m| m.region_of(key)).map(|r| r.id);
         for args in cmds {
             if self.state.quit || self.state.close {
                 break;
@@ -557,6 +572,25 @@ impl<'a> Session<'a> {
                 self.held.push(held);
                 continue;
             }
+            let plain_set = self.authenticated() && command::plain_set(&args);
+            if plain_set
+                && !touched.contains(&args[1])
+                && let Some(&to) = region_of(&args[1]).and_then(|r| puts.get(&r))
+                && let Some(Entry::Puts { kvs, bytes }) = group.get_mut(to)
+                && kvs.len() < MAX_PUTS
+                && *bytes + args[1].len() + args[2].len() <= MAX_PUTS_BYTES
+                && self.refusal(&args).is_none()
+                && let Some(held) = self.share.try_take(self.reservation(&args))
+            {
+                *bytes += args[1].len() + args[2].len();
+                let mut args = args.into_iter();
+                let (_, key, value) = (args.next(), args.next().unwrap_or_default(), args.next().unwrap_or_default());
+                touched.insert(key.clone());
+                kvs.push((key, value));
+                group.push(Entry::Joined { to });
+                self.held.push(held);
+                continue;
+            }
             let t = command::touches(&args);
             let conflicts = match &t {
                 Touches::Nothing => false,
@@ -567,6 +601,7 @@ impl<'a> Session<'a> {
                 self.run_group(std::mem::take(&mut group)).await;
                 touched.clear();
                 adds.clear();
+                puts.clear();
             }
             if let Touches::Connection = t {
                 let started = Instant::now();
@@ -591,6 +626,7 @@ impl<'a> Session<'a> {
                     self.run_group(std::mem::take(&mut group)).await;
                     touched.clear();
                     adds.clear();
+                    puts.clear();
                     self.flush().await?;
                     match tokio::time::timeout(self.shared.limits.command_timeout, self.share.take(need)).await {
                         Ok(h) => h,
@@ -611,6 +647,16 @@ impl<'a> Session<'a> {
                     adds.insert(args[1].clone(), group.len());
                     group.push(Entry::Add { key: args[1].clone(), deltas: vec![d], names: vec![name] });
                 }
+                None if plain_set => {
+                    if let Some(r) = region_of(&args[1]) {
+                        puts.insert(r, group.len());
+                    }
+                    let bytes = args[1].len() + args[2].len();
+                    let mut args = args.into_iter();
+                    let (_, key, value) =
+                        (args.next(), args.next().unwrap_or_default(), args.next().unwrap_or_default());
+                    group.push(Entry::Puts { kvs: vec![(key, value)], bytes });
+                }
                 None => group.push(Entry::Run { args, room: held.bytes() }),
             }
             self.held.push(held);
@@ -618,6 +664,7 @@ impl<'a> Session<'a> {
                 Touches::Everything => {
                     self.run_group(std::mem::take(&mut group)).await;
                     adds.clear();
+                    puts.clear();
                 }
                 Touches::Keys(keys) => touched.extend(keys),
                 Touches::Nothing | Touches::Connection => {}
@@ -738,6 +785,12 @@ impl<'a> Session<'a> {
                             let replies =
                                 dpukv_client::trace::scope(ctx, command::add(&shared.up, &key, &deltas)).await;
                             names.into_iter().zip(replies).map(|(n, r)| (n, r, started)).collect()
+                        }
+                        Entry::Puts { kvs, .. } => {
+                            let traced = dpukv_net::telemetry::request_span("gateway redis", "set", None, true);
+                            let (_span, ctx) = traced.map_or((None, None), |(s, c)| (Some(s), Some(c)));
+                            let replies = dpukv_client::trace::scope(ctx, command::puts(&shared.up, &kvs)).await;
+                            replies.into_iter().map(|r| ("set".to_string(), r, started)).collect()
                         }
                     }
                 }

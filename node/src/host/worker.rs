@@ -238,18 +238,23 @@ fn start_on(
 ) -> std::io::Result<Started> {
     let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
     let (rel_tx, rel_rx) = std::sync::mpsc::sync_channel::<Release>(RELEASE_QUEUE);
+    let releasing = Arc::new(AtomicU64::new(0));
     if let Some(r) = &repl {
         region.capture_exports();
         r.acks.set_gate(region.gate_reads());
     }
     let rel_repl = repl.clone();
-    std::thread::Builder::new().name(format!("dpukv-release-{id}")).spawn(move || release(rel_rx, rel_repl))?;
+    let rel_count = releasing.clone();
+    std::thread::Builder::new()
+        .name(format!("dpukv-release-{id}"))
+        .spawn(move || release(rel_rx, rel_repl, &rel_count))?;
     let w = Worker {
         region,
         station: ReservationStation::new(),
         per_op_atomics,
         stats,
         release: rel_tx,
+        releasing,
         repl,
         fence: None,
         keep: None,
@@ -272,32 +277,40 @@ struct Release {
     done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
-fn release(rx: std::sync::mpsc::Receiver<Release>, repl: Option<Replicated>) {
+/// The releaser: answers each round once it may be acknowledged; `releasing` counts the rounds
+/// handed to it and not yet answered.
+fn release(rx: std::sync::mpsc::Receiver<Release>, repl: Option<Replicated>, releasing: &AtomicU64) {
     while let Ok(r) = rx.recv() {
-        let mut failed = r.waiter.wait(r.end).err().map(|e| format!("the log failed: {}", e.code()));
-        if let (None, Some(repl)) = (&failed, &repl) {
-            // Every backup of the set holds the round, and this node still leads: only then
-            // may a write be acknowledged (docs/cluster.md §4–5).
-            if let Err(e) = repl.acks.wait(r.end, repl.timeout) {
-                failed = Some(format!("replication: {e}"));
-            } else if !repl.authority.valid() {
-                failed = Some("this node's lease ran out: it may no longer lead the region".into());
-            }
+        release_one(r, repl.as_ref());
+        releasing.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// Answers one round once it may be acknowledged (see [`release`]).
+fn release_one(r: Release, repl: Option<&Replicated>) {
+    let mut failed = r.waiter.wait(r.end).err().map(|e| format!("the log failed: {}", e.code()));
+    if let (None, Some(repl)) = (&failed, repl) {
+        // Every backup of the set holds the round, and this node still leads: only then
+        // may a write be acknowledged (docs/cluster.md §4–5).
+        if let Err(e) = repl.acks.wait(r.end, repl.timeout) {
+            failed = Some(format!("replication: {e}"));
+        } else if !repl.authority.valid() {
+            failed = Some("this node's lease ran out: it may no longer lead the region".into());
         }
-        if let Some(done) = r.done {
-            let _ = done.send(failed.clone().map_or(Ok(()), Err));
-        }
-        for (sink, resp, charge) in r.responses {
-            // A write whose log write or sync failed, or that its backups did not confirm, is
-            // never acknowledged: its outcome is unknown (it may still survive). Nor is any other
-            // answer that reveals the region's state — a failed insert, update, or atomic found
-            // what unacknowledged writes left, which a failover may take back.
-            let resp = match &failed {
-                Some(why) if reveals_state(&resp) => Response::error(resp.id, ErrorCode::OutcomeUnknown, why.clone()),
-                _ => resp,
-            };
-            sink.send(resp, charge);
-        }
+    }
+    if let Some(done) = r.done {
+        let _ = done.send(failed.clone().map_or(Ok(()), Err));
+    }
+    for (sink, resp, charge) in r.responses {
+        // A write whose log write or sync failed, or that its backups did not confirm, is
+        // never acknowledged: its outcome is unknown (it may still survive). Nor is any other
+        // answer that reveals the region's state — a failed insert, update, or atomic found
+        // what unacknowledged writes left, which a failover may take back.
+        let resp = match &failed {
+            Some(why) if reveals_state(&resp) => Response::error(resp.id, ErrorCode::OutcomeUnknown, why.clone()),
+            _ => resp,
+        };
+        sink.send(resp, charge);
     }
 }
 
@@ -368,6 +381,8 @@ struct Worker {
     per_op_atomics: bool,
     stats: Arc<WriterStats>,
     release: std::sync::mpsc::SyncSender<Release>,
+    /// Rounds handed to the releaser and not answered yet.
+    releasing: Arc<AtomicU64>,
     repl: Option<Replicated>,
     /// Writes touching it are refused (a split or merge copies it).
     fence: Option<KeyRange>,
@@ -924,7 +939,17 @@ impl Worker {
         }
         // A compaction installed during the round (a full L0) ships now too.
         self.ship_exports();
+        // A round that may be acknowledged already (the log's policy acknowledges a write once
+        // written, and no backup must confirm it) is answered here when the releaser holds no
+        // earlier round — so answers still leave in rounds' order, and a round's responses skip
+        // two thread hand-offs (to the releaser, and its wake-up).
+        if self.repl.is_none() && self.releasing.load(Ordering::Acquire) == 0 && r.waiter.acknowledged(r.end) {
+            release_one(r, None);
+            return;
+        }
+        self.releasing.fetch_add(1, Ordering::Release);
         if let Err(std::sync::mpsc::SendError(r)) = self.release.send(r) {
+            self.releasing.fetch_sub(1, Ordering::Release);
             if let Some(done) = r.done {
                 let _ = done.send(Err("the region is closing".into()));
             }

@@ -152,6 +152,16 @@ impl Durability {
         let r = file.write_all_at(bytes, off as u64);
         let mut st = self.lock();
         st.writing = false;
+        // Who waits for a write: the flusher under `Always` (it syncs what was written); under
+        // `Interval` only for the first unsynced byte (then it sleeps until that byte is due);
+        // a repair waiting for the write to end (the log failed meanwhile). Under `Interval` and
+        // `Never` a write acknowledges itself, and no waiter's position is past what was
+        // written (positions come from `end()`): nobody else is woken — a wake-up per write
+        // cost the writer a futex call and the flusher a pointless turn.
+        let wake = self.policy == FsyncPolicy::Always
+            || (self.policy != FsyncPolicy::Never && st.first_unsynced.is_none())
+            || st.failed.is_some()
+            || r.is_err();
         let out = match r {
             Ok(()) => {
                 st.unsynced.extend_from_slice(bytes);
@@ -169,7 +179,9 @@ impl Durability {
                 Err(Error::LogFailed { dir: self.dir.clone(), reason: e.to_string() })
             }
         };
-        self.cv.notify_all();
+        if wake {
+            self.cv.notify_all();
+        }
         out
     }
 

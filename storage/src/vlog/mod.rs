@@ -803,6 +803,11 @@ impl DurabilityWaiter {
     pub fn sync_to(&self, lsn: Lsn) -> Result<()> {
         self.0.sync_to(lsn)
     }
+    /// Whether `lsn` may be acknowledged now (what [`DurabilityWaiter::wait`] would answer at
+    /// once with `Ok`), without waiting.
+    pub fn acknowledged(&self, lsn: Lsn) -> bool {
+        self.0.lock().ack >= lsn.0
+    }
     /// Everything before this position is on disk.
     pub fn synced_lsn(&self) -> Lsn {
         Lsn(self.0.lock().synced)

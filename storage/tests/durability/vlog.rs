@@ -260,6 +260,20 @@ fn interval_policy_acknowledges_at_once_and_syncs_soon() {
     let end = log.commit().expect("commit");
     std::thread::spawn(move || waiter.sync_to(end)).join().expect("waiter").expect("synced");
     assert!(log.synced_lsn() >= end);
+    // A stream of writes (a write wakes the flusher only when it is the first unsynced one): each
+    // is synced within the interval of the first unsynced write before it, the last one too.
+    for i in 0..200u32 {
+        log.append(&Record::put(3, &i.to_be_bytes(), b"v")).expect("append");
+        let end = log.commit().expect("commit");
+        log.wait_durable(end).expect("acknowledged once written");
+        if i % 50 == 49 {
+            let t = Instant::now();
+            while log.synced_lsn() < end {
+                assert!(t.elapsed() < Duration::from_secs(5), "write {i} was never synced");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
     assert!(matches!(ValueLog::open(dir.path(), cfg(FsyncPolicy::Interval(Duration::ZERO))), Err(Error::Config(_))));
 }
 
