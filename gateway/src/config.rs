@@ -184,6 +184,7 @@ impl GatewayArgs {
                 (None, None) => crate::auth::TokenSource::None,
             },
             local: None,
+            metrics: None,
             reuse_port: false,
         })
     }

@@ -128,6 +128,9 @@ pub struct GatewayConfig {
     /// Embedded in a device's process: that node, whose regions are served by a call (the
     /// seed [`dpukv_client::LOCAL_SEED`] names it).
     pub local: Option<dpukv_client::local::Local>,
+    /// Metrics to record into (None: its own). A device's front door threads share one set,
+    /// shown on the device's `/metrics`.
+    pub metrics: Option<Arc<Metrics>>,
     /// Bind the front ends with `SO_REUSEPORT`, so that several gateways (one per thread of a
     /// device's front door) share their ports, the kernel spreading connections among them.
     pub reuse_port: bool,
@@ -185,7 +188,7 @@ pub async fn run(
     shutdown: CancellationToken,
     started: Option<tokio::sync::oneshot::Sender<GatewayInfo>>,
 ) -> Result<()> {
-    let metrics = Metrics::new();
+    let metrics = cfg.metrics.clone().unwrap_or_else(Metrics::new);
     // A bad token document stops the start, before anything listens.
     auth::Access::load(&cfg.tokens).map_err(anyhow::Error::msg)?;
     let binary_listener = match cfg.listen {

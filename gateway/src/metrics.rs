@@ -57,14 +57,15 @@ pub struct Metrics {
     connections: Family<FrontendLabels, Gauge<i64, AtomicI64>>,
     /// Sub-range reads started by scans.
     pub scan_parts: Counter,
-    /// Gets by who served them (the upstream client's counts, once it is connected).
-    reads: Arc<std::sync::OnceLock<Arc<dpukv_client::ReadCounts>>>,
-    /// The memory budget, once there is one.
-    budget: Arc<std::sync::OnceLock<dpukv_net::conn::Budget>>,
+    /// Gets by who served them (the upstream clients' counts, once connected: one per gateway
+    /// sharing these metrics — a device's front door threads — summed).
+    reads: Arc<std::sync::Mutex<Vec<Arc<dpukv_client::ReadCounts>>>>,
+    /// The memory budgets (one per gateway sharing these metrics), summed.
+    budget: Arc<std::sync::Mutex<Vec<dpukv_net::conn::Budget>>>,
 }
 
 /// `dpukv_gateway_memory_budget_bytes{state="used"|"total"}`, read at scrape time.
-struct BudgetCollector(Arc<std::sync::OnceLock<dpukv_net::conn::Budget>>);
+struct BudgetCollector(Arc<std::sync::Mutex<Vec<dpukv_net::conn::Budget>>>);
 
 impl std::fmt::Debug for BudgetCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -75,7 +76,13 @@ impl std::fmt::Debug for BudgetCollector {
 impl prometheus_client::collector::Collector for BudgetCollector {
     fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
         use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
-        let Some(b) = self.0.get() else { return Ok(()) };
+        let (used, total) = {
+            let budgets = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            if budgets.is_empty() {
+                return Ok(());
+            }
+            budgets.iter().fold((0, 0), |(u, t), b| (u + b.used(), t + b.total()))
+        };
         let g = prometheus_client::metrics::gauge::ConstGauge::new(0i64);
         let mut me = enc.encode_descriptor(
             "dpukv_gateway_memory_budget_bytes",
@@ -83,7 +90,7 @@ impl prometheus_client::collector::Collector for BudgetCollector {
             None,
             g.metric_type(),
         )?;
-        for (state, n) in [("used", b.used()), ("total", b.total())] {
+        for (state, n) in [("used", used), ("total", total)] {
             let labels = [("state", state)];
             let m: MetricEncoder<'_> = me.encode_family(&labels)?;
             prometheus_client::metrics::gauge::ConstGauge::new(n as i64).encode(m)?;
@@ -94,12 +101,15 @@ impl prometheus_client::collector::Collector for BudgetCollector {
 
 /// `dpukv_gateway_reads_total{served_by="primary"|"replica"}`, read at scrape time.
 #[derive(Debug)]
-struct ReadsCollector(Arc<std::sync::OnceLock<Arc<dpukv_client::ReadCounts>>>);
+struct ReadsCollector(Arc<std::sync::Mutex<Vec<Arc<dpukv_client::ReadCounts>>>>);
 
 impl prometheus_client::collector::Collector for ReadsCollector {
     fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
         use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
-        let (p, r) = self.0.get().map_or((0, 0), |c| c.get());
+        let (p, r) = self.0.lock().unwrap_or_else(|e| e.into_inner()).iter().fold((0, 0), |(p, r), c| {
+            let (cp, cr) = c.get();
+            (p + cp, r + cr)
+        });
         let c = prometheus_client::metrics::counter::ConstCounter::new(0u64);
         let mut me = enc.encode_descriptor("dpukv_gateway_reads", "Gets by who served them", None, c.metric_type())?;
         for (by, n) in [("primary", p), ("replica", r)] {
@@ -111,42 +121,63 @@ impl prometheus_client::collector::Collector for ReadsCollector {
     }
 }
 
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
 impl Metrics {
     /// Registered, all at zero.
     pub fn new() -> Arc<Metrics> {
-        let mut registry = Registry::default();
         let latency: LatencyFamily = Family::new_with_constructor(latency_histogram);
         let errors = Family::<ErrorLabels, Counter>::default();
         let connections = Family::<FrontendLabels, Gauge<i64, AtomicI64>>::default();
         let scan_parts = Counter::default();
+        let resp_get = latency.get_or_create(&OpLabels { frontend: "resp", op: "get" }).clone();
+        let mut m = Metrics {
+            registry: Registry::default(),
+            latency,
+            resp_get,
+            errors,
+            connections,
+            scan_parts,
+            reads: Default::default(),
+            budget: Default::default(),
+        };
+        let mut registry = std::mem::take(&mut m.registry);
+        m.register_into(&mut registry);
+        m.registry = registry;
+        Arc::new(m)
+    }
+
+    /// Registers these metrics (the same series, not copies) in `registry` too: a device's
+    /// `/metrics` shows its front door's (docs/gateway.md, "The front door in each device").
+    pub fn register_into(&self, registry: &mut Registry) {
         registry.register(
             "dpukv_gateway_request_duration_seconds",
             "Time from a request's arrival to its answer, by front end and operation",
-            latency.clone(),
+            self.latency.clone(),
         );
         registry.register(
             "dpukv_gateway_errors",
             "Requests answered with an error, by front end and code",
-            errors.clone(),
+            self.errors.clone(),
         );
-        registry.register("dpukv_gateway_connections", "Connections open, by front end", connections.clone());
-        registry.register("dpukv_gateway_scan_parts", "Sub-range reads started by scans", scan_parts.clone());
-        let reads = Arc::new(std::sync::OnceLock::new());
-        registry.register_collector(Box::new(ReadsCollector(reads.clone())));
-        let budget = Arc::new(std::sync::OnceLock::new());
-        registry.register_collector(Box::new(BudgetCollector(budget.clone())));
-        let resp_get = latency.get_or_create(&OpLabels { frontend: "resp", op: "get" }).clone();
-        Arc::new(Metrics { registry, latency, resp_get, errors, connections, scan_parts, reads, budget })
+        registry.register("dpukv_gateway_connections", "Connections open, by front end", self.connections.clone());
+        registry.register("dpukv_gateway_scan_parts", "Sub-range reads started by scans", self.scan_parts.clone());
+        registry.register_collector(Box::new(ReadsCollector(self.reads.clone())));
+        registry.register_collector(Box::new(BudgetCollector(self.budget.clone())));
     }
 
-    /// Reports the memory budget's use.
+    /// Reports a memory budget's use (summed with the others of gateways sharing these metrics).
     pub fn watch_budget(&self, budget: dpukv_net::conn::Budget) {
-        let _ = self.budget.set(budget);
+        self.budget.lock().unwrap_or_else(|e| e.into_inner()).push(budget);
     }
 
-    /// Counts gets from the upstream client's counts.
+    /// Counts gets from an upstream client's counts (summed as [`Metrics::watch_budget`]'s).
     pub fn count_reads(&self, counts: Arc<dpukv_client::ReadCounts>) {
-        let _ = self.reads.set(counts);
+        self.reads.lock().unwrap_or_else(|e| e.into_inner()).push(counts);
     }
 
     /// Records one request's latency since `started`.

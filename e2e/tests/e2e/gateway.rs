@@ -699,6 +699,19 @@ fn device_front_doors_serve_their_regions_in_process_and_forward_the_rest() {
     let after = (device_metric(low, served), device_metric(low, at_port));
     assert!(after.0 - before.0 >= 200.0, "the device served the gets: {before:?} -> {after:?}");
     assert!(after.1 - before.1 < 10.0, "none came through its data port: {before:?} -> {after:?}");
+    // The front door's own metrics (the gateway's names) are on the device's /metrics: its RESP
+    // gets timed, its HTTP requests and its errors counted, its budget shown.
+    let resp_gets = device_metric(low, "dpukv_gateway_request_duration_seconds_count{frontend=\"resp\",op=\"get\"} ");
+    assert!(resp_gets >= 200.0, "the front door's RESP gets on the device's /metrics: {resp_gets}");
+    let (status, body) = http("GET", &format!("http://{}/metrics", admins[low as usize - 1]), None);
+    assert_eq!(status, 200);
+    for name in [
+        "dpukv_gateway_request_duration_seconds_count{frontend=\"http\"",
+        "dpukv_gateway_memory_budget_bytes{state=\"total\"}",
+        "dpukv_gateway_connections",
+    ] {
+        assert!(body.contains(name), "{name} missing from the device's /metrics");
+    }
     // Gets answered at once and writes that wait for their sync, pipelined on one connection
     // to keys of the node's own region, answer in order and read what came before them.
     let script = "SET b-key p1\nGET b-key\nGET b-key\nSET b-key p2\nGET b-key\nINCR c-key\nGET c-key\nGET b-key\n";

@@ -58,17 +58,21 @@ pub(crate) struct Started {
 /// Starts the front door on `threads` threads, each a gateway on a single-threaded event loop
 /// (a request is parsed, served from this device's memory and answered on one thread, with no
 /// hand-off: the cost per request of a thread-per-core server), all on the same ports
-/// (`SO_REUSEPORT`), each with `1/threads` of the memory budget.
+/// (`SO_REUSEPORT`), each with `1/threads` of the memory budget, all recording into `metrics`
+/// (registered in the device's admin registry: `dpukv_gateway_*` on the device's `/metrics`).
 pub(crate) async fn start(
     mut cfg: dpukv_gateway::GatewayConfig,
     threads: usize,
     device: InProcess,
+    metrics: Arc<dpukv_gateway::metrics::Metrics>,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<Started> {
     let threads = threads.max(1);
     let node = crate::pod::open_map(device.reads.shm())?.0.node();
     cfg.seeds = vec![dpukv_client::LOCAL_SEED.to_string()];
     cfg.reuse_port = threads > 1;
+    // One set of metrics for all threads: the device's `/metrics` shows them.
+    cfg.metrics = Some(metrics);
     cfg.memory_budget = (cfg.memory_budget / threads).max(dpukv_proto::limits::MAX_VALUE * 4);
     let mut out = Started { resp: None, http: None, threads: Vec::new() };
     for i in 0..threads {

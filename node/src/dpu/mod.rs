@@ -150,6 +150,12 @@ pub async fn run(
         "dpukv_device_request_duration_seconds",
         "Time from a request's arrival at the device to its answer written, by operation",
     );
+    // The front door's metrics (the gateway's own names), on this device's `/metrics`.
+    let front_metrics = cfg.front.as_ref().map(|_| {
+        let m = dpukv_gateway::metrics::Metrics::new();
+        m.register_into(&mut registry);
+        m
+    });
     let admin_addr = match cfg.admin {
         Some(a) => {
             Some(admin::serve(a, Admin { ready: ready.clone(), registry: Arc::new(registry) }, shutdown.clone()).await?)
@@ -177,14 +183,14 @@ pub async fn run(
     let tracker = TaskTracker::new();
     let (mut resp, mut http) = (None, None);
     let mut fronts = Vec::new();
-    if let Some(front) = cfg.front.clone() {
+    if let (Some(front), Some(metrics)) = (cfg.front.clone(), front_metrics) {
         let device = front::InProcess {
             reads: reads.clone(),
             links: links.clone(),
             table: table.clone(),
             on_host: cfg.serve_reads_on_host,
         };
-        let started = front::start(front, cfg.front_threads, device, shutdown.clone()).await?;
+        let started = front::start(front, cfg.front_threads, device, metrics, shutdown.clone()).await?;
         (resp, http, fronts) = (started.resp, started.http, started.threads);
     }
     ready.store(true, Ordering::Release);
