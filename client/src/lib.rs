@@ -541,12 +541,14 @@ impl Client {
             // `wrong_region`: the request went by a stale map and was not executed.
             let moved = err.code() == Some(ErrorCode::WrongRegion);
             // A batch that spans regions by the map as it is now is refused again however often
-            // it is sent: answered at once, for the caller to split (`batch_across_regions`).
+            // it is sent: answered at once, for the caller to split (`batch_across_regions`) —
+            // as outcome unknown if an earlier attempt may have been applied (a caller must not
+            // send its writes again as new ones then: they could apply twice).
             if moved
                 && let Op::Batch { ops } = &req.op
                 && self.spans_regions_now(ops).await
             {
-                return Err(err);
+                return Err(if maybe_applied { ClientError::OutcomeUnknown(Box::new(err)) } else { err });
             }
             let retryable = err.is_retryable() || moved || (unknown && (!write || tag.is_some()));
             let out_of_time = started.elapsed() + delay > policy.deadline;
@@ -931,10 +933,11 @@ fn in_several_regions(map: &dpukv_proto::regionmap::RegionMap, ops: &[WriteOp]) 
     ids.next().is_some_and(|first| ids.any(|id| id != first))
 }
 
+/// Whether `e` refused a batch for spanning regions before any attempt of it may have been
+/// applied (an outcome-unknown refusal is not: sending its writes again could apply them twice).
 fn spans_regions(e: &ClientError) -> bool {
     match e {
         ClientError::Server(r) => matches!(r.code, ErrorCode::Unsupported | ErrorCode::WrongRegion),
-        ClientError::OutcomeUnknown(inner) => spans_regions(inner),
         _ => false,
     }
 }
@@ -1059,6 +1062,17 @@ mod tests {
         // (The fat root's `tree_nodes` requests aside.)
         let gets = seen.lock().expect("log").iter().filter(|r| matches!(r.op, Op::Get { .. })).count();
         assert_eq!(gets, 2);
+    }
+
+    /// A batch refused as spanning regions after an earlier attempt may have been applied is
+    /// not one to split and send again as new writes (they could apply twice): only a plain
+    /// refusal is.
+    #[test]
+    fn only_a_batch_refused_before_any_attempt_may_have_applied_is_split_again() {
+        let refused =
+            || ClientError::Server(dpukv_proto::ErrorReply { code: ErrorCode::WrongRegion, message: "spans".into() });
+        assert!(spans_regions(&refused()));
+        assert!(!spans_regions(&ClientError::OutcomeUnknown(Box::new(refused()))));
     }
 
     #[tokio::test]

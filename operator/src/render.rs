@@ -57,6 +57,8 @@ pub const DATA_DIR: &str = "/var/lib/dpukv/data";
 pub const SHM_DIR: &str = "/dev/shm/dpukv";
 /// Where TLS material is mounted (the node Secret in node pods, the gateway's in gateway pods).
 pub const TLS_DIR: &str = "/etc/dpukv/tls";
+/// Where a device's front door finds its certificate (the front door Secret).
+pub const FRONT_TLS_DIR: &str = "/etc/dpukv/front-tls";
 /// Where a device's front door finds the gateway's tokens (the `auth` Secret).
 pub const AUTH_DIR: &str = "/etc/dpukv/auth";
 /// Where a node host finds its etcd client certificate (`ca.crt`, `tls.crt`, `tls.key`).
@@ -67,8 +69,15 @@ pub const ETCD_MEMBER_TLS_DIR: &str = "/etc/etcd/tls";
 /// pods' `fsGroup` too, so a volume owned by root is made writable for it.
 pub const RUN_AS: i64 = 65532;
 
-/// The node Secret: `ca.crt`, and `node-<id>.crt` / `node-<id>.key` for every node id (with the
-/// front door, also `front-<id>.crt` / `front-<id>.key`: each device's gateway identity).
+/// The front door Secret (`frontDoor` with TLS): `ca.crt`, and `front-<id>.crt` /
+/// `front-<id>.key` for every node id — each device's front door's gateway identity, mounted in
+/// the device containers only (a gateway identity may read and write at every device: the hosts
+/// do not hold one).
+pub fn front_tls_secret(c: &DpuKvCluster) -> String {
+    format!("{}-front-tls", c.name_any())
+}
+
+/// The node Secret: `ca.crt`, and `node-<id>.crt` / `node-<id>.key` for every node id.
 pub fn node_tls_secret(c: &DpuKvCluster) -> String {
     c.spec.tls.cluster_secret.clone().unwrap_or_else(|| format!("{}-node-tls", c.name_any()))
 }
@@ -626,9 +635,10 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
         ]);
         if tls {
             device_env.extend([
-                env("DPUKV_FRONT_TLS_CERT", format!("{TLS_DIR}/front-{{node}}.crt")),
-                env("DPUKV_FRONT_TLS_KEY", format!("{TLS_DIR}/front-{{node}}.key")),
+                env("DPUKV_FRONT_TLS_CERT", format!("{FRONT_TLS_DIR}/front-{{node}}.crt")),
+                env("DPUKV_FRONT_TLS_KEY", format!("{FRONT_TLS_DIR}/front-{{node}}.key")),
             ]);
+            device_mounts.push(mount("front-tls", FRONT_TLS_DIR, true));
         }
         if s.auth.is_some() {
             device_env.push(env("DPUKV_TOKENS_FILE", format!("{AUTH_DIR}/tokens")));
@@ -692,6 +702,15 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     }
     if let (Some(_), Some(a)) = (front_door(c), &s.auth) {
         volumes.push(secret_volume("auth", &a.tokens_secret));
+    }
+    if front_door(c).is_some() && tls {
+        // Optional: while cert-manager has not issued it yet (or a user has not created it),
+        // the pod starts — its host serves — and the device waits, restarting, for the files.
+        let mut v = secret_volume("front-tls", &front_tls_secret(c));
+        if let Some(src) = v.secret.as_mut() {
+            src.optional = Some(true);
+        }
+        volumes.push(v);
     }
     if etcd_tls(c) {
         volumes.push(secret_volume("etcd-tls", &etcd_client_secret(c)));
@@ -1670,8 +1689,8 @@ mod tests {
         assert_eq!(env_of(dev, "DPUKV_DEVICE_RESP"), Some("0.0.0.0:6380"));
         assert_eq!(env_of(dev, "DPUKV_DEVICE_HTTP"), Some("0.0.0.0:8080"));
         assert_eq!(env_of(dev, "DPUKV_FRONT_THREADS"), Some("2"));
-        assert_eq!(env_of(dev, "DPUKV_FRONT_TLS_CERT"), Some("/etc/dpukv/tls/front-{node}.crt"));
-        assert_eq!(env_of(dev, "DPUKV_FRONT_TLS_KEY"), Some("/etc/dpukv/tls/front-{node}.key"));
+        assert_eq!(env_of(dev, "DPUKV_FRONT_TLS_CERT"), Some("/etc/dpukv/front-tls/front-{node}.crt"));
+        assert_eq!(env_of(dev, "DPUKV_FRONT_TLS_KEY"), Some("/etc/dpukv/front-tls/front-{node}.key"));
         assert_eq!(env_of(dev, "DPUKV_TOKENS_FILE"), Some("/etc/dpukv/auth/tokens"));
         let ports: Vec<(Option<&str>, i32)> =
             dev.ports.iter().flatten().map(|p| (p.name.as_deref(), p.container_port)).collect();
@@ -1681,9 +1700,13 @@ mod tests {
         let auth = pod.volumes.iter().flatten().find(|v| v.name == "auth").expect("the tokens' volume");
         assert_eq!(auth.secret.as_ref().and_then(|s| s.secret_name.as_deref()), Some("tokens"));
         assert!(
-            container(&set, "host").volume_mounts.iter().flatten().all(|m| m.name != "auth"),
-            "the host does not get the tokens"
+            container(&set, "host").volume_mounts.iter().flatten().all(|m| m.name != "auth" && m.name != "front-tls"),
+            "the host gets neither the tokens nor the front door's gateway identity"
         );
+        assert!(dev.volume_mounts.iter().flatten().any(|m| m.name == "front-tls" && m.mount_path == FRONT_TLS_DIR));
+        let front = pod.volumes.iter().flatten().find(|v| v.name == "front-tls").expect("the front door's Secret");
+        assert_eq!(front.secret.as_ref().and_then(|s| s.secret_name.as_deref()), Some("demo-front-tls"));
+        assert_eq!(front.secret.as_ref().and_then(|s| s.optional), Some(true), "the host starts without it");
         let svc: Vec<i32> = node_service(&c).spec.and_then(|s| s.ports).into_iter().flatten().map(|p| p.port).collect();
         assert_eq!(svc, [DEVICE_PORT, REPLICATION_PORT, 6380, 8080]);
         let node = network_policies(&c, &OperatorPods::default())[0].spec.clone().expect("spec");

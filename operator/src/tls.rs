@@ -414,16 +414,18 @@ pub async fn ensure(
         TlsSource::Operator => {
             let cn = format!("dpukv {}/{}", ns(c), c.name_any());
             let (ca, bundle) = ca(&api, c, &render::ca_secret(c), &cn, now).await?;
-            let mut nodes: Vec<(String, String, Leaf)> =
+            let nodes: Vec<(String, String, Leaf)> =
                 (1..=ids).map(|id| (format!("node-{id}.crt"), format!("node-{id}.key"), node_leaf(c, id))).collect();
-            if render::front_door(c).is_some() {
-                nodes.extend(
-                    (1..=ids).map(|id| (format!("front-{id}.crt"), format!("front-{id}.key"), front_leaf(c, id))),
-                );
-            }
             leaves(&api, c, (&render::node_tls_secret(c), "Opaque"), (&ca, &bundle), &nodes, now).await?;
             let gw = vec![("tls.crt".to_string(), "tls.key".to_string(), gateway_leaf(c))];
             leaves(&api, c, (&render::gateway_tls_secret(c), "kubernetes.io/tls"), (&ca, &bundle), &gw, now).await?;
+            if render::front_door(c).is_some() {
+                // The front doors' gateway identities: a Secret of their own, for the devices only.
+                let fronts: Vec<(String, String, Leaf)> = (1..=ids)
+                    .map(|id| (format!("front-{id}.crt"), format!("front-{id}.key"), front_leaf(c, id)))
+                    .collect();
+                leaves(&api, c, (&render::front_tls_secret(c), "Opaque"), (&ca, &bundle), &fronts, now).await?;
+            }
             let mine = operator.get(c, &ca, now)?;
             Ok(ClusterTls {
                 control: Some(client_config(&bundle, &mine)?),
@@ -453,12 +455,18 @@ pub async fn ensure(
                     .patch(&name, &PatchParams::apply(crate::controller::MANAGER).force(), &Patch::Apply(&cert))
                     .await?;
             }
-            // The node pods' one Secret, from cert-manager's per-node ones (once they all exist).
-            let mut data = BTreeMap::new();
+            // The node pods' one Secret, from cert-manager's per-node ones (once they all exist);
+            // with the front door, the front door Secret likewise from its own (apart: a front
+            // door certificate that is late holds up no node certificate's renewal).
             let mut pending = Vec::new();
-            let fronts = render::front_door(c).is_some();
-            for id in 1..=ids {
-                for who in ["node"].into_iter().chain(fronts.then_some("front")) {
+            let mut sets = vec![("node", render::node_tls_secret(c))];
+            if render::front_door(c).is_some() {
+                sets.push(("front", render::front_tls_secret(c)));
+            }
+            for (who, secret) in sets {
+                let mut data = BTreeMap::new();
+                let mut missing = Vec::new();
+                for id in 1..=ids {
                     let name = format!("{}-{who}-{id}-tls", c.name_any());
                     match api.get_opt(&name).await? {
                         Some(s) => {
@@ -466,13 +474,14 @@ pub async fn ensure(
                             data.insert(format!("{who}-{id}.crt"), must(&s, "tls.crt")?);
                             data.insert(format!("{who}-{id}.key"), must(&s, "tls.key")?);
                         }
-                        None => pending.push(name),
+                        None => missing.push(name),
                     }
                 }
-            }
-            if pending.is_empty() {
-                let live = api.get_opt(&render::node_tls_secret(c)).await?;
-                keep(&api, &live, owned_secret(c, &render::node_tls_secret(c), "Opaque", data)).await?;
+                if missing.is_empty() {
+                    let live = api.get_opt(&secret).await?;
+                    keep(&api, &live, owned_secret(c, &secret, "Opaque", data)).await?;
+                }
+                pending.extend(missing);
             }
             let control = from_secret(&api, &operator_secret_name(c)).await?;
             let (secure, reason, message) = if pending.is_empty() && control.is_some() {

@@ -102,6 +102,10 @@ pub fn get_bound(key: &[u8]) -> usize {
 /// can, and reads its keys in waves within it.
 pub fn reply_bound(args: &[Vec<u8>]) -> usize {
     let sent = args.iter().map(|a| a.len() + 16).sum::<usize>();
+    if plain_set(args) {
+        // `+OK` or an error: a plain SET brings no value into the gateway (with `GET` it does).
+        return 4096 + sent;
+    }
     match name(args).as_str() {
         "get" | "getset" | "set" | "setnx" | "type" | "strlen" | "exists" | "del" | "unlink" => PER_VALUE + sent,
         // An integer or an error: `add_text` brings no value into the gateway.

@@ -244,6 +244,12 @@ enum Entry {
     },
 }
 
+/// A plain `SET key value`'s key and value (see `command::plain_set`), taken from its arguments.
+fn key_value(args: Vec<Vec<u8>>) -> (Vec<u8>, Vec<u8>) {
+    let mut args = args.into_iter().skip(1);
+    (args.next().unwrap_or_default(), args.next().unwrap_or_default())
+}
+
 /// Most `SET`s one batch of a pipeline group holds, and about its most bytes of keys and values.
 const MAX_PUTS: usize = 256;
 const MAX_PUTS_BYTES: usize = 1 << 20;
@@ -583,8 +589,7 @@ impl<'a> Session<'a> {
                 && let Some(held) = self.share.try_take(self.reservation(&args))
             {
                 *bytes += args[1].len() + args[2].len();
-                let mut args = args.into_iter();
-                let (_, key, value) = (args.next(), args.next().unwrap_or_default(), args.next().unwrap_or_default());
+                let (key, value) = key_value(args);
                 touched.insert(key.clone());
                 kvs.push((key, value));
                 group.push(Entry::Joined { to });
@@ -652,10 +657,7 @@ impl<'a> Session<'a> {
                         puts.insert(r, group.len());
                     }
                     let bytes = args[1].len() + args[2].len();
-                    let mut args = args.into_iter();
-                    let (_, key, value) =
-                        (args.next(), args.next().unwrap_or_default(), args.next().unwrap_or_default());
-                    group.push(Entry::Puts { kvs: vec![(key, value)], bytes });
+                    group.push(Entry::Puts { kvs: vec![key_value(args)], bytes });
                 }
                 None => group.push(Entry::Run { args, room: held.bytes() }),
             }

@@ -2032,15 +2032,17 @@ pub(crate) async fn with_a_front_door_each_device_gets_a_gateway_certificate_of_
     let ca = secret(&mut h, "demo-ca", None, true).await.expect("the CA");
     let nodes = secret(&mut h, "demo-node-tls", None, true).await.expect("the node Secret");
     secret(&mut h, "demo-gateway-tls", None, true).await.expect("the gateway's");
+    let fronts = secret(&mut h, "demo-front-tls", None, true).await.expect("the front doors' Secret");
     let applied = children(&mut h, 0).await;
     status(&mut h, &c).await;
     finished(task).await.expect("reconciled");
     let now = time::OffsetDateTime::now_utc();
     let ca_cert = secret_text(&ca, "ca.crt");
+    assert!(nodes["data"].get("front-1.key").is_none(), "the hosts' Secret holds no gateway identity");
     for id in 1..=2 {
         let pair = certs::Pair {
-            cert: secret_text(&nodes, &format!("front-{id}.crt")),
-            key: secret_text(&nodes, &format!("front-{id}.key")),
+            cert: secret_text(&fronts, &format!("front-{id}.crt")),
+            key: secret_text(&fronts, &format!("front-{id}.key")),
         };
         let leaf = tls::front_leaf(&c, id);
         assert!(certs::leaf_good(&pair, &ca_cert, &leaf, now), "front door {id}");
@@ -2051,7 +2053,10 @@ pub(crate) async fn with_a_front_door_each_device_gets_a_gateway_certificate_of_
     let device = &applied.set["spec"]["template"]["spec"]["containers"][1];
     assert_eq!(device["name"], "device");
     let env = device["env"].as_array().expect("env");
-    assert!(env.iter().any(|e| e["name"] == "DPUKV_FRONT_TLS_CERT" && e["value"] == "/etc/dpukv/tls/front-{node}.crt"));
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "DPUKV_FRONT_TLS_CERT" && e["value"] == "/etc/dpukv/front-tls/front-{node}.crt")
+    );
 
     // cert-manager: a Certificate per node's front door, gathered into the node Secret.
     let mut spec = spec;
@@ -2077,13 +2082,41 @@ pub(crate) async fn with_a_front_door_each_device_gets_a_gateway_certificate_of_
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "db"},
                "data": {"ca.crt": b64("CA"), "tls.crt": b64(&format!("{name} cert")), "tls.key": b64(&format!("{name} key"))}})
     };
-    for name in ["demo-node-1-tls", "demo-front-1-tls", "demo-node-2-tls", "demo-front-2-tls"] {
+    for name in ["demo-node-1-tls", "demo-node-2-tls"] {
         secret(&mut h, name, Some(issued(name)), false).await;
     }
-    let gathered = secret(&mut h, "demo-node-tls", None, true).await.expect("the node Secret");
+    let nodes = secret(&mut h, "demo-node-tls", None, true).await.expect("the node Secret");
+    // One front door certificate not issued yet: the node Secret was written all the same, the
+    // front doors' waits.
+    secret(&mut h, "demo-front-1-tls", Some(issued("demo-front-1-tls")), false).await;
+    secret(&mut h, "demo-front-2-tls", None, false).await;
+    secret(&mut h, "demo-operator-tls", None, false).await;
+    children(&mut h, 0).await;
+    let st = status(&mut h, &c).await;
+    finished(task).await.expect("reconciled");
+    assert_eq!(condition(&st, "Secure")["reason"], "CertificatesPending");
+    assert!(condition(&st, "Secure")["message"].as_str().is_some_and(|m| m.contains("demo-front-2-tls")));
+    for id in 1..=2 {
+        assert_eq!(secret_text(&nodes, &format!("node-{id}.key")), format!("demo-node-{id}-tls key"));
+    }
+    assert!(nodes["data"].get("front-1.crt").is_none(), "the hosts' Secret holds no gateway identity");
+    // Both issued: the front doors' Secret.
+    let (ctx, mut h) = mock(None);
+    let task = tokio::spawn(reconcile(Arc::new(c.clone()), ctx));
+    expect(&mut h, "GET", &format!("{SETS}/demo-node"), |_| not_found()).await;
+    for name in ["demo-node-1", "demo-node-2", "demo-front-1", "demo-front-2", "demo-gateway", "demo-operator"] {
+        expect(&mut h, "PATCH", &format!("{CERTS}/{name}"), |b| (200, b.clone())).await;
+    }
+    for name in ["demo-node-1-tls", "demo-node-2-tls"] {
+        secret(&mut h, name, Some(issued(name)), false).await;
+    }
+    secret(&mut h, "demo-node-tls", Some(nodes.clone()), false).await;
+    for name in ["demo-front-1-tls", "demo-front-2-tls"] {
+        secret(&mut h, name, Some(issued(name)), false).await;
+    }
+    let gathered = secret(&mut h, "demo-front-tls", None, true).await.expect("the front doors' Secret");
     for id in 1..=2 {
         assert_eq!(secret_text(&gathered, &format!("front-{id}.crt")), format!("demo-front-{id}-tls cert"));
-        assert_eq!(secret_text(&gathered, &format!("node-{id}.key")), format!("demo-node-{id}-tls key"));
     }
     secret(&mut h, "demo-operator-tls", None, false).await;
     children(&mut h, 0).await;
