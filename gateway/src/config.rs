@@ -184,7 +184,7 @@ impl GatewayArgs {
                 (None, None) => crate::auth::TokenSource::None,
             },
             local: None,
-            metrics: None,
+            shared: None,
             reuse_port: false,
         })
     }

@@ -128,9 +128,9 @@ pub struct GatewayConfig {
     /// Embedded in a device's process: that node, whose regions are served by a call (the
     /// seed [`dpukv_client::LOCAL_SEED`] names it).
     pub local: Option<dpukv_client::local::Local>,
-    /// Metrics to record into (None: its own). A device's front door threads share one set,
-    /// shown on the device's `/metrics`.
-    pub metrics: Option<Arc<Metrics>>,
+    /// What this gateway shares with the others of its process (None: its own) — a device's
+    /// front door threads, `dpukv-gateway --threads`.
+    pub shared: Option<GatewayShared>,
     /// Bind the front ends with `SO_REUSEPORT`, so that several gateways (one per thread of a
     /// device's front door) share their ports, the kernel spreading connections among them.
     pub reuse_port: bool,
@@ -170,6 +170,61 @@ pub struct GatewayInfo {
     pub admin: Option<SocketAddr>,
 }
 
+/// Starts `threads` gateways as `cfg` says, each on a thread of its own (`NAME-<i>`) with a
+/// single-threaded event loop — a request is parsed, forwarded and answered on one thread, which
+/// sleeps in epoll between requests (a multi-threaded runtime woke a worker per request and often
+/// a second to steal it) —, all on the same ports (`SO_REUSEPORT`: the kernel spreads the
+/// connections), sharing [`GatewayShared`] (made here unless `cfg` has one), each with
+/// `1/threads` of the memory budget and of each front end's connections; `customize` adjusts each thread's configuration. Returns
+/// where they listen (a port 0 becomes the one the first bound) and their threads, which end on
+/// `shutdown`.
+pub async fn start_threads(
+    mut cfg: GatewayConfig,
+    threads: usize,
+    name: &str,
+    shutdown: CancellationToken,
+    customize: impl Fn(usize, &mut GatewayConfig),
+) -> Result<(GatewayInfo, Vec<std::thread::JoinHandle<()>>)> {
+    let threads = threads.max(1);
+    if cfg.shared.is_none() {
+        cfg.shared = Some(GatewayShared::new(&cfg, Metrics::new(), shutdown.clone())?);
+    }
+    cfg.reuse_port = threads > 1;
+    cfg.memory_budget = (cfg.memory_budget / threads).max(dpukv_proto::limits::MAX_VALUE * 4);
+    // The process's bounds, split among the threads.
+    for max in
+        [&mut cfg.binary.max_connections, &mut cfg.http_limits.max_connections, &mut cfg.resp_limits.max_connections]
+    {
+        *max = max.div_ceil(threads);
+    }
+    let mut handles = Vec::new();
+    let mut info = None;
+    for i in 0..threads {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut this = cfg.clone();
+        customize(i, &mut this);
+        let stop = shutdown.clone();
+        let what = name.to_string();
+        let t = std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!(error = %e, "the {what}'s event loop could not start"),
+            };
+            if let Err(e) = rt.block_on(run(this, stop, Some(tx))) {
+                tracing::error!(error = %e, "the {what} failed");
+            }
+        })?;
+        handles.push(t);
+        let started = rx.await.map_err(|_| anyhow::anyhow!("the {name} did not start (see the log)"))?;
+        // The first bound the ports (a port 0 became a real one); the others share them.
+        if info.is_none() {
+            (cfg.listen, cfg.http, cfg.resp, cfg.admin) = (started.binary, started.http, started.resp, started.admin);
+        }
+        info.get_or_insert(started);
+    }
+    Ok((info.expect("at least one thread"), handles))
+}
+
 /// A listener on `a` (with `SO_REUSEPORT` when `reuse`).
 async fn bind(a: SocketAddr, reuse: bool) -> Result<TcpListener> {
     if !reuse {
@@ -182,15 +237,60 @@ async fn bind(a: SocketAddr, reuse: bool) -> Result<TcpListener> {
     Ok(s.listen(1024)?)
 }
 
+/// What the gateways of one process share — a device's front door threads, the threads of
+/// `dpukv-gateway --threads N` (each a gateway on its own single-threaded event loop): the
+/// metrics, the tokens (one reload), the login throttle (a peer's failures count in every
+/// thread) and the `SCAN` cursors (a cursor may be continued on another connection, which may
+/// land on another thread).
+#[derive(Clone)]
+pub struct GatewayShared {
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    access: auth::Access,
+    throttle: Arc<throttle::AuthThrottle>,
+    cursors: Arc<resp::cursors::Cursors>,
+}
+
+impl std::fmt::Debug for GatewayShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayShared").finish_non_exhaustive()
+    }
+}
+
+impl GatewayShared {
+    /// For gateways configured as `cfg`, recording into `metrics`: the tokens loaded (a bad
+    /// document is an error) and, from a file, re-read until `shutdown` (a task on the calling
+    /// runtime).
+    pub fn new(cfg: &GatewayConfig, metrics: Arc<Metrics>, shutdown: CancellationToken) -> Result<GatewayShared> {
+        let access = auth::Access::load(&cfg.tokens).map_err(anyhow::Error::msg)?;
+        if let auth::TokenSource::File(p) = &cfg.tokens {
+            access.reload_every(p.clone(), TOKEN_RELOAD, shutdown);
+        }
+        Ok(GatewayShared {
+            metrics,
+            access,
+            throttle: Arc::new(throttle::AuthThrottle::new(
+                cfg.auth_failures,
+                cfg.auth_failure_window,
+                THROTTLED_PEERS,
+            )),
+            cursors: Arc::new(resp::cursors::Cursors::new(cfg.scan_cursors, cfg.scan_cursor_ttl)),
+        })
+    }
+}
+
 /// Runs a gateway until `shutdown`; tells `started` where it listens once it serves.
 pub async fn run(
     cfg: GatewayConfig,
     shutdown: CancellationToken,
     started: Option<tokio::sync::oneshot::Sender<GatewayInfo>>,
 ) -> Result<()> {
-    let metrics = cfg.metrics.clone().unwrap_or_else(Metrics::new);
     // A bad token document stops the start, before anything listens.
-    auth::Access::load(&cfg.tokens).map_err(anyhow::Error::msg)?;
+    let shared = match cfg.shared.clone() {
+        Some(s) => s,
+        None => GatewayShared::new(&cfg, Metrics::new(), shutdown.clone())?,
+    };
+    let metrics = shared.metrics.clone();
     let binary_listener = match cfg.listen {
         Some(a) => Some(bind(a, cfg.reuse_port).await?),
         None => None,
@@ -238,11 +338,7 @@ pub async fn run(
         resp: resp_listener.as_ref().map(TcpListener::local_addr).transpose()?,
         admin: admin_listener.as_ref().map(TcpListener::local_addr).transpose()?,
     };
-    let access = auth::Access::load(&cfg.tokens).map_err(anyhow::Error::msg)?;
-    if let auth::TokenSource::File(p) = &cfg.tokens {
-        access.reload_every(p.clone(), TOKEN_RELOAD, shutdown.clone());
-    }
-    let throttle = Arc::new(throttle::AuthThrottle::new(cfg.auth_failures, cfg.auth_failure_window, THROTTLED_PEERS));
+    let (access, throttle) = (shared.access.clone(), shared.throttle.clone());
     metrics.watch_budget(budget.clone());
     if let Some(l) = binary_listener {
         tracker.spawn(binary::serve(
@@ -294,7 +390,7 @@ pub async fn run(
             throttle: throttle.clone(),
             limits: cfg.resp_limits,
             budget: budget.clone(),
-            cursors: resp::cursors::Cursors::new(cfg.scan_cursors, cfg.scan_cursor_ttl),
+            cursors: shared.cursors.clone(),
             metrics: metrics.clone(),
             port: info.resp.map_or(0, |a| a.port()),
             tls: cfg.tls_server.clone(),

@@ -712,6 +712,22 @@ fn device_front_doors_serve_their_regions_in_process_and_forward_the_rest() {
     ] {
         assert!(body.contains(name), "{name} missing from the device's /metrics");
     }
+    // Node 3's front door runs two threads: a SCAN cursor one gave out is continued on new
+    // connections, which the kernel spreads over both (each thread had its own cursors: a
+    // continuation landing on the other was "invalid cursor").
+    let (three, mut cursor, mut keys) = (&fronts[2].0, "0".to_string(), std::collections::BTreeSet::new());
+    for step in 0.. {
+        let out = redis_at(three, &["SCAN", &cursor, "COUNT", "1"], wait).expect("SCAN answers");
+        assert!(!out.contains("invalid cursor"), "step {step}: cursor {cursor} refused: {out}");
+        let mut lines = out.lines();
+        cursor = lines.next().expect("a cursor").to_string();
+        keys.extend(lines.map(String::from));
+        if cursor == "0" || step > 100 {
+            break;
+        }
+    }
+    assert_eq!(cursor, "0", "the scan ended");
+    assert!(["a-key", "z-key", "n0", "n1", "n2"].iter().all(|k| keys.contains(*k)), "{keys:?}");
     // Gets answered at once and writes that wait for their sync, pipelined on one connection
     // to keys of the node's own region, answer in order and read what came before them.
     let script = "SET b-key p1\nGET b-key\nGET b-key\nSET b-key p2\nGET b-key\nINCR c-key\nGET c-key\nGET b-key\n";

@@ -240,7 +240,8 @@ fn device_front_doors_speak_tls_and_forward_with_a_gateway_identity_of_their_own
     };
     // Each front door answers once its node is up and both regions have a primary.
     for (port, _) in &fronts {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // (Generous: on a loaded machine three TLS nodes and etcd take a while to elect.)
+        let deadline = Instant::now() + Duration::from_secs(120);
         while redis(Some(&ca), port, &["SET", "a-key", "ready"]) != "OK"
             || redis(Some(&ca), port, &["SET", "z-key", "ready"]) != "OK"
         {

@@ -94,8 +94,9 @@ pub struct Shared {
     pub limits: RespLimits,
     /// The process's memory budget (connections take their shares from it).
     pub budget: Budget,
-    /// `SCAN` cursors.
-    pub cursors: Cursors,
+    /// `SCAN` cursors (shared by the gateways of a process: a cursor may be continued on any
+    /// connection).
+    pub cursors: Arc<Cursors>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// This front end's address (for `INFO`).

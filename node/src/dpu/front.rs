@@ -67,17 +67,12 @@ pub(crate) async fn start(
     metrics: Arc<dpukv_gateway::metrics::Metrics>,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<Started> {
-    let threads = threads.max(1);
     let node = crate::pod::open_map(device.reads.shm())?.0.node();
     cfg.seeds = vec![dpukv_client::LOCAL_SEED.to_string()];
-    cfg.reuse_port = threads > 1;
-    // One set of metrics for all threads: the device's `/metrics` shows them.
-    cfg.metrics = Some(metrics);
-    cfg.memory_budget = (cfg.memory_budget / threads).max(dpukv_proto::limits::MAX_VALUE * 4);
-    let mut out = Started { resp: None, http: None, threads: Vec::new() };
-    for i in 0..threads {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let mut this = cfg.clone();
+    // One set of metrics (the device's `/metrics` shows them), tokens, login throttle and SCAN
+    // cursors for all threads.
+    cfg.shared = Some(dpukv_gateway::GatewayShared::new(&cfg, metrics, stop.clone())?);
+    let (info, handles) = dpukv_gateway::start_threads(cfg, threads, "dpukv-front", stop, |_, this| {
         let mine = InProcess {
             reads: device.reads.clone(),
             links: device.links.sibling(),
@@ -85,21 +80,8 @@ pub(crate) async fn start(
             on_host: device.on_host,
         };
         this.local = Some(dpukv_client::local::Local { node, device: Arc::new(mine) });
-        let stop = stop.clone();
-        let t = std::thread::Builder::new().name(format!("dpukv-front-{i}")).spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => return tracing::error!(error = %e, "the front door's event loop could not start"),
-            };
-            if let Err(e) = rt.block_on(dpukv_gateway::run(this, stop, Some(tx))) {
-                tracing::error!(error = %e, "the front door failed");
-            }
-        })?;
-        out.threads.push(t);
-        let info = rx.await.map_err(|_| anyhow::anyhow!("the front door did not start (see the log)"))?;
-        // The first bound the ports (a port 0 became a real one); the others share them.
-        (cfg.resp, cfg.http) = (info.resp, info.http);
-        (out.resp, out.http) = (info.resp, info.http);
-    }
+    })
+    .await?;
+    let out = Started { resp: info.resp, http: info.http, threads: handles };
     Ok(out)
 }
