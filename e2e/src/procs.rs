@@ -136,6 +136,21 @@ impl Pod {
     }
 }
 
+/// `dpukv local`'s `DIR/cluster.json` (written atomically once its processes are started), read
+/// once it exists — waiting up to `within` for it.
+pub fn cluster_json(dir: &Path, within: Duration) -> Result<serde_json::Value> {
+    let json = dir.join("cluster.json");
+    let deadline = Instant::now() + within;
+    while !json.exists() {
+        if Instant::now() >= deadline {
+            bail!("no {} within {within:?}", json.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = std::fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", json.display()))
+}
+
 /// A port free on 127.0.0.1 now, for a process to bind next. Picked outside the kernel's
 /// ephemeral range (32768–60999 on Linux), where the kernel never hands out ports by itself: a
 /// port from there could be taken by any outgoing connection before the process binds it.

@@ -128,8 +128,8 @@ pub struct GatewayConfig {
     /// Embedded in a device's process: that node, whose regions are served by a call (the
     /// seed [`dpukv_client::LOCAL_SEED`] names it).
     pub local: Option<dpukv_client::local::Local>,
-    /// What this gateway shares with the others of its process (None: its own) — a device's
-    /// front door threads, `dpukv-gateway --threads`.
+    /// What this gateway shares with the others of its process (None: its own): a device's front
+    /// door threads ([`start_threads`]).
     pub shared: Option<GatewayShared>,
     /// Bind the front ends with `SO_REUSEPORT`, so that several gateways (one per thread of a
     /// device's front door) share their ports, the kernel spreading connections among them.
@@ -171,11 +171,10 @@ pub struct GatewayInfo {
 }
 
 /// Starts `threads` gateways as `cfg` says, each on a thread of its own (`NAME-<i>`) with a
-/// single-threaded event loop — a request is parsed, forwarded and answered on one thread, which
-/// sleeps in epoll between requests (a multi-threaded runtime woke a worker per request and often
-/// a second to steal it) —, all on the same ports (`SO_REUSEPORT`: the kernel spreads the
-/// connections), sharing [`GatewayShared`] (made here unless `cfg` has one), each with
-/// `1/threads` of the memory budget and of each front end's connections; `customize` adjusts each thread's configuration. Returns
+/// single-threaded event loop (a request is parsed, served and answered on one thread), all on
+/// the same ports (`SO_REUSEPORT`: the kernel spreads the connections), sharing
+/// [`GatewayShared`] (made here unless `cfg` has one), each with `1/threads` of the memory budget
+/// and of each front end's connections; `customize` adjusts each thread's configuration. Returns
 /// where they listen (a port 0 becomes the one the first bound) and their threads, which end on
 /// `shutdown`.
 pub async fn start_threads(
@@ -237,9 +236,8 @@ async fn bind(a: SocketAddr, reuse: bool) -> Result<TcpListener> {
     Ok(s.listen(1024)?)
 }
 
-/// What the gateways of one process share — a device's front door threads, the threads of
-/// `dpukv-gateway --threads N` (each a gateway on its own single-threaded event loop): the
-/// metrics, the tokens (one reload), the login throttle (a peer's failures count in every
+/// What the gateways of one process share — a device's front door threads ([`start_threads`]):
+/// the metrics, the tokens (one reload), the login throttle (a peer's failures count in every
 /// thread) and the `SCAN` cursors (a cursor may be continued on another connection, which may
 /// land on another thread).
 #[derive(Clone)]

@@ -136,7 +136,7 @@ impl Metrics {
         let scan_parts = Counter::default();
         let resp_get = latency.get_or_create(&OpLabels { frontend: "resp", op: "get" }).clone();
         let mut m = Metrics {
-            registry: Registry::default(),
+            registry: Registry::default(), // (filled below)
             latency,
             resp_get,
             errors,
@@ -145,7 +145,7 @@ impl Metrics {
             reads: Default::default(),
             budget: Default::default(),
         };
-        let mut registry = std::mem::take(&mut m.registry);
+        let mut registry = Registry::default();
         m.register_into(&mut registry);
         m.registry = registry;
         Arc::new(m)

@@ -544,10 +544,14 @@ pub struct DeviceArgs {
 impl DeviceArgs {
     /// The front door's configuration (None: no `--resp` or `--http`): the gateway's defaults,
     /// no binary front end (the data port is one), these ports and tokens. With TLS on the data
-    /// port (`node_tls`: the node's flags, `{node}` replaced), the front door speaks TLS too, with
-    /// a gateway certificate of this cluster of its own ([`DeviceArgs::front_tls_cert`]).
-    fn front_door(&self, node_tls: &TlsArgs, node: Option<u32>) -> Result<Option<dpukv_gateway::GatewayConfig>> {
-        let data_tls = node_tls.files().map_err(anyhow::Error::msg)?.is_some();
+    /// port (`data`: its server side, already loaded; `ca` its CA), the front door speaks TLS too,
+    /// with a gateway certificate of this cluster of its own ([`DeviceArgs::front_tls_cert`]).
+    fn front_door(
+        &self,
+        data: Option<&dpukv_net::tls::ServerTls>,
+        ca: Option<PathBuf>,
+        node: Option<u32>,
+    ) -> Result<Option<dpukv_gateway::GatewayConfig>> {
         if self.resp.is_none() && self.http.is_none() {
             if self.front_tls_cert.is_some() || self.front_tls_key.is_some() {
                 bail!("--front-tls-cert and --front-tls-key are the front door's: give --resp or --http");
@@ -570,26 +574,25 @@ impl DeviceArgs {
         let front = TlsArgs {
             tls_cert: self.front_tls_cert.clone(),
             tls_key: self.front_tls_key.clone(),
-            tls_ca: node_tls.tls_ca.clone(),
+            tls_ca: ca,
             tls_client_auth: false,
         }
         .for_node(node)
         .map_err(anyhow::Error::msg)?;
-        match (data_tls, front.files().map_err(anyhow::Error::msg)?.is_some()) {
-            (false, false) => {}
-            (false, true) => bail!(
+        match (data, front.files().map_err(anyhow::Error::msg)?.is_some()) {
+            (None, false) => {}
+            (None, true) => bail!(
                 "--front-tls-cert: the front door speaks TLS when the data port does (--tls-cert, --tls-key, \
                  --tls-client-auth)"
             ),
-            (true, false) => bail!(
+            (Some(_), false) => bail!(
                 "with TLS on the data port, the front door (--resp, --http) needs --front-tls-cert and \
                  --front-tls-key: a gateway certificate of this cluster (it forwards other nodes' keys to \
                  their devices, where a node's certificate may not read or write; docs/security.md)"
             ),
-            (true, true) => {
+            (Some(data), true) => {
                 let server = front.server().map_err(anyhow::Error::msg)?.context("the front door's TLS")?;
-                let own = node_tls.server().map_err(anyhow::Error::msg)?.and_then(|s| s.own_identity());
-                check_front_identity(&server, own.as_ref())?;
+                check_front_identity(&server, data.own_identity().as_ref())?;
                 cfg.tls_server = Some(server);
                 cfg.tls_client = front.client().map_err(anyhow::Error::msg)?;
             }
@@ -609,7 +612,7 @@ impl DeviceArgs {
         if let Some(s) = &server {
             check_own_identity(s, node)?;
         }
-        let front = self.front_door(&tls, node)?;
+        let front = self.front_door(server.as_deref(), tls.tls_ca.clone(), node)?;
         Ok(DeviceConfig {
             shm_dir: self.shm_dir.clone(),
             listen: self.listen,

@@ -59,7 +59,7 @@ pub const SHM_DIR: &str = "/dev/shm/dpukv";
 pub const TLS_DIR: &str = "/etc/dpukv/tls";
 /// Where a device's front door finds its certificate (the front door Secret).
 pub const FRONT_TLS_DIR: &str = "/etc/dpukv/front-tls";
-/// Where a device's front door finds the gateway's tokens (the `auth` Secret).
+/// Where a gateway, or a device's front door, finds the tokens (the `auth` Secret).
 pub const AUTH_DIR: &str = "/etc/dpukv/auth";
 /// Where a node host finds its etcd client certificate (`ca.crt`, `tls.crt`, `tls.key`).
 pub const ETCD_TLS_DIR: &str = "/etc/dpukv/etcd";
@@ -895,8 +895,8 @@ pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
         volumes.push(secret_volume("tls", &gateway_tls_secret(c)));
     }
     if let Some(a) = &s.auth {
-        vars.push(env("DPUKV_TOKENS_FILE", "/etc/dpukv/auth/tokens"));
-        mounts.push(mount("auth", "/etc/dpukv/auth", true));
+        vars.push(env("DPUKV_TOKENS_FILE", format!("{AUTH_DIR}/tokens")));
+        mounts.push(mount("auth", AUTH_DIR, true));
         volumes.push(secret_volume("auth", &a.tokens_secret));
     }
     if let Some(t) = &s.telemetry {
@@ -1131,6 +1131,9 @@ pub fn network_policies(c: &DpuKvCluster, operator: &OperatorPods) -> Vec<Networ
         dns_egress(),
     ];
     node_out.extend(otlp_egress(c));
+    // Who may reach the front ends: the gateway's, and each device's front door (anyone when
+    // `networkPolicy.clients` is absent).
+    let clients = s.network_policy.clients.clone().unwrap_or_default();
     let node = policy(
         c,
         node_name(c),
@@ -1143,7 +1146,7 @@ pub fn network_policies(c: &DpuKvCluster, operator: &OperatorPods) -> Vec<Networ
         ]
         .into_iter()
         // The front door: from the gateway's clients, like the gateway's front ends.
-        .chain(front_door(c).map(|f| ingress(s.network_policy.clients.clone().unwrap_or_default(), &[f.resp, f.http])))
+        .chain(front_door(c).map(|f| ingress(clients.clone(), &[f.resp, f.http])))
         .collect(),
         node_out,
     );
@@ -1154,10 +1157,7 @@ pub fn network_policies(c: &DpuKvCluster, operator: &OperatorPods) -> Vec<Networ
         c,
         gateway_name(c),
         "gateway",
-        vec![
-            ingress(s.network_policy.clients.clone().unwrap_or_default(), &[p.binary, p.http, p.resp]),
-            ingress(vec![monitoring(c)], &[GATEWAY_ADMIN_PORT]),
-        ],
+        vec![ingress(clients, &[p.binary, p.http, p.resp]), ingress(vec![monitoring(c)], &[GATEWAY_ADMIN_PORT])],
         gateway_out,
     );
     let mut out = vec![node, gateway];

@@ -374,13 +374,7 @@ fn local_tls_etcd_refuses_clients_without_its_certificate_and_the_cli_needs_an_a
         .spawn()
         .expect("dpukv local");
     let _local = dpukv_e2e::procs::Proc(local);
-    let json = dir.path().join("cluster.json");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !json.exists() {
-        assert!(Instant::now() < deadline, "no cluster.json");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("read")).expect("JSON");
+    let info = dpukv_e2e::procs::cluster_json(dir.path(), Duration::from_secs(30)).expect("cluster.json");
     let tls = &info["tls"];
     let s = |v: &serde_json::Value| v.as_str().expect("a string").to_string();
     let (ca, admin_cert, admin_key) = (s(&tls["ca"]), s(&tls["admin_cert"]), s(&tls["admin_key"]));

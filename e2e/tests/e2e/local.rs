@@ -144,14 +144,7 @@ fn local_tls_serves_only_clients_that_trust_its_ca() {
         .spawn()
         .expect("start dpukv local");
     let _local = Proc(local);
-    let json = dir.path().join("cluster.json");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !json.exists() {
-        assert!(Instant::now() < deadline, "no cluster.json");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("read")).expect("cluster.json is JSON");
+    let info = dpukv_e2e::procs::cluster_json(dir.path(), Duration::from_secs(30)).expect("cluster.json");
     let ca = info["tls_ca"].as_str().expect("tls_ca").to_string();
     assert_eq!(std::path::Path::new(&ca), dir.path().join("tls/ca.pem"));
     let device = info["nodes"][0]["device"].as_str().expect("device").to_string();

@@ -218,13 +218,7 @@ fn device_front_doors_speak_tls_and_forward_with_a_gateway_identity_of_their_own
         .spawn()
         .expect("dpukv local");
     let _local = dpukv_e2e::procs::Proc(local);
-    let json = dir.path().join("cluster.json");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !json.exists() {
-        assert!(Instant::now() < deadline, "no cluster.json");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("read")).expect("JSON");
+    let info = dpukv_e2e::procs::cluster_json(dir.path(), Duration::from_secs(30)).expect("cluster.json");
     let ca = std::path::PathBuf::from(info["tls_ca"].as_str().expect("tls_ca"));
     let fronts: Vec<(String, String)> = (0..3)
         .map(|i| {
