@@ -545,8 +545,8 @@ impl Client {
             // as outcome unknown if an earlier attempt may have been applied (a caller must not
             // send its writes again as new ones then: they could apply twice).
             if moved
-                && let Op::Batch { ops } = &req.op
-                && self.spans_regions_now(ops).await
+                && matches!(req.op, Op::Batch { .. } | Op::AddTexts { .. })
+                && self.spans_regions_now(req.op.keys()).await
             {
                 return Err(if maybe_applied { ClientError::OutcomeUnknown(Box::new(err)) } else { err });
             }
@@ -560,9 +560,9 @@ impl Client {
         }
     }
 
-    /// Whether `ops` fall in more than one region by the newest map (learnt again if the one in
+    /// Whether `keys` fall in more than one region by the newest map (learnt again if the one in
     /// use was forgotten; false if it cannot be had).
-    async fn spans_regions_now(&self, ops: &[WriteOp]) -> bool {
+    async fn spans_regions_now<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> bool {
         let map = match self.router.map() {
             Some(m) => m,
             None => match self.router.refresh(self.retry.attempt_timeout).await {
@@ -570,7 +570,7 @@ impl Client {
                 Err(_) => return false,
             },
         };
-        in_several_regions(&map, ops)
+        in_several_regions(&map, keys)
     }
 
     /// The value of `key`.
@@ -691,7 +691,7 @@ impl Client {
                 // about regions: it stands).
                 let map = self.router.refresh(self.retry.attempt_timeout).await?;
                 for (share, e) in refused.drain(..) {
-                    if !in_several_regions(&map, &share) {
+                    if !in_several_regions(&map, share.iter().map(WriteOp::key)) {
                         return Err(e);
                     }
                     pending.extend(share);
@@ -871,6 +871,19 @@ impl Client {
         }
     }
 
+    /// [`Client::add_text`] for several keys of one region at once (`adds`: each key and its
+    /// deltas, at most [`dpukv_proto::limits::MAX_ADD_KEYS`] keys), applied whole or not at all
+    /// under one version: every increment's result, key after key. `TypeMismatch` (nothing
+    /// applied) if any value is not a decimal 64-bit integer; `WrongRegion` if the keys span
+    /// regions.
+    pub async fn add_texts(&self, adds: &[dpukv_proto::KeyDeltas]) -> Result<Vec<Option<i64>>> {
+        let n: usize = adds.iter().map(|(_, d)| d.len()).sum();
+        match self.call(Op::AddTexts { adds: adds.to_vec() }).await?.0 {
+            Reply::Added(r) if r.len() == n => Ok(r),
+            other => Err(ClientError::unexpected(&other)),
+        }
+    }
+
     /// Compare-and-swap; returns whether it swapped and the value found.
     pub async fn compare_and_swap(
         &self,
@@ -924,12 +937,9 @@ impl Client {
 /// How many times [`Client::batch_across_regions`] splits a refused share again.
 pub const RESPLITS: usize = 5;
 
-/// Whether `e` refuses a batch because its keys span regions (the gateway's `unsupported`, a
-/// node's `wrong_region`) — refused before anything was applied, whatever the last attempt's
-/// wrapping says.
-/// Whether `ops` fall in more than one region of `map` (keys no region holds not counted).
-fn in_several_regions(map: &dpukv_proto::regionmap::RegionMap, ops: &[WriteOp]) -> bool {
-    let mut ids = ops.iter().filter_map(|o| map.region_of(o.key()).map(|r| r.id));
+/// Whether `keys` fall in more than one region of `map` (keys no region holds not counted).
+fn in_several_regions<'k>(map: &dpukv_proto::regionmap::RegionMap, keys: impl Iterator<Item = &'k [u8]>) -> bool {
+    let mut ids = keys.filter_map(|k| map.region_of(k).map(|r| r.id));
     ids.next().is_some_and(|first| ids.any(|id| id != first))
 }
 

@@ -172,6 +172,10 @@ impl Principal {
                 key(Perm::Write, k, "write this key")?;
                 key(Perm::Read, k, "read this key (the operation tells whether it existed)")
             }
+            Op::AddTexts { adds } => adds.iter().try_for_each(|(k, _)| {
+                key(Perm::Write, k, "write every key of this add_texts")?;
+                key(Perm::Read, k, "read every key of this add_texts (it answers their values)")
+            }),
             Op::Batch { ops } => ops.iter().try_for_each(|o| {
                 key(Perm::Write, WriteOp::key(o), "write every key of this batch")?;
                 match o {
@@ -475,6 +479,9 @@ mod tests {
             ops: vec![WriteOp::Put { key: b"app/1".to_vec(), value: vec![] }, WriteOp::Delete { key: b"x".to_vec() }],
         };
         assert!(app.check(&batch).is_err(), "every key of a batch");
+        let adds = |keys: &[&[u8]]| Op::AddTexts { adds: keys.iter().map(|k| (k.to_vec(), vec![1])).collect() };
+        assert!(app.check(&adds(&[b"app/1", b"app/2"])).is_ok());
+        assert!(app.check(&adds(&[b"app/1", b"x"])).is_err(), "every key of an add_texts");
         // secret "secret" (its digest is given, not the secret)
         let reader = t.authenticate(b"secret").expect("reader by digest");
         assert!(reader.check(&scan(b"", b"")).is_ok());

@@ -159,13 +159,13 @@ impl Upstream {
                     Err(e) => Response { id, version: 0, replicated: false, result: Err(e) },
                 }
             }
-            Op::Batch { ops } => match self.regions_of(ops.iter().map(dpukv_proto::WriteOp::key)).await {
+            Op::Batch { .. } | Op::AddTexts { .. } => match self.regions_of(req.op.keys()).await {
                 Ok(1) => self.client.forward_on(req, pin).await,
                 Ok(_) => Response::error(
                     id,
                     ErrorCode::Unsupported,
-                    "a batch is atomic within one region of the cluster, and these keys span regions: \
-                     split it (dpukv_client::Client::batch_across_regions)",
+                    "a batch (or add_texts) is atomic within one region of the cluster, and these keys span \
+                     regions: split it (dpukv_client::Client::batch_across_regions)",
                 ),
                 Err(e) => Response { id, version: 0, replicated: false, result: Err(e.into_reply(true)) },
             },

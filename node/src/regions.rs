@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use anyhow::{Context, Result, bail};
 use dpukv_proto::regionmap::{self, NodeInfo, RegionInfo};
-use dpukv_proto::{ErrorCode, Op, Request, WriteOp};
+use dpukv_proto::{ErrorCode, Op, Request};
 
 /// A region's id and range (`end` None: unbounded), what a data directory is pinned to.
 type Range3 = (u32, Vec<u8>, Option<Vec<u8>>);
@@ -179,10 +179,8 @@ impl RegionMap {
     /// of this one.
     pub fn check(&self, req: &Request) -> Result<usize, (ErrorCode, &'static str)> {
         let i = self.route(req.op.key());
-        if let Op::Batch { ops } = &req.op
-            && ops.iter().any(|o| self.route(WriteOp::key(o)) != i)
-        {
-            return Err((ErrorCode::WrongRegion, "a batch must stay within one region"));
+        if matches!(req.op, Op::Batch { .. } | Op::AddTexts { .. }) && req.op.keys().any(|k| self.route(k) != i) {
+            return Err((ErrorCode::WrongRegion, "a batch (or add_texts) must stay within one region"));
         }
         self.check_at(i, req.region, req.epoch)
     }
@@ -210,6 +208,7 @@ impl RegionMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dpukv_proto::WriteOp;
 
     #[test]
     fn routes_and_round_trips() {
@@ -233,6 +232,9 @@ mod tests {
         assert_eq!(m.check(&r), Ok(1));
         let b = Op::Batch { ops: vec![WriteOp::Delete { key: b"a".to_vec() }, WriteOp::Delete { key: b"z".to_vec() }] };
         assert_eq!(m.check(&Request::new(2, b)).map_err(|e| e.0), Err(ErrorCode::WrongRegion));
+        let adds = |keys: &[&[u8]]| Op::AddTexts { adds: keys.iter().map(|k| (k.to_vec(), vec![1])).collect() };
+        assert_eq!(m.check(&Request::new(2, adds(&[b"h", b"a"]))).map_err(|e| e.0), Err(ErrorCode::WrongRegion));
+        assert_eq!(m.check(&Request::new(2, adds(&[b"h", b"i"]))), Ok(1), "an add_texts within one region");
         // A region another node leads is not served here.
         let mut cluster = m.cluster().clone();
         cluster.regions[1].primary = 2;

@@ -192,6 +192,16 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
                     w.u64(*d as u64);
                 }
             }
+            Op::AddTexts { adds } => {
+                w.u16(adds.len() as u16);
+                for (key, deltas) in adds {
+                    w.bytes(key);
+                    w.u16(deltas.len() as u16);
+                    for d in deltas {
+                        w.u64(*d as u64);
+                    }
+                }
+            }
             Op::CompareAndSwap { key, expected, new } => {
                 w.bytes(key);
                 w.u8(expected.is_some() as u8);
@@ -607,6 +617,30 @@ fn decode_request(e: &[u8]) -> RequestEntry {
                     deltas.push(r.u64()? as i64);
                 }
                 Op::AddText { key, deltas }
+            }
+            OpCode::AddTexts => {
+                let n = r.u16()? as usize;
+                if n == 0 || n > MAX_ADD_KEYS {
+                    return Err((ErrorCode::TooManyOps, "add_texts takes 1 to 28 keys"));
+                }
+                let (mut adds, mut total) = (Vec::with_capacity(n), 0);
+                for _ in 0..n {
+                    let key = r.key()?;
+                    let m = r.u16()? as usize;
+                    total += m;
+                    if m == 0 || total > MAX_ADDS {
+                        return Err((
+                            ErrorCode::TooManyOps,
+                            "add_texts takes 1 to 1024 increments in all, some per key",
+                        ));
+                    }
+                    let mut deltas = Vec::with_capacity(m);
+                    for _ in 0..m {
+                        deltas.push(r.u64()? as i64);
+                    }
+                    adds.push((key, deltas));
+                }
+                Op::AddTexts { adds }
             }
             OpCode::CompareAndSwap => {
                 let key = r.key()?;

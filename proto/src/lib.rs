@@ -33,8 +33,8 @@ pub use codec::{
 };
 pub use error::{DecodeError, ErrorCode};
 pub use message::{
-    Cmp, Consistency, Elem, ErrorReply, Op, OpCode, ReduceOp, Reply, Request, Response, Session, StartHint, SyncEntry,
-    TraceContext, TreeNode, VecOp, WriteOp,
+    Cmp, Consistency, Elem, ErrorReply, KeyDeltas, Op, OpCode, ReduceOp, Reply, Request, Response, Session, StartHint,
+    SyncEntry, TraceContext, TreeNode, VecOp, WriteOp,
 };
 pub use token::ScanToken;
 

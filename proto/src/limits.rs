@@ -13,6 +13,9 @@ pub const MAX_OPS_PER_FRAME: usize = 1024;
 pub const MAX_BATCH_OPS: usize = 1024;
 /// Most increments in one `add_text` (a pipeline's run of `INCR`s on one key).
 pub const MAX_ADDS: usize = 1024;
+/// Most keys in one `add_texts`: what a write's exactly-once record can replay (each key's value
+/// before it, 9 bytes, in a record of at most 255).
+pub const MAX_ADD_KEYS: usize = 28;
 /// Most items one scan reply returns (a larger limit is answered in pages with a token).
 pub const MAX_SCAN_ITEMS: u32 = 10_000;
 /// Most key+value bytes one scan reply returns.

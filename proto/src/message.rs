@@ -47,6 +47,8 @@ pub enum OpCode {
     TreeNodes = 19,
     /// [`Op::AddText`]
     AddText = 20,
+    /// [`Op::AddTexts`]
+    AddTexts = 21,
 }
 
 impl OpCode {
@@ -74,6 +76,7 @@ impl OpCode {
             18 => ReplicaSync,
             19 => TreeNodes,
             20 => AddText,
+            21 => AddTexts,
             _ => return None,
         })
     }
@@ -102,6 +105,7 @@ impl OpCode {
             ReplicaSync => "replica_sync",
             TreeNodes => "tree_nodes",
             AddText => "add_text",
+            AddTexts => "add_texts",
         }
     }
 
@@ -369,6 +373,9 @@ impl WriteOp {
     }
 }
 
+/// One key of an [`Op::AddTexts`] and its deltas.
+pub type KeyDeltas = (Vec<u8>, Vec<i64>);
+
 /// An operation.
 #[derive(Debug, Clone, PartialEq)]
 #[allow(missing_docs)]
@@ -408,6 +415,11 @@ pub enum Op {
     /// and made durable together. Replies [`Reply::Added`]: each increment's result, or none
     /// for one that would overflow (it has no effect; the next starts from the value before it).
     AddText { key: Vec<u8>, deltas: Vec<i64> },
+    /// [`Op::AddText`] for several keys of one region at once (a pipeline's `INCR`s of distinct
+    /// keys): each key's run applied in order as `add_text` would, all of them atomically under
+    /// one version and made durable together; `TypeMismatch` (nothing applied) if any value is
+    /// not a counter. Replies [`Reply::Added`]: every increment's result, key after key.
+    AddTexts { adds: Vec<KeyDeltas> },
     /// Writes applied atomically under one version.
     Batch { ops: Vec<WriteOp> },
     /// The cluster's region map as the node knows it (nodes, regions, primaries, epochs): how
@@ -457,6 +469,7 @@ impl Op {
             Op::ReplicaSync { .. } => OpCode::ReplicaSync,
             Op::TreeNodes { .. } => OpCode::TreeNodes,
             Op::AddText { .. } => OpCode::AddText,
+            Op::AddTexts { .. } => OpCode::AddTexts,
         }
     }
 
@@ -478,8 +491,21 @@ impl Op {
             Op::Scan { lo, .. } | Op::FloorScan { lo, .. } | Op::Pivots { lo, .. } => lo,
             Op::TreeNodes { key, .. } => key,
             Op::Batch { ops } => ops.first().map_or(&[], |o| o.key()),
+            Op::AddTexts { adds } => adds.first().map_or(&[], |(k, _)| k),
             Op::RegionMap | Op::Auth { .. } | Op::ReplicaSync { .. } => &[],
         }
+    }
+
+    /// Every key the operation addresses: a batch's and an `add_texts`' keys, the one key of any
+    /// other operation on keys (a scan's lower bound), none of a request about no key.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let (one, batch, adds): (Option<&[u8]>, &[WriteOp], &[KeyDeltas]) = match self {
+            Op::Batch { ops } => (None, ops, &[]),
+            Op::AddTexts { adds } => (None, &[], adds),
+            Op::RegionMap | Op::Auth { .. } | Op::ReplicaSync { .. } => (None, &[], &[]),
+            op => (Some(op.key()), &[], &[]),
+        };
+        one.into_iter().chain(batch.iter().map(WriteOp::key)).chain(adds.iter().map(|(k, _)| k.as_slice()))
     }
 
     /// Checks the limits; the error a server would answer with.
@@ -496,6 +522,23 @@ impl Op {
             Op::AddText { key: k, deltas } => {
                 key(k)?;
                 if deltas.is_empty() || deltas.len() > MAX_ADDS {
+                    return Err(ErrorCode::TooManyOps);
+                }
+                Ok(())
+            }
+            Op::AddTexts { adds } => {
+                if adds.is_empty() || adds.len() > MAX_ADD_KEYS {
+                    return Err(ErrorCode::TooManyOps);
+                }
+                let mut total = 0;
+                for (k, deltas) in adds {
+                    key(k)?;
+                    if deltas.is_empty() {
+                        return Err(ErrorCode::TooManyOps);
+                    }
+                    total += deltas.len();
+                }
+                if total > MAX_ADDS {
                     return Err(ErrorCode::TooManyOps);
                 }
                 Ok(())
@@ -730,6 +773,7 @@ impl Request {
                 Op::Pivots { lo, hi, .. } => lo.len() + hi.len(),
                 Op::Auth { token } => token.len(),
                 Op::AddText { key, deltas } => key.len() + 8 * deltas.len(),
+                Op::AddTexts { adds } => adds.iter().map(|(k, d)| k.len() + 8 * d.len() + PER_BATCH_OP).sum(),
                 Op::TreeNodes { key, nodes } => key.len() + nodes.iter().map(TreeNode::size_hint).sum::<usize>(),
                 Op::ReplicaSync { entries, .. } => {
                     entries.iter().map(|e| e.key.len() + e.value.as_ref().map_or(0, Vec::len) + PER_BATCH_OP).sum()

@@ -88,6 +88,8 @@ fn op() -> impl Strategy<Value = Op> {
             }),
         (bytes(20), proptest::collection::vec(tree_node(), 0..5)).prop_map(|(key, nodes)| Op::TreeNodes { key, nodes }),
         (key(), proptest::collection::vec(any::<i64>(), 1..20)).prop_map(|(key, deltas)| Op::AddText { key, deltas }),
+        proptest::collection::vec((key(), proptest::collection::vec(any::<i64>(), 1..5)), 1..6)
+            .prop_map(|adds| Op::AddTexts { adds }),
     ]
 }
 
@@ -350,6 +352,17 @@ fn limits_are_enforced() {
             ErrorCode::TooManyOps,
         ),
         (Op::Batch { ops: vec![] }, ErrorCode::TooManyOps),
+        (Op::AddTexts { adds: vec![] }, ErrorCode::TooManyOps),
+        (Op::AddTexts { adds: vec![(b"k".to_vec(), vec![])] }, ErrorCode::TooManyOps),
+        (Op::AddTexts { adds: vec![(Vec::new(), vec![1])] }, ErrorCode::KeySize),
+        (
+            Op::AddTexts { adds: (0..=limits::MAX_ADD_KEYS).map(|i| (vec![b'k', i as u8], vec![1])).collect() },
+            ErrorCode::TooManyOps,
+        ),
+        (
+            Op::AddTexts { adds: (0..2).map(|i| (vec![b'k', i as u8], vec![1; limits::MAX_ADDS / 2 + 1])).collect() },
+            ErrorCode::TooManyOps,
+        ),
     ];
     for (op, code) in cases {
         assert_eq!(op.validate(), Err(code), "{:?}", op.code());

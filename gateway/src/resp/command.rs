@@ -221,7 +221,11 @@ pub async fn run(
             Err(e) => error_reply(e),
         },
         "incr" | "decr" | "incrby" | "decrby" => match additive(&args) {
-            Some(Ok(d)) => add(up, &args[1], &[d]).await.pop().unwrap_or_else(|| Reply::err("no reply")),
+            Some(Ok(d)) => add(up, &[(args[1].clone(), vec![d])])
+                .await
+                .pop()
+                .and_then(|mut r| r.pop())
+                .unwrap_or_else(|| Reply::err("no reply")),
             Some(Err(reply)) => reply,
             None => wrong_arity(&cmd),
         },
@@ -476,12 +480,16 @@ pub async fn puts(up: &Upstream, kvs: &[(Vec<u8>, Vec<u8>)]) -> Vec<Reply> {
     }
 }
 
-/// `INCRBY key delta` for each of `deltas` in order, on the decimal text Redis keeps counters
-/// as (an absent key counts as 0): one `add_text` — a pipeline's run of increments of one key is
-/// applied by the key's primary in one round and made durable together (docs/gateway.md). A
-/// reply per delta.
-pub async fn add(up: &Upstream, key: &[u8], deltas: &[i64]) -> Vec<Reply> {
-    match up.client().add_text(key, deltas).await {
+/// `INCRBY key delta` for each key's deltas in order, on the decimal text Redis keeps counters as
+/// (an absent key counts as 0): the replies, key by key. A pipeline's increments of keys of one
+/// region (see `Entry::Add`) go in one request — one `add_text` for a single key, else one
+/// `add_texts` — applied by the primary in one round and made durable together
+/// (docs/gateway.md). An `add_texts` refused whole before anything was applied — a key that is
+/// not a counter, or keys the region no longer holds together (it split under the group's map) —
+/// is sent again key by key, so each key gets its own answer.
+pub async fn add(up: &Upstream, adds: &[dpukv_proto::KeyDeltas]) -> Vec<Vec<Reply>> {
+    let c = up.client();
+    let replies = |deltas: &[i64], r: Result<Vec<Option<i64>>, ClientError>| match r {
         Ok(results) => results
             .into_iter()
             .map(|r| r.map_or_else(|| Reply::err("increment or decrement would overflow"), Reply::Integer))
@@ -492,6 +500,27 @@ pub async fn add(up: &Upstream, key: &[u8], deltas: &[i64]) -> Vec<Reply> {
         Err(e) => {
             let r = error_reply(e);
             deltas.iter().map(|_| r.clone()).collect()
+        }
+    };
+    let each = || {
+        crate::join::join_all(
+            adds.iter().map(|(k, d)| async { replies(d, c.add_text(k, d).await) }).collect::<Vec<_>>(),
+        )
+    };
+    if let [(key, deltas)] = adds {
+        return vec![replies(deltas, c.add_text(key, deltas).await)];
+    }
+    match c.add_texts(adds).await {
+        Ok(results) => {
+            let mut results = results.into_iter();
+            adds.iter().map(|(_, d)| replies(d, Ok(results.by_ref().take(d.len()).collect()))).collect()
+        }
+        Err(ClientError::Server(e)) if matches!(e.code, ErrorCode::TypeMismatch | ErrorCode::WrongRegion) => {
+            each().await
+        }
+        Err(e) => {
+            let r = error_reply(e);
+            adds.iter().map(|(_, d)| d.iter().map(|_| r.clone()).collect()).collect()
         }
     }
 }

@@ -226,12 +226,14 @@ enum Entry {
         name: String,
         reply: Reply,
     },
-    /// A run of `INCR`/`DECR`/`INCRBY`/`DECRBY` of one key: one `add_text` of their deltas, in
-    /// the order sent; the first's reply goes here, the others' at their [`Entry::Joined`].
+    /// `INCR`/`DECR`/`INCRBY`/`DECRBY`s of keys of one region: each key's run of deltas in the
+    /// order sent, all in one `add_text` (one key) or `add_texts` (see `command::add`); the
+    /// first's reply goes here, the others' at their [`Entry::Joined`].
     Add {
-        key: Vec<u8>,
-        deltas: Vec<i64>,
-        names: Vec<String>,
+        /// Each key and its deltas.
+        adds: Vec<(Vec<u8>, Vec<i64>)>,
+        /// Each command in the order sent: its key's index in `adds`, and its name.
+        order: Vec<(usize, String)>,
     },
     /// Plain `SET`s of distinct keys of one region: one atomic batch (`command::puts`); the
     /// first's reply goes here, the others' at their [`Entry::Joined`].
@@ -545,6 +547,9 @@ impl<'a> Session<'a> {
         // further increment of the key joins it instead of waiting for the group (KV-Direct's
         // dependent atomics in one round: one write, one sync, every reply after it).
         let mut adds: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
+        // Regions whose increments so far make the run at this index: an increment of a key the
+        // group has not touched yet joins it too (one request, one write for them all).
+        let mut add_regions: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
         // Regions whose plain `SET`s so far make the batch at this index: a further one joins it
         // (one request, one write and one sync for them all).
         let mut puts: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
@@ -566,15 +571,32 @@ impl<'a> Session<'a> {
                 Some(Ok(d)) if self.authenticated() => Some(d),
                 _ => None,
             };
+            // The increment run this one may join: its key's, or (a key the group has not touched)
+            // its region's while that has room for another key.
+            let join = additive.and_then(|_| match adds.get(&args[1]) {
+                Some(&to) => Some(to),
+                None if !touched.contains(&args[1]) => region_of(&args[1]).and_then(|r| add_regions.get(&r).copied()),
+                None => None,
+            });
             if let Some(d) = additive
-                && let Some(&to) = adds.get(&args[1])
-                && let Some(Entry::Add { deltas, names, .. }) = group.get_mut(to)
-                && deltas.len() < dpukv_proto::limits::MAX_ADDS
+                && let Some(to) = join
+                && let Some(Entry::Add { adds: run, order }) = group.get_mut(to)
+                && order.len() < dpukv_proto::limits::MAX_ADDS
+                && (adds.contains_key(&args[1]) || run.len() < dpukv_proto::limits::MAX_ADD_KEYS)
                 && self.refusal(&args).is_none()
                 && let Some(held) = self.share.try_take(self.reservation(&args))
             {
-                deltas.push(d);
-                names.push(name);
+                let i = match run.iter().position(|(k, _)| *k == args[1]) {
+                    Some(i) => i,
+                    None => {
+                        run.push((args[1].clone(), Vec::new()));
+                        adds.insert(args[1].clone(), to);
+                        touched.insert(args[1].clone());
+                        run.len() - 1
+                    }
+                };
+                run[i].1.push(d);
+                order.push((i, name));
                 group.push(Entry::Joined { to });
                 self.held.push(held);
                 continue;
@@ -607,6 +629,7 @@ impl<'a> Session<'a> {
                 self.run_group(std::mem::take(&mut group)).await;
                 touched.clear();
                 adds.clear();
+                add_regions.clear();
                 puts.clear();
             }
             if let Touches::Connection = t {
@@ -632,6 +655,7 @@ impl<'a> Session<'a> {
                     self.run_group(std::mem::take(&mut group)).await;
                     touched.clear();
                     adds.clear();
+                    add_regions.clear();
                     puts.clear();
                     self.flush().await?;
                     match tokio::time::timeout(self.shared.limits.command_timeout, self.share.take(need)).await {
@@ -651,7 +675,10 @@ impl<'a> Session<'a> {
             match additive {
                 Some(d) => {
                     adds.insert(args[1].clone(), group.len());
-                    group.push(Entry::Add { key: args[1].clone(), deltas: vec![d], names: vec![name] });
+                    if let Some(r) = region_of(&args[1]) {
+                        add_regions.insert(r, group.len());
+                    }
+                    group.push(Entry::Add { adds: vec![(args[1].clone(), vec![d])], order: vec![(0, name)] });
                 }
                 None if plain_set => {
                     if let Some(r) = region_of(&args[1]) {
@@ -667,6 +694,7 @@ impl<'a> Session<'a> {
                 Touches::Everything => {
                     self.run_group(std::mem::take(&mut group)).await;
                     adds.clear();
+                    add_regions.clear();
                     puts.clear();
                 }
                 Touches::Keys(keys) => touched.extend(keys),
@@ -781,13 +809,21 @@ impl<'a> Session<'a> {
                             let r = dpukv_client::trace::scope(ctx, run).await;
                             one(name, r)
                         }
-                        Entry::Add { key, deltas, names } => {
-                            let op = op_label(&names[0]);
+                        Entry::Add { adds, order } => {
+                            let op = op_label(&order[0].1);
                             let traced = dpukv_net::telemetry::request_span("gateway redis", op, None, true);
                             let (_span, ctx) = traced.map_or((None, None), |(s, c)| (Some(s), Some(c)));
-                            let replies =
-                                dpukv_client::trace::scope(ctx, command::add(&shared.up, &key, &deltas)).await;
-                            names.into_iter().zip(replies).map(|(n, r)| (n, r, started)).collect()
+                            let replies = dpukv_client::trace::scope(ctx, command::add(&shared.up, &adds)).await;
+                            // Key by key as applied; answered in the order sent.
+                            let mut per_key: Vec<std::collections::VecDeque<Reply>> =
+                                replies.into_iter().map(Into::into).collect();
+                            order
+                                .into_iter()
+                                .map(|(i, n)| {
+                                    let r = per_key[i].pop_front().unwrap_or_else(|| Reply::err("no reply"));
+                                    (n, r, started)
+                                })
+                                .collect()
                         }
                         Entry::Puts { kvs, .. } => {
                             let traced = dpukv_net::telemetry::request_span("gateway redis", "set", None, true);

@@ -9,4 +9,4 @@
 mod station;
 pub mod vector;
 
-pub use station::{AtomicError, ReservationStation};
+pub use station::{AtomicError, ReservationStation, add_each};

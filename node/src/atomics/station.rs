@@ -53,6 +53,39 @@ pub fn parse_decimal(v: &[u8]) -> Option<i64> {
     std::str::from_utf8(v).ok()?.parse().ok()
 }
 
+/// A counter's value as `add_text` reads it: absent counts as 0.
+fn counter(v: Option<&[u8]>) -> Result<i64, TypeMismatch> {
+    v.map_or(Ok(0), |v| parse_decimal(v).ok_or(TypeMismatch))
+}
+
+/// Each of `deltas` added in turn to `start`: each one's result, none for one that would
+/// overflow (it has no effect: the next starts from the value before it); and the value after
+/// them. What `add_text` answers, and what an exactly-once retry is answered again from the value
+/// the key had before it.
+pub fn add_each(start: i64, deltas: &[i64]) -> (Vec<Option<i64>>, i64) {
+    let mut n = start;
+    let results = deltas
+        .iter()
+        .map(|d| {
+            let m = n.checked_add(*d)?;
+            n = m;
+            Some(m)
+        })
+        .collect();
+    (results, n)
+}
+
+/// Applies an `add_text` run to the key's entry; the value is written even when unchanged
+/// (INCRBY 0 makes an absent key "0"), but not when every increment overflowed.
+fn add_text(e: &mut Entry, deltas: &[i64]) -> Result<Vec<Option<i64>>, TypeMismatch> {
+    let (results, n) = add_each(counter(e.value.as_deref())?, deltas);
+    if results.iter().any(Option::is_some) {
+        e.value = Some(n.to_string().into_bytes());
+        e.dirty = true;
+    }
+    Ok(results)
+}
+
 /// See the module documentation. It keeps no counters: its owner, the host's region writer,
 /// counts atomics and write-backs in its `WriterStats` (exported as metrics).
 pub struct ReservationStation {
@@ -86,25 +119,46 @@ impl ReservationStation {
         self.slots[self.slot(key)].iter().any(|e| e.key == key)
     }
 
-    /// Executes an atomic against the key's forwarded value, loading it with `load` the first
-    /// time the key is seen this round.
+    /// The key's entry (chain, index), loaded with `load` the first time the key is seen this
+    /// round.
+    fn entry<E>(
+        &mut self,
+        key: &[u8],
+        load: &mut impl FnMut(&[u8]) -> Result<Option<Vec<u8>>, E>,
+    ) -> Result<(usize, usize), E> {
+        let s = self.slot(key);
+        let chain = &mut self.slots[s];
+        if let Some(i) = chain.iter().position(|e| e.key == key) {
+            return Ok((s, i));
+        }
+        let value = load(key)?;
+        chain.push(Entry { key: key.to_vec(), value, dirty: false });
+        Ok((s, chain.len() - 1))
+    }
+
+    /// Executes an atomic against the forwarded values of its keys, loading each with `load` the
+    /// first time the key is seen this round. An `add_texts` checks every key's value before it
+    /// changes any (it is applied whole or not at all).
     pub fn execute<E>(
         &mut self,
         op: &Op,
-        load: impl FnOnce(&[u8]) -> Result<Option<Vec<u8>>, E>,
+        mut load: impl FnMut(&[u8]) -> Result<Option<Vec<u8>>, E>,
     ) -> Result<Reply, AtomicError<E>> {
-        let key = op.key();
-        let s = self.slot(key);
-        let chain = &mut self.slots[s];
-        let i = match chain.iter().position(|e| e.key == key) {
-            Some(i) => i,
-            None => {
-                let value = load(key).map_err(AtomicError::Load)?;
-                chain.push(Entry { key: key.to_vec(), value, dirty: false });
-                chain.len() - 1
+        if let Op::AddTexts { adds } = op {
+            let mut at = Vec::with_capacity(adds.len());
+            for (key, _) in adds {
+                let (s, i) = self.entry(key, &mut load).map_err(AtomicError::Load)?;
+                counter(self.slots[s][i].value.as_deref())?;
+                at.push((s, i));
             }
-        };
-        let e = &mut chain[i];
+            let mut results = Vec::with_capacity(adds.iter().map(|(_, d)| d.len()).sum());
+            for ((s, i), (_, deltas)) in at.into_iter().zip(adds) {
+                results.extend(add_text(&mut self.slots[s][i], deltas)?);
+            }
+            return Ok(Reply::Added(results));
+        }
+        let (s, i) = self.entry(op.key(), &mut load).map_err(AtomicError::Load)?;
+        let e = &mut self.slots[s][i];
         let reply = match op {
             Op::FetchAdd { delta, .. } => {
                 let (old, new) = vector::fetch_add(e.value.as_deref(), *delta)?;
@@ -141,28 +195,7 @@ impl ReservationStation {
                 let v = e.value.as_deref().ok_or(AtomicError::NotFound)?;
                 Reply::Vector(vector::filter(v, *elem, *cmp, operand)?)
             }
-            Op::AddText { deltas, .. } => {
-                let mut n = match e.value.as_deref() {
-                    None => 0,
-                    Some(v) => parse_decimal(v).ok_or(AtomicError::TypeMismatch)?,
-                };
-                let mut results = Vec::with_capacity(deltas.len());
-                for d in deltas {
-                    match n.checked_add(*d) {
-                        Some(m) => {
-                            n = m;
-                            results.push(Some(m));
-                            // Written even when unchanged (INCRBY 0 makes an absent key "0").
-                            e.dirty = true;
-                        }
-                        None => results.push(None),
-                    }
-                }
-                if e.dirty {
-                    e.value = Some(n.to_string().into_bytes());
-                }
-                Reply::Added(results)
-            }
+            Op::AddText { deltas, .. } => Reply::Added(add_text(e, deltas)?),
             _ => return Err(AtomicError::NotAtomic),
         };
         Ok(reply)
@@ -238,5 +271,28 @@ mod tests {
         // INCRBY 0 of an absent key makes it "0".
         rs.execute::<()>(&add(&[0]), |_| Ok(None)).expect("add");
         assert_eq!(rs.drain(), vec![(b"n".to_vec(), b"0".to_vec())]);
+    }
+
+    #[test]
+    fn an_add_texts_checks_every_key_before_it_changes_any() {
+        let mut rs = ReservationStation::new();
+        let adds =
+            |a: &[(&[u8], &[i64])]| Op::AddTexts { adds: a.iter().map(|(k, d)| (k.to_vec(), d.to_vec())).collect() };
+        let load = |k: &[u8]| -> Result<Option<Vec<u8>>, ()> {
+            Ok(match k {
+                b"ten" => Some(b"10".to_vec()),
+                b"text" => Some(b"abc".to_vec()),
+                _ => None,
+            })
+        };
+        // Each key's run in order, results key after key; a key named twice continues.
+        let r = rs.execute(&adds(&[(b"ten", &[1, 2]), (b"new", &[-5]), (b"ten", &[100])]), load).expect("adds");
+        assert_eq!(r, Reply::Added(vec![Some(11), Some(13), Some(-5), Some(113)]));
+        // A key that is not a counter refuses the whole operation, even after keys that are.
+        let r = rs.execute(&adds(&[(b"ten", &[1]), (b"text", &[1])]), load);
+        assert!(matches!(r, Err(AtomicError::TypeMismatch)), "{r:?}");
+        let mut out = rs.drain();
+        out.sort();
+        assert_eq!(out, vec![(b"new".to_vec(), b"-5".to_vec()), (b"ten".to_vec(), b"113".to_vec())]);
     }
 }

@@ -37,8 +37,7 @@ struct Route {
 /// The keys `op` writes.
 fn written_keys(op: &dpukv_proto::Op) -> Vec<Vec<u8>> {
     match op {
-        dpukv_proto::Op::Batch { ops } => ops.iter().map(|o| o.key().to_vec()).collect(),
-        op if op.code().is_write() => vec![op.key().to_vec()],
+        op if op.code().is_write() => op.keys().map(<[u8]>::to_vec).collect(),
         _ => Vec::new(),
     }
 }

@@ -329,8 +329,8 @@ fn reveals_state(resp: &Response) -> bool {
 enum Pending {
     /// A plain write: its batch's index in the group.
     Batch(usize),
-    /// An atomic: its reply, and the key whose write-back carries its version.
-    Atomic(Reply, Vec<u8>),
+    /// An atomic: its reply, and the keys whose write-back carries its version.
+    Atomic(Reply, Vec<Vec<u8>>),
     /// Already decided.
     Ready(Response),
     /// The same exactly-once write as an earlier request of the round: the same answer.
@@ -373,6 +373,9 @@ struct Round {
     tagged: HashMap<(u64, u64), usize>,
     /// Exactly-once entries of atomics, by the key whose write-back carries them.
     atomic_tags: HashMap<Vec<u8>, Vec<SessionEntry>>,
+    /// An atomic of several keys (`add_texts`) was staged: the station's write-backs go as one
+    /// batch, so that its keys and its exactly-once entry are written whole or not at all.
+    joint: bool,
 }
 
 struct Worker {
@@ -468,11 +471,24 @@ fn is_atomic(op: &Op) -> bool {
             | Op::VectorScalar { .. }
             | Op::VectorVector { .. }
             | Op::AddText { .. }
+            | Op::AddTexts { .. }
     )
 }
 
-/// What an exactly-once retry is told: the recorded reply (the encoding is this module's).
-fn encode_reply(reply: &Reply) -> Vec<u8> {
+/// Each key's increments of an `add_text` or `add_texts` (none for another operation).
+fn text_adds(op: &Op) -> Vec<(&[u8], &[i64])> {
+    match op {
+        Op::AddText { key, deltas } => vec![(key, deltas)],
+        Op::AddTexts { adds } => adds.iter().map(|(k, d)| (k.as_slice(), d.as_slice())).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// What an exactly-once retry of `op` is told: the recorded reply (the encoding is this
+/// module's; at most 255 bytes). `add_text`'s results are kept as each key's value before it
+/// (1 byte and 8, or 1 when every increment of the key overflowed) and replayed from the
+/// request's deltas: a run's results would not fit.
+fn encode_reply(reply: &Reply, op: &Op) -> Vec<u8> {
     match reply {
         Reply::Scalar(s) => {
             let mut b = vec![1];
@@ -480,6 +496,23 @@ fn encode_reply(reply: &Reply) -> Vec<u8> {
             b
         }
         Reply::Cas { swapped: true, .. } => vec![2],
+        Reply::Added(results) => {
+            let mut b = vec![3];
+            let mut rest = results.as_slice();
+            for (_, deltas) in text_adds(op) {
+                let (mine, after) = rest.split_at(deltas.len().min(rest.len()));
+                rest = after;
+                // The first increment that took effect tells the value before the run.
+                match mine.iter().zip(deltas).find_map(|(r, d)| r.map(|v| v.wrapping_sub(*d))) {
+                    Some(start) => {
+                        b.push(1);
+                        b.extend_from_slice(&start.to_le_bytes());
+                    }
+                    None => b.push(0),
+                }
+            }
+            b
+        }
         _ => vec![0],
     }
 }
@@ -489,6 +522,26 @@ fn decode_reply(b: &[u8], op: &Op) -> Reply {
         (Some(1), _) if b.len() == 9 => Reply::Scalar(b[1..9].try_into().expect("8 bytes")),
         // A swap happened: the value found was the expected one.
         (Some(2), Op::CompareAndSwap { expected, .. }) => Reply::Cas { swapped: true, current: expected.clone() },
+        (Some(3), Op::AddText { .. } | Op::AddTexts { .. }) => {
+            let mut results = Vec::new();
+            let mut at = 1;
+            for (_, deltas) in text_adds(op) {
+                match b.get(at) {
+                    Some(1) => {
+                        let Some(start) = b.get(at + 1..at + 9) else { return Reply::Done };
+                        let start = i64::from_le_bytes(start.try_into().expect("8 bytes"));
+                        results.extend(crate::atomics::add_each(start, deltas).0);
+                        at += 9;
+                    }
+                    Some(0) => {
+                        results.extend(deltas.iter().map(|_| None));
+                        at += 1;
+                    }
+                    _ => return Reply::Done,
+                }
+            }
+            if at == b.len() { Reply::Added(results) } else { Reply::Done }
+        }
         _ => Reply::Done,
     }
 }
@@ -725,27 +778,20 @@ impl Worker {
     /// by the other kind of operation.
     fn stage(&mut self, round: &mut Round, job: Job) {
         let Job { req, charge, sink } = job;
-        if let Some(f) = &self.fence {
-            let touches = match &req.op {
-                Op::Batch { ops } => ops.iter().any(|o| f.contains(WriteOp::key(o))),
-                op => f.contains(op.key()),
-            };
-            if touches {
-                let r = Response::error(
-                    req.id,
-                    ErrorCode::Unavailable,
-                    "the key's range is moving to another region (a split or merge): retry",
-                );
-                round.pending.push((sink, req.id, charge, Pending::Ready(r), None));
-                return;
-            }
+        if let Some(f) = &self.fence
+            && req.op.keys().any(|k| f.contains(k))
+        {
+            let r = Response::error(
+                req.id,
+                ErrorCode::Unavailable,
+                "the key's range is moving to another region (a split or merge): retry",
+            );
+            round.pending.push((sink, req.id, charge, Pending::Ready(r), None));
+            return;
         }
         self.writes_since += 1;
         // (A batch counts its operations: what a walk's staleness is measured in.)
-        self.writes_total += match &req.op {
-            Op::Batch { ops } => ops.len().max(1) as u64,
-            _ => 1,
-        };
+        self.writes_total += req.op.keys().count().max(1) as u64;
         if let Some(s) = req.session {
             self.region.session_acknowledge(s.client, s.acked_below);
             if let Some(&first) = round.tagged.get(&(s.client, s.seq)) {
@@ -771,13 +817,9 @@ impl Worker {
         }
         let atomic = is_atomic(&req.op);
         let conflict = if atomic {
-            round.plain_keys.contains(req.op.key())
+            req.op.keys().any(|k| round.plain_keys.contains(k))
         } else {
-            let keys: Vec<&[u8]> = match &req.op {
-                Op::Batch { ops } => ops.iter().map(WriteOp::key).collect(),
-                op => vec![op.key()],
-            };
-            keys.iter().any(|k| self.station.holds(k))
+            req.op.keys().any(|k| self.station.holds(k))
         };
         if conflict {
             let done = std::mem::take(round);
@@ -789,16 +831,17 @@ impl Worker {
         }
         if atomic {
             self.stats.atomics.fetch_add(1, Ordering::Relaxed);
+            round.joint |= matches!(req.op, Op::AddTexts { .. });
             let region = &self.region;
             let pending = match self.station.execute(&req.op, |k| region.get(k)) {
                 Ok(reply) => {
                     if let Some(s) = req.session
                         && !matches!(reply, Reply::Cas { swapped: false, .. })
                     {
-                        let e = SessionEntry { client: s.client, seq: s.seq, reply: encode_reply(&reply) };
+                        let e = SessionEntry { client: s.client, seq: s.seq, reply: encode_reply(&reply, &req.op) };
                         round.atomic_tags.entry(req.op.key().to_vec()).or_default().push(e);
                     }
-                    Pending::Atomic(reply, req.op.key().to_vec())
+                    Pending::Atomic(reply, req.op.keys().map(<[u8]>::to_vec).collect())
                 }
                 Err(AtomicError::TypeMismatch) => Pending::Ready(Response::error(
                     req.id,
@@ -843,7 +886,8 @@ impl Worker {
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         round.plain_keys.extend(ops.iter().map(|o| o.key().to_vec()));
         let entries = match req.session {
-            Some(s) => vec![SessionEntry { client: s.client, seq: s.seq, reply: encode_reply(&Reply::Done) }],
+            // (`encode_reply` of `Reply::Done`.)
+            Some(s) => vec![SessionEntry { client: s.client, seq: s.seq, reply: vec![0] }],
             None => Vec::new(),
         };
         round.pending.push((sink, req.id, charge, Pending::Batch(round.ops.len()), req.session));
@@ -859,10 +903,25 @@ impl Worker {
         let write_backs = self.station.drain();
         self.stats.write_backs.fetch_add(write_backs.len() as u64, Ordering::Relaxed);
         let first_wb = round.ops.len();
-        for (k, v) in &write_backs {
-            let tags = round.atomic_tags.remove(k).unwrap_or_default();
-            round.ops.push((vec![OwnedOp::Put(k.clone(), v.clone())], tags));
+        if round.joint {
+            // One batch: an `add_texts`' keys (and its exactly-once entry) whole or not at all.
+            let tags = round.atomic_tags.drain().flat_map(|(_, t)| t).collect();
+            let puts = write_backs.iter().map(|(k, v)| OwnedOp::Put(k.clone(), v.clone())).collect::<Vec<_>>();
+            if !puts.is_empty() {
+                round.ops.push((puts, tags));
+            }
+        } else {
+            for (k, v) in &write_backs {
+                let tags = round.atomic_tags.remove(k).unwrap_or_default();
+                round.ops.push((vec![OwnedOp::Put(k.clone(), v.clone())], tags));
+            }
         }
+        // The result that tells whether a key's write-back was written (and its version).
+        let joint = round.joint;
+        let write_back_of = |keys: &[Vec<u8>]| {
+            let j = write_backs.iter().position(|(k, _)| keys.contains(k))?;
+            Some(if joint { first_wb } else { first_wb + j })
+        };
         let records: u64 = round.ops.iter().map(|(b, _)| b.len() as u64).sum();
         let borrowed: Vec<Vec<BatchOp<'_>>> =
             round.ops.iter().map(|(b, _)| b.iter().map(OwnedOp::as_batch_op).collect()).collect();
@@ -903,8 +962,8 @@ impl Worker {
                     Ok(ack) => Response { id, version: ack.version, replicated: false, result: Ok(Reply::Done) },
                     Err(e) => storage_error(id, e, true),
                 },
-                Pending::Atomic(reply, key) => match write_backs.iter().position(|(k, _)| *k == key) {
-                    Some(j) => match &results[first_wb + j] {
+                Pending::Atomic(reply, keys) => match write_back_of(&keys) {
+                    Some(j) => match &results[j] {
                         Ok(ack) => Response { id, version: ack.version, replicated: false, result: Ok(reply) },
                         Err(e) => storage_error(id, e, true),
                     },
@@ -1198,5 +1257,55 @@ mod tests {
             );
         }
         Some(true)
+    }
+
+    /// A retried `INCR` whose first attempt was applied was answered `done` — the exactly-once
+    /// record kept no results — which the client took for an unexpected reply: a retry after a
+    /// lost reply failed although its increment had been applied. The results are now replayed
+    /// from the value each key had before the run; an `add_texts` of several keys likewise, and
+    /// its keys are written under one version (one batch: whole or not at all).
+    #[test]
+    fn retried_text_adds_are_answered_their_first_results_and_add_texts_is_one_write() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let region = Region::open(RegionConfig::tiny(dir.path().join("r"), dir.path().join("shm"), FsyncPolicy::Never))
+            .expect("open")
+            .0;
+        let w = start(1, region, false, Arc::default(), 64, rt.handle().clone(), None).expect("start");
+        let (sink, mut next) = collecting_sink();
+        let mut call = |id: u64, op: Op, seq: u64, retry: bool| {
+            let mut req = Request::new(id, op);
+            req.session = (seq > 0).then_some(dpukv_proto::Session { client: 7, seq, acked_below: 1, retry });
+            let job = Job { req, charge: Charge::default(), sink: sink.clone() };
+            w.queue.blocking_send(job).expect("queue");
+            next(Duration::from_secs(5)).expect("answer")
+        };
+        let k = |s: &str| s.as_bytes().to_vec();
+        let add = |key: &str, deltas: &[i64]| Op::AddText { key: k(key), deltas: deltas.to_vec() };
+        let added = |r: &Response| r.result.clone().expect("applied");
+        let first = call(1, add("n", &[1, i64::MAX, 2]), 1, false);
+        assert_eq!(added(&first), Reply::Added(vec![Some(1), None, Some(3)]));
+        let again = call(2, add("n", &[1, i64::MAX, 2]), 1, true);
+        assert_eq!(added(&again), added(&first), "a retry is answered the first attempt's results");
+        assert_eq!(again.version, first.version);
+        assert_eq!(added(&call(3, add("n", &[0]), 0, false)), Reply::Added(vec![Some(3)]), "applied once");
+        // "c" at the largest counter: its one increment overflows (no effect, no start to keep).
+        call(4, add("c", &[i64::MAX]), 0, false);
+        let adds = Op::AddTexts { adds: vec![(k("a"), vec![5, -2]), (k("c"), vec![1]), (k("b"), vec![i64::MIN])] };
+        let want = Reply::Added(vec![Some(5), Some(3), None, Some(i64::MIN)]);
+        let first = call(5, adds.clone(), 2, false);
+        assert_eq!(added(&first), want);
+        let again = call(6, adds, 2, true);
+        assert_eq!(added(&again), want, "a retried add_texts too");
+        // The next write's version follows at once: its keys took one version between them.
+        let after = call(7, Op::Put { key: k("z"), value: k("1") }, 0, false);
+        assert_eq!(after.version, first.version + 1, "an add_texts is one batch");
+        // A value that is not a counter refuses the whole add_texts: nothing of it is applied.
+        call(8, Op::Put { key: k("s"), value: k("x") }, 0, false);
+        let bad = Op::AddTexts { adds: vec![(k("a"), vec![1]), (k("s"), vec![1])] };
+        assert_eq!(call(9, bad, 0, false).result.map_err(|e| e.code), Err(ErrorCode::TypeMismatch));
+        assert_eq!(added(&call(10, add("a", &[0]), 0, false)), Reply::Added(vec![Some(3)]), "\"a\" untouched");
+        drop(w.queue);
+        w.thread.join().expect("writer");
     }
 }

@@ -370,6 +370,33 @@ fn concurrent_add_text_sums_exactly_and_bad_requests_are_typed_errors() {
     assert_eq!(code(c.one(Op::AddText { key: k("n"), deltas: vec![1; 1025] })), Err(ErrorCode::TooManyOps));
     assert_eq!(c.one(Op::Get { key: k("n") }).result, Ok(Reply::Value(Some(b"4000".to_vec()))), "nothing changed");
     assert_eq!(c.one(Op::Get { key: k("s") }).result, Ok(Reply::Value(Some(b"01".to_vec()))));
+    // `add_texts`: several keys a request, from 8 clients at once: each key's results distinct.
+    let seen = from_8_clients(&pod, |c| {
+        let mut seen = Vec::new();
+        for _ in 0..25 {
+            match c.one(Op::AddTexts { adds: vec![(k("p"), vec![1; 5]), (k("q"), vec![2; 5])] }).result {
+                Ok(Reply::Added(r)) if r.len() == 10 => {
+                    seen.extend(r.iter().enumerate().map(|(i, v)| (i < 5, v.expect("no overflow"))));
+                }
+                other => panic!("add_texts: {other:?}"),
+            }
+        }
+        seen
+    });
+    let (mut p, mut q) = (Vec::new(), Vec::new());
+    for (is_p, v) in seen {
+        if is_p { p.push(v) } else { q.push(v) }
+    }
+    p.sort();
+    q.sort();
+    assert_eq!(p, (1..=1000).collect::<Vec<i64>>());
+    assert_eq!(q, (1..=1000).map(|i| 2 * i).collect::<Vec<i64>>());
+    // One key that is not a counter refuses them all; too many keys is a typed error.
+    let adds = |keys: &[&str]| Op::AddTexts { adds: keys.iter().map(|key| (k(key), vec![1])).collect() };
+    assert_eq!(code(c.one(adds(&["p", "s"]))), Err(ErrorCode::TypeMismatch));
+    let many: Vec<String> = (0..=dpukv_proto::limits::MAX_ADD_KEYS).map(|i| format!("k{i}")).collect();
+    assert_eq!(code(c.one(adds(&many.iter().map(String::as_str).collect::<Vec<_>>()))), Err(ErrorCode::TooManyOps));
+    assert_eq!(c.one(Op::Get { key: k("p") }).result, Ok(Reply::Value(Some(b"1000".to_vec()))), "nothing changed");
 }
 
 /// SIGTERM: the host stops taking connections, finishes its rounds, closes its regions (every
