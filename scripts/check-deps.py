@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks the workspace's dependency direction (docs/architecture.md §1.2) over `cargo metadata`.
 
-storage, proto and backup (object storage) at the bottom; net (server connections) on proto;
+storage, proto, backup (object storage) and fabric (libfabric transport) at the bottom; net
+(server connections) on proto and fabric;
 cluster on proto; node on storage, proto, net, cluster, backup, and client + gateway (the
 device runs the gateway's front ends in its own process: the front door); gateway on proto, net, cluster,
 client; client on proto, net (TLS) and backup (the `dpukv backup` commands); only operator
@@ -15,7 +16,8 @@ import sys
 ALLOWED = {
     "dpukv-storage": set(),
     "dpukv-proto": set(),
-    "dpukv-net": {"dpukv-proto"},
+    "dpukv-fabric": set(),
+    "dpukv-net": {"dpukv-proto", "dpukv-fabric"},
     "dpukv-cluster": {"dpukv-proto"},
     "dpukv-backup": set(),
     "dpukv-alloc-count": set(),  # test support (a dev-dependency only)
