@@ -120,16 +120,47 @@ impl Live {
 /// How long presenting a token on a new connection may take.
 const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn dial(addr: &str, token: Option<&[u8]>, tls: Option<&ClientTls>) -> Result<Live, ClientError> {
-    let tcp = TcpStream::connect(addr).await?;
-    tcp.set_nodelay(true)?;
-    let mut stream = match tls {
-        Some(t) => t.connect(tcp, addr).await.map_err(|e| match dpukv_net::tls::refusal(&e) {
-            Some(why) => ClientError::Tls(format!("{addr}: {why}")),
-            None => ClientError::Io(e),
-        })?,
-        None => Stream::Plain(tcp),
+/// How long a fabric connection may take to be established.
+const FABRIC_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A fabric connection's buffers: 32 of 64 KiB each way (the device's own sizes).
+fn fabric_options() -> dpukv_net::fabric::Options {
+    dpukv_net::fabric::Options { bufsize: 64 << 10, nbufs: 32, spin: 32 }
+}
+
+/// Connects to `addr`: `host:port` over TCP, or `fabric://PROVIDER/HOST:PORT` over libfabric;
+/// with TLS when given.
+pub(crate) async fn connect(addr: &str, tls: Option<&ClientTls>) -> Result<Stream, ClientError> {
+    use dpukv_net::fabric::{FabricAddr, FabricError, FabricStream};
+    let tls_failed = |e: std::io::Error| match dpukv_net::tls::refusal(&e) {
+        Some(why) => ClientError::Tls(format!("{addr}: {why}")),
+        None => ClientError::Io(e),
     };
+    if !FabricAddr::is_fabric(addr) {
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        return match tls {
+            Some(t) => t.connect(tcp, addr).await.map_err(tls_failed),
+            None => Ok(Stream::Plain(tcp)),
+        };
+    }
+    let at = FabricAddr::parse(addr).map_err(|e| ClientError::Fabric(e.to_string()))?;
+    let fabric = FabricStream::connect(&at.provider, &at.host, at.port, fabric_options(), FABRIC_CONNECT_TIMEOUT)
+        .await
+        .map_err(|e| match e {
+            FabricError::NotBuilt | FabricError::Unavailable(_) | FabricError::Address(_) | FabricError::Options(_) => {
+                ClientError::Fabric(e.to_string())
+            }
+            e => ClientError::Io(std::io::Error::other(e)),
+        })?;
+    match tls {
+        Some(t) => t.connect_fabric(fabric, &format!("{}:{}", at.host, at.port)).await.map_err(tls_failed),
+        None => Ok(Stream::Fabric(Box::new(fabric))),
+    }
+}
+
+async fn dial(addr: &str, token: Option<&[u8]>, tls: Option<&ClientTls>) -> Result<Live, ClientError> {
+    let mut stream = connect(addr, tls).await?;
     if let Some(t) = token {
         match tokio::time::timeout(AUTH_TIMEOUT, authenticate(&mut stream, t)).await {
             Ok(r) => r?,

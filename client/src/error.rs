@@ -16,6 +16,10 @@ pub enum ClientError {
     /// TLS and the other does not. Nothing was executed.
     #[error("TLS: {0}")]
     Tls(String),
+    /// A `fabric://` endpoint this process cannot use (a bad address, libfabric not built in or
+    /// not installed). Nothing was sent.
+    #[error("fabric: {0}")]
+    Fabric(String),
     /// The server sent bytes that are not protocol v1.
     #[error("protocol: {0}")]
     Protocol(DecodeError),

@@ -146,7 +146,9 @@ static struct fi_info *hints_for(const char *prov)
 	/* What verbs providers ask for; providers that need less ignore the bits. */
 	h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
 	h->domain_attr->threading = FI_THREAD_DOMAIN;
-	h->fabric_attr->prov_name = strdup(prov);
+	/* None named: libfabric's first choice for these capabilities. */
+	if (prov && *prov)
+		h->fabric_attr->prov_name = strdup(prov);
 	return h;
 }
 
@@ -235,6 +237,9 @@ int dkf_listener_port(struct dkf_listener *l)
 		return ntohs(((struct sockaddr_in6 *)&a)->sin6_port);
 	return 0;
 }
+
+/* The provider the listener uses (its name lives as long as the listener). */
+const char *dkf_listener_provider(struct dkf_listener *l) { return l->info->fabric_attr->prov_name; }
 
 void dkf_listener_close(struct dkf_listener *l)
 {

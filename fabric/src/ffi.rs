@@ -58,6 +58,7 @@ unsafe extern "C" {
     ) -> c_int;
     fn dkf_listener_fd(l: *mut DkfListener) -> c_int;
     fn dkf_listener_port(l: *mut DkfListener) -> c_int;
+    fn dkf_listener_provider(l: *mut DkfListener) -> *const c_char;
     fn dkf_listener_accept(l: *mut DkfListener, out: *mut *mut DkfConn) -> c_int;
     fn dkf_listener_close(l: *mut DkfListener);
     fn dkf_connect(
@@ -180,6 +181,18 @@ impl Listener {
     pub fn port(&mut self) -> Result<u16, FabricError> {
         // SAFETY: see the module documentation.
         check("listener address", unsafe { dkf_listener_port(self.ptr.as_ptr()) }).map(|p| p as u16)
+    }
+
+    /// The provider it uses (the one asked for, or libfabric's first choice).
+    pub fn provider(&mut self) -> String {
+        // SAFETY: see the module documentation; the name is a NUL-terminated string the
+        // listener's info holds, copied before the borrow ends.
+        let p = unsafe { dkf_listener_provider(self.ptr.as_ptr()) };
+        if p.is_null() {
+            return String::new();
+        }
+        // SAFETY: as above (not null).
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 
     /// Ready when a connection request may be waiting.

@@ -35,6 +35,9 @@ impl Listener {
     pub fn port(&mut self) -> Result<u16, FabricError> {
         match self.0 {}
     }
+    pub fn provider(&mut self) -> String {
+        match self.0 {}
+    }
     pub fn accept(&mut self) -> Result<Option<Conn>, FabricError> {
         match self.0 {}
     }

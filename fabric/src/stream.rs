@@ -3,7 +3,9 @@
 //! TCP), and the listener that accepts them ([`FabricListener`]).
 //!
 //! Each message is a 4-byte header, the receive credits its sender returns (little-endian u32),
-//! then payload: bytes of the stream, in order. Flow control is by credits: each side posts
+//! then payload: bytes of the stream, in order. Each write is sent at once as one message (or
+//! several, past a buffer's size), as a socket sends a write: code written for TCP never
+//! flushes. Flow control is by credits: each side posts
 //! `nbufs` receive buffers before the connection is established, a sender may have at most as
 //! many messages unconsumed at its peer as the peer told it it has posted, and a receiver posts
 //! a buffer again once its payload was read and returns the credit on its next message — or on a
@@ -66,20 +68,28 @@ pub struct FabricListener {
     inner: Mutex<ffi::Listener>,
     opts: Options,
     port: u16,
+    provider: String,
 }
 
 impl FabricListener {
-    /// Listens on `host:port` (0: any free port) with `provider`. Needs a Tokio runtime.
+    /// Listens on `host:port` (0: any free port) with `provider` (empty: libfabric's first
+    /// choice for connected message endpoints). Needs a Tokio runtime.
     pub fn bind(provider: &str, host: &str, port: u16, opts: Options) -> Result<Self, FabricError> {
         let opts = opts.checked()?;
         let mut l = ffi::Listener::listen(provider, host, &port.to_string(), opts.bufsize, opts.nbufs)?;
         let port = l.port()?;
-        Ok(FabricListener { inner: Mutex::new(l), opts, port })
+        let provider = l.provider();
+        Ok(FabricListener { inner: Mutex::new(l), opts, port, provider })
     }
 
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The provider it uses.
+    pub fn provider(&self) -> &str {
+        &self.provider
     }
 
     /// The next connection request, accepted. The connection is established once this end
@@ -483,10 +493,9 @@ impl AsyncWrite for FabricStream {
             let (i, pos) = st.filling.expect("filling");
             let n = data.len().min(st.bufsize - pos);
             st.conn.send_buf(i, st.nbufs, st.bufsize)[pos..pos + n].copy_from_slice(&data[..n]);
+            // Sent now, as a TCP write would be: code written for sockets does not flush.
             st.filling = Some((i, pos + n));
-            if pos + n == st.bufsize {
-                st.flush();
-            }
+            st.flush();
             Some(Ok(n))
         })
     }

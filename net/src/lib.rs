@@ -17,7 +17,8 @@
 //! - `telemetry`: logs, and traces exported over OTLP (feature `otel`): a span per traced
 //!   request, joined to the trace its request carries.
 //! - `tls`: TLS for async and blocking connections, mutual TLS, certificates re-read when
-//!   their files change.
+//!   their files change; [`tls::Stream`], one type for TCP and libfabric connections
+//!   (`dpukv-fabric`), plain or TLS.
 //!
 //! # Invariants
 //! - Bytes are charged to the connection's and the process's budgets before they are allocated;
@@ -27,6 +28,9 @@
 //!   never one without a certificate its CA signed.
 //! - A peer is a member of a cluster only by a certificate its CA signed whose URI SAN names
 //!   the same namespace and cluster as the server's own certificate.
+
+/// The libfabric transport ([`fabric::FabricStream`]): [`tls::Stream`] carries it beside TCP.
+pub use dpukv_fabric as fabric;
 
 pub mod conn;
 pub mod identity;

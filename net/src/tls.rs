@@ -30,6 +30,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use crate::identity::{Identity, IdentityError, Peer};
+use dpukv_fabric::FabricStream;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -369,21 +370,31 @@ impl ServerTls {
 
     /// Who the peer of `stream` (accepted by this server) is.
     pub fn peer(&self, stream: &Stream) -> Peer {
-        match stream {
-            Stream::Server(s) => {
-                let cert = s.get_ref().1.peer_certificates().and_then(|c| c.first());
-                Peer::of(self.loaded().own.as_ref(), cert.map(|c| c.as_ref()))
-            }
-            _ => Peer::Unchecked,
-        }
+        let certs = match stream {
+            Stream::Server(s) => s.get_ref().1.peer_certificates(),
+            Stream::FabricServer(s) => s.get_ref().1.peer_certificates(),
+            _ => return Peer::Unchecked,
+        };
+        Peer::of(self.loaded().own.as_ref(), certs.and_then(|c| c.first()).map(|c| c.as_ref()))
     }
 
     /// Runs the handshake on an accepted connection (within [`HANDSHAKE_TIMEOUT`]).
     pub async fn accept(&self, tcp: TcpStream) -> std::io::Result<Stream> {
+        self.handshake(tcp).await.map(|s| Stream::Server(Box::new(s)))
+    }
+
+    /// [`ServerTls::accept`] on an accepted fabric connection.
+    pub async fn accept_fabric(&self, fabric: FabricStream) -> std::io::Result<Stream> {
+        self.handshake(fabric).await.map(|s| Stream::FabricServer(Box::new(s)))
+    }
+
+    async fn handshake<IO: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        io: IO,
+    ) -> std::io::Result<tokio_rustls::server::TlsStream<IO>> {
         let acceptor = tokio_rustls::TlsAcceptor::from(self.config());
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-            Ok(Ok(s)) => Ok(Stream::Server(Box::new(s))),
-            Ok(Err(e)) => Err(e),
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+            Ok(r) => r,
             Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
         }
     }
@@ -438,11 +449,23 @@ impl ClientTls {
     /// Runs the handshake on a connection to `addr` (`host:port`: the certificate must name the
     /// host, an IP address or a DNS name), within [`HANDSHAKE_TIMEOUT`].
     pub async fn connect(&self, tcp: TcpStream, addr: &str) -> std::io::Result<Stream> {
+        self.handshake(tcp, addr).await.map(|s| Stream::Client(Box::new(s)))
+    }
+
+    /// [`ClientTls::connect`] on an established fabric connection to `addr` (`host:port`).
+    pub async fn connect_fabric(&self, fabric: FabricStream, addr: &str) -> std::io::Result<Stream> {
+        self.handshake(fabric, addr).await.map(|s| Stream::FabricClient(Box::new(s)))
+    }
+
+    async fn handshake<IO: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        io: IO,
+        addr: &str,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<IO>> {
         let name = server_name(addr)?;
         let connector = tokio_rustls::TlsConnector::from(self.config());
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp)).await {
-            Ok(Ok(s)) => Ok(Stream::Client(Box::new(s))),
-            Ok(Err(e)) => Err(e),
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, io)).await {
+            Ok(r) => r,
             Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
         }
     }
@@ -596,60 +619,71 @@ fn bridge(
     Ok((local, peer_cert))
 }
 
-/// A connection, plain or TLS (one type for the code above).
+/// A connection over TCP or a libfabric endpoint, plain or TLS (one type for the code above).
 pub enum Stream {
-    /// No TLS.
+    /// TCP, no TLS.
     Plain(TcpStream),
-    /// A server's end of a TLS session.
+    /// A server's end of a TLS session over TCP.
     Server(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-    /// A client's end of a TLS session.
+    /// A client's end of a TLS session over TCP.
     Client(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// A fabric connection, no TLS.
+    Fabric(Box<FabricStream>),
+    /// A server's end of a TLS session over a fabric connection.
+    FabricServer(Box<tokio_rustls::server::TlsStream<FabricStream>>),
+    /// A client's end of a TLS session over a fabric connection.
+    FabricClient(Box<tokio_rustls::client::TlsStream<FabricStream>>),
 }
 
-impl Stream {
-    /// The underlying TCP connection.
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            Stream::Plain(s) => s,
-            Stream::Server(s) => s.get_ref().0,
-            Stream::Client(s) => s.get_ref().0,
+/// Runs `$e` on the stream inside whichever variant `$s` is.
+macro_rules! each {
+    ($s:expr, $io:ident => $e:expr) => {
+        match $s.get_mut() {
+            Stream::Plain($io) => {
+                let $io = Pin::new($io);
+                $e
+            }
+            Stream::Server($io) => {
+                let $io = Pin::new($io.as_mut());
+                $e
+            }
+            Stream::Client($io) => {
+                let $io = Pin::new($io.as_mut());
+                $e
+            }
+            Stream::Fabric($io) => {
+                let $io = Pin::new($io.as_mut());
+                $e
+            }
+            Stream::FabricServer($io) => {
+                let $io = Pin::new($io.as_mut());
+                $e
+            }
+            Stream::FabricClient($io) => {
+                let $io = Pin::new($io.as_mut());
+                $e
+            }
         }
-    }
+    };
 }
 
 impl AsyncRead for Stream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Server(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Stream::Client(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
+        each!(self, io => io.poll_read(cx, buf))
     }
 }
 
 impl AsyncWrite for Stream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Server(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Stream::Client(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
+        each!(self, io => io.poll_write(cx, buf))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Server(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Stream::Client(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
+        each!(self, io => io.poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Server(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Stream::Client(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        each!(self, io => io.poll_shutdown(cx))
     }
 }
 
@@ -677,6 +711,21 @@ pub async fn accept(tls: Option<&ServerTls>, tcp: TcpStream) -> std::io::Result<
     match tls {
         Some(t) => t.accept(tcp).await,
         None => Ok(Stream::Plain(tcp)),
+    }
+}
+
+/// [`accept_peer`] for a fabric connection: established first (within [`HANDSHAKE_TIMEOUT`]:
+/// providers with manual progress finish the connection's handshake only when this end drives
+/// it), then TLS when `tls` is given.
+pub async fn accept_fabric_peer(tls: Option<&ServerTls>, fabric: FabricStream) -> std::io::Result<(Stream, Peer)> {
+    fabric.established(HANDSHAKE_TIMEOUT).await.map_err(std::io::Error::other)?;
+    match tls {
+        Some(t) => {
+            let s = t.accept_fabric(fabric).await?;
+            let peer = t.peer(&s);
+            Ok((s, peer))
+        }
+        None => Ok((Stream::Fabric(Box::new(fabric)), Peer::Unchecked)),
     }
 }
 

@@ -539,6 +539,15 @@ pub struct DeviceArgs {
     /// Its private key (PEM).
     #[arg(long, env = "DPUKV_FRONT_TLS_KEY")]
     pub front_tls_key: Option<PathBuf>,
+    /// Also serve the binary protocol on a libfabric endpoint here (`host:port`, port 0: any
+    /// free one), beside the data port: RDMA NICs through `verbs`, or the `tcp` provider. Same
+    /// requests, limits, roles and TLS as the data port (docs/protocol.md, "Transports").
+    #[arg(long, env = "DPUKV_FABRIC_LISTEN")]
+    pub fabric_listen: Option<SocketAddr>,
+    /// The libfabric provider of `--fabric-listen` (`verbs`, `tcp`, `efa`, ...; empty:
+    /// libfabric's first choice for connected message endpoints, `fi_info -t FI_EP_MSG`).
+    #[arg(long, env = "DPUKV_FABRIC_PROVIDER", default_value = "")]
+    pub fabric_provider: String,
 }
 
 impl DeviceArgs {
@@ -649,6 +658,7 @@ impl DeviceArgs {
             },
             front,
             front_threads: self.front_threads,
+            fabric: self.fabric_listen.map(|at| (self.fabric_provider.clone(), at)),
         })
     }
 }

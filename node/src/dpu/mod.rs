@@ -31,7 +31,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use dpukv_net::fabric::{FabricListener, FabricStream};
 use dpukv_proto::{ErrorCode, Op, Reply, Request, Response};
 use link::HostLinks;
 use prometheus_client::registry::Registry;
@@ -88,6 +89,9 @@ pub struct DeviceConfig {
     /// Threads the front door runs on, each with its own event loop, connections and share of
     /// the front door's memory budget (the kernel spreads clients among them).
     pub front_threads: usize,
+    /// A libfabric endpoint beside the data port: (provider, empty for libfabric's choice;
+    /// where).
+    pub fabric: Option<(String, SocketAddr)>,
 }
 
 /// Where the device serves.
@@ -101,6 +105,8 @@ pub struct DeviceInfo {
     pub resp: Option<SocketAddr>,
     /// The front door's HTTP port, if any.
     pub http: Option<SocketAddr>,
+    /// The libfabric endpoint, if any (`fabric://PROVIDER/HOST:PORT`).
+    pub fabric: Option<dpukv_net::fabric::FabricAddr>,
 }
 
 /// Serves the data port until `signal` — and past it while this pod's host still runs (its
@@ -164,6 +170,19 @@ pub async fn run(
     };
     let listener = TcpListener::bind(cfg.listen).await?;
     let local = listener.local_addr()?;
+    let fabric = match &cfg.fabric {
+        Some((provider, at)) => {
+            let l = FabricListener::bind(provider, &at.ip().to_string(), at.port(), fabric_options())
+                .with_context(|| format!("--fabric-listen {at}"))?;
+            Some(l)
+        }
+        None => None,
+    };
+    let fabric_addr = fabric.as_ref().zip(cfg.fabric.as_ref()).map(|(l, (_, at))| dpukv_net::fabric::FabricAddr {
+        provider: l.provider().to_string(),
+        host: at.ip().to_string(),
+        port: l.port(),
+    });
     // The host publishes the region map once its regions are open; wait for it.
     while pod::open_map(&cfg.shm_dir).is_err() {
         if shutdown.is_cancelled() {
@@ -195,45 +214,61 @@ pub async fn run(
     }
     ready.store(true, Ordering::Release);
     if let Some(tx) = started {
-        let _ = tx.send(DeviceInfo { listen: local, admin: admin_addr, resp, http });
+        let _ = tx.send(DeviceInfo { listen: local, admin: admin_addr, resp, http, fabric: fabric_addr.clone() });
     }
-    tracing::info!(listen = %local, resp = ?resp, http = ?http, "device serving");
+    let fabric_text = fabric_addr.as_ref().map(ToString::to_string).unwrap_or_default();
+    tracing::info!(listen = %local, resp = ?resp, http = ?http, fabric = %fabric_text, "device serving");
     let limit = Arc::new(Semaphore::new(cfg.max_connections));
     let budget = Budget::new(cfg.memory_budget);
     loop {
-        tokio::select! {
+        let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                // Past the limit the connection is closed at once (no queue of waiting sockets).
-                let Ok(permit) = limit.clone().try_acquire_owned() else {
-                    drop(stream);
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    Accepted::Tcp(stream)
+                }
+                Err(_) => continue,
+            },
+            accepted = accept_fabric(fabric.as_ref()) => match accepted {
+                Ok(stream) => Accepted::Fabric(stream),
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a fabric connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let (reads, links, budget, stop) = (reads.clone(), links.clone(), budget.clone(), shutdown.clone());
-                let (table, hot, refused) = (table.clone(), hot.clone(), refused.clone());
-                let (conn_cfg, on_host, tls) = (cfg.conn, cfg.serve_reads_on_host, cfg.tls.clone());
-                let obs = conn::Observer { latency: Some(latency.clone()), component: Some("device"), root: false };
-                tracker.spawn(async move {
-                    let (stream, peer) = match dpukv_net::tls::accept_peer(tls.as_deref(), stream).await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "a client failed the TLS handshake");
-                            return;
-                        }
-                    };
-                    let dispatch = |batch: Vec<Incoming>, sink: Sink| {
-                        let batch = access::admit(batch, &peer, || hot.map(), &sink, &refused);
-                        dispatch(batch, sink, &reads, &links, &table, on_host)
-                    };
-                    if let Err(e) = conn::serve(stream, conn_cfg, budget, obs, stop, dispatch).await {
-                        tracing::debug!(error = %e, "client connection ended");
-                    }
-                    drop(permit);
-                });
+                }
+            },
+        };
+        // Past the limit the connection is closed at once (no queue of waiting sockets).
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            drop(accepted);
+            continue;
+        };
+        let (reads, links, budget, stop) = (reads.clone(), links.clone(), budget.clone(), shutdown.clone());
+        let (table, hot, refused) = (table.clone(), hot.clone(), refused.clone());
+        let (conn_cfg, on_host, tls) = (cfg.conn, cfg.serve_reads_on_host, cfg.tls.clone());
+        let obs = conn::Observer { latency: Some(latency.clone()), component: Some("device"), root: false };
+        tracker.spawn(async move {
+            let accepted = match accepted {
+                Accepted::Tcp(s) => dpukv_net::tls::accept_peer(tls.as_deref(), s).await,
+                Accepted::Fabric(s) => dpukv_net::tls::accept_fabric_peer(tls.as_deref(), s).await,
+            };
+            let (stream, peer) = match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a client failed the TLS handshake");
+                    return;
+                }
+            };
+            let dispatch = |batch: Vec<Incoming>, sink: Sink| {
+                let batch = access::admit(batch, &peer, || hot.map(), &sink, &refused);
+                dispatch(batch, sink, &reads, &links, &table, on_host)
+            };
+            if let Err(e) = conn::serve(stream, conn_cfg, budget, obs, stop, dispatch).await {
+                tracing::debug!(error = %e, "client connection ended");
             }
-        }
+            drop(permit);
+        });
     }
     ready.store(false, Ordering::Release);
     tracker.close();
@@ -246,6 +281,26 @@ pub async fn run(
         tracing::warn!("the front door did not stop within the shutdown grace period");
     }
     Ok(())
+}
+
+/// A connection accepted on the data port or the fabric endpoint.
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Fabric(FabricStream),
+}
+
+/// The next connection of the fabric endpoint, if there is one (else never).
+async fn accept_fabric(l: Option<&FabricListener>) -> Result<FabricStream, dpukv_net::fabric::FabricError> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The fabric endpoint's buffers: 32 of 64 KiB each way per connection (4 MiB registered), so a
+/// pipelined client's frames rarely wait for credits; a bounded spin before waiting.
+fn fabric_options() -> dpukv_net::fabric::Options {
+    dpukv_net::fabric::Options { bufsize: 64 << 10, nbufs: 32, spin: 32 }
 }
 
 /// Routes one client request: reads to the reader pool, writes and atomics to the host; replica

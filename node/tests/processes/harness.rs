@@ -24,6 +24,8 @@ pub struct Pod {
     pub host: Option<Proc>,
     pub device: Option<Proc>,
     pub addr: String,
+    /// The device's fabric endpoint (`fabric://...`; empty without `--fabric-listen`).
+    pub fabric: String,
     pub extra_host_args: Vec<String>,
     /// Environment variables of the host process.
     pub host_env: Vec<(String, String)>,
@@ -50,13 +52,14 @@ impl Pod {
             host: None,
             device: None,
             addr: String::new(),
+            fabric: String::new(),
             extra_host_args: host_args.iter().map(|s| s.to_string()).collect(),
             host_env: host_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         pod.start_host();
-        let (device, addr) = spawn_device(&pod.shm(), device_args);
+        let (device, addr, fabric) = spawn_device(&pod.shm(), device_args);
         pod.device = Some(device);
-        pod.addr = addr;
+        (pod.addr, pod.fabric) = (addr, fabric);
         pod
     }
 
@@ -66,7 +69,7 @@ impl Pod {
 
     /// Starts a new device (on a new port: `addr` changes).
     pub fn start_device(&mut self) {
-        let (device, addr) = spawn_device(&self.shm(), &[]);
+        let (device, addr, _) = spawn_device(&self.shm(), &[]);
         self.device = Some(device);
         self.addr = addr;
     }
@@ -99,7 +102,8 @@ fn spawn_host(data: &Path, shm: &Path, extra: &[String], env: &[(String, String)
     Proc(child)
 }
 
-fn spawn_device(shm: &Path, extra: &[&str]) -> (Proc, String) {
+/// Starts a device; its process, data port and fabric endpoint (empty if none), from its log.
+fn spawn_device(shm: &Path, extra: &[&str]) -> (Proc, String, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dpukv-dpu"));
     c.arg("--shm-dir")
         .arg(shm)
@@ -115,7 +119,8 @@ fn spawn_device(shm: &Path, extra: &[&str]) -> (Proc, String) {
         .and_then(|s| s.split_whitespace().next())
         .expect("listen address in the log")
         .to_string();
-    (Proc(child), addr)
+    let fabric = line.split("fabric=").nth(1).and_then(|s| s.split_whitespace().next()).unwrap_or("").to_string();
+    (Proc(child), addr, fabric)
 }
 
 /// Reads the child's stderr until a line containing `what` (then keeps draining it in a thread).

@@ -2,6 +2,7 @@
 //! `powerloss`, through a simulated power loss of the whole pod).
 
 mod bounds;
+mod fabric;
 mod faults;
 mod harness;
 mod ops;
