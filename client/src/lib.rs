@@ -981,6 +981,7 @@ mod tests {
             replication: String::new(),
             admin: String::new(),
             zone: String::new(),
+            fabric: String::new(),
         };
         RegionMap { revision: 0, master: 0, regions: vec![region], nodes: vec![node] }
     }

@@ -161,8 +161,14 @@ impl Router {
         *self.map.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
+    /// Where to reach `node`'s device: over the fabric when this client dialled its seed over
+    /// one and the node advertises a fabric endpoint, else its data port (an empty `device`: the
+    /// seed itself).
     fn device(&self, map: &RegionMap, node: u32) -> Option<String> {
         let n = map.node(node)?;
+        if dpukv_net::fabric::FabricAddr::is_fabric(&self.seed) && !n.fabric.is_empty() {
+            return Some(n.fabric.clone());
+        }
         Some(if n.device.is_empty() { self.seed.clone() } else { n.device.clone() })
     }
 

@@ -264,6 +264,7 @@ pub async fn must_fail_over<S: MetaStore>(s: &S, cluster: &str, ttl: Duration) {
             replication: format!("r{id}"),
             admin: format!("a{id}"),
             zone: String::new(),
+            fabric: String::new(),
         };
         let m = register(s, &keys, &info, timing).await.expect("register");
         assert!(m.authority.valid(), "a registered node has authority");

@@ -256,7 +256,14 @@ mod tests {
         let applied = Arc::new(std::sync::Mutex::new(Vec::new()));
         let s = SlowAnswers { inner: MemStore::new(), delay: Duration::from_millis(500), applied: applied.clone() };
         let keys = Keys::new("t").expect("keys");
-        let info = NodeInfo { id: 1, device: "d".into(), replication: "r".into(), admin: "a".into(), zone: "".into() };
+        let info = NodeInfo {
+            id: 1,
+            device: "d".into(),
+            replication: "r".into(),
+            admin: "a".into(),
+            zone: "".into(),
+            fabric: String::new(),
+        };
         let m = register(&s, &keys, &info, timing).await.expect("register");
         let registered = Instant::now();
         let cancel = CancellationToken::new();
@@ -289,7 +296,14 @@ mod tests {
         let s = MemStore::new();
         let timing = Timing { ttl: Duration::from_millis(600), drift: 0.01, margin: Duration::from_millis(50) };
         let keys = Keys::new("t").expect("keys");
-        let info = NodeInfo { id: 1, device: "d".into(), replication: "r".into(), admin: "a".into(), zone: "".into() };
+        let info = NodeInfo {
+            id: 1,
+            device: "d".into(),
+            replication: "r".into(),
+            admin: "a".into(),
+            zone: "".into(),
+            fabric: String::new(),
+        };
         let m = register(&s, &keys, &info, timing).await.expect("register");
         let first = m.authority.life();
         assert!(m.authority.until_in(first).is_some(), "the first life has authority");

@@ -445,7 +445,14 @@ mod tests {
     use super::*;
 
     fn node(id: u32, zone: &str) -> NodeInfo {
-        NodeInfo { id, device: format!("d{id}"), replication: String::new(), admin: String::new(), zone: zone.into() }
+        NodeInfo {
+            id,
+            device: format!("d{id}"),
+            replication: String::new(),
+            admin: String::new(),
+            zone: zone.into(),
+            fabric: String::new(),
+        }
     }
 
     fn keys(n: usize) -> Vec<Vec<u8>> {

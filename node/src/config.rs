@@ -137,6 +137,11 @@ pub struct ClusterFlags {
     /// address).
     #[arg(long, env = "DPUKV_ADVERTISE_REPLICATION")]
     pub advertise_replication: Option<String>,
+    /// Where clients reach this node's device over libfabric (`fabric://PROVIDER/HOST:PORT`:
+    /// its `--fabric-listen`, as reachable), registered in the region map: clients that dial
+    /// the cluster over the fabric route to it there.
+    #[arg(long, env = "DPUKV_ADVERTISE_FABRIC")]
+    pub advertise_fabric: Option<String>,
     /// Failure domain (replicas of a region go to different zones when zones are given).
     #[arg(long, env = "DPUKV_ZONE", default_value = "")]
     pub zone: String,
@@ -309,6 +314,9 @@ impl ClusterFlags {
         let Some(device) = self.advertise_device.clone() else {
             bail!("--cluster needs --advertise-device (where clients reach this node's device)");
         };
+        if let Some(f) = &self.advertise_fabric {
+            dpukv_net::fabric::FabricAddr::parse(f).map_err(|e| anyhow::anyhow!("--advertise-fabric: {e}"))?;
+        }
         let etcd = self.etcd_options()?;
         if self.stall_timeout_ms >= self.replication_timeout_ms {
             bail!(
@@ -328,6 +336,7 @@ impl ClusterFlags {
                 .clone()
                 .unwrap_or_else(|| self.replication_listen.to_string()),
             advertise_admin: advertise_admin.map(|a| a.to_string()).unwrap_or_default(),
+            advertise_fabric: self.advertise_fabric.clone().unwrap_or_default(),
             zone: self.zone.clone(),
             zone_file: match (&self.zone_dir, &self.k8s_node) {
                 (Some(d), Some(n)) if self.zone.is_empty() && !n.is_empty() => Some(d.join(n)),

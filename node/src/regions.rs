@@ -48,6 +48,7 @@ impl RegionMap {
             replication: String::new(),
             admin: String::new(),
             zone: String::new(),
+            fabric: String::new(),
         };
         RegionMap::new(regionmap::RegionMap { revision: 0, master: 0, regions, nodes: vec![node] }, STANDALONE_NODE)
     }

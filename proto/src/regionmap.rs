@@ -11,6 +11,9 @@ use std::ops::Range;
 
 /// Format of every encoding in this module.
 pub const MAP_FORMAT: u8 = 1;
+/// Format 1 with each node's fabric endpoint after its zone ([`NodeInfo::fabric`]): what a node
+/// record, or a map, is written in when a node has one (decoders read both).
+pub const MAP_FORMAT_FABRIC: u8 = 2;
 /// Most regions in a map.
 pub const MAX_REGIONS: usize = 1 << 16;
 /// Most nodes in a map.
@@ -61,6 +64,8 @@ pub struct NodeInfo {
     pub admin: String,
     /// Its failure domain ("" = none given).
     pub zone: String,
+    /// Where clients reach its device over libfabric (`fabric://PROVIDER/HOST:PORT`; "" = none).
+    pub fabric: String,
 }
 
 /// What is happening to a region.
@@ -352,9 +357,10 @@ impl RegionMap {
         self.nodes.iter().find(|n| n.id == id)
     }
 
-    /// Encodes the map (regions and nodes).
+    /// Encodes the map (regions and nodes): format 1, or 2 when a node has a fabric endpoint.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        out.push(MAP_FORMAT);
+        let format = if self.nodes.iter().any(|n| !n.fabric.is_empty()) { MAP_FORMAT_FABRIC } else { MAP_FORMAT };
+        out.push(format);
         out.extend_from_slice(&self.revision.to_le_bytes());
         out.extend_from_slice(&self.master.to_le_bytes());
         out.extend_from_slice(&(self.regions.len() as u32).to_le_bytes());
@@ -363,7 +369,7 @@ impl RegionMap {
         }
         out.extend_from_slice(&(self.nodes.len() as u32).to_le_bytes());
         for n in &self.nodes {
-            n.encode_body(out);
+            n.encode_body(out, format);
         }
     }
 
@@ -476,10 +482,13 @@ impl RegionInfo {
 }
 
 impl NodeInfo {
-    fn encode_body(&self, out: &mut Vec<u8>) {
+    fn encode_body(&self, out: &mut Vec<u8>, format: u8) {
         out.extend_from_slice(&self.id.to_le_bytes());
         for s in [&self.device, &self.replication, &self.admin, &self.zone] {
             put_bytes(out, s.as_bytes());
+        }
+        if format >= MAP_FORMAT_FABRIC {
+            put_bytes(out, self.fabric.as_bytes());
         }
     }
 
@@ -488,15 +497,19 @@ impl NodeInfo {
         if id == 0 {
             return Err(MapError::Invalid("node id 0".into()));
         }
+        let format = r.format;
         let mut s =
             || String::from_utf8(r.bytes(MAX_ADDR)?).map_err(|_| MapError::Invalid("an address is not UTF-8".into()));
-        Ok(NodeInfo { id, device: s()?, replication: s()?, admin: s()?, zone: s()? })
+        let (device, replication, admin, zone) = (s()?, s()?, s()?, s()?);
+        let fabric = if format >= MAP_FORMAT_FABRIC { s()? } else { String::new() };
+        Ok(NodeInfo { id, device, replication, admin, zone, fabric })
     }
 
-    /// Encodes one node (as stored under `nodes/<id>`).
+    /// Encodes one node (as stored under `nodes/<id>`): format 1, or 2 with a fabric endpoint.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![MAP_FORMAT];
-        self.encode_body(&mut out);
+        let format = if self.fabric.is_empty() { MAP_FORMAT } else { MAP_FORMAT_FABRIC };
+        let mut out = vec![format];
+        self.encode_body(&mut out, format);
         out
     }
 
@@ -516,13 +529,18 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
 
 struct Reader<'a> {
     b: &'a [u8],
+    /// The encoding's format byte.
+    format: u8,
 }
 
 impl<'a> Reader<'a> {
     fn new(b: &'a [u8]) -> Result<Reader<'a>> {
-        let mut r = Reader { b };
+        let mut r = Reader { b, format: 0 };
         match r.u8()? {
-            MAP_FORMAT => Ok(r),
+            f @ (MAP_FORMAT | MAP_FORMAT_FABRIC) => {
+                r.format = f;
+                Ok(r)
+            }
             f => Err(MapError::Format(f)),
         }
     }
@@ -582,17 +600,18 @@ mod tests {
 
     fn arb_map() -> impl Strategy<Value = RegionMap> {
         let bounds = prop::collection::btree_set(prop::collection::vec(any::<u8>(), 1..6), 0..8);
-        let nodes = prop::collection::vec(("[a-z0-9.:]{0,20}", "[a-z]{0,4}"), 1..6);
+        let nodes = prop::collection::vec(("[a-z0-9.:]{0,20}", "[a-z]{0,4}", any::<bool>()), 1..6);
         (bounds, nodes, any::<u64>(), any::<u64>()).prop_map(|(bounds, nodes, revision, seed)| {
             let nodes: Vec<NodeInfo> = nodes
                 .into_iter()
                 .enumerate()
-                .map(|(i, (addr, zone))| NodeInfo {
+                .map(|(i, (addr, zone, fabric))| NodeInfo {
                     id: i as u32 + 1,
                     device: addr.clone(),
                     replication: format!("{addr}r"),
                     admin: format!("{addr}a"),
                     zone,
+                    fabric: if fabric { format!("fabric://tcp/{addr}") } else { String::new() },
                 })
                 .collect();
             let mut starts = vec![Vec::new()];
@@ -666,6 +685,10 @@ mod tests {
             let mut b = Vec::new();
             map.encode(&mut b);
             prop_assert_eq!(RegionMap::decode(&b).expect("decodes"), map.clone());
+            // Format 2 only when a node has a fabric endpoint: maps of clusters without one
+            // stay readable by format-1 decoders.
+            let fabric = map.nodes.iter().any(|n| !n.fabric.is_empty());
+            prop_assert_eq!(b[0], if fabric { MAP_FORMAT_FABRIC } else { MAP_FORMAT });
             for r in &map.regions {
                 prop_assert_eq!(&RegionInfo::decode(&r.encode()).expect("region decodes"), r);
             }

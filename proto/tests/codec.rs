@@ -123,6 +123,7 @@ fn region_map() -> impl Strategy<Value = dpukv_proto::regionmap::RegionMap> {
                 replication: String::new(),
                 admin: String::new(),
                 zone: String::new(),
+                fabric: if id == 2 { format!("fabric://tcp/127.0.0.1:{id}") } else { String::new() },
             })
             .collect();
         RegionMap { revision, master, regions, nodes }

@@ -197,6 +197,12 @@ enum Cmd {
         /// (DIR/tls/front-<id>.pem).
         #[arg(long)]
         device_fronts: bool,
+        /// Every node's device also serves the binary protocol on a libfabric endpoint of this
+        /// provider (`tcp` here; `verbs` on RDMA NICs), on a free port listed in
+        /// DIR/cluster.json as each node's `fabric` (`fabric://PROVIDER/HOST:PORT`) and
+        /// registered in the region map: clients that dial one route over the fabric.
+        #[arg(long, value_name = "PROVIDER")]
+        fabric: Option<String>,
     },
 }
 
@@ -638,6 +644,7 @@ async fn run(cli: Cli) -> Result<i32> {
         serve_reads_on_host,
         tls,
         device_fronts,
+        fabric,
     } = &cli.cmd
     {
         let cluster = (*nodes > 1).then(|| LocalCluster {
@@ -653,6 +660,7 @@ async fn run(cli: Cli) -> Result<i32> {
             http: http.clone(),
             resp: resp.clone(),
             device_fronts: *device_fronts,
+            fabric: fabric.clone(),
         };
         return local(dir, &gateway, fsync, split_keys, *serve_reads_on_host, *tls, cluster).await;
     }
@@ -875,6 +883,20 @@ struct LocalGateway {
     resp: Option<String>,
     /// Every device serves RESP and HTTP too.
     device_fronts: bool,
+    /// Every device serves a fabric endpoint of this provider too.
+    fabric: Option<String>,
+}
+
+/// With a provider, gives the device of `cmd` a fabric endpoint on a free port of 127.0.0.1,
+/// and says where (`fabric://PROVIDER/127.0.0.1:PORT`; empty: none).
+fn device_fabric(cmd: &mut tokio::process::Command, provider: Option<&str>) -> Result<String> {
+    for var in ["DPUKV_FABRIC_LISTEN", "DPUKV_FABRIC_PROVIDER"] {
+        cmd.env_remove(var);
+    }
+    let Some(p) = provider else { return Ok(String::new()) };
+    let at = format!("127.0.0.1:{}", free_port()?);
+    cmd.args(["--fabric-listen", &at, "--fabric-provider", p]);
+    Ok(format!("fabric://{p}/{at}"))
 }
 
 /// With `on`, gives the device of `cmd` a front door (`--resp`, `--http`) on free ports of
@@ -926,6 +948,8 @@ struct LocalNode {
     control: String,
     /// Its device's front door (`--device-fronts`): the Redis protocol and HTTP ports.
     resp: Option<String>,
+    /// Its device's fabric endpoint (`--fabric`; empty: none).
+    fabric: String,
     http: Option<String>,
     /// Its host's replication address (a cluster's nodes only).
     replication: String,
@@ -1006,6 +1030,7 @@ async fn local(
                 dev_cmd.arg("--serve-reads-on-host");
             }
             let (resp, http) = device_fronts(&mut dev_cmd, gw.device_fronts, tls.as_ref())?;
+            let fabric = device_fabric(&mut dev_cmd, gw.fabric.as_deref())?;
             let procs = vec![Supervised::new("host".into(), host_cmd), Supervised::new("device".into(), dev_cmd)];
             nodes.push(LocalNode {
                 id: 1,
@@ -1013,6 +1038,7 @@ async fn local(
                 admin,
                 control: String::new(),
                 resp,
+                fabric,
                 http,
                 replication: String::new(),
                 host_log: String::new(),
@@ -1097,6 +1123,11 @@ async fn local(
                 with_tls(&mut dev_cmd, node_files, true);
                 dev_cmd.stderr(std::fs::File::create(nd.join("device.log"))?);
                 let (resp, http) = device_fronts(&mut dev_cmd, gw.device_fronts, tls.as_ref())?;
+                let fabric = device_fabric(&mut dev_cmd, gw.fabric.as_deref())?;
+                host_cmd.env_remove("DPUKV_ADVERTISE_FABRIC");
+                if !fabric.is_empty() {
+                    host_cmd.args(["--advertise-fabric", &fabric]);
+                }
                 let procs = vec![
                     Supervised::new(format!("node {id} host"), host_cmd),
                     Supervised::new(format!("node {id} device"), dev_cmd),
@@ -1107,6 +1138,7 @@ async fn local(
                     admin,
                     control,
                     resp,
+                    fabric,
                     http,
                     replication: repl,
                     host_log: nd.join("host.log").display().to_string(),
@@ -1150,6 +1182,7 @@ async fn local(
                     "admin": n.admin,
                     "control": n.control,
                     "resp": n.resp.as_deref().unwrap_or_default(),
+                    "fabric": n.fabric,
                     "http": n.http.as_deref().unwrap_or_default(),
                     "replication": n.replication,
                     "host_log": n.host_log,

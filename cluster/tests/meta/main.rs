@@ -47,6 +47,7 @@ fn node(id: u32) -> NodeInfo {
         replication: format!("r{id}"),
         admin: format!("a{id}"),
         zone: String::new(),
+        fabric: String::new(),
     }
 }
 

@@ -550,6 +550,84 @@ fn linearizable_across_primary_failovers() {
     stop_and_check(&rt, tasks, &h, &run, &format!("{} failovers", iterations));
 }
 
+/// [`linearizable_across_primary_failovers`] with every client on libfabric (issue 30): each
+/// device also serves a fabric endpoint (`tcp` provider), each host registers it in the region
+/// map, and the clients dial a node's endpoint and route over the nodes' endpoints. A primary is
+/// SIGKILLed again and again; the history stays linearizable. `DPUKV_FABRIC_FAILOVER_ITERATIONS`
+/// sets the number of failovers (default 5).
+#[test]
+fn linearizable_over_the_fabric_across_primary_failovers() {
+    use dpukv_e2e::cluster::{ClusterNode, must_see_map};
+    let Some(iterations) = iterations("DPUKV_FABRIC_FAILOVER_ITERATIONS", 5) else { return };
+    let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
+    let mut fabrics = Vec::new();
+    let mut nodes: Vec<ClusterNode> = (1..=3)
+        .map(|id| {
+            let at = format!("127.0.0.1:{}", dpukv_e2e::procs::free_port().expect("port"));
+            let fabric = format!("fabric://tcp/{at}");
+            let env = [
+                ("DPUKV_FABRIC_LISTEN", at.as_str()),
+                ("DPUKV_FABRIC_PROVIDER", "tcp"),
+                ("DPUKV_ADVERTISE_FABRIC", fabric.as_str()),
+            ];
+            fabrics.push(fabric.clone());
+            ClusterNode::start_with(id, "linfab", &etcd.url(), &LIN_ARGS, &[], &env).expect("node")
+        })
+        .collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
+    let advertised: Vec<&str> = map.nodes.iter().map(|n| n.fabric.as_str()).collect();
+    assert_eq!(advertised, fabrics, "every node's fabric endpoint is in the map");
+    let (h, run) = (History::default(), Run::default());
+    let tasks: Vec<_> = (0..6u64)
+        .map(|i| {
+            let seed = fabrics[i as usize % fabrics.len()].clone();
+            rt.spawn(client_with(seed, i, h.clone(), run.clone(), false, true, String::new()))
+        })
+        .collect();
+    for _ in 0..iterations {
+        std::thread::sleep(Duration::from_millis(300));
+        let map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), full));
+        let (p, epoch) = (map.regions[0].primary, map.regions[0].epoch);
+        nodes[p as usize - 1].kill();
+        let promoted =
+            |m: &dpukv_client::proto::regionmap::RegionMap| m.regions[0].primary != p && m.regions[0].epoch > epoch;
+        rt.block_on(must_see_map(&nodes, |n| n.id != p, Duration::from_secs(60), promoted));
+        run.restarts.fetch_add(1, Ordering::Relaxed);
+        nodes[p as usize - 1].resume().expect("resume");
+    }
+    // The clients' connections go to the fabric endpoints (the `tcp` provider's sockets), none
+    // to the data ports.
+    std::thread::sleep(Duration::from_millis(500));
+    let port = |a: &str| a.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).expect("port");
+    let to_fabric = connections_to(&fabrics.iter().map(|f| port(f)).collect::<Vec<_>>());
+    let to_data = connections_to(&nodes.iter().map(|n| port(&n.device)).collect::<Vec<_>>());
+    assert!(to_fabric > 0 && to_data == 0, "{to_fabric} connections to fabric endpoints, {to_data} to data ports");
+    stop_and_check(&rt, tasks, &h, &run, &format!("{iterations} failovers over the fabric"));
+}
+
+/// This process's established TCP connections to any of `ports` on 127.0.0.1 (its sockets in
+/// /proc/self/fd, matched by inode with /proc/net/tcp).
+fn connections_to(ports: &[u16]) -> usize {
+    let mine: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .expect("fds")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
+        .collect();
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let remote_port = f.get(2).and_then(|r| r.split(':').nth(1)).and_then(|p| u16::from_str_radix(p, 16).ok());
+            f.get(3) == Some(&"01")
+                && remote_port.is_some_and(|p| ports.contains(&p))
+                && f.get(9).is_some_and(|i| mine.contains(*i))
+        })
+        .count()
+}
+
 /// Three node pods, one region; concurrent clients (retrying through the library) run while the
 /// region is split between the test's keys and merged back, again and again: writes to the
 /// moving half are refused while it is copied, retried with their exactly-once tags, and land

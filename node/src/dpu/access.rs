@@ -102,6 +102,7 @@ mod tests {
             replication: String::new(),
             admin: String::new(),
             zone: String::new(),
+            fabric: String::new(),
         };
         let mut regions = RegionInfo::split(&[b"m".to_vec()], 1);
         regions[1].primary = 2;

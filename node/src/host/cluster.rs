@@ -57,6 +57,8 @@ pub struct ClusterArgs {
     pub replication_listen: SocketAddr,
     /// The address clients reach this node's device at.
     pub advertise_device: String,
+    /// Where clients reach its device over libfabric ("" = nowhere).
+    pub advertise_fabric: String,
     /// The address primaries reach this host's replication port at.
     pub advertise_replication: String,
     /// The host's control API address (or, without one, its admin address), advertised: what
@@ -190,6 +192,7 @@ pub async fn run(
         replication: advertise_replication,
         admin: args.advertise_admin.clone(),
         zone,
+        fabric: args.advertise_fabric.clone(),
     };
     let timing = Timing { ttl: args.lease_ttl, ..Timing::default() };
     let authority = Authority::new();

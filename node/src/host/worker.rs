@@ -1047,7 +1047,14 @@ mod tests {
             .0;
         let store = rt.block_on(async { MemStore::new() });
         let keys = Keys::new("t").expect("keys");
-        let info = NodeInfo { id: 1, device: "d".into(), replication: "r".into(), admin: "a".into(), zone: "".into() };
+        let info = NodeInfo {
+            id: 1,
+            device: "d".into(),
+            replication: "r".into(),
+            admin: "a".into(),
+            zone: "".into(),
+            fabric: String::new(),
+        };
         let timing = Timing { ttl: Duration::from_secs(30), ..Timing::default() };
         let member = rt.block_on(register(&store, &keys, &info, timing)).expect("register");
         let (acks, feed) = (Acks::new(1, vec![2]), Feed::new());
