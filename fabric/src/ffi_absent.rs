@@ -44,6 +44,7 @@ impl Listener {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)] // (the real module's events; none happen here)
 pub enum CmEvent {
     Nothing,
     Connected,

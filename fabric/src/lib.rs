@@ -7,8 +7,8 @@
 //!
 //! # Layout
 //! - `ffi`: the shim's functions (shim/dkf.c: libfabric's inline calls in linkable form) behind
-//!   owned handles — the crate's only `unsafe`. Without the `libfabric` feature a stand-in
-//!   answers [`FabricError::NotBuilt`].
+//!   owned handles — the crate's only `unsafe`. Without the `libfabric` feature, or without
+//!   libfabric's headers at build time, a stand-in answers [`FabricError::NotBuilt`].
 //! - `stream`: [`FabricStream`] (credit flow control over registered buffers, completion
 //!   polling with a bounded spin) and [`FabricListener`].
 //! - `addr`: [`FabricAddr`], `fabric://PROVIDER/HOST:PORT`.
@@ -22,9 +22,9 @@
 //!   descriptors.
 
 mod addr;
-#[cfg(feature = "libfabric")]
+#[cfg(dkf_built)]
 mod ffi;
-#[cfg(not(feature = "libfabric"))]
+#[cfg(not(dkf_built))]
 #[path = "ffi_absent.rs"]
 mod ffi;
 mod stream;
@@ -35,8 +35,8 @@ pub use stream::{FabricListener, FabricStream, Options};
 /// Why a fabric operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FabricError {
-    /// This build has no libfabric (the `libfabric` feature was off).
-    #[error("this build of dpukv has no libfabric support (built without the `libfabric` feature)")]
+    /// This build has no libfabric (the `libfabric` feature was off, or its headers missing).
+    #[error("this build of dpukv has no libfabric support (built without libfabric's headers or the `libfabric` feature)")]
     NotBuilt,
     /// libfabric is not installed here (it is loaded when a fabric endpoint is first opened).
     #[error("libfabric is not available: {0}")]
@@ -68,5 +68,5 @@ pub enum FabricError {
     Io(#[from] std::io::Error),
 }
 
-/// Whether this build can speak libfabric.
-pub const BUILT: bool = cfg!(feature = "libfabric");
+/// Whether this build can speak libfabric (built with the `libfabric` feature and its headers).
+pub const BUILT: bool = cfg!(dkf_built);
