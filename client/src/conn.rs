@@ -125,7 +125,7 @@ const FABRIC_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A fabric connection's buffers: 32 of 64 KiB each way (the device's own sizes).
 fn fabric_options() -> dpukv_net::fabric::Options {
-    dpukv_net::fabric::Options { bufsize: 64 << 10, nbufs: 32, spin: 32 }
+    dpukv_net::fabric::Options { bufsize: 64 << 10, nbufs: 32, spin: None }
 }
 
 /// Connects to `addr`: `host:port` over TCP, or `fabric://PROVIDER/HOST:PORT` over libfabric;

@@ -30,13 +30,15 @@ mod ffi;
 mod stream;
 
 pub use addr::FabricAddr;
-pub use stream::{FabricListener, FabricStream, Options};
+pub use stream::{FabricListener, FabricStream, Options, spin_for};
 
 /// Why a fabric operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FabricError {
     /// This build has no libfabric (the `libfabric` feature was off, or its headers missing).
-    #[error("this build of dpukv has no libfabric support (built without libfabric's headers or the `libfabric` feature)")]
+    #[error(
+        "this build of dpukv has no libfabric support (built without libfabric's headers or the `libfabric` feature)"
+    )]
     NotBuilt,
     /// libfabric is not installed here (it is loaded when a fabric endpoint is first opened).
     #[error("libfabric is not available: {0}")]

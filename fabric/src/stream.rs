@@ -36,14 +36,23 @@ pub struct Options {
     pub bufsize: usize,
     /// Receive buffers posted (and send buffers held) per connection: the peer's credits.
     pub nbufs: usize,
-    /// Empty polls of the completion queue before waiting on its descriptor.
-    pub spin: u32,
+    /// Empty polls of the completion queue before waiting on its descriptor (None: by the
+    /// provider, see [`spin_for`]).
+    pub spin: Option<u32>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { bufsize: 64 << 10, nbufs: 16, spin: 32 }
+        Options { bufsize: 64 << 10, nbufs: 16, spin: None }
     }
+}
+
+/// Empty polls before waiting, by provider: none for the providers over kernel sockets (`tcp`,
+/// `sockets`, `udp`: each poll is a system call), 64 for the others (RDMA NICs, shared memory:
+/// a poll reads memory the NIC writes, and waiting costs a wake-up).
+pub fn spin_for(provider: &str) -> u32 {
+    let base = provider.split(';').next().unwrap_or("");
+    if matches!(base, "tcp" | "sockets" | "udp" | "net") { 0 } else { 64 }
 }
 
 impl Options {
@@ -100,7 +109,8 @@ impl FabricListener {
         loop {
             let conn = lock(&self.inner).accept()?;
             if let Some(c) = conn {
-                return Ok(FabricStream::new(c, self.opts));
+                let spin = self.opts.spin.unwrap_or_else(|| spin_for(&self.provider));
+                return Ok(FabricStream::new(c, self.opts, spin));
             }
             std::future::poll_fn(|cx| lock(&self.inner).poll_ready(cx)).await?;
         }
@@ -154,6 +164,8 @@ struct State {
     /// This end shut it down.
     shut: bool,
     failed: Option<(std::io::ErrorKind, String)>,
+    /// The event queue may hold something (a descriptor was ready since it was last read).
+    cm_due: bool,
     /// Messages the peer can take now.
     credits: usize,
     /// Receive buffers posted again and not yet told to the peer.
@@ -179,7 +191,7 @@ impl FabricStream {
     ) -> Result<FabricStream, FabricError> {
         let opts = opts.checked()?;
         let conn = ffi::Conn::connect(provider, host, &port.to_string(), opts.bufsize, opts.nbufs)?;
-        let s = FabricStream::new(conn, opts);
+        let s = FabricStream::new(conn, opts, opts.spin.unwrap_or_else(|| spin_for(provider)));
         s.established(timeout).await.map_err(|e| match e {
             FabricError::TimedOut(_) => FabricError::TimedOut(format!("connecting to {host}:{port} over {provider}")),
             e => e,
@@ -195,7 +207,7 @@ impl FabricStream {
         }
     }
 
-    fn new(conn: ffi::Conn, opts: Options) -> FabricStream {
+    fn new(conn: ffi::Conn, opts: Options, spin: u32) -> FabricStream {
         let state = State {
             conn,
             nbufs: opts.nbufs,
@@ -204,6 +216,7 @@ impl FabricStream {
             peer_shut: false,
             shut: false,
             failed: None,
+            cm_due: true,
             credits: opts.nbufs,
             owed: 0,
             free_send: (0..opts.nbufs).rev().collect(),
@@ -211,7 +224,7 @@ impl FabricStream {
             unsent: VecDeque::new(),
             ready: VecDeque::new(),
         };
-        FabricStream { shared: Arc::new(Shared { wakers: Arc::default(), state: Mutex::new(state), spin: opts.spin }) }
+        FabricStream { shared: Arc::new(Shared { wakers: Arc::default(), state: Mutex::new(state), spin }) }
     }
 
     fn poll_connected(&self, cx: &mut Context<'_>) -> Poll<Result<(), FabricError>> {
@@ -242,6 +255,11 @@ impl Shared {
         *lock(mine) = Some(cx.waker().clone());
         let mut st = lock(&self.state);
         let mut spins = 0;
+        // Without polling first: a write with credits and a buffer to spare, or a read of what an
+        // earlier poll received, needs no call into the provider.
+        if let Some(r) = op(&mut st) {
+            return Poll::Ready(r);
+        }
         loop {
             let moved = st.drive();
             if let Some(r) = op(&mut st) {
@@ -270,7 +288,11 @@ impl Shared {
             // Whichever half waits, both are woken.
             let waker = Waker::from(self.wakers.clone());
             match st.conn.poll_ready(&mut Context::from_waker(&waker)) {
-                Poll::Ready(Ok(())) => spins = 0,
+                Poll::Ready(Ok(())) => {
+                    // (Either queue: its connection events are read at the next poll.)
+                    st.cm_due = true;
+                    spins = 0;
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             }
@@ -297,10 +319,12 @@ impl State {
         self.failed.as_ref().map(|(k, m)| std::io::Error::new(*k, m.clone()))
     }
 
-    /// Takes every connection event and completion; whether anything changed.
+    /// Takes every completion, and connection events until connected or once a descriptor
+    /// said the queues have news; whether anything changed.
     fn drive(&mut self) -> bool {
         let mut moved = false;
-        while !self.peer_shut {
+        let cm = std::mem::take(&mut self.cm_due) || !self.connected;
+        while cm && !self.peer_shut {
             match self.conn.poll_cm() {
                 Ok(CmEvent::Nothing) => break,
                 Ok(CmEvent::Connected) => self.connected = true,

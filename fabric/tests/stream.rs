@@ -12,7 +12,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Small buffers, so a few kilobytes already need credits to come back.
 fn small() -> Options {
-    Options { bufsize: 256, nbufs: 4, spin: 8 }
+    Options { bufsize: 256, nbufs: 4, spin: Some(8) }
 }
 
 async fn pair(opts: Options) -> (FabricStream, FabricStream) {

@@ -298,9 +298,9 @@ async fn accept_fabric(l: Option<&FabricListener>) -> Result<FabricStream, dpukv
 }
 
 /// The fabric endpoint's buffers: 32 of 64 KiB each way per connection (4 MiB registered), so a
-/// pipelined client's frames rarely wait for credits; a bounded spin before waiting.
+/// pipelined client's frames rarely wait for credits; the spin by provider.
 fn fabric_options() -> dpukv_net::fabric::Options {
-    dpukv_net::fabric::Options { bufsize: 64 << 10, nbufs: 32, spin: 32 }
+    dpukv_net::fabric::Options { bufsize: 64 << 10, nbufs: 32, spin: None }
 }
 
 /// Routes one client request: reads to the reader pool, writes and atomics to the host; replica
