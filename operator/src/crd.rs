@@ -85,6 +85,12 @@ pub struct DpuKvClusterSpec {
     /// hop. Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub front_door: Option<FrontDoorSpec>,
+    /// A libfabric endpoint in every node's device beside its data port (docs/protocol.md §1.1):
+    /// the binary protocol over RDMA NICs (`verbs`: RoCE, InfiniBand, BlueField) or any network
+    /// (`tcp`), registered in the region map so clients that dial it route over the fabric. Off
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<FabricSpec>,
     /// The image of every dpukv container (repository, without tag).
     #[serde(default = "default_image")]
     pub image: String,
@@ -554,6 +560,47 @@ pub struct FrontDoorSpec {
 
 fn default_front_threads() -> i32 {
     1
+}
+
+/// The fabric endpoint in each node's device (see [`DpuKvClusterSpec::fabric`]). It speaks TLS
+/// when the data port does, with the node's certificate, and takes the same roles.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!(self.port in [7070, 7071, 9100, 9101, 9103])").message("fabric.port must not be a node pod's own (7070, 7071, 9100, 9101, 9103)"))]
+#[serde(rename_all = "camelCase")]
+pub struct FabricSpec {
+    /// Serve it.
+    #[serde(default)]
+    pub enabled: bool,
+    /// The libfabric provider (`verbs`, `efa`, `tcp`, ...; the image must carry libfabric and the
+    /// provider: the default image has none, see docs/kubernetes.md).
+    #[serde(default = "default_fabric_provider")]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9_;-]{1,64}$')").message("fabric.provider must be a libfabric provider name"))]
+    pub provider: String,
+    /// The endpoint's port on each node pod.
+    #[serde(default = "default_fabric_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// An extended resource the device container asks one of (an RDMA device plugin's, e.g.
+    /// `rdma/hca_shared_devices_a` of the k8s-rdma-shared-dev-plugin, or `rdma/hca`); none: the
+    /// provider needs no device (`tcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^([a-z0-9.-]+/)?[A-Za-z0-9_.-]{1,63}$')").message("fabric.rdmaResource must be a resource name"))]
+    pub rdma_resource: Option<String>,
+    /// Give the device container `IPC_LOCK`, so its registered buffers may be pinned past the
+    /// memory-lock limit (RDMA providers pin what they register). Kubernetes sets no per-pod
+    /// memlock limit, so this is how one lifts it; it takes the pod out of Pod Security
+    /// `restricted` (its namespace needs `privileged`). Off: the runtime's limit applies (enough
+    /// for `tcp`, which pins nothing).
+    #[serde(default)]
+    pub lock_memory: bool,
+}
+
+fn default_fabric_provider() -> String {
+    "verbs".into()
+}
+
+fn default_fabric_port() -> i32 {
+    7075
 }
 
 /// How backups get their index (docs/cluster.md).

@@ -35,7 +35,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
-use crate::crd::{DeviceMode, DpuKvCluster, FrontDoorSpec, RetentionPolicy, ServiceType};
+use crate::crd::{DeviceMode, DpuKvCluster, FabricSpec, FrontDoorSpec, RetentionPolicy, ServiceType};
 
 /// The device container's data port.
 pub const DEVICE_PORT: i32 = 7070;
@@ -551,6 +551,9 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
         env("DPUKV_ADVERTISE_DEVICE", format!("{dns}:{DEVICE_PORT}")),
         env("DPUKV_ADVERTISE_REPLICATION", format!("{dns}:{REPLICATION_PORT}")),
     ];
+    if let Some(f) = fabric(c) {
+        host_env.push(env("DPUKV_ADVERTISE_FABRIC", format!("fabric://{}/{dns}:{}", f.provider, f.port)));
+    }
     host_env.extend(node_tls_env(c));
     // Volumes: the data claim (the host writes it; the device maps its levels and log segments
     // read-only, at the same path: the host records absolute paths), the shared memory (both
@@ -646,6 +649,20 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
         }
         device_ports.extend([port("resp", f.resp), port("http", f.http)]);
     }
+    // The fabric endpoint (docs/protocol.md §1.1): with the data port's TLS and roles.
+    let mut device_security = restricted_container();
+    if let Some(f) = fabric(c) {
+        device_env.extend([
+            env("DPUKV_FABRIC_LISTEN", format!("0.0.0.0:{}", f.port)),
+            env("DPUKV_FABRIC_PROVIDER", f.provider.clone()),
+        ]);
+        device_ports.push(port("fabric", f.port));
+        if f.lock_memory
+            && let Some(caps) = device_security.capabilities.as_mut()
+        {
+            caps.add = Some(vec!["IPC_LOCK".into()]);
+        }
+    }
     if device {
         // Device mode: a container that got no DPU (or lost it) refuses to start, saying why.
         device_env.push(env("DPUKV_REQUIRE_DEVICE", "true"));
@@ -655,6 +672,10 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
         // One DPU from the device plugin: an extended resource is asked for in limits.
         let limits = device_resources.limits.get_or_insert_with(BTreeMap::new);
         limits.insert(s.device.resource_name.clone(), Quantity("1".into()));
+    }
+    if let Some(r) = fabric(c).and_then(|f| f.rdma_resource.as_ref()) {
+        // One RDMA device (or share) from its device plugin.
+        device_resources.limits.get_or_insert_with(BTreeMap::new).insert(r.clone(), Quantity("1".into()));
     }
     let device_container = Container {
         name: "device".into(),
@@ -672,7 +693,7 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
         liveness_probe: Some(http_probe("/healthz", DEVICE_ADMIN_PORT, 10)),
         resources: (device_resources != ResourceRequirements::default()).then_some(device_resources),
         volume_mounts: Some(device_mounts),
-        security_context: Some(restricted_container()),
+        security_context: Some(device_security),
         ..Default::default()
     };
     let mut volumes = vec![
@@ -836,6 +857,11 @@ pub fn front_door(c: &DpuKvCluster) -> Option<&FrontDoorSpec> {
     c.spec.front_door.as_ref().filter(|f| f.enabled)
 }
 
+/// The fabric endpoint in each device, if enabled.
+pub fn fabric(c: &DpuKvCluster) -> Option<&FabricSpec> {
+    c.spec.fabric.as_ref().filter(|f| f.enabled)
+}
+
 /// The node pods' headless Service: stable DNS names for every pod (published before they are
 /// ready: a node must be reachable to catch up and become ready).
 pub fn node_service(c: &DpuKvCluster) -> Service {
@@ -856,6 +882,7 @@ pub fn node_service(c: &DpuKvCluster) -> Service {
                             .into_iter()
                             .flat_map(|f| [service_port("resp", f.resp), service_port("http", f.http)]),
                     )
+                    .chain(fabric(c).map(|f| service_port("fabric", f.port)))
                     .collect(),
             ),
             ..Default::default()
@@ -1147,6 +1174,16 @@ pub fn network_policies(c: &DpuKvCluster, operator: &OperatorPods) -> Vec<Networ
         .into_iter()
         // The front door: from the gateway's clients, like the gateway's front ends.
         .chain(front_door(c).map(|f| ingress(clients.clone(), &[f.resp, f.http])))
+        // The fabric endpoint: from the gateway's clients and the gateway (a policy covers the
+        // `tcp` provider's traffic; RDMA bypasses the kernel's network stack, and with it
+        // NetworkPolicies — the endpoint's roles and TLS still apply).
+        .chain(fabric(c).map(|f| {
+            let mut from = clients.clone();
+            if !from.is_empty() {
+                from.push(pods_of(c, "gateway"));
+            }
+            ingress(from, &[f.port])
+        }))
         .collect(),
         node_out,
     );
@@ -1677,6 +1714,66 @@ mod tests {
     /// ports — in the container, the node Service and a NetworkPolicy rule open to the clients —,
     /// with TLS a gateway certificate of its own (`front-{node}` in the node Secret) and with
     /// `auth` the gateway's tokens; none of it when absent or disabled.
+    #[test]
+    fn a_fabric_endpoint_is_served_by_every_device_and_registered_by_its_host() {
+        let c = cluster(serde_json::json!({
+            "nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}},
+            "fabric": {"enabled": true, "provider": "verbs", "rdmaResource": "rdma/hca_shared_devices_a", "lockMemory": true}
+        }));
+        let set = node_statefulset(&c, false);
+        let dev = container(&set, "device");
+        assert_eq!(env_of(dev, "DPUKV_FABRIC_LISTEN"), Some("0.0.0.0:7075"));
+        assert_eq!(env_of(dev, "DPUKV_FABRIC_PROVIDER"), Some("verbs"));
+        assert_eq!(
+            env_of(container(&set, "host"), "DPUKV_ADVERTISE_FABRIC"),
+            Some("fabric://verbs/$(POD_NAME).demo-node.db.svc:7075"),
+            "the host registers its device's endpoint at the pod's stable name"
+        );
+        assert!(dev.ports.iter().flatten().any(|p| p.name.as_deref() == Some("fabric") && p.container_port == 7075));
+        let limits = dev.resources.as_ref().and_then(|r| r.limits.clone()).unwrap_or_default();
+        assert_eq!(limits.get("rdma/hca_shared_devices_a").map(|q| q.0.as_str()), Some("1"));
+        let caps = dev.security_context.as_ref().and_then(|s| s.capabilities.clone()).expect("capabilities");
+        assert_eq!(caps.add, Some(vec!["IPC_LOCK".to_string()]), "registered buffers may be pinned");
+        assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+        let host_caps = container(&set, "host").security_context.as_ref().and_then(|s| s.capabilities.clone());
+        assert_eq!(host_caps.and_then(|c| c.add), None, "the host gets no capability");
+        let svc: Vec<i32> = node_service(&c).spec.and_then(|s| s.ports).into_iter().flatten().map(|p| p.port).collect();
+        assert_eq!(svc, [DEVICE_PORT, REPLICATION_PORT, 7075]);
+        let node = network_policies(&c, &OperatorPods::default())[0].spec.clone().expect("spec");
+        assert!(
+            node.ingress.expect("ingress").iter().any(|r| r
+                .ports
+                .iter()
+                .flatten()
+                .any(|p| p.port == Some(IntOrString::Int(7075)))),
+            "the endpoint is open to clients"
+        );
+        // The tcp provider: no device to ask for, nothing pinned; absent or disabled: nothing.
+        let tcp = cluster(serde_json::json!({
+            "nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}},
+            "fabric": {"enabled": true, "provider": "tcp", "port": 7080}
+        }));
+        let set = node_statefulset(&tcp, false);
+        let dev = container(&set, "device");
+        assert_eq!(env_of(dev, "DPUKV_FABRIC_LISTEN"), Some("0.0.0.0:7080"));
+        assert_eq!(dev.security_context, Some(restricted_container()), "restricted without lockMemory");
+        assert!(
+            dev.resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref())
+                .is_none_or(|l| l.keys().all(|k| !k.starts_with("rdma/")))
+        );
+        for spec in [None, Some(serde_json::json!({"enabled": false}))] {
+            let mut off = c.clone();
+            off.spec.fabric = spec.map(|s| serde_json::from_value(s).expect("fabric"));
+            let set = node_statefulset(&off, false);
+            assert_eq!(env_of(container(&set, "device"), "DPUKV_FABRIC_LISTEN"), None);
+            assert_eq!(env_of(container(&set, "host"), "DPUKV_ADVERTISE_FABRIC"), None);
+            assert_eq!(container(&set, "device").security_context, Some(restricted_container()));
+            assert_eq!(node_service(&off).spec.and_then(|s| s.ports).map(|p| p.len()), Some(2));
+        }
+    }
+
     #[test]
     fn a_front_door_is_served_by_every_device_with_its_own_certificate_and_the_tokens() {
         let c = cluster(serde_json::json!({

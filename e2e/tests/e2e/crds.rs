@@ -238,6 +238,25 @@ fn rules_refuse_what_they_are_written_for() {
         None,
         "frontDoor ports must not be a node pod's own",
     );
+    let fabric = with(|v| {
+        v["spec"]["fabric"] = json!({"enabled": true, "provider": "verbs", "rdmaResource": "rdma/hca_shared_devices_a"})
+    });
+    assert_eq!(broken(&fabric, None), Vec::<String>::new(), "a fabric endpoint on its default port");
+    refused(
+        &with(|v| v["spec"]["fabric"] = json!({"enabled": true, "port": 7071})),
+        None,
+        "fabric.port must not be a node pod's own",
+    );
+    refused(
+        &with(|v| v["spec"]["fabric"] = json!({"enabled": true, "provider": "verbs; rm -rf /"})),
+        None,
+        "fabric.provider must be a libfabric provider name",
+    );
+    refused(
+        &with(|v| v["spec"]["fabric"] = json!({"enabled": true, "rdmaResource": "rdma/hca shared"})),
+        None,
+        "fabric.rdmaResource must be a resource name",
+    );
 }
 
 #[test]
