@@ -123,11 +123,6 @@ const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a fabric connection may take to be established.
 const FABRIC_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A fabric connection's buffers: 32 of 64 KiB each way (the device's own sizes).
-fn fabric_options() -> dpukv_net::fabric::Options {
-    dpukv_net::fabric::Options { bufsize: 64 << 10, nbufs: 32, spin: None }
-}
-
 /// Connects to `addr`: `host:port` over TCP, or `fabric://PROVIDER/HOST:PORT` over libfabric;
 /// with TLS when given.
 pub(crate) async fn connect(addr: &str, tls: Option<&ClientTls>) -> Result<Stream, ClientError> {
@@ -145,14 +140,20 @@ pub(crate) async fn connect(addr: &str, tls: Option<&ClientTls>) -> Result<Strea
         };
     }
     let at = FabricAddr::parse(addr).map_err(|e| ClientError::Fabric(e.to_string()))?;
-    let fabric = FabricStream::connect(&at.provider, &at.host, at.port, fabric_options(), FABRIC_CONNECT_TIMEOUT)
-        .await
-        .map_err(|e| match e {
-            FabricError::NotBuilt | FabricError::Unavailable(_) | FabricError::Address(_) | FabricError::Options(_) => {
-                ClientError::Fabric(e.to_string())
-            }
-            e => ClientError::Io(std::io::Error::other(e)),
-        })?;
+    let fabric = FabricStream::connect(
+        &at.provider,
+        &at.host,
+        at.port,
+        dpukv_net::fabric::Options::PROTOCOL,
+        FABRIC_CONNECT_TIMEOUT,
+    )
+    .await
+    .map_err(|e| match e {
+        FabricError::NotBuilt | FabricError::Unavailable(_) | FabricError::Address(_) | FabricError::Options(_) => {
+            ClientError::Fabric(e.to_string())
+        }
+        e => ClientError::Io(std::io::Error::other(e)),
+    })?;
     match tls {
         Some(t) => t.connect_fabric(fabric, &format!("{}:{}", at.host, at.port)).await.map_err(tls_failed),
         None => Ok(Stream::Fabric(Box::new(fabric))),

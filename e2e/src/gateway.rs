@@ -22,6 +22,11 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self._proc.0.id()
+    }
+
     /// Starts a gateway learning the cluster from `seeds` (node devices), with `extra` flags;
     /// returns once it serves.
     pub fn start(seeds: &[&str], extra: &[&str]) -> Result<Gateway> {

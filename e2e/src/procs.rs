@@ -180,3 +180,28 @@ pub fn free_port() -> Result<u16> {
     }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
+
+/// Process `pid`'s established TCP connections to any of `ports` (its sockets among its
+/// descriptors, matched by inode with /proc/net/tcp): which of a node's ports a client really
+/// uses (a fabric endpoint's `tcp` provider speaks TCP too).
+pub fn connections_to(pid: u32, ports: &[u16]) -> usize {
+    let mine: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let remote = f.get(2).and_then(|r| r.split(':').nth(1)).and_then(|p| u16::from_str_radix(p, 16).ok());
+            f.get(3) == Some(&"01")
+                && remote.is_some_and(|p| ports.contains(&p))
+                && f.get(9).is_some_and(|i| mine.contains(*i))
+        })
+        .count()
+}

@@ -103,8 +103,20 @@ static void load(void)
 	*(void **)&fi.dupinfo = dlsym(h, "fi_dupinfo");
 	*(void **)&fi.fabric = dlsym(h, "fi_fabric");
 	*(void **)&fi.strerror = dlsym(h, "fi_strerror");
-	if (!fi.getinfo || !fi.freeinfo || !fi.dupinfo || !fi.fabric || !fi.strerror) {
+	uint32_t (*version)(void);
+	*(void **)&version = dlsym(h, "fi_version");
+	if (!fi.getinfo || !fi.freeinfo || !fi.dupinfo || !fi.fabric || !fi.strerror || !version) {
 		snprintf(load_error, sizeof load_error, "libfabric.so.1 lacks a function dpukv calls");
+		loaded = -1;
+		return;
+	}
+	/* The structures this file reads are the headers' (built against): the library must be at
+	 * least that version (libfabric keeps older layouts working for newer libraries, not the
+	 * other way round). */
+	uint32_t v = version(), built = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
+	if (FI_MAJOR(v) != FI_MAJOR(built) || FI_MINOR(v) < FI_MINOR(built)) {
+		snprintf(load_error, sizeof load_error, "libfabric.so.1 is version %u.%u; dpukv was built against %u.%u",
+			 FI_MAJOR(v), FI_MINOR(v), FI_MAJOR(built), FI_MINOR(built));
 		loaded = -1;
 		return;
 	}
@@ -277,7 +289,7 @@ static void conn_free(struct dkf_conn *c)
 /* The endpoint, queues and registered buffers of a connection on `info`; every receive buffer
  * posted (before the connection is established, so a peer never finds none). */
 static int conn_open(struct dkf_fabric *fab, struct fi_info *info, size_t bufsize, size_t nbufs,
-		     struct dkf_conn **out)
+		     struct dkf_conn **out, int *ep_made)
 {
 	struct dkf_conn *c = calloc(1, sizeof *c);
 	int r = -FI_ENOMEM;
@@ -303,6 +315,8 @@ static int conn_open(struct dkf_fabric *fab, struct fi_info *info, size_t bufsiz
 		goto fail;
 	if ((r = fi_endpoint(c->domain, info, &c->ep, NULL)))
 		goto fail;
+	/* (From here the endpoint owns a connection request's handle.) */
+	*ep_made = 1;
 	if ((r = fi_ep_bind(c->ep, &c->eq->fid, 0)))
 		goto fail;
 	if ((r = fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV)))
@@ -326,10 +340,10 @@ fail:
 	return r;
 }
 
-/* Takes one connection request, if any (-FI_EAGAIN if none), and accepts it: the connection is
- * usable once dkf_conn_poll_cm reports it connected. Other events on the listener's queue are
- * dropped. */
-int dkf_listener_accept(struct dkf_listener *l, struct dkf_conn **out)
+/* The next connection request, if any (-FI_EAGAIN if none): its info, which the caller passes
+ * to dkf_listener_accept_req or dkf_listener_reject_req (each consumes it). Other events on the
+ * listener's queue are dropped. */
+int dkf_listener_next(struct dkf_listener *l, struct fi_info **req)
 {
 	uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
 	struct fi_eq_cm_entry *e = (struct fi_eq_cm_entry *)buf;
@@ -345,19 +359,39 @@ int dkf_listener_accept(struct dkf_listener *l, struct dkf_conn **out)
 			return (int)n;
 		if (event != FI_CONNREQ)
 			continue;
-		struct dkf_conn *c;
-		int r = conn_open(l->fab, e->info, l->bufsize, l->nbufs, &c);
-		if (r) {
-			/* (conn_open freed the info.) */
-			continue;
-		}
-		if ((r = fi_accept(c->ep, NULL, 0))) {
-			conn_free(c);
-			continue;
-		}
-		*out = c;
+		*req = e->info;
 		return 0;
 	}
+}
+
+/* Refuses a request (the peer's connect fails at once) and frees it. */
+void dkf_listener_reject_req(struct dkf_listener *l, struct fi_info *req)
+{
+	fi_reject(l->pep, req->handle, NULL, 0);
+	fi.freeinfo(req);
+}
+
+/* Accepts a request: the connection is usable once dkf_conn_poll_cm reports it connected. On
+ * failure the request is refused (the peer is told at once) and freed. */
+int dkf_listener_accept_req(struct dkf_listener *l, struct fi_info *req, struct dkf_conn **out)
+{
+	/* conn_open owns the info from here (it frees it on failure, not its handle); the handle
+	 * is refused unless an endpoint took it over (closing the endpoint ended it). */
+	fid_t handle = req->handle;
+	struct dkf_conn *c;
+	int ep_made = 0;
+	int r = conn_open(l->fab, req, l->bufsize, l->nbufs, &c, &ep_made);
+	if (r) {
+		if (!ep_made)
+			fi_reject(l->pep, handle, NULL, 0);
+		return r;
+	}
+	if ((r = fi_accept(c->ep, NULL, 0))) {
+		conn_free(c);
+		return r;
+	}
+	*out = c;
+	return 0;
 }
 
 /* Starts connecting to node:service with provider `prov`. */
@@ -388,7 +422,8 @@ int dkf_connect(const char *prov, const char *node, const char *service, size_t 
 		return r;
 	}
 	struct dkf_conn *c;
-	r = conn_open(fab, info, bufsize, nbufs, &c);
+	int ep_made = 0;
+	r = conn_open(fab, info, bufsize, nbufs, &c, &ep_made);
 	fabric_put(fab); /* the connection holds it now (or it failed) */
 	if (r)
 		return r;
@@ -451,6 +486,13 @@ int dkf_conn_send(struct dkf_conn *c, size_t i, size_t len)
 	return (int)fi_send(c->ep, c->mem + at * c->bufsize, len, c->desc, 0, &c->ctx[at]);
 }
 
+/* Whether p is one of the connection's operation contexts (every completion names one). */
+static int in_ctx(struct dkf_conn *c, void *p)
+{
+	uintptr_t a = (uintptr_t)p, lo = (uintptr_t)c->ctx, hi = (uintptr_t)(c->ctx + 2 * c->nbufs);
+	return a >= lo && a < hi && (a - lo) % sizeof *c->ctx == 0;
+}
+
 /* Up to max completions into out: their count, or -FI_EAGAIN if none. A failed operation
  * (the connection broke: flushed receives, refused sends) is a completion with `error` set. */
 int dkf_conn_poll_cq(struct dkf_conn *c, struct dkf_completion *out, size_t max)
@@ -463,6 +505,8 @@ int dkf_conn_poll_cq(struct dkf_conn *c, struct dkf_completion *out, size_t max)
 		struct fi_cq_err_entry err = {0};
 		if (fi_cq_readerr(c->cq, &err, 0) != 1)
 			return -FI_EOTHER;
+		if (!in_ctx(c, err.op_context))
+			return -FI_EOTHER;
 		size_t at = (struct fi_context2 *)err.op_context - c->ctx;
 		out[0].index = at < c->nbufs ? at : at - c->nbufs;
 		out[0].recv = at < c->nbufs;
@@ -473,6 +517,8 @@ int dkf_conn_poll_cq(struct dkf_conn *c, struct dkf_completion *out, size_t max)
 	if (n < 0)
 		return (int)n;
 	for (ssize_t k = 0; k < n; k++) {
+		if (!in_ctx(c, e[k].op_context))
+			return -FI_EOTHER;
 		size_t at = (struct fi_context2 *)e[k].op_context - c->ctx;
 		out[k].index = at < c->nbufs ? at : at - c->nbufs;
 		out[k].recv = at < c->nbufs;

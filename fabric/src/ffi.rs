@@ -29,6 +29,11 @@ struct DkfListener {
 struct DkfConn {
     _private: [u8; 0],
 }
+/// libfabric's `struct fi_info` (a connection request), never read here.
+#[repr(C)]
+struct FiInfo {
+    _private: [u8; 0],
+}
 
 /// One completion, as the shim reports it.
 #[repr(C)]
@@ -59,7 +64,9 @@ unsafe extern "C" {
     fn dkf_listener_fd(l: *mut DkfListener) -> c_int;
     fn dkf_listener_port(l: *mut DkfListener) -> c_int;
     fn dkf_listener_provider(l: *mut DkfListener) -> *const c_char;
-    fn dkf_listener_accept(l: *mut DkfListener, out: *mut *mut DkfConn) -> c_int;
+    fn dkf_listener_next(l: *mut DkfListener, req: *mut *mut FiInfo) -> c_int;
+    fn dkf_listener_accept_req(l: *mut DkfListener, req: *mut FiInfo, out: *mut *mut DkfConn) -> c_int;
+    fn dkf_listener_reject_req(l: *mut DkfListener, req: *mut FiInfo);
     fn dkf_listener_close(l: *mut DkfListener);
     fn dkf_connect(
         prov: *const c_char,
@@ -200,18 +207,35 @@ impl Listener {
         poll_any(&self.fds, cx)
     }
 
-    /// A connection request accepted (None: none waiting). Needs a Tokio runtime.
-    pub fn accept(&mut self) -> Result<Option<Conn>, FabricError> {
-        let mut out = std::ptr::null_mut();
-        // SAFETY: see the module documentation; `out` is written on success only.
-        match unsafe { dkf_listener_accept(self.ptr.as_ptr(), &mut out) } {
-            r if r == -EAGAIN => Ok(None),
-            r => {
-                check("accept", r)?;
-                match NonNull::new(out) {
-                    Some(ptr) => Conn::watched(ptr).map(Some),
-                    None => Ok(None),
-                }
+    /// The next connection request, accepted when `admit` gives what the connection is to hold
+    /// (a permit, a reservation), refused at once — the peer's connect fails — when it gives
+    /// nothing; None: no request waiting. Needs a Tokio runtime.
+    pub fn accept_with<G>(&mut self, admit: &mut impl FnMut() -> Option<G>) -> Result<Option<(Conn, G)>, FabricError> {
+        loop {
+            let mut req = std::ptr::null_mut();
+            // SAFETY: see the module documentation; `req` is written on success only.
+            match unsafe { dkf_listener_next(self.ptr.as_ptr(), &mut req) } {
+                r if r == -EAGAIN => return Ok(None),
+                r => check("connection requests", r)?,
+            };
+            if req.is_null() {
+                continue;
+            }
+            let Some(held) = admit() else {
+                // SAFETY: `req` came from dkf_listener_next and is consumed here, once.
+                unsafe { dkf_listener_reject_req(self.ptr.as_ptr(), req) };
+                continue;
+            };
+            let mut out = std::ptr::null_mut();
+            // SAFETY: `req` came from dkf_listener_next and is consumed here, once; `out` is
+            // written on success only.
+            let r = unsafe { dkf_listener_accept_req(self.ptr.as_ptr(), req, &mut out) };
+            if r < 0 {
+                tracing::debug!(error = %strerror(-r), "accepting a fabric connection failed (refused)");
+                continue;
+            }
+            if let Some(ptr) = NonNull::new(out) {
+                return Conn::watched(ptr).map(|c| Some((c, held)));
             }
         }
     }

@@ -38,7 +38,7 @@ impl Listener {
     pub fn provider(&mut self) -> String {
         match self.0 {}
     }
-    pub fn accept(&mut self) -> Result<Option<Conn>, FabricError> {
+    pub fn accept_with<G>(&mut self, _: &mut impl FnMut() -> Option<G>) -> Result<Option<(Conn, G)>, FabricError> {
         match self.0 {}
     }
 }

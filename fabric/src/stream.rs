@@ -56,6 +56,11 @@ pub fn spin_for(provider: &str) -> u32 {
 }
 
 impl Options {
+    /// What dpukv's binary protocol uses on both ends — the device's endpoint and the client —
+    /// and so what a peer must use: 16 buffers of 64 KiB each way (2 MiB registered per
+    /// connection), the spin by provider. Both ends assume the other's buffer count.
+    pub const PROTOCOL: Options = Options { bufsize: 64 << 10, nbufs: 16, spin: None };
+
     fn checked(self) -> Result<Self, FabricError> {
         if self.nbufs < 4 || self.nbufs > 1024 || self.bufsize < 64 || self.bufsize > 16 << 20 {
             return Err(FabricError::Options(format!(
@@ -69,6 +74,9 @@ impl Options {
 
 /// Bytes of a message's header.
 const HEADER: usize = 4;
+/// Times one poll asks the provider again when it says something is pending but nothing moves,
+/// before it yields.
+const MAX_RETRIES: u32 = 64;
 /// libfabric's code for an operation flushed when its endpoint closed.
 const ECANCELED: i32 = 125;
 
@@ -106,14 +114,26 @@ impl FabricListener {
     /// manual progress complete the handshake only then): whoever accepts gives each connection
     /// its own task, which waits for that within a deadline.
     pub async fn accept(&self) -> Result<FabricStream, FabricError> {
+        self.accept_with(|| Some(())).await.map(|(s, ())| s)
+    }
+
+    /// [`FabricListener::accept`], admitting a request only when `admit` gives what the
+    /// connection is to hold (a connection slot, its buffers' share of a memory budget) — asked
+    /// before its buffers are registered; a request it refuses is refused at once.
+    pub async fn accept_with<G>(&self, mut admit: impl FnMut() -> Option<G>) -> Result<(FabricStream, G), FabricError> {
         loop {
-            let conn = lock(&self.inner).accept()?;
-            if let Some(c) = conn {
+            let got = lock(&self.inner).accept_with(&mut admit)?;
+            if let Some((c, held)) = got {
                 let spin = self.opts.spin.unwrap_or_else(|| spin_for(&self.provider));
-                return Ok(FabricStream::new(c, self.opts, spin));
+                return Ok((FabricStream::new(c, self.opts, spin), held));
             }
             std::future::poll_fn(|cx| lock(&self.inner).poll_ready(cx)).await?;
         }
+    }
+
+    /// The bytes each connection registers (its send and receive buffers).
+    pub fn registered_per_connection(&self) -> usize {
+        2 * self.opts.nbufs * self.opts.bufsize
     }
 }
 
@@ -254,7 +274,7 @@ impl Shared {
         let mine = if side == Side::Read { &self.wakers.reader } else { &self.wakers.writer };
         *lock(mine) = Some(cx.waker().clone());
         let mut st = lock(&self.state);
-        let mut spins = 0;
+        let (mut spins, mut retries) = (0, 0);
         // Without polling first: a write with credits and a buffer to spare, or a read of what an
         // earlier poll received, needs no call into the provider.
         if let Some(r) = op(&mut st) {
@@ -279,7 +299,19 @@ impl Shared {
             }
             match st.conn.may_wait() {
                 Ok(true) => {}
-                Ok(false) => continue,
+                Ok(false) => {
+                    // Something is pending: maybe a connection event (read at the next poll).
+                    // Bounded: a provider that keeps saying so without anything moving is given
+                    // the thread back (this task runs again at once), never spun on with the
+                    // stream locked.
+                    st.cm_due = true;
+                    retries += 1;
+                    if retries >= MAX_RETRIES {
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    continue;
+                }
                 Err(e) => {
                     st.fail(e);
                     continue;
@@ -524,9 +556,14 @@ impl AsyncWrite for FabricStream {
         })
     }
 
+    /// Sends what was written and hands the provider what it could not take before (its
+    /// queue was full); like a socket's flush, it does not wait for the peer.
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let mut st = lock(&self.shared.state);
         st.flush();
+        if !st.unsent.is_empty() {
+            st.drive();
+        }
         Poll::Ready(st.io_error().map_or(Ok(()), Err))
     }
 

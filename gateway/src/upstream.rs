@@ -82,13 +82,15 @@ impl Upstream {
     }
 
     /// The map binary clients are shown: the cluster's, with every node's device address empty
-    /// ("the address you dialled"), so they send everything to the gateway while seeing the
-    /// real regions (a client splitting a batch by region splits it where the nodes will).
+    /// ("the address you dialled") and no fabric endpoint, so they send everything to the
+    /// gateway while seeing the real regions (a client splitting a batch by region splits it
+    /// where the nodes will) — in map format 1, which every client reads.
     /// With `caller` (tokens configured), only the boundaries it may see ([`visible_map`]).
     pub async fn client_map(&self, caller: Option<&Principal>) -> Result<RegionMap, ClientError> {
         let mut map = visible_map(&*self.client.current_map().await?, caller);
         for n in &mut map.nodes {
             n.device.clear();
+            n.fabric.clear();
         }
         Ok(map)
     }

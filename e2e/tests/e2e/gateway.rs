@@ -479,6 +479,53 @@ fn pipelined_increments_of_a_region_share_one_write() {
     assert_eq!(redis(&gw, &["GET", "a-text"]), "abc");
 }
 
+/// A gateway seeded with fabric endpoints (issue 30) reaches every device over libfabric: the
+/// nodes' hosts register their devices' endpoints, the gateway's router dials them, and its
+/// front ends serve keys of both regions — with none of its connections to a data port.
+#[test]
+fn a_gateway_seeded_with_fabric_endpoints_forwards_over_the_fabric() {
+    let etcd = Etcd::start().expect("etcd");
+    let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--split-keys", "m"];
+    let mut fabrics = Vec::new();
+    let nodes: Vec<ClusterNode> = (1..=3)
+        .map(|id| {
+            let at = format!("127.0.0.1:{}", dpukv_e2e::procs::free_port().expect("port"));
+            let fabric = format!("fabric://tcp/{at}");
+            let env = [
+                ("DPUKV_FABRIC_LISTEN", at.as_str()),
+                ("DPUKV_FABRIC_PROVIDER", "tcp"),
+                ("DPUKV_ADVERTISE_FABRIC", fabric.as_str()),
+            ];
+            fabrics.push(fabric.clone());
+            ClusterNode::start_with(id, "gwfab", &etcd.url(), &args, &[], &env).expect("node")
+        })
+        .collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(must_see_map(
+        &nodes,
+        |_| true,
+        Duration::from_secs(60),
+        |m| {
+            m.regions.len() == 2
+                && m.regions.iter().all(|r| r.primary != 0 && r.backups.len() == 2)
+                && m.nodes.iter().all(|n| !n.fabric.is_empty())
+        },
+    ));
+    let seeds: Vec<&str> = fabrics.iter().map(String::as_str).collect();
+    let gw = Gateway::start(&seeds, &[]).expect("gateway");
+    for k in ["apple", "zebra", "kiwi", "yak"] {
+        assert_eq!(redis(&gw, &["SET", k, &format!("v-{k}")]), "OK");
+    }
+    for k in ["apple", "zebra", "kiwi", "yak"] {
+        assert_eq!(redis(&gw, &["GET", k]), format!("v-{k}"));
+    }
+    let port = |a: &str| a.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).expect("port");
+    let to_fabric = dpukv_e2e::procs::connections_to(gw.pid(), &fabrics.iter().map(|f| port(f)).collect::<Vec<_>>());
+    let to_data =
+        dpukv_e2e::procs::connections_to(gw.pid(), &nodes.iter().map(|n| port(&n.device)).collect::<Vec<_>>());
+    assert!(to_fabric > 0 && to_data == 0, "{to_fabric} connections to fabric endpoints, {to_data} to data ports");
+}
+
 /// `redis-cli` with extra flags before the command.
 fn redis_as(gw: &Gateway, flags: &[&str], args: &[&str]) -> String {
     let out = Command::new("redis-cli")

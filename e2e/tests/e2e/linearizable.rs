@@ -600,32 +600,11 @@ fn linearizable_over_the_fabric_across_primary_failovers() {
     // to the data ports.
     std::thread::sleep(Duration::from_millis(500));
     let port = |a: &str| a.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).expect("port");
-    let to_fabric = connections_to(&fabrics.iter().map(|f| port(f)).collect::<Vec<_>>());
-    let to_data = connections_to(&nodes.iter().map(|n| port(&n.device)).collect::<Vec<_>>());
+    let me = std::process::id();
+    let to_fabric = dpukv_e2e::procs::connections_to(me, &fabrics.iter().map(|f| port(f)).collect::<Vec<_>>());
+    let to_data = dpukv_e2e::procs::connections_to(me, &nodes.iter().map(|n| port(&n.device)).collect::<Vec<_>>());
     assert!(to_fabric > 0 && to_data == 0, "{to_fabric} connections to fabric endpoints, {to_data} to data ports");
     stop_and_check(&rt, tasks, &h, &run, &format!("{iterations} failovers over the fabric"));
-}
-
-/// This process's established TCP connections to any of `ports` on 127.0.0.1 (its sockets in
-/// /proc/self/fd, matched by inode with /proc/net/tcp).
-fn connections_to(ports: &[u16]) -> usize {
-    let mine: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
-        .expect("fds")
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
-        .collect();
-    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
-    table
-        .lines()
-        .skip(1)
-        .filter(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let remote_port = f.get(2).and_then(|r| r.split(':').nth(1)).and_then(|p| u16::from_str_radix(p, 16).ok());
-            f.get(3) == Some(&"01")
-                && remote_port.is_some_and(|p| ports.contains(&p))
-                && f.get(9).is_some_and(|i| mine.contains(*i))
-        })
-        .count()
 }
 
 /// Three node pods, one region; concurrent clients (retrying through the library) run while the

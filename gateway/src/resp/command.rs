@@ -452,9 +452,14 @@ pub fn additive(args: &[Vec<u8>]) -> Option<Result<i64, Reply>> {
 pub fn plain_set(args: &[Vec<u8>]) -> bool {
     args.len() == 3
         && args[0].eq_ignore_ascii_case(b"set")
-        && !args[1].is_empty()
-        && args[1].len() <= dpukv_proto::limits::MAX_KEY
+        && valid_key(&args[1])
         && args[2].len() <= dpukv_proto::limits::MAX_VALUE
+}
+
+/// Whether the protocol takes `key` (not empty, at most `MAX_KEY` bytes): what a command must
+/// have to share a request with others.
+pub fn valid_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= dpukv_proto::limits::MAX_KEY
 }
 
 /// Plain `SET`s of distinct keys of one region, from one pipeline group (commands a pipeline runs
@@ -515,7 +520,20 @@ pub async fn add(up: &Upstream, adds: &[dpukv_proto::KeyDeltas]) -> Vec<Vec<Repl
             let mut results = results.into_iter();
             adds.iter().map(|(_, d)| replies(d, Ok(results.by_ref().take(d.len()).collect()))).collect()
         }
-        Err(ClientError::Server(e)) if matches!(e.code, ErrorCode::TypeMismatch | ErrorCode::WrongRegion) => {
+        // Refused whole, nothing applied: a key that is not a counter, keys the region no longer
+        // holds together, or a node that does not know add_texts (older) or its limits.
+        Err(ClientError::Server(e))
+            if matches!(
+                e.code,
+                ErrorCode::TypeMismatch
+                    | ErrorCode::WrongRegion
+                    | ErrorCode::UnknownOp
+                    | ErrorCode::Unsupported
+                    | ErrorCode::KeySize
+                    | ErrorCode::TooManyOps
+                    | ErrorCode::ValueTooLarge
+            ) =>
+        {
             each().await
         }
         Err(e) => {

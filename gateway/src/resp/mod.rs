@@ -567,8 +567,9 @@ impl<'a> Session<'a> {
                 self.emit(r);
                 continue;
             }
+            // (A key the protocol refuses is run on its own, and refused on its own.)
             let additive = match command::additive(&args) {
-                Some(Ok(d)) if self.authenticated() => Some(d),
+                Some(Ok(d)) if self.authenticated() && command::valid_key(&args[1]) => Some(d),
                 _ => None,
             };
             // The increment run this one may join: its key's, or (a key the group has not touched)

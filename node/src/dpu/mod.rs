@@ -172,8 +172,9 @@ pub async fn run(
     let local = listener.local_addr()?;
     let fabric = match &cfg.fabric {
         Some((provider, at)) => {
-            let l = FabricListener::bind(provider, &at.ip().to_string(), at.port(), fabric_options())
-                .with_context(|| format!("--fabric-listen {at}"))?;
+            let l =
+                FabricListener::bind(provider, &at.ip().to_string(), at.port(), dpukv_net::fabric::Options::PROTOCOL)
+                    .with_context(|| format!("--fabric-listen {at}"))?;
             Some(l)
         }
         None => None,
@@ -220,55 +221,38 @@ pub async fn run(
     tracing::info!(listen = %local, resp = ?resp, http = ?http, fabric = %fabric_text, "device serving");
     let limit = Arc::new(Semaphore::new(cfg.max_connections));
     let budget = Budget::new(cfg.memory_budget);
+    let serving = Arc::new(Serving {
+        reads,
+        links,
+        budget: budget.clone(),
+        stop: shutdown.clone(),
+        table,
+        hot,
+        refused,
+        conn: cfg.conn,
+        on_host: cfg.serve_reads_on_host,
+        tls: cfg.tls.clone(),
+        latency: latency.clone(),
+        tracker: tracker.clone(),
+    });
+    if let Some(l) = fabric {
+        tracker.spawn(accept_fabric(l, serving.clone(), limit.clone()));
+    }
     loop {
-        let accepted = tokio::select! {
+        let stream = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    Accepted::Tcp(stream)
-                }
+                Ok((stream, _)) => stream,
                 Err(_) => continue,
             },
-            accepted = accept_fabric(fabric.as_ref()) => match accepted {
-                Ok(stream) => Accepted::Fabric(stream),
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a fabric connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
         };
+        let _ = stream.set_nodelay(true);
         // Past the limit the connection is closed at once (no queue of waiting sockets).
         let Ok(permit) = limit.clone().try_acquire_owned() else {
-            drop(accepted);
+            drop(stream);
             continue;
         };
-        let (reads, links, budget, stop) = (reads.clone(), links.clone(), budget.clone(), shutdown.clone());
-        let (table, hot, refused) = (table.clone(), hot.clone(), refused.clone());
-        let (conn_cfg, on_host, tls) = (cfg.conn, cfg.serve_reads_on_host, cfg.tls.clone());
-        let obs = conn::Observer { latency: Some(latency.clone()), component: Some("device"), root: false };
-        tracker.spawn(async move {
-            let accepted = match accepted {
-                Accepted::Tcp(s) => dpukv_net::tls::accept_peer(tls.as_deref(), s).await,
-                Accepted::Fabric(s) => dpukv_net::tls::accept_fabric_peer(tls.as_deref(), s).await,
-            };
-            let (stream, peer) = match accepted {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::debug!(error = %e, "a client failed the TLS handshake");
-                    return;
-                }
-            };
-            let dispatch = |batch: Vec<Incoming>, sink: Sink| {
-                let batch = access::admit(batch, &peer, || hot.map(), &sink, &refused);
-                dispatch(batch, sink, &reads, &links, &table, on_host)
-            };
-            if let Err(e) = conn::serve(stream, conn_cfg, budget, obs, stop, dispatch).await {
-                tracing::debug!(error = %e, "client connection ended");
-            }
-            drop(permit);
-        });
+        serving.spawn(Accepted::Tcp(stream), permit, None);
     }
     ready.store(false, Ordering::Release);
     tracker.close();
@@ -289,18 +273,83 @@ enum Accepted {
     Fabric(FabricStream),
 }
 
-/// The next connection of the fabric endpoint, if there is one (else never).
-async fn accept_fabric(l: Option<&FabricListener>) -> Result<FabricStream, dpukv_net::fabric::FabricError> {
-    match l {
-        Some(l) => l.accept().await,
-        None => std::future::pending().await,
+/// What serving a client connection needs, shared by the data port's and the fabric endpoint's
+/// accept loops.
+struct Serving {
+    reads: Arc<ReadPool>,
+    links: Arc<HostLinks>,
+    budget: Budget,
+    stop: CancellationToken,
+    table: Arc<ReplicaTable>,
+    hot: Arc<HotKeys>,
+    refused: Arc<AtomicU64>,
+    conn: ConnConfig,
+    on_host: bool,
+    tls: Option<Arc<dpukv_net::tls::ServerTls>>,
+    latency: dpukv_net::latency::OpLatency,
+    tracker: TaskTracker,
+}
+
+impl Serving {
+    /// Serves an accepted connection on a task of its own, holding `permit` (its connection
+    /// slot) and `held` (memory it holds outside the request budgets: a fabric connection's
+    /// registered buffers) until it ends.
+    fn spawn(
+        self: &Arc<Self>,
+        accepted: Accepted,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        held: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        let s = self.clone();
+        let obs = conn::Observer { latency: Some(s.latency.clone()), component: Some("device"), root: false };
+        self.tracker.spawn(async move {
+            let accepted = match accepted {
+                Accepted::Tcp(t) => dpukv_net::tls::accept_peer(s.tls.as_deref(), t).await,
+                Accepted::Fabric(f) => dpukv_net::tls::accept_fabric_peer(s.tls.as_deref(), f).await,
+            };
+            let (stream, peer) = match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a client failed the TLS handshake");
+                    return;
+                }
+            };
+            let dispatch = |batch: Vec<Incoming>, sink: Sink| {
+                let batch = access::admit(batch, &peer, || s.hot.map(), &sink, &s.refused);
+                dispatch(batch, sink, &s.reads, &s.links, &s.table, s.on_host)
+            };
+            if let Err(e) = conn::serve(stream, s.conn, s.budget.clone(), obs, s.stop.clone(), dispatch).await {
+                tracing::debug!(error = %e, "client connection ended");
+            }
+            drop((permit, held));
+        });
     }
 }
 
-/// The fabric endpoint's buffers: 32 of 64 KiB each way per connection (4 MiB registered), so a
-/// pipelined client's frames rarely wait for credits; the spin by provider.
-fn fabric_options() -> dpukv_net::fabric::Options {
-    dpukv_net::fabric::Options { bufsize: 64 << 10, nbufs: 32, spin: None }
+/// The fabric endpoint's accept loop: a connection request is admitted only with a connection
+/// slot (`--max-connections`, shared with the data port) and its registered buffers' share of
+/// the memory budget (`--memory-budget`), checked before its buffers are registered; refused at
+/// once otherwise.
+async fn accept_fabric(l: FabricListener, serving: Arc<Serving>, limit: Arc<Semaphore>) {
+    let bytes = l.registered_per_connection();
+    loop {
+        let admit = || {
+            let permit = limit.clone().try_acquire_owned().ok()?;
+            let held = serving.budget.try_hold(bytes)?;
+            Some((permit, held))
+        };
+        let accepted = tokio::select! {
+            _ = serving.stop.cancelled() => return,
+            a = l.accept_with(admit) => a,
+        };
+        match accepted {
+            Ok((stream, (permit, held))) => serving.spawn(Accepted::Fabric(stream), permit, Some(held)),
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a fabric connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// Routes one client request: reads to the reader pool, writes and atomics to the host; replica

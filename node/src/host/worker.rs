@@ -373,10 +373,20 @@ struct Round {
     tagged: HashMap<(u64, u64), usize>,
     /// Exactly-once entries of atomics, by the key whose write-back carries them.
     atomic_tags: HashMap<Vec<u8>, Vec<SessionEntry>>,
-    /// An atomic of several keys (`add_texts`) was staged: the station's write-backs go as one
-    /// batch, so that its keys and its exactly-once entry are written whole or not at all.
-    joint: bool,
+    /// Keys of the `add_texts` staged this round: their write-backs go as one batch, so that
+    /// each one's keys and exactly-once entry are written whole or not at all. Only counters
+    /// (an atomic of another kind on one of them closes the round first), at most
+    /// [`MAX_JOINT_BYTES`] of keys.
+    joint_keys: HashSet<Vec<u8>>,
+    joint_bytes: usize,
 }
+
+/// Most bytes of keys the joint batch of a round holds (each key's write-back is a counter of
+/// at most 20 bytes): far below what one batch may hold (a log segment).
+const MAX_JOINT_BYTES: usize = 256 << 10;
+
+/// Bytes an `add_texts` key counts for in [`MAX_JOINT_BYTES`] (its counter and record overhead).
+const JOINT_KEY_OVERHEAD: usize = 64;
 
 struct Worker {
     region: Region,
@@ -816,8 +826,16 @@ impl Worker {
             }
         }
         let atomic = is_atomic(&req.op);
+        let text_adds = matches!(req.op, Op::AddText { .. } | Op::AddTexts { .. });
+        let joint_more: usize = match &req.op {
+            Op::AddTexts { adds } => adds.iter().map(|(k, _)| k.len() + JOINT_KEY_OVERHEAD).sum(),
+            _ => 0,
+        };
         let conflict = if atomic {
             req.op.keys().any(|k| round.plain_keys.contains(k))
+                // The joint batch holds counters only, and is bounded.
+                || (!text_adds && req.op.keys().any(|k| round.joint_keys.contains(k)))
+                || (joint_more > 0 && round.joint_bytes + joint_more > MAX_JOINT_BYTES)
         } else {
             req.op.keys().any(|k| self.station.holds(k))
         };
@@ -831,10 +849,13 @@ impl Worker {
         }
         if atomic {
             self.stats.atomics.fetch_add(1, Ordering::Relaxed);
-            round.joint |= matches!(req.op, Op::AddTexts { .. });
             let region = &self.region;
             let pending = match self.station.execute(&req.op, |k| region.get(k)) {
                 Ok(reply) => {
+                    if joint_more > 0 {
+                        round.joint_keys.extend(req.op.keys().map(<[u8]>::to_vec));
+                        round.joint_bytes += joint_more;
+                    }
                     if let Some(s) = req.session
                         && !matches!(reply, Reply::Cas { swapped: false, .. })
                     {
@@ -902,25 +923,38 @@ impl Worker {
         }
         let write_backs = self.station.drain();
         self.stats.write_backs.fetch_add(write_backs.len() as u64, Ordering::Relaxed);
-        let first_wb = round.ops.len();
-        if round.joint {
-            // One batch: an `add_texts`' keys (and its exactly-once entry) whole or not at all.
-            let tags = round.atomic_tags.drain().flat_map(|(_, t)| t).collect();
-            let puts = write_backs.iter().map(|(k, v)| OwnedOp::Put(k.clone(), v.clone())).collect::<Vec<_>>();
-            if !puts.is_empty() {
-                round.ops.push((puts, tags));
-            }
-        } else {
-            for (k, v) in &write_backs {
-                let tags = round.atomic_tags.remove(k).unwrap_or_default();
+        // Each write-back's batch: the `add_texts` keys' together (with their exactly-once
+        // entries: whole or not at all), every other key's alone.
+        let mut batch_of = Vec::with_capacity(write_backs.len());
+        let mut joint: Option<usize> = None;
+        for (k, v) in &write_backs {
+            let tags = round.atomic_tags.remove(k).unwrap_or_default();
+            if round.joint_keys.contains(k) {
+                let i = *joint.get_or_insert_with(|| {
+                    round.ops.push((Vec::new(), Vec::new()));
+                    round.ops.len() - 1
+                });
+                round.ops[i].0.push(OwnedOp::Put(k.clone(), v.clone()));
+                round.ops[i].1.extend(tags);
+                batch_of.push(i);
+            } else {
                 round.ops.push((vec![OwnedOp::Put(k.clone(), v.clone())], tags));
+                batch_of.push(round.ops.len() - 1);
+            }
+        }
+        // An `add_texts` whose first key (where its entry waits) changed nothing while others did:
+        // its entry goes with the joint batch too.
+        if let Some(i) = joint {
+            for (k, t) in round.atomic_tags.drain() {
+                if round.joint_keys.contains(&k) {
+                    round.ops[i].1.extend(t);
+                }
             }
         }
         // The result that tells whether a key's write-back was written (and its version).
-        let joint = round.joint;
         let write_back_of = |keys: &[Vec<u8>]| {
             let j = write_backs.iter().position(|(k, _)| keys.contains(k))?;
-            Some(if joint { first_wb } else { first_wb + j })
+            Some(batch_of[j])
         };
         let records: u64 = round.ops.iter().map(|(b, _)| b.len() as u64).sum();
         let borrowed: Vec<Vec<BatchOp<'_>>> =
@@ -1307,11 +1341,48 @@ mod tests {
         // The next write's version follows at once: its keys took one version between them.
         let after = call(7, Op::Put { key: k("z"), value: k("1") }, 0, false);
         assert_eq!(after.version, first.version + 1, "an add_texts is one batch");
+        // An add_texts whose first key changes nothing (its increment overflows) while the next
+        // one does: its exactly-once entry is still written with them.
+        let adds = Op::AddTexts { adds: vec![(k("c"), vec![1]), (k("d"), vec![2])] };
+        let first = call(11, adds.clone(), 3, false);
+        assert_eq!(added(&first), Reply::Added(vec![None, Some(2)]));
+        assert_eq!(added(&call(12, adds, 3, true)), Reply::Added(vec![None, Some(2)]), "answered from its entry");
+        assert_eq!(added(&call(13, add("d", &[0]), 0, false)), Reply::Added(vec![Some(2)]), "\"d\" counted once");
         // A value that is not a counter refuses the whole add_texts: nothing of it is applied.
         call(8, Op::Put { key: k("s"), value: k("x") }, 0, false);
         let bad = Op::AddTexts { adds: vec![(k("a"), vec![1]), (k("s"), vec![1])] };
         assert_eq!(call(9, bad, 0, false).result.map_err(|e| e.code), Err(ErrorCode::TypeMismatch));
         assert_eq!(added(&call(10, add("a", &[0]), 0, false)), Reply::Added(vec![Some(3)]), "\"a\" untouched");
+        drop(w.queue);
+        w.thread.join().expect("writer");
+    }
+
+    /// An `add_texts` in a round put every atomic's write-back of the round into its one batch:
+    /// with other atomics' large values that batch outgrew what one batch may hold (a log
+    /// segment), and every atomic of the round failed. Only the `add_texts`' keys share a batch.
+    #[test]
+    fn an_add_texts_shares_its_batch_with_its_own_keys_only() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Log segments of 16 KiB: a batch holds less than that.
+        let region = Region::open(RegionConfig::tiny(dir.path().join("r"), dir.path().join("shm"), FsyncPolicy::Never))
+            .expect("open")
+            .0;
+        let (sink, mut next) = collecting_sink();
+        let (tx, rx) = mpsc::channel(8);
+        let job = |id: u64, op: Op| Job { req: Request::new(id, op), charge: Charge::default(), sink: sink.clone() };
+        let big = |k: &str| Op::CompareAndSwap { key: k.as_bytes().to_vec(), expected: None, new: vec![7; 10 << 10] };
+        let adds = Op::AddTexts { adds: vec![(b"a".to_vec(), vec![1]), (b"b".to_vec(), vec![2])] };
+        for (id, op) in [(1, big("x")), (2, adds), (3, big("y"))] {
+            tx.try_send(job(id, op)).unwrap_or_else(|_| panic!("queue"));
+        }
+        let w = start_on((tx, rx), 1, region, false, Arc::default(), rt.handle().clone(), None).expect("start");
+        let mut answers: Vec<Response> = (0..3).map(|_| next(Duration::from_secs(5)).expect("answer")).collect();
+        answers.sort_by_key(|r| r.id);
+        for r in &answers {
+            assert!(r.result.is_ok(), "request {}: {:?}", r.id, r.result);
+        }
+        assert_eq!(answers[1].result, Ok(Reply::Added(vec![Some(1), Some(2)])));
         drop(w.queue);
         w.thread.join().expect("writer");
     }

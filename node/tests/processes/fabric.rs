@@ -1,6 +1,7 @@
 //! The device's libfabric endpoint (`--fabric-listen`, here over libfabric's `tcp` provider):
 //! the same protocol, limits and answers as its data port; a malicious frame ends only its own
-//! connection; a device that goes away is a typed error at the client, not a hang.
+//! connection, one that ends mid-frame applies nothing; a device that goes away is a typed
+//! error at the client, not a hang.
 
 use std::time::Duration;
 
@@ -77,10 +78,57 @@ fn a_device_serves_the_protocol_over_its_fabric_endpoint() {
         .await;
         assert!(ended.is_ok(), "the device ended the connection that sent a bad frame");
         assert_eq!(c.get(&k(7)).await.expect("others are served"), Some(v(7)));
+        // Connections that end in the middle of a frame (half a put, then gone), many times:
+        // nothing of them is applied, and the device serves on.
+        for i in 0..20 {
+            let mut s =
+                FabricStream::connect(&at.provider, &at.host, at.port, Options::default(), Duration::from_secs(10))
+                    .await
+                    .expect("connect");
+            let mut frame = Vec::new();
+            let put = dpukv_proto::Op::Put { key: b"half".to_vec(), value: vec![b'x'; 100_000] };
+            dpukv_proto::encode_requests(&[dpukv_proto::Request::new(i, put)], &mut frame);
+            s.write_all(&frame[..frame.len() / 2]).await.expect("write");
+            s.flush().await.expect("flush");
+            drop(s);
+        }
+        assert_eq!(c.get(b"half").await.expect("get"), None, "half a frame is never applied");
+        assert_eq!(c.get(&k(9)).await.expect("others are served"), Some(v(9)));
     });
     // The device goes: the client's next request fails, typed, within its deadline.
     pod.device = None;
     let r = rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), c.get(&k(1))).await });
     let r = r.expect("an answer, not a hang");
     assert!(r.is_err(), "a read from a device that is gone: {r:?}");
+}
+
+/// A fabric connection request past `--max-connections` is refused at once (before any buffer
+/// is registered for it), not left to time out; once a connection goes, its slot serves again.
+#[test]
+fn fabric_requests_past_the_connection_limit_are_refused_at_once() {
+    let pod =
+        Pod::start(&[], &["--fabric-listen", "127.0.0.1:0", "--fabric-provider", "tcp", "--max-connections", "1"]);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let at = FabricAddr::parse(&pod.fabric).expect("address");
+    rt.block_on(async {
+        let connect =
+            || FabricStream::connect(&at.provider, &at.host, at.port, Options::PROTOCOL, Duration::from_secs(10));
+        let first = connect().await.expect("the first connection");
+        let began = std::time::Instant::now();
+        let second = connect().await;
+        assert!(second.is_err(), "a second connection past the limit");
+        assert!(began.elapsed() < Duration::from_secs(5), "refused at once, not timed out: {:?}", began.elapsed());
+        drop(first);
+        // The slot is free again once the device saw the first go.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match connect().await {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(std::time::Instant::now() < deadline, "the slot never came back: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
 }
