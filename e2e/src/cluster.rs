@@ -169,6 +169,20 @@ impl ClusterNode {
         Self::start_loopback(id, cluster, etcd, extra, both, env, None)
     }
 
+    /// Like [`ClusterNode::start`], its device also serving a libfabric endpoint (the `tcp`
+    /// provider, on a free port) that its host registers in the region map; returns it too
+    /// (`fabric://tcp/127.0.0.1:PORT`).
+    pub fn start_with_fabric(id: u32, cluster: &str, etcd: &str, extra: &[&str]) -> Result<(ClusterNode, String)> {
+        let at = format!("127.0.0.1:{}", free_port()?);
+        let fabric = format!("fabric://tcp/{at}");
+        let env = [
+            ("DPUKV_FABRIC_LISTEN", at.as_str()),
+            ("DPUKV_FABRIC_PROVIDER", "tcp"),
+            ("DPUKV_ADVERTISE_FABRIC", fabric.as_str()),
+        ];
+        Ok((Self::start_with(id, cluster, etcd, extra, &[], &env)?, fabric))
+    }
+
     /// Like [`ClusterNode::start`], in the network namespace `prefix` enters (`ip netns exec
     /// NS`; see [`crate::netns`]) at `ip` (the namespace's ports are all free: fixed ones).
     pub fn start_in(

@@ -486,20 +486,8 @@ fn pipelined_increments_of_a_region_share_one_write() {
 fn a_gateway_seeded_with_fabric_endpoints_forwards_over_the_fabric() {
     let etcd = Etcd::start().expect("etcd");
     let args = ["--lease-ttl-ms", "1000", "--replication-factor", "3", "--split-keys", "m"];
-    let mut fabrics = Vec::new();
-    let nodes: Vec<ClusterNode> = (1..=3)
-        .map(|id| {
-            let at = format!("127.0.0.1:{}", dpukv_e2e::procs::free_port().expect("port"));
-            let fabric = format!("fabric://tcp/{at}");
-            let env = [
-                ("DPUKV_FABRIC_LISTEN", at.as_str()),
-                ("DPUKV_FABRIC_PROVIDER", "tcp"),
-                ("DPUKV_ADVERTISE_FABRIC", fabric.as_str()),
-            ];
-            fabrics.push(fabric.clone());
-            ClusterNode::start_with(id, "gwfab", &etcd.url(), &args, &[], &env).expect("node")
-        })
-        .collect();
+    let (nodes, fabrics): (Vec<ClusterNode>, Vec<String>) =
+        (1..=3).map(|id| ClusterNode::start_with_fabric(id, "gwfab", &etcd.url(), &args).expect("node")).unzip();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(must_see_map(
         &nodes,

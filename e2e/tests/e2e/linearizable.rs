@@ -560,20 +560,8 @@ fn linearizable_over_the_fabric_across_primary_failovers() {
     use dpukv_e2e::cluster::{ClusterNode, must_see_map};
     let Some(iterations) = iterations("DPUKV_FABRIC_FAILOVER_ITERATIONS", 5) else { return };
     let etcd = dpukv_e2e::etcd::Etcd::start().expect("etcd");
-    let mut fabrics = Vec::new();
-    let mut nodes: Vec<ClusterNode> = (1..=3)
-        .map(|id| {
-            let at = format!("127.0.0.1:{}", dpukv_e2e::procs::free_port().expect("port"));
-            let fabric = format!("fabric://tcp/{at}");
-            let env = [
-                ("DPUKV_FABRIC_LISTEN", at.as_str()),
-                ("DPUKV_FABRIC_PROVIDER", "tcp"),
-                ("DPUKV_ADVERTISE_FABRIC", fabric.as_str()),
-            ];
-            fabrics.push(fabric.clone());
-            ClusterNode::start_with(id, "linfab", &etcd.url(), &LIN_ARGS, &[], &env).expect("node")
-        })
-        .collect();
+    let (mut nodes, fabrics): (Vec<ClusterNode>, Vec<String>) =
+        (1..=3).map(|id| ClusterNode::start_with_fabric(id, "linfab", &etcd.url(), &LIN_ARGS).expect("node")).unzip();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(60), full));
     let advertised: Vec<&str> = map.nodes.iter().map(|n| n.fabric.as_str()).collect();
