@@ -91,6 +91,60 @@ impl Pod {
     pub fn connect(&self) -> Conn {
         Conn::connect(&self.addr)
     }
+
+    /// A connection to the device's fabric endpoint (started with `--fabric-listen`).
+    pub fn connect_fabric(&self) -> Conn {
+        Conn::connect_fabric(&self.fabric)
+    }
+}
+
+/// A connection's transport: TCP, or a libfabric endpoint driven by a runtime of its own (the
+/// tests are blocking code).
+pub enum Transport {
+    Tcp(TcpStream),
+    Fabric(Box<(tokio::runtime::Runtime, dpukv_net::fabric::FabricStream)>),
+}
+
+/// How long one blocking read or write on a fabric connection may take.
+const FABRIC_IO_TIMEOUT: Duration = Duration::from_secs(20);
+
+impl Read for Transport {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use tokio::io::AsyncReadExt;
+        match self {
+            Transport::Tcp(s) => s.read(buf),
+            Transport::Fabric(f) => {
+                let (rt, s) = &mut **f;
+                rt.block_on(async { tokio::time::timeout(FABRIC_IO_TIMEOUT, s.read(buf)).await })
+                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+            }
+        }
+    }
+}
+
+impl Write for Transport {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use tokio::io::AsyncWriteExt;
+        match self {
+            Transport::Tcp(s) => s.write(buf),
+            Transport::Fabric(f) => {
+                let (rt, s) = &mut **f;
+                rt.block_on(async { tokio::time::timeout(FABRIC_IO_TIMEOUT, s.write(buf)).await })
+                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        match self {
+            Transport::Tcp(s) => s.flush(),
+            Transport::Fabric(f) => {
+                let (rt, s) = &mut **f;
+                rt.block_on(s.flush())
+            }
+        }
+    }
 }
 
 fn spawn_host(data: &Path, shm: &Path, extra: &[String], env: &[(String, String)]) -> Proc {
@@ -167,7 +221,7 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
 
 /// A blocking protocol connection.
 pub struct Conn {
-    pub s: TcpStream,
+    pub s: Transport,
     next_id: u64,
 }
 
@@ -175,7 +229,24 @@ impl Conn {
     pub fn connect(addr: &str) -> Conn {
         let s = TcpStream::connect(addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
-        Conn { s, next_id: 1 }
+        Conn { s: Transport::Tcp(s), next_id: 1 }
+    }
+
+    /// Connects to a fabric endpoint (`fabric://PROVIDER/HOST:PORT`).
+    pub fn connect_fabric(addr: &str) -> Conn {
+        use dpukv_net::fabric::{FabricAddr, FabricStream, Options};
+        let at = FabricAddr::parse(addr).expect("a fabric address");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let s = rt
+            .block_on(FabricStream::connect(
+                &at.provider,
+                &at.host,
+                at.port,
+                Options::PROTOCOL,
+                Duration::from_secs(10),
+            ))
+            .expect("connect over the fabric");
+        Conn { s: Transport::Fabric(Box::new((rt, s))), next_id: 1 }
     }
 
     /// Sends one frame with `ops` and returns the responses in request order.

@@ -14,8 +14,19 @@ fn value(r: &dpukv_proto::Response) -> Option<Vec<u8>> {
 
 #[test]
 fn operations_through_the_device() {
-    let pod = Pod::start(&["--fsync", "always", "--split-keys", "m"], &[]);
-    let mut c = pod.connect();
+    operations_through(false);
+}
+
+/// The same requests and answers over the device's libfabric endpoint (the `tcp` provider).
+#[test]
+fn operations_through_the_devices_fabric_endpoint() {
+    operations_through(true);
+}
+
+fn operations_through(fabric: bool) {
+    let device: &[&str] = if fabric { &["--fabric-listen", "127.0.0.1:0", "--fabric-provider", "tcp"] } else { &[] };
+    let pod = Pod::start(&["--fsync", "always", "--split-keys", "m"], device);
+    let mut c = if fabric { pod.connect_fabric() } else { pod.connect() };
     let k = |s: &str| s.as_bytes().to_vec();
     // A frame of writes across both regions, then reads.
     let puts: Vec<Op> = (0..50)
