@@ -950,6 +950,8 @@ struct LocalNode {
     resp: Option<String>,
     /// Its device's fabric endpoint (`--fabric`; empty: none).
     fabric: String,
+    /// Its device's admin endpoint (`/metrics`, `/healthz`, `/readyz`).
+    device_admin: String,
     http: Option<String>,
     /// Its host's replication address (a cluster's nodes only).
     replication: String,
@@ -1024,7 +1026,9 @@ async fn local(
             with_tls(&mut host_cmd, "node-1", true);
             // The host publishes its regions before it serves; the device waits for them.
             let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
+            let device_admin = format!("127.0.0.1:{}", free_port()?);
             dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device, "--node-id", "1"]).kill_on_drop(true);
+            dev_cmd.args(["--admin", &device_admin]).env_remove("DPUKV_DEVICE_ADMIN");
             with_tls(&mut dev_cmd, node_files, true);
             if on_host {
                 dev_cmd.arg("--serve-reads-on-host");
@@ -1039,6 +1043,7 @@ async fn local(
                 control: String::new(),
                 resp,
                 fabric,
+                device_admin,
                 http,
                 replication: String::new(),
                 host_log: String::new(),
@@ -1118,7 +1123,9 @@ async fn local(
                 }
                 with_tls(&mut host_cmd, node_files, true);
                 let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
+                let device_admin = format!("127.0.0.1:{}", free_port()?);
                 dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device, "--node-id", &id.to_string()]);
+                dev_cmd.args(["--admin", &device_admin]).env_remove("DPUKV_DEVICE_ADMIN");
                 dev_cmd.kill_on_drop(true);
                 with_tls(&mut dev_cmd, node_files, true);
                 dev_cmd.stderr(std::fs::File::create(nd.join("device.log"))?);
@@ -1139,6 +1146,7 @@ async fn local(
                     control,
                     resp,
                     fabric,
+                    device_admin,
                     http,
                     replication: repl,
                     host_log: nd.join("host.log").display().to_string(),
@@ -1183,6 +1191,7 @@ async fn local(
                     "control": n.control,
                     "resp": n.resp.as_deref().unwrap_or_default(),
                     "fabric": n.fabric,
+                    "device_admin": n.device_admin,
                     "http": n.http.as_deref().unwrap_or_default(),
                     "replication": n.replication,
                     "host_log": n.host_log,

@@ -350,6 +350,22 @@ fn local_fabric_endpoints_serve_ycsb_with_tls() {
     let out = bench(&["--workload", "a", "--records", "5000", "--duration", "2", "--threads", "2", "--depth", "8"]);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains(" 0 errors"), "{text}");
+    // Every device has an admin endpoint of its own, listed as `device_admin`: their metrics
+    // count the reads just served.
+    let served: f64 = (0..3)
+        .map(|i| {
+            let admin = info["nodes"][i]["device_admin"].as_str().expect("device_admin").to_string();
+            assert!(admin.starts_with("127.0.0.1:"), "{admin}");
+            let out =
+                Command::new("curl").args(["-s", "--max-time", "10", &format!("http://{admin}/metrics")]).output();
+            let text = String::from_utf8_lossy(&out.expect("curl").stdout).to_string();
+            text.lines()
+                .find(|l| l.starts_with("dpukv_device_reads_served_total "))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no reads counter at {admin}: {text}"))
+        })
+        .sum();
+    assert!(served > 0.0, "the devices served the benchmark's reads");
     // No certificate: refused at the fabric endpoint, as at the data port.
     let out = Command::new(bin_dir().expect("binaries").join("dpukv"))
         .args(["--endpoint", &fabrics[0], "--tls-ca", &tls("ca.pem"), "get", "k"])
