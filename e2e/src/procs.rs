@@ -181,10 +181,12 @@ pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Process `pid`'s established TCP connections to any of `ports` (its sockets among its
-/// descriptors, matched by inode with /proc/net/tcp): which of a node's ports a client really
-/// uses (a fabric endpoint's `tcp` provider speaks TCP too).
-pub fn connections_to(pid: u32, ports: &[u16]) -> usize {
+/// Process `pid`'s established TCP connections to the port of any of `addrs` (`host:port`, or a
+/// `fabric://PROVIDER/host:port` endpoint; its sockets among its descriptors, matched by inode
+/// with /proc/net/tcp): which of a node's ports a client really uses (a fabric endpoint's `tcp`
+/// provider speaks TCP too).
+pub fn connections_to(pid: u32, addrs: &[String]) -> usize {
+    let ports: Vec<u16> = addrs.iter().filter_map(|a| a.rsplit(':').next()?.parse().ok()).collect();
     let mine: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| {
             d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())

@@ -35,20 +35,6 @@ struct FiInfo {
     _private: [u8; 0],
 }
 
-/// One completion, as the shim reports it.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Completion {
-    /// The buffer's index (among receive buffers, or among send buffers).
-    pub index: u64,
-    /// Bytes received (a receive's completion).
-    pub len: u64,
-    /// 1 for a receive, 0 for a send.
-    pub recv: i32,
-    /// 0, or a negative libfabric error code: the operation failed.
-    pub error: i32,
-}
-
 unsafe extern "C" {
     fn dkf_load() -> c_int;
     fn dkf_load_error() -> *const c_char;
@@ -88,8 +74,7 @@ unsafe extern "C" {
     fn dkf_conn_close(c: *mut DkfConn);
 }
 
-/// libfabric's "nothing yet".
-pub const EAGAIN: i32 = 11;
+pub use crate::reports::{CmEvent, Completion, EAGAIN};
 
 /// libfabric's name for an error code.
 pub fn strerror(code: i32) -> String {
@@ -258,17 +243,6 @@ pub struct Conn {
 
 // SAFETY: as for `Listener`.
 unsafe impl Send for Conn {}
-
-/// What the connection-management queue said.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CmEvent {
-    /// Nothing new.
-    Nothing,
-    /// The connection is established.
-    Connected,
-    /// The peer shut it down, or refused it.
-    Shutdown,
-}
 
 impl Conn {
     /// Starts connecting to `node:service` with provider `prov`. Needs a Tokio runtime.

@@ -2,18 +2,7 @@
 //! ([`FabricError::NotBuilt`]), so no handle exists and its methods cannot be reached.
 
 use crate::FabricError;
-
-/// One completion (as the real module reports it).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Completion {
-    pub index: u64,
-    pub len: u64,
-    pub recv: i32,
-    pub error: i32,
-}
-
-/// libfabric's "nothing yet".
-pub const EAGAIN: i32 = 11;
+pub use crate::reports::{CmEvent, Completion, EAGAIN};
 
 /// No names without libfabric.
 pub fn strerror(code: i32) -> String {
@@ -41,14 +30,6 @@ impl Listener {
     pub fn accept_with<G>(&mut self, _: &mut impl FnMut() -> Option<G>) -> Result<Option<(Conn, G)>, FabricError> {
         match self.0 {}
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(dead_code)] // (the real module's events; none happen here)
-pub enum CmEvent {
-    Nothing,
-    Connected,
-    Shutdown,
 }
 
 pub struct Conn(Never);

@@ -9,6 +9,8 @@
 //! - `ffi`: the shim's functions (shim/dkf.c: libfabric's inline calls in linkable form) behind
 //!   owned handles — the crate's only `unsafe`. Without the `libfabric` feature, or without
 //!   libfabric's headers at build time, a stand-in answers [`FabricError::NotBuilt`].
+//! - `reports`: what the shim reports (completions, connection events), shared by `ffi` and its
+//!   stand-in.
 //! - `stream`: [`FabricStream`] (credit flow control over registered buffers, completion
 //!   polling with a bounded spin) and [`FabricListener`].
 //! - `addr`: [`FabricAddr`], `fabric://PROVIDER/HOST:PORT`.
@@ -27,6 +29,7 @@ mod ffi;
 #[cfg(not(dkf_built))]
 #[path = "ffi_absent.rs"]
 mod ffi;
+mod reports;
 mod stream;
 
 pub use addr::FabricAddr;

@@ -191,8 +191,6 @@ struct State {
     /// Receive buffers posted again and not yet told to the peer.
     owed: usize,
     free_send: Vec<usize>,
-    /// The send buffer being filled and how far (its credit taken).
-    filling: Option<(usize, usize)>,
     /// Sends the provider could not take yet (its queue was full), in order.
     unsent: VecDeque<(usize, usize)>,
     /// Received payloads not yet read: (buffer, from, to).
@@ -240,7 +238,6 @@ impl FabricStream {
             credits: opts.nbufs,
             owed: 0,
             free_send: (0..opts.nbufs).rev().collect(),
-            filling: None,
             unsent: VecDeque::new(),
             ready: VecDeque::new(),
         };
@@ -479,15 +476,6 @@ impl State {
             Err(e) => self.fail(e),
         }
     }
-
-    fn flush(&mut self) {
-        if let Some((i, pos)) = self.filling
-            && pos > HEADER
-        {
-            self.filling = None;
-            self.post(i, pos);
-        }
-    }
 }
 
 fn ffi_error(what: &'static str, code: i32) -> FabricError {
@@ -537,30 +525,24 @@ impl AsyncWrite for FabricStream {
             if !st.connected {
                 return None;
             }
-            if st.filling.is_none() {
-                // Keep the last credit for returning credits.
-                if st.credits < 2 {
-                    return None;
-                }
-                let i = st.free_send.pop()?;
-                st.credits -= 1;
-                st.filling = Some((i, HEADER));
+            // Keep the last credit for returning credits.
+            if st.credits < 2 {
+                return None;
             }
-            let (i, pos) = st.filling.expect("filling");
-            let n = data.len().min(st.bufsize - pos);
-            st.conn.send_buf(i, st.nbufs, st.bufsize)[pos..pos + n].copy_from_slice(&data[..n]);
+            let i = st.free_send.pop()?;
+            st.credits -= 1;
+            let n = data.len().min(st.bufsize - HEADER);
+            st.conn.send_buf(i, st.nbufs, st.bufsize)[HEADER..HEADER + n].copy_from_slice(&data[..n]);
             // Sent now, as a TCP write would be: code written for sockets does not flush.
-            st.filling = Some((i, pos + n));
-            st.flush();
+            st.post(i, HEADER + n);
             Some(Ok(n))
         })
     }
 
-    /// Sends what was written and hands the provider what it could not take before (its
-    /// queue was full); like a socket's flush, it does not wait for the peer.
+    /// Hands the provider what it could not take before (its queue was full); every write was
+    /// sent already. Like a socket's flush, it does not wait for the peer.
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let mut st = lock(&self.shared.state);
-        st.flush();
         if !st.unsent.is_empty() {
             st.drive();
         }
@@ -568,12 +550,11 @@ impl AsyncWrite for FabricStream {
     }
 
     /// Ends the connection both ways (libfabric's connections have no half-close: the peer's
-    /// reads end, and so do its writes). Sends what was written, waits until every send completed (the provider may drop what
-    /// is still queued when the endpoint shuts down), then shuts the connection down.
+    /// reads end, and so do its writes). Waits until every send completed (the provider may drop
+    /// what is still queued when the endpoint shuts down), then shuts the connection down.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         self.shared.poll_op(cx, Side::Write, |st| {
-            st.flush();
-            let sent = st.unsent.is_empty() && st.free_send.len() + usize::from(st.filling.is_some()) == st.nbufs;
+            let sent = st.unsent.is_empty() && st.free_send.len() == st.nbufs;
             if !(sent || st.failed.is_some() || st.peer_shut || !st.connected) {
                 return None;
             }

@@ -286,9 +286,10 @@ fn redis_cli_works_against_the_gateway() {
     assert!(redis(&gw, &["SCAN", "12345"]).contains("invalid cursor"));
 }
 
-/// The write rounds the nodes' hosts ran so far (`dpukv_host_rounds`, summed).
-fn host_rounds(nodes: &[ClusterNode]) -> u64 {
-    nodes.iter().map(|n| n.metric("dpukv_host_rounds_total").expect("metrics").expect("exposed") as u64).sum()
+/// A counter of the nodes' hosts so far, summed: `dpukv_host_rounds_total` (write rounds),
+/// `dpukv_host_writes_total` (write requests: a batch is one), `dpukv_host_atomics_total`.
+fn host_total(nodes: &[ClusterNode], counter: &str) -> u64 {
+    nodes.iter().map(|n| n.metric(counter).expect("metrics").expect("exposed") as u64).sum()
 }
 
 /// 10,000 pipelined `INCR`s of one key took 11.6–16.4 s: each was a read and a compare-and-swap,
@@ -302,7 +303,7 @@ fn pipelined_increments_of_one_key_share_a_round() {
     let etcd = Etcd::start().expect("etcd");
     let (nodes, gw) = cluster(&etcd);
     assert_eq!(redis(&gw, &["SET", "other", "10"]), "OK");
-    let rounds_before = host_rounds(&nodes);
+    let rounds_before = host_total(&nodes, "dpukv_host_rounds_total");
     // One write: 10,000 increments of "hot", an INCRBY of another key and a DECRBY in the middle.
     const N: usize = 10_000;
     let mut script = String::new();
@@ -336,7 +337,7 @@ fn pipelined_increments_of_one_key_share_a_round() {
     }
     assert_eq!(String::from_utf8_lossy(&got), want_text, "every reply, in order");
     let took = began.elapsed();
-    let rounds = host_rounds(&nodes) - rounds_before;
+    let rounds = host_total(&nodes, "dpukv_host_rounds_total") - rounds_before;
     eprintln!("{} pipelined increments: {took:?}, {rounds} write rounds", N + 2);
     assert!(rounds < 400, "{} increments took {rounds} write rounds", N + 2);
     assert_eq!(redis(&gw, &["GET", "other"]), "15");
@@ -356,11 +357,6 @@ fn pipelined_increments_of_one_key_share_a_round() {
             "ERR value is not an integer or out of range"
         ]
     );
-}
-
-/// The write requests the nodes' hosts applied so far (`dpukv_host_writes`, summed: a batch is one).
-fn host_writes(nodes: &[ClusterNode]) -> u64 {
-    nodes.iter().map(|n| n.metric("dpukv_host_writes_total").expect("metrics").expect("exposed") as u64).sum()
 }
 
 /// Sends `script` (RESP commands) in one write and reads until `want` came back; the replies.
@@ -390,7 +386,7 @@ fn pipelined_sets_of_a_region_share_one_write() {
     let (nodes, gw) = cluster(&etcd);
     assert_eq!(redis(&gw, &["SET", "warm", "1"]), "OK");
     assert_eq!(redis(&gw, &["SET", "zz-taken", "old"]), "OK");
-    let before = host_writes(&nodes);
+    let before = host_total(&nodes, "dpukv_host_writes_total");
     const N: usize = 2_000;
     let (mut script, mut want) = (String::new(), String::new());
     let value = |i: usize| format!("value-{i}-{}", "x".repeat(i % 97));
@@ -412,7 +408,7 @@ fn pipelined_sets_of_a_region_share_one_write() {
     }
     let got = pipeline(&gw, &script, want.len());
     assert_eq!(got, want, "every reply, in order");
-    let writes = host_writes(&nodes) - before;
+    let writes = host_total(&nodes, "dpukv_host_writes_total") - before;
     eprintln!("{N} pipelined SETs: {writes} write requests at the hosts");
     assert!(writes < (N / 10) as u64, "{N} pipelined SETs took {writes} write requests");
     // Read back through another pipeline.
@@ -439,10 +435,7 @@ fn pipelined_increments_of_a_region_share_one_write() {
     let (nodes, gw) = cluster(&etcd);
     assert_eq!(redis(&gw, &["SET", "a-text", "abc"]), "OK");
     assert_eq!(redis(&gw, &["SET", "z-big", "9223372036854775806"]), "OK");
-    let atomics = |nodes: &[ClusterNode]| -> u64 {
-        nodes.iter().map(|n| n.metric("dpukv_host_atomics_total").expect("metrics").expect("exposed") as u64).sum()
-    };
-    let before = atomics(&nodes);
+    let before = host_total(&nodes, "dpukv_host_atomics_total");
     const N: usize = 2_000;
     let mut counters = std::collections::BTreeMap::<String, i64>::new();
     let (mut script, mut want) = (String::new(), String::new());
@@ -466,7 +459,7 @@ fn pipelined_increments_of_a_region_share_one_write() {
     }
     let got = pipeline(&gw, &script, want.len());
     assert_eq!(got, want, "every reply, in order");
-    let requests = atomics(&nodes) - before;
+    let requests = host_total(&nodes, "dpukv_host_atomics_total") - before;
     eprintln!("{N} pipelined increments: {requests} atomic requests at the hosts");
     // (At most 28 keys go in one request; a group holding "a-text" is sent again key by key.)
     assert!(requests < (N / 5) as u64, "{N} pipelined increments took {requests} atomic requests");
@@ -507,10 +500,9 @@ fn a_gateway_seeded_with_fabric_endpoints_forwards_over_the_fabric() {
     for k in ["apple", "zebra", "kiwi", "yak"] {
         assert_eq!(redis(&gw, &["GET", k]), format!("v-{k}"));
     }
-    let port = |a: &str| a.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).expect("port");
-    let to_fabric = dpukv_e2e::procs::connections_to(gw.pid(), &fabrics.iter().map(|f| port(f)).collect::<Vec<_>>());
-    let to_data =
-        dpukv_e2e::procs::connections_to(gw.pid(), &nodes.iter().map(|n| port(&n.device)).collect::<Vec<_>>());
+    let devices: Vec<String> = nodes.iter().map(|n| n.device.clone()).collect();
+    let to_fabric = dpukv_e2e::procs::connections_to(gw.pid(), &fabrics);
+    let to_data = dpukv_e2e::procs::connections_to(gw.pid(), &devices);
     assert!(to_fabric > 0 && to_data == 0, "{to_fabric} connections to fabric endpoints, {to_data} to data ports");
 }
 

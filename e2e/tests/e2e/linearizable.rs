@@ -236,12 +236,45 @@ fn spawn_retrying_clients(
     h: &History,
     run: &Run,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    let seeds: Vec<String> = nodes.iter().map(|n| n.device.clone()).collect();
+    spawn_clients_at(rt, &seeds, h, run)
+}
+
+/// [`spawn_retrying_clients`] seeded at `seeds` in turn (data ports or fabric endpoints).
+fn spawn_clients_at(
+    rt: &tokio::runtime::Runtime,
+    seeds: &[String],
+    h: &History,
+    run: &Run,
+) -> Vec<tokio::task::JoinHandle<()>> {
     (0..6u64)
         .map(|i| {
-            let seed = nodes[i as usize % nodes.len()].device.clone();
+            let seed = seeds[i as usize % seeds.len()].clone();
             rt.spawn(client_with(seed, i, h.clone(), run.clone(), false, true, String::new()))
         })
         .collect()
+}
+
+/// SIGKILLs the pod leading the (one) region `iterations` times, each time waiting for a backup
+/// to be promoted, then bringing the pod back (it catches up as a backup).
+fn fail_over_primaries(
+    rt: &tokio::runtime::Runtime,
+    nodes: &mut [dpukv_e2e::cluster::ClusterNode],
+    run: &Run,
+    iterations: u64,
+) {
+    use dpukv_e2e::cluster::must_see_map;
+    for _ in 0..iterations {
+        std::thread::sleep(Duration::from_millis(300));
+        let map = rt.block_on(must_see_map(nodes, |_| true, Duration::from_secs(120), full));
+        let (p, epoch) = (map.regions[0].primary, map.regions[0].epoch);
+        nodes[p as usize - 1].kill();
+        let promoted =
+            |m: &dpukv_client::proto::regionmap::RegionMap| m.regions[0].primary != p && m.regions[0].epoch > epoch;
+        rt.block_on(must_see_map(nodes, |n| n.id != p, Duration::from_secs(60), promoted));
+        run.restarts.fetch_add(1, Ordering::Relaxed);
+        nodes[p as usize - 1].resume().expect("resume");
+    }
 }
 
 fn write_op(op: &Op) -> Option<KeyOp> {
@@ -531,22 +564,11 @@ fn scans_see_atomic_batches() {
 /// (the region's read gate, docs/cluster.md §5).
 #[test]
 fn linearizable_across_primary_failovers() {
-    use dpukv_e2e::cluster::must_see_map;
     let Some(iterations) = iterations("DPUKV_FAILOVER_ITERATIONS", 20) else { return };
     let (_etcd, mut nodes, rt) = lin_cluster(3);
     let (h, run) = (History::default(), Run::default());
     let tasks = spawn_retrying_clients(&rt, &nodes, &h, &run);
-    for _ in 0..iterations {
-        std::thread::sleep(Duration::from_millis(300));
-        let map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), full));
-        let (p, epoch) = (map.regions[0].primary, map.regions[0].epoch);
-        nodes[p as usize - 1].kill();
-        let promoted =
-            |m: &dpukv_client::proto::regionmap::RegionMap| m.regions[0].primary != p && m.regions[0].epoch > epoch;
-        rt.block_on(must_see_map(&nodes, |n| n.id != p, Duration::from_secs(60), promoted));
-        run.restarts.fetch_add(1, Ordering::Relaxed);
-        nodes[p as usize - 1].resume().expect("resume");
-    }
+    fail_over_primaries(&rt, &mut nodes, &run, iterations);
     stop_and_check(&rt, tasks, &h, &run, &format!("{} failovers", iterations));
 }
 
@@ -567,30 +589,14 @@ fn linearizable_over_the_fabric_across_primary_failovers() {
     let advertised: Vec<&str> = map.nodes.iter().map(|n| n.fabric.as_str()).collect();
     assert_eq!(advertised, fabrics, "every node's fabric endpoint is in the map");
     let (h, run) = (History::default(), Run::default());
-    let tasks: Vec<_> = (0..6u64)
-        .map(|i| {
-            let seed = fabrics[i as usize % fabrics.len()].clone();
-            rt.spawn(client_with(seed, i, h.clone(), run.clone(), false, true, String::new()))
-        })
-        .collect();
-    for _ in 0..iterations {
-        std::thread::sleep(Duration::from_millis(300));
-        let map = rt.block_on(must_see_map(&nodes, |_| true, Duration::from_secs(120), full));
-        let (p, epoch) = (map.regions[0].primary, map.regions[0].epoch);
-        nodes[p as usize - 1].kill();
-        let promoted =
-            |m: &dpukv_client::proto::regionmap::RegionMap| m.regions[0].primary != p && m.regions[0].epoch > epoch;
-        rt.block_on(must_see_map(&nodes, |n| n.id != p, Duration::from_secs(60), promoted));
-        run.restarts.fetch_add(1, Ordering::Relaxed);
-        nodes[p as usize - 1].resume().expect("resume");
-    }
+    let tasks = spawn_clients_at(&rt, &fabrics, &h, &run);
+    fail_over_primaries(&rt, &mut nodes, &run, iterations);
     // The clients' connections go to the fabric endpoints (the `tcp` provider's sockets), none
     // to the data ports.
     std::thread::sleep(Duration::from_millis(500));
-    let port = |a: &str| a.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).expect("port");
-    let me = std::process::id();
-    let to_fabric = dpukv_e2e::procs::connections_to(me, &fabrics.iter().map(|f| port(f)).collect::<Vec<_>>());
-    let to_data = dpukv_e2e::procs::connections_to(me, &nodes.iter().map(|n| port(&n.device)).collect::<Vec<_>>());
+    let devices: Vec<String> = nodes.iter().map(|n| n.device.clone()).collect();
+    let to_fabric = dpukv_e2e::procs::connections_to(std::process::id(), &fabrics);
+    let to_data = dpukv_e2e::procs::connections_to(std::process::id(), &devices);
     assert!(to_fabric > 0 && to_data == 0, "{to_fabric} connections to fabric endpoints, {to_data} to data ports");
     stop_and_check(&rt, tasks, &h, &run, &format!("{iterations} failovers over the fabric"));
 }

@@ -8,6 +8,13 @@ use std::time::{Duration, Instant};
 use dpukv_client::Client;
 use dpukv_e2e::procs::{Proc, bin_dir};
 
+/// `dpukv local` with `flags` on `dir` (its output discarded), killed when dropped.
+fn start_local(flags: &[&str], dir: &std::path::Path) -> Proc {
+    let mut c = Command::new(bin_dir().expect("binaries").join("dpukv"));
+    c.arg("local").args(flags).arg("--dir").arg(dir).stdout(Stdio::null()).stderr(Stdio::null());
+    Proc(c.spawn().expect("start dpukv local"))
+}
+
 /// The pids of `pid`'s children running `binary`.
 fn children_running(pid: u32, binary: &str) -> Vec<u32> {
     let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
@@ -136,14 +143,7 @@ fn local_tls_serves_only_clients_that_trust_its_ca() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = dpukv_e2e::procs::free_port().expect("a free port");
     let addr = format!("127.0.0.1:{port}");
-    let local = Command::new(bin_dir().expect("binaries").join("dpukv"))
-        .args(["local", "--tls", "--listen", &addr, "--dir"])
-        .arg(dir.path())
-        .stderr(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start dpukv local");
-    let _local = Proc(local);
+    let _local = start_local(&["--tls", "--listen", &addr], dir.path());
     let info = dpukv_e2e::procs::cluster_json(dir.path(), Duration::from_secs(30)).expect("cluster.json");
     let ca = info["tls_ca"].as_str().expect("tls_ca").to_string();
     assert_eq!(std::path::Path::new(&ca), dir.path().join("tls/ca.pem"));
@@ -263,14 +263,7 @@ fn local_without_tls_listens_on_loopback_only() {
     std::io::Read::read_to_string(&mut refused.0.stderr.take().expect("stderr"), &mut why).expect("stderr");
     assert!(!status.success() && why.contains("127.0.0.1 only"), "{status}: {why}");
     let addr = format!("127.0.0.1:{}", dpukv_e2e::procs::free_port().expect("port"));
-    let local = Command::new(bin.join("dpukv"))
-        .args(["local", "--nodes", "3", "--listen", &addr, "--dir"])
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("dpukv local");
-    let local = Proc(local);
+    let local = start_local(&["--nodes", "3", "--listen", &addr], dir.path());
     let pid = local.0.id();
     // Once all three hosts registered, every process listens where it will.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -306,14 +299,7 @@ fn local_fabric_endpoints_serve_ycsb_with_tls() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = dpukv_e2e::procs::free_port().expect("a free port");
     let addr = format!("127.0.0.1:{port}");
-    let local = Command::new(bin_dir().expect("binaries").join("dpukv"))
-        .args(["local", "--nodes", "3", "--fabric", "tcp", "--tls", "--listen", &addr, "--dir"])
-        .arg(dir.path())
-        .stderr(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start dpukv local");
-    let _local = Proc(local);
+    let _local = start_local(&["--nodes", "3", "--fabric", "tcp", "--tls", "--listen", &addr], dir.path());
     let info = dpukv_e2e::procs::cluster_json(dir.path(), Duration::from_secs(30)).expect("cluster.json");
     let fabrics: Vec<String> =
         (0..3).map(|i| info["nodes"][i]["fabric"].as_str().expect("fabric").to_string()).collect();

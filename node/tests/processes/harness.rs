@@ -108,6 +108,12 @@ pub enum Transport {
 /// How long one blocking read or write on a fabric connection may take.
 const FABRIC_IO_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Runs one read or write of a fabric connection on its runtime, within [`FABRIC_IO_TIMEOUT`].
+fn blocking<T>(rt: &tokio::runtime::Runtime, io: impl Future<Output = std::io::Result<T>>) -> std::io::Result<T> {
+    rt.block_on(async { tokio::time::timeout(FABRIC_IO_TIMEOUT, io).await })
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+}
+
 impl Read for Transport {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use tokio::io::AsyncReadExt;
@@ -115,8 +121,7 @@ impl Read for Transport {
             Transport::Tcp(s) => s.read(buf),
             Transport::Fabric(f) => {
                 let (rt, s) = &mut **f;
-                rt.block_on(async { tokio::time::timeout(FABRIC_IO_TIMEOUT, s.read(buf)).await })
-                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+                blocking(rt, s.read(buf))
             }
         }
     }
@@ -129,8 +134,7 @@ impl Write for Transport {
             Transport::Tcp(s) => s.write(buf),
             Transport::Fabric(f) => {
                 let (rt, s) = &mut **f;
-                rt.block_on(async { tokio::time::timeout(FABRIC_IO_TIMEOUT, s.write(buf)).await })
-                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+                blocking(rt, s.write(buf))
             }
         }
     }
@@ -141,7 +145,7 @@ impl Write for Transport {
             Transport::Tcp(s) => s.flush(),
             Transport::Fabric(f) => {
                 let (rt, s) = &mut **f;
-                rt.block_on(s.flush())
+                blocking(rt, s.flush())
             }
         }
     }
