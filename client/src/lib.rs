@@ -6,6 +6,8 @@
 //! # Layout
 //! - `error`: [`ClientError`].
 //! - `conn`: one pipelined connection (writer and reader tasks).
+//! - `control`: a client of the hosts' control API (`/cluster/*`: drains, splits, summary,
+//!   events, backups), for `dpukv` and the gateway's console.
 //! - `routing`: the region map and a connection pool per node: each request goes to its
 //!   region's primary, naming the region and epoch; the map is refreshed when a node says it
 //!   is stale.
@@ -18,6 +20,7 @@
 //! - this module: [`Client`], the typed operations.
 
 mod conn;
+pub mod control;
 mod error;
 mod fat_root;
 mod hot;
@@ -922,6 +925,19 @@ impl Client {
         match self.call(Op::RegionMap).await?.0 {
             Reply::RegionMap(m) => Ok(m),
             other => Err(ClientError::unexpected(&other)),
+        }
+    }
+
+    /// Node `node`'s device statistics (`stats`: a cluster role or an administrator only;
+    /// docs/protocol.md §5), within one attempt's time.
+    pub async fn device_stats(&self, node: u32) -> Result<dpukv_proto::stats::DeviceStats> {
+        let pool = self.router.node_pool(node, self.retry.attempt_timeout).await?;
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        let resp = pool.call(i, Request::new(0, Op::Stats), self.retry.attempt_timeout).await?;
+        match resp.result {
+            Ok(Reply::Stats(s)) => Ok(s),
+            Ok(other) => Err(ClientError::unexpected(&other)),
+            Err(e) => Err(ClientError::Server(e)),
         }
     }
 

@@ -172,6 +172,16 @@ impl Router {
         Some(if n.device.is_empty() { self.seed.clone() } else { n.device.clone() })
     }
 
+    /// The connections to node `node`'s device (by the current map; learnt first if none).
+    pub(crate) async fn node_pool(&self, node: u32, timeout: Duration) -> Result<Arc<Pool>, ClientError> {
+        let map = match self.map() {
+            Some(m) => m,
+            None => self.refresh(timeout).await?,
+        };
+        let addr = self.device(&map, node).ok_or_else(|| unavailable("no such node in the region map"))?;
+        self.pool_for(&addr).await
+    }
+
     async fn pool_for(&self, addr: &str) -> Result<Arc<Pool>, ClientError> {
         if let Some(p) = lock(&self.pools).get(addr) {
             return Ok(p.clone());

@@ -299,6 +299,18 @@ impl Keys {
         self.under("last-region-id")
     }
 
+    /// Prefix of the event log (`events/<seq>`, module `events`).
+    pub fn events(&self) -> Vec<u8> {
+        self.under("events/")
+    }
+
+    /// An event (zero-padded: key order is sequence order).
+    pub fn event(&self, seq: u64) -> Vec<u8> {
+        let mut k = self.events();
+        k.extend_from_slice(format!("{seq:020}").as_bytes());
+        k
+    }
+
     /// A node's report that it finished copying a region.
     pub fn caught_up_of(&self, region: u32, node: u32) -> Vec<u8> {
         let mut k = id_key(&self.caught_up(), region);

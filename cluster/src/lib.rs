@@ -24,6 +24,8 @@
 //! - [`restore`]: restoring a backup into an empty cluster — the cut that replaces the map by
 //!   the backup's regions, the nodes' reports, the master's end of it.
 //! - [`schedule`]: the cluster's backup schedule (restore points) and its last backup, as stored.
+//! - [`events`]: the cluster's event log — failovers with their duration, handovers, splits,
+//!   merges, drains, backups — derived by the master from its successive snapshots.
 //! - [`backoff`]: exponential backoff with jitter for every control loop's retries.
 //! - [`placement`]: where replicas go — the first layout, and the master's next changes after
 //!   failures, joins, drains and catch-ups (pure functions, model-tested).
@@ -40,6 +42,7 @@ pub mod backoff;
 pub mod conformance;
 pub mod election;
 pub mod etcd;
+pub mod events;
 pub mod fence;
 pub mod handoff;
 pub mod keys;

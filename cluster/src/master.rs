@@ -24,7 +24,7 @@ use crate::placement::{self, Change, Facts, Policy};
 pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The cluster as read at one revision.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     /// The region map (regions, live nodes) at `map.revision`.
     pub map: RegionMap,
@@ -697,6 +697,32 @@ pub async fn run<S: MetaStore>(
     out
 }
 
+/// The longest a round waits to write its events (they stay queued for the next round).
+const EVENT_WRITE_WITHIN: Duration = Duration::from_secs(2);
+
+/// The master's event recorder, seeded from the stored log once it could be read.
+#[derive(Default)]
+struct EventLog {
+    recorder: crate::events::Recorder,
+}
+
+impl EventLog {
+    /// Observes `snap` (after seeding from the stored log, which is read until it could be once).
+    async fn note<S: MetaStore>(&mut self, s: &S, keys: &Keys, snap: &Snapshot) {
+        if !self.recorder.seeded() {
+            match tokio::time::timeout(EVENT_WRITE_WITHIN, crate::events::load(s, keys)).await {
+                Ok(Ok(stored)) => self.recorder.seed(&stored),
+                _ => return,
+            }
+        }
+        let seen = self.recorder.observe(snap, unix_ms());
+        for e in &seen {
+            tracing::info!(seq = e.seq, kind = ?e.kind, "{}", e.detail);
+        }
+        self.recorder.queue(seen);
+    }
+}
+
 /// The master's rounds under one leadership, until cancelled or deposed. Errors are retried.
 async fn lead<S: MetaStore>(
     s: &S,
@@ -711,6 +737,7 @@ async fn lead<S: MetaStore>(
     let mut waits = Waits::default();
     let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(50), tick.max(Duration::from_millis(100)) * 4);
     let mut marked: Option<std::time::Instant> = None;
+    let mut events = EventLog::default();
     loop {
         if cancel.is_cancelled() {
             return Ended::Cancelled;
@@ -728,7 +755,16 @@ async fn lead<S: MetaStore>(
                 continue;
             }
         };
-        let wait = match round(s, keys, &fence, &mut waits).await {
+        let wait = match read(s, keys).await {
+            Err(e) => Err(e),
+            Ok(snap) => {
+                events.note(s, keys, &snap).await;
+                apply(s, keys, &fence, &mut waits, snap).await
+            }
+        };
+        // The events of the round are written after it (best effort, bounded).
+        let _ = tokio::time::timeout(EVENT_WRITE_WITHIN, events.recorder.write(s, keys, &fence)).await;
+        let wait = match wait {
             Ok(applied) => {
                 backoff.reset();
                 status.round();
@@ -757,11 +793,17 @@ async fn lead<S: MetaStore>(
         // Without a watch (store unavailable), the tick alone paces the rounds.
         let mut w = s.watch(keys.root(), rev + 1).await.ok();
         let round_key = keys.master_round();
+        let events_prefix = keys.events();
         let changed = async {
             let Some(w) = w.as_mut() else { return std::future::pending().await };
             loop {
                 match w.next().await {
                     Some(Ok(crate::meta::WatchEvent::Put(kv))) if kv.key == round_key => continue,
+                    // The event log changes nothing a round decides from.
+                    Some(Ok(crate::meta::WatchEvent::Put(kv))) if kv.key.starts_with(&events_prefix) => continue,
+                    Some(Ok(crate::meta::WatchEvent::Delete { key, .. })) if key.starts_with(&events_prefix) => {
+                        continue;
+                    }
                     other => return other,
                 }
             }

@@ -120,6 +120,11 @@ impl Upstream {
                 Ok(m) => ok(Reply::RegionMap(m)),
                 Err(e) => Response { id, version: 0, replicated: false, result: Err(e.into_reply(false)) },
             },
+            Op::Stats => Response::error(
+                id,
+                ErrorCode::Unsupported,
+                "statistics are a device's: the gateway's console gathers them (/v1/console, docs/console.md)",
+            ),
             Op::Scan { lo, hi, limit, max_bytes, token } | Op::FloorScan { lo, hi, limit, max_bytes, token } => {
                 if req.read_version != 0 {
                     return Response::error(

@@ -381,6 +381,10 @@ pub fn response_size(r: &Response) -> usize {
         Ok(Reply::Added(r)) => r.len() * 9,
         Ok(Reply::TreeNodes { nodes, .. }) => nodes.iter().map(|(_, n)| n.size_hint()).sum::<usize>(),
         Ok(Reply::RegionMap(m)) => m.regions.iter().map(|r| r.start.len() + 64).sum::<usize>() + m.nodes.len() * 1100,
+        Ok(Reply::Stats(s)) => {
+            s.counters.len() * 80
+                + s.regions.iter().map(|r| 32 + r.top.iter().map(|(k, _)| k.len() + 8).sum::<usize>()).sum::<usize>()
+        }
         Err(e) => e.message.len(),
         _ => 0,
     }

@@ -5,7 +5,8 @@
 //! DELETE: stop), `/cluster/split/{region}/{hex key}` and `/cluster/merge/{region}` (POST: ask
 //! the master to split a region at a key, or to merge it into its left neighbour; checked
 //! against the current map first) and `/cluster/summary` (GET: the master, live nodes, regions,
-//! regions without a live primary or short of copies), and `/cluster/backups/{hex location}`
+//! regions without a live primary or short of copies), `/cluster/events` (GET: the cluster's
+//! event log) and `/cluster/loads` (GET: the regions' reported sizes and write rates), and `/cluster/backups/{hex location}`
 //! (POST: a backup of the cluster to that location, coordinated by this node; docs/backup.md)
 //! and `/cluster/backups/{job}` (GET: its progress), `/cluster/restore/{hex location}[/{id}]`
 //! (POST: restore a backup into the empty cluster) and `/cluster/restore` (GET: the restore's
@@ -465,6 +466,40 @@ async fn summary(c: &ClusterControl) -> Answer {
     }
 }
 
+/// The cluster's event log, oldest first: `{"events": [...]}` (`dpukv_cluster::events`).
+async fn events(c: &ClusterControl) -> Answer {
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    match dpukv_cluster::events::load(&store, &c.keys).await {
+        Ok(events) => json(format!("{}\n", serde_json::json!({ "events": events }))),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// The regions' sizes and write rates as their primaries last reported them:
+/// `{"loads": [{"region", "bytes", "writes_per_sec"}]}` (reports are written when they change
+/// by a tenth, every 2 s at most, under the primary's lease).
+async fn loads(c: &ClusterControl) -> Answer {
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    match dpukv_cluster::master::read(&store, &c.keys).await {
+        Ok(snap) => {
+            let mut loads: Vec<_> = snap.handoffs.load.iter().collect();
+            loads.sort_by_key(|(id, _)| **id);
+            let loads: Vec<_> = loads
+                .into_iter()
+                .map(|(id, l)| serde_json::json!({"region": id, "bytes": l.bytes, "writes_per_sec": l.writes_per_sec}))
+                .collect();
+            json(format!("{}\n", serde_json::json!({ "loads": loads })))
+        }
+        Err(e) => unavailable(e),
+    }
+}
+
 /// Checks a split or merge request against the current map and records it for the master.
 async fn request_handoff(c: &ClusterControl, region: u32, split_at: Option<Vec<u8>>) -> Answer {
     let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
@@ -561,6 +596,8 @@ async fn handle(
         ControlRoute::Split { region, key } => request_handoff(k, region, Some(key)).await,
         ControlRoute::Merge { region } => request_handoff(k, region, None).await,
         ControlRoute::Summary => summary(k).await,
+        ControlRoute::Events => events(k).await,
+        ControlRoute::Loads => loads(k).await,
         ControlRoute::Backup { to } => start_backup(&c, to).await,
         ControlRoute::BackupStatus { job } => backup_status(&c, job),
         ControlRoute::Restore { from, backup } => start_restore(k, &from, backup.as_deref()).await,

@@ -292,6 +292,15 @@ impl Popularity {
         self.len() == 0
     }
 
+    /// The `n` popular keys read most often in the window, with those reads, most read first
+    /// (O(the set's size)).
+    pub fn top(&self, n: usize) -> Vec<(Vec<u8>, u32)> {
+        let mut all: Vec<(u32, usize)> =
+            self.set.index.values().map(|&i| (self.window.count(self.set.slots[i].hash), i)).collect();
+        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(self.set.slots[a.1].key.cmp(&self.set.slots[b.1].key)));
+        all.into_iter().take(n).map(|(c, i)| (self.set.slots[i].key.clone(), c)).collect()
+    }
+
     /// The popular keys, most recently read first.
     pub fn keys(&self) -> Vec<Vec<u8>> {
         let mut out = Vec::with_capacity(self.len());
@@ -501,5 +510,18 @@ mod tests {
         assert!(!set.touch(7, b"b") && !set.remove(7, b"b"));
         assert_eq!(set.pop_back(), Some(b"a".to_vec()));
         assert!(set.index.is_empty());
+    }
+
+    #[test]
+    fn the_top_keys_are_the_most_read_popular_ones() {
+        let mut p = Popularity::new(PopularityConfig { k: 2, window: 100, capacity: 3, gate: false });
+        let mut ev = Vec::new();
+        for (key, n) in [(b"a", 5), (b"b", 9), (b"c", 2), (b"d", 1)] {
+            for _ in 0..n {
+                p.read(key, &mut ev);
+            }
+        }
+        assert_eq!(p.top(2), vec![(b"b".to_vec(), 9), (b"a".to_vec(), 5)]);
+        assert_eq!(p.top(10).len(), 3, "only popular keys (d was read once)");
     }
 }

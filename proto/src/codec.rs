@@ -237,7 +237,7 @@ pub fn encode_requests(reqs: &[Request], out: &mut Vec<u8>) {
                     put_write_op(&mut w, o);
                 }
             }
-            Op::RegionMap => {}
+            Op::RegionMap | Op::Stats => {}
             Op::Auth { token } => w.bytes(token),
             Op::Pivots { lo, hi, max } => {
                 w.bytes(lo);
@@ -279,6 +279,7 @@ const R_REGION_MAP: u8 = 7;
 const R_KEYS: u8 = 8;
 const R_TREE_NODES: u8 = 9;
 const R_ADDED: u8 = 10;
+const R_STATS: u8 = 11;
 
 /// A tree node: lid, version, level, lo, has_hi, hi.
 fn put_tree_node(w: &mut W<'_>, n: &TreeNode) {
@@ -369,6 +370,7 @@ pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
             Ok(Reply::Scalar(_)) => R_SCALAR,
             Ok(Reply::Vector(_)) => R_VECTOR,
             Ok(Reply::RegionMap(_)) => R_REGION_MAP,
+            Ok(Reply::Stats(_)) => R_STATS,
             Ok(Reply::Keys(_)) => R_KEYS,
             Ok(Reply::TreeNodes { .. }) => R_TREE_NODES,
             Ok(Reply::Added(_)) => R_ADDED,
@@ -401,6 +403,11 @@ pub fn encode_response_entry(r: &Response, out: &mut Vec<u8>) {
             Ok(Reply::RegionMap(m)) => {
                 let mut b = Vec::new();
                 m.encode(&mut b);
+                w.bytes(&b);
+            }
+            Ok(Reply::Stats(s)) => {
+                let mut b = Vec::new();
+                s.encode(&mut b);
                 w.bytes(&b);
             }
             Ok(Reply::Keys(keys)) => {
@@ -691,6 +698,7 @@ fn decode_request(e: &[u8]) -> RequestEntry {
                 Op::Batch { ops }
             }
             OpCode::RegionMap => Op::RegionMap,
+            OpCode::Stats => Op::Stats,
             OpCode::Pivots => {
                 let lo = r.bytes(MAX_KEY, ErrorCode::KeySize)?;
                 let hi = r.bytes(MAX_KEY, ErrorCode::KeySize)?;
@@ -818,6 +826,13 @@ fn decode_response(e: &[u8]) -> Result<Response, DecodeError> {
                 Reply::RegionMap(
                     crate::regionmap::RegionMap::decode(&b)
                         .map_err(|_| DecodeError::Malformed("invalid region map"))?,
+                )
+            }
+            R_STATS => {
+                let b = r.bytes(MAX_FRAME, ErrorCode::BadRequest).map_err(bad)?;
+                Reply::Stats(
+                    crate::stats::DeviceStats::decode(&b)
+                        .map_err(|_| DecodeError::Malformed("invalid device statistics"))?,
                 )
             }
             R_KEYS => {

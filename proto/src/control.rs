@@ -80,6 +80,10 @@ pub enum ControlRoute {
     },
     /// `GET /cluster/summary`.
     Summary,
+    /// `GET /cluster/events`: the cluster's event log (the master's, newest last).
+    Events,
+    /// `GET /cluster/loads`: the regions' reported sizes and write rates.
+    Loads,
     /// `POST /cluster/backups/{hex location}`.
     Backup {
         /// The location's URL (1..=[`MAX_LOCATION`] bytes of UTF-8).
@@ -266,12 +270,15 @@ impl ControlRoute {
                 };
                 Ok(ControlRoute::Restore { from, backup })
             }
-            ["summary"] => {
-                if method == "GET" {
-                    Ok(ControlRoute::Summary)
-                } else {
-                    Err(RouteError::MethodNotAllowed)
+            ["summary"] | ["events"] | ["loads"] => {
+                if method != "GET" {
+                    return Err(RouteError::MethodNotAllowed);
                 }
+                Ok(match parts[0] {
+                    "summary" => ControlRoute::Summary,
+                    "events" => ControlRoute::Events,
+                    _ => ControlRoute::Loads,
+                })
             }
             _ => Err(RouteError::NotFound),
         }
@@ -287,7 +294,9 @@ impl ControlRoute {
             | ControlRoute::Backup { .. }
             | ControlRoute::Restore { .. }
             | ControlRoute::SetBackupSchedule { .. } => "POST",
-            ControlRoute::Summary | ControlRoute::BackupStatus { .. } => "GET",
+            ControlRoute::Summary | ControlRoute::Events | ControlRoute::Loads | ControlRoute::BackupStatus { .. } => {
+                "GET"
+            }
         }
     }
 
@@ -302,6 +311,8 @@ impl ControlRoute {
             }
             ControlRoute::Merge { region } => format!("/cluster/merge/{region}"),
             ControlRoute::Summary => "/cluster/summary".into(),
+            ControlRoute::Events => "/cluster/events".into(),
+            ControlRoute::Loads => "/cluster/loads".into(),
             ControlRoute::Backup { to } => {
                 let hex: String = to.bytes().map(|b| format!("{b:02x}")).collect();
                 format!("/cluster/backups/{hex}")
@@ -335,7 +346,9 @@ impl ControlRoute {
             | ControlRoute::Backup { .. }
             | ControlRoute::Restore { .. }
             | ControlRoute::SetBackupSchedule { .. } => true,
-            ControlRoute::Summary | ControlRoute::BackupStatus { .. } => false,
+            ControlRoute::Summary | ControlRoute::Events | ControlRoute::Loads | ControlRoute::BackupStatus { .. } => {
+                false
+            }
         }
     }
 }
@@ -354,6 +367,9 @@ mod tests {
         assert_eq!(r("POST", "/cluster/split/1/6D"), Ok(ControlRoute::Split { region: 1, key: b"m".to_vec() }));
         assert_eq!(r("POST", "/cluster/merge/4"), Ok(ControlRoute::Merge { region: 4 }));
         assert_eq!(r("GET", "/cluster/summary"), Ok(ControlRoute::Summary));
+        assert_eq!(r("GET", "/cluster/events"), Ok(ControlRoute::Events));
+        assert_eq!(r("GET", "/cluster/loads"), Ok(ControlRoute::Loads));
+        assert_eq!(r("POST", "/cluster/events"), Err(RouteError::MethodNotAllowed));
         assert_eq!(r("POST", "/cluster/summary"), Err(RouteError::MethodNotAllowed));
         assert_eq!(r("GET", "/cluster/split/1/6d"), Err(RouteError::MethodNotAllowed));
         assert_eq!(r("PUT", "/cluster/drain/1"), Err(RouteError::MethodNotAllowed));

@@ -25,6 +25,7 @@ pub mod limits;
 mod message;
 pub mod regionmap;
 pub mod replication;
+pub mod stats;
 mod token;
 
 pub use codec::{

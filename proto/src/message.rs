@@ -49,6 +49,8 @@ pub enum OpCode {
     AddText = 20,
     /// [`Op::AddTexts`]
     AddTexts = 21,
+    /// [`Op::Stats`]
+    Stats = 22,
 }
 
 impl OpCode {
@@ -77,6 +79,7 @@ impl OpCode {
             19 => TreeNodes,
             20 => AddText,
             21 => AddTexts,
+            22 => Stats,
             _ => return None,
         })
     }
@@ -106,6 +109,7 @@ impl OpCode {
             TreeNodes => "tree_nodes",
             AddText => "add_text",
             AddTexts => "add_texts",
+            Stats => "stats",
         }
     }
 
@@ -119,6 +123,7 @@ impl OpCode {
                 | OpCode::Reduce
                 | OpCode::Filter
                 | OpCode::RegionMap
+                | OpCode::Stats
                 | OpCode::Auth
                 | OpCode::Pivots
                 | OpCode::ReplicaSync
@@ -425,6 +430,10 @@ pub enum Op {
     /// The cluster's region map as the node knows it (nodes, regions, primaries, epochs): how
     /// clients route without access to the metadata store.
     RegionMap,
+    /// The device's statistics (its counters, and per region it leads the gets served and the
+    /// most read popular keys): replies [`Reply::Stats`]. For the cluster's own roles and
+    /// administrators (the console's source).
+    Stats,
     /// Presents a bearer token for the connection (a gateway with tokens configured checks it;
     /// its later requests run with the token's permissions). Devices accept any token.
     Auth { token: Vec<u8> },
@@ -464,6 +473,7 @@ impl Op {
             Op::Filter { .. } => OpCode::Filter,
             Op::Batch { .. } => OpCode::Batch,
             Op::RegionMap => OpCode::RegionMap,
+            Op::Stats => OpCode::Stats,
             Op::Auth { .. } => OpCode::Auth,
             Op::Pivots { .. } => OpCode::Pivots,
             Op::ReplicaSync { .. } => OpCode::ReplicaSync,
@@ -492,7 +502,7 @@ impl Op {
             Op::TreeNodes { key, .. } => key,
             Op::Batch { ops } => ops.first().map_or(&[], |o| o.key()),
             Op::AddTexts { adds } => adds.first().map_or(&[], |(k, _)| k),
-            Op::RegionMap | Op::Auth { .. } | Op::ReplicaSync { .. } => &[],
+            Op::RegionMap | Op::Stats | Op::Auth { .. } | Op::ReplicaSync { .. } => &[],
         }
     }
 
@@ -502,7 +512,7 @@ impl Op {
         let (one, batch, adds): (Option<&[u8]>, &[WriteOp], &[KeyDeltas]) = match self {
             Op::Batch { ops } => (None, ops, &[]),
             Op::AddTexts { adds } => (None, &[], adds),
-            Op::RegionMap | Op::Auth { .. } | Op::ReplicaSync { .. } => (None, &[], &[]),
+            Op::RegionMap | Op::Stats | Op::Auth { .. } | Op::ReplicaSync { .. } => (None, &[], &[]),
             op => (Some(op.key()), &[], &[]),
         };
         one.into_iter().chain(batch.iter().map(WriteOp::key)).chain(adds.iter().map(|(k, _)| k.as_slice()))
@@ -568,7 +578,7 @@ impl Op {
                 }
                 Ok(())
             }
-            Op::RegionMap => Ok(()),
+            Op::RegionMap | Op::Stats => Ok(()),
             Op::Pivots { lo, hi, max } => {
                 if lo.len() > MAX_KEY || hi.len() > MAX_KEY {
                     return Err(ErrorCode::KeySize);
@@ -801,6 +811,8 @@ pub enum Reply {
     Vector(Vec<u8>),
     /// The region map (validated when decoded).
     RegionMap(crate::regionmap::RegionMap),
+    /// [`Op::Stats`]'s answer.
+    Stats(crate::stats::DeviceStats),
     /// Keys: `pivots`' answer, ascending.
     Keys(Vec<Vec<u8>>),
     /// `tree_nodes`' answer: the arena's nonce, and each node with the index of its parent among

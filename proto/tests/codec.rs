@@ -75,6 +75,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(key, elem, cmp, operand)| Op::Filter { key, elem, cmp, operand }),
         proptest::collection::vec(write_op(), 1..8).prop_map(|ops| Op::Batch { ops }),
         Just(Op::RegionMap),
+        Just(Op::Stats),
         proptest::collection::vec(any::<u8>(), 1..=256).prop_map(|token| Op::Auth { token }),
         (
             any::<u64>(),
@@ -186,6 +187,17 @@ fn response() -> impl Strategy<Value = Response> {
         (any::<u64>(), proptest::collection::vec((any::<u16>(), tree_node()), 0..6))
             .prop_map(|(arena, nodes)| Reply::TreeNodes { arena, nodes }),
         proptest::collection::vec(proptest::option::of(any::<i64>()), 0..20).prop_map(Reply::Added),
+        (proptest::collection::vec(("[a-z_]{1,20}", any::<u64>()), 0..6), any::<u32>(), any::<u64>(), bytes(20))
+            .prop_map(|(counters, region, gets, k)| Reply::Stats(dpukv_proto::stats::DeviceStats {
+                counters,
+                regions: vec![dpukv_proto::stats::RegionStats {
+                    region,
+                    gets,
+                    capacity: 8,
+                    popular: 1,
+                    top: vec![(k, 3)]
+                }],
+            })),
     ];
     let code = (1u8..=20).prop_map(|b| ErrorCode::from_u8(b).expect("known code"));
     let result = prop_oneof![

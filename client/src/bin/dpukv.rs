@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use dpukv_client::Client;
+use dpukv_client::control::ControlClient;
 use dpukv_client::proto::control::{Action, ControlRoute};
 use dpukv_client::proto::{Cmp, Elem, ReduceOp, VecOp};
 
@@ -436,98 +437,6 @@ async fn restore(
             print!("{body}");
         }
         last = now;
-    }
-}
-
-/// How `dpukv cluster` reaches the hosts' control API.
-struct ControlClient {
-    /// TLS (trusting `--tls-ca`, presenting `--tls-cert`), if given.
-    tls: Option<std::sync::Arc<dpukv_net::tls::ClientTls>>,
-    /// `--admin-token`.
-    token: Option<String>,
-    /// `--control`.
-    addr: Option<String>,
-}
-
-/// The most bytes of a control API answer read.
-const MAX_CONTROL_ANSWER: u64 = 1 << 20;
-
-impl ControlClient {
-    /// `--control`, or a control API a node advertises (preferring one not on node `avoid`).
-    fn endpoint(&self, map: &dpukv_client::proto::regionmap::RegionMap, avoid: Option<u32>) -> Result<String> {
-        if let Some(a) = &self.addr {
-            return Ok(a.clone());
-        }
-        map.nodes
-            .iter()
-            .filter(|n| !n.admin.is_empty())
-            .min_by_key(|n| Some(n.id) == avoid)
-            .map(|n| n.admin.clone())
-            .context("no node advertises a control API (hosts need --control-listen), and no --control was given")
-    }
-
-    /// One request to the control API at `addr` (connecting within 5 s, answered within 30 s);
-    /// the status code and the body.
-    async fn call(&self, addr: &str, route: &ControlRoute) -> Result<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let exchange = async {
-            let tcp = tokio::time::timeout(std::time::Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
-                .await
-                .map_err(|_| anyhow::anyhow!("connecting to {addr}: no answer within 5 s"))?
-                .with_context(|| format!("connecting to {addr}"))?;
-            let mut s = match &self.tls {
-                Some(t) => t.connect(tcp, addr).await.map_err(|e| match dpukv_net::tls::refusal(&e) {
-                    Some(why) => anyhow::anyhow!("the control API at {addr}: TLS: {why}"),
-                    None => anyhow::anyhow!("the control API at {addr}: TLS: {e}"),
-                })?,
-                None => dpukv_net::tls::Stream::Plain(tcp),
-            };
-            let auth = self.token.as_deref().map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-            let req = format!(
-                "{} {} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n",
-                route.method(),
-                route.path()
-            );
-            s.write_all(req.as_bytes()).await?;
-            s.flush().await?;
-            let mut resp = Vec::new();
-            // A refused TLS session ends the read with an error after what was answered.
-            let read = (&mut s).take(MAX_CONTROL_ANSWER).read_to_end(&mut resp).await;
-            if resp.is_empty()
-                && let Err(e) = read
-            {
-                bail!("the control API at {addr}: {e}");
-            }
-            anyhow::Ok(resp)
-        };
-        let resp = tokio::time::timeout(std::time::Duration::from_secs(30), exchange)
-            .await
-            .map_err(|_| anyhow::anyhow!("the control API at {addr} did not answer within 30 s"))??;
-        if self.tls.is_none() && dpukv_net::tls::looks_like_tls(&resp) {
-            bail!("the control API at {addr} speaks TLS: give --tls-ca (and an admin certificate, or --admin-token)");
-        }
-        let text = String::from_utf8_lossy(&resp);
-        let code = text
-            .strip_prefix("HTTP/1.")
-            .and_then(|t| t.split_whitespace().nth(1))
-            .and_then(|c| c.parse().ok())
-            .with_context(|| format!("the control API at {addr} answered no HTTP"))?;
-        Ok((code, text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("").to_string()))
-    }
-
-    /// [`ControlClient::call`], failing unless the answer is a 200.
-    async fn must(&self, addr: &str, route: &ControlRoute) -> Result<String> {
-        let (code, body) = self.call(addr, route).await?;
-        if code != 200 {
-            let hint = match code {
-                401 | 403 => {
-                    " (the control API wants an admin certificate — --tls-ca, --tls-cert, --tls-key — or --admin-token)"
-                }
-                _ => "",
-            };
-            bail!("{addr} answered {code}: {}{hint}", body.trim());
-        }
-        Ok(body)
     }
 }
 

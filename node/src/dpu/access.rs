@@ -25,6 +25,8 @@ use crate::regions::RegionMap;
 const DATA: &[Role] = &[Role::Gateway, Role::Client, Role::Admin];
 /// `tree_nodes`.
 const TREE: &[Role] = &[Role::Gateway, Role::Admin];
+/// `stats` (the console's source: who may see every region's most read keys).
+const STATS: &[Role] = &[Role::Gateway, Role::Operator, Role::Admin];
 /// `region_map`.
 const ANY: &[Role] = &[Role::Node, Role::Gateway, Role::Operator, Role::Admin, Role::Client];
 
@@ -35,6 +37,7 @@ pub(crate) fn check(peer: &Peer, req: &Request, map: impl FnOnce() -> Option<Arc
     let allowed = match &req.op {
         Op::RegionMap => peer.allow(ANY, what),
         Op::TreeNodes { .. } => peer.allow(TREE, what),
+        Op::Stats => peer.allow(STATS, what),
         Op::ReplicaSync { .. } if peer.unchecked() => Ok(()),
         Op::ReplicaSync { .. } => {
             // A copy of a popular key is taken only from the node that leads its region in the
@@ -134,6 +137,13 @@ mod tests {
         assert_eq!(code(&member(Role::Client, "x"), tree(), 0), Some(ErrorCode::Forbidden));
         assert_eq!(code(&member(Role::Gateway, "x"), tree(), 0), None);
         assert_eq!(code(&member(Role::Node, "3"), Op::RegionMap, 0), None, "every member routes");
+        assert_eq!(
+            code(&member(Role::Client, "c"), Op::Stats, 0),
+            Some(ErrorCode::Forbidden),
+            "a client sees no stats"
+        );
+        assert_eq!(code(&member(Role::Node, "3"), Op::Stats, 0), Some(ErrorCode::Forbidden));
+        assert_eq!(code(&member(Role::Gateway, "g"), Op::Stats, 0), None, "the console's gateway does");
         // Region 2 is led by node 2: only node 2 syncs its copies.
         assert_eq!(code(&member(Role::Node, "2"), sync(), 2), None);
         assert_eq!(code(&member(Role::Node, "1"), sync(), 2), Some(ErrorCode::Forbidden));

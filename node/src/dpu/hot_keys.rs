@@ -104,6 +104,8 @@ pub struct HotKeys {
     map: RwLock<Option<Arc<RegionMap>>>,
     /// What it did.
     pub counters: HotCounters,
+    /// Gets served per region (every get of a region this node leads, hot keys on or off).
+    pub(crate) gets: super::stats::RegionCounts,
 }
 
 /// What a round sends for one region.
@@ -122,7 +124,38 @@ impl HotKeys {
             regions: Mutex::new(HashMap::new()),
             map: RwLock::new(None),
             counters: HotCounters::default(),
+            gets: Default::default(),
         })
+    }
+
+    /// Per region this node leads (by the map of the sync thread's last round): the gets served,
+    /// the popular set's size, and its `top` most read keys.
+    pub(crate) fn region_stats(&self, top: usize) -> Vec<dpukv_proto::stats::RegionStats> {
+        let map = self.map();
+        let node = map.as_ref().map(|m| m.node());
+        let led =
+            |id: u32| map.as_ref().is_some_and(|m| m.regions().iter().any(|r| r.id == id && Some(r.primary) == node));
+        let gets = self.gets.take_stock(led);
+        let regions = self.lock();
+        let mut budget = dpukv_proto::stats::MAX_TOP_BYTES;
+        gets.into_iter()
+            .map(|(region, gets)| {
+                let t = regions.get(&region);
+                let mut keys = t.map_or_else(Vec::new, |t| t.popularity.top(top));
+                keys.retain(|(k, _)| {
+                    let fits = k.len() <= budget;
+                    budget = budget.saturating_sub(if fits { k.len() } else { budget });
+                    fits
+                });
+                dpukv_proto::stats::RegionStats {
+                    region,
+                    gets,
+                    capacity: t.map_or(0, |_| self.cfg.popularity.capacity as u32),
+                    popular: t.map_or(0, |t| t.popularity.len() as u32),
+                    top: keys,
+                }
+            })
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Tracked>> {
@@ -192,6 +225,7 @@ impl HotKeys {
 
 impl ReadObserver for HotKeys {
     fn on_get(&self, region: &RegionInfo, key: &[u8]) -> bool {
+        self.gets.add(region.id);
         if !self.enabled() {
             return false;
         }

@@ -24,6 +24,7 @@ mod access;
 mod front;
 pub mod hot_keys;
 mod link;
+mod stats;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -143,14 +144,17 @@ pub async fn run(
     let refused = Arc::new(AtomicU64::new(0));
     let ready = Arc::new(AtomicBool::new(false));
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(StatsCollector {
+    let counters = Arc::new(stats::DeviceCounters {
+        started: std::time::Instant::now(),
         reads: reads_counters.clone(),
         forwarded: links.forwarded.clone(),
         unavailable: links.unavailable.clone(),
         hot: hot.clone(),
         table: table.clone(),
         refused: refused.clone(),
-    }));
+        on_host: cfg.serve_reads_on_host,
+    });
+    registry.register_collector(Box::new(stats::Collector(counters.clone())));
     let latency = dpukv_net::latency::OpLatency::register(
         &mut registry,
         "dpukv_device_request_duration_seconds",
@@ -229,6 +233,7 @@ pub async fn run(
         table,
         hot,
         refused,
+        counters,
         conn: cfg.conn,
         on_host: cfg.serve_reads_on_host,
         tls: cfg.tls.clone(),
@@ -283,6 +288,7 @@ struct Serving {
     table: Arc<ReplicaTable>,
     hot: Arc<HotKeys>,
     refused: Arc<AtomicU64>,
+    counters: Arc<stats::DeviceCounters>,
     conn: ConnConfig,
     on_host: bool,
     tls: Option<Arc<dpukv_net::tls::ServerTls>>,
@@ -316,6 +322,12 @@ impl Serving {
             };
             let dispatch = |batch: Vec<Incoming>, sink: Sink| {
                 let batch = access::admit(batch, &peer, || s.hot.map(), &sink, &s.refused);
+                // Statistics are the device's own: answered here (never by the host).
+                let (asks, batch): (Vec<_>, Vec<_>) = batch.into_iter().partition(|i| matches!(i.req.op, Op::Stats));
+                for Incoming { req, charge } in asks {
+                    let result = Ok(Reply::Stats(s.counters.snapshot()));
+                    sink.send(Response { id: req.id, version: 0, replicated: false, result }, charge);
+                }
                 dispatch(batch, sink, &s.reads, &s.links, &s.table, s.on_host)
             };
             if let Err(e) = conn::serve(stream, s.conn, s.budget.clone(), obs, s.stop.clone(), dispatch).await {
@@ -397,111 +409,5 @@ fn replica_op(req: &Request, table: &ReplicaTable) -> Option<Response> {
             })
         }
         _ => None,
-    }
-}
-
-struct StatsCollector {
-    refused: Arc<AtomicU64>,
-    reads: Arc<ReadCounters>,
-    forwarded: Arc<AtomicU64>,
-    unavailable: Arc<AtomicU64>,
-    hot: Arc<HotKeys>,
-    table: Arc<ReplicaTable>,
-}
-
-impl std::fmt::Debug for StatsCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("StatsCollector")
-    }
-}
-
-impl prometheus_client::collector::Collector for StatsCollector {
-    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
-        let r = &self.reads;
-        admin::encode_counters(
-            &mut enc,
-            &[
-                ("dpukv_device_reads_served", "reads executed on the device", &r.served),
-                (
-                    "dpukv_device_requests_refused",
-                    "requests refused for the caller's role (unauthorized, forbidden: docs/security.md)",
-                    &self.refused,
-                ),
-                ("dpukv_device_forwarded", "requests forwarded to the host", &self.forwarded),
-                (
-                    "dpukv_device_unavailable",
-                    "forwarded requests failed: host unreachable or not answering",
-                    &self.unavailable,
-                ),
-                ("dpukv_device_node_visits", "tree node buffers visited by reads", &r.node_visits),
-                ("dpukv_device_snapshots", "arena snapshots taken by reads", &r.snapshots),
-                ("dpukv_device_ring_commands", "page-table changes applied from the command rings", &r.ring_commands),
-                (
-                    "dpukv_device_page_table_copies",
-                    "page-table copies taken (first use, ring overruns)",
-                    &r.page_table_copies,
-                ),
-                ("dpukv_device_node_cache_hits", "interior nodes served from the device's node cache", &r.cache_hits),
-                ("dpukv_device_node_cache_misses", "interior nodes read from host memory", &r.cache_misses),
-                (
-                    "dpukv_device_hinted_reads",
-                    "reads (gets, scans' first descents) that started where their fat-root start hint said",
-                    &r.hinted,
-                ),
-                ("dpukv_device_hint_misses", "reads whose start hint was stale (started at the root)", &r.hint_misses),
-                ("dpukv_device_replica_reads", "gets answered from the replica table", &self.table.counters.reads),
-                (
-                    "dpukv_device_replica_misses",
-                    "gets aimed at this device as a replica it could not answer (no copy, or too stale)",
-                    &self.table.counters.misses,
-                ),
-                (
-                    "dpukv_device_replica_dropped",
-                    "copies not kept: the replica table was full",
-                    &self.table.counters.dropped,
-                ),
-                (
-                    "dpukv_host_sync_requests",
-                    "replica syncs sent to backups' devices",
-                    &self.hot.counters.sync_requests,
-                ),
-                ("dpukv_device_popular_admitted", "keys admitted to popular sets", &self.hot.counters.admitted),
-                ("dpukv_device_popular_evicted", "keys evicted from popular sets", &self.hot.counters.evicted),
-                (
-                    "dpukv_device_sync_overflows",
-                    "sync rounds a backup's link could not take (back-pressure; it resyncs whole)",
-                    &self.hot.counters.overflows,
-                ),
-                (
-                    "dpukv_device_sync_clock_jumps",
-                    "sync rounds that sent no watermark because the wall clock jumped (replicas dropped this node's copies)",
-                    &self.hot.counters.clock_jumps,
-                ),
-                (
-                    "dpukv_device_replica_clock_jumps",
-                    "replica syncs whose watermark was not taken because this node's wall clock jumped",
-                    &self.table.counters.clock_jumps,
-                ),
-            ],
-        )?;
-        let c = &self.hot.counters;
-        let (copies, bytes) = self.table.size();
-        admin::encode_gauges(
-            &mut enc,
-            &[
-                (
-                    "dpukv_host_popular_keys",
-                    "popular keys of the regions this node leads",
-                    c.popular.load(Ordering::Relaxed) as i64,
-                ),
-                (
-                    "dpukv_host_sync_outstanding",
-                    "replica syncs queued or unanswered",
-                    c.outstanding.load(Ordering::Relaxed),
-                ),
-                ("dpukv_device_replica_keys", "copies in the replica table", copies as i64),
-                ("dpukv_device_replica_bytes", "bytes of keys and values in the replica table", bytes as i64),
-            ],
-        )
     }
 }

@@ -198,6 +198,35 @@ fn latency_histograms_count_each_operation_on_device_and_host() {
 /// `pivots` at a device: keys from the region's index that cut a range into similar parts,
 /// only inside the range and the region of `lo`; none in a tiny range; a `max` above the limit
 /// is refused.
+/// A device's `stats`: its counters, and per region it leads the gets it served (the console's
+/// source, docs/protocol.md §5).
+#[test]
+fn stats_count_the_gets_each_region_served_on_the_device() {
+    let pod = Pod::start(&["--fsync", "never", "--split-keys", "m"], &[]);
+    let mut c = pod.connect();
+    let k = |s: &str| s.as_bytes().to_vec();
+    assert_eq!(c.one(Op::Put { key: k("a"), value: k("1") }).result, Ok(Reply::Done));
+    assert_eq!(c.one(Op::Put { key: k("z"), value: k("2") }).result, Ok(Reply::Done));
+    let gets = |c: &mut crate::harness::Conn, key: &str, n| {
+        for _ in 0..n {
+            assert!(value(&c.one(Op::Get { key: k(key) })).is_some());
+        }
+    };
+    gets(&mut c, "a", 7);
+    gets(&mut c, "z", 3);
+    let Ok(Reply::Stats(s)) = c.one(Op::Stats).result else { panic!("no stats") };
+    let region = |id| s.regions.iter().find(|r| r.region == id).map(|r| r.gets);
+    assert_eq!((region(1), region(2)), (Some(7), Some(3)), "{s:?}");
+    assert!(s.counter("reads_served").is_some_and(|n| n >= 10), "{s:?}");
+    assert!(s.counter("rss_bytes").is_some_and(|n| n > 1 << 20), "{s:?}");
+    assert!(s.counter("uptime_ms").is_some() && s.counter("cpu_ms").is_some(), "{s:?}");
+    assert_eq!(s.counter("reads_on_host"), Some(0));
+    // Gets go on counting from there.
+    gets(&mut c, "a", 2);
+    let Ok(Reply::Stats(s)) = c.one(Op::Stats).result else { panic!("no stats") };
+    assert_eq!(s.regions.iter().find(|r| r.region == 1).map(|r| r.gets), Some(9));
+}
+
 #[test]
 fn pivots_come_from_the_regions_index_within_its_range() {
     let pod = Pod::start(&["--fsync", "never", "--split-keys", "m"], &[]);

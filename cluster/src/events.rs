@@ -1,0 +1,568 @@
+//! The cluster's event log (docs/cluster.md §12): what the master saw happen — nodes joining and
+//! lost, failovers with their duration, primary handovers, splits, merges, drains, step-downs,
+//! backups, restores — kept in the metadata store under `events/<seq>` for the console and
+//! operators.
+//!
+//! The master derives events by comparing each round's snapshot with the previous round's
+//! ([`Recorder::observe`], a pure function, model-tested), so no decision path has to remember
+//! to log, and a change made by anyone (a node's lease ending, an operator's request) is seen.
+//! A master that takes over seeds its recorder from the stored log: sequence numbers go on, and
+//! a node the old master recorded lost keeps its loss time, so the failover that follows still
+//! has its duration.
+//!
+//! A failover's duration runs from the round in which the master first saw the primary's
+//! registration gone (its lease ended: at most the lease TTL after the node died) to the round
+//! in which it saw another node lead the region. The outage clients saw is at most the lease TTL
+//! longer (docs/cluster.md §5).
+//!
+//! Bounds: at most [`KEEP`] events are stored (writing event `n` deletes event `n - KEEP` in the
+//! same transaction, fenced by the master's key); an event is at most a few hundred bytes (keys
+//! in its text are cut to [`MAX_KEY_SHOWN`] bytes); a master that cannot write keeps at most
+//! [`KEEP`] unwritten events and drops the oldest past that. Writing events is best effort: it
+//! never fails a round.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::keys::Keys;
+use crate::master::Snapshot;
+use crate::meta::{Compare, MetaStore, Result, Txn, TxnOp};
+
+/// Events kept in the store.
+pub const KEEP: u64 = 256;
+
+/// The most bytes of a key shown in an event's text.
+pub const MAX_KEY_SHOWN: usize = 48;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// The first regions were laid out.
+    Layout,
+    /// A node registered (`node`).
+    NodeJoined,
+    /// A node's registration ended (`node`): it died, or its lease ran out.
+    NodeLost,
+    /// A region (`region`) whose primary (`node`) was lost is led by another node (`to`), after
+    /// `duration_ms`.
+    Failover,
+    /// A region's (`region`) primary moved from a live node (`node`) to another (`to`): a
+    /// drain, a step-down, a rebalance.
+    Handover,
+    /// A region (`region`) gave the upper part of its range to a new region (`to`).
+    Split,
+    /// A region (`region`) was merged into its left neighbour (`to`).
+    Merge,
+    /// A node (`node`) was asked to drain.
+    DrainRequested,
+    /// A node's (`node`) drain ended (done, or cancelled).
+    DrainEnded,
+    /// A node (`node`) was asked to step down.
+    StepDownRequested,
+    /// A node's (`node`) step-down ended.
+    StepDownEnded,
+    /// A backup finished (`duration_ms` from its cut to its manifest).
+    Backup,
+    /// A restore began.
+    RestoreStarted,
+    /// The restore under way ended (finished or abandoned).
+    RestoreEnded,
+    /// A kind this build does not know (written by a newer master).
+    #[serde(other)]
+    Other,
+}
+
+/// One event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Its number: larger is later (never reused within a cluster's log).
+    pub seq: u64,
+    /// When the master saw it (Unix milliseconds, the master's clock).
+    pub unix_ms: u64,
+    /// What happened.
+    pub kind: Kind,
+    /// The node it is about, if one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<u32>,
+    /// The region it is about, if one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<u32>,
+    /// Where something went: the new primary (failover, handover), the new region (split), the
+    /// region merged into (merge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<u32>,
+    /// How long it took (failover: from the primary seen lost to another node leading; backup:
+    /// cut to manifest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// A sentence for people.
+    pub detail: String,
+}
+
+impl Event {
+    /// The stored form (JSON: readable with `etcdctl get --prefix`).
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The event stored as `b`, if it is one.
+    pub fn decode(b: &[u8]) -> Option<Event> {
+        serde_json::from_slice(b).ok()
+    }
+}
+
+/// A region as the recorder compares it: (start, end, primary).
+type Span = (Vec<u8>, Option<Vec<u8>>, u32);
+
+/// What the recorder compares between rounds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct View {
+    nodes: BTreeSet<u32>,
+    /// id -> (start, end, primary)
+    regions: BTreeMap<u32, Span>,
+    draining: BTreeSet<u32>,
+    stepping_down: BTreeSet<u32>,
+    last_backup: Option<String>,
+    restoring: bool,
+}
+
+impl View {
+    fn of(snap: &Snapshot) -> View {
+        View {
+            nodes: snap.map.nodes.iter().map(|n| n.id).collect(),
+            regions: snap.map.regions.iter().map(|r| (r.id, (r.start.clone(), r.end.clone(), r.primary))).collect(),
+            draining: snap.facts.draining.clone(),
+            stepping_down: snap.facts.stepping_down.clone(),
+            last_backup: snap.last_backup.as_ref().map(|b| b.id.clone()),
+            restoring: snap.restore.is_some(),
+        }
+    }
+}
+
+/// A key as an event's text shows it: UTF-8 as it is, other bytes in hex; cut to
+/// [`MAX_KEY_SHOWN`] bytes.
+fn shown(k: &[u8]) -> String {
+    let cut = &k[..k.len().min(MAX_KEY_SHOWN)];
+    let more = if k.len() > cut.len() { "…" } else { "" };
+    match std::str::from_utf8(cut) {
+        Ok(s) if s.chars().all(|c| !c.is_control()) => format!("{s:?}{more}"),
+        _ => format!("0x{}{more}", crate::keys::hex(cut)),
+    }
+}
+
+/// Derives events from the master's successive snapshots (see the module's summary).
+#[derive(Debug, Default)]
+pub struct Recorder {
+    prev: Option<View>,
+    /// Nodes seen lost and not back: when (Unix ms).
+    lost_at: HashMap<u32, u64>,
+    next_seq: u64,
+    seeded: bool,
+    /// Events observed and not stored yet (at most [`KEEP`]).
+    unwritten: Vec<Event>,
+}
+
+impl Recorder {
+    /// Whether [`Recorder::seed`] ran (the master observes only after it: sequence numbers go on
+    /// from the stored log's).
+    pub fn seeded(&self) -> bool {
+        self.seeded
+    }
+
+    /// Takes up the stored log (oldest first): numbers continue after its last, and nodes it
+    /// last recorded lost (and not back) keep their loss times.
+    pub fn seed(&mut self, stored: &[Event]) {
+        for e in stored {
+            self.next_seq = self.next_seq.max(e.seq + 1);
+            match (e.kind, e.node) {
+                (Kind::NodeLost, Some(n)) => {
+                    self.lost_at.insert(n, e.unix_ms);
+                }
+                (Kind::NodeJoined, Some(n)) => {
+                    self.lost_at.remove(&n);
+                }
+                _ => {}
+            }
+        }
+        self.seeded = true;
+    }
+
+    fn push(&mut self, out: &mut Vec<Event>, now_ms: u64, kind: Kind, detail: String) -> usize {
+        out.push(Event {
+            seq: self.next_seq,
+            unix_ms: now_ms,
+            kind,
+            node: None,
+            region: None,
+            to: None,
+            duration_ms: None,
+            detail,
+        });
+        self.next_seq += 1;
+        out.len() - 1
+    }
+
+    /// The events between the previous snapshot observed and `snap`, seen at `now_ms`. The
+    /// first snapshot yields only the losses it shows (primaries not registered that no stored
+    /// event recorded lost) — what a master that died with them could not record.
+    pub fn observe(&mut self, snap: &Snapshot, now_ms: u64) -> Vec<Event> {
+        let now = View::of(snap);
+        let mut out = Vec::new();
+        let Some(prev) = self.prev.take() else {
+            let dead: BTreeSet<u32> = now
+                .regions
+                .values()
+                .map(|r| r.2)
+                .filter(|p| *p != 0 && !now.nodes.contains(p) && !self.lost_at.contains_key(p))
+                .collect();
+            for n in dead {
+                let i = self.push(
+                    &mut out,
+                    now_ms,
+                    Kind::NodeLost,
+                    format!("node {n} is not registered (it leads regions)"),
+                );
+                out[i].node = Some(n);
+                self.lost_at.insert(n, now_ms);
+            }
+            self.prev = Some(now);
+            return out;
+        };
+        if prev.regions.is_empty() && !now.regions.is_empty() {
+            let text = format!("{} regions laid out on {} nodes", now.regions.len(), now.nodes.len());
+            self.push(&mut out, now_ms, Kind::Layout, text);
+        }
+        for &n in now.nodes.difference(&prev.nodes) {
+            let back = self.lost_at.remove(&n).map(|t| format!(" ({} ms after it was lost)", now_ms.saturating_sub(t)));
+            let i = self.push(
+                &mut out,
+                now_ms,
+                Kind::NodeJoined,
+                format!("node {n} registered{}", back.unwrap_or_default()),
+            );
+            out[i].node = Some(n);
+        }
+        for &n in prev.nodes.difference(&now.nodes) {
+            let i = self.push(&mut out, now_ms, Kind::NodeLost, format!("node {n}'s registration ended"));
+            out[i].node = Some(n);
+            self.lost_at.insert(n, now_ms);
+        }
+        // Primaries that changed, in region order.
+        for (id, (_, _, primary)) in &now.regions {
+            let Some((_, _, old)) = prev.regions.get(id) else { continue };
+            if old == primary || *primary == 0 {
+                continue;
+            }
+            let i = if *old != 0 && !now.nodes.contains(old) {
+                let took = self.lost_at.get(old).map(|t| now_ms.saturating_sub(*t));
+                let text = match took {
+                    Some(ms) => format!("region {id}: node {primary} leads, {ms} ms after node {old} was lost"),
+                    None => format!("region {id}: node {primary} leads (node {old} was lost)"),
+                };
+                let i = self.push(&mut out, now_ms, Kind::Failover, text);
+                out[i].duration_ms = took;
+                i
+            } else {
+                self.push(
+                    &mut out,
+                    now_ms,
+                    Kind::Handover,
+                    format!("region {id}: primary moved from node {old} to node {primary}"),
+                )
+            };
+            out[i].node = Some(*old).filter(|o| *o != 0);
+            out[i].region = Some(*id);
+            out[i].to = Some(*primary);
+        }
+        // New regions inside an old one's range: splits; regions gone: merges.
+        for (id, (start, _, _)) in now.regions.range(..).filter(|(id, _)| !prev.regions.contains_key(id)) {
+            if prev.regions.is_empty() {
+                break; // the first layout
+            }
+            // The region whose range held the new start before.
+            let parent = prev
+                .regions
+                .iter()
+                .find(|(_, (s, e, _))| s < start && e.as_ref().is_none_or(|e| start < e))
+                .map(|(p, _)| *p);
+            let text = match parent {
+                Some(p) => format!("region {p} split at {}: the keys from there on are region {id}", shown(start)),
+                None => format!("region {id} appeared at {}", shown(start)),
+            };
+            let i = self.push(&mut out, now_ms, Kind::Split, text);
+            out[i].region = parent;
+            out[i].to = Some(*id);
+        }
+        for (id, (start, _, _)) in prev.regions.iter().filter(|(id, _)| !now.regions.contains_key(id)) {
+            if now.regions.is_empty() {
+                break;
+            }
+            // Merged into its left neighbour: the region that now ends past its start.
+            let into = now
+                .regions
+                .iter()
+                .find(|(_, (s, e, _))| s < start && e.as_ref().is_none_or(|e| start < e))
+                .map(|(n, _)| *n);
+            let text = match into {
+                Some(n) => format!("region {id} merged into region {n}"),
+                None => format!("region {id} is gone"),
+            };
+            let i = self.push(&mut out, now_ms, Kind::Merge, text);
+            out[i].region = Some(*id);
+            out[i].to = into;
+        }
+        let sets = [
+            (&prev.draining, &now.draining, Kind::DrainRequested, Kind::DrainEnded, "drain"),
+            (&prev.stepping_down, &now.stepping_down, Kind::StepDownRequested, Kind::StepDownEnded, "step-down"),
+        ];
+        for (before, after, started, ended, what) in sets {
+            for &n in after.difference(before) {
+                let i = self.push(&mut out, now_ms, started, format!("node {n}: {what} requested"));
+                out[i].node = Some(n);
+            }
+            for &n in before.difference(after) {
+                let i = self.push(&mut out, now_ms, ended, format!("node {n}: {what} ended"));
+                out[i].node = Some(n);
+            }
+        }
+        if now.last_backup != prev.last_backup
+            && let Some(b) = &snap.last_backup
+        {
+            let text = format!("backup {} to {}: {} bytes, {} uploaded", b.id, b.to, b.bytes, b.uploaded);
+            let i = self.push(&mut out, now_ms, Kind::Backup, text);
+            out[i].duration_ms = Some(b.took_ms);
+        }
+        if now.restoring != prev.restoring {
+            let (kind, text) = if now.restoring {
+                (Kind::RestoreStarted, "a restore began: the cluster serves none of its regions until it ends")
+            } else {
+                (Kind::RestoreEnded, "the restore ended")
+            };
+            self.push(&mut out, now_ms, kind, text.to_string());
+        }
+        self.prev = Some(now);
+        out
+    }
+
+    /// Queues `events` to be written (dropping the oldest unwritten past [`KEEP`]).
+    pub fn queue(&mut self, events: Vec<Event>) {
+        self.unwritten.extend(events);
+        let over = self.unwritten.len().saturating_sub(KEEP as usize);
+        self.unwritten.drain(..over);
+    }
+
+    /// Writes the queued events under the master's `fence`, each deleting the event [`KEEP`]
+    /// before it; kept queued if the store refuses or is unreachable.
+    pub async fn write<S: MetaStore>(&mut self, s: &S, keys: &Keys, fence: &Compare) -> Result<()> {
+        if self.unwritten.is_empty() {
+            return Ok(());
+        }
+        let mut then = Vec::with_capacity(self.unwritten.len() * 2);
+        for e in &self.unwritten {
+            then.push(TxnOp::Put { key: keys.event(e.seq), value: e.encode(), lease: None });
+            if let Some(old) = e.seq.checked_sub(KEEP) {
+                then.push(TxnOp::Delete { key: keys.event(old) });
+            }
+        }
+        let t = s.txn(Txn { when: vec![fence.clone()], then, otherwise: vec![] }).await?;
+        if t.succeeded {
+            self.unwritten.clear();
+        }
+        Ok(())
+    }
+}
+
+/// The stored log, oldest first (entries that do not parse are skipped).
+pub async fn load<S: MetaStore>(s: &S, keys: &Keys) -> Result<Vec<Event>> {
+    let (kvs, _) = s.range(&keys.events()).await?;
+    let mut out: Vec<Event> = kvs.iter().filter_map(|kv| Event::decode(&kv.value)).collect();
+    out.sort_by_key(|e| e.seq);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpukv_proto::regionmap::{NodeInfo, RegionInfo, RegionMap};
+
+    fn node(id: u32) -> NodeInfo {
+        NodeInfo {
+            id,
+            device: format!("d{id}"),
+            replication: String::new(),
+            admin: String::new(),
+            zone: String::new(),
+            fabric: String::new(),
+        }
+    }
+
+    fn region(id: u32, start: &[u8], end: Option<&[u8]>, primary: u32) -> RegionInfo {
+        RegionInfo {
+            id,
+            start: start.to_vec(),
+            end: end.map(<[u8]>::to_vec),
+            primary,
+            backups: vec![],
+            joining: vec![],
+            epoch: 1,
+            state: dpukv_proto::regionmap::RegionState::Serving,
+        }
+    }
+
+    fn snap(nodes: &[u32], regions: Vec<RegionInfo>) -> Snapshot {
+        Snapshot {
+            map: RegionMap { nodes: nodes.iter().map(|&n| node(n)).collect(), regions, ..RegionMap::default() },
+            ..Snapshot::default()
+        }
+    }
+
+    fn kinds(e: &[Event]) -> Vec<Kind> {
+        e.iter().map(|e| e.kind).collect()
+    }
+
+    #[test]
+    fn a_lost_primary_then_its_successor_is_a_failover_with_its_duration() {
+        let mut r = Recorder::default();
+        r.seed(&[]);
+        let two = vec![region(1, b"", Some(b"m"), 1), region(2, b"m", None, 2)];
+        assert!(r.observe(&snap(&[1, 2, 3], two.clone()), 1_000).is_empty());
+        let lost = r.observe(&snap(&[2, 3], two), 3_000);
+        assert_eq!(kinds(&lost), [Kind::NodeLost]);
+        assert_eq!(lost[0].node, Some(1));
+        let moved = vec![region(1, b"", Some(b"m"), 3), region(2, b"m", None, 2)];
+        let e = r.observe(&snap(&[2, 3], moved.clone()), 3_800);
+        assert_eq!(kinds(&e), [Kind::Failover]);
+        assert_eq!((e[0].node, e[0].region, e[0].to, e[0].duration_ms), (Some(1), Some(1), Some(3), Some(800)));
+        assert_eq!((lost[0].seq, e[0].seq), (0, 1));
+        // Nothing changed: nothing to say.
+        assert!(r.observe(&snap(&[2, 3], moved.clone()), 4_000).is_empty());
+        // The node comes back; then a live primary moves: a handover.
+        assert_eq!(kinds(&r.observe(&snap(&[1, 2, 3], moved), 5_000)), [Kind::NodeJoined]);
+        let back = vec![region(1, b"", Some(b"m"), 1), region(2, b"m", None, 2)];
+        let e = r.observe(&snap(&[1, 2, 3], back), 6_000);
+        assert_eq!(kinds(&e), [Kind::Handover]);
+        assert_eq!((e[0].node, e[0].to), (Some(3), Some(1)));
+    }
+
+    #[test]
+    fn a_new_master_records_the_loss_the_old_one_died_with_and_continues_the_numbers() {
+        let stored = vec![Event {
+            seq: 41,
+            unix_ms: 10,
+            kind: Kind::NodeJoined,
+            node: Some(1),
+            region: None,
+            to: None,
+            duration_ms: None,
+            detail: String::new(),
+        }];
+        let mut r = Recorder::default();
+        r.seed(&stored);
+        let regions = vec![region(1, b"", None, 1)];
+        let e = r.observe(&snap(&[2, 3], regions), 2_000);
+        assert_eq!(kinds(&e), [Kind::NodeLost]);
+        assert_eq!((e[0].seq, e[0].node), (42, Some(1)));
+        let e = r.observe(&snap(&[2, 3], vec![region(1, b"", None, 2)]), 2_500);
+        assert_eq!(e[0].duration_ms, Some(500));
+        // A loss already in the log keeps its time across masters.
+        let lost = Event { seq: 50, unix_ms: 100, kind: Kind::NodeLost, node: Some(7), ..stored[0].clone() };
+        let mut r = Recorder::default();
+        r.seed(&[lost]);
+        assert!(r.observe(&snap(&[2], vec![region(1, b"", None, 7)]), 400).is_empty());
+        let e = r.observe(&snap(&[2], vec![region(1, b"", None, 2)]), 900);
+        assert_eq!((e[0].kind, e[0].duration_ms, e[0].seq), (Kind::Failover, Some(800), 51));
+    }
+
+    #[test]
+    fn splits_merges_drains_and_the_layout_are_recorded() {
+        let mut r = Recorder::default();
+        r.seed(&[]);
+        assert!(r.observe(&snap(&[1], vec![]), 0).is_empty());
+        assert_eq!(kinds(&r.observe(&snap(&[1], vec![region(1, b"", None, 1)]), 1)), [Kind::Layout]);
+        let split = vec![region(1, b"", Some(b"k"), 1), region(2, b"k", None, 1)];
+        let e = r.observe(&snap(&[1], split), 2);
+        assert_eq!(kinds(&e), [Kind::Split]);
+        assert_eq!((e[0].region, e[0].to), (Some(1), Some(2)));
+        assert!(e[0].detail.contains("\"k\""), "{}", e[0].detail);
+        // A split of the right-hand region: its parent, not a region left of it.
+        let again = vec![region(1, b"", Some(b"k"), 1), region(2, b"k", Some(b"t"), 1), region(3, b"t", None, 1)];
+        let e = r.observe(&snap(&[1], again), 3);
+        assert_eq!((e[0].kind, e[0].region, e[0].to), (Kind::Split, Some(2), Some(3)));
+        let e = r.observe(&snap(&[1], vec![region(1, b"", Some(b"k"), 1), region(2, b"k", None, 1)]), 3);
+        assert_eq!((e[0].kind, e[0].region, e[0].to), (Kind::Merge, Some(3), Some(2)));
+        let e = r.observe(&snap(&[1], vec![region(1, b"", None, 1)]), 3);
+        assert_eq!(kinds(&e), [Kind::Merge]);
+        assert_eq!((e[0].region, e[0].to), (Some(2), Some(1)));
+        let mut s = snap(&[1], vec![region(1, b"", None, 1)]);
+        s.facts.draining.insert(1);
+        assert_eq!(kinds(&r.observe(&s, 4)), [Kind::DrainRequested]);
+        s.facts.draining.clear();
+        s.facts.stepping_down.insert(1);
+        assert_eq!(kinds(&r.observe(&s, 5)), [Kind::DrainEnded, Kind::StepDownRequested]);
+    }
+
+    #[test]
+    fn keys_in_texts_are_cut_and_binary_ones_shown_in_hex() {
+        assert_eq!(shown(b"abc"), "\"abc\"");
+        assert_eq!(shown(&[0xff, 0]), "0xff00");
+        assert!(shown(&[b'a'; 200]).len() < MAX_KEY_SHOWN + 8);
+    }
+
+    #[test]
+    fn the_queue_is_bounded_and_events_round_trip() {
+        let mut r = Recorder::default();
+        let e = Event {
+            seq: 0,
+            unix_ms: 1,
+            kind: Kind::Backup,
+            node: None,
+            region: None,
+            to: None,
+            duration_ms: Some(5),
+            detail: "x".into(),
+        };
+        r.queue((0..KEEP + 10).map(|i| Event { seq: i, ..e.clone() }).collect());
+        assert_eq!(r.unwritten.len(), KEEP as usize);
+        assert_eq!(r.unwritten[0].seq, 10);
+        assert_eq!(Event::decode(&e.encode()), Some(e.clone()));
+        assert_eq!(
+            Event::decode(br#"{"seq":1,"unix_ms":2,"kind":"new_kind","detail":""}"#).map(|e| e.kind),
+            Some(Kind::Other)
+        );
+        assert_eq!(Event::decode(b"garbage"), None);
+    }
+
+    #[tokio::test]
+    async fn the_store_keeps_the_last_events_only() {
+        let s = crate::MemStore::new();
+        let keys = Keys::new("c").expect("keys");
+        s.put(&keys.master(), b"me", None).await.expect("store");
+        let fence = Compare::Value(keys.master(), b"me".to_vec());
+        let mut r = Recorder::default();
+        let e = Event {
+            seq: 0,
+            unix_ms: 1,
+            kind: Kind::Backup,
+            node: None,
+            region: None,
+            to: None,
+            duration_ms: None,
+            detail: String::new(),
+        };
+        for batch in 0..3u64 {
+            r.queue((0..200).map(|i| Event { seq: batch * 200 + i, ..e.clone() }).collect());
+            r.write(&s, &keys, &fence).await.expect("store");
+        }
+        let stored = load(&s, &keys).await.expect("store");
+        assert_eq!(stored.len(), KEEP as usize);
+        assert_eq!((stored[0].seq, stored.last().expect("one").seq), (600 - KEEP, 599));
+        // Not master any more: nothing written, the events stay queued.
+        s.delete(&keys.master()).await.expect("store");
+        r.queue(vec![Event { seq: 600, ..e }]);
+        r.write(&s, &keys, &fence).await.expect("store");
+        assert_eq!(r.unwritten.len(), 1);
+        assert_eq!(load(&s, &keys).await.expect("load").len(), KEEP as usize);
+    }
+}

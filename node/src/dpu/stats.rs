@@ -1,0 +1,233 @@
+//! The device's counters: its `/metrics` and its answer to a `stats` request (docs/protocol.md
+//! §5) — counters by name, and per region it leads the gets served and the most read popular
+//! keys — which the gateway's console gathers from every device (docs/console.md).
+//!
+//! Gets are counted per region in a fixed table of [`REGION_SLOTS`] slots (a region's id picks
+//! its slot; a region whose slot another live region holds is counted in `gets_unattributed`),
+//! lock-free on the read path; slots of regions the device no longer serves are freed when
+//! statistics are taken.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use dpukv_proto::stats::{DeviceStats, MAX_REGIONS, MAX_TOP};
+
+use super::hot_keys::HotKeys;
+use crate::admin;
+use crate::reads::ReadCounters;
+use crate::replica_table::ReplicaTable;
+
+/// Slots of the per-region get counts.
+pub const REGION_SLOTS: usize = 256;
+
+/// Gets served per region (see the module documentation).
+pub(crate) struct RegionCounts {
+    slots: Box<[(AtomicU32, AtomicU64)]>,
+    /// Gets of regions whose slot was taken.
+    pub(crate) unattributed: AtomicU64,
+}
+
+impl Default for RegionCounts {
+    fn default() -> Self {
+        RegionCounts {
+            slots: (0..REGION_SLOTS).map(|_| (AtomicU32::new(0), AtomicU64::new(0))).collect(),
+            unattributed: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RegionCounts {
+    /// Counts a get of region `id` (never 0).
+    pub(crate) fn add(&self, id: u32) {
+        let (tag, n) = &self.slots[id as usize % REGION_SLOTS];
+        let mut t = tag.load(Ordering::Relaxed);
+        if t == 0 {
+            t = match tag.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => id,
+                Err(now) => now,
+            };
+        }
+        if t == id {
+            n.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.unattributed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// (region, gets) of every slot held by a region `live` says is served; frees the others.
+    pub(crate) fn take_stock(&self, live: impl Fn(u32) -> bool) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        for (tag, n) in self.slots.iter() {
+            let id = tag.load(Ordering::Relaxed);
+            if id == 0 {
+                continue;
+            }
+            if live(id) {
+                out.push((id, n.load(Ordering::Relaxed)));
+            } else {
+                n.store(0, Ordering::Relaxed);
+                tag.store(0, Ordering::Relaxed);
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+}
+
+/// The process's CPU time (user + system) in milliseconds and its resident bytes, from
+/// `/proc/self` (None where there is none).
+fn process_usage() -> (Option<u64>, Option<u64>) {
+    let cpu = std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| {
+        // Fields after the command (which may hold spaces) start after the last ')'.
+        let rest = s.rsplit_once(')')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        Some(ticks * 10) // USER_HZ is 100 on Linux
+    });
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|pages| pages * 4096);
+    (cpu, rss)
+}
+
+impl DeviceCounters {
+    /// The answer to a `stats` request.
+    pub(crate) fn snapshot(&self) -> DeviceStats {
+        let r = &self.reads;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (cpu_ms, rss) = process_usage();
+        let mut counters = vec![
+            ("uptime_ms".to_string(), self.started.elapsed().as_millis() as u64),
+            ("reads_on_host".to_string(), self.on_host as u64),
+            ("reads_served".to_string(), load(&r.served)),
+            ("replica_reads".to_string(), load(&self.table.counters.reads)),
+            ("replica_misses".to_string(), load(&self.table.counters.misses)),
+            ("forwarded".to_string(), load(&self.forwarded)),
+            ("unavailable".to_string(), load(&self.unavailable)),
+            ("refused".to_string(), load(&self.refused)),
+            ("node_visits".to_string(), load(&r.node_visits)),
+            ("snapshots".to_string(), load(&r.snapshots)),
+            ("hinted_reads".to_string(), load(&r.hinted)),
+            ("popular_keys".to_string(), self.hot.counters.popular.load(Ordering::Relaxed)),
+            ("gets_unattributed".to_string(), load(&self.hot.gets.unattributed)),
+        ];
+        counters.extend(cpu_ms.map(|v| ("cpu_ms".to_string(), v)));
+        counters.extend(rss.map(|v| ("rss_bytes".to_string(), v)));
+        let mut regions = self.hot.region_stats(MAX_TOP);
+        regions.truncate(MAX_REGIONS);
+        DeviceStats { counters, regions }
+    }
+}
+
+/// The device's counters: what `/metrics` shows and what [`DeviceCounters::snapshot`] answers.
+pub(crate) struct DeviceCounters {
+    pub(crate) started: Instant,
+    pub(crate) refused: Arc<AtomicU64>,
+    pub(crate) reads: Arc<ReadCounters>,
+    pub(crate) forwarded: Arc<AtomicU64>,
+    pub(crate) unavailable: Arc<AtomicU64>,
+    pub(crate) hot: Arc<HotKeys>,
+    pub(crate) table: Arc<ReplicaTable>,
+    /// Reads are served by the host's CPU (`--serve-reads-on-host`), not the device.
+    pub(crate) on_host: bool,
+}
+
+impl std::fmt::Debug for DeviceCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceCounters")
+    }
+}
+
+/// The collector of `/metrics` (the registry takes a box of its own).
+#[derive(Debug)]
+pub(crate) struct Collector(pub(crate) Arc<DeviceCounters>);
+
+impl prometheus_client::collector::Collector for Collector {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        let me = &self.0;
+        let r = &me.reads;
+        admin::encode_counters(
+            &mut enc,
+            &[
+                ("dpukv_device_reads_served", "reads executed on the device", &r.served),
+                (
+                    "dpukv_device_requests_refused",
+                    "requests refused for the caller's role (unauthorized, forbidden: docs/security.md)",
+                    &me.refused,
+                ),
+                ("dpukv_device_forwarded", "requests forwarded to the host", &me.forwarded),
+                (
+                    "dpukv_device_unavailable",
+                    "forwarded requests failed: host unreachable or not answering",
+                    &me.unavailable,
+                ),
+                ("dpukv_device_node_visits", "tree node buffers visited by reads", &r.node_visits),
+                ("dpukv_device_snapshots", "arena snapshots taken by reads", &r.snapshots),
+                ("dpukv_device_ring_commands", "page-table changes applied from the command rings", &r.ring_commands),
+                (
+                    "dpukv_device_page_table_copies",
+                    "page-table copies taken (first use, ring overruns)",
+                    &r.page_table_copies,
+                ),
+                ("dpukv_device_node_cache_hits", "interior nodes served from the device's node cache", &r.cache_hits),
+                ("dpukv_device_node_cache_misses", "interior nodes read from host memory", &r.cache_misses),
+                (
+                    "dpukv_device_hinted_reads",
+                    "reads (gets, scans' first descents) that started where their fat-root start hint said",
+                    &r.hinted,
+                ),
+                ("dpukv_device_hint_misses", "reads whose start hint was stale (started at the root)", &r.hint_misses),
+                ("dpukv_device_replica_reads", "gets answered from the replica table", &me.table.counters.reads),
+                (
+                    "dpukv_device_replica_misses",
+                    "gets aimed at this device as a replica it could not answer (no copy, or too stale)",
+                    &me.table.counters.misses,
+                ),
+                (
+                    "dpukv_device_replica_dropped",
+                    "copies not kept: the replica table was full",
+                    &me.table.counters.dropped,
+                ),
+                ("dpukv_host_sync_requests", "replica syncs sent to backups' devices", &me.hot.counters.sync_requests),
+                ("dpukv_device_popular_admitted", "keys admitted to popular sets", &me.hot.counters.admitted),
+                ("dpukv_device_popular_evicted", "keys evicted from popular sets", &me.hot.counters.evicted),
+                (
+                    "dpukv_device_sync_overflows",
+                    "sync rounds a backup's link could not take (back-pressure; it resyncs whole)",
+                    &me.hot.counters.overflows,
+                ),
+                (
+                    "dpukv_device_sync_clock_jumps",
+                    "sync rounds that sent no watermark because the wall clock jumped (replicas dropped this node's copies)",
+                    &me.hot.counters.clock_jumps,
+                ),
+                (
+                    "dpukv_device_replica_clock_jumps",
+                    "replica syncs whose watermark was not taken because this node's wall clock jumped",
+                    &me.table.counters.clock_jumps,
+                ),
+            ],
+        )?;
+        let c = &me.hot.counters;
+        let (copies, bytes) = me.table.size();
+        admin::encode_gauges(
+            &mut enc,
+            &[
+                (
+                    "dpukv_host_popular_keys",
+                    "popular keys of the regions this node leads",
+                    c.popular.load(Ordering::Relaxed) as i64,
+                ),
+                (
+                    "dpukv_host_sync_outstanding",
+                    "replica syncs queued or unanswered",
+                    c.outstanding.load(Ordering::Relaxed),
+                ),
+                ("dpukv_device_replica_keys", "copies in the replica table", copies as i64),
+                ("dpukv_device_replica_bytes", "bytes of keys and values in the replica table", bytes as i64),
+            ],
+        )
+    }
+}
