@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 # On CI (a clean clone built once) incremental compilation only costs disk: 3.8 of the debug
 # target's 10.5 GB, enough to fill a small CI disk (a run failed with ENOSPC in etcd's data dir).
 if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
-bash scripts/setup.sh nft=nftables ip=iproute2 redis-cli=redis-tools curl=curl openssl=openssl faketime=faketime  # partitions: network namespaces; the gateway: redis-cli, curl, openssl (TLS)
+bash scripts/setup.sh nft=nftables ip=iproute2 redis-cli=redis-tools curl=curl openssl=openssl faketime=faketime chromium=chromium chromedriver=chromium-driver  # partitions: network namespaces; the gateway: redis-cli, curl, openssl (TLS); the web console's browser tests: headless Chromium and its WebDriver
 # The backup tests' S3-protocol server (moto's, from PyPI); pip on a Debian system Python needs
 # --break-system-packages.
 if ! python3 -c "import moto.server, flask" 2>/dev/null; then

@@ -84,12 +84,34 @@ pub struct ReadCounts {
     pub primary: AtomicU64,
     /// Gets answered by a replica (a backup's device, from its replica table).
     pub replica: AtomicU64,
+    /// Gets sent, by the consistency they asked: linearizable, bounded, extended, interleaved.
+    pub by_mode: [AtomicU64; 4],
 }
 
 impl ReadCounts {
     /// (primary, replica) now.
     pub fn get(&self) -> (u64, u64) {
         (self.primary.load(Ordering::Relaxed), self.replica.load(Ordering::Relaxed))
+    }
+
+    /// The names of the consistency modes, in [`ReadCounts::by_mode`]'s order.
+    pub const MODES: [&'static str; 4] = ["linearizable", "bounded", "extended", "interleaved"];
+
+    /// Counts a get asking `c`.
+    pub fn asked(&self, c: dpukv_proto::Consistency) {
+        use dpukv_proto::Consistency::*;
+        let i = match c {
+            Linearizable => 0,
+            Bounded { .. } => 1,
+            Extended => 2,
+            Interleaved => 3,
+        };
+        self.by_mode[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gets sent by mode now, in [`ReadCounts::MODES`]' order.
+    pub fn modes(&self) -> [u64; 4] {
+        std::array::from_fn(|i| self.by_mode[i].load(Ordering::Relaxed))
     }
 }
 

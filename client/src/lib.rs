@@ -314,6 +314,9 @@ impl Client {
         if req.trace.is_none() {
             req.trace = trace::current();
         }
+        if matches!(req.op, Op::Get { .. }) {
+            self.reads.asked(req.consistency);
+        }
         // A get that may be served by a replica, of a key a primary said is replicated.
         let hot = !req.replica
             && req.consistency != Consistency::Linearizable

@@ -58,6 +58,8 @@ pub struct Authority {
     /// The life (registration) `until` belongs to: bumped when a lease ends and when a
     /// registration begins.
     life: Arc<AtomicU64>,
+    /// When it was last extended (a lease renewed or granted): nanoseconds after `base`, 0: never.
+    renewed: Arc<AtomicU64>,
 }
 
 impl Default for Authority {
@@ -69,7 +71,18 @@ impl Default for Authority {
 impl Authority {
     /// No authority yet.
     pub fn new() -> Authority {
-        Authority { base: Instant::now(), until: Arc::new(AtomicU64::new(0)), life: Arc::new(AtomicU64::new(0)) }
+        Authority {
+            base: Instant::now(),
+            until: Arc::new(AtomicU64::new(0)),
+            life: Arc::new(AtomicU64::new(0)),
+            renewed: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// How long ago it was last extended (the lease renewed or granted; None: never).
+    pub fn since_renewed(&self) -> Option<Duration> {
+        let at = self.renewed.load(Ordering::Acquire);
+        (at != 0).then(|| Instant::now().saturating_duration_since(self.base + Duration::from_nanos(at)))
     }
 
     /// The current life (see the module documentation): read it *before* reading what the
@@ -110,6 +123,8 @@ impl Authority {
     fn extend(&self, t: Instant) {
         let n = t.saturating_duration_since(self.base).as_nanos().min(u128::from(u64::MAX)) as u64;
         self.until.fetch_max(n.max(1), Ordering::AcqRel);
+        let now = Instant::now().saturating_duration_since(self.base).as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.renewed.fetch_max(now.max(1), Ordering::AcqRel);
     }
 
     /// Ends it now (the lease is gone), and with it the life: `until` is cleared first, so a

@@ -23,6 +23,8 @@
 //!   (pruning, defaults, types, CEL rules with the quantity library, ratcheting).
 //! - `kubelet`: the StatefulSet and Deployment controllers and a kubelet running pods as real
 //!   processes in network namespaces, over `apiserver`.
+//! - `webdriver`: a W3C WebDriver client driving headless Chromium through chromedriver (the
+//!   web console's browser tests).
 
 pub mod apiserver;
 pub mod certs;
@@ -38,3 +40,4 @@ pub mod netns;
 pub mod otlp;
 pub mod procs;
 pub mod staleness;
+pub mod webdriver;

@@ -97,6 +97,17 @@ pub struct GatewayArgs {
     /// Without it (and without DPUKV_TOKENS) the gateway is open.
     #[arg(long, env = "DPUKV_TOKENS_FILE")]
     pub tokens: Option<std::path::PathBuf>,
+    /// Serve no web console (`/ui/` and `/v1/console/` on the HTTP front end; docs/console.md).
+    #[arg(long)]
+    pub no_console: bool,
+    /// The hosts' admin token (their `--admin-token-file`), in a file: the console's actions
+    /// (drain, step down, split) go to the control API with it. Without it the console shows
+    /// the cluster (with the gateway's certificate, or on a plain control API) but cannot act.
+    #[arg(long, env = "DPUKV_CONTROL_TOKEN_FILE")]
+    pub control_token_file: Option<std::path::PathBuf>,
+    /// A control API address for the console (default: one a node advertises).
+    #[arg(long, env = "DPUKV_CONTROL")]
+    pub control: Option<String>,
     /// TLS on every front end (and, presenting this certificate, to the devices: with
     /// `--tls-ca` the devices' certificates are checked against it).
     #[command(flatten)]
@@ -185,7 +196,35 @@ impl GatewayArgs {
             },
             local: None,
             shared: None,
+            console: if self.no_console {
+                None
+            } else {
+                Some(crate::console::ConsoleConfig {
+                    control: dpukv_client::control::ControlClient {
+                        tls: self.tls.client().map_err(anyhow::Error::msg)?,
+                        token: match &self.control_token_file {
+                            Some(p) => Some(read_token(p)?),
+                            None => None,
+                        },
+                        addr: self.control.clone(),
+                    },
+                })
+            },
             reuse_port: false,
         })
     }
+}
+
+/// The control token in `path` (trimmed; 16 bytes at least, as the hosts require).
+fn read_token(path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(4096).read_to_string(&mut text))
+        .map_err(|e| anyhow::anyhow!("--control-token-file {}: {e}", path.display()))?;
+    let t = text.trim().to_string();
+    if t.len() < 16 {
+        bail!("--control-token-file {}: the token must be at least 16 bytes", path.display());
+    }
+    Ok(t)
 }

@@ -44,6 +44,7 @@ pub mod auth;
 pub mod binary;
 pub mod budget;
 pub mod config;
+pub mod console;
 pub mod http;
 pub mod join;
 pub mod metrics;
@@ -131,6 +132,8 @@ pub struct GatewayConfig {
     /// What this gateway shares with the others of its process (None: its own): a device's front
     /// door threads ([`start_threads`]).
     pub shared: Option<GatewayShared>,
+    /// The web console on the HTTP front end (`/ui/`, `/v1/console/`; None: off).
+    pub console: Option<console::ConsoleConfig>,
     /// Bind the front ends with `SO_REUSEPORT`, so that several gateways (one per thread of a
     /// device's front door) share their ports, the kernel spreading connections among them.
     pub reuse_port: bool,
@@ -355,7 +358,12 @@ pub async fn run(
             tracker.clone(),
         ));
     }
+    let console = match (&cfg.console, &http_listener) {
+        (Some(c), Some(_)) => Some(console::Console::start(c.clone(), up.clone(), shutdown.clone())),
+        _ => None,
+    };
     let state = http::HttpState {
+        console,
         up: up.clone(),
         access: access.clone(),
         throttle: throttle.clone(),

@@ -6,7 +6,8 @@
 //! the master to split a region at a key, or to merge it into its left neighbour; checked
 //! against the current map first) and `/cluster/summary` (GET: the master, live nodes, regions,
 //! regions without a live primary or short of copies), `/cluster/events` (GET: the cluster's
-//! event log) and `/cluster/loads` (GET: the regions' reported sizes and write rates), and `/cluster/backups/{hex location}`
+//! event log), `/cluster/loads` (GET: the regions' reported sizes and write rates) and
+//! `/cluster/host` (GET: this host's CPU, memory, uptime and lease age), and `/cluster/backups/{hex location}`
 //! (POST: a backup of the cluster to that location, coordinated by this node; docs/backup.md)
 //! and `/cluster/backups/{job}` (GET: its progress), `/cluster/restore/{hex location}[/{id}]`
 //! (POST: restore a backup into the empty cluster) and `/cluster/restore` (GET: the restore's
@@ -52,6 +53,8 @@ pub const LIMITS: crate::http::Limits = crate::http::Limits {
 
 /// The roles whose certificates may call the control API.
 const CONTROL_ROLES: &[Role] = &[Role::Operator, Role::Admin];
+/// ... and read it (`GET`: the summary, events, loads, progress): the gateway's console too.
+const READ_ROLES: &[Role] = &[Role::Operator, Role::Admin, Role::Gateway];
 
 /// The longest token file read.
 const MAX_TOKEN_FILE: u64 = 4096;
@@ -76,6 +79,19 @@ pub struct ClusterControl {
     pub etcd: dpukv_cluster::EtcdOptions,
     /// The cluster's keys.
     pub keys: dpukv_cluster::keys::Keys,
+    /// The host serving this API (`/cluster/host`; None: not known).
+    pub host: Option<HostFacts>,
+}
+
+/// What `/cluster/host` tells of the host serving the control API.
+#[derive(Clone, Debug)]
+pub struct HostFacts {
+    /// Its node id.
+    pub node: u32,
+    /// When the process started serving.
+    pub started: std::time::Instant,
+    /// Its lease's authority (when it was last renewed).
+    pub authority: dpukv_cluster::membership::Authority,
 }
 
 /// Why a token file cannot be used.
@@ -346,7 +362,7 @@ async fn restore_status(c: &ClusterControl, action: Action) -> Answer {
 }
 
 /// Whether the caller may use the control API: see the module documentation.
-fn authorize(c: &Control, peer: &Peer, headers: &HeaderMap) -> Result<(), Refusal> {
+fn authorize(c: &Control, peer: &Peer, headers: &HeaderMap, method: &Method) -> Result<(), Refusal> {
     const WHAT: &str = "the control API";
     if let Some(auth) = headers.get(axum::http::header::AUTHORIZATION) {
         let presented = auth.as_bytes().strip_prefix(b"Bearer ").map(<[u8]>::trim_ascii);
@@ -365,6 +381,8 @@ fn authorize(c: &Control, peer: &Peer, headers: &HeaderMap) -> Result<(), Refusa
         Peer::Anonymous if c.token.is_some() => Err(Refusal::Unauthorized(format!(
             "{WHAT} needs a client certificate of role operator or admin, or the admin token"
         ))),
+        // A GET changes nothing (`ControlRoute::mutates`).
+        _ if method == Method::GET => peer.allow(READ_ROLES, WHAT),
         _ => peer.allow(CONTROL_ROLES, WHAT),
     }
 }
@@ -478,6 +496,21 @@ async fn events(c: &ClusterControl) -> Answer {
     }
 }
 
+/// This host's process: `{"node", "uptime_ms", "cpu_ms", "rss_bytes", "lease_age_ms"}` (CPU and
+/// memory from `/proc/self`; the lease age is the time since it was last renewed, null if never).
+fn host_facts(c: &ClusterControl) -> Answer {
+    let Some(h) = &c.host else { return text(StatusCode::NOT_FOUND, "no host facts here\n".into()) };
+    let (cpu_ms, rss) = crate::process::usage();
+    let body = serde_json::json!({
+        "node": h.node,
+        "uptime_ms": h.started.elapsed().as_millis() as u64,
+        "cpu_ms": cpu_ms,
+        "rss_bytes": rss,
+        "lease_age_ms": h.authority.since_renewed().map(|d| d.as_millis() as u64),
+    });
+    json(format!("{body}\n"))
+}
+
 /// The regions' sizes and write rates as their primaries last reported them:
 /// `{"loads": [{"region", "bytes", "writes_per_sec"}]}` (reports are written when they change
 /// by a tenth, every 2 s at most, under the primary's lease).
@@ -556,7 +589,7 @@ async fn handle(
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authorize(&c, &peer, &headers) {
+    if let Err(r) = authorize(&c, &peer, &headers, &method) {
         tracing::info!(peer = ?peer, %method, path = uri.path(), refusal = %r, "a control API request was refused");
         let status = match r {
             Refusal::Unauthorized(_) => StatusCode::UNAUTHORIZED,
@@ -598,6 +631,7 @@ async fn handle(
         ControlRoute::Summary => summary(k).await,
         ControlRoute::Events => events(k).await,
         ControlRoute::Loads => loads(k).await,
+        ControlRoute::Host => host_facts(k),
         ControlRoute::Backup { to } => start_backup(&c, to).await,
         ControlRoute::BackupStatus { job } => backup_status(&c, job),
         ControlRoute::Restore { from, backup } => start_restore(k, &from, backup.as_deref()).await,
@@ -634,6 +668,7 @@ mod tests {
             cluster: ClusterControl {
                 etcd: dpukv_cluster::EtcdOptions::new(["http://127.0.0.1:1"]),
                 keys: Keys::new("c").expect("keys"),
+                host: None,
             },
             token: token.map(|p| Arc::new(AdminToken::load(p).expect("token"))),
             tls: false,
@@ -659,13 +694,18 @@ mod tests {
         let with = control(Some(&file));
         let without = control(None);
         let none = HeaderMap::new();
-        let code = |c: &Control, p: &Peer, h: &HeaderMap| authorize(c, p, h).map_err(|r| r.code());
+        let code = |c: &Control, p: &Peer, h: &HeaderMap| authorize(c, p, h, &Method::POST).map_err(|r| r.code());
+        let read = |c: &Control, p: &Peer| authorize(c, p, &HeaderMap::new(), &Method::GET).map_err(|r| r.code());
         // Certificates.
         for c in [&with, &without] {
             assert_eq!(code(c, &member(Role::Admin), &none), Ok(()));
             assert_eq!(code(c, &member(Role::Operator), &none), Ok(()));
             assert_eq!(code(c, &member(Role::Gateway), &none), Err("forbidden"));
             assert_eq!(code(c, &member(Role::Node), &none), Err("forbidden"));
+            // The gateway's console reads (summary, events, loads), and only reads.
+            assert_eq!(read(c, &member(Role::Gateway)), Ok(()));
+            assert_eq!(read(c, &member(Role::Node)), Err("forbidden"));
+            assert_eq!(read(c, &member(Role::Client)), Err("forbidden"));
             assert_eq!(code(c, &Peer::Anonymous, &none), Err("unauthorized"));
             let stranger = Peer::Stranger(Identity::new("db", "other", Role::Admin, "x").expect("id"));
             assert_eq!(code(c, &stranger, &none), Err("forbidden"));

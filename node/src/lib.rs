@@ -12,6 +12,7 @@
 //! - `atomics`: vector operations and the reservation station.
 //! - `popular`: which keys are popular (hKVS: moving-window admission, LRU-bounded set), counted
 //!   by the device's readers (`dpu::hot_keys`).
+//! - `process`: this process's CPU time and resident memory (the console's figures).
 //! - `replica_table`: a device's copies of other primaries' popular keys, served within a
 //!   staleness bound (docs/hot-keys.md).
 //! - `replication`: Tebis over TCP — a primary's senders (log bytes, shipped index), the
@@ -51,6 +52,7 @@ pub mod host;
 mod http;
 pub mod pod;
 pub mod popular;
+pub mod process;
 pub mod reads;
 pub mod regions;
 pub mod replica_table;

@@ -301,6 +301,11 @@ impl Popularity {
         all.into_iter().take(n).map(|(c, i)| (self.set.slots[i].key.clone(), c)).collect()
     }
 
+    /// Distinct keys (by hash) read in the window.
+    pub fn distinct(&self) -> usize {
+        self.window.counts.len()
+    }
+
     /// The popular keys, most recently read first.
     pub fn keys(&self) -> Vec<Vec<u8>> {
         let mut out = Vec::with_capacity(self.len());

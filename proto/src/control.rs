@@ -84,6 +84,8 @@ pub enum ControlRoute {
     Events,
     /// `GET /cluster/loads`: the regions' reported sizes and write rates.
     Loads,
+    /// `GET /cluster/host`: the host serving the API (its CPU, memory, uptime, lease age).
+    Host,
     /// `POST /cluster/backups/{hex location}`.
     Backup {
         /// The location's URL (1..=[`MAX_LOCATION`] bytes of UTF-8).
@@ -270,13 +272,14 @@ impl ControlRoute {
                 };
                 Ok(ControlRoute::Restore { from, backup })
             }
-            ["summary"] | ["events"] | ["loads"] => {
+            ["summary"] | ["events"] | ["loads"] | ["host"] => {
                 if method != "GET" {
                     return Err(RouteError::MethodNotAllowed);
                 }
                 Ok(match parts[0] {
                     "summary" => ControlRoute::Summary,
                     "events" => ControlRoute::Events,
+                    "host" => ControlRoute::Host,
                     _ => ControlRoute::Loads,
                 })
             }
@@ -294,9 +297,11 @@ impl ControlRoute {
             | ControlRoute::Backup { .. }
             | ControlRoute::Restore { .. }
             | ControlRoute::SetBackupSchedule { .. } => "POST",
-            ControlRoute::Summary | ControlRoute::Events | ControlRoute::Loads | ControlRoute::BackupStatus { .. } => {
-                "GET"
-            }
+            ControlRoute::Summary
+            | ControlRoute::Events
+            | ControlRoute::Loads
+            | ControlRoute::Host
+            | ControlRoute::BackupStatus { .. } => "GET",
         }
     }
 
@@ -313,6 +318,7 @@ impl ControlRoute {
             ControlRoute::Summary => "/cluster/summary".into(),
             ControlRoute::Events => "/cluster/events".into(),
             ControlRoute::Loads => "/cluster/loads".into(),
+            ControlRoute::Host => "/cluster/host".into(),
             ControlRoute::Backup { to } => {
                 let hex: String = to.bytes().map(|b| format!("{b:02x}")).collect();
                 format!("/cluster/backups/{hex}")
@@ -346,9 +352,11 @@ impl ControlRoute {
             | ControlRoute::Backup { .. }
             | ControlRoute::Restore { .. }
             | ControlRoute::SetBackupSchedule { .. } => true,
-            ControlRoute::Summary | ControlRoute::Events | ControlRoute::Loads | ControlRoute::BackupStatus { .. } => {
-                false
-            }
+            ControlRoute::Summary
+            | ControlRoute::Events
+            | ControlRoute::Loads
+            | ControlRoute::Host
+            | ControlRoute::BackupStatus { .. } => false,
         }
     }
 }
@@ -369,6 +377,7 @@ mod tests {
         assert_eq!(r("GET", "/cluster/summary"), Ok(ControlRoute::Summary));
         assert_eq!(r("GET", "/cluster/events"), Ok(ControlRoute::Events));
         assert_eq!(r("GET", "/cluster/loads"), Ok(ControlRoute::Loads));
+        assert_eq!(r("GET", "/cluster/host"), Ok(ControlRoute::Host));
         assert_eq!(r("POST", "/cluster/events"), Err(RouteError::MethodNotAllowed));
         assert_eq!(r("POST", "/cluster/summary"), Err(RouteError::MethodNotAllowed));
         assert_eq!(r("GET", "/cluster/split/1/6d"), Err(RouteError::MethodNotAllowed));

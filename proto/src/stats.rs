@@ -4,7 +4,7 @@
 //!
 //! Encoding (little-endian): `u8` counters, each `u8` name length, name (ASCII), `u64` value;
 //! `u16` regions, each `u32` id, `u64` gets, `u32` popular-set capacity, `u32` popular keys now,
-//! `u8` keys listed, each `u16` key length, key, `u32` reads in the popularity window. Bounded:
+//! `u32` distinct keys read in the popularity window, `u8` keys listed, each `u16` key length, key, `u32` reads in the popularity window. Bounded:
 //! [`MAX_COUNTERS`], [`MAX_REGIONS`], [`MAX_TOP`] keys a region, keys at most `MAX_KEY`.
 
 use crate::limits::MAX_KEY;
@@ -43,6 +43,8 @@ pub struct RegionStats {
     pub capacity: u32,
     /// Keys popular now.
     pub popular: u32,
+    /// Distinct keys read in the popularity window (the keys competing for the set).
+    pub distinct: u32,
     /// The most read popular keys (at most [`MAX_TOP`]), each with its reads in the
     /// popularity window, most read first.
     pub top: Vec<(Vec<u8>, u32)>,
@@ -71,6 +73,7 @@ impl DeviceStats {
             out.extend_from_slice(&r.gets.to_le_bytes());
             out.extend_from_slice(&r.capacity.to_le_bytes());
             out.extend_from_slice(&r.popular.to_le_bytes());
+            out.extend_from_slice(&r.distinct.to_le_bytes());
             let top: Vec<_> = r.top.iter().filter(|(k, _)| k.len() <= MAX_KEY).take(MAX_TOP).collect();
             out.push(top.len() as u8);
             for (k, n) in top {
@@ -102,7 +105,7 @@ impl DeviceStats {
             return Err(StatsError("too many regions"));
         }
         for _ in 0..n {
-            let (region, gets, capacity, popular) = (r.u32()?, r.u64()?, r.u32()?, r.u32()?);
+            let (region, gets, capacity, popular, distinct) = (r.u32()?, r.u64()?, r.u32()?, r.u32()?, r.u32()?);
             let k = r.u8()? as usize;
             if k > MAX_TOP {
                 return Err(StatsError("too many popular keys"));
@@ -115,7 +118,7 @@ impl DeviceStats {
                 }
                 top.push((r.take(len)?.to_vec(), r.u32()?));
             }
-            s.regions.push(RegionStats { region, gets, capacity, popular, top });
+            s.regions.push(RegionStats { region, gets, capacity, popular, distinct, top });
         }
         if !r.0.is_empty() {
             return Err(StatsError("bytes after the end"));
@@ -162,8 +165,16 @@ mod tests {
     fn stats() -> impl Strategy<Value = DeviceStats> {
         let counters = proptest::collection::vec(("[a-z_]{1,64}", any::<u64>()), 0..MAX_COUNTERS);
         let top = proptest::collection::vec((proptest::collection::vec(any::<u8>(), 0..40), any::<u32>()), 0..=MAX_TOP);
-        let region = (any::<u32>(), any::<u64>(), any::<u32>(), any::<u32>(), top)
-            .prop_map(|(region, gets, capacity, popular, top)| RegionStats { region, gets, capacity, popular, top });
+        let region = (any::<u32>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>(), top).prop_map(
+            |(region, gets, capacity, popular, distinct, top)| RegionStats {
+                region,
+                gets,
+                capacity,
+                popular,
+                distinct,
+                top,
+            },
+        );
         (counters, proptest::collection::vec(region, 0..20))
             .prop_map(|(counters, regions)| DeviceStats { counters, regions })
     }

@@ -195,6 +195,7 @@ fn response() -> impl Strategy<Value = Response> {
                     gets,
                     capacity: 8,
                     popular: 1,
+                    distinct: 4,
                     top: vec![(k, 3)]
                 }],
             })),

@@ -440,6 +440,21 @@ async fn restore(
     }
 }
 
+/// Writes a new random control token (32 hex digits from the kernel's generator) to
+/// `dir/control-token`, readable by its owner only; its path.
+fn control_token(dir: &std::path::Path) -> Result<PathBuf> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut raw = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
+    let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let path = dir.join("control-token");
+    let _ = std::fs::remove_file(&path);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    std::io::Write::write_all(&mut f, token.as_bytes())?;
+    Ok(path)
+}
+
 /// Waits (up to the master's handoff timeout and a margin) until `done` holds for the map.
 async fn wait_for_map(
     c: &Client,
@@ -921,6 +936,12 @@ async fn local(
         }
     };
     let node_files = "node-{node}";
+    // With TLS the hosts' control API wants an admin certificate or the admin token: the
+    // gateway's console acts with a token made here (its certificate only reads).
+    let control_token = match (&tls, &cluster) {
+        (Some(t), Some(_)) => Some(control_token(&t.dir)?),
+        _ => None,
+    };
     let mut etcd: Option<Supervised> = None;
     let mut etcd_url = String::new();
     let mut nodes: Vec<LocalNode> = Vec::new();
@@ -1031,6 +1052,9 @@ async fn local(
                     host_cmd.arg("--etcd-key").arg(t.dir.join("etcd-client.key"));
                 }
                 with_tls(&mut host_cmd, node_files, true);
+                if let Some(t) = &control_token {
+                    host_cmd.arg("--admin-token-file").arg(t);
+                }
                 let mut dev_cmd = tokio::process::Command::new(exe_dir.join("dpukv-dpu"));
                 let device_admin = format!("127.0.0.1:{}", free_port()?);
                 dev_cmd.arg("--shm-dir").arg(&shm).args(["--listen", &device, "--node-id", &id.to_string()]);
@@ -1076,6 +1100,10 @@ async fn local(
     if let Some(r) = &gw.resp {
         gw_cmd.args(["--resp", r]);
     }
+    gw_cmd.env_remove("DPUKV_CONTROL_TOKEN_FILE").env_remove("DPUKV_CONTROL");
+    if let Some(t) = &control_token {
+        gw_cmd.arg("--control-token-file").arg(t);
+    }
     gw_cmd.stderr(std::fs::File::create(dir.join("gateway.log"))?).kill_on_drop(true);
     // Clients of the front ends prove themselves with tokens, not certificates; the gateway
     // presents its certificate (role gateway) to the devices.
@@ -1088,6 +1116,11 @@ async fn local(
         p.start()?;
     }
     gateway.start()?;
+    let console = gw
+        .http
+        .as_ref()
+        .map(|h| format!("{}://{h}/ui/", if tls.is_some() { "https" } else { "http" }))
+        .unwrap_or_default();
     let write_json = |nodes: &[LocalNode], gateway: &Supervised| -> Result<()> {
         let pid = |p: &Supervised| p.child.as_ref().and_then(|c| c.id()).unwrap_or(0);
         let list: Vec<serde_json::Value> = nodes
@@ -1130,6 +1163,8 @@ async fn local(
             "gateway": {
                 "binary": gw.binary,
                 "http": opt(&gw.http),
+                "console": console,
+                "control_token": control_token.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
                 "resp": opt(&gw.resp),
                 "admin": gw_admin,
                 "pid": pid(gateway),
@@ -1144,7 +1179,7 @@ async fn local(
     write_json(&nodes, &gateway)?;
     let fronts = format!(
         "{}{}{}",
-        gw.http.as_ref().map(|h| format!(", HTTP on {h}")).unwrap_or_default(),
+        gw.http.as_ref().map(|_| format!(", HTTP and the web console on {console}")).unwrap_or_default(),
         gw.resp.as_ref().map(|r| format!(", Redis protocol on {r}")).unwrap_or_default(),
         tls.as_ref()
             .map(|t| format!(

@@ -3,6 +3,7 @@
 
 mod backup;
 mod cluster;
+mod console;
 mod crds;
 mod faults;
 mod gateway;

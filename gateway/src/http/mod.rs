@@ -75,6 +75,8 @@ pub struct HttpState {
     pub starvation: Arc<crate::budget::Starvation>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// The web console (None: off).
+    pub console: Option<Arc<crate::console::Console>>,
 }
 
 /// How long the memory budget may stay spent before `/readyz` says the gateway is not ready.
@@ -88,7 +90,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
         ApiError { status, body: ErrorBody { code: code.into(), message: message.into() } }
     }
 
@@ -155,6 +157,11 @@ type ApiResult<T> = Result<axum::Json<T>, ApiError>;
 pub struct Caller(Option<Arc<Principal>>);
 
 impl Caller {
+    /// The token's holder (None: an open gateway).
+    pub(crate) fn principal(&self) -> Option<&Principal> {
+        self.0.as_deref()
+    }
+
     /// How the caller's gets are served: the request's `consistency`, else the token's service
     /// level, else linearizable; `400 bad_request` if the request's is not one.
     fn consistency(&self, asked: Option<&str>) -> Result<dpukv_proto::Consistency, ApiError> {
@@ -697,6 +704,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(crate::console::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Innermost last: time and counts, then the token, then the reservation.

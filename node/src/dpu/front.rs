@@ -69,6 +69,8 @@ pub(crate) async fn start(
 ) -> anyhow::Result<Started> {
     let node = crate::pod::open_map(device.reads.shm())?.0.node();
     cfg.seeds = vec![dpukv_client::LOCAL_SEED.to_string()];
+    // The console is the standalone gateway's (it gathers every device's statistics).
+    cfg.console = None;
     // One set of metrics (the device's `/metrics` shows them), tokens, login throttle and SCAN
     // cursors for all threads.
     cfg.shared = Some(dpukv_gateway::GatewayShared::new(&cfg, metrics, stop.clone())?);

@@ -152,6 +152,7 @@ impl HotKeys {
                     gets,
                     capacity: t.map_or(0, |_| self.cfg.popularity.capacity as u32),
                     popular: t.map_or(0, |t| t.popularity.len() as u32),
+                    distinct: t.map_or(0, |t| t.popularity.distinct() as u32),
                     top: keys,
                 }
             })

@@ -75,29 +75,12 @@ impl RegionCounts {
     }
 }
 
-/// The process's CPU time (user + system) in milliseconds and its resident bytes, from
-/// `/proc/self` (None where there is none).
-fn process_usage() -> (Option<u64>, Option<u64>) {
-    let cpu = std::fs::read_to_string("/proc/self/stat").ok().and_then(|s| {
-        // Fields after the command (which may hold spaces) start after the last ')'.
-        let rest = s.rsplit_once(')')?.1;
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-        Some(ticks * 10) // USER_HZ is 100 on Linux
-    });
-    let rss = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map(|pages| pages * 4096);
-    (cpu, rss)
-}
-
 impl DeviceCounters {
     /// The answer to a `stats` request.
     pub(crate) fn snapshot(&self) -> DeviceStats {
         let r = &self.reads;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (cpu_ms, rss) = process_usage();
+        let (cpu_ms, rss) = crate::process::usage();
         let mut counters = vec![
             ("uptime_ms".to_string(), self.started.elapsed().as_millis() as u64),
             ("reads_on_host".to_string(), self.on_host as u64),

@@ -195,7 +195,7 @@ pub async fn run(
         fabric: args.advertise_fabric.clone(),
     };
     let timing = Timing { ttl: args.lease_ttl, ..Timing::default() };
-    let authority = Authority::new();
+    let authority = metrics.authority.clone();
     let backups = BackupHost::with_stats(&args.name, opener.data_dir.clone(), metrics.repl.clone());
     // Copies are synced like the node's own log (`--fsync`): under `always`, a backup says it
     // holds a write only once it is on its disk.

@@ -35,6 +35,9 @@ pub struct ClusterMetrics {
     /// The cluster's last finished backup, as this node last read it (every node reports the
     /// same record, whichever node took the backup: docs/backup.md §7).
     pub last_backup: Mutex<Option<dpukv_cluster::schedule::LastBackup>>,
+    /// This node's authority (its lease), shared with the agent that keeps it: the control API
+    /// tells how long ago it was renewed.
+    pub authority: dpukv_cluster::membership::Authority,
     led: Mutex<BTreeMap<u32, Led>>,
 }
 

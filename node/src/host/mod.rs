@@ -303,6 +303,11 @@ pub async fn run(
             let cluster = crate::control::ClusterControl {
                 etcd: c.etcd.clone(),
                 keys: dpukv_cluster::keys::Keys::new(&c.name).map_err(|e| anyhow::anyhow!("{e}"))?,
+                host: Some(crate::control::HostFacts {
+                    node: c.node_id,
+                    started: std::time::Instant::now(),
+                    authority: cluster_metrics.authority.clone(),
+                }),
             };
             Some(crate::control::serve(ctl.clone(), cluster, shutdown.clone()).await?)
         }

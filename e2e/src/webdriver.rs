@@ -1,0 +1,266 @@
+//! A W3C WebDriver client (https://www.w3.org/TR/webdriver2/) for the web console's browser
+//! tests: it starts Debian's `chromedriver` on a free loopback port and drives headless
+//! `chromium` through it — the real browser and the real protocol, nothing simulated. Only what
+//! the tests use: sessions, navigation, scripts, elements (find, click, type, text), window
+//! size, screenshots and the browser's console log.
+//!
+//! Every request has a deadline ([`REQUEST_TIMEOUT`]); the driver and the browser are killed when
+//! the [`Browser`] is dropped.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+/// The longest a WebDriver request may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The W3C name of an element reference in JSON.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// Whether the browser and its driver are installed (`chromium`, `chromium-driver`).
+pub fn available() -> bool {
+    ["chromium", "chromedriver"]
+        .iter()
+        .all(|b| std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(b).is_file())))
+}
+
+/// A chromedriver process and one headless Chromium session.
+pub struct Browser {
+    driver: Child,
+    port: u16,
+    session: String,
+}
+
+/// An element of the page.
+#[derive(Debug, Clone)]
+pub struct Element(String);
+
+/// One HTTP/1.1 exchange with `127.0.0.1:port` (`Connection: close`): the status and the body.
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).with_context(|| format!("connecting to port {port}"))?;
+    s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    s.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let body = body.unwrap_or("");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes())?;
+    // Read the head, then the body by its length (chromedriver keeps the connection open).
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            bail!("port {port} closed the connection before answering");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no status")?;
+    let lower = head.to_ascii_lowercase();
+    let length =
+        lower.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse::<usize>().ok());
+    let mut body = buf[head_end + 4..].to_vec();
+    match length {
+        Some(n) => {
+            while body.len() < n {
+                let got = s.read(&mut chunk)?;
+                if got == 0 {
+                    bail!("port {port} cut its answer short");
+                }
+                body.extend_from_slice(&chunk[..got]);
+            }
+            body.truncate(n);
+        }
+        None => {
+            s.read_to_end(&mut body)?;
+        }
+    }
+    let body = String::from_utf8_lossy(&body).into_owned();
+    let body = if lower.contains("transfer-encoding: chunked") { unchunk(&body) } else { body };
+    Ok((status, body))
+}
+
+fn unchunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+impl Browser {
+    /// Starts chromedriver and a headless Chromium of `width`×`height`.
+    pub fn start(width: u32, height: u32) -> Result<Browser> {
+        let port = crate::procs::free_port()?;
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting chromedriver (apt-get install chromium-driver)")?;
+        let mut b = Browser { driver, port, session: String::new() };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok((200, body)) = http(port, "GET", "/status", &[], None)
+                && body.contains("\"ready\":true")
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("chromedriver did not get ready within 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                         format!("--window-size={width},{height}"), "--no-first-run", "--disable-extensions"],
+            },
+            "goog:loggingPrefs": {"browser": "ALL"},
+        }}});
+        let v = b.call("POST", "/session", Some(caps))?;
+        b.session = v["sessionId"].as_str().context("no session id")?.to_string();
+        Ok(b)
+    }
+
+    /// One WebDriver command; its `value` (an error answer is an error).
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+        let body = body.map(|b| b.to_string());
+        let (status, text) =
+            http(self.port, method, path, &[], body.as_deref().or(Some("{}")).filter(|_| method != "GET"))?;
+        let v: Value = serde_json::from_str(&text).with_context(|| format!("{method} {path}: not JSON: {text}"))?;
+        if status != 200 {
+            bail!("{method} {path}: {status} {}: {}", v["value"]["error"], v["value"]["message"]);
+        }
+        Ok(v["value"].clone())
+    }
+
+    fn at(&self, rest: &str) -> String {
+        format!("/session/{}{rest}", self.session)
+    }
+
+    /// Opens `url`.
+    pub fn goto(&self, url: &str) -> Result<()> {
+        self.call("POST", &self.at("/url"), Some(json!({"url": url}))).map(|_| ())
+    }
+
+    /// Runs `script` (a function body: `return ...`) in the page.
+    pub fn script(&self, script: &str) -> Result<Value> {
+        self.call("POST", &self.at("/execute/sync"), Some(json!({"script": script, "args": []})))
+    }
+
+    /// The elements matching CSS `selector`.
+    pub fn find_all(&self, selector: &str) -> Result<Vec<Element>> {
+        let v = self.call("POST", &self.at("/elements"), Some(json!({"using": "css selector", "value": selector})))?;
+        Ok(v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e[ELEMENT].as_str().map(|s| Element(s.to_string())))
+            .collect())
+    }
+
+    /// The first element matching `selector`, waiting up to `within` for one.
+    pub fn wait_for(&self, selector: &str, within: Duration) -> Result<Element> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(e) = self.find_all(selector)?.into_iter().next() {
+                return Ok(e);
+            }
+            if Instant::now() > deadline {
+                bail!("no element {selector} within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits up to `within` until `script` (a function body returning a boolean) is true.
+    pub fn wait_until(&self, script: &str, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            if self.script(script)?.as_bool() == Some(true) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("`{script}` did not hold within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Clicks `e`.
+    pub fn click(&self, e: &Element) -> Result<()> {
+        self.call("POST", &self.at(&format!("/element/{}/click", e.0)), Some(json!({}))).map(|_| ())
+    }
+
+    /// Types `text` into `e` (after clearing it).
+    pub fn type_into(&self, e: &Element, text: &str) -> Result<()> {
+        self.call("POST", &self.at(&format!("/element/{}/clear", e.0)), Some(json!({})))?;
+        self.call("POST", &self.at(&format!("/element/{}/value", e.0)), Some(json!({"text": text}))).map(|_| ())
+    }
+
+    /// The rendered text of `e`.
+    pub fn text(&self, e: &Element) -> Result<String> {
+        Ok(self.call("GET", &self.at(&format!("/element/{}/text", e.0)), None)?.as_str().unwrap_or("").to_string())
+    }
+
+    /// Whether `e` is displayed.
+    pub fn displayed(&self, e: &Element) -> Result<bool> {
+        Ok(self.call("GET", &self.at(&format!("/element/{}/displayed", e.0)), None)?.as_bool() == Some(true))
+    }
+
+    /// Resizes the window.
+    pub fn resize(&self, width: u32, height: u32) -> Result<()> {
+        self.call("POST", &self.at("/window/rect"), Some(json!({"width": width, "height": height}))).map(|_| ())
+    }
+
+    /// A PNG of the viewport.
+    pub fn screenshot(&self) -> Result<Vec<u8>> {
+        use base64::Engine;
+        let v = self.call("GET", &self.at("/screenshot"), None)?;
+        Ok(base64::engine::general_purpose::STANDARD.decode(v.as_str().context("no screenshot")?)?)
+    }
+
+    /// The browser's console messages since the last call, as (level, message); chromedriver's
+    /// log endpoint (`goog:loggingPrefs`).
+    pub fn console_log(&self) -> Result<Vec<(String, String)>> {
+        let v = self.call("POST", &self.at("/se/log"), Some(json!({"type": "browser"})))?;
+        Ok(v.as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| (e["level"].as_str().unwrap_or("").to_string(), e["message"].as_str().unwrap_or("").to_string()))
+            .collect())
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            let _ = http(self.port, "DELETE", &self.at(""), &[], None);
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}

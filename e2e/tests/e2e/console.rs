@@ -1,0 +1,298 @@
+//! The web console in a real browser — headless Chromium driven through chromedriver (W3C
+//! WebDriver) — against a real 3-node cluster run by `dpukv local`, with a second gateway that
+//! has tokens: every page loads with no console errors, its numbers match the APIs, a token
+//! without admin rights sees neither the actions nor the keys it may not read, a SIGKILLed
+//! primary shows on the events timeline with its failover time, and a drain started from the
+//! page completes. Screenshots of every page go to `target/console-screenshots/`.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dpukv_e2e::gateway::Gateway;
+use dpukv_e2e::procs::{Proc, bin_dir, cluster_json, free_port};
+use dpukv_e2e::webdriver::{self, Browser, http};
+use serde_json::Value;
+
+const OPS: &str = "ops-token-0123456789abcdef";
+const READER: &str = "reader-token-0123456789ab";
+
+/// `GET path` on `port` with `token`: its JSON (panics unless 200).
+fn api(port: u16, path: &str, token: Option<&str>) -> Value {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+    let (status, body) = http(port, "GET", path, &headers, None).expect("request");
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port")
+}
+
+fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !ok() {
+        assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Opens page `page` and waits until it has rendered its data.
+fn open(b: &Browser, base: &str, page: &str) {
+    b.goto(&format!("{base}/ui/#{page}")).expect("navigate");
+    b.wait_until(&format!("return document.body.dataset.loaded === '{page}'"), Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("page {page}: {e}"));
+}
+
+/// The page recorded no errors (script errors, unexpected API answers) and the browser logged
+/// none but the expected refusals of the token checks.
+fn no_errors(b: &Browser, page: &str) {
+    let errors = b.script("return window.dpukvErrors").expect("errors");
+    assert_eq!(errors, serde_json::json!([]), "page {page} recorded errors");
+    let severe: Vec<_> = b
+        .console_log()
+        .expect("console log")
+        .into_iter()
+        .filter(|(level, m)| level == "SEVERE" && !m.contains("status of 401") && !m.contains("status of 403"))
+        .collect();
+    assert!(severe.is_empty(), "page {page}: the browser logged {severe:?}");
+}
+
+fn screenshot(b: &Browser, name: &str) {
+    let dir = bin_dir().expect("binaries").join("../console-screenshots");
+    std::fs::create_dir_all(&dir).expect("screenshot dir");
+    std::fs::write(dir.join(format!("{name}.png")), b.screenshot().expect("screenshot")).expect("write");
+}
+
+fn text_of(b: &Browser, selector: &str) -> String {
+    let e = b.wait_for(selector, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e}"));
+    b.text(&e).expect("text")
+}
+
+/// Types `token` into the token form and waits for the cluster page.
+fn log_in(b: &Browser, token: &str) {
+    let input = b.wait_for("#token-input", Duration::from_secs(20)).expect("the token form");
+    b.wait_until(
+        "const i = document.querySelector('#token-input'); return !!i && i.offsetParent !== null",
+        Duration::from_secs(10),
+    )
+    .expect("the token form shows");
+    b.type_into(&input, token).expect("type");
+    b.click(&b.wait_for("#token-submit", Duration::from_secs(5)).expect("submit")).expect("submit");
+}
+
+#[test]
+fn the_console_shows_the_cluster_its_failover_and_drains_a_node_in_a_real_browser() {
+    if !webdriver::available() {
+        assert!(std::env::var("CI").is_err(), "CI needs chromium and chromium-driver (scripts/test.sh installs them)");
+        eprintln!("skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let http_addr = format!("127.0.0.1:{}", free_port().expect("port"));
+    let binary = format!("127.0.0.1:{}", free_port().expect("port"));
+    let mut c = Command::new(bin_dir().expect("binaries").join("dpukv"));
+    c.args(["local", "--nodes", "3", "--split-keys", "m", "--lease-ttl-ms", "2000", "--fsync", "never"])
+        .args(["--listen", &binary, "--http", &http_addr])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _local = Proc(c.spawn().expect("dpukv local"));
+    let cj = cluster_json(dir.path(), Duration::from_secs(60)).expect("cluster.json");
+    assert_eq!(cj["gateway"]["console"], format!("http://{http_addr}/ui/"), "cluster.json names the console");
+    let local_port = port_of(&http_addr);
+    wait_until("the cluster serving", Duration::from_secs(60), || {
+        matches!(http(local_port, "GET", "/readyz", &[], None), Ok((200, _)))
+            && http(local_port, "PUT", "/v1/kv/user:0", &[], Some(r#"{"value": "v"}"#)).is_ok_and(|(s, _)| s == 200)
+    });
+    // Keys in both regions, and one read often enough to become popular (hot-key replicas).
+    for i in 0..40 {
+        for k in [format!("user:{i}"), format!("zz{i}")] {
+            let (s, b) = http(local_port, "PUT", &format!("/v1/kv/{k}"), &[], Some(r#"{"value": "v"}"#)).expect("put");
+            assert_eq!(s, 200, "{b}");
+        }
+    }
+    for _ in 0..50 {
+        assert_eq!(http(local_port, "GET", "/v1/kv/user:7", &[], None).expect("get").0, 200);
+    }
+    // A light load all along (skewed: a few keys most read), so the heatmap and rates have
+    // something to show; its errors while a node is killed do not matter.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let k = if i.is_multiple_of(3) { format!("zz{}", i % 40) } else { format!("user:{}", (i * i) % 11) };
+                if i.is_multiple_of(10) {
+                    let _ = http(local_port, "PUT", &format!("/v1/kv/{k}"), &[], Some(r#"{"value": "w"}"#));
+                } else {
+                    let _ = http(local_port, "GET", &format!("/v1/kv/{k}"), &[], None);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    // For docs/console.md: DPUKV_CONSOLE_SHOTS_WAIT=60 gives the heatmap a minute of history.
+    let history = std::env::var("DPUKV_CONSOLE_SHOTS_WAIT").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+
+    // A gateway with tokens: ops may do everything, reader may read keys under "user:".
+    let tokens = dir.path().join("tokens.json");
+    let doc = serde_json::json!({"tokens": [
+        {"name": "ops", "token": OPS, "grants": [{"prefix": "", "allow": ["admin"]}]},
+        {"name": "reader", "token": READER, "grants": [{"prefix": "user:", "allow": ["read"]}]},
+    ]});
+    std::fs::write(&tokens, doc.to_string()).expect("tokens");
+    let seeds: Vec<String> = cj["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["device"].as_str().expect("device").to_string())
+        .collect();
+    let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
+    let gw = Gateway::start(&seeds, &["--tokens", tokens.to_str().expect("path")]).expect("gateway");
+    let port = port_of(&gw.http);
+    let base = format!("http://{}", gw.http);
+
+    // Without a token the APIs refuse; the pages hold no data and load.
+    assert_eq!(http(port, "GET", "/v1/console/overview", &[], None).expect("get").0, 401);
+    let (status, page) = http(port, "GET", "/ui/", &[], None).expect("get");
+    assert!(status == 200 && page.contains("console.js"), "{status}");
+    let weight: usize = ["/ui/", "/ui/console.js", "/ui/console.css"]
+        .iter()
+        .map(|p| http(port, "GET", p, &[], None).expect("asset").1.len())
+        .sum();
+    assert!(weight < 300 << 10, "the console weighs {weight} bytes");
+
+    let b = Browser::start(1280, 800).expect("browser");
+    b.goto(&format!("{base}/ui/")).expect("navigate");
+    // The reader: the cluster, but no actions and no keys outside "user:".
+    log_in(&b, READER);
+    b.wait_until("return document.body.dataset.loaded === 'cluster'", Duration::from_secs(20)).expect("cluster page");
+    let overview = api(port, "/v1/console/overview", Some(READER));
+    assert_eq!(overview["you"], serde_json::json!({"name": "reader", "admin": false}));
+    let actions_shown =
+        b.script("const a = document.querySelector('a[href=\"#actions\"]'); return !!a && a.offsetParent !== null");
+    assert_eq!(actions_shown.expect("script"), Value::Bool(false), "a reader sees no actions link");
+    b.goto(&format!("{base}/ui/#actions")).expect("navigate");
+    b.wait_until(
+        "const p = document.querySelector('[data-testid=\"page-actions\"]'); \
+         return !!p && /does not allow/.test(p.textContent) && !document.querySelector('[data-testid^=\"drain-\"]')",
+        Duration::from_secs(10),
+    )
+    .expect("the actions are refused to a reader");
+    let bearer = format!("Bearer {READER}");
+    let (status, body) =
+        http(port, "POST", "/v1/console/actions/drain/1", &[("Authorization", &bearer)], None).expect("post");
+    assert_eq!(status, 403, "a reader cannot drain: {body}");
+    let regions = api(port, "/v1/console/regions", Some(READER));
+    assert!(
+        regions["regions"].as_array().expect("regions").iter().all(|r| r["redacted"] == true && r["start"] == ""),
+        "a reader does not see bounds outside its prefix: {regions}"
+    );
+    let reads = api(port, "/v1/console/reads", Some(READER));
+    assert!(reads.to_string().contains("user:7"), "the reader sees its popular key: {reads}");
+    open(&b, &base, "regions");
+    assert!(text_of(&b, "tr[data-testid=\"region-1\"]").contains("hidden"), "the page hides the bounds");
+    no_errors(&b, "regions (reader)");
+
+    // The operator: every page, its numbers as the APIs say.
+    b.click(&b.wait_for("#token-button", Duration::from_secs(5)).expect("token button")).expect("click");
+    log_in(&b, OPS);
+    open(&b, &base, "cluster");
+    let overview = api(port, "/v1/console/overview", Some(OPS));
+    assert_eq!(overview["you"]["admin"], true);
+    assert_eq!(text_of(&b, "[data-testid=\"summary-nodes\"]").trim(), overview["health"]["nodes"].to_string());
+    assert_eq!(text_of(&b, "[data-testid=\"summary-regions\"]").trim(), "2");
+    for n in 1..=3 {
+        assert!(text_of(&b, &format!("tr[data-testid=\"node-{n}\"]")).contains("live"), "node {n} is live");
+    }
+    no_errors(&b, "cluster");
+    screenshot(&b, "cluster");
+    std::thread::sleep(Duration::from_secs(history));
+    open(&b, &base, "regions");
+    let regions = api(port, "/v1/console/regions", Some(OPS));
+    let rows = b.find_all("tr[data-testid^=\"region-\"]").expect("rows").len();
+    assert_eq!(rows, regions["regions"].as_array().expect("regions").len());
+    assert!(text_of(&b, "tr[data-testid=\"region-2\"]").contains('m'), "region 2 starts at m");
+    b.wait_for("[data-testid=\"heatmap\"]", Duration::from_secs(5)).expect("the heatmap");
+    no_errors(&b, "regions");
+    screenshot(&b, "regions");
+    open(&b, &base, "reads");
+    let reads = api(port, "/v1/console/reads", Some(OPS));
+    assert!(reads["share"]["primary_device"].as_f64().is_some_and(|s| s > 0.0), "{reads}");
+    b.wait_until(
+        "return [...document.querySelectorAll('[data-testid^=\"popular-\"]')].some(e => e.textContent.includes('user:7'))",
+        Duration::from_secs(10),
+    )
+    .expect("the popular key on the page");
+    no_errors(&b, "reads");
+    screenshot(&b, "reads");
+
+    // A SIGKILLed primary: its failover on the timeline, with its duration.
+    let victim = regions["regions"][0]["primary"].as_u64().expect("a primary");
+    let node = cj["nodes"].as_array().expect("nodes").iter().find(|n| n["id"] == victim).expect("the node");
+    for pid in ["host_pid", "device_pid"] {
+        let pid = node[pid].as_u64().expect("pid");
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    open(&b, &base, "events");
+    b.wait_until(
+        "return [...document.querySelectorAll('[data-kind=\"failover\"]')].some(e => /\\d+(\\.\\d+)?\\s*(ms|s)/.test(e.textContent))",
+        Duration::from_secs(60),
+    )
+    .expect("the failover on the timeline");
+    let events = api(port, "/v1/console/events", Some(OPS));
+    let failover = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .find(|e| e["kind"] == "failover" && e["node"] == victim)
+        .unwrap_or_else(|| panic!("no failover of node {victim}'s region: {events}"));
+    assert!(failover["duration_ms"].as_u64().is_some_and(|d| d < 30_000), "{failover}");
+    no_errors(&b, "events");
+    screenshot(&b, "events");
+
+    // A drain started from the page completes.
+    let drained = 3;
+    open(&b, &base, "actions");
+    b.click(&b.wait_for(&format!("[data-testid=\"drain-{drained}\"]"), Duration::from_secs(10)).expect("drain button"))
+        .expect("click");
+    b.click(&b.wait_for("[data-testid=\"confirm\"]", Duration::from_secs(5)).expect("confirmation")).expect("confirm");
+    b.wait_until(
+        "const s = document.querySelector('[data-testid=\"action-status\"]'); return !!s && s.dataset.state === 'done'",
+        Duration::from_secs(180),
+    )
+    .expect("the drain completes on the page");
+    let progress = api(port, &format!("/v1/console/actions/drain/{drained}"), Some(OPS));
+    assert_eq!(progress["done"], true, "{progress}");
+    // The gateway's map follows (it refreshes within a second or two).
+    wait_until("the drained node holding nothing in the gateway's map", Duration::from_secs(20), || {
+        let overview = api(port, "/v1/console/overview", Some(OPS));
+        let n = overview["nodes"].as_array().expect("nodes").iter().find(|n| n["id"] == drained).cloned();
+        n.is_some_and(|n| n["regions_led"] == 0 && n["regions_backed"] == 0 && n["draining"] == true)
+    });
+    no_errors(&b, "actions");
+    screenshot(&b, "actions");
+    let events = api(port, "/v1/console/events", Some(OPS));
+    assert!(events.to_string().contains("drain_requested"), "{events}");
+
+    // Keyboard, the dark theme, a narrow screen.
+    let focusable = b.script("return [...document.querySelectorAll('nav a, button')].every(e => e.tabIndex >= 0)");
+    assert_eq!(focusable.expect("script"), Value::Bool(true));
+    b.click(&b.wait_for("[data-testid=\"theme-toggle\"], #theme-toggle", Duration::from_secs(5)).expect("theme"))
+        .expect("click");
+    let theme = b.script("return document.documentElement.dataset.theme").expect("theme");
+    open(&b, &base, "regions");
+    screenshot(&b, &format!("regions-{}", theme.as_str().unwrap_or("other")));
+    b.resize(390, 844).expect("resize");
+    open(&b, &base, "cluster");
+    let overflow = b.script("return document.documentElement.scrollWidth - window.innerWidth").expect("width");
+    assert!(overflow.as_i64().is_some_and(|o| o <= 1), "the page scrolls sideways at 390 px: {overflow}");
+    screenshot(&b, "cluster-narrow");
+    no_errors(&b, "cluster (narrow)");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    load.join().expect("the load");
+}

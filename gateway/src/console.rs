@@ -1,0 +1,753 @@
+//! The web console (docs/console.md): static pages at `/ui/` (embedded in the binary: no CDN, no
+//! external fonts) and their JSON APIs under `/v1/console/` — the cluster, its regions with a
+//! key-space heatmap over time, where reads are served (primaries' devices, replicas' devices,
+//! the host) with the popular keys, the cluster's events, and actions (drain, step down, split).
+//!
+//! Sources: the region map (the gateway's client), every device's `stats` (binary protocol, the
+//! gateway's own identity), and the hosts' control API (`/cluster/summary`, `/events`, `/loads`
+//! with the gateway's certificate or the control token; actions with the control token).
+//!
+//! **One sampler, not one fan-out per page view**: a task takes a sample every
+//! [`SAMPLE_EVERY`] — each device's statistics and the control API's summary, loads and events —
+//! while the console was asked for in the last [`KEEP_SAMPLING`]; pages are answered from the
+//! latest sample, so a client polling the APIs costs the cluster nothing more. The heatmap keeps
+//! [`HEATMAP_SAMPLES`] intervals; history starts when the console is first opened.
+//!
+//! **Who sees what** (the gateway's tokens): any valid token sees the topology, counters and
+//! events; region bounds and popular keys only where the token may read those keys (else
+//! `redacted`); actions need `admin` on every key. An open gateway (no tokens) shows and allows
+//! everything (plain mode). Actions also need the gateway's control credential
+//! (`--control-token-file`): without one they answer `503 not_configured`.
+//!
+//! Bounds: at most [`HEATMAP_SAMPLES`] × (regions ≤ `stats::MAX_REGIONS`) counts, one sample in
+//! flight, each device asked within the client's attempt timeout, each control call within its
+//! deadlines.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use dpukv_client::control::{ControlClient, ControlError};
+use dpukv_proto::control::{Action, ControlRoute};
+use dpukv_proto::regionmap::{RegionMap, RegionState};
+use dpukv_proto::stats::DeviceStats;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{Perm, Principal};
+use crate::http::api::Encoding;
+use crate::http::{ApiError, Caller, HttpState, JsonBody};
+use crate::upstream::Upstream;
+
+/// How often the sampler samples.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(2);
+/// How long after the last console request the sampler goes on.
+pub const KEEP_SAMPLING: Duration = Duration::from_secs(600);
+/// Intervals the heatmap keeps (5 minutes at 2 s).
+pub const HEATMAP_SAMPLES: usize = 150;
+/// Events kept (the cluster keeps 256).
+const MAX_EVENTS: usize = 256;
+
+const INDEX_HTML: &str = include_str!("../console/index.html");
+const CONSOLE_JS: &str = include_str!("../console/console.js");
+const CONSOLE_CSS: &str = include_str!("../console/console.css");
+
+/// What the console needs besides the gateway's state.
+#[derive(Clone, Default)]
+pub struct ConsoleConfig {
+    /// How to reach the hosts' control API (TLS with the gateway's certificate for reads; the
+    /// token, if given, for actions and reads).
+    pub control: ControlClient,
+}
+
+impl std::fmt::Debug for ConsoleConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsoleConfig").field("token", &self.control.token.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// One sample.
+#[derive(Default)]
+struct Sample {
+    /// When (Unix ms).
+    at_ms: u64,
+    /// Each node's device statistics, or why not.
+    devices: BTreeMap<u32, Result<DeviceStats, String>>,
+    /// `/cluster/summary`, or why not.
+    summary: Option<Result<Value, String>>,
+    /// Region -> (bytes, writes per second) as the primaries reported.
+    loads: HashMap<u32, (u64, u64)>,
+    /// The cluster's events, oldest first.
+    events: Vec<Value>,
+    /// Each node's host (`/cluster/host` at its control API), or why not.
+    hosts: BTreeMap<u32, Result<Value, String>>,
+}
+
+/// The heatmap: per interval, per region, (reads, writes).
+#[derive(Default)]
+struct Heat {
+    times: VecDeque<u64>,
+    cells: VecDeque<HashMap<u32, (u64, u64)>>,
+    /// The last gets per (node, region) seen, to take differences.
+    last_gets: HashMap<(u32, u32), u64>,
+}
+
+/// See the module documentation.
+pub struct Console {
+    cfg: ConsoleConfig,
+    up: Arc<Upstream>,
+    started: Instant,
+    /// Unix ms of the last console request.
+    asked_ms: AtomicU64,
+    wake: Notify,
+    latest: std::sync::Mutex<Option<Arc<Sample>>>,
+    /// Reads per second per region over the last interval.
+    rates: std::sync::Mutex<HashMap<u32, f64>>,
+    heat: std::sync::Mutex<Heat>,
+    sampled: Notify,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Console {
+    /// A console on `up`; its sampler runs on the calling runtime until `stop`.
+    pub fn start(cfg: ConsoleConfig, up: Arc<Upstream>, stop: CancellationToken) -> Arc<Console> {
+        let c = Arc::new(Console {
+            cfg,
+            up,
+            started: Instant::now(),
+            asked_ms: AtomicU64::new(0),
+            wake: Notify::new(),
+            latest: Default::default(),
+            rates: Default::default(),
+            heat: Default::default(),
+            sampled: Notify::new(),
+        });
+        let me = c.clone();
+        tokio::spawn(async move {
+            loop {
+                let idle = unix_ms().saturating_sub(me.asked_ms.load(Ordering::Relaxed));
+                if me.asked_ms.load(Ordering::Relaxed) == 0 || idle > KEEP_SAMPLING.as_millis() as u64 {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = me.wake.notified() => {}
+                    }
+                    continue;
+                }
+                let began = Instant::now();
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = me.sample() => {}
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(SAMPLE_EVERY.saturating_sub(began.elapsed())) => {}
+                }
+            }
+        });
+        c
+    }
+
+    /// The latest sample (waking the sampler; the first request waits for its first sample, a
+    /// few seconds at most).
+    async fn current(&self) -> Arc<Sample> {
+        self.asked_ms.store(unix_ms(), Ordering::Relaxed);
+        self.wake.notify_one();
+        let sampled = self.sampled.notified();
+        tokio::pin!(sampled);
+        sampled.as_mut().enable();
+        if let Some(s) = lock(&self.latest).clone() {
+            return s;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), sampled).await;
+        lock(&self.latest).clone().unwrap_or_default()
+    }
+
+    fn control_endpoint(&self, map: &RegionMap) -> Result<String, ControlError> {
+        self.cfg.control.endpoint(map, None)
+    }
+
+    /// Takes a sample (see the module documentation) and adds it to the heatmap.
+    async fn sample(&self) {
+        let mut s = Sample { at_ms: unix_ms(), ..Sample::default() };
+        let map = self.up.client().current_map().await.ok();
+        if let Some(map) = &map {
+            let asks = map.nodes.iter().map(|n| {
+                let client = self.up.client();
+                async move { (n.id, client.device_stats(n.id).await.map_err(|e| e.to_string())) }
+            });
+            s.devices = crate::join::join_all(asks.collect()).await.into_iter().collect();
+            let control = &self.cfg.control;
+            let hosts = map.nodes.iter().filter(|n| !n.admin.is_empty()).map(|n| async move {
+                let answer = control.must(&n.admin, &ControlRoute::Host).await.map_err(|e| e.to_string());
+                (n.id, answer.and_then(|b| serde_json::from_str::<Value>(&b).map_err(|e| format!("not JSON: {e}"))))
+            });
+            s.hosts = crate::join::join_all(hosts.collect()).await.into_iter().collect();
+            match self.control_endpoint(map) {
+                Ok(addr) => {
+                    let control = &self.cfg.control;
+                    let (summary, loads, events) = tokio::join!(
+                        control.must(&addr, &ControlRoute::Summary),
+                        control.must(&addr, &ControlRoute::Loads),
+                        control.must(&addr, &ControlRoute::Events),
+                    );
+                    let parse = |r: Result<String, ControlError>| {
+                        r.map_err(|e| e.to_string())
+                            .and_then(|b| serde_json::from_str::<Value>(&b).map_err(|e| format!("not JSON: {e}")))
+                    };
+                    s.summary = Some(parse(summary));
+                    if let Ok(v) = parse(loads) {
+                        for l in v["loads"].as_array().into_iter().flatten() {
+                            if let (Some(r), Some(b), Some(w)) =
+                                (l["region"].as_u64(), l["bytes"].as_u64(), l["writes_per_sec"].as_u64())
+                            {
+                                s.loads.insert(r as u32, (b, w));
+                            }
+                        }
+                    }
+                    if let Ok(v) = parse(events) {
+                        let all = v["events"].as_array().cloned().unwrap_or_default();
+                        s.events = all.into_iter().rev().take(MAX_EVENTS).rev().collect();
+                    } else if let Some(prev) = lock(&self.latest).as_ref() {
+                        s.events = prev.events.clone();
+                    }
+                }
+                Err(e) => s.summary = Some(Err(e.to_string())),
+            }
+        }
+        self.record(&s);
+        *lock(&self.latest) = Some(Arc::new(s));
+        self.sampled.notify_waiters();
+    }
+
+    /// Adds a sample's gets (differences since the last) and write rates to the heatmap.
+    fn record(&self, s: &Sample) {
+        let mut heat = lock(&self.heat);
+        let prev_at = heat.times.back().copied();
+        let secs = prev_at.map(|p| (s.at_ms.saturating_sub(p) as f64 / 1000.0).max(0.001));
+        let mut cells: HashMap<u32, (u64, u64)> = HashMap::new();
+        let mut seen = HashMap::new();
+        for (node, stats) in &s.devices {
+            let Ok(stats) = stats else { continue };
+            for r in &stats.regions {
+                let key = (*node, r.region);
+                let before = heat.last_gets.get(&key).copied();
+                // A restarted device (or a freed slot) counts from 0 again.
+                let delta = before.map_or(0, |b| r.gets.checked_sub(b).unwrap_or(r.gets));
+                cells.entry(r.region).or_default().0 += delta;
+                seen.insert(key, r.gets);
+            }
+        }
+        heat.last_gets = seen;
+        for (region, (_, wps)) in &s.loads {
+            cells.entry(*region).or_default().1 = (*wps as f64 * secs.unwrap_or(0.0)) as u64;
+        }
+        if let Some(secs) = secs {
+            *lock(&self.rates) = cells.iter().map(|(r, (reads, _))| (*r, *reads as f64 / secs)).collect();
+        }
+        heat.times.push_back(s.at_ms);
+        heat.cells.push_back(cells);
+        while heat.times.len() > HEATMAP_SAMPLES + 1 {
+            heat.times.pop_front();
+            heat.cells.pop_front();
+        }
+    }
+}
+
+/// A key for JSON: (text, encoding).
+fn shown_key(k: &[u8]) -> (String, Encoding) {
+    match std::str::from_utf8(k) {
+        Ok(s) if !s.chars().any(char::is_control) => (s.to_string(), Encoding::Utf8),
+        _ => (Encoding::Base64.encode(k).unwrap_or_default(), Encoding::Base64),
+    }
+}
+
+fn encoding_name(e: Encoding) -> &'static str {
+    match e {
+        Encoding::Utf8 => "utf8",
+        Encoding::Base64 => "base64",
+    }
+}
+
+/// Whether the caller may read `key` (everyone on an open gateway).
+fn may_read(p: Option<&Principal>, key: &[u8]) -> bool {
+    p.is_none_or(|p| p.may(Perm::Read, key))
+}
+
+/// Whether the caller may run cluster actions: `admin` on every key (everyone on an open
+/// gateway).
+fn is_admin(p: Option<&Principal>) -> bool {
+    p.is_none_or(|p| p.may_range(Perm::Admin, &[], &[]))
+}
+
+fn console_of(s: &HttpState) -> Result<&Arc<Console>, ApiError> {
+    s.console
+        .as_ref()
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", "the console is off (--no-console)"))
+}
+
+fn state_name(s: RegionState) -> &'static str {
+    match s {
+        RegionState::Serving => "serving",
+        RegionState::Moving => "moving",
+        RegionState::Splitting => "splitting",
+        RegionState::Merging => "merging",
+    }
+}
+
+async fn map_of(s: &HttpState) -> Result<Arc<RegionMap>, ApiError> {
+    s.up.client().current_map().await.map_err(ApiError::from)
+}
+
+/// `GET /v1/console/overview`.
+async fn overview(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
+    let c = console_of(&s)?;
+    let sample = c.current().await;
+    let map = map_of(&s).await?;
+    let p = caller.principal();
+    let summary = sample.summary.as_ref();
+    let ok_summary = summary.and_then(|r| r.as_ref().ok());
+    let draining = |n: u32| ok_summary.is_some_and(|v| v["draining"].as_array().is_some_and(|a| a.contains(&json!(n))));
+    let stepping =
+        |n: u32| ok_summary.is_some_and(|v| v["stepping_down"].as_array().is_some_and(|a| a.contains(&json!(n))));
+    let mut ids: Vec<u32> = map.nodes.iter().map(|n| n.id).collect();
+    // Nodes the regions name that are not live (lost).
+    for r in &map.regions {
+        for id in r.replicas() {
+            if id != 0 && !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+    ids.sort_unstable();
+    let nodes: Vec<Value> = ids
+        .iter()
+        .map(|&id| {
+            let info = map.node(id);
+            let led = map.regions.iter().filter(|r| r.primary == id).count();
+            let backed = map.regions.iter().filter(|r| r.backups.contains(&id)).count();
+            let (device_stats, error) = match sample.devices.get(&id) {
+                Some(Ok(d)) => (device_json(d), Value::Null),
+                Some(Err(e)) => (Value::Null, json!(e)),
+                None => (Value::Null, json!(if info.is_some() { "not sampled yet" } else { "not registered (lost)" })),
+            };
+            json!({
+                "id": id,
+                "zone": info.map_or("", |n| n.zone.as_str()),
+                "device": info.map_or("", |n| n.device.as_str()),
+                "fabric": info.map_or("", |n| n.fabric.as_str()),
+                "control": info.map_or("", |n| n.admin.as_str()),
+                "is_master": map.master == id,
+                "live": info.is_some(),
+                "draining": draining(id),
+                "stepping_down": stepping(id),
+                "regions_led": led,
+                "regions_backed": backed,
+                "device_stats": device_stats,
+                "host_stats": match sample.hosts.get(&id) {
+                    Some(Ok(h)) => json!({
+                        "uptime_s": h["uptime_ms"].as_u64().map(|v| v / 1000),
+                        "cpu_seconds": h["cpu_ms"].as_u64().map(|v| v as f64 / 1000.0),
+                        "rss_bytes": h["rss_bytes"],
+                        "lease_age_ms": h["lease_age_ms"],
+                    }),
+                    _ => Value::Null,
+                },
+                "error": error,
+            })
+        })
+        .collect();
+    let (control, health, master, age) = match summary {
+        Some(Ok(v)) => (
+            json!({"ok": true, "error": null}),
+            json!({
+                "nodes": v["nodes"], "regions": v["regions"], "without_primary": v["without_primary"],
+                "under_replicated": v["under_replicated"], "zones": v["zones"],
+            }),
+            v["master"].clone(),
+            v["master_round_age_ms"].clone(),
+        ),
+        Some(Err(e)) => (json!({"ok": false, "error": e}), Value::Null, json!(map.master), Value::Null),
+        None => (json!({"ok": false, "error": "not sampled yet"}), Value::Null, json!(map.master), Value::Null),
+    };
+    Ok(axum::Json(json!({
+        "gateway": {"version": env!("CARGO_PKG_VERSION"), "uptime_s": c.started.elapsed().as_secs()},
+        "you": {"name": p.map(|p| p.name.clone()), "admin": is_admin(p)},
+        "control": control,
+        "master": master,
+        "master_round_age_ms": age,
+        "health": health,
+        "sampled_ms": sample.at_ms,
+        "nodes": nodes,
+    })))
+}
+
+fn device_json(d: &DeviceStats) -> Value {
+    let c = |n: &str| d.counter(n);
+    json!({
+        "uptime_s": c("uptime_ms").map(|v| v / 1000),
+        "cpu_seconds": c("cpu_ms").map(|v| v as f64 / 1000.0),
+        "rss_bytes": c("rss_bytes"),
+        "mode": if c("reads_on_host") == Some(1) { "host-reads" } else { "device" },
+        "reads_served": c("reads_served"),
+        "replica_reads": c("replica_reads"),
+        "reads_forwarded": c("forwarded"),
+        "node_visits": c("node_visits"),
+    })
+}
+
+/// `GET /v1/console/regions`.
+async fn regions(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
+    let c = console_of(&s)?;
+    let sample = c.current().await;
+    let map = map_of(&s).await?;
+    let p = caller.principal();
+    let rates = lock(&c.rates).clone();
+    let regions: Vec<Value> = map
+        .regions
+        .iter()
+        .map(|r| {
+            let visible = may_read(p, &r.start) && r.end.as_deref().is_none_or(|e| may_read(p, e));
+            let (start, end, enc) = if visible {
+                let (st, se) = shown_key(&r.start);
+                let end = r.end.as_deref().map(shown_key);
+                // One encoding for both bounds.
+                let base64 = se == Encoding::Base64 || end.as_ref().is_some_and(|(_, e)| *e == Encoding::Base64);
+                if base64 {
+                    let b = |k: &[u8]| Encoding::Base64.encode(k).unwrap_or_default();
+                    (json!(b(&r.start)), r.end.as_deref().map_or(Value::Null, |e| json!(b(e))), "base64")
+                } else {
+                    (json!(st), end.map_or(Value::Null, |(t, _)| json!(t)), "utf8")
+                }
+            } else {
+                (json!(""), Value::Null, "utf8")
+            };
+            let load = sample.loads.get(&r.id);
+            json!({
+                "id": r.id, "start": start, "end": end, "encoding": enc, "redacted": !visible,
+                "primary": r.primary, "backups": r.backups, "joining": r.joining, "epoch": r.epoch,
+                "state": state_name(r.state),
+                "bytes": load.map(|l| l.0), "writes_per_sec": load.map(|l| l.1),
+                "reads_per_sec": rates.get(&r.id),
+            })
+        })
+        .collect();
+    let heat = lock(&c.heat);
+    let ids: Vec<u32> = map.regions.iter().map(|r| r.id).collect();
+    // The first sample has no interval before it.
+    let skip = usize::from(heat.times.len() > 1);
+    let times: Vec<u64> = heat.times.iter().skip(skip).copied().collect();
+    let cell = |i: &HashMap<u32, (u64, u64)>, f: fn(&(u64, u64)) -> u64| {
+        ids.iter().map(|id| i.get(id).map_or(0, f)).collect::<Vec<u64>>()
+    };
+    let reads: Vec<Vec<u64>> = heat.cells.iter().skip(skip).map(|i| cell(i, |c| c.0)).collect();
+    let writes: Vec<Vec<u64>> = heat.cells.iter().skip(skip).map(|i| cell(i, |c| c.1)).collect();
+    Ok(axum::Json(json!({
+        "regions": regions,
+        "heatmap": {
+            "interval_ms": SAMPLE_EVERY.as_millis() as u64, "times": times, "regions": ids,
+            "reads": reads, "writes": writes,
+        },
+    })))
+}
+
+/// H(n), the n-th harmonic number.
+fn harmonic(n: u64) -> f64 {
+    if n < 1_000 {
+        (1..=n).map(|k| 1.0 / k as f64).sum()
+    } else {
+        // ln n + γ + 1/(2n): exact enough past a thousand.
+        (n as f64).ln() + 0.577_215_664_901_532_9 + 1.0 / (2.0 * n as f64)
+    }
+}
+
+/// H(n)/H(N) for a set of `n` keys among `big_n` (None without keys read).
+fn ceiling(n: u64, big_n: u64) -> Option<f64> {
+    (big_n > 0).then(|| harmonic(n.min(big_n)) / harmonic(big_n))
+}
+
+/// `GET /v1/console/reads`.
+async fn reads(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
+    let c = console_of(&s)?;
+    let sample = c.current().await;
+    let p = caller.principal();
+    let counts = s.up.client().read_counts();
+    let (gw_primary, gw_replica) = counts.get();
+    let modes: serde_json::Map<String, Value> =
+        dpukv_client::ReadCounts::MODES.iter().zip(counts.modes()).map(|(m, n)| (m.to_string(), json!(n))).collect();
+    let (mut served, mut replica, mut forwarded, mut visits) = (0u64, 0u64, 0u64, 0u64);
+    let mut devices = Vec::new();
+    let mut popular = Vec::new();
+    for (node, d) in &sample.devices {
+        let Ok(d) = d else { continue };
+        let v = |n: &str| d.counter(n).unwrap_or(0);
+        let on_host = v("reads_on_host") == 1;
+        // Gets of the regions it leads (reads served counts scans and region maps too).
+        let gets = d.regions.iter().map(|r| r.gets).sum::<u64>() + v("gets_unattributed");
+        served += if on_host { 0 } else { gets };
+        forwarded += if on_host { gets } else { 0 };
+        replica += v("replica_reads");
+        visits += v("node_visits");
+        devices.push(json!({
+            "node": node, "mode": if on_host { "host-reads" } else { "device" }, "gets": gets,
+            "reads_served": v("reads_served"), "replica_reads": v("replica_reads"),
+            "reads_forwarded": v("forwarded"), "node_visits": v("node_visits"),
+        }));
+        for r in &d.regions {
+            if r.capacity == 0 {
+                continue;
+            }
+            let (shown, hidden): (Vec<_>, Vec<_>) = r.top.iter().partition(|(k, _)| may_read(p, k));
+            let keys: Vec<Value> = shown
+                .into_iter()
+                .map(|(k, n)| {
+                    let (t, e) = shown_key(k);
+                    json!({"key": t, "encoding": encoding_name(e), "count": n})
+                })
+                .collect();
+            popular.push(json!({
+                "region": r.region, "node": node, "capacity": r.capacity, "size": r.popular,
+                "keys": keys, "hidden": hidden.len(),
+                // hKVS §4.5: the most a set of `capacity` keys can take of a zipf(1) workload
+                // over N keys is H(capacity)/H(N); N here is the keys read in the popularity
+                // window (those that compete for the set).
+                "ceiling": ceiling(r.capacity as u64, r.distinct as u64),
+            }));
+        }
+    }
+    let total = served + replica + forwarded;
+    let share = |n: u64| if total == 0 { Value::Null } else { json!(n as f64 / total as f64) };
+    let primary_reads = served.max(1);
+    Ok(axum::Json(json!({
+        "gateway": {"primary": gw_primary, "replica": gw_replica},
+        "consistency": modes,
+        "devices": devices,
+        "share": {"primary_device": share(served), "replica_device": share(replica), "host": share(forwarded)},
+        "visits_per_read": if served == 0 { Value::Null } else { json!(visits as f64 / primary_reads as f64) },
+        "popular": popular,
+    })))
+}
+
+/// The query of `GET /v1/console/events`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    /// Only events after this sequence number.
+    after: Option<u64>,
+}
+
+/// `GET /v1/console/events`.
+async fn events(
+    State(s): State<HttpState>,
+    q: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let Query(q) = q?;
+    let c = console_of(&s)?;
+    let sample = c.current().await;
+    let events: Vec<&Value> =
+        sample.events.iter().filter(|e| q.after.is_none_or(|a| e["seq"].as_u64().is_some_and(|s| s > a))).collect();
+    Ok(axum::Json(json!({ "events": events })))
+}
+
+/// An action's caller check and the control credential's presence.
+fn may_act<'a>(s: &'a HttpState, caller: &Caller) -> Result<&'a Arc<Console>, ApiError> {
+    let c = console_of(s)?;
+    if !is_admin(caller.principal()) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "this token may not run cluster actions (they need admin on every key)",
+        ));
+    }
+    Ok(c)
+}
+
+/// Runs `route` on a control API: its JSON answer, or its refusal as an answer with its status.
+async fn act(s: &HttpState, c: &Console, route: ControlRoute, avoid: Option<u32>) -> Result<Value, Response> {
+    let map = map_of(s).await.map_err(IntoResponse::into_response)?;
+    let addr =
+        c.cfg.control.endpoint(&map, avoid).map_err(|e| {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()).into_response()
+        })?;
+    if route.mutates() {
+        tracing::info!(route = route.path(), method = route.method(), "a console action");
+    }
+    match c.cfg.control.call(&addr, &route).await {
+        Ok((200, body)) => Ok(serde_json::from_str::<Value>(&body).unwrap_or_else(|_| json!({"answer": body.trim()}))),
+        Ok((status, body)) => {
+            let code = match status {
+                401 | 403 => "not_configured",
+                404 => "not_found",
+                400 => "bad_request",
+                _ => "unavailable",
+            };
+            let message = match status {
+                401 | 403 => format!(
+                    "the control API refused the gateway ({status}: {}): give the gateway the control token (--control-token-file)",
+                    body.trim()
+                ),
+                _ => body.trim().to_string(),
+            };
+            let status = match status {
+                401 | 403 => StatusCode::SERVICE_UNAVAILABLE,
+                s => StatusCode::from_u16(s).unwrap_or(StatusCode::BAD_GATEWAY),
+            };
+            Err(ApiError::new(status, code, message).into_response())
+        }
+        Err(e) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()).into_response()),
+    }
+}
+
+fn action_of(method: &axum::http::Method) -> Action {
+    match *method {
+        axum::http::Method::POST => Action::Request,
+        axum::http::Method::DELETE => Action::Cancel,
+        _ => Action::Progress,
+    }
+}
+
+/// `POST|GET|DELETE /v1/console/actions/drain/{node}`.
+async fn drain(
+    State(s): State<HttpState>,
+    caller: Caller,
+    method: axum::http::Method,
+    Path(node): Path<u32>,
+) -> Response {
+    let c = match may_act(&s, &caller) {
+        Ok(c) => c.clone(),
+        Err(e) => return e.into_response(),
+    };
+    match act(&s, &c, ControlRoute::Drain { node, action: action_of(&method) }, Some(node)).await {
+        Ok(mut v) => {
+            // The regions it still has a part in, led or held.
+            let left = v["regions_led"].as_u64().unwrap_or(0) + v["regions_held"].as_u64().unwrap_or(0);
+            v["regions"] = json!(left);
+            axum::Json(v).into_response()
+        }
+        Err(r) => r,
+    }
+}
+
+/// `POST|GET|DELETE /v1/console/actions/step-down/{node}`.
+async fn step_down(
+    State(s): State<HttpState>,
+    caller: Caller,
+    method: axum::http::Method,
+    Path(node): Path<u32>,
+) -> Response {
+    let c = match may_act(&s, &caller) {
+        Ok(c) => c.clone(),
+        Err(e) => return e.into_response(),
+    };
+    act(&s, &c, ControlRoute::StepDown { node, action: action_of(&method) }, Some(node))
+        .await
+        .map_or_else(|r| r, |v| axum::Json(v).into_response())
+}
+
+/// The body of a split.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SplitBody {
+    /// Where the new region starts.
+    key: String,
+    /// How `key` is written (default `utf8`).
+    encoding: Option<Encoding>,
+}
+
+/// `POST /v1/console/actions/split/{region}`.
+async fn split(
+    State(s): State<HttpState>,
+    caller: Caller,
+    Path(region): Path<u32>,
+    JsonBody(body): JsonBody<SplitBody>,
+) -> Response {
+    let c = match may_act(&s, &caller) {
+        Ok(c) => c.clone(),
+        Err(e) => return e.into_response(),
+    };
+    let key = match body.encoding.unwrap_or_default().decode(&body.key) {
+        Ok(k) if !k.is_empty() && k.len() <= dpukv_proto::limits::MAX_KEY => k,
+        Ok(_) => {
+            return ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "the key must be 1 to 1024 bytes")
+                .into_response();
+        }
+        Err(e) => return ApiError::new(StatusCode::BAD_REQUEST, "bad_encoding", format!("key: {e}")).into_response(),
+    };
+    if let Err(r) = act(&s, &c, ControlRoute::Split { region, key: key.clone() }, None).await {
+        return r;
+    }
+    let (t, e) = shown_key(&key);
+    axum::Json(json!({"region": region, "key": t, "encoding": encoding_name(e), "accepted": true})).into_response()
+}
+
+/// Serves an embedded asset with its type, a strict content security policy and no caching
+/// beyond revalidation.
+fn asset(body: &'static str, kind: &'static str) -> Response {
+    let mut r = (StatusCode::OK, body).into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+        ),
+    );
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    r
+}
+
+/// The console's routes (merged into the HTTP front end's router, under its middleware: the
+/// `/v1/console/` APIs need a token like every `/v1/` route; the pages hold no data).
+pub fn routes() -> Router<HttpState> {
+    Router::new()
+        .route("/ui", get(|| async { axum::response::Redirect::permanent("/ui/") }))
+        .route("/ui/", get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }))
+        .route("/ui/index.html", get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }))
+        .route("/ui/console.js", get(|| async { asset(CONSOLE_JS, "text/javascript; charset=utf-8") }))
+        .route("/ui/console.css", get(|| async { asset(CONSOLE_CSS, "text/css; charset=utf-8") }))
+        .route("/v1/console/overview", get(overview))
+        .route("/v1/console/regions", get(regions))
+        .route("/v1/console/reads", get(reads))
+        .route("/v1/console/events", get(events))
+        .route("/v1/console/actions/drain/{node}", post(drain).get(drain).delete(drain))
+        .route("/v1/console/actions/step-down/{node}", post(step_down).get(step_down).delete(step_down))
+        .route("/v1/console/actions/split/{region}", post(split))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn harmonic_numbers_are_close_enough_either_way() {
+        assert!((harmonic(1) - 1.0).abs() < 1e-12);
+        assert!((harmonic(4) - 25.0 / 12.0).abs() < 1e-12);
+        let exact: f64 = (1..=5000).map(|k| 1.0 / k as f64).sum();
+        assert!((harmonic(5000) - exact).abs() < 1e-6);
+        assert_eq!(ceiling(10, 0), None);
+        assert_eq!(ceiling(10, 5), Some(1.0), "a set as large as the keys takes every read");
+        assert!(ceiling(1_000, 1_000_000).is_some_and(|c| (0.5..0.56).contains(&c)));
+    }
+
+    #[test]
+    fn keys_are_shown_as_text_or_base64() {
+        assert_eq!(shown_key(b"user:1"), ("user:1".to_string(), Encoding::Utf8));
+        assert_eq!(shown_key(&[0xff, 0x00]).1, Encoding::Base64);
+        assert_eq!(shown_key(b"a\nb").1, Encoding::Base64);
+    }
+}
