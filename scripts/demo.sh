@@ -5,7 +5,9 @@
 # redis-cli (the Redis protocol), load records and run short YCSB workloads through the gateway and
 # one reading hot keys from replicas,
 # then SIGKILL the pod that leads a region and show the cluster healing: a backup is promoted,
-# writes go on, every record is still there, and the killed pod comes back as a backup.
+# writes go on, every record is still there, and the killed pod comes back as a backup. The web
+# console's URL is printed first (DPUKV_DEMO_HOLD=SECONDS keeps the cluster up at the end to look
+# at it), and the failover is shown as its events timeline records it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh redis-cli=redis-tools curl=curl
@@ -32,6 +34,7 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 NODE1=$(python3 -c "import json; print(json.load(open('$DIR/cluster.json'))['nodes'][0]['device'])")
+echo "== the web console: open $HTTP/ui/ in a browser (nodes, regions and their heatmap, where reads are served, the failover below on its timeline; docs/console.md)"
 echo "== the cluster: nodes (id, device, replication, control API, zone) and regions (id, start, end, primary, backups, epoch)"
 $BIN/dpukv --endpoint "$NODE1" nodes
 $BIN/dpukv --endpoint "$EP" regions
@@ -58,6 +61,15 @@ kill -9 $PIDS
 until $BIN/dpukv --endpoint "$EP" put user0000000001 after-failover >/dev/null 2>&1; do sleep 0.05; done
 echo "first acknowledged write to region 1 (through the gateway) after $(python3 -c "print(round($(date +%s.%N) - $START, 2))") s"
 $BIN/dpukv --endpoint "$EP" regions
+echo "== the failover as the console's events timeline records it ($HTTP/ui/#events):"
+for _ in $(seq 1 50); do
+  curl -s "$HTTP/v1/console/events" | python3 -c "
+import json, sys
+events = [e for e in json.load(sys.stdin)['events'] if e['kind'] in ('node_lost', 'failover')]
+for e in events: print(' ', e['kind'], '-', e['detail'])
+sys.exit(0 if any(e['kind'] == 'failover' for e in events) else 1)" && break
+  sleep 0.2
+done
 echo "== every record is still there (count of keys in the whole key space):"
 $BIN/dpukv --endpoint "$EP" scan "" "" --limit 10000000 | wc -l
 echo "== the killed pod came back (dpukv local restarts it); once it has caught up it is a backup again:"
@@ -66,3 +78,7 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 $BIN/dpukv --endpoint "$EP" regions
+if [ -n "${DPUKV_DEMO_HOLD:-}" ]; then
+  echo "== the cluster stays up for ${DPUKV_DEMO_HOLD} s: the console is at $HTTP/ui/"
+  sleep "$DPUKV_DEMO_HOLD"
+fi

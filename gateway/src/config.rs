@@ -98,7 +98,7 @@ pub struct GatewayArgs {
     #[arg(long, env = "DPUKV_TOKENS_FILE")]
     pub tokens: Option<std::path::PathBuf>,
     /// Serve no web console (`/ui/` and `/v1/console/` on the HTTP front end; docs/console.md).
-    #[arg(long)]
+    #[arg(long, env = "DPUKV_GATEWAY_NO_CONSOLE")]
     pub no_console: bool,
     /// The hosts' admin token (their `--admin-token-file`), in a file: the console's actions
     /// (drain, step down, split) go to the control API with it. Without it the console shows

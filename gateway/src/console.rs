@@ -313,7 +313,9 @@ async fn map_of(s: &HttpState) -> Result<Arc<RegionMap>, ApiError> {
 }
 
 /// `GET /v1/console/overview`.
-async fn overview(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/v1/console/overview", tag = "console",
+    responses((status = 200, description = "The cluster: nodes (device and host figures), the master, health (docs/console.md)"), (status = 401, body = crate::http::api::ErrorBody)))]
+pub(crate) async fn overview(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
     let c = console_of(&s)?;
     let sample = c.current().await;
     let map = map_of(&s).await?;
@@ -410,7 +412,9 @@ fn device_json(d: &DeviceStats) -> Value {
 }
 
 /// `GET /v1/console/regions`.
-async fn regions(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/v1/console/regions", tag = "console",
+    responses((status = 200, description = "The regions (bounds as the token may read them, placement, sizes, rates) and the heatmap"), (status = 401, body = crate::http::api::ErrorBody)))]
+pub(crate) async fn regions(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
     let c = console_of(&s)?;
     let sample = c.current().await;
     let map = map_of(&s).await?;
@@ -480,7 +484,9 @@ fn ceiling(n: u64, big_n: u64) -> Option<f64> {
 }
 
 /// `GET /v1/console/reads`.
-async fn reads(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/v1/console/reads", tag = "console",
+    responses((status = 200, description = "Where gets are served, per device, by consistency mode, and the popular keys"), (status = 401, body = crate::http::api::ErrorBody)))]
+pub(crate) async fn reads(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
     let c = console_of(&s)?;
     let sample = c.current().await;
     let p = caller.principal();
@@ -544,13 +550,15 @@ async fn reads(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<
 /// The query of `GET /v1/console/events`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct EventsQuery {
+pub(crate) struct EventsQuery {
     /// Only events after this sequence number.
     after: Option<u64>,
 }
 
 /// `GET /v1/console/events`.
-async fn events(
+#[utoipa::path(get, path = "/v1/console/events", tag = "console",
+    responses((status = 200, description = "The events of the cluster, oldest first (after: only those past a sequence number)"), (status = 401, body = crate::http::api::ErrorBody)))]
+pub(crate) async fn events(
     State(s): State<HttpState>,
     q: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<Value>, ApiError> {
@@ -620,7 +628,9 @@ fn action_of(method: &axum::http::Method) -> Action {
 }
 
 /// `POST|GET|DELETE /v1/console/actions/drain/{node}`.
-async fn drain(
+#[utoipa::path(post, path = "/v1/console/actions/drain/{node}", tag = "console", params(("node" = u32, Path, description = "The node")),
+    responses((status = 200, description = "Drain a node (POST), its progress (GET), stop (DELETE): admin on every key"), (status = 403, body = crate::http::api::ErrorBody), (status = 503, body = crate::http::api::ErrorBody, description = "not_configured: the gateway has no control token")))]
+pub(crate) async fn drain(
     State(s): State<HttpState>,
     caller: Caller,
     method: axum::http::Method,
@@ -642,7 +652,9 @@ async fn drain(
 }
 
 /// `POST|GET|DELETE /v1/console/actions/step-down/{node}`.
-async fn step_down(
+#[utoipa::path(post, path = "/v1/console/actions/step-down/{node}", tag = "console", params(("node" = u32, Path, description = "The node")),
+    responses((status = 200, description = "Step a node down (POST), its progress (GET), stop (DELETE): admin on every key"), (status = 403, body = crate::http::api::ErrorBody), (status = 503, body = crate::http::api::ErrorBody, description = "not_configured: the gateway has no control token")))]
+pub(crate) async fn step_down(
     State(s): State<HttpState>,
     caller: Caller,
     method: axum::http::Method,
@@ -660,7 +672,7 @@ async fn step_down(
 /// The body of a split.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SplitBody {
+pub(crate) struct SplitBody {
     /// Where the new region starts.
     key: String,
     /// How `key` is written (default `utf8`).
@@ -668,7 +680,10 @@ struct SplitBody {
 }
 
 /// `POST /v1/console/actions/split/{region}`.
-async fn split(
+#[utoipa::path(post, path = "/v1/console/actions/split/{region}", tag = "console", params(("region" = u32, Path, description = "The region")),
+    request_body(content = Object, description = "{key, encoding}: where the new region starts"),
+    responses((status = 200, description = "The split is asked of the master"), (status = 400, body = crate::http::api::ErrorBody), (status = 403, body = crate::http::api::ErrorBody)))]
+pub(crate) async fn split(
     State(s): State<HttpState>,
     caller: Caller,
     Path(region): Path<u32>,

@@ -44,6 +44,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new("self.replicationFactor <= self.nodes").message("replicationFactor must not exceed nodes"))]
+#[x_kube(validation = Rule::new("!has(self.gateway) || !has(self.gateway.console) || !has(self.gateway.console.controlTokenSecret) || !has(self.tls) || self.tls.mode != 'Disabled'").message("gateway.console.controlTokenSecret needs TLS (without it the control API would take only the token, and the operator has none)"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.regions) || (has(self.regions) && self.regions == oldSelf.regions)").message("regions cannot change once set (the master splits and merges them)"))]
 #[serde(rename_all = "camelCase")]
 pub struct DpuKvClusterSpec {
@@ -469,6 +470,9 @@ pub struct GatewaySpec {
     /// Its ports.
     #[serde(default)]
     pub ports: GatewayPorts,
+    /// The web console on the HTTP port (`/ui/`, docs/console.md).
+    #[serde(default)]
+    pub console: ConsoleSpec,
 }
 
 impl Default for GatewaySpec {
@@ -477,7 +481,30 @@ impl Default for GatewaySpec {
             replicas: default_gateway_replicas(),
             service_type: ServiceType::default(),
             ports: GatewayPorts::default(),
+            console: ConsoleSpec::default(),
         }
+    }
+}
+
+/// The gateway's web console.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsoleSpec {
+    /// Serve it (default true). It shows the cluster to the gateway's tokens; the gateway reads
+    /// the hosts' control API with its certificate (NetworkPolicy: gateway → control port).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// A Secret with the key `token` (16 bytes or more): the hosts take it as their control
+    /// API's admin token and the gateway acts with it — the console's drain, step-down and
+    /// split. Absent: the console shows but cannot act. Needs TLS (the operator reaches the
+    /// control API with its certificate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_token_secret: Option<String>,
+}
+
+impl Default for ConsoleSpec {
+    fn default() -> Self {
+        ConsoleSpec { enabled: true, control_token_secret: None }
     }
 }
 

@@ -63,6 +63,9 @@ pub const FRONT_TLS_DIR: &str = "/etc/dpukv/front-tls";
 pub const AUTH_DIR: &str = "/etc/dpukv/auth";
 /// Where a node host finds its etcd client certificate (`ca.crt`, `tls.crt`, `tls.key`).
 pub const ETCD_TLS_DIR: &str = "/etc/dpukv/etcd";
+/// Where the hosts and the gateway find the console's control token
+/// (`gateway.console.controlTokenSecret`).
+pub const CONTROL_TOKEN_DIR: &str = "/etc/dpukv/control";
 /// Where an etcd member finds its certificate.
 pub const ETCD_MEMBER_TLS_DIR: &str = "/etc/etcd/tls";
 /// The user and group every dpukv and etcd container runs as (the image's `nonroot`); the
@@ -483,6 +486,10 @@ fn node_config_data(c: &DpuKvCluster) -> BTreeMap<String, String> {
         ("DPUKV_CONTROL_LISTEN".to_string(), format!("0.0.0.0:{CONTROL_PORT}")),
         ("DPUKV_ZONE_DIR".to_string(), ZONES_DIR.to_string()),
     ]);
+    if s.gateway.console.control_token_secret.is_some() {
+        // The control API's admin token: the gateway's console acts with it.
+        data.insert("DPUKV_ADMIN_TOKEN_FILE".into(), format!("{CONTROL_TOKEN_DIR}/token"));
+    }
     if etcd_tls(c) {
         for (k, file) in [("DPUKV_ETCD_CA", "ca.crt"), ("DPUKV_ETCD_CERT", "tls.crt"), ("DPUKV_ETCD_KEY", "tls.key")] {
             data.insert(k.into(), format!("{ETCD_TLS_DIR}/{file}"));
@@ -573,6 +580,9 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     }
     if etcd_tls(c) {
         host_mounts.push(mount("etcd-tls", ETCD_TLS_DIR, true));
+    }
+    if c.spec.gateway.console.control_token_secret.is_some() {
+        host_mounts.push(mount("control-token", CONTROL_TOKEN_DIR, true));
     }
     let host = Container {
         name: "host".into(),
@@ -735,6 +745,9 @@ pub fn node_statefulset(c: &DpuKvCluster, dpu_available: bool) -> StatefulSet {
     }
     if etcd_tls(c) {
         volumes.push(secret_volume("etcd-tls", &etcd_client_secret(c)));
+    }
+    if let Some(secret) = &c.spec.gateway.console.control_token_secret {
+        volumes.push(secret_volume("control-token", secret));
     }
     let retention = |p: RetentionPolicy| match p {
         RetentionPolicy::Retain => "Retain".to_string(),
@@ -928,6 +941,14 @@ pub fn gateway_deployment(c: &DpuKvCluster) -> Deployment {
     }
     if let Some(t) = &s.telemetry {
         vars.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", t.otlp_endpoint.clone()));
+    }
+    if !s.gateway.console.enabled {
+        vars.push(env("DPUKV_GATEWAY_NO_CONSOLE", "true".to_string()));
+    }
+    if let Some(secret) = &s.gateway.console.control_token_secret {
+        vars.push(env("DPUKV_CONTROL_TOKEN_FILE", format!("{CONTROL_TOKEN_DIR}/token")));
+        mounts.push(mount("control-token", CONTROL_TOKEN_DIR, true));
+        volumes.push(secret_volume("control-token", secret));
     }
     let container = Container {
         name: "gateway".into(),
@@ -1168,7 +1189,14 @@ pub fn network_policies(c: &DpuKvCluster, operator: &OperatorPods) -> Vec<Networ
         vec![
             ingress(vec![pods_of(c, "gateway"), pods_of(c, "node")], &[DEVICE_PORT]),
             ingress(vec![pods_of(c, "node")], &[REPLICATION_PORT]),
-            ingress(vec![operator_pods], &[CONTROL_PORT]),
+            // The control API: the operator, and the gateway's console (it reads with its
+            // certificate, acts with the control token).
+            ingress(
+                std::iter::once(operator_pods)
+                    .chain(s.gateway.console.enabled.then(|| pods_of(c, "gateway")))
+                    .collect(),
+                &[CONTROL_PORT],
+            ),
             ingress(vec![monitoring(c)], &[HOST_ADMIN_PORT, DEVICE_ADMIN_PORT]),
         ]
         .into_iter()
@@ -1188,7 +1216,11 @@ pub fn network_policies(c: &DpuKvCluster, operator: &OperatorPods) -> Vec<Networ
         node_out,
     );
     let p = &s.gateway.ports;
-    let mut gateway_out = vec![egress(vec![pods_of(c, "node")], vec![tcp(DEVICE_PORT)]), dns_egress()];
+    let mut node_ports = vec![tcp(DEVICE_PORT)];
+    if s.gateway.console.enabled {
+        node_ports.push(tcp(CONTROL_PORT));
+    }
+    let mut gateway_out = vec![egress(vec![pods_of(c, "node")], node_ports), dns_egress()];
     gateway_out.extend(otlp_egress(c));
     let gateway = policy(
         c,
@@ -1708,6 +1740,52 @@ mod tests {
         let mut off = c.clone();
         off.spec.network_policy.enabled = false;
         assert!(network_policies(&off, &ops).is_empty());
+        // The console: the gateway reaches the hosts' control API (and only with the console on).
+        let gateway_pods = pods_of(&c, "gateway");
+        assert!(control.from.as_ref().expect("from").contains(&gateway_pods), "the console's gateway reads");
+        let out = p[1].spec.clone().expect("spec").egress.expect("egress");
+        assert!(out.iter().any(|r| r.ports.iter().flatten().any(|p| p.port == Some(IntOrString::Int(CONTROL_PORT)))));
+        let mut quiet = c.clone();
+        quiet.spec.gateway.console.enabled = false;
+        let p = network_policies(&quiet, &ops);
+        let ingress = p[0].spec.clone().expect("spec").ingress.expect("ingress");
+        let control = ingress.iter().find(|r| ports(r) == [CONTROL_PORT]).expect("a control port rule");
+        assert!(!control.from.as_ref().expect("from").contains(&gateway_pods), "no console: no gateway");
+        let out = p[1].spec.clone().expect("spec").egress.expect("egress");
+        assert!(!out.iter().any(|r| r.ports.iter().flatten().any(|p| p.port == Some(IntOrString::Int(CONTROL_PORT)))));
+    }
+
+    /// Issue 31: the console's control token — the hosts take it as their admin token, the
+    /// gateway acts with it; and the console can be turned off.
+    #[test]
+    fn the_console_s_control_token_reaches_the_hosts_and_the_gateway() {
+        let c = cluster(serde_json::json!({
+            "nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}},
+            "gateway": {"console": {"controlTokenSecret": "ctl"}}
+        }));
+        assert_eq!(config_of(&c, "DPUKV_ADMIN_TOKEN_FILE").as_deref(), Some("/etc/dpukv/control/token"));
+        let set = node_statefulset(&c, false);
+        let host = container(&set, "host");
+        assert!(host.volume_mounts.iter().flatten().any(|m| m.name == "control-token" && m.read_only == Some(true)));
+        assert!(!container(&set, "device").volume_mounts.iter().flatten().any(|m| m.name == "control-token"));
+        let pod = set.spec.template.spec.as_ref().expect("pod");
+        let vol = pod.volumes.iter().flatten().find(|v| v.name == "control-token").expect("volume");
+        assert_eq!(vol.secret.as_ref().and_then(|s| s.secret_name.as_deref()), Some("ctl"));
+        let d = gateway_deployment(&c);
+        let gw = &d.spec.template.spec.as_ref().expect("pod").containers[0];
+        assert_eq!(
+            gw.env.iter().flatten().find(|e| e.name == "DPUKV_CONTROL_TOKEN_FILE").and_then(|e| e.value.as_deref()),
+            Some("/etc/dpukv/control/token")
+        );
+        assert!(!gw.env.iter().flatten().any(|e| e.name == "DPUKV_GATEWAY_NO_CONSOLE"));
+        // None: no token anywhere; off: the gateway is told.
+        let plain = cluster(serde_json::json!({"nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}}}));
+        assert_eq!(config_of(&plain, "DPUKV_ADMIN_TOKEN_FILE"), None);
+        let mut off = plain.clone();
+        off.spec.gateway.console.enabled = false;
+        let d = gateway_deployment(&off);
+        let gw = &d.spec.template.spec.as_ref().expect("pod").containers[0];
+        assert!(gw.env.iter().flatten().any(|e| e.name == "DPUKV_GATEWAY_NO_CONSOLE" && e.value.as_deref() == Some("true")));
     }
 
     /// `frontDoor` (issue 29): every node's device serves the Redis protocol and HTTP on its

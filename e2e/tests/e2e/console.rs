@@ -92,7 +92,7 @@ fn the_console_shows_the_cluster_its_failover_and_drains_a_node_in_a_real_browse
     let http_addr = format!("127.0.0.1:{}", free_port().expect("port"));
     let binary = format!("127.0.0.1:{}", free_port().expect("port"));
     let mut c = Command::new(bin_dir().expect("binaries").join("dpukv"));
-    c.args(["local", "--nodes", "3", "--split-keys", "m", "--lease-ttl-ms", "2000", "--fsync", "never"])
+    c.args(["local", "--nodes", "3", "--split-keys", "f,m,t", "--lease-ttl-ms", "2000", "--fsync", "never"])
         .args(["--listen", &binary, "--http", &http_addr])
         .arg("--dir")
         .arg(dir.path())
@@ -106,9 +106,11 @@ fn the_console_shows_the_cluster_its_failover_and_drains_a_node_in_a_real_browse
         matches!(http(local_port, "GET", "/readyz", &[], None), Ok((200, _)))
             && http(local_port, "PUT", "/v1/kv/user:0", &[], Some(r#"{"value": "v"}"#)).is_ok_and(|(s, _)| s == 200)
     });
-    // Keys in both regions, and one read often enough to become popular (hot-key replicas).
+    // Keys in every region (split at f, m, t), and one read often enough to become popular
+    // (hot-key replicas).
+    const PREFIXES: [&str; 4] = ["acct", "item", "order", "user:"];
     for i in 0..40 {
-        for k in [format!("user:{i}"), format!("zz{i}")] {
+        for k in PREFIXES.map(|p| format!("{p}{i}")) {
             let (s, b) = http(local_port, "PUT", &format!("/v1/kv/{k}"), &[], Some(r#"{"value": "v"}"#)).expect("put");
             assert_eq!(s, 200, "{b}");
         }
@@ -116,16 +118,24 @@ fn the_console_shows_the_cluster_its_failover_and_drains_a_node_in_a_real_browse
     for _ in 0..50 {
         assert_eq!(http(local_port, "GET", "/v1/kv/user:7", &[], None).expect("get").0, 200);
     }
-    // A light load all along (skewed: a few keys most read), so the heatmap and rates have
-    // something to show; its errors while a node is killed do not matter.
+    // A light load all along, so the heatmap and rates have something to show: skewed (a few
+    // keys most read), its hot range moving between regions every 15 s; its errors while a node
+    // is killed do not matter.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            let mut i = 0u64;
+            let (mut i, began) = (0u64, Instant::now());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 i += 1;
-                let k = if i.is_multiple_of(3) { format!("zz{}", i % 40) } else { format!("user:{}", (i * i) % 11) };
+                let hot = PREFIXES[(began.elapsed().as_secs() / 15 % 3) as usize];
+                // user:7 stays the most read key (the popular key the reads page must show).
+                let k = match i % 4 {
+                    0 => format!("{hot}{}", i % 8),
+                    1 => "user:7".to_string(),
+                    2 => format!("{}{}", PREFIXES[(i / 4 % 4) as usize], i % 40),
+                    _ => format!("user:{}", (i * i) % 11),
+                };
                 if i.is_multiple_of(10) {
                     let _ = http(local_port, "PUT", &format!("/v1/kv/{k}"), &[], Some(r#"{"value": "w"}"#));
                 } else {
@@ -205,7 +215,7 @@ fn the_console_shows_the_cluster_its_failover_and_drains_a_node_in_a_real_browse
     let overview = api(port, "/v1/console/overview", Some(OPS));
     assert_eq!(overview["you"]["admin"], true);
     assert_eq!(text_of(&b, "[data-testid=\"summary-nodes\"]").trim(), overview["health"]["nodes"].to_string());
-    assert_eq!(text_of(&b, "[data-testid=\"summary-regions\"]").trim(), "2");
+    assert_eq!(text_of(&b, "[data-testid=\"summary-regions\"]").trim(), "4");
     for n in 1..=3 {
         assert!(text_of(&b, &format!("tr[data-testid=\"node-{n}\"]")).contains("live"), "node {n} is live");
     }
@@ -216,10 +226,12 @@ fn the_console_shows_the_cluster_its_failover_and_drains_a_node_in_a_real_browse
     let regions = api(port, "/v1/console/regions", Some(OPS));
     let rows = b.find_all("tr[data-testid^=\"region-\"]").expect("rows").len();
     assert_eq!(rows, regions["regions"].as_array().expect("regions").len());
-    assert!(text_of(&b, "tr[data-testid=\"region-2\"]").contains('m'), "region 2 starts at m");
+    assert!(text_of(&b, "tr[data-testid=\"region-3\"]").contains('m'), "region 3 starts at m");
     b.wait_for("[data-testid=\"heatmap\"]", Duration::from_secs(5)).expect("the heatmap");
     no_errors(&b, "regions");
     screenshot(&b, "regions");
+    b.script("document.querySelector('[data-testid=\"heatmap\"]').scrollIntoView()").expect("scroll");
+    screenshot(&b, "regions-heatmap");
     open(&b, &base, "reads");
     let reads = api(port, "/v1/console/reads", Some(OPS));
     assert!(reads["share"]["primary_device"].as_f64().is_some_and(|s| s > 0.0), "{reads}");

@@ -571,7 +571,21 @@ async fn atomic(
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dpukv HTTP API", description = "The gateway's HTTP/JSON front end (docs/gateway.md)"),
-    paths(get_kv, put_kv, delete_kv, scan, batch, atomic),
+    paths(
+        get_kv,
+        put_kv,
+        delete_kv,
+        scan,
+        batch,
+        atomic,
+        crate::console::overview,
+        crate::console::regions,
+        crate::console::reads,
+        crate::console::events,
+        crate::console::drain,
+        crate::console::step_down,
+        crate::console::split
+    ),
     components(schemas(
         Encoding,
         ValueReply,
