@@ -15,11 +15,15 @@
 //! in which it saw another node lead the region. The outage clients saw is at most the lease TTL
 //! longer (docs/cluster.md §5).
 //!
-//! Bounds: at most [`KEEP`] events are stored (writing event `n` deletes event `n - KEEP` in the
-//! same transaction, fenced by the master's key); an event is at most a few hundred bytes (keys
-//! in its text are cut to [`MAX_KEY_SHOWN`] bytes); a master that cannot write keeps at most
-//! [`KEEP`] unwritten events and drops the oldest past that. Writing events is best effort: it
-//! never fails a round.
+//! Bounds: about [`KEEP`] events are stored (writing event `n` deletes the events up to
+//! `n - KEEP`, those dropped unwritten too, in transactions of at most [`MAX_TXN_OPS`]
+//! operations fenced by the master's key; a write cut short leaves at most that many more); an
+//! event is at most a few hundred bytes (a split's key is cut to [`MAX_KEY_SHOWN`] bytes); a
+//! master that cannot write keeps at most [`KEEP`] unwritten events and drops the oldest past
+//! that. Writing events is best effort: it never fails a round.
+//!
+//! Keys and backup locations are kept out of an event's `detail` (in `key_hex`, `location`):
+//! who may see them is the reader's grant (the console shows them per token).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -32,7 +36,7 @@ use crate::meta::{Compare, MetaStore, Result, Txn, TxnOp};
 /// Events kept in the store.
 pub const KEEP: u64 = 256;
 
-/// The most bytes of a key shown in an event's text.
+/// The most bytes of a split's key an event keeps.
 pub const MAX_KEY_SHOWN: usize = 48;
 
 /// What happened.
@@ -97,7 +101,13 @@ pub struct Event {
     /// cut to manifest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
-    /// A sentence for people.
+    /// A split's key, in hex (kept out of `detail`: who may see a key is the reader's grant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_hex: Option<String>,
+    /// A backup's location (kept out of `detail`: for administrators).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// A sentence for people, naming no key and no location.
     pub detail: String,
 }
 
@@ -116,10 +126,16 @@ impl Event {
 /// A region as the recorder compares it: (start, end, primary).
 type Span = (Vec<u8>, Option<Vec<u8>>, u32);
 
+/// The most operations one write transaction holds (etcd refuses more than 128 by default,
+/// `--max-txn-ops`; the fence is a compare, not an operation).
+pub const MAX_TXN_OPS: usize = 120;
+
 /// What the recorder compares between rounds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct View {
     nodes: BTreeSet<u32>,
+    /// Each live node's lease: a new one means the node re-registered (it was lost in between).
+    leases: BTreeMap<u32, i64>,
     /// id -> (start, end, primary)
     regions: BTreeMap<u32, Span>,
     draining: BTreeSet<u32>,
@@ -132,23 +148,13 @@ impl View {
     fn of(snap: &Snapshot) -> View {
         View {
             nodes: snap.map.nodes.iter().map(|n| n.id).collect(),
+            leases: snap.node_leases.iter().map(|(n, (l, _))| (*n, *l)).collect(),
             regions: snap.map.regions.iter().map(|r| (r.id, (r.start.clone(), r.end.clone(), r.primary))).collect(),
             draining: snap.facts.draining.clone(),
             stepping_down: snap.facts.stepping_down.clone(),
             last_backup: snap.last_backup.as_ref().map(|b| b.id.clone()),
             restoring: snap.restore.is_some(),
         }
-    }
-}
-
-/// A key as an event's text shows it: UTF-8 as it is, other bytes in hex; cut to
-/// [`MAX_KEY_SHOWN`] bytes.
-fn shown(k: &[u8]) -> String {
-    let cut = &k[..k.len().min(MAX_KEY_SHOWN)];
-    let more = if k.len() > cut.len() { "…" } else { "" };
-    match std::str::from_utf8(cut) {
-        Ok(s) if s.chars().all(|c| !c.is_control()) => format!("{s:?}{more}"),
-        _ => format!("0x{}{more}", crate::keys::hex(cut)),
     }
 }
 
@@ -162,6 +168,8 @@ pub struct Recorder {
     seeded: bool,
     /// Events observed and not stored yet (at most [`KEEP`]).
     unwritten: Vec<Event>,
+    /// Every event numbered below this is deleted (or never was stored).
+    trimmed: u64,
 }
 
 impl Recorder {
@@ -174,6 +182,7 @@ impl Recorder {
     /// Takes up the stored log (oldest first): numbers continue after its last, and nodes it
     /// last recorded lost (and not back) keep their loss times.
     pub fn seed(&mut self, stored: &[Event]) {
+        self.trimmed = stored.first().map_or(0, |e| e.seq);
         for e in stored {
             self.next_seq = self.next_seq.max(e.seq + 1);
             match (e.kind, e.node) {
@@ -198,6 +207,8 @@ impl Recorder {
             region: None,
             to: None,
             duration_ms: None,
+            key_hex: None,
+            location: None,
             detail,
         });
         self.next_seq += 1;
@@ -234,20 +245,27 @@ impl Recorder {
             let text = format!("{} regions laid out on {} nodes", now.regions.len(), now.nodes.len());
             self.push(&mut out, now_ms, Kind::Layout, text);
         }
-        for &n in now.nodes.difference(&prev.nodes) {
-            let back = self.lost_at.remove(&n).map(|t| format!(" ({} ms after it was lost)", now_ms.saturating_sub(t)));
-            let i = self.push(
-                &mut out,
-                now_ms,
-                Kind::NodeJoined,
-                format!("node {n} registered{}", back.unwrap_or_default()),
-            );
-            out[i].node = Some(n);
-        }
-        for &n in prev.nodes.difference(&now.nodes) {
+        // Nodes that registered again under a new lease since the last snapshot were lost in
+        // between, unseen: recorded lost now, then back.
+        let relived: Vec<u32> = now
+            .leases
+            .iter()
+            .filter(|(n, l)| prev.leases.get(n).is_some_and(|p| p != *l) && prev.nodes.contains(n))
+            .map(|(n, _)| *n)
+            .collect();
+        for &n in prev.nodes.difference(&now.nodes).chain(&relived) {
             let i = self.push(&mut out, now_ms, Kind::NodeLost, format!("node {n}'s registration ended"));
             out[i].node = Some(n);
             self.lost_at.insert(n, now_ms);
+        }
+        // Who was lost before this snapshot's rejoins: a primary that moved away from one is a
+        // failover even if the node is back by now.
+        let lost_before = self.lost_at.clone();
+        for &n in now.nodes.difference(&prev.nodes).chain(&relived) {
+            let back = self.lost_at.remove(&n).map(|t| format!(" ({} ms after it was lost)", now_ms.saturating_sub(t)));
+            let text = format!("node {n} registered{}", back.unwrap_or_default());
+            let i = self.push(&mut out, now_ms, Kind::NodeJoined, text);
+            out[i].node = Some(n);
         }
         // Primaries that changed, in region order.
         for (id, (_, _, primary)) in &now.regions {
@@ -255,8 +273,8 @@ impl Recorder {
             if old == primary || *primary == 0 {
                 continue;
             }
-            let i = if *old != 0 && !now.nodes.contains(old) {
-                let took = self.lost_at.get(old).map(|t| now_ms.saturating_sub(*t));
+            let i = if *old != 0 && (!now.nodes.contains(old) || lost_before.contains_key(old)) {
+                let took = lost_before.get(old).map(|t| now_ms.saturating_sub(*t));
                 let text = match took {
                     Some(ms) => format!("region {id}: node {primary} leads, {ms} ms after node {old} was lost"),
                     None => format!("region {id}: node {primary} leads (node {old} was lost)"),
@@ -288,12 +306,13 @@ impl Recorder {
                 .find(|(_, (s, e, _))| s < start && e.as_ref().is_none_or(|e| start < e))
                 .map(|(p, _)| *p);
             let text = match parent {
-                Some(p) => format!("region {p} split at {}: the keys from there on are region {id}", shown(start)),
-                None => format!("region {id} appeared at {}", shown(start)),
+                Some(p) => format!("region {p} split: the upper part of its range is region {id}"),
+                None => format!("region {id} appeared"),
             };
             let i = self.push(&mut out, now_ms, Kind::Split, text);
             out[i].region = parent;
             out[i].to = Some(*id);
+            out[i].key_hex = Some(crate::keys::hex(&start[..start.len().min(MAX_KEY_SHOWN)]));
         }
         for (id, (start, _, _)) in prev.regions.iter().filter(|(id, _)| !now.regions.contains_key(id)) {
             if now.regions.is_empty() {
@@ -330,9 +349,10 @@ impl Recorder {
         if now.last_backup != prev.last_backup
             && let Some(b) = &snap.last_backup
         {
-            let text = format!("backup {} to {}: {} bytes, {} uploaded", b.id, b.to, b.bytes, b.uploaded);
+            let text = format!("backup {}: {} bytes, {} uploaded", b.id, b.bytes, b.uploaded);
             let i = self.push(&mut out, now_ms, Kind::Backup, text);
             out[i].duration_ms = Some(b.took_ms);
+            out[i].location = Some(b.to.chars().take(256).collect());
         }
         if now.restoring != prev.restoring {
             let (kind, text) = if now.restoring {
@@ -353,22 +373,33 @@ impl Recorder {
         self.unwritten.drain(..over);
     }
 
-    /// Writes the queued events under the master's `fence`, each deleting the event [`KEEP`]
-    /// before it; kept queued if the store refuses or is unreachable.
+    /// Writes the queued events under the master's `fence`, oldest first, in transactions of at
+    /// most [`MAX_TXN_OPS`] operations, deleting every event [`KEEP`] or more before the newest
+    /// written (events dropped from the queue too); what the store refuses or does not answer
+    /// stays queued.
     pub async fn write<S: MetaStore>(&mut self, s: &S, keys: &Keys, fence: &Compare) -> Result<()> {
-        if self.unwritten.is_empty() {
-            return Ok(());
-        }
-        let mut then = Vec::with_capacity(self.unwritten.len() * 2);
-        for e in &self.unwritten {
-            then.push(TxnOp::Put { key: keys.event(e.seq), value: e.encode(), lease: None });
-            if let Some(old) = e.seq.checked_sub(KEEP) {
-                then.push(TxnOp::Delete { key: keys.event(old) });
+        while !self.unwritten.is_empty() {
+            let mut then = Vec::new();
+            let mut took = 0;
+            let mut trimmed = self.trimmed;
+            for e in &self.unwritten {
+                if then.len() >= MAX_TXN_OPS {
+                    break;
+                }
+                then.push(TxnOp::Put { key: keys.event(e.seq), value: e.encode(), lease: None });
+                took += 1;
+                // The deletes its number makes due (as many as fit; the rest with the next).
+                while trimmed + KEEP <= e.seq && then.len() < MAX_TXN_OPS {
+                    then.push(TxnOp::Delete { key: keys.event(trimmed) });
+                    trimmed += 1;
+                }
             }
-        }
-        let t = s.txn(Txn { when: vec![fence.clone()], then, otherwise: vec![] }).await?;
-        if t.succeeded {
-            self.unwritten.clear();
+            let t = s.txn(Txn { when: vec![fence.clone()], then, otherwise: vec![] }).await?;
+            if !t.succeeded {
+                return Ok(()); // not master any more: whoever is goes on
+            }
+            self.unwritten.drain(..took);
+            self.trimmed = trimmed;
         }
         Ok(())
     }
@@ -456,6 +487,8 @@ mod tests {
             region: None,
             to: None,
             duration_ms: None,
+            key_hex: None,
+            location: None,
             detail: String::new(),
         }];
         let mut r = Recorder::default();
@@ -485,7 +518,7 @@ mod tests {
         let e = r.observe(&snap(&[1], split), 2);
         assert_eq!(kinds(&e), [Kind::Split]);
         assert_eq!((e[0].region, e[0].to), (Some(1), Some(2)));
-        assert!(e[0].detail.contains("\"k\""), "{}", e[0].detail);
+        assert_eq!(e[0].key_hex.as_deref(), Some("6b"), "the key, in hex");
         // A split of the right-hand region: its parent, not a region left of it.
         let again = vec![region(1, b"", Some(b"k"), 1), region(2, b"k", Some(b"t"), 1), region(3, b"t", None, 1)];
         let e = r.observe(&snap(&[1], again), 3);
@@ -504,13 +537,6 @@ mod tests {
     }
 
     #[test]
-    fn keys_in_texts_are_cut_and_binary_ones_shown_in_hex() {
-        assert_eq!(shown(b"abc"), "\"abc\"");
-        assert_eq!(shown(&[0xff, 0]), "0xff00");
-        assert!(shown(&[b'a'; 200]).len() < MAX_KEY_SHOWN + 8);
-    }
-
-    #[test]
     fn the_queue_is_bounded_and_events_round_trip() {
         let mut r = Recorder::default();
         let e = Event {
@@ -521,6 +547,8 @@ mod tests {
             region: None,
             to: None,
             duration_ms: Some(5),
+            key_hex: None,
+            location: None,
             detail: "x".into(),
         };
         r.queue((0..KEEP + 10).map(|i| Event { seq: i, ..e.clone() }).collect());
@@ -549,6 +577,8 @@ mod tests {
             region: None,
             to: None,
             duration_ms: None,
+            key_hex: None,
+            location: None,
             detail: String::new(),
         };
         for batch in 0..3u64 {
@@ -564,5 +594,73 @@ mod tests {
         r.write(&s, &keys, &fence).await.expect("store");
         assert_eq!(r.unwritten.len(), 1);
         assert_eq!(load(&s, &keys).await.expect("load").len(), KEEP as usize);
+    }
+
+    #[test]
+    fn a_primary_lost_and_back_by_the_next_snapshot_still_failed_over() {
+        let mut r = Recorder::default();
+        r.seed(&[]);
+        let led = |p| vec![region(1, b"", None, p)];
+        let mut s = snap(&[1, 2], led(1));
+        s.node_leases.insert(1, (10, 1));
+        s.node_leases.insert(2, (20, 1));
+        assert!(r.observe(&s, 0).is_empty());
+        // Lost, seen lost.
+        let mut lost = snap(&[2], led(1));
+        lost.node_leases.insert(2, (20, 1));
+        assert_eq!(kinds(&r.observe(&lost, 100)), [Kind::NodeLost]);
+        // Back under a new lease in the same snapshot that shows the new primary.
+        let mut back = snap(&[1, 2], led(2));
+        back.node_leases.insert(1, (11, 5));
+        back.node_leases.insert(2, (20, 1));
+        let e = r.observe(&back, 400);
+        assert_eq!(kinds(&e), [Kind::NodeJoined, Kind::Failover], "{e:?}");
+        assert_eq!(e[1].duration_ms, Some(300));
+        // Lost and back between two snapshots, never seen lost: its new lease tells.
+        let mut again = snap(&[1, 2], led(1));
+        again.node_leases.insert(1, (11, 5));
+        again.node_leases.insert(2, (21, 9));
+        let e = r.observe(&again, 900);
+        assert_eq!(kinds(&e), [Kind::NodeLost, Kind::NodeJoined, Kind::Failover], "{e:?}");
+    }
+
+    #[test]
+    fn split_keys_and_backup_locations_stay_out_of_the_text() {
+        let mut r = Recorder::default();
+        r.seed(&[]);
+        assert!(r.observe(&snap(&[1], vec![region(1, b"", None, 1)]), 0).is_empty());
+        let e = r.observe(&snap(&[1], vec![region(1, b"", Some(b"secret"), 1), region(2, b"secret", None, 1)]), 1);
+        assert_eq!(e[0].key_hex.as_deref(), Some(crate::keys::hex(b"secret").as_str()));
+        assert!(!e[0].detail.contains("secret"), "{}", e[0].detail);
+    }
+
+    #[tokio::test]
+    async fn many_events_are_written_in_transactions_etcd_takes() {
+        let s = crate::MemStore::new();
+        let keys = Keys::new("c").expect("keys");
+        s.put(&keys.master(), b"me", None).await.expect("store");
+        let fence = Compare::Value(keys.master(), b"me".to_vec());
+        let mut r = Recorder::default();
+        r.seed(&[]);
+        let e = Event {
+            seq: 0,
+            unix_ms: 1,
+            kind: Kind::NodeLost,
+            node: Some(1),
+            region: None,
+            to: None,
+            duration_ms: None,
+            key_hex: None,
+            location: None,
+            detail: String::new(),
+        };
+        // A node leading 300 regions lost at once, after the log already went round.
+        r.queue((0..KEEP).map(|i| Event { seq: i, ..e.clone() }).collect());
+        r.write(&s, &keys, &fence).await.expect("write");
+        r.queue((KEEP..KEEP + 300).map(|i| Event { seq: i, ..e.clone() }).collect());
+        r.write(&s, &keys, &fence).await.expect("every transaction within etcd's limit");
+        let stored = load(&s, &keys).await.expect("load");
+        assert_eq!(stored.last().map(|e| e.seq), Some(KEEP + 299));
+        assert!(stored.len() <= KEEP as usize + MAX_TXN_OPS, "{}", stored.len());
     }
 }

@@ -697,19 +697,30 @@ pub async fn run<S: MetaStore>(
     out
 }
 
-/// The longest a round waits to write its events (they stay queued for the next round).
-const EVENT_WRITE_WITHIN: Duration = Duration::from_secs(2);
+/// The longest a round waits to read the stored log or to write its events (they stay queued
+/// for the next round): event bookkeeping never holds a round up for long when etcd is slow.
+const EVENT_WRITE_WITHIN: Duration = Duration::from_millis(500);
+
+/// How often a master that could not read the stored log tries again.
+const EVENT_SEED_EVERY: Duration = Duration::from_secs(5);
 
 /// The master's event recorder, seeded from the stored log once it could be read.
 #[derive(Default)]
 struct EventLog {
     recorder: crate::events::Recorder,
+    tried: Option<std::time::Instant>,
+    failed_writes: u64,
 }
 
 impl EventLog {
-    /// Observes `snap` (after seeding from the stored log, which is read until it could be once).
+    /// Observes `snap` (after seeding from the stored log, which is read until it could be once,
+    /// at most every [`EVENT_SEED_EVERY`]).
     async fn note<S: MetaStore>(&mut self, s: &S, keys: &Keys, snap: &Snapshot) {
         if !self.recorder.seeded() {
+            if self.tried.is_some_and(|t| t.elapsed() < EVENT_SEED_EVERY) {
+                return;
+            }
+            self.tried = Some(std::time::Instant::now());
             match tokio::time::timeout(EVENT_WRITE_WITHIN, crate::events::load(s, keys)).await {
                 Ok(Ok(stored)) => self.recorder.seed(&stored),
                 _ => return,
@@ -720,6 +731,18 @@ impl EventLog {
             tracing::info!(seq = e.seq, kind = ?e.kind, "{}", e.detail);
         }
         self.recorder.queue(seen);
+    }
+
+    /// Writes what is queued (bounded in time); a failure is logged now and then.
+    async fn write<S: MetaStore>(&mut self, s: &S, keys: &Keys, fence: &Compare) {
+        let ok =
+            matches!(tokio::time::timeout(EVENT_WRITE_WITHIN, self.recorder.write(s, keys, fence)).await, Ok(Ok(())));
+        if !ok {
+            self.failed_writes += 1;
+            if self.failed_writes.is_power_of_two() {
+                tracing::warn!(failures = self.failed_writes, "the master could not write its events (kept queued)");
+            }
+        }
     }
 }
 
@@ -763,7 +786,7 @@ async fn lead<S: MetaStore>(
             }
         };
         // The events of the round are written after it (best effort, bounded).
-        let _ = tokio::time::timeout(EVENT_WRITE_WITHIN, events.recorder.write(s, keys, &fence)).await;
+        events.write(s, keys, &fence).await;
         let wait = match wait {
             Ok(applied) => {
                 backoff.reset();

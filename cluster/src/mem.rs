@@ -51,6 +51,10 @@ struct State {
     watchers: Vec<Watcher>,
 }
 
+/// The most compares, or operations of either branch, a transaction may hold: etcd's default
+/// `--max-txn-ops`.
+pub const MAX_TXN_OPS: usize = 128;
+
 impl Default for MemStore {
     fn default() -> Self {
         MemStore::new()
@@ -118,6 +122,10 @@ impl State {
     }
 
     fn txn(&mut self, txn: Txn) -> Result<TxnResult> {
+        // etcd's `--max-txn-ops` (128 by default): more compares or operations are refused.
+        if [txn.when.len(), txn.then.len(), txn.otherwise.len()].iter().any(|&n| n > MAX_TXN_OPS) {
+            return Err(MetaError::Invalid("too many operations in txn request".into()));
+        }
         let succeeded = txn.when.iter().all(|c| self.holds(c));
         let ops = if succeeded { txn.then } else { txn.otherwise };
         // Checked before anything changes: a transaction is applied whole or not at all.

@@ -51,7 +51,10 @@ pub fn http(
     s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     s.set_write_timeout(Some(REQUEST_TIMEOUT))?;
     let body = body.unwrap_or("");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -91,20 +94,22 @@ pub fn http(
             s.read_to_end(&mut body)?;
         }
     }
-    let body = String::from_utf8_lossy(&body).into_owned();
     let body = if lower.contains("transfer-encoding: chunked") { unchunk(&body) } else { body };
-    Ok((status, body))
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
-fn unchunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+/// A chunked body's bytes (`Transfer-Encoding: chunked`).
+fn unchunk(mut s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = s.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&s[..eol]);
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else { break };
+        let rest = &s[eol + 2..];
         if n == 0 || rest.len() < n {
             break;
         }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
+        out.extend_from_slice(&rest[..n]);
+        s = rest[n..].strip_prefix(b"\r\n").unwrap_or(&rest[n..]);
     }
     out
 }
@@ -260,7 +265,30 @@ impl Drop for Browser {
         if !self.session.is_empty() {
             let _ = http(self.port, "DELETE", &self.at(""), &[], None);
         }
+        // The browser it started (and its helpers), then chromedriver itself.
+        for pid in descendants(self.driver.id()) {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
+}
+
+/// Every process under `pid` (children first listed, then theirs), from `/proc`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten();
+        for t in tasks {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for c in children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()) {
+                if c > 1 && !out.contains(&c) {
+                    out.push(c);
+                    todo.push(c);
+                }
+            }
+        }
+    }
+    out
 }

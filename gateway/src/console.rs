@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use std::net::IpAddr;
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use dpukv_client::control::{ControlClient, ControlError};
@@ -43,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Perm, Principal};
 use crate::http::api::Encoding;
-use crate::http::{ApiError, Caller, HttpState, JsonBody};
+use crate::http::{ApiError, Caller, HttpState, JsonBody, Peer};
 use crate::upstream::Upstream;
 
 /// How often the sampler samples.
@@ -54,6 +56,8 @@ pub const KEEP_SAMPLING: Duration = Duration::from_secs(600);
 pub const HEATMAP_SAMPLES: usize = 150;
 /// Events kept (the cluster keeps 256).
 const MAX_EVENTS: usize = 256;
+/// The longest the sampler waits for any one source.
+pub const ASK_WITHIN: Duration = Duration::from_secs(3);
 
 const INDEX_HTML: &str = include_str!("../console/index.html");
 const CONSOLE_JS: &str = include_str!("../console/console.js");
@@ -88,6 +92,8 @@ struct Sample {
     events: Vec<Value>,
     /// Each node's host (`/cluster/host` at its control API), or why not.
     hosts: BTreeMap<u32, Result<Value, String>>,
+    /// The region map, asked afresh (the routing map may lag by `--map-refresh`).
+    map: Option<Arc<RegionMap>>,
 }
 
 /// The heatmap: per interval, per region, (reads, writes).
@@ -97,11 +103,16 @@ struct Heat {
     cells: VecDeque<HashMap<u32, (u64, u64)>>,
     /// The last gets per (node, region) seen, to take differences.
     last_gets: HashMap<(u32, u32), u64>,
+    /// Each device's uptime when last seen (a smaller one: it restarted).
+    uptimes: HashMap<u32, u64>,
 }
 
 /// See the module documentation.
 pub struct Console {
     cfg: ConsoleConfig,
+    /// The control API as the sampler reads it: the gateway's certificate alone when it has one
+    /// (the admin token is sent only with actions), else the token.
+    reader: ControlClient,
     up: Arc<Upstream>,
     started: Instant,
     /// Unix ms of the last console request.
@@ -125,7 +136,12 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Console {
     /// A console on `up`; its sampler runs on the calling runtime until `stop`.
     pub fn start(cfg: ConsoleConfig, up: Arc<Upstream>, stop: CancellationToken) -> Arc<Console> {
+        let reader = ControlClient {
+            token: if cfg.control.tls.is_some() { None } else { cfg.control.token.clone() },
+            ..cfg.control.clone()
+        };
         let c = Arc::new(Console {
+            reader,
             cfg,
             up,
             started: Instant::now(),
@@ -161,71 +177,106 @@ impl Console {
         c
     }
 
-    /// The latest sample (waking the sampler; the first request waits for its first sample, a
-    /// few seconds at most).
+    /// The latest sample (waking the sampler). A request waits a few seconds at most for a
+    /// sample when there is none, or the one there is older than two intervals (the sampler was
+    /// idle).
     async fn current(&self) -> Arc<Sample> {
         self.asked_ms.store(unix_ms(), Ordering::Relaxed);
         self.wake.notify_one();
         let sampled = self.sampled.notified();
         tokio::pin!(sampled);
         sampled.as_mut().enable();
-        if let Some(s) = lock(&self.latest).clone() {
+        let fresh_after = unix_ms().saturating_sub(2 * SAMPLE_EVERY.as_millis() as u64);
+        if let Some(s) = lock(&self.latest).clone().filter(|s| s.at_ms >= fresh_after) {
             return s;
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), sampled).await;
         lock(&self.latest).clone().unwrap_or_default()
     }
 
-    fn control_endpoint(&self, map: &RegionMap) -> Result<String, ControlError> {
-        self.cfg.control.endpoint(map, None)
-    }
-
-    /// Takes a sample (see the module documentation) and adds it to the heatmap.
+    /// Takes a sample (see the module documentation) and adds it to the heatmap. Every source is
+    /// asked at once, each within [`ASK_WITHIN`]: one dead node slows no sample down.
     async fn sample(&self) {
         let mut s = Sample { at_ms: unix_ms(), ..Sample::default() };
-        let map = self.up.client().current_map().await.ok();
-        if let Some(map) = &map {
-            let asks = map.nodes.iter().map(|n| {
-                let client = self.up.client();
-                async move { (n.id, client.device_stats(n.id).await.map_err(|e| e.to_string())) }
-            });
-            s.devices = crate::join::join_all(asks.collect()).await.into_iter().collect();
-            let control = &self.cfg.control;
-            let hosts = map.nodes.iter().filter(|n| !n.admin.is_empty()).map(|n| async move {
-                let answer = control.must(&n.admin, &ControlRoute::Host).await.map_err(|e| e.to_string());
-                (n.id, answer.and_then(|b| serde_json::from_str::<Value>(&b).map_err(|e| format!("not JSON: {e}"))))
-            });
-            s.hosts = crate::join::join_all(hosts.collect()).await.into_iter().collect();
-            match self.control_endpoint(map) {
-                Ok(addr) => {
-                    let control = &self.cfg.control;
+        // A fresh map (what the pages show): the routing one is refreshed only every few seconds
+        // unless a node says it moved, and a drain or a failover is what the console is for.
+        let map = match tokio::time::timeout(ASK_WITHIN, self.up.client().region_map()).await {
+            Ok(Ok(m)) => Some(Arc::new(m)),
+            _ => self.up.client().current_map().await.ok(),
+        };
+        s.map = map.clone();
+        let Some(map) = &map else {
+            self.record(&s);
+            *lock(&self.latest) = Some(Arc::new(s));
+            self.sampled.notify_waiters();
+            return;
+        };
+        let reader = &self.reader;
+        let parse = |r: Result<Result<String, ControlError>, tokio::time::error::Elapsed>| match r {
+            Ok(Ok(b)) => serde_json::from_str::<Value>(&b).map_err(|e| format!("not JSON: {e}")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {ASK_WITHIN:?}")),
+        };
+        let devices = map.nodes.iter().map(|n| {
+            let client = self.up.client();
+            async move {
+                let got = match tokio::time::timeout(ASK_WITHIN, client.device_stats(n.id)).await {
+                    Ok(r) => r.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("no answer within {ASK_WITHIN:?}")),
+                };
+                (n.id, got)
+            }
+        });
+        let hosts = map.nodes.iter().filter(|n| !n.admin.is_empty()).map(|n| async move {
+            (n.id, parse(tokio::time::timeout(ASK_WITHIN, reader.must(&n.admin, &ControlRoute::Host)).await))
+        });
+        // The cluster-wide reads go to a node picked by this gateway's pid: gateways spread out.
+        let addr = reader.endpoint(map, None).map(|fixed| {
+            let mut all: Vec<&str> =
+                map.nodes.iter().filter(|n| !n.admin.is_empty()).map(|n| n.admin.as_str()).collect();
+            all.sort_unstable();
+            if reader.addr.is_some() || all.is_empty() {
+                fixed
+            } else {
+                all[std::process::id() as usize % all.len()].to_string()
+            }
+        });
+        let cluster = async {
+            match &addr {
+                Ok(a) => {
                     let (summary, loads, events) = tokio::join!(
-                        control.must(&addr, &ControlRoute::Summary),
-                        control.must(&addr, &ControlRoute::Loads),
-                        control.must(&addr, &ControlRoute::Events),
+                        tokio::time::timeout(ASK_WITHIN, reader.must(a, &ControlRoute::Summary)),
+                        tokio::time::timeout(ASK_WITHIN, reader.must(a, &ControlRoute::Loads)),
+                        tokio::time::timeout(ASK_WITHIN, reader.must(a, &ControlRoute::Events)),
                     );
-                    let parse = |r: Result<String, ControlError>| {
-                        r.map_err(|e| e.to_string())
-                            .and_then(|b| serde_json::from_str::<Value>(&b).map_err(|e| format!("not JSON: {e}")))
-                    };
-                    s.summary = Some(parse(summary));
-                    if let Ok(v) = parse(loads) {
-                        for l in v["loads"].as_array().into_iter().flatten() {
-                            if let (Some(r), Some(b), Some(w)) =
-                                (l["region"].as_u64(), l["bytes"].as_u64(), l["writes_per_sec"].as_u64())
-                            {
-                                s.loads.insert(r as u32, (b, w));
-                            }
-                        }
-                    }
-                    if let Ok(v) = parse(events) {
-                        let all = v["events"].as_array().cloned().unwrap_or_default();
-                        s.events = all.into_iter().rev().take(MAX_EVENTS).rev().collect();
-                    } else if let Some(prev) = lock(&self.latest).as_ref() {
-                        s.events = prev.events.clone();
-                    }
+                    (parse(summary), parse(loads), parse(events))
                 }
-                Err(e) => s.summary = Some(Err(e.to_string())),
+                Err(e) => (Err(e.to_string()), Err(e.to_string()), Err(e.to_string())),
+            }
+        };
+        let (devices, hosts, (summary, loads, events)) =
+            tokio::join!(crate::join::join_all(devices.collect()), crate::join::join_all(hosts.collect()), cluster);
+        s.devices = devices.into_iter().collect();
+        s.hosts = hosts.into_iter().collect();
+        s.summary = Some(summary);
+        if let Ok(v) = loads {
+            for l in v["loads"].as_array().into_iter().flatten() {
+                if let (Some(r), Some(b), Some(w)) =
+                    (l["region"].as_u64(), l["bytes"].as_u64(), l["writes_per_sec"].as_u64())
+                {
+                    s.loads.insert(r as u32, (b, w));
+                }
+            }
+        }
+        match events {
+            Ok(v) => {
+                let all = v["events"].as_array().cloned().unwrap_or_default();
+                s.events = all.into_iter().rev().take(MAX_EVENTS).rev().collect();
+            }
+            Err(_) => {
+                if let Some(prev) = lock(&self.latest).as_ref() {
+                    s.events = prev.events.clone();
+                }
             }
         }
         self.record(&s);
@@ -233,25 +284,34 @@ impl Console {
         self.sampled.notify_waiters();
     }
 
-    /// Adds a sample's gets (differences since the last) and write rates to the heatmap.
+    /// Adds a sample's gets (differences since the last) and write rates to the heatmap. After a
+    /// gap (the sampler was idle) the differences start again; a device that restarted (its
+    /// uptime went back) counts from zero; a device that did not answer keeps its last counts.
     fn record(&self, s: &Sample) {
         let mut heat = lock(&self.heat);
         let prev_at = heat.times.back().copied();
-        let secs = prev_at.map(|p| (s.at_ms.saturating_sub(p) as f64 / 1000.0).max(0.001));
+        let gap = prev_at.is_some_and(|p| s.at_ms.saturating_sub(p) > 2 * SAMPLE_EVERY.as_millis() as u64);
+        if gap {
+            heat.last_gets.clear();
+            heat.uptimes.clear();
+        }
+        let secs = prev_at.filter(|_| !gap).map(|p| (s.at_ms.saturating_sub(p) as f64 / 1000.0).max(0.001));
         let mut cells: HashMap<u32, (u64, u64)> = HashMap::new();
-        let mut seen = HashMap::new();
         for (node, stats) in &s.devices {
             let Ok(stats) = stats else { continue };
+            let uptime = stats.counter("uptime_ms").unwrap_or(0);
+            if heat.uptimes.insert(*node, uptime).is_some_and(|before| uptime < before) {
+                heat.last_gets.retain(|(n, _), _| n != node);
+            }
+            heat.last_gets.retain(|(n, r), _| n != node || stats.regions.iter().any(|x| x.region == *r));
             for r in &stats.regions {
                 let key = (*node, r.region);
-                let before = heat.last_gets.get(&key).copied();
-                // A restarted device (or a freed slot) counts from 0 again.
-                let delta = before.map_or(0, |b| r.gets.checked_sub(b).unwrap_or(r.gets));
+                let before = heat.last_gets.insert(key, r.gets);
+                // First seen (or its slot was freed and taken again): nothing to compare with.
+                let delta = before.map_or(0, |b| r.gets.saturating_sub(b));
                 cells.entry(r.region).or_default().0 += delta;
-                seen.insert(key, r.gets);
             }
         }
-        heat.last_gets = seen;
         for (region, (_, wps)) in &s.loads {
             cells.entry(*region).or_default().1 = (*wps as f64 * secs.unwrap_or(0.0)) as u64;
         }
@@ -308,8 +368,12 @@ fn state_name(s: RegionState) -> &'static str {
     }
 }
 
-async fn map_of(s: &HttpState) -> Result<Arc<RegionMap>, ApiError> {
-    s.up.client().current_map().await.map_err(ApiError::from)
+/// The map the sample was taken with, else the gateway's routing map.
+async fn map_of(s: &HttpState, sample: &Sample) -> Result<Arc<RegionMap>, ApiError> {
+    match &sample.map {
+        Some(m) => Ok(m.clone()),
+        None => s.up.client().current_map().await.map_err(ApiError::from),
+    }
 }
 
 /// `GET /v1/console/overview`.
@@ -318,7 +382,7 @@ async fn map_of(s: &HttpState) -> Result<Arc<RegionMap>, ApiError> {
 pub(crate) async fn overview(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
     let c = console_of(&s)?;
     let sample = c.current().await;
-    let map = map_of(&s).await?;
+    let map = map_of(&s, &sample).await?;
     let p = caller.principal();
     let summary = sample.summary.as_ref();
     let ok_summary = summary.and_then(|r| r.as_ref().ok());
@@ -417,7 +481,7 @@ fn device_json(d: &DeviceStats) -> Value {
 pub(crate) async fn regions(State(s): State<HttpState>, caller: Caller) -> Result<axum::Json<Value>, ApiError> {
     let c = console_of(&s)?;
     let sample = c.current().await;
-    let map = map_of(&s).await?;
+    let map = map_of(&s, &sample).await?;
     let p = caller.principal();
     let rates = lock(&c.rates).clone();
     let regions: Vec<Value> = map
@@ -560,32 +624,91 @@ pub(crate) struct EventsQuery {
     responses((status = 200, description = "The events of the cluster, oldest first (after: only those past a sequence number)"), (status = 401, body = crate::http::api::ErrorBody)))]
 pub(crate) async fn events(
     State(s): State<HttpState>,
+    caller: Caller,
     q: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let Query(q) = q?;
     let c = console_of(&s)?;
     let sample = c.current().await;
-    let events: Vec<&Value> =
-        sample.events.iter().filter(|e| q.after.is_none_or(|a| e["seq"].as_u64().is_some_and(|s| s > a))).collect();
+    let p = caller.principal();
+    let events: Vec<Value> = sample
+        .events
+        .iter()
+        .filter(|e| q.after.is_none_or(|a| e["seq"].as_u64().is_some_and(|s| s > a)))
+        .map(|e| shown_event(e, p))
+        .collect();
     Ok(axum::Json(json!({ "events": events })))
 }
 
-/// An action's caller check and the control credential's presence.
-fn may_act<'a>(s: &'a HttpState, caller: &Caller) -> Result<&'a Arc<Console>, ApiError> {
+/// An event as `p` may see it: a split's key only if it may read it (`key`, `encoding`; else
+/// `key_hidden`), a backup's location only for an administrator.
+fn shown_event(e: &Value, p: Option<&Principal>) -> Value {
+    let mut e = e.clone();
+    let Some(obj) = e.as_object_mut() else { return e };
+    if let Some(hex) = obj.remove("key_hex") {
+        match hex.as_str().and_then(dpukv_proto::control::unhex) {
+            Some(k) if may_read(p, &k) => {
+                let (t, enc) = shown_key(&k);
+                obj.insert("key".into(), json!(t));
+                obj.insert("encoding".into(), json!(encoding_name(enc)));
+            }
+            _ => {
+                obj.insert("key_hidden".into(), json!(true));
+            }
+        }
+    }
+    if !is_admin(p) {
+        obj.remove("location");
+    }
+    e
+}
+
+/// Whether a request may run an action: the caller's grant (admin on every key), and — because a
+/// browser sends requests a page of another site asks for — the request's own origin: a fetch
+/// another site started (`Sec-Fetch-Site`, `Origin` not this host) is refused. With tokens that
+/// is all (a bearer token is never sent by a browser on its own); on an open gateway (no tokens)
+/// actions are taken only from this machine (a loopback peer, and a `Host` that is a loopback
+/// address or `localhost`: a page whose DNS name was rebound to this address names itself).
+fn may_act<'a>(
+    s: &'a HttpState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+) -> Result<&'a Arc<Console>, ApiError> {
     let c = console_of(s)?;
+    let refuse = |m: &str| ApiError::new(StatusCode::FORBIDDEN, "forbidden", m);
     if !is_admin(caller.principal()) {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "this token may not run cluster actions (they need admin on every key)",
-        ));
+        return Err(refuse("this token may not run cluster actions (they need admin on every key)"));
+    }
+    let header = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
+    if header("sec-fetch-site").is_some_and(|v| v != "same-origin" && v != "none") {
+        return Err(refuse("a cluster action must come from the console's own pages"));
+    }
+    let host = header("host").unwrap_or("");
+    if let Some(origin) = header("origin") {
+        let own = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) == Some(host);
+        if !own {
+            return Err(refuse("a cluster action must come from the console's own pages"));
+        }
+    }
+    if caller.principal().is_none() {
+        let name =
+            host.rsplit_once(':').map_or(host, |(h, p)| if p.bytes().all(|b| b.is_ascii_digit()) { h } else { host });
+        let name = name.trim_start_matches('[').trim_end_matches(']');
+        let local_name =
+            name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok_and(|a| a.is_loopback());
+        if !peer.is_some_and(|p| p.is_loopback()) || !local_name {
+            return Err(refuse(
+                "the gateway has no tokens: cluster actions are taken only from this machine (give the gateway tokens)",
+            ));
+        }
     }
     Ok(c)
 }
 
 /// Runs `route` on a control API: its JSON answer, or its refusal as an answer with its status.
 async fn act(s: &HttpState, c: &Console, route: ControlRoute, avoid: Option<u32>) -> Result<Value, Response> {
-    let map = map_of(s).await.map_err(IntoResponse::into_response)?;
+    let map = s.up.client().current_map().await.map_err(|e| ApiError::from(e).into_response())?;
     let addr =
         c.cfg.control.endpoint(&map, avoid).map_err(|e| {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()).into_response()
@@ -634,9 +757,11 @@ pub(crate) async fn drain(
     State(s): State<HttpState>,
     caller: Caller,
     method: axum::http::Method,
+    headers: HeaderMap,
+    peer: Option<axum::Extension<Peer>>,
     Path(node): Path<u32>,
 ) -> Response {
-    let c = match may_act(&s, &caller) {
+    let c = match may_act(&s, &caller, &headers, peer.map(|p| p.0.0)) {
         Ok(c) => c.clone(),
         Err(e) => return e.into_response(),
     };
@@ -658,9 +783,11 @@ pub(crate) async fn step_down(
     State(s): State<HttpState>,
     caller: Caller,
     method: axum::http::Method,
+    headers: HeaderMap,
+    peer: Option<axum::Extension<Peer>>,
     Path(node): Path<u32>,
 ) -> Response {
-    let c = match may_act(&s, &caller) {
+    let c = match may_act(&s, &caller, &headers, peer.map(|p| p.0.0)) {
         Ok(c) => c.clone(),
         Err(e) => return e.into_response(),
     };
@@ -686,10 +813,12 @@ pub(crate) struct SplitBody {
 pub(crate) async fn split(
     State(s): State<HttpState>,
     caller: Caller,
+    headers: HeaderMap,
+    peer: Option<axum::Extension<Peer>>,
     Path(region): Path<u32>,
     JsonBody(body): JsonBody<SplitBody>,
 ) -> Response {
-    let c = match may_act(&s, &caller) {
+    let c = match may_act(&s, &caller, &headers, peer.map(|p| p.0.0)) {
         Ok(c) => c.clone(),
         Err(e) => return e.into_response(),
     };

@@ -53,8 +53,18 @@ pub const LIMITS: crate::http::Limits = crate::http::Limits {
 
 /// The roles whose certificates may call the control API.
 const CONTROL_ROLES: &[Role] = &[Role::Operator, Role::Admin];
-/// ... and read it (`GET`: the summary, events, loads, progress): the gateway's console too.
+/// ... and read what the gateway's console shows ([`console_reads`]): the gateway too.
 const READ_ROLES: &[Role] = &[Role::Operator, Role::Admin, Role::Gateway];
+
+/// What the gateway's certificate may read: the summary, events, loads, the host, and drain and
+/// step-down progress — nothing of backups or restores, and nothing that changes the cluster.
+fn console_reads(route: &ControlRoute) -> bool {
+    match route {
+        ControlRoute::Summary | ControlRoute::Events | ControlRoute::Loads | ControlRoute::Host => true,
+        ControlRoute::Drain { action, .. } | ControlRoute::StepDown { action, .. } => *action == Action::Progress,
+        _ => false,
+    }
+}
 
 /// The longest token file read.
 const MAX_TOKEN_FILE: u64 = 4096;
@@ -362,7 +372,7 @@ async fn restore_status(c: &ClusterControl, action: Action) -> Answer {
 }
 
 /// Whether the caller may use the control API: see the module documentation.
-fn authorize(c: &Control, peer: &Peer, headers: &HeaderMap, method: &Method) -> Result<(), Refusal> {
+fn authorize(c: &Control, peer: &Peer, headers: &HeaderMap, route: Option<&ControlRoute>) -> Result<(), Refusal> {
     const WHAT: &str = "the control API";
     if let Some(auth) = headers.get(axum::http::header::AUTHORIZATION) {
         let presented = auth.as_bytes().strip_prefix(b"Bearer ").map(<[u8]>::trim_ascii);
@@ -381,8 +391,7 @@ fn authorize(c: &Control, peer: &Peer, headers: &HeaderMap, method: &Method) -> 
         Peer::Anonymous if c.token.is_some() => Err(Refusal::Unauthorized(format!(
             "{WHAT} needs a client certificate of role operator or admin, or the admin token"
         ))),
-        // A GET changes nothing (`ControlRoute::mutates`).
-        _ if method == Method::GET => peer.allow(READ_ROLES, WHAT),
+        _ if route.is_some_and(console_reads) => peer.allow(READ_ROLES, WHAT),
         _ => peer.allow(CONTROL_ROLES, WHAT),
     }
 }
@@ -589,7 +598,11 @@ async fn handle(
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authorize(&c, &peer, &headers, &method) {
+    let route = match uri.query() {
+        Some(_) => Err(dpukv_proto::control::RouteError::NotFound),
+        None => ControlRoute::parse(method.as_str(), uri.path()),
+    };
+    if let Err(r) = authorize(&c, &peer, &headers, route.as_ref().ok()) {
         tracing::info!(peer = ?peer, %method, path = uri.path(), refusal = %r, "a control API request was refused");
         let status = match r {
             Refusal::Unauthorized(_) => StatusCode::UNAUTHORIZED,
@@ -604,10 +617,6 @@ async fn handle(
         }
         return resp;
     }
-    let route = match uri.query() {
-        Some(_) => Err(dpukv_proto::control::RouteError::NotFound),
-        None => ControlRoute::parse(method.as_str(), uri.path()),
-    };
     let route = match route {
         Ok(r) => r,
         Err(e) => {
@@ -694,18 +703,29 @@ mod tests {
         let with = control(Some(&file));
         let without = control(None);
         let none = HeaderMap::new();
-        let code = |c: &Control, p: &Peer, h: &HeaderMap| authorize(c, p, h, &Method::POST).map_err(|r| r.code());
-        let read = |c: &Control, p: &Peer| authorize(c, p, &HeaderMap::new(), &Method::GET).map_err(|r| r.code());
+        let drain = ControlRoute::Drain { node: 1, action: Action::Request };
+        let code = |c: &Control, p: &Peer, h: &HeaderMap| authorize(c, p, h, Some(&drain)).map_err(|r| r.code());
+        let read =
+            |c: &Control, p: &Peer, r: ControlRoute| authorize(c, p, &HeaderMap::new(), Some(&r)).map_err(|r| r.code());
         // Certificates.
         for c in [&with, &without] {
             assert_eq!(code(c, &member(Role::Admin), &none), Ok(()));
             assert_eq!(code(c, &member(Role::Operator), &none), Ok(()));
             assert_eq!(code(c, &member(Role::Gateway), &none), Err("forbidden"));
             assert_eq!(code(c, &member(Role::Node), &none), Err("forbidden"));
-            // The gateway's console reads (summary, events, loads), and only reads.
-            assert_eq!(read(c, &member(Role::Gateway)), Ok(()));
-            assert_eq!(read(c, &member(Role::Node)), Err("forbidden"));
-            assert_eq!(read(c, &member(Role::Client)), Err("forbidden"));
+            // The gateway's console reads the summary, events, loads, hosts and progress; nothing
+            // of backups, and it changes nothing.
+            let gateway = member(Role::Gateway);
+            for r in [ControlRoute::Summary, ControlRoute::Events, ControlRoute::Loads, ControlRoute::Host] {
+                assert_eq!(read(c, &gateway, r), Ok(()));
+            }
+            assert_eq!(read(c, &gateway, ControlRoute::Drain { node: 2, action: Action::Progress }), Ok(()));
+            assert_eq!(read(c, &gateway, ControlRoute::Drain { node: 2, action: Action::Cancel }), Err("forbidden"));
+            assert_eq!(read(c, &gateway, ControlRoute::BackupStatus { job: 1 }), Err("forbidden"));
+            assert_eq!(read(c, &gateway, ControlRoute::RestoreStatus { action: Action::Progress }), Err("forbidden"));
+            assert_eq!(read(c, &gateway, ControlRoute::BackupSchedule { action: Action::Progress }), Err("forbidden"));
+            assert_eq!(read(c, &member(Role::Node), ControlRoute::Summary), Err("forbidden"));
+            assert_eq!(read(c, &member(Role::Client), ControlRoute::Summary), Err("forbidden"));
             assert_eq!(code(c, &Peer::Anonymous, &none), Err("unauthorized"));
             let stranger = Peer::Stranger(Identity::new("db", "other", Role::Admin, "x").expect("id"));
             assert_eq!(code(c, &stranger, &none), Err("forbidden"));

@@ -10,12 +10,13 @@ pub fn usage() -> (Option<u64>, Option<u64>) {
         let rest = s.rsplit_once(')')?.1;
         let f: Vec<&str> = rest.split_whitespace().collect();
         let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-        Some(ticks * 10) // USER_HZ is 100 on Linux
+        Some(ticks * 10) // USER_HZ is 100 on every Linux (the kernel's ABI for /proc)
     });
-    let rss = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map(|pages| pages * 4096);
+    // VmRSS is in kB whatever the page size (64 KiB on some arm64 kernels).
+    let rss = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    });
     (cpu, rss)
 }
 

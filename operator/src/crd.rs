@@ -44,6 +44,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new("self.replicationFactor <= self.nodes").message("replicationFactor must not exceed nodes"))]
+#[x_kube(validation = Rule::new("!has(self.gateway) || !has(self.gateway.console) || !has(self.gateway.console.controlTokenSecret) || has(self.auth)").message("gateway.console.controlTokenSecret needs auth (the gateway's tokens decide who may act with it)"))]
 #[x_kube(validation = Rule::new("!has(self.gateway) || !has(self.gateway.console) || !has(self.gateway.console.controlTokenSecret) || !has(self.tls) || self.tls.mode != 'Disabled'").message("gateway.console.controlTokenSecret needs TLS (without it the control API would take only the token, and the operator has none)"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.regions) || (has(self.regions) && self.regions == oldSelf.regions)").message("regions cannot change once set (the master splits and merges them)"))]
 #[serde(rename_all = "camelCase")]
@@ -497,7 +498,7 @@ pub struct ConsoleSpec {
     /// A Secret with the key `token` (16 bytes or more): the hosts take it as their control
     /// API's admin token and the gateway acts with it — the console's drain, step-down and
     /// split. Absent: the console shows but cannot act. Needs TLS (the operator reaches the
-    /// control API with its certificate).
+    /// control API with its certificate) and `auth` (the gateway's tokens decide who may act).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_token_secret: Option<String>,
 }

@@ -1761,7 +1761,7 @@ mod tests {
     fn the_console_s_control_token_reaches_the_hosts_and_the_gateway() {
         let c = cluster(serde_json::json!({
             "nodes": 3, "storage": {"size": "1Gi"}, "etcd": {"managed": {}},
-            "gateway": {"console": {"controlTokenSecret": "ctl"}}
+            "gateway": {"console": {"controlTokenSecret": "ctl"}}, "auth": {"tokensSecret": "tok"}
         }));
         assert_eq!(config_of(&c, "DPUKV_ADMIN_TOKEN_FILE").as_deref(), Some("/etc/dpukv/control/token"));
         let set = node_statefulset(&c, false);
@@ -1785,7 +1785,9 @@ mod tests {
         off.spec.gateway.console.enabled = false;
         let d = gateway_deployment(&off);
         let gw = &d.spec.template.spec.as_ref().expect("pod").containers[0];
-        assert!(gw.env.iter().flatten().any(|e| e.name == "DPUKV_GATEWAY_NO_CONSOLE" && e.value.as_deref() == Some("true")));
+        assert!(
+            gw.env.iter().flatten().any(|e| e.name == "DPUKV_GATEWAY_NO_CONSOLE" && e.value.as_deref() == Some("true"))
+        );
     }
 
     /// `frontDoor` (issue 29): every node's device serves the Redis protocol and HTTP on its

@@ -183,7 +183,7 @@ fn number(s: &str, what: &'static str) -> Result<u32, RouteError> {
 }
 
 /// Lower- or upper-case hex, even length, to bytes.
-fn unhex(s: &str) -> Option<Vec<u8>> {
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
     let digit = |b: u8| match b {
         b'0'..=b'9' => Some(b - b'0'),
         b'a'..=b'f' => Some(b - b'a' + 10),

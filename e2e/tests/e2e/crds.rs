@@ -257,15 +257,24 @@ fn rules_refuse_what_they_are_written_for() {
         None,
         "fabric.rdmaResource must be a resource name",
     );
-    let console = with(|v| v["spec"]["gateway"] = json!({"console": {"controlTokenSecret": "ctl"}}));
-    assert_eq!(broken(&console, None), Vec::<String>::new(), "the console's control token with TLS (the default)");
+    let console = with(|v| {
+        v["spec"]["gateway"] = json!({"console": {"controlTokenSecret": "ctl"}});
+        v["spec"]["auth"] = json!({"tokensSecret": "tok"});
+    });
+    assert_eq!(broken(&console, None), Vec::<String>::new(), "the console's control token with TLS and tokens");
     refused(
         &with(|v| {
             v["spec"]["gateway"] = json!({"console": {"controlTokenSecret": "ctl"}});
+            v["spec"]["auth"] = json!({"tokensSecret": "tok"});
             v["spec"]["tls"] = json!({"mode": "Disabled"});
         }),
         None,
         "gateway.console.controlTokenSecret needs TLS",
+    );
+    refused(
+        &with(|v| v["spec"]["gateway"] = json!({"console": {"controlTokenSecret": "ctl"}})),
+        None,
+        "gateway.console.controlTokenSecret needs auth",
     );
 }
 

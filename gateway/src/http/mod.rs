@@ -192,7 +192,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
 
 /// The address a request came from (set for every request by `serve`).
 #[derive(Debug, Clone, Copy)]
-struct Peer(std::net::IpAddr);
+pub(crate) struct Peer(pub(crate) std::net::IpAddr);
 
 /// Whether a request is one of the API's (`/v1/` but the OpenAPI document): these need a token
 /// and reserve from the memory budget.

@@ -322,6 +322,14 @@ impl Serving {
             };
             let dispatch = |batch: Vec<Incoming>, sink: Sink| {
                 let batch = access::admit(batch, &peer, || s.hot.map(), &sink, &s.refused);
+                if s.on_host {
+                    // Gets go to the host whole: counted here, by the region they name.
+                    for i in &batch {
+                        if matches!(i.req.op, Op::Get { .. }) && !i.req.replica && i.req.region != 0 {
+                            s.hot.gets.add(i.req.region);
+                        }
+                    }
+                }
                 // Statistics are the device's own: answered here (never by the host).
                 let (asks, batch): (Vec<_>, Vec<_>) = batch.into_iter().partition(|i| matches!(i.req.op, Op::Stats));
                 for Incoming { req, charge } in asks {

@@ -3,9 +3,9 @@
 //! keys — which the gateway's console gathers from every device (docs/console.md).
 //!
 //! Gets are counted per region in a fixed table of [`REGION_SLOTS`] slots (a region's id picks
-//! its slot; a region whose slot another live region holds is counted in `gets_unattributed`),
-//! lock-free on the read path; slots of regions the device no longer serves are freed when
-//! statistics are taken.
+//! its home slot, and it takes the first free one of the next 8; a region that finds none is
+//! counted in `gets_unattributed`), lock-free on the read path; slots of regions the device no
+//! longer leads are freed when statistics are taken.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -37,41 +37,51 @@ impl Default for RegionCounts {
     }
 }
 
+/// How many slots a region's id may look at, from its own on.
+const PROBE: usize = 8;
+/// A slot being freed (no region has this id).
+const FREEING: u32 = u32::MAX;
+
 impl RegionCounts {
-    /// Counts a get of region `id` (never 0).
+    /// Counts a get of region `id` (never 0): in its slot, or the first free one of the
+    /// [`PROBE`] after it; else in `unattributed`.
     pub(crate) fn add(&self, id: u32) {
-        let (tag, n) = &self.slots[id as usize % REGION_SLOTS];
-        let mut t = tag.load(Ordering::Relaxed);
-        if t == 0 {
-            t = match tag.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => id,
-                Err(now) => now,
-            };
+        let home = id as usize % REGION_SLOTS;
+        for k in 0..PROBE {
+            let (tag, n) = &self.slots[(home + k) % REGION_SLOTS];
+            let mut t = tag.load(Ordering::Relaxed);
+            if t == 0 {
+                t = match tag.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => id,
+                    Err(now) => now,
+                };
+            }
+            if t == id {
+                n.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
         }
-        if t == id {
-            n.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.unattributed.fetch_add(1, Ordering::Relaxed);
-        }
+        self.unattributed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// (region, gets) of every slot held by a region `live` says is served; frees the others.
+    /// (region, gets) for each region `live` says is served (a region holding two slots — one
+    /// freed before it, then taken again — is summed); frees the slots of the others.
     pub(crate) fn take_stock(&self, live: impl Fn(u32) -> bool) -> Vec<(u32, u64)> {
-        let mut out = Vec::new();
+        let mut out: std::collections::BTreeMap<u32, u64> = Default::default();
         for (tag, n) in self.slots.iter() {
             let id = tag.load(Ordering::Relaxed);
-            if id == 0 {
+            if id == 0 || id == FREEING {
                 continue;
             }
             if live(id) {
-                out.push((id, n.load(Ordering::Relaxed)));
-            } else {
+                *out.entry(id).or_default() += n.load(Ordering::Relaxed);
+            } else if tag.compare_exchange(id, FREEING, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                // No get can count here while it is being freed.
                 n.store(0, Ordering::Relaxed);
-                tag.store(0, Ordering::Relaxed);
+                tag.store(0, Ordering::Release);
             }
         }
-        out.sort_unstable();
-        out
+        out.into_iter().collect()
     }
 }
 
@@ -212,5 +222,31 @@ impl prometheus_client::collector::Collector for Collector {
                 ("dpukv_device_replica_bytes", "bytes of keys and values in the replica table", bytes as i64),
             ],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_whose_ids_share_a_home_slot_are_counted_apart_and_freed_slots_start_at_zero() {
+        let c = RegionCounts::default();
+        let (a, b) = (5, 5 + REGION_SLOTS as u32);
+        for _ in 0..3 {
+            c.add(a);
+        }
+        c.add(b);
+        assert_eq!(c.take_stock(|_| true), vec![(a, 3), (b, 1)]);
+        // a leaves: its slot is freed; a new region there starts from nothing.
+        assert_eq!(c.take_stock(|id| id == b), vec![(b, 1)]);
+        let d = 5 + 2 * REGION_SLOTS as u32;
+        c.add(d);
+        assert_eq!(c.take_stock(|_| true), vec![(b, 1), (d, 1)]);
+        // Past the probe: unattributed.
+        for k in 0..PROBE as u32 + 2 {
+            c.add(7 + k * REGION_SLOTS as u32);
+        }
+        assert_eq!(c.unattributed.load(Ordering::Relaxed), 2);
     }
 }

@@ -195,9 +195,6 @@ fn latency_histograms_count_each_operation_on_device_and_host() {
     assert_eq!(sample(&device, inf), Some(7.0), "{device}");
 }
 
-/// `pivots` at a device: keys from the region's index that cut a range into similar parts,
-/// only inside the range and the region of `lo`; none in a tiny range; a `max` above the limit
-/// is refused.
 /// A device's `stats`: its counters, and per region it leads the gets it served (the console's
 /// source, docs/protocol.md §5).
 #[test]
@@ -227,6 +224,9 @@ fn stats_count_the_gets_each_region_served_on_the_device() {
     assert_eq!(s.regions.iter().find(|r| r.region == 1).map(|r| r.gets), Some(9));
 }
 
+/// `pivots` at a device: keys from the region's index that cut a range into similar parts,
+/// only inside the range and the region of `lo`; none in a tiny range; a `max` above the limit
+/// is refused.
 #[test]
 fn pivots_come_from_the_regions_index_within_its_range() {
     let pod = Pod::start(&["--fsync", "never", "--split-keys", "m"], &[]);
