@@ -299,6 +299,11 @@ impl Keys {
         self.under("last-region-id")
     }
 
+    /// The custom resource's status as the operator last mirrored it (JSON; the console's).
+    pub fn kubernetes(&self) -> Vec<u8> {
+        self.under("kubernetes")
+    }
+
     /// Prefix of the event log (`events/<seq>`, module `events`).
     pub fn events(&self) -> Vec<u8> {
         self.under("events/")

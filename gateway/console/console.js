@@ -475,7 +475,56 @@ function renderCluster(o) {
   setCard("control", o.control?.ok ? "ok" : "unreachable", o.control?.error || "", !o.control?.ok && "bad");
   syncRows("nodes-table", nodes, "node", (n) => n.id, fillNodeRow);
   $("nodes-empty").hidden = nodes.length > 0;
+  renderKubernetes(o.kubernetes);
   markLoaded("cluster");
+}
+
+// The DpuKvCluster resource's status as the operator last mirrored it; null off Kubernetes (no section then).
+// Condition types whose "True" is the bad news (Kubernetes' negative-polarity conditions).
+const BAD_WHEN_TRUE = new Set(["Degraded", "Stalled", "Failed"]);
+
+function renderKubernetes(k) {
+  let sec = $("kubernetes");
+  if (!k || typeof k !== "object") {
+    if (sec) sec.remove();
+    return;
+  }
+  if (!sec) {
+    sec = el("section", { id: "kubernetes", class: "panel kubernetes", "data-testid": "kubernetes", "aria-labelledby": "h-kubernetes" },
+      el("h2", { id: "h-kubernetes" }),
+      el("p", { class: "k8s-meta" }, "Phase ", el("strong", { "data-testid": "kubernetes-phase" }), " · ",
+        el("span", { "data-testid": "kubernetes-reported" })),
+      el("div", { class: "table-wrap", tabindex: 0, role: "region", "aria-labelledby": "cap-conditions" },
+        el("table", { id: "conditions-table", class: "small-table" }, el("caption", { id: "cap-conditions", text: "Conditions" }),
+          el("thead", null, el("tr", null, ...["Type", "Status", "Reason", "Message"].map((t) => el("th", { scope: "col", text: t })))),
+          el("tbody"))),
+      el("p", { class: "empty", id: "conditions-empty", text: "No conditions reported.", hidden: true }),
+      el("p", { class: "hint", text: "The DpuKvCluster resource's status as the Kubernetes operator last reported it." }));
+    $("page-cluster").querySelector(".cards").after(sec);
+  }
+  setText($("h-kubernetes"), `Kubernetes: ${k.resource || "DpuKvCluster"}`);
+  setText(byTestId("kubernetes-phase"), k.phase || "unknown");
+  const at = k.observed_ms;
+  setText(byTestId("kubernetes-reported"), isNum(at) ? `reported ${fmtSeconds(Math.max(0, Date.now() - at) / 1000)} ago` : "not yet reported");
+  byTestId("kubernetes-reported").title = isNum(at) ? fmtDateTime(at) : "";
+  const seen = new Map();
+  for (const c of Array.isArray(k.conditions) ? k.conditions : []) {
+    if (c && typeof c === "object" && c.type != null && !seen.has(String(c.type))) seen.set(String(c.type), c);
+  }
+  syncRows("conditions-table", [...seen.values()], "condition", (c) => c.type, fillConditionRow);
+  $("conditions-empty").hidden = seen.size > 0;
+}
+
+function fillConditionRow(tr, c) {
+  const status = c.status == null ? "Unknown" : String(c.status);
+  const good = status === "True" ? !BAD_WHEN_TRUE.has(c.type) : status === "False" ? BAD_WHEN_TRUE.has(c.type) : null;
+  tr.dataset.status = status;
+  setCells(tr, [
+    String(c.type),
+    { build: (cell) => cell.replaceChildren(badge(status, good == null ? "warn" : good ? "ok" : "bad")) },
+    c.reason || "—",
+    { text: c.message || "—", cls: "wrap" },
+  ]);
 }
 
 const fmtCpu = (s) => (isNum(s) ? `${NUM2.format(s)} s` : "—");

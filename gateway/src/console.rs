@@ -457,6 +457,8 @@ pub(crate) async fn overview(State(s): State<HttpState>, caller: Caller) -> Resu
         "master_round_age_ms": age,
         "health": health,
         "sampled_ms": sample.at_ms,
+        // The DpuKvCluster's status as the operator last mirrored it (null off Kubernetes).
+        "kubernetes": summary.and_then(|r| r.as_ref().ok()).map_or(Value::Null, |v| v["kubernetes"].clone()),
         "nodes": nodes,
     })))
 }

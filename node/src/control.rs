@@ -481,16 +481,52 @@ async fn node_request(
     }
 }
 
-/// The cluster at a glance, from etcd.
+/// The cluster at a glance, from etcd, with the custom resource's status as the operator last
+/// mirrored it (`kubernetes`: null when none).
 async fn summary(c: &ClusterControl) -> Answer {
     let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
         Ok(s) => s,
         Err(e) => return unavailable(e),
     };
-    match dpukv_cluster::master::read(&store, &c.keys).await {
-        Ok(snap) => json(summary_status(&snap)),
+    use dpukv_cluster::MetaStore;
+    let key = c.keys.kubernetes();
+    let (snap, k8s) = tokio::join!(dpukv_cluster::master::read(&store, &c.keys), store.get(&key));
+    match snap {
+        Ok(snap) => {
+            let mut v: serde_json::Value = serde_json::from_str(&summary_status(&snap)).unwrap_or_default();
+            let mirrored =
+                k8s.ok().flatten().and_then(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).ok());
+            v["kubernetes"] = mirrored.unwrap_or(serde_json::Value::Null);
+            json(format!("{v}\n"))
+        }
         Err(e) => unavailable(e),
     }
+}
+
+/// Stores the custom resource's status the operator mirrors (a JSON object), unless it says what
+/// the one stored says (its `observed_ms` aside: the stored one keeps when it last changed).
+async fn mirror_kubernetes(c: &ClusterControl, status: &[u8]) -> Answer {
+    let mut given = match serde_json::from_slice::<serde_json::Value>(status) {
+        Ok(v) if v.is_object() => v,
+        _ => return text(StatusCode::BAD_REQUEST, "bad_request: the status must be a JSON object\n".into()),
+    };
+    let store = match dpukv_cluster::EtcdStore::connect(&c.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    use dpukv_cluster::MetaStore;
+    let key = c.keys.kubernetes();
+    let stored =
+        store.get(&key).await.ok().flatten().and_then(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).ok());
+    let same = stored.is_some_and(|mut v| {
+        v.as_object_mut().map(|o| o.remove("observed_ms"));
+        given.as_object_mut().map(|o| o.remove("observed_ms"));
+        v == given
+    });
+    if !same && let Err(e) = store.put(&key, status, None).await {
+        return unavailable(e);
+    }
+    json("{\"stored\": true}\n".into())
 }
 
 /// The cluster's event log, oldest first: `{"events": [...]}` (`dpukv_cluster::events`).
@@ -641,6 +677,7 @@ async fn handle(
         ControlRoute::Events => events(k).await,
         ControlRoute::Loads => loads(k).await,
         ControlRoute::Host => host_facts(k),
+        ControlRoute::Kubernetes { status } => mirror_kubernetes(k, &status).await,
         ControlRoute::Backup { to } => start_backup(&c, to).await,
         ControlRoute::BackupStatus { job } => backup_status(&c, job),
         ControlRoute::Restore { from, backup } => start_restore(k, &from, backup.as_deref()).await,

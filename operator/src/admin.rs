@@ -343,6 +343,13 @@ pub async fn step_up(addr: &Endpoint, node: u32) -> Result<StepDownStatus, Admin
     call(addr, "DELETE", &format!("/cluster/step-down/{node}")).await
 }
 
+/// Mirrors the custom resource's status (`status`, a JSON object of at most 8 KiB) into the
+/// cluster, where the gateway's console shows it (docs/console.md).
+pub async fn mirror_status(addr: &Endpoint, status: &serde_json::Value) -> Result<(), AdminError> {
+    let hex: String = status.to_string().bytes().map(|b| format!("{b:02x}")).collect();
+    call::<serde_json::Value>(addr, "POST", &format!("/cluster/kubernetes/{hex}")).await.map(|_| ())
+}
+
 /// The cluster's summary.
 pub async fn summary(addr: &Endpoint) -> Result<Summary, AdminError> {
     call(addr, "GET", "/cluster/summary").await

@@ -335,6 +335,33 @@ where
     Ok(api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(obj)).await?)
 }
 
+/// What the console shows of the resource: its name, phase and conditions — messages cut, and
+/// dropped if need be, so that the whole stays within the control API's
+/// `dpukv_proto::control::MAX_K8S_STATUS`.
+fn mirror_of(c: &DpuKvCluster, status: &DpuKvClusterStatus) -> serde_json::Value {
+    let cut = |m: &str| m.chars().take(200).collect::<String>();
+    let conditions: Vec<serde_json::Value> = status
+        .conditions
+        .iter()
+        .take(16)
+        .map(|x| serde_json::json!({"type": x.type_, "status": x.status, "reason": cut(&x.reason), "message": cut(&x.message)}))
+        .collect();
+    let observed_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let mut v = serde_json::json!({
+        "resource": key(c),
+        "phase": status.phase,
+        "observed_ms": observed_ms,
+        "conditions": conditions,
+    });
+    if v.to_string().len() > dpukv_proto::control::MAX_K8S_STATUS {
+        for x in v["conditions"].as_array_mut().into_iter().flatten() {
+            x["message"] = serde_json::json!("");
+        }
+    }
+    v
+}
+
 fn condition(type_: &str, ok: bool, reason: &str, message: &str, generation: Option<i64>) -> Condition {
     Condition {
         type_: type_.into(),
@@ -1078,6 +1105,14 @@ async fn reconcile_cluster(c: &DpuKvCluster, ctx: &Context) -> Result<Action, Er
     );
     keep_transition_times(&mut status.conditions, c.status.as_ref().map_or(&[][..], |s| &s.conditions[..]));
     write_status(client, &ns, c, &status).await?;
+    // The console shows the resource's status too (the gateway never calls the API server):
+    // mirrored into the cluster once a node answers; the host writes it only when it changed.
+    if summary.is_ok() {
+        let mirrored = mirror_of(c, &status);
+        if let Err(e) = admin::mirror_status(&ep, &mirrored).await {
+            tracing::debug!(cluster = %key(c), error = %e, "the status could not be mirrored for the console");
+        }
+    }
     let progress = Progress {
         rollout_pods_left: if upgrading {
             set.status.as_ref().map_or(0, |s| i64::from(s.replicas - s.updated_replicas.unwrap_or(0)).max(0))

@@ -86,6 +86,12 @@ pub enum ControlRoute {
     Loads,
     /// `GET /cluster/host`: the host serving the API (its CPU, memory, uptime, lease age).
     Host,
+    /// `POST /cluster/kubernetes/{hex JSON}`: the operator mirrors the custom resource's status
+    /// (phase, conditions) for the console (1..=[`MAX_K8S_STATUS`] bytes of JSON).
+    Kubernetes {
+        /// The status, as JSON.
+        status: Vec<u8>,
+    },
     /// `POST /cluster/backups/{hex location}`.
     Backup {
         /// The location's URL (1..=[`MAX_LOCATION`] bytes of UTF-8).
@@ -123,6 +129,8 @@ pub enum ControlRoute {
 
 /// The longest backup schedule a route takes.
 pub const MAX_SCHEDULE: usize = 1100;
+/// The longest Kubernetes status mirrored (JSON bytes).
+pub const MAX_K8S_STATUS: usize = 4096;
 
 /// The longest backup id a route takes.
 pub const MAX_BACKUP_ID: usize = 64;
@@ -169,8 +177,12 @@ impl RouteError {
     }
 }
 
-/// The longest path looked at (a backup schedule's or a split key's hex is the longest route).
-pub const MAX_PATH: usize = 64 + 2 * if MAX_SCHEDULE > MAX_KEY { MAX_SCHEDULE } else { MAX_KEY };
+/// The longest path looked at (a mirrored status's hex is the longest route).
+pub const MAX_PATH: usize = 64 + 2 * max(max(MAX_SCHEDULE, MAX_KEY), MAX_K8S_STATUS);
+
+const fn max(a: usize, b: usize) -> usize {
+    if a > b { a } else { b }
+}
 
 /// A decimal u32 without sign or leading zeros (so a route prints back to the same path).
 fn number(s: &str, what: &'static str) -> Result<u32, RouteError> {
@@ -272,6 +284,15 @@ impl ControlRoute {
                 };
                 Ok(ControlRoute::Restore { from, backup })
             }
+            ["kubernetes", arg] => {
+                post()?;
+                match unhex(arg) {
+                    Some(status) if !status.is_empty() && status.len() <= MAX_K8S_STATUS => {
+                        Ok(ControlRoute::Kubernetes { status })
+                    }
+                    _ => Err(RouteError::BadRequest("the status must be 1 to 4096 bytes of JSON, in hex")),
+                }
+            }
             ["summary"] | ["events"] | ["loads"] | ["host"] => {
                 if method != "GET" {
                     return Err(RouteError::MethodNotAllowed);
@@ -296,7 +317,8 @@ impl ControlRoute {
             | ControlRoute::Merge { .. }
             | ControlRoute::Backup { .. }
             | ControlRoute::Restore { .. }
-            | ControlRoute::SetBackupSchedule { .. } => "POST",
+            | ControlRoute::SetBackupSchedule { .. }
+            | ControlRoute::Kubernetes { .. } => "POST",
             ControlRoute::Summary
             | ControlRoute::Events
             | ControlRoute::Loads
@@ -337,6 +359,10 @@ impl ControlRoute {
                 format!("/cluster/backup-schedule/{hex}")
             }
             ControlRoute::BackupSchedule { .. } => "/cluster/backup-schedule".into(),
+            ControlRoute::Kubernetes { status } => {
+                let hex: String = status.iter().map(|b| format!("{b:02x}")).collect();
+                format!("/cluster/kubernetes/{hex}")
+            }
         }
     }
 
@@ -351,7 +377,8 @@ impl ControlRoute {
             | ControlRoute::Merge { .. }
             | ControlRoute::Backup { .. }
             | ControlRoute::Restore { .. }
-            | ControlRoute::SetBackupSchedule { .. } => true,
+            | ControlRoute::SetBackupSchedule { .. }
+            | ControlRoute::Kubernetes { .. } => true,
             ControlRoute::Summary
             | ControlRoute::Events
             | ControlRoute::Loads
@@ -378,6 +405,13 @@ mod tests {
         assert_eq!(r("GET", "/cluster/events"), Ok(ControlRoute::Events));
         assert_eq!(r("GET", "/cluster/loads"), Ok(ControlRoute::Loads));
         assert_eq!(r("GET", "/cluster/host"), Ok(ControlRoute::Host));
+        let k = ControlRoute::Kubernetes { status: br#"{"phase":"Running"}"#.to_vec() };
+        assert_eq!(r("POST", &k.path()), Ok(k.clone()));
+        assert!(k.mutates());
+        assert_eq!(r("GET", &k.path()), Err(RouteError::MethodNotAllowed));
+        assert!(r("POST", &format!("/cluster/kubernetes/{}", "00".repeat(MAX_K8S_STATUS + 1))).is_err());
+        let big = ControlRoute::Kubernetes { status: vec![b'x'; MAX_K8S_STATUS] };
+        assert_eq!(r("POST", &big.path()), Ok(big), "the longest status fits the path limit");
         assert_eq!(r("POST", "/cluster/events"), Err(RouteError::MethodNotAllowed));
         assert_eq!(r("POST", "/cluster/summary"), Err(RouteError::MethodNotAllowed));
         assert_eq!(r("GET", "/cluster/split/1/6d"), Err(RouteError::MethodNotAllowed));

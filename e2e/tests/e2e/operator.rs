@@ -576,6 +576,21 @@ fn the_operator_scales_a_cluster_on_real_processes_without_losing_a_write_and_cl
         let summary: Value = serde_json::from_str(&summary).ok()?;
         (summary["draining"] == json!([])).then_some(())
     });
+    // The console's view of the resource: its status mirrored into the cluster by the operator.
+    scene.wait("the resource's status mirrored for the console", Duration::from_secs(60), || {
+        let ip = api.get("pods", NS, "demo-node-0")?["status"]["podIP"].as_str()?.to_string();
+        let summary =
+            http_call(&format!("{ip}:{HOST_CONTROL}"), "GET", "/cluster/summary", Duration::from_secs(3)).ok()?;
+        let k8s = serde_json::from_str::<Value>(&summary).ok()?["kubernetes"].clone();
+        let status = api.get("dpukvclusters", NS, "demo")?["status"].clone();
+        let available =
+            |conds: &Value| conds.as_array()?.iter().find(|c| c["type"] == "Available").map(|c| c["status"].clone());
+        (k8s["resource"] == format!("{NS}/demo")
+            && k8s["phase"] == status["phase"]
+            && available(&k8s["conditions"]).is_some()
+            && available(&k8s["conditions"]) == available(&status["conditions"]))
+        .then_some(())
+    });
     scene.more_writes(&acked, 100, "writes after the cancelled scale-in");
 
     // A drain through Kubernetes: a `DpuKvOperation` drains demo-node-3 (node 4) under the
