@@ -499,13 +499,13 @@ function renderKubernetes(k) {
           el("thead", null, el("tr", null, ...["Type", "Status", "Reason", "Message"].map((t) => el("th", { scope: "col", text: t })))),
           el("tbody"))),
       el("p", { class: "empty", id: "conditions-empty", text: "No conditions reported.", hidden: true }),
-      el("p", { class: "hint", text: "The DpuKvCluster resource's status as the Kubernetes operator last reported it." }));
+      el("p", { class: "hint", text: "The DpuKvCluster resource's status as the Kubernetes operator mirrors it into the cluster (the time is when it last changed)." }));
     $("page-cluster").querySelector(".cards").after(sec);
   }
   setText($("h-kubernetes"), `Kubernetes: ${k.resource || "DpuKvCluster"}`);
   setText(byTestId("kubernetes-phase"), k.phase || "unknown");
   const at = k.observed_ms;
-  setText(byTestId("kubernetes-reported"), isNum(at) ? `reported ${fmtSeconds(Math.max(0, Date.now() - at) / 1000)} ago` : "not yet reported");
+  setText(byTestId("kubernetes-reported"), isNum(at) ? `last changed ${fmtSeconds(Math.max(0, Date.now() - at) / 1000)} ago` : "not yet reported");
   byTestId("kubernetes-reported").title = isNum(at) ? fmtDateTime(at) : "";
   const seen = new Map();
   for (const c of Array.isArray(k.conditions) ? k.conditions : []) {
