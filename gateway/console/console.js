@@ -575,6 +575,7 @@ function fillRegionRow(tr, r) {
     { text: regionEnd(r), cls: bound },
     { text: nodeRef(r.primary), cls: !r.primary || nodeLost(r.primary) ? "bad-text" : "" },
     backupsText(r),
+    { build: (c) => fillLag(c, r) },
     num(fmtInt(r.epoch)),
     { build: (c) => c.replaceChildren(badge(r.state || "?", r.state === "serving" ? "ok" : "warn")) },
     num(fmtBytes(r.bytes)),
@@ -587,6 +588,28 @@ function fillRegionRow(tr, r) {
 function backupsText(r) {
   const joining = (r.joining || []).map(nodeRef).join(", ");
   return `${(r.backups || []).map(nodeRef).join(", ") || "none"}${joining ? ` (+${joining} joining)` : ""}`;
+}
+
+/** A backup more than this far behind its primary reads as a warning. */
+const LAG_WARN_RECORDS = 1000, LAG_WARN_BYTES = 1024 * 1024;
+
+/** Replication lag per backup, as the primary's host last reported it; "—" when unknown. */
+function fillLag(c, r) {
+  c.dataset.testid = `lag-${r.id}`;
+  const lag = Array.isArray(r.lag) ? r.lag.filter((x) => x && typeof x === "object").sort((a, b) => a.backup - b.backup) : null;
+  let worst = lag ? "in-sync" : "unknown";
+  const items = (lag || []).map((x) => {
+    const who = `node ${nodeRef(x.backup)}: `;
+    if (x.bytes === 0 && x.records === 0) return el("li", null, `${who}in sync`);
+    const known = isNum(x.bytes) || isNum(x.records);
+    const text = known ? `${plural(x.records, "record")}, ${fmtBytes(x.bytes)} behind` : "lag unknown";
+    const far = x.records > LAG_WARN_RECORDS || x.bytes > LAG_WARN_BYTES;
+    if (far) worst = "far";
+    else if (worst === "in-sync") worst = "behind";
+    return el("li", null, far ? el("span", { class: "badge warn no-mark", text: `◆ ${who}${text}` }) : who + text);
+  });
+  c.dataset.lag = worst;
+  c.replaceChildren(!lag ? "—" : items.length ? el("ul", { class: "lag-list" }, ...items) : "none");
 }
 
 const legendItem = (swatch, text) => el("li", null, el("span", { class: `swatch ${swatch}`, "aria-hidden": "true" }), text);

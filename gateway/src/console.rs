@@ -506,11 +506,28 @@ pub(crate) async fn regions(State(s): State<HttpState>, caller: Caller) -> Resul
                 (json!(""), Value::Null, "utf8")
             };
             let load = sample.loads.get(&r.id);
+            // How far each backup is behind, as the primary's host says (null: it did not answer).
+            let lag = match sample.hosts.get(&r.primary) {
+                Some(Ok(h)) => {
+                    let lags = h["lags"].as_array().cloned().unwrap_or_default();
+                    let of = |b: u32| lags.iter().find(|l| l["region"] == r.id && l["backup"] == b).cloned();
+                    json!(
+                        r.backups
+                            .iter()
+                            .map(|&b| of(b).map_or_else(
+                                || json!({"backup": b, "bytes": null, "records": null}),
+                                |l| json!({"backup": b, "bytes": l["bytes"], "records": l["records"]})
+                            ))
+                            .collect::<Vec<_>>()
+                    )
+                }
+                _ => Value::Null,
+            };
             json!({
                 "id": r.id, "start": start, "end": end, "encoding": enc, "redacted": !visible,
                 "primary": r.primary, "backups": r.backups, "joining": r.joining, "epoch": r.epoch,
                 "state": state_name(r.state),
-                "bytes": load.map(|l| l.0), "writes_per_sec": load.map(|l| l.1),
+                "bytes": load.map(|l| l.0), "writes_per_sec": load.map(|l| l.1), "lag": lag,
                 "reads_per_sec": rates.get(&r.id),
             })
         })

@@ -100,8 +100,9 @@ pub struct HostFacts {
     pub node: u32,
     /// When the process started serving.
     pub started: std::time::Instant,
-    /// Its lease's authority (when it was last renewed).
-    pub authority: dpukv_cluster::membership::Authority,
+    /// Its cluster agent's figures: its lease's authority (when it was last renewed) and how far
+    /// each backup of the regions it leads is behind.
+    pub cluster: Arc<crate::host::cluster_metrics::ClusterMetrics>,
 }
 
 /// Why a token file cannot be used.
@@ -493,11 +494,14 @@ async fn summary(c: &ClusterControl) -> Answer {
     let (snap, k8s) = tokio::join!(dpukv_cluster::master::read(&store, &c.keys), store.get(&key));
     match snap {
         Ok(snap) => {
-            let mut v: serde_json::Value = serde_json::from_str(&summary_status(&snap)).unwrap_or_default();
+            // The summary's fields keep their order and spacing (readers match on them); the
+            // mirror goes last.
             let mirrored =
                 k8s.ok().flatten().and_then(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).ok());
-            v["kubernetes"] = mirrored.unwrap_or(serde_json::Value::Null);
-            json(format!("{v}\n"))
+            let mirrored = mirrored.unwrap_or(serde_json::Value::Null);
+            let status = summary_status(&snap);
+            let head = status.trim_end().strip_suffix('}').unwrap_or(status.trim_end());
+            json(format!("{head}, \"kubernetes\": {mirrored}}}\n"))
         }
         Err(e) => unavailable(e),
     }
@@ -541,8 +545,10 @@ async fn events(c: &ClusterControl) -> Answer {
     }
 }
 
-/// This host's process: `{"node", "uptime_ms", "cpu_ms", "rss_bytes", "lease_age_ms"}` (CPU and
-/// memory from `/proc/self`; the lease age is the time since it was last renewed, null if never).
+/// This host's process: `{"node", "uptime_ms", "cpu_ms", "rss_bytes", "lease_age_ms", "lags"}`
+/// (CPU and memory from `/proc/self`; the lease age is the time since it was last renewed, null
+/// if never; `lags`: per backup of each region it leads, `{"region", "backup", "bytes",
+/// "records"}` the backup does not hold yet).
 fn host_facts(c: &ClusterControl) -> Answer {
     let Some(h) = &c.host else { return text(StatusCode::NOT_FOUND, "no host facts here\n".into()) };
     let (cpu_ms, rss) = crate::process::usage();
@@ -551,7 +557,10 @@ fn host_facts(c: &ClusterControl) -> Answer {
         "uptime_ms": h.started.elapsed().as_millis() as u64,
         "cpu_ms": cpu_ms,
         "rss_bytes": rss,
-        "lease_age_ms": h.authority.since_renewed().map(|d| d.as_millis() as u64),
+        "lease_age_ms": h.cluster.authority.since_renewed().map(|d| d.as_millis() as u64),
+        "lags": h.cluster.lags().into_iter().map(|(region, backup, bytes, records)| {
+            serde_json::json!({"region": region, "backup": backup, "bytes": bytes, "records": records})
+        }).collect::<Vec<_>>(),
     });
     json(format!("{body}\n"))
 }

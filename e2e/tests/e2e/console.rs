@@ -239,6 +239,10 @@ fn the_console_shows_the_cluster_its_failover_and_drains_a_node_in_a_real_browse
     std::thread::sleep(Duration::from_secs(history));
     open(&b, &base, "regions");
     let regions = api(port, "/v1/console/regions", Some(OPS));
+    // Each backup's lag, from its primary's host.
+    let lagged = regions["regions"][0]["lag"].as_array().cloned().unwrap_or_default();
+    assert_eq!(lagged.len(), 2, "a lag per backup: {}", regions["regions"][0]);
+    assert!(lagged.iter().all(|l| l["records"].is_u64() && l["bytes"].is_u64()), "{lagged:?}");
     let rows = b.find_all("tr[data-testid^=\"region-\"]").expect("rows").len();
     assert_eq!(rows, regions["regions"].as_array().expect("regions").len());
     assert!(text_of(&b, "tr[data-testid=\"region-3\"]").contains('m'), "region 3 starts at m");

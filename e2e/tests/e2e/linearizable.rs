@@ -792,7 +792,7 @@ fn a_primary_handed_over_serves_no_read_once_the_new_primary_took_a_write() {
     assert_eq!(
         format!("{head}, {rest}"),
         format!(
-            "{{\"master\": {}, \"nodes\": 3, \"regions\": 1, \"without_primary\": 0, \"under_replicated\": 0, \"zones\": 0, \"zone_shared\": 0, \"zone_blocked\": 0, \"draining\": [], \"stepping_down\": []}}",
+            "{{\"master\": {}, \"nodes\": 3, \"regions\": 1, \"without_primary\": 0, \"under_replicated\": 0, \"zones\": 0, \"zone_shared\": 0, \"zone_blocked\": 0, \"draining\": [], \"stepping_down\": [], \"kubernetes\": null}}",
             map.master
         )
     );

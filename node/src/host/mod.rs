@@ -306,7 +306,7 @@ pub async fn run(
                 host: Some(crate::control::HostFacts {
                     node: c.node_id,
                     started: std::time::Instant::now(),
-                    authority: cluster_metrics.authority.clone(),
+                    cluster: cluster_metrics.clone(),
                 }),
             };
             Some(crate::control::serve(ctl.clone(), cluster, shutdown.clone()).await?)
