@@ -25,7 +25,7 @@ const PALETTE = 8; // primary colours pc-0 … pc-7 in console.css
 const API_BASE = new URL("../v1/console/", window.location.href).pathname; // the page is /ui/
 const KNOWN_KINDS = new Set(["layout", "node_joined", "node_lost", "failover", "handover", "split", "merge",
   "drain_requested", "drain_ended", "step_down_requested", "step_down_ended", "backup", "restore_started", "restore_ended"]);
-const LEASE_LATE_MS = 2000; // a host lease renewed longer ago than this reads as late
+const LEASE_LATE_MS = 2000; // a host lease renewed longer ago than this reads as late (when its TTL is unknown)
 // The consistency modes of gets (docs/hot-keys.md §1): what serves each.
 const MODES = [["linearizable", "the primary"], ["bounded", "a replica fresh enough, else the primary"],
   ["extended", "a replica when the primary is busy, else the primary"], ["interleaved", "the least busy of the primary and replicas"]];
@@ -404,9 +404,21 @@ async function withOverview(pageData, render) {
   if (o.status === "rejected") throw o.reason;
 }
 
+// New events are fetched after the newest seen; every 15th poll takes the whole log, and if its
+// newest is older than what was seen, the log started over (a new etcd): the list does too.
+let eventsPolls = 0;
 async function loadEvents() {
-  const d = await api(state.lastSeq == null ? "events" : `events?after=${state.lastSeq}`);
-  mergeEvents(d?.events || []);
+  const whole = state.lastSeq == null || ++eventsPolls % 15 === 0;
+  const d = await api(whole ? "events" : `events?after=${state.lastSeq}`);
+  const list = d?.events || [];
+  if (whole && state.lastSeq != null) {
+    const newest = list.reduce((m, e) => (isNum(e?.seq) ? Math.max(m, e.seq) : m), -Infinity);
+    if (newest < state.lastSeq) {
+      state.events = [];
+      state.lastSeq = null;
+    }
+  }
+  mergeEvents(list);
 }
 
 const LOADERS = {
@@ -534,7 +546,9 @@ function fillNodeRow(tr, n) {
   const s = n.device_stats || {};
   const h = n.host_stats || {};
   const lease = h.lease_age_ms;
-  const late = isNum(lease) && lease > LEASE_LATE_MS;
+  // A host renews every third of its lease's TTL: two periods without one is late.
+  const lateAfter = isNum(h.lease_ttl_ms) ? (2 * h.lease_ttl_ms) / 3 : LEASE_LATE_MS;
+  const late = isNum(lease) && lease > lateAfter;
   tr.dataset.health = health;
   tr.dataset.lease = late ? "late" : "";
   setCells(tr, [

@@ -429,6 +429,7 @@ pub(crate) async fn overview(State(s): State<HttpState>, caller: Caller) -> Resu
                         "cpu_seconds": h["cpu_ms"].as_u64().map(|v| v as f64 / 1000.0),
                         "rss_bytes": h["rss_bytes"],
                         "lease_age_ms": h["lease_age_ms"],
+                        "lease_ttl_ms": h["lease_ttl_ms"],
                     }),
                     _ => Value::Null,
                 },

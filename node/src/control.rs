@@ -100,6 +100,8 @@ pub struct HostFacts {
     pub node: u32,
     /// When the process started serving.
     pub started: std::time::Instant,
+    /// Its lease's TTL (it renews every third of it).
+    pub lease_ttl: std::time::Duration,
     /// Its cluster agent's figures: its lease's authority (when it was last renewed) and how far
     /// each backup of the regions it leads is behind.
     pub cluster: Arc<crate::host::cluster_metrics::ClusterMetrics>,
@@ -545,7 +547,8 @@ async fn events(c: &ClusterControl) -> Answer {
     }
 }
 
-/// This host's process: `{"node", "uptime_ms", "cpu_ms", "rss_bytes", "lease_age_ms", "lags"}`
+/// This host's process: `{"node", "uptime_ms", "cpu_ms", "rss_bytes", "lease_age_ms",
+/// "lease_ttl_ms", "lags"}`
 /// (CPU and memory from `/proc/self`; the lease age is the time since it was last renewed, null
 /// if never; `lags`: per backup of each region it leads, `{"region", "backup", "bytes",
 /// "records"}` the backup does not hold yet).
@@ -558,6 +561,7 @@ fn host_facts(c: &ClusterControl) -> Answer {
         "cpu_ms": cpu_ms,
         "rss_bytes": rss,
         "lease_age_ms": h.cluster.authority.since_renewed().map(|d| d.as_millis() as u64),
+        "lease_ttl_ms": h.lease_ttl.as_millis() as u64,
         "lags": h.cluster.lags().into_iter().map(|(region, backup, bytes, records)| {
             serde_json::json!({"region": region, "backup": backup, "bytes": bytes, "records": records})
         }).collect::<Vec<_>>(),

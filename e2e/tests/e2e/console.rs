@@ -229,6 +229,7 @@ fn the_console_shows_the_cluster_its_failover_and_drains_a_node_in_a_real_browse
     assert!(b.find_all("[data-testid=\"kubernetes\"]").expect("find").is_empty());
     let host = &overview["nodes"][0]["host_stats"];
     assert!(host["rss_bytes"].as_u64().is_some_and(|r| r > 1 << 20) && host["lease_age_ms"].is_u64(), "{host}");
+    assert_eq!(host["lease_ttl_ms"], 2000, "the lease TTL dpukv local was given: {host}");
     assert_eq!(text_of(&b, "[data-testid=\"summary-nodes\"]").trim(), overview["health"]["nodes"].to_string());
     assert_eq!(text_of(&b, "[data-testid=\"summary-regions\"]").trim(), "4");
     for n in 1..=3 {

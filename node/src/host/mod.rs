@@ -306,6 +306,7 @@ pub async fn run(
                 host: Some(crate::control::HostFacts {
                     node: c.node_id,
                     started: std::time::Instant::now(),
+                    lease_ttl: c.lease_ttl,
                     cluster: cluster_metrics.clone(),
                 }),
             };
