@@ -158,6 +158,12 @@ impl View {
     }
 }
 
+/// The region whose range holds `key` past its own start (a split's parent before it, a merged
+/// region's neighbour after it).
+fn strictly_inside(regions: &BTreeMap<u32, Span>, key: &[u8]) -> Option<u32> {
+    regions.iter().find(|(_, (s, e, _))| s.as_slice() < key && e.as_deref().is_none_or(|e| key < e)).map(|(id, _)| *id)
+}
+
 /// Derives events from the master's successive snapshots (see the module's summary).
 #[derive(Debug, Default)]
 pub struct Recorder {
@@ -299,12 +305,7 @@ impl Recorder {
             if prev.regions.is_empty() {
                 break; // the first layout
             }
-            // The region whose range held the new start before.
-            let parent = prev
-                .regions
-                .iter()
-                .find(|(_, (s, e, _))| s < start && e.as_ref().is_none_or(|e| start < e))
-                .map(|(p, _)| *p);
+            let parent = strictly_inside(&prev.regions, start);
             let text = match parent {
                 Some(p) => format!("region {p} split: the upper part of its range is region {id}"),
                 None => format!("region {id} appeared"),
@@ -318,12 +319,8 @@ impl Recorder {
             if now.regions.is_empty() {
                 break;
             }
-            // Merged into its left neighbour: the region that now ends past its start.
-            let into = now
-                .regions
-                .iter()
-                .find(|(_, (s, e, _))| s < start && e.as_ref().is_none_or(|e| start < e))
-                .map(|(n, _)| *n);
+            // Merged into its left neighbour: the region that now holds its start.
+            let into = strictly_inside(&now.regions, start);
             let text = match into {
                 Some(n) => format!("region {id} merged into region {n}"),
                 None => format!("region {id} is gone"),

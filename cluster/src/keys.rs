@@ -376,10 +376,9 @@ impl ClusterConfig {
 /// pause: about 1.3 s for a 46 MB half on the development machine (docs/benchmarks.md).
 pub const DEFAULT_SPLIT_BYTES: u64 = 64 << 20;
 
-/// Bytes as lowercase hex (how keys are written in the text values of the layout).
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
+/// Bytes as lowercase hex (how keys are written in the text values of the layout): the control
+/// API's paths' encoder.
+pub use dpukv_proto::control::hex;
 
 /// Hex back to bytes (None if malformed).
 pub fn unhex(s: &str) -> Option<Vec<u8>> {

@@ -335,13 +335,6 @@ fn shown_key(k: &[u8]) -> (String, Encoding) {
     }
 }
 
-fn encoding_name(e: Encoding) -> &'static str {
-    match e {
-        Encoding::Utf8 => "utf8",
-        Encoding::Base64 => "base64",
-    }
-}
-
 /// Whether the caller may read `key` (everyone on an open gateway).
 fn may_read(p: Option<&Principal>, key: &[u8]) -> bool {
     p.is_none_or(|p| p.may(Perm::Read, key))
@@ -605,7 +598,7 @@ pub(crate) async fn reads(State(s): State<HttpState>, caller: Caller) -> Result<
                 .into_iter()
                 .map(|(k, n)| {
                     let (t, e) = shown_key(k);
-                    json!({"key": t, "encoding": encoding_name(e), "count": n})
+                    json!({"key": t, "encoding": e, "count": n})
                 })
                 .collect();
             popular.push(json!({
@@ -670,7 +663,7 @@ fn shown_event(e: &Value, p: Option<&Principal>) -> Value {
             Some(k) if may_read(p, &k) => {
                 let (t, enc) = shown_key(&k);
                 obj.insert("key".into(), json!(t));
-                obj.insert("encoding".into(), json!(encoding_name(enc)));
+                obj.insert("encoding".into(), json!(enc));
             }
             _ => {
                 obj.insert("key_hidden".into(), json!(true));
@@ -854,7 +847,7 @@ pub(crate) async fn split(
         return r;
     }
     let (t, e) = shown_key(&key);
-    axum::Json(json!({"region": region, "key": t, "encoding": encoding_name(e), "accepted": true})).into_response()
+    axum::Json(json!({"region": region, "key": t, "encoding": e, "accepted": true})).into_response()
 }
 
 /// Serves an embedded asset with its type, a strict content security policy and no caching

@@ -346,8 +346,8 @@ pub async fn step_up(addr: &Endpoint, node: u32) -> Result<StepDownStatus, Admin
 /// Mirrors the custom resource's status (`status`, a JSON object of at most 8 KiB) into the
 /// cluster, where the gateway's console shows it (docs/console.md).
 pub async fn mirror_status(addr: &Endpoint, status: &serde_json::Value) -> Result<(), AdminError> {
-    let hex: String = status.to_string().bytes().map(|b| format!("{b:02x}")).collect();
-    call::<serde_json::Value>(addr, "POST", &format!("/cluster/kubernetes/{hex}")).await.map(|_| ())
+    let route = dpukv_proto::control::ControlRoute::Kubernetes { status: status.to_string().into_bytes() };
+    call::<serde_json::Value>(addr, "POST", &route.path()).await.map(|_| ())
 }
 
 /// The cluster's summary.

@@ -194,6 +194,11 @@ fn number(s: &str, what: &'static str) -> Result<u32, RouteError> {
     s.parse().map_err(|_| RouteError::BadRequest(what))
 }
 
+/// Bytes to lower-case hex (what paths carry keys, locations and documents in).
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// Lower- or upper-case hex, even length, to bytes.
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
     let digit = |b: u8| match b {
@@ -332,37 +337,22 @@ impl ControlRoute {
         match self {
             ControlRoute::Drain { node, .. } => format!("/cluster/drain/{node}"),
             ControlRoute::StepDown { node, .. } => format!("/cluster/step-down/{node}"),
-            ControlRoute::Split { region, key } => {
-                let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-                format!("/cluster/split/{region}/{hex}")
-            }
+            ControlRoute::Split { region, key } => format!("/cluster/split/{region}/{}", hex(key)),
             ControlRoute::Merge { region } => format!("/cluster/merge/{region}"),
             ControlRoute::Summary => "/cluster/summary".into(),
             ControlRoute::Events => "/cluster/events".into(),
             ControlRoute::Loads => "/cluster/loads".into(),
             ControlRoute::Host => "/cluster/host".into(),
-            ControlRoute::Backup { to } => {
-                let hex: String = to.bytes().map(|b| format!("{b:02x}")).collect();
-                format!("/cluster/backups/{hex}")
-            }
+            ControlRoute::Backup { to } => format!("/cluster/backups/{}", hex(to.as_bytes())),
             ControlRoute::BackupStatus { job } => format!("/cluster/backups/{job}"),
-            ControlRoute::Restore { from, backup } => {
-                let hex: String = from.bytes().map(|b| format!("{b:02x}")).collect();
-                match backup {
-                    Some(id) => format!("/cluster/restore/{hex}/{id}"),
-                    None => format!("/cluster/restore/{hex}"),
-                }
-            }
+            ControlRoute::Restore { from, backup } => match backup {
+                Some(id) => format!("/cluster/restore/{}/{id}", hex(from.as_bytes())),
+                None => format!("/cluster/restore/{}", hex(from.as_bytes())),
+            },
             ControlRoute::RestoreStatus { .. } => "/cluster/restore".into(),
-            ControlRoute::SetBackupSchedule { spec } => {
-                let hex: String = spec.iter().map(|b| format!("{b:02x}")).collect();
-                format!("/cluster/backup-schedule/{hex}")
-            }
+            ControlRoute::SetBackupSchedule { spec } => format!("/cluster/backup-schedule/{}", hex(spec)),
             ControlRoute::BackupSchedule { .. } => "/cluster/backup-schedule".into(),
-            ControlRoute::Kubernetes { status } => {
-                let hex: String = status.iter().map(|b| format!("{b:02x}")).collect();
-                format!("/cluster/kubernetes/{hex}")
-            }
+            ControlRoute::Kubernetes { status } => format!("/cluster/kubernetes/{}", hex(status)),
         }
     }
 
