@@ -432,7 +432,7 @@ impl ClusterNode {
     }
 }
 
-/// One HTTP/1.0 request without a body to `addr` (an IP `host:port`): the body of a 200 answer
+/// One HTTP request without a body to `addr` (an IP `host:port`): the body of a 200 answer
 /// (connecting within 5 s, answered within `timeout`, at most 16 MiB read).
 pub fn http_call(addr: &str, method: &str, path: &str, timeout: Duration) -> Result<String> {
     match http_request(addr, None, &[], method, path, timeout)? {
@@ -441,16 +441,34 @@ pub fn http_call(addr: &str, method: &str, path: &str, timeout: Duration) -> Res
     }
 }
 
-/// One HTTP/1.0 request without a body to `addr` (an IP `host:port`), over TLS with `tls` if
-/// given, with `headers`: the status and the body (connecting within 5 s, the TLS handshake
-/// within 10 s, answered within `timeout`, at most 16 MiB read). An error: no HTTP answer (a
-/// refused TLS session, a closed connection).
+/// One HTTP request without a body to `addr`: [`http_exchange`].
 pub fn http_request(
     addr: &str,
     tls: Option<&ClientTls>,
     headers: &[(&str, &str)],
     method: &str,
     path: &str,
+    timeout: Duration,
+) -> Result<(u16, String)> {
+    http_exchange(addr, tls, headers, method, path, None, timeout)
+}
+
+/// The most bytes of an answer read.
+const MAX_ANSWER: usize = 16 << 20;
+
+/// One HTTP/1.1 request (`Connection: close`) to `addr` (an IP `host:port`), over TLS with `tls`
+/// if given, with `headers` (a `Host` among them replaces `addr`) and a JSON `body` if given: the
+/// status and the body — read by its `Content-Length` (a server may keep the connection open:
+/// chromedriver does), else chunked or to the end (connecting within 5 s, the TLS handshake
+/// within 10 s, each read and write within `timeout`, at most 16 MiB read). An error: no HTTP
+/// answer (a refused TLS session, a closed connection).
+pub fn http_exchange(
+    addr: &str,
+    tls: Option<&ClientTls>,
+    headers: &[(&str, &str)],
+    method: &str,
+    path: &str,
+    body: Option<&str>,
     timeout: Duration,
 ) -> Result<(u16, String)> {
     use std::io::{Read, Write};
@@ -467,18 +485,74 @@ pub fn http_request(
         }
         None => Box::new(tcp),
     };
-    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\n\r\n")?;
-    let mut out = Vec::new();
-    let read = s.take(16 << 20).read_to_end(&mut out);
-    let out = String::from_utf8_lossy(&out).into_owned();
-    match out.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.") => {
-            let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).context("a status code")?;
-            Ok((code, body.to_string()))
-        }
-        _ => bail!("{method} {path} at {addr}: no HTTP answer ({read:?}): {out:?}"),
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
     }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if body.is_some() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    let body = body.unwrap_or("");
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes())?;
+    // The head, then the body by its length, chunked, or to the end (a refused TLS session ends
+    // a read with an error after what was answered).
+    let no_answer = |got: &[u8], why: String| {
+        anyhow::anyhow!("{method} {path} at {addr}: no HTTP answer ({why}): {:?}", String::from_utf8_lossy(got))
+    };
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        match s.read(&mut chunk) {
+            Ok(n) if n > 0 && buf.len() < MAX_ANSWER => buf.extend_from_slice(&chunk[..n]),
+            Ok(_) => return Err(no_answer(&buf, "the connection ended".into())),
+            Err(e) => return Err(no_answer(&buf, e.to_string())),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    if !head.starts_with("HTTP/1.") {
+        return Err(no_answer(&buf, "not HTTP".into()));
+    }
+    let status: u16 = head.split(' ').nth(1).and_then(|c| c.parse().ok()).context("a status code")?;
+    let lower = head.to_ascii_lowercase();
+    let length =
+        lower.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse::<usize>().ok());
+    let mut body = buf.split_off(head_end + 4);
+    let want = length.unwrap_or(MAX_ANSWER).min(MAX_ANSWER);
+    while body.len() < want {
+        match s.read(&mut chunk) {
+            Ok(n) if n > 0 => body.extend_from_slice(&chunk[..n]),
+            Ok(_) if length.is_none() => break,
+            Ok(_) => bail!("{method} {path} at {addr}: the answer was cut short"),
+            Err(_) if length.is_none() => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    body.truncate(want);
+    let body = if lower.contains("transfer-encoding: chunked") { unchunk(&body) } else { body };
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// A chunked body's bytes (`Transfer-Encoding: chunked`).
+fn unchunk(mut s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = s.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&s[..eol]);
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else { break };
+        let rest = &s[eol + 2..];
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.extend_from_slice(&rest[..n]);
+        s = rest[n..].strip_prefix(b"\r\n").unwrap_or(&rest[n..]);
+    }
+    out
 }
 
 trait ReadWrite: std::io::Read + std::io::Write {}

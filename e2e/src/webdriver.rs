@@ -7,8 +7,6 @@
 //! Every request has a deadline ([`REQUEST_TIMEOUT`]); the driver and the browser are killed when
 //! the [`Browser`] is dropped.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,7 +37,8 @@ pub struct Browser {
 #[derive(Debug, Clone)]
 pub struct Element(String);
 
-/// One HTTP/1.1 exchange with `127.0.0.1:port` (`Connection: close`): the status and the body.
+/// One HTTP exchange with `127.0.0.1:port` ([`crate::cluster::http_exchange`], within
+/// [`REQUEST_TIMEOUT`]): the status and the body.
 pub fn http(
     port: u16,
     method: &str,
@@ -47,71 +46,7 @@ pub fn http(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).with_context(|| format!("connecting to port {port}"))?;
-    s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    s.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-    let body = body.unwrap_or("");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-        req.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
-    }
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes())?;
-    // Read the head, then the body by its length (chromedriver keeps the connection open).
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
-        }
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            bail!("port {port} closed the connection before answering");
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no status")?;
-    let lower = head.to_ascii_lowercase();
-    let length =
-        lower.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse::<usize>().ok());
-    let mut body = buf[head_end + 4..].to_vec();
-    match length {
-        Some(n) => {
-            while body.len() < n {
-                let got = s.read(&mut chunk)?;
-                if got == 0 {
-                    bail!("port {port} cut its answer short");
-                }
-                body.extend_from_slice(&chunk[..got]);
-            }
-            body.truncate(n);
-        }
-        None => {
-            s.read_to_end(&mut body)?;
-        }
-    }
-    let body = if lower.contains("transfer-encoding: chunked") { unchunk(&body) } else { body };
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
-/// A chunked body's bytes (`Transfer-Encoding: chunked`).
-fn unchunk(mut s: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = s.windows(2).position(|w| w == b"\r\n") {
-        let size = String::from_utf8_lossy(&s[..eol]);
-        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else { break };
-        let rest = &s[eol + 2..];
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.extend_from_slice(&rest[..n]);
-        s = rest[n..].strip_prefix(b"\r\n").unwrap_or(&rest[n..]);
-    }
-    out
+    crate::cluster::http_exchange(&format!("127.0.0.1:{port}"), None, headers, method, path, body, REQUEST_TIMEOUT)
 }
 
 impl Browser {
