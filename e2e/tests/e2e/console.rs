@@ -317,11 +317,27 @@ fn the_console_shows_the_cluster_its_failover_and_drains_a_node_in_a_real_browse
     b.type_into(&b.wait_for("#split-key", Duration::from_secs(5)).expect("key"), "p").expect("type");
     b.click(&b.wait_for("#split-submit", Duration::from_secs(5)).expect("split")).expect("click");
     b.click(&b.wait_for("[data-testid=\"confirm\"]", Duration::from_secs(5)).expect("confirmation")).expect("confirm");
-    wait_until("the split in the map", Duration::from_secs(120), || {
-        api(port, "/v1/console/regions", Some(OPS))["regions"]
-            .as_array()
-            .is_some_and(|r| r.iter().any(|r| r["start"] == "p"))
-    });
+    // The page's answer first (the control API took the request, or why not), then the map.
+    b.wait_until(
+        "const s = document.querySelector('[data-testid=\"action-status\"]'); \
+         return !!s && (s.dataset.state === 'done' || s.dataset.state === 'error')",
+        Duration::from_secs(30),
+    )
+    .expect("the split's answer on the page");
+    let answer = text_of(&b, "[data-testid=\"action-status\"]");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !api(port, "/v1/console/regions", Some(OPS))["regions"]
+        .as_array()
+        .is_some_and(|r| r.iter().any(|r| r["start"] == "p"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the split did not show in the map within 120 s; the page said {answer:?}; regions {}; events {}",
+            api(port, "/v1/console/regions", Some(OPS))["regions"],
+            api(port, "/v1/console/events", Some(OPS))
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // Its key is the operator's to see, not the reader's.
     let split = |token| {
         let events = api(port, "/v1/console/events", Some(token));
