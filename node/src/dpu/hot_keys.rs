@@ -132,10 +132,7 @@ impl HotKeys {
     /// the popular set's size, and its `top` most read keys.
     pub(crate) fn region_stats(&self, top: usize) -> Vec<dpukv_proto::stats::RegionStats> {
         let map = self.map();
-        let node = map.as_ref().map(|m| m.node());
-        let led =
-            |id: u32| map.as_ref().is_some_and(|m| m.regions().iter().any(|r| r.id == id && Some(r.primary) == node));
-        let gets = self.gets.take_stock(led);
+        let gets = self.gets.take_stock(|id| super::stats::still_led(map.as_deref(), id));
         let regions = self.lock();
         let mut budget = dpukv_proto::stats::MAX_TOP_BYTES;
         gets.into_iter()

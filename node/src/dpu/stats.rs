@@ -85,6 +85,20 @@ impl RegionCounts {
     }
 }
 
+/// Whether the gets counted for region `id` are still this node's to report, by `map` (the
+/// sync thread's, which may trail the readers' by a round): not when the map gives the region
+/// to another node, nor when the region is gone from it (merged away: region ids only grow, so
+/// an id at or below the map's largest is one the map has seen); yes otherwise — before the
+/// first map, and for a region newer than the map (a split the readers saw first), the counts
+/// are kept (freeing them would lose gets the device did serve as the region's primary).
+pub(crate) fn still_led(map: Option<&crate::regions::RegionMap>, id: u32) -> bool {
+    let Some(map) = map else { return true };
+    match map.regions().iter().find(|r| r.id == id) {
+        Some(r) => r.primary == map.node(),
+        None => map.regions().iter().all(|r| r.id < id),
+    }
+}
+
 impl DeviceCounters {
     /// The answer to a `stats` request.
     pub(crate) fn snapshot(&self) -> DeviceStats {
@@ -248,5 +262,29 @@ mod tests {
             c.add(7 + k * REGION_SLOTS as u32);
         }
         assert_eq!(c.unattributed.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn counts_are_freed_only_for_regions_the_map_says_are_not_led_here() {
+        use crate::regions::RegionMap;
+        // Regions 1 (<m, here) and 2 (>=m) of a standalone node; region 2 given to node 9.
+        let here = RegionMap::split_at(&[b"m".to_vec()]).expect("map");
+        let mut cluster = here.cluster().clone();
+        cluster.regions[1].primary = 9;
+        let map = RegionMap::new(cluster, here.node()).expect("map");
+        let c = RegionCounts::default();
+        for id in [1, 2, 3] {
+            c.add(id);
+        }
+        // No map yet (before the sync thread's first round): nothing is freed.
+        assert_eq!(c.take_stock(|id| still_led(None, id)), vec![(1, 1), (2, 1), (3, 1)]);
+        // Region 3 is newer than the map: kept; region 2 is another node's: freed.
+        assert_eq!(c.take_stock(|id| still_led(Some(&map), id)), vec![(1, 1), (3, 1)]);
+        // A region at or below the map's largest id and absent from it was merged away.
+        let mut merged = here.cluster().clone();
+        merged.regions.remove(0);
+        merged.regions[0].start = Vec::new();
+        let merged = RegionMap::new(merged, here.node()).expect("map");
+        assert!(!still_led(Some(&merged), 1) && still_led(Some(&merged), 2) && still_led(Some(&merged), 3));
     }
 }
