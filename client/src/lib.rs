@@ -25,6 +25,7 @@ mod error;
 mod fat_root;
 mod hot;
 pub mod local;
+pub mod ports;
 mod routing;
 pub mod trace;
 pub mod workload;

@@ -151,34 +151,14 @@ pub fn cluster_json(dir: &Path, within: Duration) -> Result<serde_json::Value> {
     serde_json::from_str(&text).with_context(|| format!("{} is not JSON", json.display()))
 }
 
-/// A port free on 127.0.0.1 now, for a process to bind next. Picked outside the kernel's
-/// ephemeral range (32768–60999 on Linux), where the kernel never hands out ports by itself: a
-/// port from there could be taken by any outgoing connection before the process binds it.
-///
-/// A port handed out is reserved for the rest of this process's life across every test process
-/// of the machine (a lock on `$TMPDIR/dpukv-e2e-ports/<port>`, released when the process ends):
-/// a node that is restarted keeps its ports, and while it was down another test running beside
-/// this one once picked its admin port (the restart failed with "Address already in use").
+/// A port free on 127.0.0.1 now, for a process to bind next, reserved for the rest of this
+/// process's life against every other picker of the machine — test processes and the `dpukv
+/// local` clusters they start (dpukv_client::ports): a node that is restarted keeps its ports,
+/// and while it was down another test running beside this one once picked its admin port (the
+/// restart failed with "Address already in use"); `dpukv local` picking without the reservation
+/// once took a port another test then bound, and its device's front door never started.
 pub fn free_port() -> Result<u16> {
-    use std::hash::{BuildHasher, Hasher};
-    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
-    let dir = std::env::temp_dir().join("dpukv-e2e-ports");
-    std::fs::create_dir_all(&dir)?;
-    for _ in 0..256 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-        let port = 20_000 + (h.finish() % 12_000) as u16;
-        let lock =
-            std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(port.to_string()))?;
-        if lock.try_lock().is_err() {
-            continue; // another test process holds it
-        }
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            HELD.lock().unwrap_or_else(|e| e.into_inner()).push(lock);
-            return Ok(port);
-        }
-    }
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(dpukv_client::ports::reserve()?)
 }
 
 /// Process `pid`'s established TCP connections to the port of any of `addrs` (`host:port`, or a

@@ -847,20 +847,11 @@ fn device_fronts(
     Ok((Some(resp), Some(http)))
 }
 
-/// A port free on 127.0.0.1 now, for a process to bind next. Picked outside the kernel's
-/// ephemeral range (32768–60999 on Linux), where the kernel never hands out ports by itself: a
-/// port from there could be taken by any outgoing connection before the process binds it.
+/// A port for a process of the local cluster, reserved while `dpukv local` runs
+/// (dpukv_client::ports: nothing else of ours on this machine picks it, even between a
+/// process's death and its restart on the same port).
 fn free_port() -> Result<u16> {
-    use std::hash::{BuildHasher, Hasher};
-    for _ in 0..64 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-        let port = 20_000 + (h.finish() % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(dpukv_client::ports::reserve()?)
 }
 
 /// One node pod of `dpukv local`.
