@@ -18,6 +18,7 @@ fn k(prefix: &[u8], s: &str) -> Vec<u8> {
 /// Runs every check.
 pub async fn must_conform<S: MetaStore>(s: &S, prefix: &[u8], ttl: Duration) {
     must_keep_revisions(s, &k(prefix, "rev/")).await;
+    must_range_except(s, &k(prefix, "except/")).await;
     must_apply_transactions_whole(s, &k(prefix, "txn/")).await;
     must_end_leases(s, &k(prefix, "lease/"), ttl).await;
     must_watch_in_order(s, &k(prefix, "watch/")).await;
@@ -50,6 +51,26 @@ pub async fn must_keep_revisions<S: MetaStore>(s: &S, p: &[u8]) {
     let a = s.get(&k(p, "a")).await.expect("get").expect("a exists");
     assert_eq!(a.create_revision, again, "a key created again has a new create revision");
     s.delete(&outside).await.expect("delete");
+}
+
+/// A range that leaves a sub-prefix out: the keys around it (before, after, and one that only
+/// starts like it), in order, at the store's revision; an excepted prefix outside the range is
+/// refused.
+pub async fn must_range_except<S: MetaStore>(s: &S, p: &[u8]) {
+    for key in ["a", "events/1", "events/2", "eventsx", "event", "z/1"] {
+        s.put(&k(p, key), key.as_bytes(), None).await.expect("put");
+    }
+    let last = s.put(&k(p, "events/3"), b"e", None).await.expect("put");
+    let (kvs, rev) = s.range_except(p, &k(p, "events/")).await.expect("range_except");
+    let keys: Vec<Vec<u8>> = kvs.iter().map(|kv| kv.key.clone()).collect();
+    assert_eq!(keys, vec![k(p, "a"), k(p, "event"), k(p, "eventsx"), k(p, "z/1")], "the excepted prefix is left out");
+    assert!(kvs.iter().all(|kv| kv.value == kv.key[p.len()..]), "values come with their keys");
+    assert!(rev >= last, "read at the store's revision: {rev} < {last}");
+    assert!(
+        matches!(s.range_except(p, b"/elsewhere/").await, Err(MetaError::Invalid(_))),
+        "an excepted prefix outside the range is refused"
+    );
+    assert!(matches!(s.range_except(p, p).await, Err(MetaError::Invalid(_))), "excepting the whole range is refused");
 }
 
 /// Transactions: compares against one state, both branches, every op at one revision, and a

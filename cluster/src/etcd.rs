@@ -158,6 +158,20 @@ fn kv(k: &etcd_client::KeyValue) -> KeyValue {
     }
 }
 
+/// The first key after every key starting with `prefix` (etcd's range end for a prefix: the
+/// last byte below 0xff incremented, the 0xff bytes after it dropped; all 0xff: `\0`, every key
+/// after).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Result<Revision> {
     h.map(|h| h.revision()).ok_or_else(|| MetaError::Unavailable("etcd answered without a header".into()))
 }
@@ -284,6 +298,30 @@ impl MetaStore for EtcdStore {
             let r =
                 c.get(prefix.to_vec(), Some(GetOptions::new().with_prefix())).await.map_err(|e| map_err(e, None))?;
             Ok((r.kvs().iter().map(kv).collect(), header_revision(r.header())?))
+        })
+        .await
+    }
+
+    async fn range_except(&self, prefix: &[u8], except: &[u8]) -> Result<(Vec<KeyValue>, Revision)> {
+        if prefix.is_empty() || !except.starts_with(prefix) || except.len() <= prefix.len() {
+            return Err(MetaError::Invalid("the excepted prefix must lie inside a non-empty range".into()));
+        }
+        // Two ranges, [prefix, except) and [end of except, end of prefix), read by one
+        // transaction: at one revision.
+        let ops = vec![
+            ETxnOp::get(prefix.to_vec(), Some(GetOptions::new().with_range(except.to_vec()))),
+            ETxnOp::get(prefix_end(except), Some(GetOptions::new().with_range(prefix_end(prefix)))),
+        ];
+        let mut c = self.client.clone();
+        self.timed(async move {
+            let r = c.txn(ETxn::new().and_then(ops)).await.map_err(|e| map_err(e, None))?;
+            let mut kvs = Vec::new();
+            for op in r.op_responses() {
+                if let etcd_client::TxnOpResponse::Get(g) = op {
+                    kvs.extend(g.kvs().iter().map(kv));
+                }
+            }
+            Ok((kvs, header_revision(r.header())?))
         })
         .await
     }

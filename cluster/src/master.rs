@@ -222,9 +222,12 @@ impl Waits {
     }
 }
 
-/// Reads the cluster's state (one range over its root, so everything is at one revision).
+/// Reads the cluster's state (one read over its root but the event log, so everything is at one
+/// revision).
 pub async fn read<S: MetaStore>(s: &S, keys: &Keys) -> Result<Snapshot> {
-    let (kvs, revision) = s.range(keys.root()).await?;
+    // Everything but the event log (up to ~256 events, tens of KB, which no round decides from
+    // and which every member loop would otherwise read 20 times a second).
+    let (kvs, revision) = s.range_except(keys.root(), &keys.events()).await?;
     let under = |p: Vec<u8>| kvs.iter().filter(move |kv| kv.key.starts_with(&p)).cloned().collect::<Vec<_>>();
     let node_kvs = under(keys.nodes());
     let nodes = decode_all(&node_kvs, NodeInfo::decode)?;

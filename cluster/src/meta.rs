@@ -182,6 +182,24 @@ pub trait MetaStore: Clone + Send + Sync + 'static {
     /// Every key starting with `prefix`, in key order, and the revision they were read at.
     fn range(&self, prefix: &[u8]) -> impl Future<Output = Result<(Vec<KeyValue>, Revision)>> + Send;
 
+    /// Every key starting with `prefix` but not with `except` (a longer prefix inside it), in
+    /// key order, and the revision they were all read at: one read that leaves a large part of a
+    /// prefix out (the cluster's event log, read by nobody who reads the rest). By default a
+    /// whole range, filtered.
+    fn range_except(
+        &self,
+        prefix: &[u8],
+        except: &[u8],
+    ) -> impl Future<Output = Result<(Vec<KeyValue>, Revision)>> + Send {
+        async move {
+            if !except.starts_with(prefix) || except.len() <= prefix.len() {
+                return Err(MetaError::Invalid("the excepted prefix must lie inside the range".into()));
+            }
+            let (kvs, rev) = self.range(prefix).await?;
+            Ok((kvs.into_iter().filter(|kv| !kv.key.starts_with(except)).collect(), rev))
+        }
+    }
+
     /// Applies a transaction atomically.
     fn txn(&self, txn: Txn) -> impl Future<Output = Result<TxnResult>> + Send;
 

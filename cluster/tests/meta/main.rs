@@ -22,6 +22,83 @@ async fn the_master_fails_over_on_the_memory_store() {
     dpukv_cluster::conformance::must_fail_over(&MemStore::new(), "mem", Duration::from_secs(1)).await;
 }
 
+/// A store that counts the bytes of the keys and values its reads return.
+#[derive(Clone)]
+struct Counting {
+    inner: MemStore,
+    read: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Counting {
+    fn count(&self, kvs: &[dpukv_cluster::KeyValue]) {
+        let n: usize = kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+        self.read.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+type Ranged = dpukv_cluster::meta::Result<(Vec<dpukv_cluster::KeyValue>, i64)>;
+
+impl MetaStore for Counting {
+    async fn get(&self, key: &[u8]) -> dpukv_cluster::meta::Result<Option<dpukv_cluster::KeyValue>> {
+        let kv = self.inner.get(key).await?;
+        self.count(kv.as_slice());
+        Ok(kv)
+    }
+    async fn range(&self, prefix: &[u8]) -> Ranged {
+        let r = self.inner.range(prefix).await?;
+        self.count(&r.0);
+        Ok(r)
+    }
+    async fn range_except(&self, prefix: &[u8], except: &[u8]) -> Ranged {
+        let r = self.inner.range_except(prefix, except).await?;
+        self.count(&r.0);
+        Ok(r)
+    }
+    async fn txn(&self, txn: dpukv_cluster::Txn) -> dpukv_cluster::meta::Result<dpukv_cluster::TxnResult> {
+        self.inner.txn(txn).await
+    }
+    async fn delete_prefix(&self, prefix: &[u8]) -> dpukv_cluster::meta::Result<u64> {
+        self.inner.delete_prefix(prefix).await
+    }
+    async fn grant(&self, ttl: Duration) -> dpukv_cluster::meta::Result<dpukv_cluster::LeaseId> {
+        self.inner.grant(ttl).await
+    }
+    async fn keep_alive(&self, lease: dpukv_cluster::LeaseId) -> dpukv_cluster::meta::Result<()> {
+        self.inner.keep_alive(lease).await
+    }
+    async fn revoke(&self, lease: dpukv_cluster::LeaseId) -> dpukv_cluster::meta::Result<()> {
+        self.inner.revoke(lease).await
+    }
+    async fn watch(&self, prefix: &[u8], from: i64) -> dpukv_cluster::meta::Result<dpukv_cluster::Watch> {
+        self.inner.watch(prefix, from).await
+    }
+}
+
+/// Every member loop reads the cluster's state (`master::read`) 20 times a second; the event
+/// log beside it (up to ~256 events of a few hundred bytes) was read along every time, though
+/// nothing there decides anything — tens of KB per read per node from etcd, at idle. It is left
+/// out now.
+#[tokio::test]
+async fn reading_the_cluster_leaves_the_event_log_out() {
+    let s = Counting { inner: MemStore::new(), read: Default::default() };
+    let keys = Keys::new("events-apart").expect("keys");
+    master::bootstrap_config(&s, &keys, &ClusterConfig::new(3, vec![])).await.expect("config");
+    for id in 1..=3 {
+        register(&s, &keys, &node(id), TIMING).await.expect("register");
+    }
+    master::round(&s, &keys, &always(), &mut Waits::default()).await.expect("lay out");
+    let before = master::read(&s, &keys).await.expect("read");
+    let events = 256 * 300;
+    for seq in 0..256 {
+        s.put(&keys.event(seq), &[b'e'; 300], None).await.expect("an event");
+    }
+    s.read.store(0, std::sync::atomic::Ordering::Relaxed);
+    let after = master::read(&s, &keys).await.expect("read");
+    let read = s.read.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(read < 4096, "a read of a 3-node cluster's state took {read} bytes ({events} of them events)");
+    assert_eq!((after.map.regions, after.map.nodes), (before.map.regions, before.map.nodes));
+}
+
 /// Three registered nodes (long leases, no keep-alives needed) and one region laid out with
 /// three replicas; returns the keys, the members and the region's primary.
 async fn laid_out(s: &MemStore) -> (Keys, Vec<Member>, u32) {
