@@ -20,6 +20,7 @@
 
 mod codec;
 pub mod control;
+pub mod counter;
 mod error;
 pub mod limits;
 mod message;

@@ -429,12 +429,9 @@ async fn swap(up: &Upstream, key: &[u8], value: &[u8], must_exist: Option<bool>)
 /// delta that is not a 64-bit integer (or a `DECRBY` of the smallest one). None: not one of them.
 pub fn additive(args: &[Vec<u8>]) -> Option<Result<i64, Reply>> {
     let cmd = name(args);
-    let delta = |a: &[u8]| {
-        std::str::from_utf8(a)
-            .ok()
-            .and_then(|s| s.parse::<i64>().ok())
-            .ok_or_else(|| Reply::err("value is not an integer or out of range"))
-    };
+    // Read as Redis reads it: "+5", " 5" and "05" are not integers.
+    let delta =
+        |a: &[u8]| dpukv_proto::counter::parse(a).ok_or_else(|| Reply::err("value is not an integer or out of range"));
     Some(match (cmd.as_str(), args.len()) {
         ("incr", 2) => Ok(1),
         ("decr", 2) => Ok(-1),
@@ -606,4 +603,24 @@ async fn scan(up: &Upstream, cursors: &Cursors, args: &[Vec<u8>]) -> Reply {
     let keys =
         items.into_iter().filter(|(k, _)| glob.is_empty() || glob.matches(k)).map(|(k, _)| Reply::Bulk(k)).collect();
     Reply::Array(vec![Reply::Bulk(next.to_string().into_bytes()), Reply::Array(keys)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `INCRBY k +5` was taken as 5 (Rust's integer parser reads a `+`); Redis answers that it
+    /// is not an integer, as it does for " 5" and "05".
+    #[test]
+    fn amounts_are_integers_as_redis_reads_them() {
+        let args = |cmd: &str, n: &str| vec![cmd.as_bytes().to_vec(), b"k".to_vec(), n.as_bytes().to_vec()];
+        assert!(matches!(additive(&args("incrby", "5")), Some(Ok(5))));
+        assert!(matches!(additive(&args("DECRBY", "-5")), Some(Ok(5))));
+        for bad in ["+5", " 5", "05", "-0", "5.0", "9223372036854775808"] {
+            assert!(matches!(additive(&args("incrby", bad)), Some(Err(Reply::Error(_)))), "{bad:?}");
+        }
+        assert!(matches!(additive(&args("decrby", "-9223372036854775808")), Some(Err(_))), "overflow");
+        assert!(matches!(additive(&[b"incr".to_vec(), b"k".to_vec()]), Some(Ok(1))));
+        assert!(additive(&[b"get".to_vec(), b"k".to_vec()]).is_none());
+    }
 }

@@ -38,24 +38,9 @@ struct Entry {
     dirty: bool,
 }
 
-/// A value as Redis reads a counter: a decimal signed 64-bit integer in canonical form — an
-/// optional `-`, digits without a leading zero (`0` alone), nothing else (no `+`, no spaces, not
-/// `-0`), at most 20 bytes.
-pub fn parse_decimal(v: &[u8]) -> Option<i64> {
-    let digits = v.strip_prefix(b"-").unwrap_or(v);
-    let canonical = !digits.is_empty()
-        && v.len() <= 20
-        && digits.iter().all(u8::is_ascii_digit)
-        && (digits[0] != b'0' || (digits.len() == 1 && digits.len() == v.len()));
-    if !canonical {
-        return None;
-    }
-    std::str::from_utf8(v).ok()?.parse().ok()
-}
-
 /// A counter's value as `add_text` reads it: absent counts as 0.
 fn counter(v: Option<&[u8]>) -> Result<i64, TypeMismatch> {
-    v.map_or(Ok(0), |v| parse_decimal(v).ok_or(TypeMismatch))
+    v.map_or(Ok(0), |v| dpukv_proto::counter::parse(v).ok_or(TypeMismatch))
 }
 
 /// Each of `deltas` added in turn to `start`: each one's result, none for one that would
@@ -266,8 +251,6 @@ mod tests {
             assert!(matches!(r, Err(AtomicError::TypeMismatch)), "{bad:?}: {r:?}");
             assert!(rs.drain().is_empty(), "{bad:?}");
         }
-        assert_eq!(parse_decimal(b"-9223372036854775808"), Some(i64::MIN));
-        assert_eq!(parse_decimal(b"0"), Some(0));
         // INCRBY 0 of an absent key makes it "0".
         rs.execute::<()>(&add(&[0]), |_| Ok(None)).expect("add");
         assert_eq!(rs.drain(), vec![(b"n".to_vec(), b"0".to_vec())]);
