@@ -134,6 +134,12 @@ impl Watch {
     pub async fn next(&mut self) -> Option<Result<WatchEvent>> {
         self.rx.recv().await
     }
+
+    /// The next change if one is queued now (without waiting); `None` if none is, or the store
+    /// is gone.
+    pub fn try_next(&mut self) -> Option<Result<WatchEvent>> {
+        self.rx.try_recv().ok()
+    }
 }
 
 /// Why a metadata operation failed. Codes are stable (`code`).

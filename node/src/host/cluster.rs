@@ -28,7 +28,7 @@ use dpukv_cluster::fence::{FenceHolder, FenceStep};
 use dpukv_cluster::keys::{BackupIndex, ClusterConfig, Keys};
 use dpukv_cluster::master::{self, Snapshot};
 use dpukv_cluster::membership::{Authority, Member, Timing, register_with};
-use dpukv_cluster::meta::{Compare, Txn, TxnOp};
+use dpukv_cluster::meta::{Compare, Txn, TxnOp, Watch, WatchEvent};
 use dpukv_cluster::{EtcdOptions, EtcdStore, MetaError, MetaStore};
 use dpukv_proto::regionmap::{HandoffKind, NodeInfo, RegionInfo, RegionState};
 use dpukv_storage::region::RegionSnapshot;
@@ -248,10 +248,19 @@ pub async fn run(
     let mut fencing = Fencing::new(args.backup_rate, args.backup_busy_rate);
     // Regions a restore gives this node, fetched from the backup (docs/backup.md §5).
     let mut restoring = super::restoring::Restoring::default();
+    // Changes to the cluster's state wake the loop at once; it also runs every `BUSY_TICK` while
+    // this node has something in progress that no change in etcd announces (a region not serving
+    // yet, catch-ups, handoffs, fences, restores), else every `QUIET_TICK`.
+    let mut changes: Option<Watch> = None;
+    let mut busy = true;
     loop {
+        let tick = if busy { BUSY_TICK } else { QUIET_TICK };
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = tokio::time::sleep(tick) => {}
+            _ = next_change(&mut changes, &keys) => {}
+            // The lease ended: register again now, not at the next tick.
+            _ = &mut keeper, if !keeper.is_finished() => {}
         }
         // The lease ended (etcd unreachable past the TTL, or this process was paused): register
         // again, as a new member.
@@ -281,6 +290,10 @@ pub async fn run(
                 continue;
             }
         };
+        if changes.is_none() {
+            // Changes after this read wake the loop (a watch that fails is opened again here).
+            changes = store.watch(keys.root(), snap.map.revision as i64 + 1).await.ok();
+        }
         *metrics.last_backup.lock().unwrap_or_else(|e| e.into_inner()) = snap.last_backup.clone();
         if snap.map.regions.is_empty() {
             continue;
@@ -524,6 +537,7 @@ pub async fn run(
             report_stalled(&snap, me, &mut led, &store, &keys, member.lease, bound).await;
         }
         metrics.under_replicated.store(snap.health().under_replicated as u64, Ordering::Relaxed);
+        busy = in_progress(&snap, me, &led, &split_targets) || !driving.is_empty();
     }
     // Leaving: stop serving, stop replicating, give the lease back (the master fails over now
     // rather than after the TTL).
@@ -550,6 +564,63 @@ pub async fn run(
     served.write().unwrap_or_else(|e| e.into_inner()).writers.clear();
     let _ = store.revoke(member.lease).await;
     Ok(threads)
+}
+
+/// How often the cluster loop runs while this node has work in progress that no change in the
+/// metadata store announces (see [`in_progress`]).
+const BUSY_TICK: Duration = Duration::from_millis(50);
+/// How often it runs otherwise (changes in the store wake it at once): what time alone moves —
+/// load reports, stalled backups, copies kept aside — is checked at this pace.
+const QUIET_TICK: Duration = Duration::from_millis(250);
+
+/// Whether this node has work in progress whose next step a local event takes (a backup's
+/// acknowledgement, a copy's end, a writer's cut), not a change in the metadata store: a region
+/// it leads that is not serving yet or has joining nodes not reported caught up, a split target,
+/// a handoff, a fence, a backup job or a restore anywhere in the cluster.
+fn in_progress(snap: &Snapshot, me: u32, led: &HashMap<u32, Led>, split_targets: &[RegionInfo]) -> bool {
+    led.values().any(|l| !l.serving)
+        || snap.map.regions.iter().filter(|r| r.primary == me).any(|r| {
+            !r.joining.is_empty() && led.get(&r.id).is_none_or(|l| r.joining.iter().any(|j| !l.reported.contains(j)))
+        })
+        || !split_targets.is_empty()
+        || !snap.handoffs.running.is_empty()
+        || !snap.fences.is_empty()
+        || !snap.backup_jobs.is_empty()
+        || snap.restore.is_some()
+}
+
+/// Waits for a change under the cluster's root that the loop acts on (the event log, the
+/// master's round marks and the regions' load reports are not); with no watch, never. A watch
+/// that ended (lagged, compacted, the store gone) is dropped: the loop opens another after its
+/// next read.
+async fn next_change(changes: &mut Option<Watch>, keys: &Keys) {
+    let ended = match changes.as_mut() {
+        None => return std::future::pending().await,
+        Some(w) => wait_for_change(w, keys).await,
+    };
+    if ended {
+        *changes = None;
+    }
+}
+
+/// [`next_change`] on one watch: whether the watch ended.
+async fn wait_for_change(w: &mut Watch, keys: &Keys) -> bool {
+    let ignored = [keys.events(), keys.master_round(), keys.region_stats()];
+    let acted_on = |e: &WatchEvent| !ignored.iter().any(|p| e.key().starts_with(p));
+    loop {
+        match w.next().await {
+            Some(Ok(e)) if !acted_on(&e) => continue,
+            Some(Ok(_)) => break,
+            Some(Err(_)) | None => return true,
+        }
+    }
+    // Whatever else is queued now is read by the same round.
+    while let Some(e) = w.try_next() {
+        if e.is_err() {
+            return true;
+        }
+    }
+    false
 }
 
 /// How long the cluster loop waits for a writer to fence its region and snapshot it.
