@@ -402,5 +402,5 @@ fn an_idle_cluster_reads_its_state_from_etcd_a_few_times_a_second() {
     let per_sec = (reads() - before) / began.elapsed().as_secs_f64();
     // 3 nodes at 4 reads a second, the master's rounds and the nodes' load reports: about 20
     // (60 or more before).
-    assert!(per_sec < 35.0, "an idle 3-node cluster read etcd {per_sec:.1} times a second");
+    assert!(per_sec < 40.0, "an idle 3-node cluster read etcd {per_sec:.1} times a second");
 }

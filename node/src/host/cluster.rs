@@ -253,12 +253,15 @@ pub async fn run(
     // yet, catch-ups, handoffs, fences, restores), else every `QUIET_TICK`.
     let mut changes: Option<Watch> = None;
     let mut busy = true;
+    // The revision of the last read: changes up to it are already acted on.
+    let mut seen: i64 = 0;
     loop {
-        let tick = if busy { BUSY_TICK } else { QUIET_TICK };
+        // Without a watch (not opened yet, or it ended) nothing else wakes the loop: the busy pace.
+        let tick = if busy || changes.is_none() { BUSY_TICK } else { QUIET_TICK };
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(tick) => {}
-            _ = next_change(&mut changes, &keys) => {}
+            _ = next_change(&mut changes, &keys, seen) => {}
             // The lease ended: register again now, not at the next tick.
             _ = &mut keeper, if !keeper.is_finished() => {}
         }
@@ -287,13 +290,11 @@ pub async fn run(
             // once the authority runs out).
             Err(e) => {
                 tracing::debug!(error = %e, "reading the region map failed");
+                busy = true;
                 continue;
             }
         };
-        if changes.is_none() {
-            // Changes after this read wake the loop (a watch that fails is opened again here).
-            changes = store.watch(keys.root(), snap.map.revision as i64 + 1).await.ok();
-        }
+        seen = snap.map.revision as i64;
         *metrics.last_backup.lock().unwrap_or_else(|e| e.into_inner()) = snap.last_backup.clone();
         if snap.map.regions.is_empty() {
             continue;
@@ -537,7 +538,14 @@ pub async fn run(
             report_stalled(&snap, me, &mut led, &store, &keys, member.lease, bound).await;
         }
         metrics.under_replicated.store(snap.health().under_replicated as u64, Ordering::Relaxed);
-        busy = in_progress(&snap, me, &led, &split_targets) || !driving.is_empty();
+        busy = in_progress(&snap, me, &led, &split_targets, &reported_positions, &backups)
+            || !driving.is_empty()
+            || (args.stall_timeout.is_some() && led.values().any(|l| !l.acks.holds(l.tail.end())));
+        if changes.is_none() {
+            // Changes after this read wake the loop (a watch that ended is opened again here,
+            // at most once a round; opening it waits for nothing the round had to do).
+            changes = store.watch(keys.root(), seen + 1).await.ok();
+        }
     }
     // Leaving: stop serving, stop replicating, give the lease back (the master fails over now
     // rather than after the TTL).
@@ -574,13 +582,30 @@ const BUSY_TICK: Duration = Duration::from_millis(50);
 const QUIET_TICK: Duration = Duration::from_millis(250);
 
 /// Whether this node has work in progress whose next step a local event takes (a backup's
-/// acknowledgement, a copy's end, a writer's cut), not a change in the metadata store: a region
-/// it leads that is not serving yet or has joining nodes not reported caught up, a split target,
-/// a handoff, a fence, a backup job or a restore anywhere in the cluster.
-fn in_progress(snap: &Snapshot, me: u32, led: &HashMap<u32, Led>, split_targets: &[RegionInfo]) -> bool {
+/// acknowledgement, a copy's end, a writer's cut) or a retry (a write to etcd that failed), not
+/// a change in the metadata store: a region it leads that is not open or not serving yet, or has
+/// joining nodes not reported caught up; a handover from it not released yet; a region it backs
+/// whose primary is gone and whose position it has not reported; a split target, a handoff, a
+/// fence, a backup job or a restore anywhere in the cluster.
+fn in_progress(
+    snap: &Snapshot,
+    me: u32,
+    led: &HashMap<u32, Led>,
+    split_targets: &[RegionInfo],
+    reported_positions: &BTreeSet<(u32, u64)>,
+    backups: &crate::replication::BackupHost,
+) -> bool {
     led.values().any(|l| !l.serving)
+        || snap.map.regions.iter().any(|r| r.primary == me && !led.contains_key(&r.id))
         || snap.map.regions.iter().filter(|r| r.primary == me).any(|r| {
             !r.joining.is_empty() && led.get(&r.id).is_none_or(|l| r.joining.iter().any(|j| !l.reported.contains(j)))
+        })
+        || snap.handovers.keys().any(|&(_, n)| n == me)
+        || snap.map.regions.iter().any(|r| {
+            r.backups.contains(&me)
+                && snap.map.node(r.primary).is_none()
+                && backups.held(r.id).is_some()
+                && !reported_positions.contains(&(r.id, r.epoch))
         })
         || !split_targets.is_empty()
         || !snap.handoffs.running.is_empty()
@@ -593,20 +618,24 @@ fn in_progress(snap: &Snapshot, me: u32, led: &HashMap<u32, Led>, split_targets:
 /// master's round marks and the regions' load reports are not); with no watch, never. A watch
 /// that ended (lagged, compacted, the store gone) is dropped: the loop opens another after its
 /// next read.
-async fn next_change(changes: &mut Option<Watch>, keys: &Keys) {
+async fn next_change(changes: &mut Option<Watch>, keys: &Keys, seen: i64) {
     let ended = match changes.as_mut() {
         None => return std::future::pending().await,
-        Some(w) => wait_for_change(w, keys).await,
+        Some(w) => wait_for_change(w, keys, seen).await,
     };
     if ended {
+        // Not a wake-up: the loop's busy pace reads and opens another (a watch that ends at
+        // once cannot spin the loop).
         *changes = None;
+        std::future::pending::<()>().await;
     }
 }
 
-/// [`next_change`] on one watch: whether the watch ended.
-async fn wait_for_change(w: &mut Watch, keys: &Keys) -> bool {
+/// [`next_change`] on one watch (changes at or before revision `seen`, already read, are
+/// not): whether the watch ended.
+async fn wait_for_change(w: &mut Watch, keys: &Keys, seen: i64) -> bool {
     let ignored = [keys.events(), keys.master_round(), keys.region_stats()];
-    let acted_on = |e: &WatchEvent| !ignored.iter().any(|p| e.key().starts_with(p));
+    let acted_on = |e: &WatchEvent| e.revision() > seen && !ignored.iter().any(|p| e.key().starts_with(p));
     loop {
         match w.next().await {
             Some(Ok(e)) if !acted_on(&e) => continue,
