@@ -11,8 +11,8 @@ EVENTS=${EVENTS:-256}
 IDLE_SECONDS=${IDLE_SECONDS:-10}
 PORT=${PORT:-27370}
 RUNS=${RUNS:-2}
+bash scripts/setup.sh # etcd, which dpukv local starts, prebuilt binaries or not
 if [ -z "${BIN:-}" ]; then
-  bash scripts/setup.sh
   cargo build --release --locked --bins -p dpukv-node -p dpukv-client -p dpukv-gateway
   BIN=target/release
 fi

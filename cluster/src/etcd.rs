@@ -303,9 +303,7 @@ impl MetaStore for EtcdStore {
     }
 
     async fn range_except(&self, prefix: &[u8], except: &[u8]) -> Result<(Vec<KeyValue>, Revision)> {
-        if prefix.is_empty() || !except.starts_with(prefix) || except.len() <= prefix.len() {
-            return Err(MetaError::Invalid("the excepted prefix must lie inside a non-empty range".into()));
-        }
+        crate::meta::check_except(prefix, except)?;
         // Two ranges, [prefix, except) and [end of except, end of prefix), read by one
         // transaction: at one revision.
         let ops = vec![

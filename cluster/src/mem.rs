@@ -222,21 +222,6 @@ impl MetaStore for MemStore {
         }))
     }
 
-    async fn range_except(&self, prefix: &[u8], except: &[u8]) -> Result<(Vec<KeyValue>, Revision)> {
-        if prefix.is_empty() || !except.starts_with(prefix) || except.len() <= prefix.len() {
-            return Err(MetaError::Invalid("the excepted prefix must lie inside a non-empty range".into()));
-        }
-        Ok(self.with(|st| {
-            let kvs = st
-                .kvs
-                .range(prefix.to_vec()..)
-                .take_while(|(k, _)| k.starts_with(prefix))
-                .filter(|(k, _)| !k.starts_with(except))
-                .map(|(_, v)| v.clone());
-            (kvs.collect(), st.rev)
-        }))
-    }
-
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {
         self.with(|st| st.txn(txn))
     }

@@ -142,6 +142,15 @@ impl Watch {
     }
 }
 
+/// What every [`MetaStore::range_except`] refuses: an empty range, or an excepted prefix that
+/// is not a longer prefix inside it.
+pub(crate) fn check_except(prefix: &[u8], except: &[u8]) -> Result<()> {
+    if prefix.is_empty() || !except.starts_with(prefix) || except.len() <= prefix.len() {
+        return Err(MetaError::Invalid("the excepted prefix must lie inside a non-empty range".into()));
+    }
+    Ok(())
+}
+
 /// Why a metadata operation failed. Codes are stable (`code`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MetaError {
@@ -198,9 +207,7 @@ pub trait MetaStore: Clone + Send + Sync + 'static {
         except: &[u8],
     ) -> impl Future<Output = Result<(Vec<KeyValue>, Revision)>> + Send {
         async move {
-            if !except.starts_with(prefix) || except.len() <= prefix.len() {
-                return Err(MetaError::Invalid("the excepted prefix must lie inside the range".into()));
-            }
+            check_except(prefix, except)?;
             let (kvs, rev) = self.range(prefix).await?;
             Ok((kvs.into_iter().filter(|kv| !kv.key.starts_with(except)).collect(), rev))
         }

@@ -593,20 +593,15 @@ fn in_progress(
     led: &HashMap<u32, Led>,
     split_targets: &[RegionInfo],
     reported_positions: &BTreeSet<(u32, u64)>,
-    backups: &crate::replication::BackupHost,
+    backups: &BackupHost,
 ) -> bool {
     led.values().any(|l| !l.serving)
-        || snap.map.regions.iter().any(|r| r.primary == me && !led.contains_key(&r.id))
-        || snap.map.regions.iter().filter(|r| r.primary == me).any(|r| {
-            !r.joining.is_empty() && led.get(&r.id).is_none_or(|l| r.joining.iter().any(|j| !l.reported.contains(j)))
+        || snap.map.regions.iter().filter(|r| r.primary == me).any(|r| match led.get(&r.id) {
+            None => true,
+            Some(l) => r.joining.iter().any(|j| !l.reported.contains(j)),
         })
         || snap.handovers.keys().any(|&(_, n)| n == me)
-        || snap.map.regions.iter().any(|r| {
-            r.backups.contains(&me)
-                && snap.map.node(r.primary).is_none()
-                && backups.held(r.id).is_some()
-                && !reported_positions.contains(&(r.id, r.epoch))
-        })
+        || positions_due(snap, me, backups, reported_positions).next().is_some()
         || !split_targets.is_empty()
         || !snap.handoffs.running.is_empty()
         || !snap.fences.is_empty()
@@ -923,6 +918,22 @@ async fn report_stalled(
     }
 }
 
+/// The positions this node owes the master (region, epoch, what it holds): regions it backs
+/// whose primary is gone, not reported yet under their epoch, of which it holds a copy.
+fn positions_due<'a>(
+    snap: &'a Snapshot,
+    me: u32,
+    backups: &'a BackupHost,
+    reported: &'a BTreeSet<(u32, u64)>,
+) -> impl Iterator<Item = (u32, u64, u64)> + 'a {
+    snap.map
+        .regions
+        .iter()
+        .filter(move |r| r.backups.contains(&me) && snap.map.node(r.primary).is_none())
+        .filter(|r| !reported.contains(&(r.id, r.epoch)))
+        .filter_map(|r| Some((r.id, r.epoch, backups.held(r.id)?.0)))
+}
+
 /// Position reports per transaction (etcd allows 128 operations in one by default).
 const REPORTS_PER_TXN: usize = 100;
 
@@ -939,14 +950,7 @@ async fn report_positions(
     reported: &mut BTreeSet<(u32, u64)>,
 ) {
     reported.retain(|(id, epoch)| snap.map.region(*id).is_some_and(|r| r.epoch == *epoch));
-    let due: Vec<(u32, u64, u64)> = snap
-        .map
-        .regions
-        .iter()
-        .filter(|r| r.backups.contains(&me) && snap.map.node(r.primary).is_none())
-        .filter(|r| !reported.contains(&(r.id, r.epoch)))
-        .filter_map(|r| Some((r.id, r.epoch, backups.held(r.id)?.0)))
-        .collect();
+    let due: Vec<(u32, u64, u64)> = positions_due(snap, me, backups, reported).collect();
     for chunk in due.chunks(REPORTS_PER_TXN) {
         let then = chunk
             .iter()
