@@ -315,9 +315,9 @@ impl Sink {
 
 /// A sink whose responses the caller reads back one at a time (`next(within)`: the next
 /// response, or None if none came within), for tests of code that answers through sinks. It
-/// holds up to 64 responses; each must be sent alone ([`Sink::send`]).
+/// holds up to 4,096 responses; each must be sent alone ([`Sink::send`]).
 pub fn collecting_sink() -> (Sink, impl FnMut(Duration) -> Option<Response>) {
-    let (tx, mut rx) = mpsc::channel(64);
+    let (tx, mut rx) = mpsc::channel(4096);
     let next = move |within: Duration| {
         let deadline = std::time::Instant::now() + within;
         loop {

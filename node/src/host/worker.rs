@@ -175,6 +175,9 @@ const MAX_ROUND_JOBS: usize = 1024;
 const MAINTAIN_EVERY: Duration = Duration::from_millis(50);
 /// Rounds waiting for durability before the writer waits for the releaser.
 const RELEASE_QUEUE: usize = 256;
+/// Rounds a writer with more jobs waiting writes before it syncs (or hands to the flusher) what
+/// they wrote.
+const MAX_HELD_ROUNDS: usize = 8;
 
 /// A primary's replication, as its writer and releaser see it: the backups' confirmations, the
 /// feed its senders follow, and the node's authority (its lease).
@@ -263,6 +266,7 @@ fn start_on(
         writes_since: 0,
         writes_total: 0,
         walked: None,
+        held: Vec::new(),
     };
     let thread = std::thread::Builder::new().name(format!("dpukv-write-{id}")).spawn(move || w.run(rx, ctl_rx, rt))?;
     Ok(Started { queue: tx, control: ctl_tx, thread })
@@ -412,6 +416,9 @@ struct Worker {
     /// The last walk of the region's own range for its live data and middle key (it reads
     /// every key, on this thread): reused while few writes came since.
     walked: Option<Walked>,
+    /// Rounds written under the log's sync hold, not synced or answered yet (oldest first; at
+    /// most [`MAX_HELD_ROUNDS`]): the next round's sync covers them.
+    held: Vec<Release>,
 }
 
 /// A walk of a range for its live data and middle key, and when it was taken.
@@ -561,6 +568,10 @@ impl Worker {
         let mut last_upkeep = Instant::now();
         let mut ctl_open = true;
         loop {
+            // Rounds held for the next one's sync, with none coming: synced and answered now.
+            if rx.is_empty() {
+                self.answer_held(true);
+            }
             let first = rt.block_on(async {
                 tokio::time::timeout(MAINTAIN_EVERY, async {
                     tokio::select! {
@@ -587,7 +598,7 @@ impl Worker {
                             Err(_) => break,
                         }
                     }
-                    self.round(jobs);
+                    self.round(jobs, &rx);
                     self.stats.rounds.fetch_add(1, Ordering::Relaxed);
                     while let Ok(c) = ctl.try_recv() {
                         self.control(c);
@@ -645,7 +656,7 @@ impl Worker {
                 self.untrim();
                 let r = self.region.write_group_tagged(&[(&ops, &entries)]).pop();
                 match r {
-                    Some(Ok(_)) => self.release_round(Vec::new(), n, Some(done)),
+                    Some(Ok(_)) => self.release_round(Vec::new(), n, Some(done), None),
                     Some(Err(e)) => drop(done.send(Err(e.to_string()))),
                     None => drop(done.send(Err("the import wrote nothing".into()))),
                 }
@@ -733,7 +744,7 @@ impl Worker {
             Some(Ok(_)) => {
                 tracing::info!(keys = n, "deleted keys outside the region's range");
                 self.trim_from = next;
-                self.release_round(Vec::new(), n, None);
+                self.release_round(Vec::new(), n, None, None);
             }
             Some(Err(e)) => tracing::warn!(error = %e, "deleting keys outside the region failed; will retry"),
             None => {}
@@ -776,12 +787,14 @@ impl Worker {
         }
     }
 
-    fn round(&mut self, jobs: Vec<Job>) {
+    /// Stages and commits `jobs`; `queue` is where more come from (the round's last group may
+    /// be synced here if nothing waits there, see [`Worker::release_round`]).
+    fn round(&mut self, jobs: Vec<Job>, queue: &mpsc::Receiver<Job>) {
         let mut round = Round::default();
         for job in jobs {
             self.stage(&mut round, job);
         }
-        self.commit(round);
+        self.commit(round, Some(queue));
     }
 
     /// Adds one request to the round, closing the round first if the request's key was touched
@@ -841,7 +854,7 @@ impl Worker {
         };
         if conflict {
             let done = std::mem::take(round);
-            self.commit(done);
+            self.commit(done, None);
         }
         let tag = req.session.map(|s| (s.client, s.seq));
         if let Some(t) = tag {
@@ -880,7 +893,7 @@ impl Worker {
             round.pending.push((sink, req.id, charge, pending, req.session));
             if self.per_op_atomics {
                 let done = std::mem::take(round);
-                self.commit(done);
+                self.commit(done, None);
             }
             return;
         }
@@ -916,10 +929,17 @@ impl Worker {
     }
 
     /// Commits a round: the plain batches and the station's write-backs in one group, and hands
-    /// the responses to the releaser.
-    fn commit(&mut self, mut round: Round) {
+    /// the responses to the releaser. With `queue`, the round ends a drain of it: its group may
+    /// be synced on this thread ([`Worker::release_round`]).
+    fn commit(&mut self, mut round: Round, queue: Option<&mpsc::Receiver<Job>>) {
         if round.pending.is_empty() {
             return;
+        }
+        // (Only a log that acknowledges a write once synced has syncs worth sharing.)
+        let queue = queue.filter(|_| self.region.vlog().policy() == dpukv_storage::vlog::FsyncPolicy::Always);
+        if queue.is_some() {
+            // What this group writes, this thread syncs or hands over in `release_round`.
+            self.region.vlog().hold_sync();
         }
         let write_backs = self.station.drain();
         self.stats.write_backs.fetch_add(write_backs.len() as u64, Ordering::Relaxed);
@@ -1015,16 +1035,25 @@ impl Worker {
         }
         // Every round's responses wait for the log's end: no reply (even of a read-only atomic,
         // or a retry answered from the sessions) reveals state that is not acknowledged yet.
-        self.release_round(responses, records, None);
+        self.release_round(responses, records, None, queue);
     }
 
-    /// Hands a round's responses (and an import's answer) to the releaser, waiting for the log's
-    /// end; tells the senders of the round's records.
+    /// Hands a round's responses (and an import's answer) to be answered once they may be
+    /// acknowledged; tells the senders of the round's records. With `queue` (the round's group
+    /// was written under the log's sync hold, [`ValueLog::hold_sync`](dpukv_storage::vlog::ValueLog::hold_sync)):
+    /// while more jobs wait there, the round is held for the next one's sync (at most
+    /// [`MAX_HELD_ROUNDS`] rounds); once none wait, this thread syncs every held round at once
+    /// (under `--fsync always`) and, unreplicated, answers them itself — no hand-off to the
+    /// flusher and from it to the releaser, and the writes that arrive during the sync gather
+    /// into the next round, as in a single-threaded server's turn. Past the bound with jobs
+    /// still waiting, the flusher syncs the held rounds while this thread goes on. Any other
+    /// release (`queue` None) answers the held rounds first, so answers leave in rounds' order.
     fn release_round(
         &mut self,
         responses: Vec<(Sink, Response, Charge)>,
         records: u64,
         done: Option<oneshot::Sender<Result<(), String>>>,
+        queue: Option<&mpsc::Receiver<Job>>,
     ) {
         let r = Release { waiter: self.region.vlog().durability(), end: self.region.vlog().end(), responses, done };
         if let Some(repl) = &self.repl {
@@ -1032,6 +1061,42 @@ impl Worker {
         }
         // A compaction installed during the round (a full L0) ships now too.
         self.ship_exports();
+        // (After the senders were told: the backups receive the group while it syncs here.)
+        match queue {
+            Some(q) if !q.is_empty() && self.held.len() + 1 < MAX_HELD_ROUNDS => {
+                // More jobs wait: the next round's sync covers this one too.
+                self.held.push(r);
+            }
+            Some(q) => {
+                self.held.push(r);
+                self.answer_held(q.is_empty());
+            }
+            None => {
+                self.answer_held(false);
+                self.answer(r);
+            }
+        }
+    }
+
+    /// Ends the log's sync hold — syncing here if `sync`, else leaving it to the flusher — and
+    /// answers the rounds written under it, in order.
+    fn answer_held(&mut self, sync: bool) {
+        if self.held.is_empty() {
+            return;
+        }
+        if sync {
+            self.region.vlog().sync_held();
+        } else {
+            self.region.vlog().unhold_sync();
+        }
+        for r in std::mem::take(&mut self.held) {
+            self.answer(r);
+        }
+    }
+
+    /// Answers a round once it may be acknowledged: here if it may already be, else by the
+    /// releaser.
+    fn answer(&mut self, r: Release) {
         // A round that may be acknowledged already (the log's policy acknowledges a write once
         // written, and no backup must confirm it) is answered here when the releaser holds no
         // earlier round — so answers still leave in rounds' order, and a round's responses skip
@@ -1383,6 +1448,47 @@ mod tests {
             assert!(r.result.is_ok(), "request {}: {:?}", r.id, r.result);
         }
         assert_eq!(answers[1].result, Ok(Reply::Added(vec![Some(1), Some(2)])));
+        drop(w.queue);
+        w.thread.join().expect("writer");
+    }
+
+    /// Under `--fsync always` every round was synced by the log's flusher and answered by the
+    /// releaser: two thread hand-offs per round (issue 29: ~1 context switch per SET). A writer
+    /// now syncs the rounds it wrote while more jobs waited together with the round that empties
+    /// its queue, on its own thread, and answers them there: here 1,500 queued writes are two
+    /// rounds (at most 1,024 jobs a round), one sync by the writer, none by the flusher.
+    #[test]
+    fn a_writer_whose_queue_is_empty_syncs_its_rounds_itself_in_one_sync() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = RegionConfig::tiny(dir.path().join("r"), dir.path().join("shm"), FsyncPolicy::Always);
+        // No flush, compaction or segment rotation (each would ask the flusher for a sync).
+        cfg.l0_budget = 64 << 20;
+        cfg.vlog.segment_size = 8 << 20;
+        let region = Region::open(cfg).expect("open").0;
+        let log = region.vlog().durability();
+        let (sink, mut next) = collecting_sink();
+        let (tx, rx) = mpsc::channel(2048);
+        for id in 0..1500u64 {
+            let op = Op::Put { key: id.to_be_bytes().to_vec(), value: b"v".to_vec() };
+            tx.try_send(Job { req: Request::new(id, op), charge: Charge::default(), sink: sink.clone() })
+                .unwrap_or_else(|_| panic!("queue"));
+        }
+        let stats = Arc::new(WriterStats::default());
+        let w = start_on((tx, rx), 1, region, false, stats.clone(), rt.handle().clone(), None).expect("start");
+        for _ in 0..1500 {
+            let r = next(Duration::from_secs(5)).expect("answer");
+            assert_eq!(r.result, Ok(Reply::Done), "request {}", r.id);
+        }
+        assert_eq!(stats.rounds.load(Ordering::Relaxed), 2);
+        let syncs = log.sync_counts();
+        assert_eq!((syncs.writer, syncs.flusher), (1, 0), "{syncs:?}");
+        // One more write, alone: synced by the writer too, and answered.
+        let (sink, mut next) = collecting_sink();
+        let op = Op::Put { key: b"last".to_vec(), value: b"v".to_vec() };
+        w.queue.blocking_send(Job { req: Request::new(9, op), charge: Charge::default(), sink }).expect("queue");
+        assert_eq!(next(Duration::from_secs(5)).expect("answer").result, Ok(Reply::Done));
+        assert_eq!(log.sync_counts().writer, 2);
         drop(w.queue);
         w.thread.join().expect("writer");
     }

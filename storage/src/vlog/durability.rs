@@ -67,12 +67,31 @@ pub(crate) struct State {
     stop: bool,
     /// Repairs done so far.
     pub(crate) repairs: u64,
+    /// Under `Always`: the writer syncs what it writes from this position on itself, or hands
+    /// it to the flusher when it is done ([`Durability::hold`]); the flusher syncs only what was
+    /// written before it.
+    hold_from: Option<u64>,
+    /// Syncs made by the flusher, and by the writer ending a hold.
+    pub(crate) syncs: SyncCounts,
+}
+
+/// How many syncs each thread made (successful or not).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncCounts {
+    /// By the log's flusher thread.
+    pub flusher: u64,
+    /// By the log's writer, ending a hold ([`super::ValueLog::sync_held`]).
+    pub writer: u64,
 }
 
 /// See the module documentation.
 pub(crate) struct Durability {
     st: Mutex<State>,
+    /// Where waiters for a position wait.
     cv: Condvar,
+    /// Where the flusher waits (apart, so that a sync done or a position reached wakes only
+    /// those who wait for it: the flusher's turn per group was a context switch of its own).
+    flush_cv: Condvar,
     policy: FsyncPolicy,
     fs: Arc<dyn Fs>,
     dir: PathBuf,
@@ -110,8 +129,11 @@ impl Durability {
                 backoff: Duration::ZERO,
                 stop: false,
                 repairs: 0,
+                hold_from: None,
+                syncs: SyncCounts::default(),
             }),
             cv: Condvar::new(),
+            flush_cv: Condvar::new(),
             policy,
             fs,
             dir,
@@ -124,11 +146,27 @@ impl Durability {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wait<'a>(&self, g: MutexGuard<'a, State>, timeout: Option<Duration>) -> MutexGuard<'a, State> {
+    /// A waiter's wait for the state to change.
+    fn wait<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.cv.wait(g).unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The flusher's wait for work (or its timeout).
+    fn flusher_wait<'a>(&self, g: MutexGuard<'a, State>, timeout: Option<Duration>) -> MutexGuard<'a, State> {
         match timeout {
-            Some(t) => self.cv.wait_timeout(g, t).unwrap_or_else(|e| e.into_inner()).0,
-            None => self.cv.wait(g).unwrap_or_else(|e| e.into_inner()),
+            Some(t) => self.flush_cv.wait_timeout(g, t).unwrap_or_else(|e| e.into_inner()).0,
+            None => self.flush_cv.wait(g).unwrap_or_else(|e| e.into_inner()),
         }
+    }
+
+    /// Wakes the flusher: something to sync, a repair to make, a stop.
+    fn wake_flusher(&self) {
+        self.flush_cv.notify_one();
+    }
+
+    /// Wakes whoever waits for a position: it moved, or the log failed or stopped.
+    fn wake_waiters(&self) {
+        self.cv.notify_all();
     }
 
     pub(crate) fn set_hook(&self, hook: Option<SyncHook>) {
@@ -158,7 +196,7 @@ impl Durability {
         // `Never` a write acknowledges itself, and no waiter's position is past what was
         // written (positions come from `end()`): nobody else is woken — a wake-up per write
         // cost the writer a futex call and the flusher a pointless turn.
-        let wake = self.policy == FsyncPolicy::Always
+        let wake = (self.policy == FsyncPolicy::Always && st.hold_from.is_none())
             || (self.policy != FsyncPolicy::Never && st.first_unsynced.is_none())
             || st.failed.is_some()
             || r.is_err();
@@ -180,7 +218,10 @@ impl Durability {
             }
         };
         if wake {
-            self.cv.notify_all();
+            self.wake_flusher();
+        }
+        if out.is_err() {
+            self.wake_waiters();
         }
         out
     }
@@ -226,7 +267,8 @@ impl Durability {
         st.first_unsynced = None;
         self.advance_synced(&mut st, start);
         st.ack = st.ack.max(start);
-        self.cv.notify_all();
+        self.wake_waiters();
+        self.wake_flusher();
     }
 
     fn advance_synced(&self, st: &mut State, target: u64) {
@@ -261,7 +303,7 @@ impl Durability {
             if (st.failed.is_some() && st.doomed >= lsn.0) || st.stop {
                 return Err(self.failed_error(&st));
             }
-            st = self.wait(st, None);
+            st = self.wait(st);
         }
     }
 
@@ -269,7 +311,7 @@ impl Durability {
     pub(crate) fn sync_to(&self, lsn: Lsn) -> Result<()> {
         let mut st = self.lock();
         st.requested = st.requested.max(lsn.0);
-        self.cv.notify_all();
+        self.wake_flusher();
         loop {
             if st.synced >= lsn.0 {
                 return Ok(());
@@ -277,8 +319,65 @@ impl Durability {
             if (st.failed.is_some() && st.doomed >= lsn.0) || st.stop {
                 return Err(self.failed_error(&st));
             }
-            st = self.wait(st, None);
+            st = self.wait(st);
         }
+    }
+
+    /// Under `Always`, the writer's promise to sync what it writes from now on itself
+    /// ([`Durability::sync_held`]) or to hand it to the flusher ([`Durability::unhold`]): its
+    /// writes do not wake the flusher meanwhile, and the flusher leaves them alone. A writer with
+    /// nothing else to do then syncs its own group and answers it on its own thread — two thread
+    /// hand-offs fewer per group (to the flusher and back) — while the writes that arrive during
+    /// that sync gather into its next group, as they do in a single-threaded server's turn.
+    pub(crate) fn hold(&self) {
+        if self.policy == FsyncPolicy::Always {
+            let mut st = self.lock();
+            let written = st.written;
+            st.hold_from.get_or_insert(written);
+        }
+    }
+
+    /// Ends a [`Durability::hold`]: the flusher syncs what was written under it.
+    pub(crate) fn unhold(&self) {
+        let mut st = self.lock();
+        if st.hold_from.take().is_some() && st.written > st.synced {
+            self.wake_flusher();
+        }
+    }
+
+    /// Ends a [`Durability::hold`] by syncing, on the calling thread, everything written so far
+    /// (as the flusher would: the hook and every waiter see the new position). A failed log is
+    /// left to the flusher, which repairs it. Without a hold (under `Interval` and `Never`
+    /// there is none), nothing.
+    pub(crate) fn sync_held(&self) {
+        let mut st = self.lock();
+        if st.hold_from.take().is_none() {
+            return; // no hold (another policy): nothing of the caller's to sync
+        }
+        if st.failed.is_some() || st.stop || st.written <= st.synced {
+            // (The flusher repairs a failed log, or makes the last sync before it stops.)
+            self.wake_flusher();
+            return;
+        }
+        let (file, target) = (st.file.clone(), st.written);
+        st.syncs.writer += 1;
+        drop(st);
+        let r = file.sync_data();
+        let mut st = self.lock();
+        match r {
+            Ok(()) if st.failed.is_none() && Arc::ptr_eq(&file, &st.file) => self.advance_synced(&mut st, target),
+            // A sync that failed meanwhile (the flusher's) may have dropped pages this one then
+            // found clean: its success proves nothing. The repair makes everything durable.
+            Ok(()) => {}
+            Err(e) if Arc::ptr_eq(&file, &st.file) => {
+                st.failed = Some(format!("sync of segment {}: {e}", st.seg));
+                st.backoff = Duration::ZERO;
+                st.next_repair = Instant::now();
+                self.wake_flusher();
+            }
+            Err(_) => {} // the segment was replaced meanwhile; its successor is synced
+        }
+        self.wake_waiters();
     }
 
     pub(crate) fn failed(&self) -> Option<String> {
@@ -290,7 +389,8 @@ impl Durability {
         let mut st = self.lock();
         st.requested = st.written;
         st.stop = true;
-        self.cv.notify_all();
+        self.wake_flusher();
+        self.wake_waiters();
     }
 
     /// The flusher thread's body.
@@ -299,26 +399,26 @@ impl Durability {
         loop {
             if st.failed.is_some() {
                 if st.writing {
-                    st = self.wait(st, None);
+                    st = self.flusher_wait(st, None);
                     continue;
                 }
                 let now = Instant::now();
                 if now < st.next_repair && !st.stop {
                     let t = st.next_repair - now;
-                    st = self.wait(st, Some(t));
+                    st = self.flusher_wait(st, Some(t));
                     continue;
                 }
                 match self.repair(&mut st) {
                     Ok(()) => {
                         st.repairs += 1;
-                        self.cv.notify_all();
+                        self.wake_waiters();
                     }
                     Err(e) => {
                         st.doomed = st.written;
                         st.backoff = (st.backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
                         st.next_repair = Instant::now() + st.backoff;
                         st.failed = Some(format!("repair failed: {e}"));
-                        self.cv.notify_all();
+                        self.wake_waiters();
                         if st.stop {
                             return;
                         }
@@ -328,7 +428,8 @@ impl Durability {
             }
             let unsynced = st.written > st.synced;
             let due = match self.policy {
-                FsyncPolicy::Always => unsynced,
+                // (What the writer holds it syncs itself, or hands over with a wake-up.)
+                FsyncPolicy::Always => st.synced < st.hold_from.unwrap_or(st.written),
                 FsyncPolicy::Interval(d) => unsynced && st.first_unsynced.is_some_and(|t| t.elapsed() >= d),
                 FsyncPolicy::Never => false,
             };
@@ -340,15 +441,18 @@ impl Durability {
                     (FsyncPolicy::Interval(d), Some(t)) if unsynced => Some(d.saturating_sub(t.elapsed())),
                     _ => None,
                 };
-                st = self.wait(st, timeout);
+                st = self.flusher_wait(st, timeout);
                 continue;
             }
             let (file, target) = (st.file.clone(), st.written);
+            st.syncs.flusher += 1;
             drop(st);
             let r = file.sync_data();
             st = self.lock();
             match r {
-                Ok(()) => self.advance_synced(&mut st, target),
+                // (Unless a sync failed meanwhile — the writer's, ending a hold — as above.)
+                Ok(()) if st.failed.is_none() => self.advance_synced(&mut st, target),
+                Ok(()) => {}
                 Err(e) if Arc::ptr_eq(&file, &st.file) => {
                     st.failed = Some(format!("sync of segment {}: {e}", st.seg));
                     st.backoff = Duration::ZERO;
@@ -356,7 +460,7 @@ impl Durability {
                 }
                 Err(_) => {} // the segment was replaced meanwhile; its successor is synced
             }
-            self.cv.notify_all();
+            self.wake_waiters();
         }
     }
 

@@ -35,7 +35,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use durability::Durability;
-pub use durability::SyncHook;
+pub use durability::{SyncCounts, SyncHook};
 pub use mapped::MappedLog;
 pub use reader::VlogReader;
 pub(crate) use record::RECORD_HEADER;
@@ -402,6 +402,30 @@ impl ValueLog {
     /// Makes everything before `lsn` durable now, whatever the policy.
     pub fn sync_to(&self, lsn: Lsn) -> Result<()> {
         self.dur.sync_to(lsn)
+    }
+
+    /// Under `Always`: the caller (the log's writer) will sync what it writes from now on
+    /// itself ([`ValueLog::sync_held`]) or hand it to the flusher ([`ValueLog::unhold_sync`]);
+    /// meanwhile its writes do not wake the flusher, which leaves them alone. No effect under
+    /// the other policies.
+    pub fn hold_sync(&self) {
+        self.dur.hold();
+    }
+
+    /// Ends [`ValueLog::hold_sync`] by syncing everything written, on this thread (nothing
+    /// without a hold: under the other policies).
+    pub fn sync_held(&self) {
+        self.dur.sync_held();
+    }
+
+    /// Ends [`ValueLog::hold_sync`]: the flusher syncs what was written under it.
+    pub fn unhold_sync(&self) {
+        self.dur.unhold();
+    }
+
+    /// The syncs made so far, by thread.
+    pub fn sync_counts(&self) -> SyncCounts {
+        self.dur.lock().syncs
     }
 
     /// A handle that waits for durability from another thread.
@@ -802,6 +826,10 @@ impl DurabilityWaiter {
     /// Makes everything before `lsn` durable now and waits for it.
     pub fn sync_to(&self, lsn: Lsn) -> Result<()> {
         self.0.sync_to(lsn)
+    }
+    /// The syncs made so far, by thread.
+    pub fn sync_counts(&self) -> SyncCounts {
+        self.0.lock().syncs
     }
     /// Whether `lsn` may be acknowledged now (what [`DurabilityWaiter::wait`] would answer at
     /// once with `Ok`), without waiting.

@@ -25,7 +25,7 @@ use crate::btree::BatchOp;
 use crate::error::Error;
 use crate::fs::FaultFs;
 use crate::region::{Lookup, Region, RegionConfig, RegionReader, SessionEntry};
-use crate::vlog::FsyncPolicy;
+use crate::vlog::{FsyncPolicy, Lsn};
 
 type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -175,9 +175,23 @@ pub fn run(dir: &Path, policy: FsyncPolicy, c: &mut impl Choices, seed: u64) -> 
     let mut history: Vec<Applied> = Vec::new();
     // A batch whose outcome is unknown (its log write or sync failed for good): it may be in.
     let mut unknown: Option<Vec<Op>> = None;
+    // Some writes are made as a node's region writer makes them while more jobs wait: under the
+    // log's sync hold, one to four groups in a row, then synced on this thread or handed to the
+    // flusher, and only then waited for (under a hold the flusher leaves them alone).
+    let mut hold_left = 0u64;
+    let mut unwaited: Vec<(usize, Lsn)> = Vec::new();
+    let promise = |region: &Region, end: Lsn, step: u64| match region.wait_durable(end) {
+        Ok(()) => Ok(policy == FsyncPolicy::Always),
+        Err(e) if e.outcome_unknown() => Ok(false),
+        Err(e) => Err(format!("step {step}: waiting for durability: {e}")),
+    };
     for step in 0..5000 {
         if fs.crashed() {
             break;
+        }
+        if hold_left == 0 && c.below(3) == 0 {
+            hold_left = 1 + c.below(4);
+            region.vlog().hold_sync();
         }
         match c.below(100) {
             0 => fs.fail_sync(1 + c.below(3)),
@@ -197,10 +211,11 @@ pub fn run(dir: &Path, policy: FsyncPolicy, c: &mut impl Choices, seed: u64) -> 
         match region.write_group_tagged(&[(&ops, &tag)]).pop().expect("one result") {
             Ok(ack) => {
                 let next = apply(&model, &b).ok_or("a batch whose precondition fails was applied")?;
-                let promised = match region.wait_durable(ack.end) {
-                    Ok(()) => policy == FsyncPolicy::Always,
-                    Err(e) if e.outcome_unknown() => false,
-                    Err(e) => return Err(format!("step {step}: waiting for durability: {e}")),
+                let promised = if hold_left > 0 {
+                    unwaited.push((history.len(), ack.end));
+                    false
+                } else {
+                    promise(&region, ack.end, step)?
                 };
                 model = next;
                 history.push(Applied { version: ack.version, batch: b, promised, end: ack.end.0, seq: step + 1 });
@@ -213,7 +228,21 @@ pub fn run(dir: &Path, policy: FsyncPolicy, c: &mut impl Choices, seed: u64) -> 
             Err(e) if e.is_retryable() => {}
             Err(e) => return Err(format!("step {step}: unexpected error {e}")),
         }
+        if hold_left > 0 {
+            hold_left -= 1;
+            if hold_left == 0 {
+                if c.below(4) > 0 {
+                    region.vlog().sync_held();
+                } else {
+                    region.vlog().unhold_sync();
+                }
+                for (i, end) in unwaited.drain(..) {
+                    history[i].promised = promise(&region, end, step)?;
+                }
+            }
+        }
     }
+    // (Writes still held when the loop ended were never acknowledged: nothing was promised.)
     // The power goes out (if the countdown did not already run out).
     fs.crash();
     let synced = region.vlog().synced_lsn().0;

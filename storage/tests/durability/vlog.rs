@@ -327,3 +327,53 @@ fn a_tail_continues_only_from_positions_inside_its_log() {
     assert!(!tail.continues_from(Lsn::new(first, u32::MAX >> 1)).expect("check"), "past its sealed segment's end");
     assert!(!tail.continues_from(Lsn::new(first - 1, 0)).expect("check"), "a segment that is not here");
 }
+
+/// Under `always`, what the writer writes under a sync hold is its own to sync: the flusher
+/// leaves it alone (it is not acknowledged meanwhile) until the writer syncs it on its own thread
+/// or hands it over.
+#[test]
+fn held_writes_are_synced_by_the_writer_or_handed_to_the_flusher() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = ValueLog::open(dir.path(), cfg(FsyncPolicy::Always)).expect("open");
+    let waiter = log.durability();
+    let synced_by = |log: &ValueLog, at: Lsn| {
+        let t = Instant::now();
+        while log.synced_lsn() < at {
+            assert!(t.elapsed() < Duration::from_secs(5), "{at:?} was never synced");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    log.append(&Record::put(1, b"a", b"v")).expect("append");
+    let before = log.commit().expect("commit");
+    // (A sync covers what the file holds when it starts: wait for it before writing under a hold.)
+    synced_by(&log, before);
+    log.hold_sync();
+    log.append(&Record::put(2, b"b", b"v")).expect("append");
+    let held = log.commit().expect("commit");
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(log.synced_lsn() < held, "the flusher synced a held write");
+    assert!(!waiter.acknowledged(held), "a held write was acknowledged unsynced");
+    let flusher = log.sync_counts().flusher;
+    log.sync_held();
+    assert!(log.synced_lsn() >= held && waiter.acknowledged(held), "synced by the writer");
+    assert_eq!(log.sync_counts().writer, 1);
+    // Handed over instead: the flusher syncs it.
+    log.hold_sync();
+    log.append(&Record::put(3, b"c", b"v")).expect("append");
+    let handed = log.commit().expect("commit");
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(log.synced_lsn() < handed, "the flusher synced a held write");
+    log.unhold_sync();
+    log.wait_durable(handed).expect("the flusher syncs what was handed over");
+    assert!(log.sync_counts().flusher > flusher);
+    assert_eq!(log.sync_counts().writer, 1);
+    // Under the other policies a hold changes nothing.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = ValueLog::open(dir.path(), cfg(FsyncPolicy::Interval(Duration::from_millis(2)))).expect("open");
+    log.hold_sync();
+    log.append(&Record::put(1, b"a", b"v")).expect("append");
+    let end = log.commit().expect("commit");
+    log.sync_held();
+    assert_eq!(log.sync_counts().writer, 0, "no hold, nothing for the writer to sync");
+    synced_by(&log, end);
+}
