@@ -584,7 +584,11 @@ impl Worker {
             match first {
                 Ok(Ok(None)) => break,
                 Ok(Err(None)) => ctl_open = false,
-                Ok(Err(Some(c))) => self.control(c),
+                Ok(Err(Some(c))) => {
+                    // (Held rounds are not kept waiting behind a control: the flusher syncs them.)
+                    self.answer_held(false);
+                    self.control(c);
+                }
                 Err(_) => {
                     self.upkeep();
                     last_upkeep = Instant::now();
@@ -601,11 +605,13 @@ impl Worker {
                     self.round(jobs, &rx);
                     self.stats.rounds.fetch_add(1, Ordering::Relaxed);
                     while let Ok(c) = ctl.try_recv() {
+                        self.answer_held(false);
                         self.control(c);
                     }
                 }
             }
             if last_upkeep.elapsed() >= MAINTAIN_EVERY {
+                self.answer_held(false);
                 self.upkeep();
                 last_upkeep = Instant::now();
             }
@@ -1456,7 +1462,7 @@ mod tests {
     /// releaser: two thread hand-offs per round (issue 29: ~1 context switch per SET). A writer
     /// now syncs the rounds it wrote while more jobs waited together with the round that empties
     /// its queue, on its own thread, and answers them there: here 1,500 queued writes are two
-    /// rounds (at most 1,024 jobs a round), one sync by the writer, none by the flusher.
+    /// rounds (at most 1,024 jobs a round), one sync by the writer.
     #[test]
     fn a_writer_whose_queue_is_empty_syncs_its_rounds_itself_in_one_sync() {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -1481,8 +1487,10 @@ mod tests {
             assert_eq!(r.result, Ok(Reply::Done), "request {}", r.id);
         }
         assert_eq!(stats.rounds.load(Ordering::Relaxed), 2);
+        // (One sync by the writer for both rounds; should the writer's upkeep, every 50 ms, have
+        // come between them — a slow debug build —, the flusher synced the first.)
         let syncs = log.sync_counts();
-        assert_eq!((syncs.writer, syncs.flusher), (1, 0), "{syncs:?}");
+        assert!(syncs.writer == 1 && syncs.flusher <= 1, "{syncs:?}");
         // One more write, alone: synced by the writer too, and answered.
         let (sink, mut next) = collecting_sink();
         let op = Op::Put { key: b"last".to_vec(), value: b"v".to_vec() };

@@ -73,6 +73,12 @@ pub(crate) struct State {
     hold_from: Option<u64>,
     /// Syncs made by the flusher, and by the writer ending a hold.
     pub(crate) syncs: SyncCounts,
+    /// A sync is in flight (the flusher's or the writer's): syncs of the log never overlap —
+    /// of two overlapping syncs of one file Linux may report a writeback error to one and
+    /// success to the other, and the success, seen first, would count dropped pages as synced.
+    syncing: bool,
+    /// The flusher waits for the writer's sync to end (to be woken when it does).
+    flusher_waits: bool,
 }
 
 /// How many syncs each thread made (successful or not).
@@ -131,6 +137,8 @@ impl Durability {
                 repairs: 0,
                 hold_from: None,
                 syncs: SyncCounts::default(),
+                syncing: false,
+                flusher_waits: false,
             }),
             cv: Condvar::new(),
             flush_cv: Condvar::new(),
@@ -196,9 +204,12 @@ impl Durability {
         // `Never` a write acknowledges itself, and no waiter's position is past what was
         // written (positions come from `end()`): nobody else is woken — a wake-up per write
         // cost the writer a futex call and the flusher a pointless turn.
-        let wake = (self.policy == FsyncPolicy::Always && st.hold_from.is_none())
-            || (self.policy != FsyncPolicy::Never && st.first_unsynced.is_none())
-            || st.failed.is_some()
+        let wake = match self.policy {
+            // (Not a write under a hold: the writer syncs it or hands it over.)
+            FsyncPolicy::Always => st.hold_from.is_none(),
+            FsyncPolicy::Interval(_) => st.first_unsynced.is_none(),
+            FsyncPolicy::Never => false,
+        } || st.failed.is_some()
             || r.is_err();
         let out = match r {
             Ok(()) => {
@@ -354,6 +365,10 @@ impl Durability {
         if st.hold_from.take().is_none() {
             return; // no hold (another policy): nothing of the caller's to sync
         }
+        // A sync of the flusher's in flight: it may cover this; never two at once.
+        while st.syncing && st.failed.is_none() && !st.stop {
+            st = self.wait(st);
+        }
         if st.failed.is_some() || st.stop || st.written <= st.synced {
             // (The flusher repairs a failed log, or makes the last sync before it stops.)
             self.wake_flusher();
@@ -361,9 +376,14 @@ impl Durability {
         }
         let (file, target) = (st.file.clone(), st.written);
         st.syncs.writer += 1;
+        st.syncing = true;
         drop(st);
         let r = file.sync_data();
         let mut st = self.lock();
+        st.syncing = false;
+        if std::mem::take(&mut st.flusher_waits) {
+            self.wake_flusher();
+        }
         match r {
             Ok(()) if st.failed.is_none() && Arc::ptr_eq(&file, &st.file) => self.advance_synced(&mut st, target),
             // A sync that failed meanwhile (the flusher's) may have dropped pages this one then
@@ -398,7 +418,8 @@ impl Durability {
         let mut st = self.lock();
         loop {
             if st.failed.is_some() {
-                if st.writing {
+                if st.writing || st.syncing {
+                    st.flusher_waits |= st.syncing;
                     st = self.flusher_wait(st, None);
                     continue;
                 }
@@ -444,11 +465,19 @@ impl Durability {
                 st = self.flusher_wait(st, timeout);
                 continue;
             }
+            if st.syncing {
+                // The writer is syncing (ending a hold): it wakes us when done.
+                st.flusher_waits = true;
+                st = self.flusher_wait(st, None);
+                continue;
+            }
             let (file, target) = (st.file.clone(), st.written);
             st.syncs.flusher += 1;
+            st.syncing = true;
             drop(st);
             let r = file.sync_data();
             st = self.lock();
+            st.syncing = false;
             match r {
                 // (Unless a sync failed meanwhile — the writer's, ending a hold — as above.)
                 Ok(()) if st.failed.is_none() => self.advance_synced(&mut st, target),
