@@ -42,6 +42,8 @@ pub struct FaultStats {
     pub no_space: u64,
     /// Mutating operations so far (what [`FaultFs::crash_after`] counts).
     pub ops: u64,
+    /// Syncs of a file begun while another sync of it was in flight.
+    pub overlapping_syncs: u64,
 }
 
 #[derive(Debug, Default)]
@@ -83,6 +85,10 @@ struct State {
     write_fail_ppm: u32,
     space_limit: Option<u64>,
     stats: FaultStats,
+    /// How long every file sync takes at least (outside the lock: syncs may overlap).
+    sync_delay: std::time::Duration,
+    /// Syncs in flight, per file.
+    syncing: HashMap<u64, u32>,
 }
 
 /// See the module documentation. Cheap to clone (a shared handle).
@@ -208,6 +214,8 @@ impl FaultFs {
                 write_fail_ppm: 0,
                 space_limit: None,
                 stats: FaultStats::default(),
+                sync_delay: std::time::Duration::ZERO,
+                syncing: HashMap::new(),
             })),
         }
     }
@@ -263,6 +271,13 @@ impl FaultFs {
     /// Bytes the files hold now.
     pub fn used_bytes(&self) -> u64 {
         self.lock().used()
+    }
+
+    /// A slow disk: every file sync takes at least `d`, spent outside this layer's lock, so
+    /// that syncs of one file from two threads overlap as they may on a real disk (counted in
+    /// [`FaultStats::overlapping_syncs`]).
+    pub fn set_sync_delay(&self, d: std::time::Duration) {
+        self.lock().sync_delay = d;
     }
 
     /// Counters.
@@ -563,6 +578,34 @@ impl FsFile for FaultFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        let delay = {
+            let mut st = self.lock();
+            let n = st.syncing.entry(self.ino).or_insert(0);
+            *n += 1;
+            if *n > 1 {
+                st.stats.overlapping_syncs += 1;
+            }
+            st.sync_delay
+        };
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        let r = self.sync_now();
+        if let Some(n) = self.lock().syncing.get_mut(&self.ino) {
+            *n -= 1;
+        }
+        r
+    }
+
+    fn size(&self) -> io::Result<u64> {
+        let st = self.lock();
+        Ok(st.files.get(&self.ino).map_or(0, |m| m.cache.len()) as u64)
+    }
+}
+
+impl FaultFile {
+    /// A sync once the slow disk's delay is spent (see [`FaultFs::set_sync_delay`]).
+    fn sync_now(&self) -> io::Result<()> {
         let mut st = self.lock();
         st.tick()?;
         if st.sync_fault_due() {
@@ -598,11 +641,6 @@ impl FsFile for FaultFile {
         m.len_dirty = false;
         st.stats.syncs += 1;
         Ok(())
-    }
-
-    fn size(&self) -> io::Result<u64> {
-        let st = self.lock();
-        Ok(st.files.get(&self.ino).map_or(0, |m| m.cache.len()) as u64)
     }
 }
 

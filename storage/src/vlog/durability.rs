@@ -362,13 +362,15 @@ impl Durability {
     /// there is none), nothing.
     pub(crate) fn sync_held(&self) {
         let mut st = self.lock();
-        if st.hold_from.take().is_none() {
+        if st.hold_from.is_none() {
             return; // no hold (another policy): nothing of the caller's to sync
         }
-        // A sync of the flusher's in flight: it may cover this; never two at once.
+        // A sync of the flusher's in flight (of what was written before the hold): never two at
+        // once. The hold stays meanwhile, so that the flusher does not go on to sync this too.
         while st.syncing && st.failed.is_none() && !st.stop {
             st = self.wait(st);
         }
+        st.hold_from = None;
         if st.failed.is_some() || st.stop || st.written <= st.synced {
             // (The flusher repairs a failed log, or makes the last sync before it stops.)
             self.wake_flusher();
