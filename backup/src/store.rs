@@ -214,6 +214,26 @@ impl Location {
                 Err(e) => return Err(e.into()),
             }
         }
+        // Ids name their cut's time to the second, then the fence's random id: backups of one
+        // second are put in the order of their cuts, read from their manifests (a manifest that
+        // cannot be read goes first: `verify` and `describe` say what is wrong with it).
+        let mut i = 0;
+        while i < out.len() {
+            let second = out[i].get(..16).map(str::to_owned);
+            let end = out[i..].iter().position(|id| id.get(..16) != second.as_deref()).map_or(out.len(), |n| i + n);
+            if end - i > 1 {
+                let mut group = Vec::with_capacity(end - i);
+                for id in &out[i..end] {
+                    let at = self.manifest(id).await.map_or(0, |m| m.taken_at_ms);
+                    group.push((at, id.clone()));
+                }
+                group.sort();
+                for (slot, (_, id)) in out[i..end].iter_mut().zip(group) {
+                    *slot = id;
+                }
+            }
+            i = end;
+        }
         Ok(out)
     }
 
@@ -494,6 +514,30 @@ mod tests {
                 .expect("expire")
                 .is_empty()
         );
+    }
+
+    /// Two backups cut in one second were listed in the order of their fences' random ids, not
+    /// of their cuts (found by `backup::a_backup_under_chained_writes_restores_to_a_consistent_cut`,
+    /// whose second and third backups fell in one second): `backup_at` could then pick the
+    /// earlier of the two for a time after both, and retention could keep the older one as the
+    /// latest. Backups of one second are now ordered by their cuts.
+    #[tokio::test]
+    async fn backups_cut_in_one_second_are_listed_in_the_order_of_their_cuts() {
+        let (_dir, loc) = dir_location();
+        let (o, _) = loc.put_object(Bytes::from_static(b"log")).await.expect("put");
+        let base = 1_795_784_783_000;
+        // The earlier cut has the larger fence id: by id alone it would sort last.
+        let (t1, t2) = (base + 100, base + 900);
+        let (first, second) = (backup_id(t1, 0xf000_0000), backup_id(t2, 0x0000_0001));
+        assert!(second < first);
+        for (id, t) in [(&first, t1), (&second, t2)] {
+            loc.put_manifest(&BackupManifest { taken_at_ms: t, ..manifest(id, o.clone()) }).await.expect("manifest");
+        }
+        assert_eq!(loc.list().await.expect("list"), vec![first.clone(), second.clone()]);
+        assert_eq!(loc.backup_at(base + 950).await.expect("at"), second, "the latest cut before the time");
+        assert_eq!(loc.backup_at(base + 500).await.expect("at"), first);
+        let last = Retention { last: Some(1), within: None };
+        assert_eq!(loc.expire(last, u64::MAX).await.expect("expire"), vec![first], "the latest stays");
     }
 
     #[test]
