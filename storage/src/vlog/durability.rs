@@ -7,6 +7,13 @@
 //! sync serves every write that arrived during the last one), under `Interval(d)` once the oldest
 //! unsynced write is `d` old, and under any policy when someone asks ([`Durability::sync_to`]).
 //!
+//! **A sync hold** (`Always` only, [`Durability::hold`]): the writer may take over the syncing of
+//! what it writes next — the flusher leaves those bytes alone — and end the hold by syncing them on
+//! its own thread ([`Durability::sync_held`]) or by handing them over ([`Durability::unhold`]).
+//! Syncs never overlap, whichever thread makes them (of two overlapping syncs of one file Linux
+//! may report a writeback error to one and success to the other), and a success seen while a
+//! failure is recorded does not count.
+//!
 //! **A failed sync** (or write) is never acknowledged: Linux may have dropped the dirty pages, so
 //! the page cache cannot be trusted past the last good sync. The log keeps an in-memory copy of
 //! every byte written since that sync (at most one segment), and the flusher *repairs* the
