@@ -25,7 +25,9 @@ mod error;
 mod fat_root;
 mod hot;
 pub mod local;
-pub mod ports;
+/// Ports reserved machine-wide (moved to `dpukv-net`, where the operator's and the device
+/// plugin's tests reach it too).
+pub use dpukv_net::ports;
 mod routing;
 pub mod trace;
 pub mod workload;

@@ -118,8 +118,10 @@ fn http_get(port: u16, path: &str) -> String {
     out
 }
 
+/// A port for a child process, reserved machine-wide (outside the kernel's ephemeral range, which
+/// could hand a released port to an outgoing connection before the child binds it).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    dpukv_net::ports::reserve().expect("a free port")
 }
 
 async fn next_list(stream: &mut tonic::Streaming<ListAndWatchResponse>) -> Vec<(String, String)> {

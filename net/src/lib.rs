@@ -12,6 +12,9 @@
 //! - `latency`: request latency per operation as a Prometheus histogram, recorded by `conn`.
 //! - `process`: shutdown on signals, as every server binary starts; children that die with
 //!   their supervisor (`dpukv local`).
+//! - `ports`: ports on 127.0.0.1 reserved machine-wide (outside the kernel's ephemeral range,
+//!   by a lock held for the process's life) for the processes `dpukv local` and the test suites
+//!   start.
 //! - `socket`: bounded liveness of long-lived TCP connections (keep-alive probes and
 //!   `TCP_USER_TIMEOUT`): a vanished peer costs seconds, not the kernel's ~15 minutes.
 //! - `telemetry`: logs, and traces exported over OTLP (feature `otel`): a span per traced
@@ -35,6 +38,7 @@ pub use dpukv_fabric as fabric;
 pub mod conn;
 pub mod identity;
 pub mod latency;
+pub mod ports;
 pub mod process;
 pub mod socket;
 pub mod telemetry;

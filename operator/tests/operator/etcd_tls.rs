@@ -20,8 +20,10 @@ impl Drop for Killed {
     }
 }
 
+/// A port for a child process, reserved machine-wide (outside the kernel's ephemeral range, which
+/// could hand a released port to an outgoing connection before the child binds it).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    dpukv_net::ports::reserve().expect("a free port")
 }
 
 fn leaf(name: &str, server: bool) -> Leaf {
