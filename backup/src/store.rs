@@ -219,8 +219,14 @@ impl Location {
         // cannot be read goes first: `verify` and `describe` say what is wrong with it).
         let mut i = 0;
         while i < out.len() {
-            let second = out[i].get(..16).map(str::to_owned);
-            let end = out[i..].iter().position(|id| id.get(..16) != second.as_deref()).map_or(out.len(), |n| i + n);
+            let second = crate::manifest::id_time_ms(&out[i]);
+            let end = match second {
+                Some(_) => out[i..]
+                    .iter()
+                    .position(|id| crate::manifest::id_time_ms(id) != second)
+                    .map_or(out.len(), |n| i + n),
+                None => i + 1,
+            };
             if end - i > 1 {
                 let mut group = Vec::with_capacity(end - i);
                 for id in &out[i..end] {

@@ -584,11 +584,7 @@ impl Worker {
             match first {
                 Ok(Ok(None)) => break,
                 Ok(Err(None)) => ctl_open = false,
-                Ok(Err(Some(c))) => {
-                    // (Held rounds are not kept waiting behind a control: the flusher syncs them.)
-                    self.answer_held(false);
-                    self.control(c);
-                }
+                Ok(Err(Some(c))) => self.control(c),
                 Err(_) => {
                     self.upkeep();
                     last_upkeep = Instant::now();
@@ -605,13 +601,11 @@ impl Worker {
                     self.round(jobs, &rx);
                     self.stats.rounds.fetch_add(1, Ordering::Relaxed);
                     while let Ok(c) = ctl.try_recv() {
-                        self.answer_held(false);
                         self.control(c);
                     }
                 }
             }
             if last_upkeep.elapsed() >= MAINTAIN_EVERY {
-                self.answer_held(false);
                 self.upkeep();
                 last_upkeep = Instant::now();
             }
@@ -625,8 +619,10 @@ impl Worker {
         }
     }
 
-    /// Handles one control (between rounds: every write before it is applied).
+    /// Handles one control (between rounds: every write before it is applied). Rounds held for
+    /// a sync are handed to the flusher first, not kept waiting behind it.
     fn control(&mut self, c: Control) {
+        self.answer_held(false);
         // A fence, a new range, an import or an export: the region's range or data may have
         // moved in a way writes do not count — the next size check walks it again.
         if !matches!(c, Control::Load { .. } | Control::Cut { .. }) {
@@ -764,7 +760,10 @@ impl Worker {
         self.trim_from.clear();
     }
 
+    /// The region's upkeep between rounds (rounds held for a sync are handed to the flusher
+    /// first, not kept waiting behind it).
     fn upkeep(&mut self) {
+        self.answer_held(false);
         self.trim();
         // Backups behind or away keep the log they lack from collection, within the bound.
         if let Some(repl) = &self.repl {

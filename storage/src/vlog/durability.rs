@@ -383,8 +383,23 @@ impl Durability {
             self.wake_flusher();
             return;
         }
+        drop(self.sync_file(st, true));
+    }
+
+    /// Syncs the active segment as it stands (everything written so far) — the one way either
+    /// thread syncs the log, the flusher or the writer ending a hold —, with the lock let go
+    /// meanwhile and `syncing` set so that no other sync begins; records the outcome and wakes
+    /// every waiter. A success counts only if no failure was recorded meanwhile (a sync that
+    /// failed may have dropped pages this one then found clean: the repair makes everything
+    /// durable) and the segment synced is still the active one (a replaced segment's successor
+    /// is synced already).
+    fn sync_file<'a>(&'a self, mut st: MutexGuard<'a, State>, by_writer: bool) -> MutexGuard<'a, State> {
         let (file, target) = (st.file.clone(), st.written);
-        st.syncs.writer += 1;
+        if by_writer {
+            st.syncs.writer += 1;
+        } else {
+            st.syncs.flusher += 1;
+        }
         st.syncing = true;
         drop(st);
         let r = file.sync_data();
@@ -393,20 +408,20 @@ impl Durability {
         if std::mem::take(&mut st.flusher_waits) {
             self.wake_flusher();
         }
+        let current = Arc::ptr_eq(&file, &st.file);
         match r {
-            Ok(()) if st.failed.is_none() && Arc::ptr_eq(&file, &st.file) => self.advance_synced(&mut st, target),
-            // A sync that failed meanwhile (the flusher's) may have dropped pages this one then
-            // found clean: its success proves nothing. The repair makes everything durable.
+            Ok(()) if st.failed.is_none() && current => self.advance_synced(&mut st, target),
             Ok(()) => {}
-            Err(e) if Arc::ptr_eq(&file, &st.file) => {
+            Err(e) if current => {
                 st.failed = Some(format!("sync of segment {}: {e}", st.seg));
                 st.backoff = Duration::ZERO;
                 st.next_repair = Instant::now();
-                self.wake_flusher();
+                self.wake_flusher(); // (it repairs)
             }
-            Err(_) => {} // the segment was replaced meanwhile; its successor is synced
+            Err(_) => {}
         }
         self.wake_waiters();
+        st
     }
 
     pub(crate) fn failed(&self) -> Option<String> {
@@ -480,25 +495,7 @@ impl Durability {
                 st = self.flusher_wait(st, None);
                 continue;
             }
-            let (file, target) = (st.file.clone(), st.written);
-            st.syncs.flusher += 1;
-            st.syncing = true;
-            drop(st);
-            let r = file.sync_data();
-            st = self.lock();
-            st.syncing = false;
-            match r {
-                // (Unless a sync failed meanwhile — the writer's, ending a hold — as above.)
-                Ok(()) if st.failed.is_none() => self.advance_synced(&mut st, target),
-                Ok(()) => {}
-                Err(e) if Arc::ptr_eq(&file, &st.file) => {
-                    st.failed = Some(format!("sync of segment {}: {e}", st.seg));
-                    st.backoff = Duration::ZERO;
-                    st.next_repair = Instant::now();
-                }
-                Err(_) => {} // the segment was replaced meanwhile; its successor is synced
-            }
-            self.wake_waiters();
+            st = self.sync_file(st, false);
         }
     }
 
